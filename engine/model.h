@@ -1,0 +1,110 @@
+/* Model description and weights (prefix model_), independent of the file format and of
+ * the runner. A loaded model is a config plus a set of tensor views into the mapped
+ * file(s); each runner converts views into its own storage (fp32 on the CPU, bf16 on the
+ * GPU) with tensor_to_f32 / tensor_to_bf16, which also dequantize GGUF blocks and undo
+ * GGUF's Q/K row permutation.
+ *
+ * Shapes are row-major, outermost first, as in PyTorch: a Linear weight is [out, in]. */
+#ifndef SPECD_MODEL_H
+#define SPECD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch;
+typedef enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 } rope_kind;
+
+#define MODEL_MAX_EOS 8
+
+typedef struct {
+    model_arch arch;
+    char arch_name[64];      /* "LlamaForCausalLM", "llama" (GGUF), ... for messages */
+    int n_layers;
+    int hidden;              /* d_model */
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;            /* may differ from hidden / n_heads (Qwen3) */
+    int ffn;                 /* intermediate size */
+    int vocab;
+    float rms_eps;
+    float rope_theta;
+    rope_kind rope_type;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_max_pos;   /* llama3: original_max_position_embeddings */
+    int tied_embeddings;     /* lm_head == token embedding */
+    int qkv_bias;            /* Qwen2 */
+    int qk_norm;             /* Qwen3 per-head RMSNorm on q and k */
+    int64_t max_pos;         /* max_position_embeddings: informational, never used to size */
+    int bos_id;              /* -1 if none */
+    int eos_ids[MODEL_MAX_EOS];
+    int n_eos;
+} model_config;
+
+/* Storage type of a tensor view. Quantized types are GGUF's block formats. */
+typedef enum {
+    TDT_F32 = 0, TDT_F16, TDT_BF16, TDT_Q8_0, TDT_Q4_0, TDT_Q4_1, TDT_Q4_K, TDT_Q6_K,
+} tensor_dtype;
+
+typedef struct {
+    const void *data;        /* NULL: tensor absent (e.g. no bias) */
+    tensor_dtype dtype;
+    int ndim;                /* 1 or 2 */
+    int64_t shape[2];        /* [rows, cols] for 2-D, [n] for 1-D */
+    /* GGUF permutes the rows of Q and K for llama-family models (it interleaves the
+     * rotary halves). When unpermute_heads > 0, logical row r of the result comes from
+     * the stored row given by undoing that permutation with this many heads. */
+    int unpermute_heads;
+} tensor_view;
+
+typedef struct {
+    tensor_view attn_norm;   /* [hidden] */
+    tensor_view wq;          /* [n_heads*head_dim, hidden] */
+    tensor_view wk;          /* [n_kv_heads*head_dim, hidden] */
+    tensor_view wv;          /* [n_kv_heads*head_dim, hidden] */
+    tensor_view bq, bk, bv;  /* [out] (Qwen2 only; data NULL otherwise) */
+    tensor_view q_norm;      /* [head_dim] (Qwen3 only) */
+    tensor_view k_norm;      /* [head_dim] (Qwen3 only) */
+    tensor_view wo;          /* [hidden, n_heads*head_dim] */
+    tensor_view ffn_norm;    /* [hidden] */
+    tensor_view w_gate;      /* [ffn, hidden] */
+    tensor_view w_up;        /* [ffn, hidden] */
+    tensor_view w_down;      /* [hidden, ffn] */
+} model_layer;
+
+typedef struct model {
+    model_config cfg;
+    tensor_view tok_embd;    /* [vocab, hidden] */
+    tensor_view out_norm;    /* [hidden] */
+    tensor_view lm_head;     /* [vocab, hidden]; same data as tok_embd when tied */
+    model_layer *layers;     /* [n_layers] */
+    char path[4096];         /* what was opened (directory or .gguf) */
+    int is_gguf;
+    void *priv;              /* loader-owned: mappings, gguf handle, buffers */
+} model;
+
+/* Load a model from a HF checkpoint directory (config.json + model.safetensors or a
+ * sharded model.safetensors.index.json; generation_config.json read if present) or a
+ * .gguf file. Validates every tensor's presence, dtype and shape against the config.
+ * On failure returns NULL with a message naming the file and the problem. */
+model *model_load(const char *path, char *err, size_t errlen);
+void model_free(model *m);
+
+/* Build a model with random weights in memory (fp32 views owned by the model), for
+ * tests and benchmarks of real shapes. Config fields not needed are zero. */
+model *model_random(const model_config *cfg, uint64_t seed, char *err, size_t errlen);
+
+/* Elements of a view (rows*cols or n). */
+int64_t tensor_numel(const tensor_view *t);
+/* Convert a whole view to fp32 / bf16 (dst holds numel elements); dequantizes and
+ * applies unpermute_heads. Returns 0 or a negative code. */
+int tensor_to_f32(const tensor_view *t, float *dst);
+int tensor_to_bf16(const tensor_view *t, uint16_t *dst);
+
+/* Bytes of KV cache per token for all layers of this model (k and v, given element size). */
+size_t model_kv_bytes_per_token(const model_config *c, size_t elem_size);
+
+/* Fill `c` with a named real shape for random-weight benchmarks: "llama-3.1-8b",
+ * "llama-3.2-1b", "qwen2.5-1.5b", "qwen3-1.7b". Returns 0 or SPECD_ENOTFOUND. */
+int model_shape_preset(const char *name, model_config *c);
+
+#endif

@@ -33,7 +33,44 @@ typedef struct {
     int max_tokens_per_step; /* upper bound of runner_batch.n_tokens */
     int threads;             /* CPU runner: worker threads (0 = number of cores) */
     int device;              /* CUDA runner: device ordinal */
+    /* CUDA runner: when num_blocks == 0 it sizes the pool itself as
+     * floor(mem_fraction * free_bytes_after_weights_workspace_graphs / block_bytes) and
+     * writes the result back into runner.cfg.num_blocks. */
+    double mem_fraction;
+    int num_draft_tokens;    /* k, for capturing speculative steps (0: none) */
 } runner_config;
+
+/* Per-row sampling parameters for on-device sampling (optional fast paths). */
+typedef struct {
+    float temperature;       /* 0: greedy argmax */
+    float top_p, min_p;
+    int top_k;
+    uint64_t seed;           /* counter-based RNG: (seed, step counter) -> uniform */
+    uint64_t counter;        /* e.g. the row's output position */
+} runner_sampling;
+
+/* One decode step: n rows, one new token each (optional op). */
+typedef struct {
+    int n;
+    const int *slots;             /* [n] */
+    const int32_t *tokens;        /* [n] the token fed */
+    const runner_sampling *sp;    /* [n] */
+    int32_t *out_tokens;          /* [n] sampled */
+    float *out_logprobs;          /* [n] logprob of the sampled token (may be NULL) */
+} runner_decode_batch;
+
+/* One speculative step (optional op): k draft passes of one token per row, one target
+ * pass verifying k+1 tokens per row, acceptance (greedy: longest prefix where the
+ * target argmax equals the draft; sampling: rejection sampling), then each row's target
+ * and draft lengths advanced by the accepted count + 1 and the dummy slot reset. */
+typedef struct {
+    int n, k;
+    const int *slots;             /* [n] */
+    const int32_t *tokens;        /* [n] last token (not yet in either model's KV) */
+    const runner_sampling *sp;    /* [n] */
+    int32_t *out_tokens;          /* [n, k+1]: accepted tokens then the bonus/resampled */
+    int *out_n;                   /* [n] tokens emitted per row: accepted + 1 */
+} runner_spec_batch;
 
 typedef struct {
     int slot;                /* row of the slot table (0..max_batch; max_batch = dummy) */
@@ -67,8 +104,10 @@ typedef struct {
     int (*slot_get_len)(runner *r, int slot, int which);
     /* Copy the K/V of pool block src to dst for every layer (copy-on-write). */
     int (*copy_block)(runner *r, int dst, int src);
-    /* Bytes one KV block takes for all layers (for sizing before creation, see
-     * runner_*_block_bytes). */
+    /* Optional fast paths (NULL when not implemented; the engine then composes them
+     * from forward + host sampling). */
+    int (*decode)(runner *r, const runner_decode_batch *b);
+    int (*spec_step)(runner *r, const runner_spec_batch *b);
     void (*destroy)(runner *r);
 } runner_ops;
 
@@ -88,5 +127,11 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
                           char *err, size_t errlen);
 /* Bytes of one KV block (all target + draft layers) in the CPU runner's storage. */
 size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size);
+
+#ifdef SPECD_HAVE_CUDA
+/* CUDA runner (engine/cuda_runner.c): bf16 weights and KV, cuBLAS GEMMs, CUDA graphs. */
+runner *runner_cuda_create(const model *target, const model *draft, const runner_config *cfg,
+                           char *err, size_t errlen);
+#endif
 
 #endif

@@ -10,6 +10,10 @@
  *   the head; a freed block goes to the tail; a cached (hashed) free block that gets
  *   reused is unlinked in O(1). Allocating a cached free block evicts its hash.
  * - A request's blocks are freed last-block-first, so its prefix stays cached longest.
+ * - A hit must match the stored parent hash AND the stored token ids, so a 64-bit hash
+ *   collision never shares KV between different prefixes. When two requests compute the
+ *   same block at once, only the first one committed is registered; the other stays a
+ *   plain (unhashed) block and is simply reused when freed.
  *
  * Threading: not thread safe; one owner (the loop/engine thread). */
 #ifndef SPECD_KV_H
@@ -31,7 +35,9 @@ typedef struct {
     int32_t *blocks;         /* block ids, blocks[i] holds tokens [i*bs, (i+1)*bs) */
     int n_blocks;
     int cap;                 /* capacity of blocks[] (max blocks per sequence) */
-    int n_full_hashed;       /* leading blocks whose hash is registered */
+    int n_full_hashed;       /* leading full blocks committed by kv_seq_commit (their hash
+                              * is computed; registered in the prefix cache unless caching
+                              * is off or an identical block already was). Immutable. */
     uint64_t last_hash;      /* hash of block n_full_hashed-1 (chain input) */
 } kv_seq;
 
@@ -44,8 +50,9 @@ int kv_num_free(const kv_pool *p);       /* allocatable now (free + evictable ca
 int kv_num_used(const kv_pool *p);       /* blocks with ref > 0 */
 int kv_ref(const kv_pool *p, int32_t block);
 
-/* Number of blocks needed to hold num_blocks for sizing: blocks = ceil(tokens / bs). */
+/* Number of blocks needed to hold `tokens` tokens: ceil(tokens / bs); 0 for tokens <= 0. */
 int kv_blocks_for(const kv_pool *p, int tokens);
+int kv_num_cached(const kv_pool *p);     /* blocks whose hash is registered (any ref) */
 
 /* max_blocks: capacity of the table (ceil(max_seq_len / block_size)). */
 int kv_seq_init(kv_seq *s, int max_blocks);
@@ -55,9 +62,17 @@ void kv_seq_release(kv_pool *p, kv_seq *s);
 void kv_seq_destroy(kv_seq *s);
 
 /* Prefix-cache lookup for an empty table: appends the longest run of cached full blocks
- * matching tokens[0..n) (never the whole prompt: at least one token is left to compute)
- * with ref++, and returns the number of tokens covered (a multiple of block_size). */
+ * matching tokens[0..n) (never the whole prompt: at most floor((n-1)/bs) blocks, so at
+ * least one token is left to compute and the request gets logits; never more than the
+ * table's cap) with ref++, and returns the number of tokens covered (a multiple of
+ * block_size; 0 when caching is off). SPECD_ESTATE if the table is not empty. */
 int kv_seq_match_prefix(kv_pool *p, kv_seq *s, const int32_t *tokens, int n);
+/* The same lookup without side effects, for admission control: returns the tokens
+ * kv_seq_match_prefix would cover for a table of capacity max_blocks, and in
+ * *n_evictable (may be NULL) how many of those blocks are now free (ref 0): taking them
+ * lowers kv_num_free by that much. */
+int kv_prefix_lookup(const kv_pool *p, const int32_t *tokens, int n, int max_blocks,
+                     int *n_evictable);
 
 /* Make the table hold at least n_tokens tokens, allocating new blocks. All or nothing:
  * returns SPECD_ENOSPACE (table unchanged) if the pool cannot supply them, SPECD_ERANGE if
@@ -66,18 +81,33 @@ int kv_seq_reserve(kv_pool *p, kv_seq *s, int n_tokens);
 /* How many new blocks kv_seq_reserve(s, n_tokens) would need. */
 int kv_seq_blocks_needed(const kv_pool *p, const kv_seq *s, int n_tokens);
 
-/* Register hashes of full blocks whose KV is now computed: tokens[0..n_computed). */
+/* Register hashes of full blocks whose KV is now computed: tokens[0..n_computed).
+ * Call it after every step (it only hashes blocks not yet committed). */
 void kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_computed);
 
-/* Share src's blocks with dst (empty) for parallel sampling: full blocks by ref++; a
- * partial last block gets a fresh copy target. If a copy is needed, returns 1 and sets
- * *copy_src/*copy_dst (the caller copies the KV bytes through the runner); 0 if none;
- * SPECD_ENOSPACE if no block for the copy. */
+/* Share src's blocks with dst (empty) for parallel sampling: the committed full blocks
+ * (src->n_full_hashed; call kv_seq_commit first) by ref++; the block after them, if src
+ * has one (the partial block holding tokens [n_full_hashed*bs, n_computed)), gets a fresh
+ * copy target; blocks src reserved beyond that (lookahead) are not forked. If a copy is
+ * needed, returns 1 and sets *copy_src and *copy_dst (the caller copies the KV bytes through
+ * the runner); 0 if none; SPECD_ENOSPACE if no block for the copy (dst unchanged);
+ * SPECD_ESTATE if dst is not empty; SPECD_ERANGE if dst's cap is too small. */
 int kv_seq_fork(kv_pool *p, const kv_seq *src, kv_seq *dst, int32_t *copy_src, int32_t *copy_dst);
 
 /* Invariant check for tests: ref counts equal the number of tables holding each block
  * (tables passed in), free list holds exactly the ref-0 blocks, no block lost, block 0
- * never used. Returns 0 or SPECD_ESTATE with a message. */
+ * never used, every hash-table entry is a block whose stored hash recomputes from its
+ * stored parent hash and tokens. Returns 0 or SPECD_ESTATE with a message
+ * (SPECD_ENOMEM if its scratch allocation fails). */
 int kv_check(const kv_pool *p, const kv_seq *const *tables, int n_tables, char *err, size_t errlen);
+
+/* The block hash: 64-bit mix of the parent block's hash and the block's token ids. */
+typedef uint64_t (*kv_hash_fn)(uint64_t parent, const int32_t *tokens, int n);
+uint64_t kv_hash_block(uint64_t parent, const int32_t *tokens, int n);
+/* Test hook: replace the hash (NULL: kv_hash_block), e.g. with a constant to force
+ * collisions. Only while no hash is registered; SPECD_ESTATE otherwise. */
+int kv_pool_set_hash_fn(kv_pool *p, kv_hash_fn fn);
+/* Test hook: overwrite a block's ref count so tests can prove kv_check catches it. */
+int kv_test_set_ref(kv_pool *p, int32_t block, int ref);
 
 #endif

@@ -69,4 +69,11 @@ const gguf_tensor *gguf_find_tensor(const gguf *g, const char *name);
 size_t ggml_row_size(ggml_type t, int64_t ne0);
 const char *ggml_type_name(ggml_type t);
 
+/* Added for the model loader: IEEE half to float (exact, subnormals and NaN included), and
+ * dequantization of n consecutive elements of type t (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+ * Q4_K, Q6_K) starting at a block boundary; n must be a multiple of the block size.
+ * Returns 0, SPECD_EUNSUPPORTED for other types, SPECD_EINVAL for a bad n. */
+float ggml_fp16_to_f32(uint16_t h);
+int ggml_dequantize(ggml_type t, const void *src, float *dst, int64_t n);
+
 #endif

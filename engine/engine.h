@@ -34,7 +34,7 @@ typedef struct {
     double mem_fraction;          /* share of free memory for the KV pool (default 0.9) */
     size_t kv_bytes;              /* explicit KV budget in bytes; 0 = from mem_fraction */
     int threads;                  /* CPU runner threads (0 = all cores) */
-    int enable_prefix_cache;      /* default 1 */
+    int disable_prefix_cache;     /* prefix caching is on unless set */
     int verbose;                  /* print start-up decisions to stderr */
 } engine_config;
 

@@ -1,0 +1,141 @@
+/* Argument parsing helpers for the subcommands; see cli.h. */
+#include "server/cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_parse_ids(const char *s, int32_t **out) {
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return -1;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '[' || *p == ']' || *p == '\n') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *nn = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!nn) {
+                free(ids);
+                return -1;
+            }
+            ids = nn;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+        if (*p && *p != ',' && *p != ' ' && *p != ']' && *p != '\n') {
+            free(ids);
+            return -1;
+        }
+    }
+    *out = ids;
+    return (int)n;
+}
+
+int cli_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int cli_float(const char *s, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !(v >= lo && v <= hi)) return -1;
+    *out = (float)v;
+    return 0;
+}
+
+int cli_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || *s == '-') return -1;
+    *out = v;
+    return 0;
+}
+
+char *cli_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        if (n == cap) {
+            char *nb = realloc(buf, (cap *= 2) + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--no-prefix-cache")) {
+        c->disable_prefix_cache = 1;
+        return 1;
+    }
+    static const char *const with_value[] = {"--model", "--tokenizer", "--draft-model",
+        "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch",
+        "--kv-cache-bytes", "--threads", "--block-size"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
+    if (!known) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "specd: %s needs a value\n", a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    int bad = 0;
+    uint64_t u;
+    if (!strcmp(a, "--model")) c->model_path = v;
+    else if (!strcmp(a, "--tokenizer")) c->tokenizer_path = v;
+    else if (!strcmp(a, "--draft-model")) c->draft_path = v;
+    else if (!strcmp(a, "--draft-layers")) bad = cli_int(v, 1, 1000, &c->draft_layers);
+    else if (!strcmp(a, "--num-draft-tokens")) bad = cli_int(v, 1, ENGINE_MAX_STEP_TOKENS - 1, &c->num_draft_tokens);
+    else if (!strcmp(a, "--max-seq-len")) bad = cli_int(v, 2, 1 << 24, &c->max_seq_len);
+    else if (!strcmp(a, "--max-batch")) bad = cli_int(v, 1, 4096, &c->max_batch);
+    else if (!strcmp(a, "--threads")) bad = cli_int(v, 1, 1024, &c->threads);
+    else if (!strcmp(a, "--block-size")) bad = cli_int(v, 1, 1024, &c->block_size);
+    else if (!strcmp(a, "--kv-cache-bytes")) {
+        bad = cli_u64(v, &u);
+        c->kv_bytes = (size_t)u;
+    } else if (!strcmp(a, "--device")) {
+        if (!strcmp(v, "cpu")) c->device = ENGINE_DEVICE_CPU;
+        else if (!strcmp(v, "cuda")) c->device = ENGINE_DEVICE_CUDA;
+        else bad = -1;
+    }
+    if (bad) {
+        fprintf(stderr, "specd: bad value for %s: '%s'\n", a, v);
+        return -1;
+    }
+    return 1;
+}

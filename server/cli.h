@@ -1,0 +1,39 @@
+/* Small helpers shared by the subcommands' argument parsing (prefix cli_). */
+#ifndef SPECD_CLI_H
+#define SPECD_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+/* Parse "1,2,3" into a malloc'd int32 array; returns count or -1 on a malformed list. */
+int cli_parse_ids(const char *s, int32_t **out);
+/* Strict numeric parsing: the whole string must be a number in range. 0 ok, -1 bad. */
+int cli_int(const char *s, long lo, long hi, int *out);
+int cli_float(const char *s, double lo, double hi, float *out);
+int cli_u64(const char *s, uint64_t *out);
+/* Read a whole file (NUL-terminated, malloc'd); NULL on error. */
+char *cli_read_file(const char *path, size_t *len);
+
+/* Engine options shared by generate and bench: --model, --tokenizer, --draft-model,
+ * --draft-layers, --num-draft-tokens, --device, --max-seq-len, --max-batch,
+ * --kv-cache-bytes, --threads, --block-size, --no-prefix-cache. On a match consumes the
+ * option (and its value: *i advances) and returns 1; 0 if not an engine option; -1 on
+ * a bad value (message printed). */
+int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
+#define CLI_ENGINE_HELP \
+    "  --model PATH            HF checkpoint directory or .gguf file (required)\n" \
+    "  --tokenizer PATH        tokenizer.json / directory / .gguf (default: from --model)\n" \
+    "  --draft-model PATH      draft model for speculative decoding\n" \
+    "  --draft-layers N        self-speculation: draft = target's first N layers\n" \
+    "  --num-draft-tokens K    draft tokens per step (default 4)\n" \
+    "  --device cpu|cuda       runner (default cpu)\n" \
+    "  --max-seq-len N         context limit per sequence (default 4096)\n" \
+    "  --max-batch N           running sequences at most (default 64)\n" \
+    "  --kv-cache-bytes N      KV pool budget in bytes (default: from free memory)\n" \
+    "  --threads N             CPU runner threads (default: all cores)\n" \
+    "  --block-size N          tokens per KV block (default 16)\n" \
+    "  --no-prefix-cache       disable prefix caching\n"
+
+#endif

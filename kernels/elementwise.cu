@@ -1,0 +1,112 @@
+/* Small memory-bound kernels of the forward pass: embedding gather, RMSNorm (the
+ * residual add happens in the GEMM epilogue with beta = 1, so the norm only reads the
+ * fp32 residual stream), SiLU-and-mul, the context-length advance, and device-side
+ * random fills used by tests and benchmarks. */
+#include "kernels/specd_kernels.h"
+#include "kernels/kutil.h"
+
+__global__ void embed_kernel(const uint16_t *table, const int32_t *tokens, float *out,
+                             int hidden, int vocab) {
+    int t = blockIdx.x;
+    int id = tokens[t];
+    if (id < 0 || id >= vocab) id = 0;
+    const uint16_t *row = table + (size_t)id * hidden;
+    float *o = out + (size_t)t * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = k_bf2f(row[i]);
+}
+
+extern "C" int k_embed(const uint16_t *table, const int32_t *tokens, float *out, int n,
+                       int hidden, int vocab, cudaStream_t s) {
+    if (n <= 0 || hidden <= 0 || vocab <= 0) return n == 0 ? 0 : -1;
+    embed_kernel<<<n, 256, 0, s>>>(table, tokens, out, hidden, vocab);
+    return K_LAUNCH_RESULT();
+}
+
+__global__ void rmsnorm_kernel(const float *x, const int32_t *rows, const float *w,
+                               uint16_t *out, int hidden, float eps) {
+    __shared__ float red[32];
+    int i = blockIdx.x;
+    int r = rows ? rows[i] : i;
+    const float *xr = x + (size_t)r * hidden;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss += xr[j] * xr[j];
+    ss = k_block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)hidden + eps);
+    uint16_t *o = out + (size_t)i * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) o[j] = k_f2bf(xr[j] * inv * w[j]);
+}
+
+extern "C" int k_rmsnorm(const float *x, const int32_t *rows, const float *w, uint16_t *out,
+                         int n, int hidden, float eps, cudaStream_t s) {
+    if (n < 0 || hidden <= 0) return -1;
+    if (n == 0) return 0;
+    rmsnorm_kernel<<<n, 256, 0, s>>>(x, rows, w, out, hidden, eps);
+    return K_LAUNCH_RESULT();
+}
+
+__global__ void silu_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t total) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / ffn, j = i % ffn;
+        float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
+        out[i] = k_f2bf(g / (1.f + expf(-g)) * u);
+    }
+}
+
+extern "C" int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
+    if (n < 0 || ffn <= 0) return -1;
+    if (n == 0) return 0;
+    size_t total = (size_t)n * ffn;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    silu_mul_kernel<<<(unsigned)blocks, 256, 0, s>>>(gu, out, ffn, total);
+    return K_LAUNCH_RESULT();
+}
+
+__global__ void advance_kernel(int32_t *lens, const int32_t *row_slot, const int32_t *row_n,
+                               int n, int which, int dummy) {
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+        int slot = row_slot[r];
+        /* Rows of one step never share a live slot, so plain stores do not race; padding
+         * rows all name the dummy slot and are skipped (it is zeroed right after). */
+        if (slot != dummy) lens[slot * 2 + which] += row_n[r];
+    }
+}
+
+extern "C" int k_advance_lens(int32_t *lens, const int32_t *row_slot, const int32_t *row_n,
+                              int n, int which, int dummy, cudaStream_t s) {
+    if (n < 0 || which < 0 || which > 1) return -1;
+    if (n == 0) return 0;
+    advance_kernel<<<1, 256, 0, s>>>(lens, row_slot, row_n, n, which, dummy);
+    return K_LAUNCH_RESULT();
+}
+
+extern "C" float k_philox_uniform_host(uint64_t seed, uint64_t counter) {
+    return k_philox_u01(seed, counter);
+}
+
+__global__ void fill_bf16_kernel(uint16_t *dst, size_t n, uint64_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = k_f2bf((2.f * k_philox_u01(seed, i) - 1.f) * scale);
+}
+
+__global__ void fill_f32_kernel(float *dst, size_t n, uint64_t seed, float lo, float hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = lo + (hi - lo) * k_philox_u01(seed, i);
+}
+
+extern "C" int k_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale,
+                                   cudaStream_t s) {
+    if (n == 0) return 0;
+    fill_bf16_kernel<<<4096, 256, 0, s>>>(dst, n, seed, scale);
+    return K_LAUNCH_RESULT();
+}
+
+extern "C" int k_fill_uniform_f32(float *dst, size_t n, uint64_t seed, float lo, float hi,
+                                  cudaStream_t s) {
+    if (n == 0) return 0;
+    fill_f32_kernel<<<4096, 256, 0, s>>>(dst, n, seed, lo, hi);
+    return K_LAUNCH_RESULT();
+}

@@ -1,0 +1,65 @@
+/* Device-side helpers shared by the kernels/ .cu files (C++ only; never included by engine code):
+ * bf16 <-> fp32 on raw bits, warp reductions, Philox4x32-10 (counter-based RNG, so a
+ * draw depends only on (seed, counter) and sampling is reproducible per request). */
+#ifndef SPECD_KUTIL_H
+#define SPECD_KUTIL_H
+
+#include <stdint.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#define K_LAUNCH_RESULT() ((int)cudaGetLastError())
+
+__device__ __forceinline__ float k_bf2f(uint16_t b) {
+    return __uint_as_float(((uint32_t)b) << 16);
+}
+
+__device__ __forceinline__ uint16_t k_f2bf(float f) {
+    __nv_bfloat16 h = __float2bfloat16_rn(f);
+    return *reinterpret_cast<uint16_t *>(&h);
+}
+
+__device__ __forceinline__ float k_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float k_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum; `red` holds >= 32 floats of shared memory; every thread gets the sum. */
+__device__ __forceinline__ float k_block_sum(float v, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = k_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.f;
+    return k_warp_sum(v);
+}
+
+/* Philox4x32-10 (Salmon et al., SC'11): key = seed, counter = (counter, 0, 0). */
+__host__ __device__ __forceinline__ void k_philox(uint64_t seed, uint64_t counter, uint32_t out[4]) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int i = 0; i < 10; i++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+/* 24 random bits -> [0, 1): exactly representable, never 1. */
+__host__ __device__ __forceinline__ float k_philox_u01(uint64_t seed, uint64_t counter) {
+    uint32_t r[4];
+    k_philox(seed, counter, r);
+    return (float)(r[0] >> 8) * (1.0f / 16777216.0f);
+}
+
+#endif

@@ -1,0 +1,90 @@
+/* QKV epilogue: the fused QKV GEMM writes fp32 [n, (H + 2*KVH) * D]; this kernel adds the
+ * Qwen2 bias, applies the Qwen3 per-head q/k RMSNorm, rotates q and k (HF rotate_half:
+ * pairs (i, i + D/2)), and writes q (bf16) for the attention and k, v (bf16) into the
+ * paged pool. The position comes from the slot's length in device memory plus the
+ * token's index in its row, so the same launch works inside a replayed graph. */
+#include "kernels/specd_kernels.h"
+#include "kernels/kutil.h"
+
+#define ROPE_MAX_PAIRS_PER_LANE 4   /* D <= 256 */
+
+__global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const float *q_norm,
+                                   const float *k_norm, const float *inv_freq, float eps,
+                                   uint16_t *q_out, int H, int KVH, int D, k_kv_geom g) {
+    int t = blockIdx.x;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int width = (H + 2 * KVH) * D, half = D / 2;
+    int slot = g.tok_slot[t];
+    int pos = g.lens[slot * 2 + g.which] + g.tok_j[t];
+    int cap = g.max_blocks * g.block_size;
+    uint16_t *blk = NULL;
+    if (pos >= 0 && pos < cap) {
+        int b = g.bt[(size_t)slot * g.max_blocks + pos / g.block_size];
+        blk = *g.pool_pp + (size_t)b * g.block_elems + g.layer_off;
+    }
+    int off_in_blk = pos % g.block_size;
+    const float *row = qkv + (size_t)t * width;
+
+    for (int hh = warp; hh < H + 2 * KVH; hh += nwarps) {
+        const float *x = row + (size_t)hh * D;
+        const float *bb = bias ? bias + (size_t)hh * D : NULL;
+        int is_q = hh < H, is_k = !is_q && hh < H + KVH;
+        float x1[ROPE_MAX_PAIRS_PER_LANE], x2[ROPE_MAX_PAIRS_PER_LANE];
+        float ss = 0.f;
+#pragma unroll
+        for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
+            int i = lane + 32 * p;
+            x1[p] = x2[p] = 0.f;
+            if (i < half) {
+                x1[p] = x[i] + (bb ? bb[i] : 0.f);
+                x2[p] = x[i + half] + (bb ? bb[i + half] : 0.f);
+                ss += x1[p] * x1[p] + x2[p] * x2[p];
+            }
+        }
+        if (is_q || is_k) {
+            const float *nw = is_q ? q_norm : k_norm;
+            float inv = 1.f;
+            if (nw) inv = rsqrtf(k_warp_sum(ss) / (float)D + eps);
+#pragma unroll
+            for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
+                int i = lane + 32 * p;
+                if (i >= half) continue;
+                float a = x1[p], c = x2[p];
+                if (nw) { a = a * inv * nw[i]; c = c * inv * nw[i + half]; }
+                float sn, cs;
+                sincosf((float)pos * inv_freq[i], &sn, &cs);
+                x1[p] = a * cs - c * sn;
+                x2[p] = c * cs + a * sn;
+            }
+        }
+        uint16_t *dst;
+        if (is_q) {
+            dst = q_out + ((size_t)t * H + hh) * D;
+        } else {
+            if (!blk) continue;
+            int kvh = is_k ? hh - H : hh - H - KVH;
+            size_t o = ((size_t)kvh * g.block_size + off_in_blk) * D;
+            if (!is_k) o += (size_t)KVH * g.block_size * D;
+            dst = blk + o;
+        }
+#pragma unroll
+        for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
+            int i = lane + 32 * p;
+            if (i >= half) continue;
+            dst[i] = k_f2bf(x1[p]);
+            dst[i + half] = k_f2bf(x2[p]);
+        }
+    }
+}
+
+extern "C" int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
+                             const float *k_norm, const float *inv_freq, float eps,
+                             uint16_t *q_out, int n, int H, int KVH, int D,
+                             const k_kv_geom *g, cudaStream_t s) {
+    if (n < 0 || H <= 0 || KVH <= 0 || D <= 0 || (D & 1) || D > 64 * ROPE_MAX_PAIRS_PER_LANE)
+        return -1;
+    if (n == 0) return 0;
+    qkv_rope_kv_kernel<<<n, 256, 0, s>>>(qkv, bias, q_norm, k_norm, inv_freq, eps, q_out, H,
+                                         KVH, D, *g);
+    return K_LAUNCH_RESULT();
+}

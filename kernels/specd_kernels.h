@@ -1,0 +1,118 @@
+/* Launchers of specd's CUDA kernels (prefix k_): plain C declarations of thin host
+ * functions in the kernels/ .cu files that check shapes, compute a grid and launch on a stream.
+ * No engine header is included here; callers pass raw device pointers and dims.
+ *
+ * Conventions shared by every launcher:
+ * - bf16 tensors are passed as uint16_t * (raw bits, round-to-nearest-even from fp32).
+ * - Return value: 0, or a cudaError_t value (> 0) from the launch, or -1 for bad dims.
+ * - Row-major shapes, outermost first; the shape is written next to each pointer.
+ * - Paged KV pool: one block holds every layer; inside a block, a layer owns
+ *   K [kvh][block_size][head_dim] followed by V [kvh][block_size][head_dim] starting at
+ *   element `layer_off`. Block b starts at element b * block_elems. The pool base is
+ *   read from device memory (*pool_pp) so captured graphs survive a pool that is
+ *   allocated after capture.
+ * - Slot lengths: lens[slot * 2 + which] (which 0 = target, 1 = draft), int32 on the
+ *   device; block tables: bt[slot * max_blocks + i]. Positions are read from lens at
+ *   run time, never passed by value, so a captured graph never bakes a position. */
+#ifndef SPECD_KERNELS_H
+#define SPECD_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[t, :] = fp32(table[tokens[t], :]).  table [vocab, hidden] bf16, out [n, hidden].
+ * Token ids outside [0, vocab) read row 0 (a bad id must not fault the device). */
+int k_embed(const uint16_t *table, const int32_t *tokens, float *out, int n, int hidden,
+            int vocab, cudaStream_t s);
+
+/* out[i, :] = bf16(x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w) with r = rows ? rows[i] : i.
+ * x [*, hidden] fp32 (the residual stream; the residual add itself is done by the GEMM
+ * that produces x with beta = 1), w [hidden] fp32, out [n, hidden] bf16. */
+int k_rmsnorm(const float *x, const int32_t *rows, const float *w, uint16_t *out, int n,
+              int hidden, float eps, cudaStream_t s);
+
+/* out[t, j] = bf16(silu(gu[t, j]) * gu[t, ffn + j]).  gu [n, 2*ffn] fp32 (gate | up). */
+int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s);
+
+typedef struct {
+    const int32_t *tok_slot;   /* [n] slot of each token */
+    const int32_t *tok_j;      /* [n] index of the token inside its row: pos = len + j */
+    const int32_t *lens;       /* [(max_batch+1) * 2] */
+    int which;                 /* 0 target, 1 draft: which length gives the position */
+    const int32_t *bt;         /* [(max_batch+1) * max_blocks] */
+    int max_blocks;
+    int block_size;
+    uint16_t *const *pool_pp;  /* device pointer to the pool base */
+    size_t block_elems;        /* elements per block (all layers) */
+    size_t layer_off;          /* element offset of this layer's K inside a block */
+} k_kv_geom;
+
+/* For each token t of qkv [n, (H + 2*KVH) * D] fp32 (q heads | k heads | v heads):
+ * add bias [(H+2KVH)*D] (if non-NULL), RMS-normalise each q / k head with q_norm / k_norm
+ * [D] (if non-NULL, Qwen3), rotate q and k (rotate_half convention, angle =
+ * pos * inv_freq[i], inv_freq [D/2]), write q to q_out [n, H, D] bf16 and k, v into the
+ * paged pool at position pos = lens[slot*2+which] + tok_j[t]. Positions at or past
+ * max_blocks * block_size are not written (the attention clamps the same way). */
+int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
+                  const float *k_norm, const float *inv_freq, float eps, uint16_t *q_out,
+                  int n, int H, int KVH, int D, const k_kv_geom *g, cudaStream_t s);
+
+/* Paged attention for rows of n_new query tokens attending causally over the row's
+ * context: query token j of row r sits at position len + j and sees keys 0..len + j.
+ * One kernel serves decode (n_new = 1), speculative verify (n_new = k+1) and chunked
+ * prefill. Work is split into items (row, first query token, up to qt tokens) per
+ * KV head, and keys into n_splits chunks of split_len keys (flash-decoding); with
+ * n_splits > 1 partial results go to ws_o / ws_ml and a combine pass writes out.
+ *   q   [n_tok, H, D] bf16, out [n_tok, H, D] bf16.
+ *   row_slot/row_tok_off/row_n_new [n_rows]; item_row/item_q0 [n_items].
+ *   ws_o  [n_splits, n_tok, H, D] fp32, ws_ml [n_splits, n_tok, H, 2] fp32 (may be NULL
+ *   when n_splits == 1).  D must be 64 or 128; qt * (H / KVH) <= 64. */
+typedef struct {
+    const int32_t *row_slot, *row_tok_off, *row_n_new;
+    const int32_t *item_row, *item_q0;
+    int n_items, qt, n_tok;
+    int n_splits, split_len;
+    float *ws_o, *ws_ml;
+} k_attn_work;
+int k_attention(const uint16_t *q, uint16_t *out, int H, int KVH, int D, float scale,
+                const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
+
+/* Per-row sampling parameters (same meaning as runner_sampling). */
+typedef struct {
+    float temperature;     /* <= 0: greedy argmax */
+    float top_p, min_p;
+    int top_k;
+    uint64_t seed, counter;
+} k_sample_params;
+
+/* For each row r of logits [n, vocab] fp32: greedy argmax (temperature <= 0) or a draw
+ * from softmax(logits / T) restricted by top_k, then top_p (on the renormalised top-k
+ * distribution), then min_p (relative to the most likely token), using Philox4x32-10
+ * keyed by seed at counter. out_tok [n]; out_logprob [n] (may be NULL) gets the log
+ * softmax of the raw logits at the chosen token. */
+int k_sample(const float *logits, int n, int vocab, const k_sample_params *p,
+             int32_t *out_tok, float *out_logprob, cudaStream_t s);
+
+/* lens[row_slot[r]*2 + which] += row_n[r] for each row whose slot != dummy. Callers then
+ * zero the dummy slot's lengths with a captured memset. */
+int k_advance_lens(int32_t *lens, const int32_t *row_slot, const int32_t *row_n, int n,
+                   int which, int dummy, cudaStream_t s);
+
+/* The uniform in [0, 1) that k_sample draws for (seed, counter): exported for tests. */
+float k_philox_uniform_host(uint64_t seed, uint64_t counter);
+
+/* Device fills for tests and benchmarks: uniform in [-scale, scale) from (seed, index). */
+int k_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale, cudaStream_t s);
+int k_fill_uniform_f32(float *dst, size_t n, uint64_t seed, float lo, float hi,
+                       cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -157,19 +157,31 @@ static type_info ggml_info(int t) {
     case 6: return (type_info){32, 22, "Q5_0"};
     case 7: return (type_info){32, 24, "Q5_1"};
     case GGML_Q8_0: return (type_info){32, 34, "Q8_0"};
-    case 9: return (type_info){32, 36, "Q8_1"};
+    case 9: return (type_info){32, 40, "Q8_1"};
     case 10: return (type_info){256, 84, "Q2_K"};
     case 11: return (type_info){256, 110, "Q3_K"};
     case GGML_Q4_K: return (type_info){256, 144, "Q4_K"};
     case 13: return (type_info){256, 176, "Q5_K"};
     case GGML_Q6_K: return (type_info){256, 210, "Q6_K"};
     case 15: return (type_info){256, 292, "Q8_K"};
+    case 16: return (type_info){256, 66, "IQ2_XXS"};
+    case 17: return (type_info){256, 74, "IQ2_XS"};
+    case 18: return (type_info){256, 98, "IQ3_XXS"};
+    case 19: return (type_info){256, 50, "IQ1_S"};
+    case 20: return (type_info){32, 18, "IQ4_NL"};
+    case 21: return (type_info){256, 110, "IQ3_S"};
+    case 22: return (type_info){256, 82, "IQ2_S"};
+    case 23: return (type_info){256, 136, "IQ4_XS"};
     case 24: return (type_info){1, 1, "I8"};
     case 25: return (type_info){1, 2, "I16"};
     case 26: return (type_info){1, 4, "I32"};
     case 27: return (type_info){1, 8, "I64"};
     case 28: return (type_info){1, 8, "F64"};
+    case 29: return (type_info){256, 56, "IQ1_M"};
     case GGML_BF16: return (type_info){1, 2, "BF16"};
+    case 34: return (type_info){256, 54, "TQ1_0"};
+    case 35: return (type_info){256, 66, "TQ2_0"};
+    case 39: return (type_info){32, 17, "MXFP4"};
     default: return (type_info){0, 0, "unknown"};
     }
 }

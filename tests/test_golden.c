@@ -1,0 +1,234 @@
+/* Golden tests of the CPU runner and the engine against HF transformers' fp32 outputs in
+ * ../shared/fixtures/models (see its README): last-position logits within 1e-4 relative,
+ * all-position logits of the 33-token prompt, greedy continuations up to the first
+ * low-margin step, the same results when every prompt runs concurrently in one batch,
+ * and pool sizing that ignores max_position_embeddings. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "engine/err.h"
+#include "engine/runner.h"
+#include "tests/fixtures.h"
+
+#define LOGIT_TOL 1e-4
+
+static const char *const models[] = {"llama-tiny", "qwen2-tiny", "qwen3-tiny", "llama-draft"};
+
+static engine *open_engine(const char *name, int max_batch) {
+    char path[4096], err[1024] = "";
+    snprintf(path, sizeof path, "%s/models/%s", fixtures_dir(), name);
+    engine_config c = {.model_path = path, .max_seq_len = 512, .max_batch = max_batch,
+                       .kv_bytes = 64u << 20, .threads = 2};
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fprintf(stderr, "engine_create(%s): %s\n", name, err);
+    return e;
+}
+
+static json_t *golden(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s/golden.json", name);
+    return fixture_json(rel);
+}
+
+/* Run every prompt of a golden file, either one at a time or all at once, greedy, and
+ * check logits and tokens. Returns the number of prompts checked. */
+static int check_model(const char *name, int concurrent) {
+    json_t *g = golden(name);
+    assert_non_null(g);
+    json_t *prompts = json_object_get(g, "prompts");
+    int np = (int)json_array_size(prompts);
+    assert_true(np >= 6);
+    engine *e = open_engine(name, concurrent ? np : 1);
+    assert_non_null(e);
+    int V = engine_model_config(e)->vocab;
+    int32_t *out[16] = {0};
+    int nout[16] = {0}, done = 0;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    char err[256];
+    for (int p = 0; p < np; p++) {
+        json_t *cs = json_array_get(prompts, (size_t)p);
+        int n;
+        int32_t *ids = json_ids(json_object_get(cs, "prompt"), &n);
+        engine_sampling sp;
+        engine_sampling_defaults(&sp);
+        sp.temperature = 0;
+        sp.ignore_eos = 1;
+        sp.max_tokens = (int)json_array_size(json_object_get(cs, "greedy"));
+        out[p] = calloc((size_t)sp.max_tokens, sizeof(int32_t));
+        assert_int_equal(engine_add_ex(e, (uint64_t)p, ids, n, &sp, 1, err, sizeof err), 0);
+        free(ids);
+        if (concurrent) continue;
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            for (int k = 0; k < o.n_events; k++)
+                for (int t = 0; t < o.events[k].n_tokens; t++) out[p][nout[p]++] = o.events[k].tokens[t].id;
+        }
+    }
+    while (concurrent && engine_has_work(e)) {
+        engine_output o;
+        assert_int_equal(engine_step(e, &o), 0);
+        for (int k = 0; k < o.n_events; k++) {
+            int p = (int)o.events[k].req_id;
+            for (int t = 0; t < o.events[k].n_tokens; t++) out[p][nout[p]++] = o.events[k].tokens[t].id;
+            done += o.events[k].finish != ENGINE_RUNNING;
+        }
+    }
+    for (int p = 0; p < np; p++) {
+        json_t *cs = json_array_get(prompts, (size_t)p);
+        json_t *greedy = json_object_get(cs, "greedy"), *margins = json_object_get(cs, "margins");
+        assert_int_equal(engine_first_logits(e, (uint64_t)p, logits), 0);
+        double rel = rel_err_json(logits, json_object_get(cs, "last_logits"), V);
+        double maxabs = 0;
+        for (int i = 0; i < V; i++) maxabs = fmax(maxabs, fabs(json_number_value(json_array_get(json_object_get(cs, "last_logits"), (size_t)i))));
+        int compared = 0;
+        for (int t = 0; t < (int)json_array_size(greedy); t++) {
+            /* a near tie may flip legitimately: stop at the first low-margin step */
+            if (json_number_value(json_array_get(margins, (size_t)t)) < 2 * LOGIT_TOL * maxabs) break;
+            assert_int_equal(out[p][t], json_integer_value(json_array_get(greedy, (size_t)t)));
+            compared++;
+        }
+        print_message("  %-11s prompt %3zu tokens: logits rel err %.2e, greedy %2d/%zu equal%s\n", name,
+                      json_array_size(json_object_get(cs, "prompt")), rel, compared,
+                      json_array_size(greedy), concurrent ? " (batched)" : "");
+        assert_true(rel < LOGIT_TOL);
+        assert_true(compared >= 1);
+        free(out[p]);
+    }
+    free(logits);
+    engine_destroy(e);
+    json_decref(g);
+    return np;
+}
+
+static void test_golden_llama_tiny(void **st) { (void)st; check_model("llama-tiny", 0); }
+static void test_golden_qwen2_tiny(void **st) { (void)st; check_model("qwen2-tiny", 0); }
+static void test_golden_qwen3_tiny(void **st) { (void)st; check_model("qwen3-tiny", 0); }
+static void test_golden_llama_draft(void **st) { (void)st; check_model("llama-draft", 0); }
+
+static void test_golden_concurrent_batch_matches_single(void **st) {
+    (void)st;
+    for (size_t m = 0; m < sizeof models / sizeof models[0]; m++) check_model(models[m], 1);
+}
+
+/* all_logits of the 33-token prompt: every position through the runner at once, and the
+ * same prompt fed in uneven chunks (chunked prefill) gives the same numbers. */
+static void check_all_logits(const char *name, int chunk) {
+    json_t *g = golden(name);
+    json_t *prompts = json_object_get(g, "prompts"), *cs = NULL;
+    for (size_t i = 0; i < json_array_size(prompts); i++)
+        if (json_object_get(json_array_get(prompts, i), "all_logits")) cs = json_array_get(prompts, i);
+    assert_non_null(cs);
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s/models/%s", fixtures_dir(), name);
+    model *m = model_load(path, err, sizeof err);
+    assert_non_null(m);
+    runner_config rc = {.num_blocks = 8, .block_size = 16, .max_batch = 1, .max_seq_len = 64,
+                        .max_tokens_per_step = 64, .threads = 2};
+    runner *r = runner_cpu_create(m, NULL, &rc, err, sizeof err);
+    assert_non_null(r);
+    int32_t blocks[3] = {5, 2, 7};  /* scattered on purpose: the block table must be used */
+    assert_int_equal(r->ops->slot_write_blocks(r, 0, 0, blocks, 3), 0);
+    int n, V = m->cfg.vocab;
+    int32_t *ids = json_ids(json_object_get(cs, "prompt"), &n);
+    float *lg = malloc(sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < n * V; i++) lg[i] = NAN;  /* poison: every element must be written */
+    for (int pos = 0; pos < n; pos += chunk) {
+        int len = pos + chunk <= n ? chunk : n - pos;
+        runner_row row = {.slot = 0, .n_new = len, .tok_off = 0, .n_logits = len, .logits_off = 0};
+        runner_batch b = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = ids + pos,
+                          .n_tokens = len, .logits = lg + (size_t)pos * V};
+        assert_int_equal(runner_forward(r, &b), 0);
+    }
+    assert_int_equal(r->ops->slot_get_len(r, 0, RUNNER_TARGET), n);
+    json_t *all = json_object_get(cs, "all_logits");
+    double worst = 0;
+    for (int p = 0; p < n; p++) {
+        double e = rel_err_json(lg + (size_t)p * V, json_array_get(all, (size_t)p), V);
+        worst = e > worst ? e : worst;
+    }
+    print_message("  %-11s all %d positions (chunks of %d): worst rel err %.2e\n", name, n, chunk, worst);
+    assert_true(worst < LOGIT_TOL);
+    free(lg);
+    free(ids);
+    runner_destroy(r);
+    model_free(m);
+    json_decref(g);
+}
+
+static void test_golden_all_positions(void **st) {
+    (void)st;
+    for (size_t m = 0; m < sizeof models / sizeof models[0]; m++) {
+        check_all_logits(models[m], 64);
+        check_all_logits(models[m], 7);
+    }
+}
+
+/* qwen2-tiny advertises max_position_embeddings 1,048,576: the pool and the per-request
+ * limits come from max_seq_len and the budget, never from that. */
+static void test_pool_ignores_max_position_embeddings(void **st) {
+    (void)st;
+    char path[4096], err[1024] = "";
+    snprintf(path, sizeof path, "%s/models/qwen2-tiny", fixtures_dir());
+    engine_config c = {.model_path = path, .threads = 1};
+    engine *e = engine_create(&c, err, sizeof err);
+    assert_non_null(e);
+    assert_int_equal(engine_model_config(e)->max_pos, 1048576);
+    engine_stats s;
+    engine_get_stats(e, &s);
+    assert_int_equal(s.max_seq_len, 4096);
+    /* capped at every slot full at max_seq_len: 64 slots x (4096/16 + 1) blocks */
+    assert_true(s.kv_blocks_total <= 64 * (4096 / 16 + 1));
+    assert_true(s.kv_blocks_total >= 4096 / 16);
+    engine_destroy(e);
+}
+
+static void test_budget_too_small_names_the_knobs(void **st) {
+    (void)st;
+    char path[4096], err[1024] = "";
+    snprintf(path, sizeof path, "%s/models/llama-tiny", fixtures_dir());
+    engine_config c = {.model_path = path, .max_seq_len = 4096, .kv_bytes = 1 << 20, .threads = 1};
+    engine *e = engine_create(&c, err, sizeof err);
+    assert_null(e);
+    assert_non_null(strstr(err, "--max-seq-len"));
+    assert_non_null(strstr(err, "--kv-cache-bytes"));
+}
+
+static void test_prompt_over_context_is_rejected(void **st) {
+    (void)st;
+    engine *e = open_engine("llama-tiny", 4);
+    assert_non_null(e);
+    int32_t *ids = calloc(600, sizeof(int32_t));
+    engine_sampling sp;
+    engine_sampling_defaults(&sp);
+    char err[256] = "";
+    assert_int_equal(engine_add(e, 1, ids, 600, &sp, err, sizeof err), SPECD_ERANGE);
+    assert_non_null(strstr(err, "max_seq_len"));
+    ids[3] = 5000;  /* outside the 1024-token vocabulary */
+    assert_int_equal(engine_add(e, 2, ids, 10, &sp, err, sizeof err), SPECD_EINVAL);
+    assert_int_equal(engine_add(e, 3, ids, 0, &sp, err, sizeof err), SPECD_ERANGE);
+    assert_false(engine_has_work(e));
+    free(ids);
+    engine_destroy(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_llama_tiny),
+        cmocka_unit_test(test_golden_qwen2_tiny),
+        cmocka_unit_test(test_golden_qwen3_tiny),
+        cmocka_unit_test(test_golden_llama_draft),
+        cmocka_unit_test(test_golden_concurrent_batch_matches_single),
+        cmocka_unit_test(test_golden_all_positions),
+        cmocka_unit_test(test_pool_ignores_max_position_embeddings),
+        cmocka_unit_test(test_budget_too_small_names_the_knobs),
+        cmocka_unit_test(test_prompt_over_context_is_rejected),
+    };
+    return cmocka_run_group_tests_name("golden", tests, NULL, NULL);
+}

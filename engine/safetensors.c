@@ -122,9 +122,13 @@ static int parse_header(st_file *f, char *err, size_t errlen) {
                           "%s: truncated: %zu bytes, the header length alone needs 8", f->path,
                           f->size);
     memcpy(&hlen, f->map, 8);
-    if (hlen > ST_MAX_HEADER || hlen > f->size - 8)
+    if (hlen > ST_MAX_HEADER)
         return specd_errf(err, errlen, SPECD_EFORMAT,
-                          "%s: bad header length %llu (file has %zu bytes)", f->path,
+                          "%s: bad header length %llu (limit %u)", f->path,
+                          (unsigned long long)hlen, ST_MAX_HEADER);
+    if (hlen > f->size - 8)
+        return specd_errf(err, errlen, SPECD_EFORMAT,
+                          "%s: truncated: JSON header of %llu bytes, file has %zu", f->path,
                           (unsigned long long)hlen, f->size);
     json_error_t je;
     root = json_loadb((const char *)f->map + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);

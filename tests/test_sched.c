@@ -309,6 +309,41 @@ static void test_sched_newest_preempts_itself(void **state) {
     h_free(h);
 }
 
+static void test_sched_no_admission_in_a_step_that_preempted(void **state) {
+    (void)state;
+    /* 4 blocks of 4, budget 5: a (4 tokens) decodes while c (12) prefills in chunks. */
+    harness *h = h_new(5, 4, 0, 4, 5, 64, 0);
+    assert_int_equal(h_add(h, 4, 0, 0, 20), 0);
+    assert_int_equal(h_add(h, 12, 1, 0, 20), 1);
+    sched_seq *a = &h->seq[0].q, *c = &h->seq[1].q;
+    sched_batch b;
+    h_step(h, &b);                             /* a 4, c 1 */
+    h_step(h, &b);                             /* a 1, c 4: 2 + 2 blocks, pool full */
+    assert_int_equal(kv_num_free(h->kv), 0);
+    assert_int_equal(c->n_computed, 5);
+    /* c needs a third block: it is the newest, so it preempts itself. Its 2 blocks and 4
+     * tokens of budget would fit a first chunk again, but re-admitting it in the same
+     * step would only thrash. */
+    assert_int_equal(sched_schedule(h->s, &b), 0);
+    assert_int_equal(b.n, 1);
+    assert_ptr_equal(b.seqs[0], a);
+    assert_int_equal(b.n_preempted, 1);
+    assert_ptr_equal(b.preempted[0], c);
+    assert_int_equal(c->state, SEQ_WAITING);
+    assert_int_equal(kv_num_free(h->kv), 2);
+    h_engine(h, &b);
+    h_check(h, NULL, 0);
+    /* Next step it is admitted again from scratch. */
+    assert_int_equal(sched_schedule(h->s, &b), 0);
+    assert_int_equal(b.n, 2);
+    assert_ptr_equal(b.seqs[1], c);
+    assert_int_equal(b.n_new[1], 4);
+    assert_int_equal(c->n_computed, 0);
+    assert_int_equal(c->slot_epoch, 2);
+    h_engine(h, &b);
+    h_free(h);
+}
+
 /* Run a fixed workload to completion; returns the number of preemptions seen. */
 static int run_workload(harness *h, int n_req, int max_steps) {
     for (int i = 0; i < n_req; i++)
@@ -619,6 +654,7 @@ int main(void) {
         cmocka_unit_test(test_sched_max_batch_respected_and_slots_recycled),
         cmocka_unit_test(test_sched_preempts_newest_when_blocks_run_out),
         cmocka_unit_test(test_sched_newest_preempts_itself),
+        cmocka_unit_test(test_sched_no_admission_in_a_step_that_preempted),
         cmocka_unit_test(test_sched_no_starvation_every_request_finishes),
         cmocka_unit_test(test_sched_preemption_resumes_to_same_tokens),
         cmocka_unit_test(test_sched_prefix_hit_skips_computed_blocks),

@@ -54,7 +54,10 @@ int kv_ref(const kv_pool *p, int32_t block);
 int kv_blocks_for(const kv_pool *p, int tokens);
 int kv_num_cached(const kv_pool *p);     /* blocks whose hash is registered (any ref) */
 
-/* max_blocks: capacity of the table (ceil(max_seq_len / block_size)). */
+/* max_blocks: capacity of the table: ceil((max_seq_len + lookahead) / block_size), so a
+ * speculative step at the end of the context still has room for its draft tokens (with
+ * ceil(max_seq_len / block_size) the scheduler clamps the lookahead there; see
+ * sched_lookahead_room). */
 int kv_seq_init(kv_seq *s, int max_blocks);
 /* Release every block (ref--, freed blocks to the LRU tail, last block first) and
  * empty the table; the table's memory is kept (kv_seq_destroy frees it). */

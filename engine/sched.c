@@ -277,6 +277,13 @@ int sched_schedule(sched *s, sched_batch *out) {
     return 0;
 }
 
+int sched_lookahead_room(const sched *s, const sched_seq *q, int n_new) {
+    if (q->n_computed < q->n_prompt) return 0;
+    int room = q->kv.n_blocks * kv_block_size(s->kv) - (q->n_computed + n_new);
+    if (room > s->cfg.lookahead) room = s->cfg.lookahead;
+    return room > 0 ? room : 0;
+}
+
 int sched_num_running(const sched *s) { return s->running.n; }
 int sched_num_waiting(const sched *s) { return s->waiting.n; }
 

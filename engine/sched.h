@@ -101,6 +101,12 @@ void sched_remove(sched *s, sched_seq *seq);
  * call). out->n == 0 with sequences queued means nothing can run now. Returns 0. */
 int sched_schedule(sched *s, sched_batch *out);
 
+/* Draft tokens the engine may write after feeding n_new tokens of a scheduled sequence
+ * (call before advancing n_computed): min(lookahead, reserved KV tokens beyond
+ * n_computed + n_new); 0 while the prompt is not fully computed (no speculation during
+ * prefill). Less than lookahead only near the end of the block table. */
+int sched_lookahead_room(const sched *s, const sched_seq *seq, int n_new);
+
 int sched_num_running(const sched *s);
 int sched_num_waiting(const sched *s);
 /* Iterate running sequences (for invariant checks): fills up to cap, returns count. */

@@ -439,14 +439,39 @@ static void test_sched_lookahead_reserved_when_decoding(void **state) {
     sched_batch b;
     assert_int_equal(sched_schedule(h->s, &b), 0);
     assert_int_equal(q->kv.n_blocks, 1);       /* prefill: no lookahead */
+    assert_int_equal(sched_lookahead_room(h->s, q, b.n_new[0]), 0);
     h_engine(h, &b);
     assert_int_equal(sched_schedule(h->s, &b), 0);
     assert_int_equal(b.n_new[0], 1);
     assert_int_equal(q->kv.n_blocks, 2);       /* 4 + 1 + 3 = 8 tokens */
+    assert_int_equal(sched_lookahead_room(h->s, q, b.n_new[0]), 3);
     h_engine(h, &b);
     assert_int_equal(sched_schedule(h->s, &b), 0);
     assert_int_equal(q->kv.n_blocks, 3);       /* 5 + 1 + 3 = 9 tokens */
     h_engine(h, &b);
+    h_free(h);
+}
+
+static void test_sched_lookahead_clamped_at_end_of_table(void **state) {
+    (void)state;
+    harness *h = h_new(64, 4, 0, 4, 100, 8, 3);
+    sched_seq q;
+    int32_t t[8] = {1, 2, 3, 4, 5, 6, 0, 0};
+    memset(&q, 0, sizeof(q));
+    assert_int_equal(kv_seq_init(&q.kv, 2), 0);   /* ceil(max_seq_len / bs): no spare */
+    q.tokens = t;
+    q.n_tokens = q.n_prompt = 6;
+    assert_int_equal(sched_add(h->s, &q), 0);
+    sched_batch b;
+    assert_int_equal(sched_schedule(h->s, &b), 0);
+    q.n_computed += 6;
+    t[q.n_tokens++] = 9;
+    assert_int_equal(sched_schedule(h->s, &b), 0);
+    assert_int_equal(b.n, 1);
+    assert_int_equal(q.kv.n_blocks, 2);           /* 6 + 1 + 3 = 10 clamped to 8 */
+    assert_int_equal(sched_lookahead_room(h->s, &q, b.n_new[0]), 1);
+    sched_remove(h->s, &q);
+    kv_seq_destroy(&q.kv);
     h_free(h);
 }
 
@@ -659,6 +684,7 @@ int main(void) {
         cmocka_unit_test(test_sched_preemption_resumes_to_same_tokens),
         cmocka_unit_test(test_sched_prefix_hit_skips_computed_blocks),
         cmocka_unit_test(test_sched_lookahead_reserved_when_decoding),
+        cmocka_unit_test(test_sched_lookahead_clamped_at_end_of_table),
         cmocka_unit_test(test_sched_feeds_all_tokens_after_speculative_step),
         cmocka_unit_test(test_sched_rejects_sequences_that_never_fit),
         cmocka_unit_test(test_sched_remove_in_any_state),

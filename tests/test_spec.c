@@ -1,0 +1,358 @@
+/* Speculative decoding on the CPU runner: lossless greedy output (draft model, draft ==
+ * target, self-speculation by layers) alone and in concurrent batches, the acceptance
+ * length guard, the rejection sampler's output distribution, and KV accounting after
+ * finished, cancelled and preempted speculative requests. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "engine/err.h"
+#include "engine/runner.h"
+#include "engine/sample.h"
+#include "engine/spec.h"
+#include "tests/fixtures.h"
+
+#define MAXP 8
+
+typedef struct {
+    int32_t *ids[MAXP];
+    int n[MAXP];
+    int np;
+} prompts;
+
+static void load_prompts(prompts *p, const char *model) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s/golden.json", model);
+    json_t *g = fixture_json(rel);
+    assert_non_null(g);
+    json_t *a = json_object_get(g, "prompts");
+    p->np = (int)json_array_size(a);
+    for (int i = 0; i < p->np; i++) p->ids[i] = json_ids(json_object_get(json_array_get(a, (size_t)i), "prompt"), &p->n[i]);
+    json_decref(g);
+}
+
+static void free_prompts(prompts *p) {
+    for (int i = 0; i < p->np; i++) free(p->ids[i]);
+}
+
+typedef struct {
+    int32_t out[MAXP][512];
+    int nout[MAXP];
+    long verify, accepted, drafted;
+} run_result;
+
+static char g_path[3][4096];
+
+static engine *make_engine(const char *draft, int draft_layers, int max_batch, size_t kv_bytes) {
+    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
+    if (draft) snprintf(g_path[1], sizeof g_path[1], "%s/models/%s", fixtures_dir(), draft);
+    engine_config c = {.model_path = g_path[0], .draft_path = draft ? g_path[1] : NULL,
+                       .draft_layers = draft_layers, .num_draft_tokens = 4, .max_seq_len = 512,
+                       .max_batch = max_batch, .kv_bytes = kv_bytes ? kv_bytes : 64u << 20,
+                       .threads = 2};
+    char err[1024] = "";
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fprintf(stderr, "engine_create: %s\n", err);
+    return e;
+}
+
+/* Run prompts [0, n) with `concurrent` at a time, greedy, max_tokens each. */
+static void run_greedy(engine *e, const prompts *p, int n, int concurrent, int max_tokens, run_result *r) {
+    memset(r, 0, sizeof *r);
+    char err[256];
+    int next = 0, live = 0;
+    while (next < n || live > 0) {
+        while (next < n && live < concurrent) {
+            engine_sampling sp;
+            engine_sampling_defaults(&sp);
+            sp.temperature = 0;
+            sp.ignore_eos = 1;
+            sp.max_tokens = max_tokens;
+            assert_int_equal(engine_add(e, (uint64_t)next, p->ids[next], p->n[next], &sp, err, sizeof err), 0);
+            next++;
+            live++;
+        }
+        engine_output o;
+        assert_int_equal(engine_step(e, &o), 0);
+        for (int k = 0; k < o.n_events; k++) {
+            engine_event *ev = &o.events[k];
+            int i = (int)ev->req_id;
+            for (int t = 0; t < ev->n_tokens; t++) r->out[i][r->nout[i]++] = ev->tokens[t].id;
+            if (ev->finish != ENGINE_RUNNING) {
+                live--;
+                r->verify += ev->spec_verify_steps;
+                r->accepted += ev->spec_accepted_tokens;
+                r->drafted += ev->spec_draft_tokens;
+            }
+        }
+    }
+}
+
+static double al(const run_result *r) { return r->verify ? 1.0 + (double)r->accepted / r->verify : 0; }
+
+static void assert_same_tokens(const run_result *a, const run_result *b, int n) {
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(a->nout[i], b->nout[i]);
+        assert_memory_equal(a->out[i], b->out[i], sizeof(int32_t) * (size_t)a->nout[i]);
+    }
+}
+
+static run_result g_plain, g_tmp;
+
+static void test_spec_draft_model_is_lossless_alone_and_padded(void **st) {
+    (void)st;
+    prompts p;
+    load_prompts(&p, "llama-tiny");
+    engine *e = make_engine(NULL, 0, 8, 0);
+    run_greedy(e, &p, p.np, 1, 48, &g_plain);
+    engine_destroy(e);
+    e = make_engine("llama-draft", 0, 8, 0);
+    assert_non_null(e);
+    int batches[] = {1, 3, 5, 7};
+    for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+        run_greedy(e, &p, p.np, batches[b], 48, &g_tmp);
+        print_message("  llama-draft -> llama-tiny, %d at a time: AL %.3f over %ld verify steps\n",
+                      batches[b], al(&g_tmp), g_tmp.verify);
+        assert_true(g_tmp.verify > 0);
+        assert_same_tokens(&g_plain, &g_tmp, p.np);
+    }
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
+/* Draft == target, k = 4: every draft token must be accepted (AL 5) up to exact ties. */
+static void test_spec_draft_equals_target_reaches_al_guard(void **st) {
+    (void)st;
+    prompts p;
+    load_prompts(&p, "llama-tiny");
+    engine *plain = make_engine(NULL, 0, 8, 0);
+    run_greedy(plain, &p, p.np, 1, 200, &g_plain);
+    engine_destroy(plain);
+    engine *e = make_engine("../models/llama-tiny", 0, 8, 0);
+    assert_non_null(e);
+    int batches[] = {1, 3, 5, 7};
+    for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+        run_greedy(e, &p, p.np, batches[b], 200, &g_tmp);
+        print_message("  draft == target, k=4, %d at a time: AL %.3f over %ld verify steps\n",
+                      batches[b], al(&g_tmp), g_tmp.verify);
+        assert_true(g_tmp.verify >= 200);
+        assert_true(al(&g_tmp) >= 4.95);
+        assert_same_tokens(&g_plain, &g_tmp, p.np);
+    }
+    engine_stats s;
+    engine_get_stats(e, &s);
+    assert_int_equal(s.kv_blocks_used, 0);
+    assert_true(s.spec_accepted_per_pos[3] > 0);
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
+static void test_spec_self_speculation_by_layers_is_lossless(void **st) {
+    (void)st;
+    prompts p;
+    load_prompts(&p, "llama-tiny");
+    engine *plain = make_engine(NULL, 0, 8, 0);
+    run_greedy(plain, &p, p.np, 1, 48, &g_plain);
+    engine_destroy(plain);
+    engine *e = make_engine(NULL, 2, 8, 0);
+    assert_non_null(e);
+    run_greedy(e, &p, p.np, 5, 48, &g_tmp);
+    print_message("  --draft-layers 2 of 4: AL %.3f over %ld verify steps\n", al(&g_tmp), g_tmp.verify);
+    assert_true(g_tmp.verify > 0);
+    assert_same_tokens(&g_plain, &g_tmp, p.np);
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
+static void test_spec_draft_model_and_draft_layers_are_exclusive(void **st) {
+    (void)st;
+    char t[4096], d[4096], err[1024] = "";
+    snprintf(t, sizeof t, "%s/models/llama-tiny", fixtures_dir());
+    snprintf(d, sizeof d, "%s/models/llama-tiny", fixtures_dir());
+    engine_config c = {.model_path = t, .draft_path = d, .draft_layers = 2, .max_seq_len = 256,
+                       .kv_bytes = 8u << 20};
+    assert_null(engine_create(&c, err, sizeof err));          /* both kinds of draft at once */
+    assert_non_null(strstr(err, "exclusive"));
+}
+
+/* Chi-square of the first emitted token over many seeded draws against the target's
+ * distribution. Distributions come from the fixture models (llama-tiny as target,
+ * llama-draft as draft) at temperature 1. */
+static double chi2_stat(const long *counts, const float *p, int V, long n, int *df) {
+    double chi = 0, pool_obs = 0, pool_exp = 0;
+    int bins = 0;
+    for (int v = 0; v < V; v++) {
+        double e = p[v] * (double)n;
+        if (e < 5) {
+            pool_obs += counts[v];
+            pool_exp += e;
+            continue;
+        }
+        chi += (counts[v] - e) * (counts[v] - e) / e;
+        bins++;
+    }
+    if (pool_exp > 0) {
+        chi += (pool_obs - pool_exp) * (pool_obs - pool_exp) / pool_exp;
+        bins++;
+    }
+    *df = bins - 1;
+    return chi;
+}
+
+/* Wilson-Hilferty: chi-square critical value at p = 0.001 (z = 3.0902). */
+static double chi2_crit_001(int df) {
+    double a = 2.0 / (9.0 * df);
+    return df * pow(1 - a + 3.0902 * sqrt(a), 3);
+}
+
+static void model_probs(const char *name, const int32_t *ids, int n, float *probs) {
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s/models/%s", fixtures_dir(), name);
+    model *m = model_load(path, err, sizeof err);
+    assert_non_null(m);
+    runner_config rc = {.num_blocks = 4, .block_size = 16, .max_batch = 1, .max_seq_len = 32,
+                        .max_tokens_per_step = 32, .threads = 1};
+    runner *r = runner_cpu_create(m, NULL, &rc, err, sizeof err);
+    assert_non_null(r);
+    int32_t blocks[2] = {1, 2};
+    r->ops->slot_write_blocks(r, 0, 0, blocks, 2);
+    runner_row row = {.slot = 0, .n_new = n, .n_logits = 1};
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = ids, .n_tokens = n,
+                      .logits = probs};
+    assert_int_equal(runner_forward(r, &b), 0);
+    sample_params sp = {.temperature = 1.0f, .top_p = 1.0f};
+    int *scratch = malloc(sizeof(int) * (size_t)m->cfg.vocab);
+    sample_probs(probs, m->cfg.vocab, &sp, scratch);
+    free(scratch);
+    runner_destroy(r);
+    model_free(m);
+}
+
+static void test_spec_rejection_sampling_follows_target_distribution(void **st) {
+    (void)st;
+    enum { V = 1024, K = 2, N = 20000 };
+    int32_t prompt[7] = {17, 200, 3, 999, 45, 512, 8};
+    float *p = malloc(sizeof(float) * V * (K + 1)), *q = malloc(sizeof(float) * V * K);
+    float *res = malloc(sizeof(float) * V);
+    model_probs("llama-tiny", prompt, 7, p);
+    model_probs("llama-draft", prompt, 7, q);
+    for (int j = 1; j <= K; j++) memcpy(p + (size_t)j * V, p, sizeof(float) * V);
+    for (int j = 1; j < K; j++) memcpy(q + (size_t)j * V, q, sizeof(float) * V);
+    /* the two models disagree, so acceptance matters */
+    double tv = 0;
+    for (int v = 0; v < V; v++) tv += fabs(p[v] - q[v]) / 2;
+    assert_true(tv > 0.05);
+    for (int skip = 0; skip <= 1; skip++) {
+        long *counts = calloc(V, sizeof(long));
+        for (long s = 0; s < N; s++) {
+            int32_t drafts[K], out[K + 1];
+            double ua[K];
+            for (int j = 0; j < K; j++) {
+                drafts[j] = sample_from_probs(q, V, sample_uniform((uint64_t)s, 100 + (uint64_t)j));
+                ua[j] = sample_uniform((uint64_t)s, 200 + (uint64_t)j);
+            }
+            int m = spec_accept_sample(p, q, V, drafts, K, ua, sample_uniform((uint64_t)s, 300), res, skip, out);
+            assert_true(m >= 1 && m <= K + 1);
+            counts[out[0]]++;
+        }
+        int df;
+        double chi = chi2_stat(counts, p, V, N, &df), crit = chi2_crit_001(df);
+        print_message("  first token vs target softmax%s: chi2 %.1f, df %d, critical(p=0.001) %.1f, TV(p,q) %.3f\n",
+                      skip ? " (acceptance skipped)" : "", chi, df, crit, tv);
+        if (skip) assert_true(chi > crit);   /* without the test the output follows q */
+        else assert_true(chi < crit);
+        free(counts);
+    }
+    free(p);
+    free(q);
+    free(res);
+}
+
+/* Seeded sampling through the whole speculative engine is reproducible. */
+static void test_spec_seeded_sampling_is_reproducible(void **st) {
+    (void)st;
+    int32_t prompt[5] = {5, 6, 7, 8, 9};
+    int32_t outs[2][64];
+    int n[2] = {0, 0};
+    for (int run = 0; run < 2; run++) {
+        engine *e = make_engine("llama-draft", 0, 4, 0);
+        engine_sampling sp;
+        engine_sampling_defaults(&sp);
+        sp.temperature = 0.8f;
+        sp.seed = 1234;
+        sp.has_seed = 1;
+        sp.max_tokens = 40;
+        sp.ignore_eos = 1;
+        char err[256];
+        assert_int_equal(engine_add(e, 1, prompt, 5, &sp, err, sizeof err), 0);
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            for (int k = 0; k < o.n_events; k++)
+                for (int t = 0; t < o.events[k].n_tokens; t++) outs[run][n[run]++] = o.events[k].tokens[t].id;
+        }
+        engine_destroy(e);
+    }
+    assert_int_equal(n[0], 40);
+    assert_int_equal(n[1], 40);
+    assert_memory_equal(outs[0], outs[1], sizeof(int32_t) * 40);
+}
+
+/* Finished, cancelled and preempted speculative requests all give their blocks back. */
+static void test_spec_kv_returns_to_baseline(void **st) {
+    (void)st;
+    prompts p;
+    load_prompts(&p, "llama-tiny");
+    /* a pool just big enough for one max-length sequence forces preemption */
+    engine *e = make_engine("llama-draft", 0, 8, 0);
+    engine_stats s0;
+    engine_get_stats(e, &s0);
+    engine_destroy(e);
+    size_t per_block = (64u << 20) / (size_t)s0.kv_blocks_total;
+    e = make_engine("llama-draft", 0, 8, per_block * (512 / 16 + 4));
+    assert_non_null(e);
+    char err[256];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < p.np; i++) {
+            engine_sampling sp;
+            engine_sampling_defaults(&sp);
+            sp.temperature = i % 2 ? 0.7f : 0;
+            sp.max_tokens = 60 + 20 * i;
+            sp.ignore_eos = 1;
+            assert_int_equal(engine_add(e, (uint64_t)(round * 100 + i), p.ids[i], p.n[i], &sp, err, sizeof err), 0);
+        }
+        int steps = 0;
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            if (++steps == 5) engine_abort(e, (uint64_t)(round * 100 + 1));   /* cancel one mid-flight */
+        }
+    }
+    engine_stats s;
+    engine_get_stats(e, &s);
+    print_message("  pool %d blocks, preemptions %llu, blocks in use at the end %d\n", s.kv_blocks_total,
+                  (unsigned long long)s.preemptions, s.kv_blocks_used);
+    assert_true(s.preemptions > 0);
+    assert_int_equal(s.kv_blocks_used, 0);
+    assert_int_equal(s.running + s.waiting, 0);
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spec_draft_model_is_lossless_alone_and_padded),
+        cmocka_unit_test(test_spec_draft_equals_target_reaches_al_guard),
+        cmocka_unit_test(test_spec_self_speculation_by_layers_is_lossless),
+        cmocka_unit_test(test_spec_draft_model_and_draft_layers_are_exclusive),
+        cmocka_unit_test(test_spec_rejection_sampling_follows_target_distribution),
+        cmocka_unit_test(test_spec_seeded_sampling_is_reproducible),
+        cmocka_unit_test(test_spec_kv_returns_to_baseline),
+    };
+    return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
+}

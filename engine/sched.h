@@ -17,10 +17,10 @@
  *
  * Rejection: a sequence that can never fit (its tokens need more blocks than the whole
  * pool, or more than its block table / max_seq_len) is never retried forever. sched_add
- * refuses such a prompt up front (SPECD_ERANGE); a sequence that grows too large while it
- * runs (or while it waits after a preemption) is taken out of the queues, its KV and slot
- * freed, its state set to SEQ_REJECTED with reject_code, and it is listed in
- * sched_batch.rejected: the engine fails that request and then calls sched_remove.
+ * refuses such a prompt up front (SPECD_ERANGE / SPECD_ENOSPACE); a sequence that grows
+ * too large while it runs (or while it waits after a preemption) is taken out of the
+ * queues, its KV and slot freed, its state set to SEQ_REJECTED with reject_code, and it
+ * is listed in sched_batch.rejected: the engine fails that request, then sched_remove.
  *
  * One step (sched_schedule):
  *   1. running sequences in order: n_new = min(n_tokens - n_computed, budget left);

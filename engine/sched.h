@@ -26,6 +26,7 @@
  *   1. running sequences in order: n_new = min(n_tokens - n_computed, budget left);
  *      reserve KV for n_computed + n_new (+ lookahead once the prompt is computed);
  *      on SPECD_ENOSPACE preempt the newest running sequence (possibly itself) and retry.
+ *      The budget counts fed tokens (n_new), not the draft's lookahead tokens.
  *   2. if nothing was preempted: admit waiting sequences FCFS while budget, slots and
  *      blocks allow (prefix-cache hit first, then a prefill chunk of at most the budget
  *      left); stop at the first one whose chunk does not fit.

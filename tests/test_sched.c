@@ -650,13 +650,19 @@ static void test_sched_random_ops_keep_invariants(void **state) {
         }
         h_check(h, fork_t, N_FORK);
     }
-    for (int i = 0; i < h->n_seq; i++) finished += h->seq[i].done;
-    fprintf(stderr, "steps %d preempts %d cancels %d forks %d finished %d of %d\n", steps, preempts, cancels, nforks, finished, h->n_seq);
+    int hits = 0;
+    for (int i = 0; i < h->n_seq; i++) {
+        finished += h->seq[i].done;
+        hits += h->seq[i].q.n_cached_tokens > 0;
+    }
+    fprintf(stderr, "random ops: steps %d preempts %d cancels %d forks %d hits %d finished %d of %d\n",
+            steps, preempts, cancels, nforks, hits, finished, h->n_seq);
     assert_true(steps > 1000);
     assert_true(preempts > 20);
     assert_true(cancels > 20);
     assert_true(nforks > 20);
     assert_true(finished > 20);
+    assert_true(hits > 20);
     for (int i = 0; i < N_FORK; i++) kv_seq_release(h->kv, &forks[i]);
     for (int i = 0; i < h->n_seq; i++)
         if (h->seq[i].live) {

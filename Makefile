@@ -87,7 +87,7 @@ unit: $(TEST_BIN) $(BUILD)/specd
 http: $(BUILD)/specd
 	@bash scripts/run-tests.sh http $(BUILD)
 
-test: setup
+test: setup fetch-model
 	$(MAKE) all $(TEST_BIN)
 	@bash scripts/run-tests.sh all $(BUILD)
 

@@ -257,7 +257,7 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     e->cfg = *cfg_in;
     engine_config *c = &e->cfg;
     engine_config_defaults(c);
-    if (!c->model_path) {
+    if (!c->model_path && !c->random_shape) {
         specd_errf(err, errlen, SPECD_EINVAL, "no model given (--model PATH)");
         goto fail;
     }
@@ -272,7 +272,18 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
         goto fail;
     }
 #endif
-    if (!(e->target = model_load(c->model_path, err, errlen))) goto fail;
+    if (c->random_shape) {
+        model_config mc;
+        if (model_shape_preset(c->random_shape, &mc)) {
+            specd_errf(err, errlen, SPECD_ENOTFOUND, "unknown shape '%s' (llama-3.1-8b, llama-3.2-1b, "
+                       "qwen2.5-1.5b, qwen3-1.7b)", c->random_shape);
+            goto fail;
+        }
+        if (!(e->target = model_random(&mc, 1, err, errlen))) goto fail;
+        c->model_path = c->random_shape;
+    } else if (!(e->target = model_load(c->model_path, err, errlen))) {
+        goto fail;
+    }
     e->vocab = e->target->cfg.vocab;
     for (int i = 0; i < e->target->cfg.n_eos; i++) e->eos[e->n_eos++] = e->target->cfg.eos_ids[i];
     /* The runtime context limit is ours; max_position_embeddings only caps it. */

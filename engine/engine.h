@@ -22,6 +22,8 @@ typedef enum { ENGINE_DEVICE_CPU = 0, ENGINE_DEVICE_CUDA = 1 } engine_device;
 
 typedef struct {
     const char *model_path;
+    const char *random_shape;     /* instead of model_path: random weights of a named real
+                                   * shape (model_shape_preset), for benchmarks */
     const char *tokenizer_path;   /* NULL: from model_path */
     const char *draft_path;       /* NULL: no draft model */
     int draft_layers;             /* > 0: self-speculation with the target's first N layers */

@@ -1,0 +1,184 @@
+/* `specd bench`: engine throughput without HTTP. For each batch size, B sequences of
+ * random prompt ids (seeded) are prefilled together and decoded for --gen tokens with
+ * EOS ignored; prints prefill tokens/s, decode tokens/s, ms per decode step and, with a
+ * draft, the acceptance length. Numbers are wall-clock on this machine. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "engine/sample.h"
+#include "server/cli.h"
+#include "server/cmd.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd bench (--model PATH | --shape NAME) [options]\n\n"
+            "options:\n" CLI_ENGINE_HELP
+            "  --shape NAME            random weights of a real shape: llama-3.1-8b, llama-3.2-1b,\n"
+            "                          qwen2.5-1.5b, qwen3-1.7b\n"
+            "  --batch LIST            batch sizes, comma separated (default 1,16)\n"
+            "  --prompt-len N          prompt tokens per sequence (default 64)\n"
+            "  --gen N                 tokens generated per sequence (default 64)\n"
+            "  --seed S                prompt ids seed (default 0)\n"
+            "  --json                  one JSON object per batch size\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    int batch;
+    double prefill_s, decode_s;
+    long prefill_tokens, decode_tokens, decode_steps, verify, accepted;
+} bench_row;
+
+static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_row *r) {
+    int V = engine_model_config(e)->vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)plen);
+    int *have_first = calloc((size_t)B, sizeof(int));
+    char err[512];
+    if (!ids || !have_first) return -1;
+    memset(r, 0, sizeof *r);
+    r->batch = B;
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < plen; i++)
+            ids[i] = (int32_t)(sample_uniform(seed + (uint64_t)b, (uint64_t)i) * V);
+        engine_sampling sp;
+        engine_sampling_defaults(&sp);
+        sp.temperature = 0;
+        sp.ignore_eos = 1;
+        sp.max_tokens = gen;
+        if (engine_add(e, (uint64_t)b, ids, plen, &sp, err, sizeof err)) {
+            fprintf(stderr, "specd bench: %s\n", err);
+            free(ids);
+            free(have_first);
+            return -1;
+        }
+    }
+    int firsts = 0, rc = 0;
+    double t0 = now_s(), t1 = t0;
+    while (engine_has_work(e)) {
+        engine_output o;
+        if ((rc = engine_step(e, &o))) break;
+        for (int k = 0; k < o.n_events; k++) {
+            engine_event *ev = &o.events[k];
+            int b = (int)ev->req_id;
+            int nt = ev->n_tokens;
+            if (!have_first[b] && nt > 0) {
+                have_first[b] = 1;
+                firsts++;
+                nt--;
+            }
+            r->decode_tokens += nt;
+            if (ev->finish != ENGINE_RUNNING) {
+                r->verify += ev->spec_verify_steps;
+                r->accepted += ev->spec_accepted_tokens;
+            }
+        }
+        if (firsts == B && t1 == t0) {
+            t1 = now_s();   /* every sequence has its first token: prefill is over */
+            r->decode_tokens = 0;
+        } else if (t1 != t0) {
+            r->decode_steps++;
+        }
+    }
+    double t2 = now_s();
+    r->prefill_s = t1 - t0;
+    r->decode_s = t2 - t1;
+    r->prefill_tokens = (long)B * plen;
+    free(ids);
+    free(have_first);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    engine_config ec = {0};
+    const char *batches = "1,16";
+    int plen = 64, gen = 64, json = 0;
+    uint64_t seed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int m = cli_engine_opt(&ec, argc, argv, &i);
+        if (m < 0) return 2;
+        if (m > 0) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            json = 1;
+            continue;
+        }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            ec.verbose = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "specd bench: unknown option or missing value: %s\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        int bad = 0;
+        if (!strcmp(a, "--shape")) ec.random_shape = v;
+        else if (!strcmp(a, "--batch")) batches = v;
+        else if (!strcmp(a, "--prompt-len")) bad = cli_int(v, 1, 1 << 20, &plen);
+        else if (!strcmp(a, "--gen")) bad = cli_int(v, 2, 1 << 20, &gen);
+        else if (!strcmp(a, "--seed")) bad = cli_u64(v, &seed);
+        else {
+            fprintf(stderr, "specd bench: unknown option %s\n", a);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "specd bench: bad value for %s: '%s'\n", a, v);
+            return 2;
+        }
+    }
+    int32_t *bs = NULL;
+    int nb = cli_parse_ids(batches, &bs);
+    if ((!ec.model_path && !ec.random_shape) || nb <= 0) {
+        usage(stderr);
+        free(bs);
+        return 2;
+    }
+    int maxb = 0;
+    for (int i = 0; i < nb; i++) maxb = bs[i] > maxb ? bs[i] : maxb;
+    if (!ec.max_batch) ec.max_batch = maxb;
+    if (!ec.max_seq_len) ec.max_seq_len = plen + gen + 16;
+    char err[1024];
+    engine *e = engine_create(&ec, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "specd bench: %s\n", err);
+        free(bs);
+        return 1;
+    }
+    if (!json)
+        printf("device %s, prompt %d, gen %d\n%6s %14s %14s %12s %8s\n", engine_device_name(e), plen, gen,
+               "batch", "prefill tok/s", "decode tok/s", "ms/step", "AL");
+    int rc = 0;
+    for (int i = 0; i < nb && !rc; i++) {
+        bench_row r;
+        if (bench_one(e, bs[i], plen, gen, seed, &r)) {
+            rc = 1;
+            break;
+        }
+        double pf = r.prefill_tokens / r.prefill_s, dt = r.decode_tokens / r.decode_s;
+        double ms = r.decode_steps ? 1e3 * r.decode_s / r.decode_steps : 0;
+        double al = r.verify ? 1.0 + (double)r.accepted / r.verify : 0;
+        if (json)
+            printf("{\"device\":\"%s\",\"batch\":%d,\"prompt_len\":%d,\"gen\":%d,\"prefill_tok_s\":%.2f,"
+                   "\"decode_tok_s\":%.2f,\"ms_per_step\":%.3f,\"acceptance_length\":%.3f}\n",
+                   engine_device_name(e), r.batch, plen, gen, pf, dt, ms, al);
+        else
+            printf("%6d %14.1f %14.1f %12.2f %8.2f\n", r.batch, pf, dt, ms, al);
+        fflush(stdout);
+    }
+    engine_destroy(e);
+    free(bs);
+    return rc;
+}

@@ -50,7 +50,9 @@ attention_kernel(const uint16_t *__restrict__ q, uint16_t *__restrict__ out, int
     const int cap = g.max_blocks * g.block_size;
     const int kend = min(len + q0 + nq, cap);
     const int ks0 = split * w.split_len;
-    const int ke = min(ks0 + w.split_len, kend);
+    /* The last split takes every remaining key, so a split count sized from a stale host
+     * view of the lengths costs speed, never keys. */
+    const int ke = split == w.n_splits - 1 ? kend : min(ks0 + w.split_len, kend);
     const int *bt = g.bt + (size_t)slot * g.max_blocks;
     const uint16_t *pool = *g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;

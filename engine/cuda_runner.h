@@ -1,0 +1,42 @@
+/* CUDA runner extras (prefix cuda_runner_): options beyond runner_config and hooks for
+ * GPU tests and benchmarks. The runner itself is created through runner_cuda_create
+ * (engine/runner.h); runner_cuda_create_ex takes these options.
+ *
+ * Only compiled when nvcc exists (SPECD_HAVE_CUDA). */
+#ifndef SPECD_CUDA_RUNNER_H
+#define SPECD_CUDA_RUNNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/runner.h"
+
+typedef struct {
+    int rank, world;          /* tensor-parallel position; only world == 1 runs today */
+    int random_weights;       /* fill weights on the device from `seed` (benchmarks of
+                                 real shapes without host weights; views are ignored) */
+    uint64_t seed;
+    int no_graphs;            /* decode runs eagerly (tests compare both paths) */
+    int quiet;                /* no start-up summary on stderr */
+} cuda_runner_opts;
+
+runner *runner_cuda_create_ex(const model *target, const model *draft, const runner_config *cfg,
+                              const cuda_runner_opts *opts, char *err, size_t errlen);
+
+/* Bytes of one KV block (all target + draft layers) in the CUDA runner's bf16 storage. */
+size_t runner_cuda_block_bytes(const model *target, const model *draft, int block_size);
+
+/* Test hooks. */
+size_t cuda_runner_block_bytes(runner *r);
+/* Copy pool block `block` (all layers, bf16) into host memory of block_bytes. */
+int cuda_runner_read_block(runner *r, int block, void *host);
+/* Overwrite pool block `block` with host bytes (block_bytes). */
+int cuda_runner_write_block(runner *r, int block, const void *host);
+/* Captured decode batch sizes, largest first; returns how many (<= max). */
+int cuda_runner_graph_sizes(runner *r, int *sizes, int max);
+/* Last CUDA error text ("" when none); the runner is failed once this is set. */
+const char *cuda_runner_error(runner *r);
+/* Bytes measured for: weights, graphs, KV pool, workspace. */
+void cuda_runner_memory(runner *r, size_t *weights, size_t *graphs, size_t *kv, size_t *work);
+
+#endif

@@ -1,0 +1,293 @@
+/* Weight upload for the CUDA runner: converts each tensor view to bf16 on the host
+ * (tensor_to_bf16 also dequantizes GGUF and undoes its Q/K permutation), fuses Q|K|V and
+ * gate|up into one matrix each so one GEMM serves them, and copies this rank's slice to
+ * the device. Tensor parallelism (rank of world) splits Q/K/V/gate/up by output rows
+ * (heads / intermediate) and O/down by input columns; only world == 1 runs today, and
+ * the split is here so a multi-GPU runner needs no new loader.
+ *
+ * With opts.random_weights the views are ignored and weights are filled on the device
+ * (uniform, std 0.02; norms near 1), so benchmarks of 8B shapes need no host weights. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda_internal.h"
+#include "engine/err.h"
+
+/* Host staging for one conversion, reused across tensors. */
+typedef struct {
+    uint16_t *bf;
+    float *f;
+    size_t cap_bf, cap_f;   /* elements */
+} staging;
+
+static int stage_reserve(staging *s, size_t n, int f32) {
+    size_t *cap = f32 ? &s->cap_f : &s->cap_bf;
+    void **buf = f32 ? (void **)&s->f : (void **)&s->bf;
+    if (n <= *cap) return 0;
+    free(*buf);
+    *buf = malloc(n * (f32 ? sizeof(float) : sizeof(uint16_t)));
+    *cap = *buf ? n : 0;
+    return *buf ? 0 : SPECD_ENOMEM;
+}
+
+static int check_view(const tensor_view *t, int64_t rows, int64_t cols, const char *name,
+                      int layer, char *err, size_t errlen) {
+    int64_t want = rows * (cols ? cols : 1);
+    if (!t->data)
+        return specd_errf(err, errlen, SPECD_ENOTFOUND, "cuda runner: layer %d: tensor %s missing",
+                          layer, name);
+    if (tensor_numel(t) != want)
+        return specd_errf(err, errlen, SPECD_EFORMAT,
+                          "cuda runner: layer %d: tensor %s has %lld elements, expected %lld",
+                          layer, name, (long long)tensor_numel(t), (long long)want);
+    return 0;
+}
+
+static void *dalloc(cuda_runner *r, cuda_model *cm, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cuda_fail(r, __FILE__, __LINE__, "cudaMalloc(weights)", "out of device memory");
+        return NULL;
+    }
+    cm->weight_bytes += bytes;
+    return p;
+}
+
+/* Upload rows [row0, row0+nrows) x cols [col0, col0+ncols) of view t (full shape
+ * rows_all x cols_all) as bf16 into dst with leading dimension ncols. */
+static int upload_bf16(cuda_runner *r, staging *s, const tensor_view *t, int64_t rows_all,
+                       int64_t cols_all, int64_t row0, int64_t nrows, int64_t col0,
+                       int64_t ncols, uint16_t *dst) {
+    if (stage_reserve(s, (size_t)(rows_all * cols_all), 0)) return SPECD_ENOMEM;
+    int rc = tensor_to_bf16(t, s->bf);
+    if (rc) return rc;
+    CU_CHECK(r, cudaMemcpy2D(dst, (size_t)ncols * 2, s->bf + row0 * cols_all + col0,
+                             (size_t)cols_all * 2, (size_t)ncols * 2, (size_t)nrows,
+                             cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+static int upload_f32(cuda_runner *r, staging *s, const tensor_view *t, int64_t off, int64_t n,
+                      float *dst) {
+    if (stage_reserve(s, (size_t)tensor_numel(t), 1)) return SPECD_ENOMEM;
+    int rc = tensor_to_f32(t, s->f);
+    if (rc) return rc;
+    CU_CHECK(r, cudaMemcpy(dst, s->f + off, (size_t)n * 4, cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* Rotary frequencies as transformers computes them in fp32, llama3-scaled if asked. */
+static void rope_inv_freq(const model_config *c, float *inv) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++)
+        inv[i] = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+    if (c->rope_type != ROPE_LLAMA3) return;
+    float factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+    float old_ctx = (float)c->rope_orig_max_pos;
+    float low_wl = old_ctx / lo, high_wl = old_ctx / hi;
+    for (int i = 0; i < half; i++) {
+        float wl = 2.0f * (float)M_PI / inv[i];
+        float f = wl > low_wl ? inv[i] / factor : inv[i];
+        if (!(wl < high_wl) && !(wl > low_wl)) {
+            float smooth = (old_ctx / wl - lo) / (hi - lo);
+            f = (1.0f - smooth) * f / factor + smooth * f;
+        }
+        inv[i] = f;
+    }
+}
+
+static uint64_t mix_seed(uint64_t seed, uint64_t tag) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (tag + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Random device weights: std 0.02 for matrices (uniform +-0.02*sqrt(3)), norms in
+ * [0.9, 1.1], biases +-0.02. */
+static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed) {
+    const model_config *c = &cm->c;
+    int hidden = c->hidden, D = cm->D, qkv = (cm->H + 2 * cm->KVH) * D;
+    float a = 0.02f * sqrtf(3.f);
+    uint64_t tag = 0;
+    K_CHECK(r, k_fill_uniform_bf16(cm->embed, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, r->stream));
+    if (cm->lm_head != cm->embed)
+        K_CHECK(r, k_fill_uniform_bf16(cm->lm_head, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, r->stream));
+    K_CHECK(r, k_fill_uniform_f32(cm->out_norm, (size_t)hidden, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &cm->layers[l];
+        K_CHECK(r, k_fill_uniform_bf16(L->wqkv, (size_t)qkv * hidden, mix_seed(seed, tag++), a, r->stream));
+        K_CHECK(r, k_fill_uniform_bf16(L->wo, (size_t)hidden * cm->H * D, mix_seed(seed, tag++), a, r->stream));
+        K_CHECK(r, k_fill_uniform_bf16(L->wgu, (size_t)2 * cm->ffn * hidden, mix_seed(seed, tag++), a, r->stream));
+        K_CHECK(r, k_fill_uniform_bf16(L->wdown, (size_t)hidden * cm->ffn, mix_seed(seed, tag++), a, r->stream));
+        K_CHECK(r, k_fill_uniform_f32(L->attn_norm, (size_t)hidden, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
+        K_CHECK(r, k_fill_uniform_f32(L->ffn_norm, (size_t)hidden, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
+        if (L->bqkv) K_CHECK(r, k_fill_uniform_f32(L->bqkv, (size_t)qkv, mix_seed(seed, tag++), -0.02f, 0.02f, r->stream));
+        if (L->q_norm) K_CHECK(r, k_fill_uniform_f32(L->q_norm, (size_t)D, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
+        if (L->k_norm) K_CHECK(r, k_fill_uniform_f32(L->k_norm, (size_t)D, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
+    }
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_layer *ml, int l,
+                      int rank, char *err, size_t errlen) {
+    const model_config *c = &cm->c;
+    cuda_layer *L = &cm->layers[l];
+    int64_t hidden = c->hidden, D = c->head_dim, H = c->n_heads, KVH = c->n_kv_heads;
+    int64_t h = cm->H, kvh = cm->KVH, F = cm->ffn;
+    int rc;
+    if ((rc = check_view(&ml->wq, H * D, hidden, "q_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->wk, KVH * D, hidden, "k_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->wv, KVH * D, hidden, "v_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->wo, hidden, H * D, "o_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->w_gate, c->ffn, hidden, "gate_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->w_up, c->ffn, hidden, "up_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->w_down, hidden, c->ffn, "down_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->attn_norm, hidden, 0, "input_layernorm", l, err, errlen)) ||
+        (rc = check_view(&ml->ffn_norm, hidden, 0, "post_attention_layernorm", l, err, errlen)))
+        return rc;
+    uint16_t *q = L->wqkv, *k = q + h * D * hidden, *v = k + kvh * D * hidden;
+    if ((rc = upload_bf16(r, s, &ml->wq, H * D, hidden, rank * h * D, h * D, 0, hidden, q)) ||
+        (rc = upload_bf16(r, s, &ml->wk, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, k)) ||
+        (rc = upload_bf16(r, s, &ml->wv, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, v)) ||
+        (rc = upload_bf16(r, s, &ml->wo, hidden, H * D, 0, hidden, rank * h * D, h * D, L->wo)) ||
+        (rc = upload_bf16(r, s, &ml->w_gate, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu)) ||
+        (rc = upload_bf16(r, s, &ml->w_up, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu + F * hidden)) ||
+        (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown)) ||
+        (rc = upload_f32(r, s, &ml->attn_norm, 0, hidden, L->attn_norm)) ||
+        (rc = upload_f32(r, s, &ml->ffn_norm, 0, hidden, L->ffn_norm)))
+        goto out;
+    if (L->bqkv) {
+        if ((rc = check_view(&ml->bq, H * D, 0, "q_proj.bias", l, err, errlen)) ||
+            (rc = check_view(&ml->bk, KVH * D, 0, "k_proj.bias", l, err, errlen)) ||
+            (rc = check_view(&ml->bv, KVH * D, 0, "v_proj.bias", l, err, errlen)))
+            return rc;
+        if ((rc = upload_f32(r, s, &ml->bq, rank * h * D, h * D, L->bqkv)) ||
+            (rc = upload_f32(r, s, &ml->bk, rank * kvh * D, kvh * D, L->bqkv + h * D)) ||
+            (rc = upload_f32(r, s, &ml->bv, rank * kvh * D, kvh * D, L->bqkv + (h + kvh) * D)))
+            goto out;
+    }
+    if (L->q_norm) {
+        if ((rc = check_view(&ml->q_norm, D, 0, "q_norm", l, err, errlen)) ||
+            (rc = check_view(&ml->k_norm, D, 0, "k_norm", l, err, errlen)))
+            return rc;
+        if ((rc = upload_f32(r, s, &ml->q_norm, 0, D, L->q_norm)) ||
+            (rc = upload_f32(r, s, &ml->k_norm, 0, D, L->k_norm)))
+            goto out;
+    }
+    return 0;
+out:
+    return specd_errf(err, errlen, rc, "cuda runner: layer %d: converting weights: %s%s%s", l,
+                      specd_strerror(rc), r->errmsg[0] ? ": " : "", r->errmsg);
+}
+
+int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, int world,
+                    char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    staging s = {0};
+    int rc = SPECD_ECUDA;
+    memset(cm, 0, sizeof *cm);
+    cm->c = *c;
+    if (world < 1 || rank < 0 || rank >= world || c->n_heads % world || c->n_kv_heads % world ||
+        c->ffn % world)
+        return specd_errf(err, errlen, SPECD_EINVAL,
+                          "cuda runner: %s: heads %d / kv heads %d / ffn %d do not split over %d ranks",
+                          m->path, c->n_heads, c->n_kv_heads, c->ffn, world);
+    if (c->n_heads % c->n_kv_heads || (c->head_dim != 64 && c->head_dim != 128))
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "cuda runner: %s: head_dim %d (64 or 128 supported), heads %d, kv heads %d",
+                          m->path, c->head_dim, c->n_heads, c->n_kv_heads);
+    cm->H = c->n_heads / world;
+    cm->KVH = c->n_kv_heads / world;
+    cm->D = c->head_dim;
+    cm->ffn = c->ffn / world;
+    size_t hidden = (size_t)c->hidden, D = (size_t)cm->D, qkv = (size_t)(cm->H + 2 * cm->KVH) * D;
+    cm->layers = calloc((size_t)c->n_layers, sizeof *cm->layers);
+    if (!cm->layers) return specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of host memory");
+
+    if (!(cm->embed = dalloc(r, cm, (size_t)c->vocab * hidden * 2))) goto oom;
+    cm->lm_head = cm->embed;
+    if (!c->tied_embeddings && !(cm->lm_head = dalloc(r, cm, (size_t)c->vocab * hidden * 2))) goto oom;
+    if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
+    if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &cm->layers[l];
+        if (!(L->wqkv = dalloc(r, cm, qkv * hidden * 2)) ||
+            !(L->wo = dalloc(r, cm, hidden * cm->H * D * 2)) ||
+            !(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * 2)) ||
+            !(L->wdown = dalloc(r, cm, hidden * cm->ffn * 2)) ||
+            !(L->attn_norm = dalloc(r, cm, hidden * 4)) || !(L->ffn_norm = dalloc(r, cm, hidden * 4)))
+            goto oom;
+        if (c->qkv_bias && !(L->bqkv = dalloc(r, cm, qkv * 4))) goto oom;
+        if (c->qk_norm && (!(L->q_norm = dalloc(r, cm, D * 4)) || !(L->k_norm = dalloc(r, cm, D * 4))))
+            goto oom;
+    }
+
+    float inv[128];
+    rope_inv_freq(c, inv);
+    CU_CHECK(r, cudaMemcpy(cm->inv_freq, inv, D / 2 * 4, cudaMemcpyHostToDevice));
+
+    if (r->opts.random_weights) {
+        if ((rc = fill_random(r, cm, mix_seed(r->opts.seed, (uint64_t)cm->pool_layer0))))
+            goto cuda_err;
+    } else {
+        if ((rc = check_view(&m->tok_embd, c->vocab, c->hidden, "embed_tokens", -1, err, errlen)) ||
+            (rc = check_view(&m->out_norm, c->hidden, 0, "norm", -1, err, errlen)))
+            goto out;
+        if ((rc = upload_bf16(r, &s, &m->tok_embd, c->vocab, c->hidden, 0, c->vocab, 0, c->hidden,
+                              cm->embed)) ||
+            (rc = upload_f32(r, &s, &m->out_norm, 0, c->hidden, cm->out_norm)))
+            goto cuda_err;
+        if (cm->lm_head != cm->embed) {
+            if ((rc = check_view(&m->lm_head, c->vocab, c->hidden, "lm_head", -1, err, errlen))) goto out;
+            if ((rc = upload_bf16(r, &s, &m->lm_head, c->vocab, c->hidden, 0, c->vocab, 0, c->hidden,
+                                  cm->lm_head)))
+                goto cuda_err;
+        }
+        for (int l = 0; l < c->n_layers; l++)
+            if ((rc = load_layer(r, cm, &s, &m->layers[l], l, rank, err, errlen))) goto out;
+    }
+    free(s.bf);
+    free(s.f);
+    cm->loaded = 1;
+    return 0;
+oom:
+    rc = specd_errf(err, errlen, SPECD_ENOMEM,
+                    "cuda runner: %s: out of device memory after %.2f GiB of weights", m->path,
+                    (double)cm->weight_bytes / (1 << 30));
+    goto out;
+fail:
+    rc = SPECD_ECUDA;
+cuda_err:
+    specd_errf(err, errlen, rc, "cuda runner: %s: uploading weights: %s", m->path,
+               r->errmsg[0] ? r->errmsg : specd_strerror(rc));
+out:
+    free(s.bf);
+    free(s.f);
+    return rc;
+}
+
+void cuda_model_free(cuda_model *cm) {
+    if (cm->layers) {
+        for (int l = 0; l < cm->c.n_layers; l++) {
+            cuda_layer *L = &cm->layers[l];
+            void *ps[] = {L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->attn_norm, L->ffn_norm,
+                          L->wgu, L->wdown};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
+        }
+        free(cm->layers);
+    }
+    if (cm->lm_head != cm->embed) cudaFree(cm->lm_head);
+    cudaFree(cm->embed);
+    cudaFree(cm->out_norm);
+    cudaFree(cm->inv_freq);
+    memset(cm, 0, sizeof *cm);
+}

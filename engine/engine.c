@@ -84,6 +84,7 @@ struct engine {
     int *scratch;                /* (vocab) */
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
     engine_event *events;
+    int cap_events;
     int max_step_tokens;
 
     /* first-token logits of finished requests added with record=1, until read */
@@ -239,7 +240,8 @@ static int alloc_buffers(engine *e) {
     e->work = malloc((size_t)V * sizeof(float));
     e->scratch = malloc((size_t)V * sizeof(int));
     e->hist = malloc((size_t)(e->cfg.max_seq_len + K + 1) * sizeof(int32_t));
-    e->events = calloc((size_t)B * 2 + 8, sizeof *e->events);
+    e->cap_events = B * 3 + 8;
+    e->events = calloc((size_t)e->cap_events, sizeof *e->events);
     e->cap_reqs = 64;
     e->reqs = malloc((size_t)e->cap_reqs * sizeof *e->reqs);
     if (!e->plan || !e->rows || !e->tokens || !e->logits || (K && (!e->dlogits || !e->dprobs)) ||
@@ -533,7 +535,15 @@ static int sync_slot(engine *e, req *r) {
     return 0;
 }
 
+/* The array holds 3 * max_batch + 8 events; only mass rejection or failure can exceed
+ * that, and then it grows (callers hold an event pointer only until the next call). */
 static engine_event *new_event(engine *e, engine_output *out, req *r) {
+    if (out->n_events == e->cap_events) {
+        engine_event *n = realloc(e->events, sizeof *n * (size_t)e->cap_events * 2);
+        if (!n) abort();
+        e->events = out->events = n;
+        e->cap_events *= 2;
+    }
     engine_event *ev = &e->events[out->n_events++];
     memset(ev, 0, sizeof *ev);
     ev->req_id = r->id;
@@ -699,11 +709,9 @@ static void fail_all(engine *e, engine_output *out) {
     e->st.failed = 1;
     while (e->n_reqs > 0) {
         req *r = e->reqs[e->n_reqs - 1];
-        if (out->n_events < e->cfg.max_batch * 2 + 8) {
-            engine_event *ev = new_event(e, out, r);
-            ev->finish = ENGINE_FINISH_ERROR;
-            fill_counts(ev, r);
-        }
+        engine_event *ev = new_event(e, out, r);
+        ev->finish = ENGINE_FINISH_ERROR;
+        fill_counts(ev, r);
         drop_req(e, r);
     }
 }
@@ -729,6 +737,16 @@ int engine_step(engine *e, engine_output *out) {
     int rc = sched_schedule(e->sched, &sb);
     if (rc) goto fail;
     e->st.preemptions += (uint64_t)sb.n_preempted;
+    /* Sequences that can never fit (already out of the queues, KV and slot freed). */
+    for (int i = 0; i < sb.n_rejected; i++) {
+        req *r = sb.rejected[i]->user;
+        engine_event *ev = new_event(e, out, r);
+        ev->finish = ENGINE_FINISH_ERROR;
+        fill_counts(ev, r);
+        fprintf(stderr, "specd: request %llu rejected by the scheduler: %s\n",
+                (unsigned long long)r->id, specd_strerror(sb.rejected[i]->reject_code));
+        drop_req(e, r);
+    }
     int n = sb.n, V = e->vocab;
 
     /* Phases 1-2: plan rows, sync slots. */

@@ -311,8 +311,8 @@ int srv_config_load(srv_config *c, srv_config_action *act, int argc, char **argv
     if (act->help) return 0;
     int rc;
     if (cfg_path && *cfg_path) {
-        char *text;
-        size_t len;
+        char *text = NULL;
+        size_t len = 0;
         if ((rc = read_file(cfg_path, &text, &len, err, errlen))) return rc;
         rc = srv_config_apply_json(c, text, len, cfg_path, err, errlen);
         free(text);

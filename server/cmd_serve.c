@@ -1,0 +1,183 @@
+/* `specd serve`: configuration, start-up (HTTP first so /health and /ready answer while
+ * the model loads), the libuv loop, signals and drain.
+ *
+ * Shutdown: the first SIGTERM/SIGINT turns /ready to 503 and makes new requests 503;
+ * in-flight requests get up to drain_timeout seconds, then the rest end with an error and
+ * the process exits 0 once their replies are written. A second signal exits at once. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+
+#include "engine/engine.h"
+#include "server/cmd.h"
+#include "server/config.h"
+#include "server/http.h"
+#include "server/log.h"
+#include "server/loop.h"
+#include "server/metrics.h"
+
+typedef struct {
+    loop *lp;
+    double drain_timeout;
+    int signals;
+    int hard_exit;
+    uv_signal_t sigterm, sigint;
+} serve_state;
+
+static void on_signal(uv_signal_t *h, int signum) {
+    serve_state *s = h->data;
+    if (++s->signals == 1) {
+        log_msg(LOG_INFO, "%s: draining (again to exit now)", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        loop_drain(s->lp, s->drain_timeout);
+        return;
+    }
+    log_msg(LOG_WARN, "second signal: exiting now");
+    s->hard_exit = 1;
+    uv_stop(h->loop);
+}
+
+/* Default served name: the model's file or directory name without ".gguf". */
+static void default_name(const char *path, char *out, size_t cap) {
+    char tmp[SRV_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
+    const char *base = strrchr(tmp, '/');
+    base = base ? base + 1 : tmp;
+    snprintf(out, cap, "%s", base);
+    size_t bl = strlen(out);
+    if (bl > 5 && !strcmp(out + bl - 5, ".gguf")) out[bl - 5] = 0;
+}
+
+static void fill_engine_config(const srv_config *c, engine_config *ec) {
+    memset(ec, 0, sizeof *ec);
+    ec->model_path = c->model;
+    ec->tokenizer_path = c->tokenizer[0] ? c->tokenizer : NULL;
+    ec->draft_path = c->draft_model[0] ? c->draft_model : NULL;
+    ec->draft_layers = c->draft_layers;
+    ec->num_draft_tokens = c->num_draft_tokens;
+    ec->device = strcmp(c->device, "cuda") ? ENGINE_DEVICE_CPU : ENGINE_DEVICE_CUDA;
+    ec->max_seq_len = c->max_seq_len;
+    ec->max_batch = c->max_batch;
+    ec->mem_fraction = c->mem_fraction;
+    ec->kv_bytes = (size_t)c->kv_cache_bytes;
+    ec->threads = c->threads;
+    ec->verbose = log_enabled(LOG_INFO);
+    engine_config_defaults(ec);
+}
+
+static void close_cb(uv_handle_t *h) { (void)h; }
+
+static const char *env_get(const char *name) { return getenv(name); }
+
+int cmd_serve(int argc, char **argv) {
+    static srv_config cfg;  /* large (paths); lives for the whole process */
+    srv_config_action act;
+    char err[1024] = "";
+    if (srv_config_load(&cfg, &act, argc, argv, env_get, err, sizeof err)) {
+        fprintf(stderr, "specd serve: %s\n", err);
+        return 2;
+    }
+    if (act.help) {
+        srv_config_usage(stdout);
+        return 0;
+    }
+    if (act.print_config) {
+        char *s = srv_config_to_json(&cfg);
+        if (!s) return 1;
+        puts(s);
+        free(s);
+        return 0;
+    }
+    if (!cfg.model[0]) {
+        fprintf(stderr, "specd serve: --model is required (or SPECD_MODEL, or \"model\" in --config)\n");
+        return 2;
+    }
+    log_configure((log_level)log_level_parse(cfg.log_level), cfg.log_json);
+    signal(SIGPIPE, SIG_IGN);
+    char name[SRV_NAME_MAX];
+    if (cfg.served_model_name[0]) snprintf(name, sizeof name, "%s", cfg.served_model_name);
+    else default_name(cfg.model, name, sizeof name);
+
+    int rc = 1;
+    engine *eng = NULL;
+    http_server *http = NULL;
+    loop *lp = NULL;
+    metrics *m = metrics_create(name);
+    uv_loop_t uv;
+    serve_state st = {0};
+    if (!m || uv_loop_init(&uv)) {
+        log_msg(LOG_ERROR, "out of memory at start-up");
+        metrics_destroy(m);
+        return 1;
+    }
+    loop_config lc = {cfg.max_seq_len, cfg.max_batch, cfg.max_queued, cfg.request_timeout, name};
+    if (!(lp = loop_create(&uv, &lc, m, err, sizeof err))) {
+        log_msg(LOG_ERROR, "%s", err[0] ? err : "cannot create the serving loop");
+        goto out;
+    }
+    if (!(http = http_start(&cfg, name, lp, m, err, sizeof err))) {
+        log_msg(LOG_ERROR, "%s", err);
+        goto out;
+    }
+    log_msg(LOG_INFO, "specd listening on http://%s:%d (model '%s'; /ready is 503 until loaded)", cfg.host,
+            http_port(http), name);
+    /* Load on this thread: the uv loop is not running yet and SIGTERM keeps its default
+     * action, so a signal during a long load ends the process at once. */
+    log_msg(LOG_INFO, "loading %s on %s ...", cfg.model, cfg.device);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    engine_config ec;
+    fill_engine_config(&cfg, &ec);
+    if (!(eng = engine_create(&ec, err, sizeof err))) {
+        log_msg(LOG_ERROR, "cannot load the model: %s", err);
+        goto out;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    engine_stats es;
+    engine_get_stats(eng, &es);
+    const model_config *mc = engine_model_config(eng);
+    log_msg(LOG_INFO, "loaded in %.1fs: %s, %d layers, vocab %d, device %s, %d KV blocks, max_seq_len %d, "
+            "max_batch %d, tokenizer %s, chat template %s%s",
+            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, mc->arch_name,
+            mc->n_layers, mc->vocab, engine_device_name(eng), es.kv_blocks_total, es.max_seq_len,
+            es.max_batch, engine_tokenizer(eng) ? "yes" : "no", engine_template(eng) ? "yes" : "no",
+            es.num_draft_tokens ? ", speculative decoding on" : "");
+    http_set_engine(http, eng);
+    loop_set_engine(lp, eng);
+
+    st.lp = lp;
+    st.drain_timeout = cfg.drain_timeout;
+    uv_signal_init(&uv, &st.sigterm);
+    uv_signal_init(&uv, &st.sigint);
+    st.sigterm.data = st.sigint.data = &st;
+    uv_signal_start(&st.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&st.sigint, on_signal, SIGINT);
+    log_msg(LOG_INFO, "ready");
+    uv_run(&uv, UV_RUN_DEFAULT);
+    if (st.hard_exit) return 1;  /* suspended connections and a running step: no teardown */
+
+    /* The loop stopped after the drain: let the last replies reach their clients. */
+    for (int i = 0; i < 500 && http_pending(http) > 0; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    rc = 0;
+    log_msg(LOG_INFO, "stopped");
+out:
+    http_stop(http);
+    if (st.lp) {
+        uv_close((uv_handle_t *)&st.sigterm, close_cb);
+        uv_close((uv_handle_t *)&st.sigint, close_cb);
+    }
+    if (lp && loop_get_state(lp) != LOOP_STOPPED) loop_drain(lp, 0);
+    uv_run(&uv, UV_RUN_DEFAULT);  /* run the close callbacks */
+    loop_destroy(lp);
+    engine_destroy(eng);
+    uv_loop_close(&uv);
+    metrics_destroy(m);
+    return rc;
+}

@@ -1,0 +1,583 @@
+/* HTTP front end: MHD callbacks, routing, auth, body limits and the endpoint handlers
+ * (see http.h). Generation requests become loop_jobs; everything else is answered here.
+ *
+ * Per-connection state lives in a conn_ctx (MHD's con_cls); the reply channel (sse_chan)
+ * is shared with the loop and reference counted, so whichever side finishes last frees
+ * it. */
+#include "server/http.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "engine/err.h"
+#include "server/api.h"
+#include "server/log.h"
+#include "server/sse.h"
+#include "server/version.h"
+
+enum route {
+    R_NONE = 0, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH, R_READY,
+    R_VERSION, R_METRICS,
+};
+
+static const struct {
+    const char *path;
+    enum route r;
+    const char *method;
+    int auth;
+} routes[] = {
+    {"/v1/completions", R_COMPLETIONS, "POST", 1},
+    {"/v1/chat/completions", R_CHAT, "POST", 1},
+    {"/tokenize", R_TOKENIZE, "POST", 1},
+    {"/detokenize", R_DETOKENIZE, "POST", 1},
+    {"/v1/models", R_MODELS, "GET", 1},
+    {"/health", R_HEALTH, "GET", 0},
+    {"/ready", R_READY, "GET", 0},
+    {"/version", R_VERSION, "GET", 0},
+    {"/metrics", R_METRICS, "GET", 0},
+};
+#define N_ROUTES (sizeof routes / sizeof routes[0])
+
+struct http_server {
+    struct MHD_Daemon *d;
+    const srv_config *cfg;
+    loop *lp;
+    metrics *m;
+    char model_name[SRV_NAME_MAX];
+    long long started;
+    int port;
+    /* Published once by http_set_engine (release) and read by MHD threads (acquire). */
+    _Atomic(const engine *) eng;
+    const tok_tokenizer *tok;
+    const tmpl_template *tmpl;
+    int vocab;
+    _Atomic int pending;
+};
+
+typedef struct {
+    http_server *srv;
+    struct MHD_Connection *conn;
+    int route, route_idx;
+    char *body;
+    size_t len, cap;
+    int too_big, replied;
+    sse_chan *chan;          /* set once the job is handed to the loop */
+    uint64_t job_id;
+    int stream;
+} conn_ctx;
+
+/* ---- replies ------------------------------------------------------------------------------ */
+
+static enum MHD_Result reply_bytes(struct MHD_Connection *c, int status, const char *type,
+                                   const char *data, size_t len, int must_copy) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, (void *)data, must_copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_MUST_FREE);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_json(conn_ctx *x, int status, json_t *v) {
+    char *s = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    x->replied = 1;
+    if (!s) return MHD_NO;
+    return reply_bytes(x->conn, status, "application/json", s, strlen(s), 0);
+}
+
+static enum MHD_Result reply_error(conn_ctx *x, const api_error *e) {
+    if (x->srv->m) metrics_http_error(x->srv->m, e->status);
+    return reply_json(x, e->status, api_error_json(e));
+}
+
+static enum MHD_Result fail(conn_ctx *x, int status, const char *type, const char *param,
+                            const char *code, const char *msg) {
+    api_error e;
+    api_fail(&e, status, type, param, code, "%s", msg);
+    return reply_error(x, &e);
+}
+
+/* ---- auth ----------------------------------------------------------------------------------- */
+
+/* Constant-time in the key contents: every key is compared in full, whatever matches. */
+static int key_ok(const srv_config *cfg, const char *header) {
+    if (!cfg->n_api_keys) return 1;
+    if (!header || strncmp(header, "Bearer ", 7)) return 0;
+    const char *got = header + 7;
+    size_t glen = strlen(got);
+    int ok = 0;
+    for (int k = 0; k < cfg->n_api_keys; k++) {
+        const char *key = cfg->api_keys[k];
+        size_t klen = strlen(key);
+        unsigned diff = (unsigned)(glen ^ klen);
+        for (size_t i = 0; i < klen; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(glen ? got[i % glen] : 0);
+        ok |= diff == 0;
+    }
+    return ok;
+}
+
+/* ---- endpoint handlers ---------------------------------------------------------------------- */
+
+static const engine *eng_of(http_server *s) { return atomic_load_explicit(&s->eng, memory_order_acquire); }
+
+static enum MHD_Result handle_health(conn_ctx *x) {
+    http_server *s = x->srv;
+    if (loop_engine_failed(s->lp))
+        return reply_json(x, 503, json_pack("{s:s}", "status", "engine failed"));
+    return reply_json(x, 200, json_pack("{s:s}", "status", eng_of(s) ? "ok" : "loading"));
+}
+
+static enum MHD_Result handle_ready(conn_ctx *x) {
+    loop_state st = loop_get_state(x->srv->lp);
+    if (st == LOOP_READY && !loop_engine_failed(x->srv->lp))
+        return reply_json(x, 200, json_pack("{s:s}", "status", "ready"));
+    const char *why = st == LOOP_LOADING ? "loading" : st == LOOP_READY ? "engine failed" : "draining";
+    return reply_json(x, 503, json_pack("{s:s}", "status", why));
+}
+
+static enum MHD_Result handle_metrics(conn_ctx *x) {
+    char *t = metrics_render(x->srv->m);
+    if (!t) return MHD_NO;
+    x->replied = 1;
+    return reply_bytes(x->conn, 200, "text/plain; version=0.0.4; charset=utf-8", t, strlen(t), 0);
+}
+
+/* Render a chat request's messages with the model's template. */
+static int render_chat(http_server *s, json_t *messages, json_t *tools, json_t *kwargs, int add_gen,
+                       char **text, size_t *len, api_error *e) {
+    if (!s->tmpl || !s->tok)
+        return api_fail(e, 400, NULL, "messages", NULL,
+                        "this model has no chat template; use /v1/completions");
+    char err[512] = "";
+    int rc = tmpl_render_chat(s->tmpl, messages, tools, add_gen, tok_bos_token(s->tok),
+                              tok_eos_token(s->tok), kwargs, text, len, err, sizeof err);
+    if (rc) return api_fail(e, 400, NULL, "messages", NULL, "chat template error: %s", err);
+    return 0;
+}
+
+static int encode(http_server *s, const char *text, size_t len, int add_special, int32_t **ids,
+                  const char *param, api_error *e) {
+    if (!s->tok)
+        return api_fail(e, 400, NULL, param, NULL,
+                        "this model has no tokenizer: send token ids, or start the server with --tokenizer");
+    char err[256] = "";
+    int n = tok_encode(s->tok, text, len, add_special, ids, err, sizeof err);
+    if (n < 0) return api_fail(e, 400, NULL, param, NULL, "cannot tokenize: %s", err);
+    for (int i = 0; i < n; i++)
+        if ((*ids)[i] >= s->vocab) {
+            int bad = (*ids)[i];
+            free(*ids);
+            *ids = NULL;
+            return api_fail(e, 400, NULL, param, NULL,
+                            "the text encodes to token id %d, outside the model's vocabulary of %d "
+                            "(is --tokenizer the model's own?)", bad, s->vocab);
+        }
+    return n;
+}
+
+static enum MHD_Result handle_tokenize(conn_ctx *x) {
+    http_server *s = x->srv;
+    api_error e;
+    json_t *o = api_parse_tokenize(x->body ? x->body : "", x->len, &e);
+    if (!o) return reply_error(x, &e);
+    int32_t *ids = NULL;
+    int n;
+    json_t *msgs = json_object_get(o, "messages");
+    if (msgs) {
+        json_t *agp = json_object_get(o, "add_generation_prompt");
+        char *text = NULL;
+        size_t len = 0;
+        if (render_chat(s, msgs, NULL, NULL, agp ? json_is_true(agp) : 1, &text, &len, &e)) {
+            json_decref(o);
+            return reply_error(x, &e);
+        }
+        n = encode(s, text, len, 0, &ids, "messages", &e);
+        free(text);
+    } else {
+        json_t *p = json_object_get(o, "prompt"), *as = json_object_get(o, "add_special_tokens");
+        n = encode(s, json_string_value(p), json_string_length(p), as ? json_is_true(as) : 1, &ids, "prompt", &e);
+    }
+    json_decref(o);
+    if (n < 0) return reply_error(x, &e);
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    return reply_json(x, 200, json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len",
+                                        s->cfg->max_seq_len));
+}
+
+static enum MHD_Result handle_detokenize(conn_ctx *x) {
+    http_server *s = x->srv;
+    api_error e;
+    json_t *o = api_parse_detokenize(x->body ? x->body : "", x->len, s->vocab, &e);
+    if (!o) return reply_error(x, &e);
+    if (!s->tok) {
+        json_decref(o);
+        return fail(x, 400, NULL, "tokens", NULL, "this model has no tokenizer");
+    }
+    json_t *t = json_object_get(o, "tokens");
+    size_t n = json_array_size(t);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    for (size_t i = 0; ids && i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(t, i));
+    json_decref(o);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = ids ? tok_decode(s->tok, ids, n, 0, &text, &len) : SPECD_ENOMEM;
+    free(ids);
+    if (rc) return fail(x, 500, "server_error", NULL, NULL, "detokenization failed");
+    json_t *v = json_pack("{s:s%}", "prompt", text, len);
+    free(text);
+    return reply_json(x, 200, v);
+}
+
+/* Suspend / resume hooks bound to the reply channel (called under its lock). */
+static void park_conn(void *arg) { MHD_suspend_connection(arg); }
+static void wake_conn(void *arg) { MHD_resume_connection(arg); }
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    ssize_t n = sse_chan_pull(cls, buf, max);
+    return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : n;
+}
+
+static void sse_reader_free(void *cls) { sse_chan_unref(cls); }
+
+/* Non-streaming: reply if the loop is done, else the connection is parked until it is. */
+static enum MHD_Result poll_reply(conn_ctx *x) {
+    char *data = NULL;
+    size_t len = 0;
+    int status = 0;
+    if (!sse_chan_take_if_closed(x->chan, &data, &len, &status)) return MHD_YES;
+    x->replied = 1;
+    if (status != 200 && x->srv->m) metrics_http_error(x->srv->m, status);
+    if (!data) return reply_bytes(x->conn, status, "application/json", "", 0, 1);
+    return reply_bytes(x->conn, status, "application/json", data, len, 0);
+}
+
+/* Build the loop job: tokenized prompts (+ echo text) for one request. */
+static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error *e) {
+    int np = r->kind == API_CHAT ? 1 : r->n_prompts;
+    job->n_prompts = np;
+    job->prompt_ids = calloc((size_t)np, sizeof *job->prompt_ids);
+    job->n_prompt_ids = calloc((size_t)np, sizeof *job->n_prompt_ids);
+    if (r->echo) {
+        job->echo_text = calloc((size_t)np, sizeof *job->echo_text);
+        job->echo_len = calloc((size_t)np, sizeof *job->echo_len);
+        if (!job->echo_text || !job->echo_len) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (!job->prompt_ids || !job->n_prompt_ids) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (r->kind == API_CHAT) {
+        char *text = NULL;
+        size_t len = 0;
+        if (render_chat(s, r->messages, r->tools, r->chat_template_kwargs, r->add_generation_prompt, &text, &len, e))
+            return -1;
+        int n = encode(s, text, len, 0, &job->prompt_ids[0], "messages", e);
+        free(text);
+        if (n < 0) return -1;
+        job->n_prompt_ids[0] = n;
+    } else {
+        for (int p = 0; p < np; p++) {
+            api_prompt *pr = &r->prompts[p];
+            if (pr->ids) {
+                job->prompt_ids[p] = pr->ids;  /* move */
+                job->n_prompt_ids[p] = pr->n_ids;
+                pr->ids = NULL;
+            } else {
+                int n = encode(s, pr->text, pr->text_len, 1, &job->prompt_ids[p], "prompt", e);
+                if (n < 0) return -1;
+                job->n_prompt_ids[p] = n;
+            }
+            if (r->echo) {
+                if (pr->text) {
+                    job->echo_text[p] = strdup(pr->text);
+                    job->echo_len[p] = pr->text_len;
+                } else if (s->tok) {
+                    tok_decode(s->tok, job->prompt_ids[p], (size_t)job->n_prompt_ids[p], 0,
+                               &job->echo_text[p], &job->echo_len[p]);
+                }
+            }
+        }
+    }
+    for (int p = 0; p < np; p++)
+        if (api_check_length(job->n_prompt_ids[p], r->max_tokens, s->cfg->max_seq_len, p, e)) return -1;
+    return 0;
+}
+
+static enum MHD_Result handle_generate(conn_ctx *x) {
+    http_server *s = x->srv;
+    loop_state st = loop_get_state(s->lp);
+    if (st == LOOP_LOADING) return fail(x, 503, "server_error", NULL, NULL, "the model is still loading");
+    if (st != LOOP_READY) return fail(x, 503, "server_error", NULL, NULL, "the server is shutting down");
+    if (loop_engine_failed(s->lp))
+        return fail(x, 503, "server_error", NULL, NULL, "the engine has failed; the server needs a restart");
+    api_kind kind = x->route == R_CHAT ? API_CHAT : API_COMPLETION;
+    api_limits lim = {s->model_name, s->vocab, s->cfg->max_n};
+    api_error e;
+    api_request *r = api_parse_request(kind, x->body ? x->body : "", x->len, &lim, &e);
+    if (!r) return reply_error(x, &e);
+    loop_job *job = calloc(1, sizeof *job);
+    if (!job) {
+        api_request_free(r);
+        return fail(x, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    job->req = r;
+    job->t_arrival = loop_now();
+    job->created = (long long)time(NULL);
+    api_make_id(job->rid, sizeof job->rid, kind == API_CHAT ? "chatcmpl-" : "cmpl-");
+    snprintf(job->path, sizeof job->path, "%s", routes[x->route_idx].path);
+    if (prepare_job(s, r, job, &e)) {
+        loop_job_free(job);
+        return reply_error(x, &e);
+    }
+    x->stream = r->stream;
+    x->chan = sse_chan_new();
+    if (!x->chan) {
+        loop_job_free(job);
+        return fail(x, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    sse_chan_bind(x->chan, park_conn, wake_conn, x->conn);
+    sse_chan_ref(x->chan);
+    job->chan = x->chan;
+    int rc = loop_submit(s->lp, job, &x->job_id);  /* consumes job */
+    if (rc == SPECD_ENOSPACE)
+        return fail(x, 429, "rate_limit_error", NULL, NULL, "too many requests in the queue; retry later");
+    if (rc) return fail(x, 503, "server_error", NULL, NULL, "the server is not accepting requests");
+    atomic_fetch_add(&s->pending, 1);
+    if (!x->stream) return poll_reply(x);
+    sse_chan_ref(x->chan);  /* the response's reference, dropped by sse_reader_free */
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, x->chan, sse_reader_free);
+    if (!resp) {
+        sse_chan_unref(x->chan);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    x->replied = 1;
+    enum MHD_Result ret = MHD_queue_response(x->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* ---- MHD callbacks -------------------------------------------------------------------------- */
+
+static int find_route(const char *url, const char *method, int *idx) {
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (!strcmp(url, routes[i].path)) {
+            *idx = (int)i;
+            return strcmp(method, routes[i].method) ? -1 : (int)routes[i].r;
+        }
+    return 0;
+}
+
+/* First call for a request: route, method, auth and declared size are checked before any
+ * body byte is read. Returns 1 when a reply has been queued. */
+static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_Result *ret) {
+    int idx = -1;
+    int r = find_route(url, method, &idx);
+    if (r == 0) {
+        *ret = fail(x, 404, NULL, NULL, "not_found", "no such route");
+        return 1;
+    }
+    if (r < 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "method %s not allowed on %s (use %s)", method, url, routes[idx].method);
+        api_error e;
+        api_fail(&e, 405, NULL, NULL, "method_not_allowed", "%s", msg);
+        json_t *v = api_error_json(&e);
+        char *s = json_dumps(v, JSON_COMPACT);
+        json_decref(v);
+        metrics_http_error(x->srv->m, 405);
+        x->replied = 1;
+        struct MHD_Response *resp = s ? MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE) : NULL;
+        if (!resp) {
+            free(s);
+            *ret = MHD_NO;
+            return 1;
+        }
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+        MHD_add_response_header(resp, "Allow", routes[idx].method);
+        *ret = MHD_queue_response(x->conn, 405, resp);
+        MHD_destroy_response(resp);
+        return 1;
+    }
+    x->route = r;
+    x->route_idx = idx;
+    if (routes[idx].auth &&
+        !key_ok(x->srv->cfg, MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization"))) {
+        *ret = fail(x, 401, "authentication_error", NULL, "invalid_api_key", "invalid or missing API key");
+        return 1;
+    }
+    const char *cl = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoll(cl, NULL, 10) > x->srv->cfg->max_body_bytes) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "request body larger than max_body_bytes (%lld)", x->srv->cfg->max_body_bytes);
+        *ret = fail(x, 413, NULL, NULL, "request_too_large", msg);
+        return 1;
+    }
+    return 0;
+}
+
+static enum MHD_Result dispatch(conn_ctx *x) {
+    if ((x->route == R_TOKENIZE || x->route == R_DETOKENIZE) && !eng_of(x->srv))
+        return fail(x, 503, "server_error", NULL, NULL, "the model is still loading");
+    switch (x->route) {
+    case R_COMPLETIONS: case R_CHAT: return handle_generate(x);
+    case R_TOKENIZE: return handle_tokenize(x);
+    case R_DETOKENIZE: return handle_detokenize(x);
+    case R_MODELS:
+        return reply_json(x, 200, api_models_json(x->srv->model_name, x->srv->started, x->srv->cfg->max_seq_len));
+    case R_HEALTH: return handle_health(x);
+    case R_READY: return handle_ready(x);
+    case R_VERSION: return reply_json(x, 200, json_pack("{s:s}", "version", SPECD_VERSION));
+    case R_METRICS: return handle_metrics(x);
+    default: return MHD_NO;
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+    (void)version;
+    http_server *s = cls;
+    conn_ctx *x = *con_cls;
+    if (!x) {
+        if (!(x = calloc(1, sizeof *x))) return MHD_NO;
+        x->srv = s;
+        x->conn = conn;
+        *con_cls = x;
+        enum MHD_Result ret;
+        if (precheck(x, url, method, &ret)) return ret;
+        return MHD_YES;
+    }
+    if (x->replied && !x->chan) {  /* replied early: discard the rest of the body */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (x->too_big) return MHD_YES;
+        if (x->len + n > (size_t)s->cfg->max_body_bytes) {
+            x->too_big = 1;
+            free(x->body);
+            x->body = NULL;
+            x->len = x->cap = 0;
+            return MHD_YES;
+        }
+        if (x->len + n + 1 > x->cap) {
+            size_t cap = x->cap ? x->cap : 4096;
+            while (cap < x->len + n + 1) cap *= 2;
+            char *nb = realloc(x->body, cap);
+            if (!nb) return MHD_NO;
+            x->body = nb;
+            x->cap = cap;
+        }
+        memcpy(x->body + x->len, upload, n);
+        x->len += n;
+        x->body[x->len] = 0;
+        return MHD_YES;
+    }
+    /* The whole body is in. */
+    if (x->chan) return x->stream ? MHD_YES : poll_reply(x);  /* resumed by the loop */
+    if (x->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "request body larger than max_body_bytes (%lld)", s->cfg->max_body_bytes);
+        return fail(x, 413, NULL, NULL, "request_too_large", msg);
+    }
+    return dispatch(x);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)conn;
+    http_server *s = cls;
+    conn_ctx *x = *con_cls;
+    if (!x) return;
+    *con_cls = NULL;
+    if (x->chan) {
+        sse_chan_detach(x->chan);
+        /* Anything but a delivered reply means the client is gone: free its KV now. */
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || !sse_chan_closed(x->chan))
+            loop_cancel(s->lp, x->job_id);
+        sse_chan_unref(x->chan);
+        atomic_fetch_sub(&s->pending, 1);
+    }
+    free(x->body);
+    free(x);
+}
+
+static int resolve(const char *host, int port, struct sockaddr_storage *ss, int *family, char *err,
+                   size_t errlen) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc || !res)
+        return specd_errf(err, errlen, SPECD_EINVAL, "host '%s': %s", host, rc ? gai_strerror(rc) : "no address");
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *family = res->ai_family;
+    freeaddrinfo(res);
+    return 0;
+}
+
+http_server *http_start(const srv_config *cfg, const char *model_name, loop *l, metrics *m,
+                        char *err, size_t errlen) {
+    http_server *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->cfg = cfg;
+    s->lp = l;
+    s->m = m;
+    s->started = (long long)time(NULL);
+    snprintf(s->model_name, sizeof s->model_name, "%s", model_name);
+    struct sockaddr_storage ss;
+    int family = AF_INET;
+    if (resolve(cfg->host, cfg->port, &ss, &family, err, errlen)) goto fail;
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        specd_errf(err, errlen, SPECD_EIO, "cannot listen on %s:%d (in use? not permitted?)", cfg->host, cfg->port);
+        goto fail;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : cfg->port;
+    return s;
+fail:
+    free(s);
+    return NULL;
+}
+
+void http_set_engine(http_server *h, const engine *e) {
+    h->tok = engine_tokenizer(e);
+    h->tmpl = engine_template(e);
+    h->vocab = engine_model_config(e)->vocab;
+    atomic_store_explicit(&h->eng, e, memory_order_release);
+}
+
+int http_port(const http_server *h) { return h->port; }
+int http_pending(const http_server *h) { return atomic_load(&((http_server *)h)->pending); }
+
+void http_stop(http_server *h) {
+    if (!h) return;
+    if (h->d) MHD_stop_daemon(h->d);
+    free(h);
+}

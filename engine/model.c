@@ -627,6 +627,19 @@ static int gguf_config(loader *L) {
     if (te->ne[1] <= 0 || te->ne[1] > INT32_MAX)
         return specd_errf(err, errlen, SPECD_EFORMAT, "%s: token_embd.weight has a bad shape", file);
     c->vocab = (int)te->ne[1];
+    /* Metadata that must agree with what we derive, when a converter wrote it. */
+    int vs = c->vocab, rot = c->head_dim;
+    if ((rc = gguf_int(g, arch, "vocab_size", 0, c->vocab, &vs, file, err, errlen)) ||
+        (rc = gguf_int(g, arch, "rope.dimension_count", 0, c->head_dim, &rot, file, err, errlen)))
+        return rc;
+    if (vs != c->vocab)
+        return specd_errf(err, errlen, SPECD_EFORMAT,
+                          "%s: %s.vocab_size %d disagrees with token_embd.weight rows %d", file,
+                          arch, vs, c->vocab);
+    if (rot != c->head_dim)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "%s: partial rotary (%s.rope.dimension_count %d < head_dim %d) is not "
+                          "supported", file, arch, rot, c->head_dim);
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c->qk_norm = c->arch == MODEL_ARCH_QWEN3;

@@ -511,6 +511,7 @@ typedef struct {
     int untied, bias, qk_norm, key_length;   /* key_length: write attention.key_length */
     int skip_ffn_up, bad_ffn_up_shape, q5k_gate;
     int eot;
+    int rope_dims, vocab_key;                /* write rope.dimension_count / vocab_size */
     const float *wq, *wk;                    /* stored rows as written (may be permuted) */
     int wk_q8;                               /* write wk as Q8_0 (stored rows from wk) */
     const float *rope_freqs;                 /* head_dim/2 values, or NULL */
@@ -546,6 +547,8 @@ static void write_tiny(const tiny_gguf *t) {
     gw_f32(&w, AK("attention.layer_norm_rms_epsilon"), 1e-6f);
     gw_f32(&w, AK("rope.freq_base"), 500000.0f);
     if (t->key_length) gw_u32(&w, AK("attention.key_length"), (uint32_t)t->head_dim);
+    if (t->rope_dims) gw_u32(&w, AK("rope.dimension_count"), (uint32_t)t->rope_dims);
+    if (t->vocab_key) gw_u32(&w, AK("vocab_size"), (uint32_t)t->vocab_key);
 #undef AK
     gw_u32(&w, "tokenizer.ggml.bos_token_id", 7);
     gw_u32(&w, "tokenizer.ggml.eos_token_id", 9);
@@ -812,6 +815,15 @@ static void test_gguf_model_errors_name_file_and_problem(void **state) {
     t.kv_heads = 3;
     write_tiny(&t);
     expect_load_error("not a multiple of num_key_value_heads");
+
+    t = tiny_llama();
+    t.rope_dims = 4;
+    write_tiny(&t);
+    expect_load_error("partial rotary (llama.rope.dimension_count 4 < head_dim 8)");
+    t = tiny_llama();
+    t.vocab_key = 17;
+    write_tiny(&t);
+    expect_load_error("llama.vocab_size 17 disagrees with token_embd.weight rows 16");
 
     gw w;   /* metadata missing */
     gw_init(&w);

@@ -1,0 +1,1041 @@
+/* Chat-template interpreter: walks the syntax tree of engine/tmpl_parse.c with Jinja2's
+ * semantics as HF transformers configures it (ImmutableSandboxedEnvironment, default
+ * Undefined, loop controls, trim_blocks + lstrip_blocks).
+ *
+ * Scoping follows jinja2: `if` shares its scope, each for-loop iteration gets a fresh
+ * scope (a `set` inside a loop is invisible after it), a macro call gets a scope whose
+ * parent is the template's top level. Statement executors return 0, -1 (error recorded
+ * in rt), or EX_BREAK / EX_CONTINUE travelling up to the enclosing loop. */
+#include "engine/tmpl.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+#include "engine/tmpl_internal.h"
+
+enum { EX_OK = 0, EX_ERR = -1, EX_BREAK = 1, EX_CONTINUE = 2 };
+
+typedef struct tmpl_frame {
+    struct tmpl_frame *parent;
+    tv *vars;       /* dict, created on first set */
+} tmpl_frame;
+
+struct tmpl_template {
+    tnode_list *body;
+};
+
+static tv *eval(tmpl_rt *rt, tmpl_frame *f, const tnode *n);
+static int exec_body(tmpl_rt *rt, tmpl_frame *f, const tnode_list *body);
+
+/* ---- errors ---- */
+
+void *tmpl_fail(tmpl_rt *rt, const char *fmt, ...) {
+    if (!rt->failed) {
+        rt->failed = 1;
+        if (rt->err && rt->errlen) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(rt->err, rt->errlen, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return NULL;
+}
+
+void *tmpl_oom(tmpl_rt *rt) { return tmpl_fail(rt, "MemoryError: out of memory"); }
+
+void *tmpl_undef_raise(tmpl_rt *rt, const tv *u) {
+    if (u->kind == TV_UNDEF && u->u.undef.hint) return tmpl_fail(rt, "%s", u->u.undef.hint);
+    return tmpl_fail(rt, "UndefinedError: 'undefined' is undefined");
+}
+
+/* ---- frames ---- */
+
+static int frame_set(tmpl_rt *rt, tmpl_frame *f, const char *name, tv *v) {
+    if (!f->vars && !(f->vars = tv_dict())) return tmpl_oom(rt), -1;
+    if (tv_dict_set_str(f->vars, name, v)) return tmpl_oom(rt), -1;
+    return 0;
+}
+
+static tv *frame_lookup(tmpl_rt *rt, tmpl_frame *f, const char *name) {
+    for (; f; f = f->parent) {
+        if (!f->vars) continue;
+        tv *v = tv_dict_get_str(f->vars, name);
+        if (v) return tv_ref(v);
+    }
+    tv_builtin_fn g = tmpl_find_global(name);
+    if (g) {
+        tv *fn = tv_func(g, NULL, name);
+        return fn ? fn : tmpl_oom(rt);
+    }
+    tv *u = tv_undef_hint("UndefinedError: '%s' is undefined", name);
+    return u ? u : tmpl_oom(rt);
+}
+
+static void frame_clear(tmpl_frame *f) {
+    tv_unref(f->vars);
+    f->vars = NULL;
+}
+
+/* ---- lookups ---- */
+
+static const char *obj_type_repr(const tv *v) {
+    switch (v->kind) {
+    case TV_NONE: return "None";
+    case TV_NS: return "jinja2.utils.Namespace object";
+    case TV_LOOP: return "jinja2.runtime.LoopContext object";
+    case TV_MACRO: return "jinja2.runtime.Macro object";
+    case TV_FUNC: return "builtin_function_or_method object";
+    case TV_LIST: return v->u.list.tuple ? "tuple object" : "list object";
+    case TV_DICT: return "dict object";
+    case TV_STR: return "str object";
+    case TV_INT: return "int object";
+    case TV_FLOAT: return "float object";
+    case TV_BOOL: return "bool object";
+    default: return "object";
+    }
+}
+
+static tv *no_attr(tmpl_rt *rt, const tv *obj, const char *name) {
+    tv *u = tv_undef_hint("UndefinedError: '%s' has no attribute '%s'", obj_type_repr(obj), name);
+    return u ? u : tmpl_oom(rt);
+}
+
+tv *tmpl_getattr(tmpl_rt *rt, tv *obj, const char *name) {
+    switch (obj->kind) {
+    case TV_UNDEF: return tmpl_undef_raise(rt, obj);
+    case TV_LOOP: {
+        tv *v = tmpl_loop_attr(rt, obj, name);
+        return v || rt->failed ? v : no_attr(rt, obj, name);
+    }
+    case TV_NS: {
+        tv *v = tv_dict_get_str(obj, name);
+        return v ? tv_ref(v) : no_attr(rt, obj, name);
+    }
+    case TV_DICT:
+    case TV_STR:
+    case TV_LIST: {
+        int unsafe = 0;
+        tv_builtin_fn m = tmpl_find_method(obj, name, &unsafe);
+        if (unsafe) {
+            tv *u = tv_undef_hint("SecurityError: access to attribute '%s' of '%s' object is unsafe.",
+                                  name, tv_type_name(obj));
+            return u ? u : tmpl_oom(rt);
+        }
+        if (m) {
+            tv *fn = tv_func(m, obj, name);
+            return fn ? fn : tmpl_oom(rt);
+        }
+        if (obj->kind == TV_DICT) {
+            tv *v = tv_dict_get_str(obj, name);
+            if (v) return tv_ref(v);
+        }
+        return no_attr(rt, obj, name);
+    }
+    default: return no_attr(rt, obj, name);
+    }
+}
+
+static tv *no_element(tmpl_rt *rt, const tv *obj, const tv *key) {
+    tv_buf b = {0};
+    tv_write_repr(&b, key);
+    tv *u = tv_undef_hint("UndefinedError: %s has no element %s", obj_type_repr(obj),
+                          b.s ? b.s : "");
+    tv_buf_free(&b);
+    return u ? u : tmpl_oom(rt);
+}
+
+tv *tmpl_getitem(tmpl_rt *rt, tv *obj, tv *key) {
+    if (obj->kind == TV_UNDEF) return tmpl_undef_raise(rt, obj);
+    if (obj->kind == TV_DICT || obj->kind == TV_NS) {
+        tv *v = tv_dict_get(obj, key);
+        if (v) return tv_ref(v);
+    } else if ((obj->kind == TV_LIST || obj->kind == TV_STR) &&
+               (key->kind == TV_INT || key->kind == TV_BOOL)) {
+        int64_t i = key->kind == TV_INT ? key->u.i : key->u.b;
+        if (obj->kind == TV_LIST) {
+            int64_t n = (int64_t)obj->u.list.n;
+            if (i < 0) i += n;
+            if (i >= 0 && i < n) return tv_ref(obj->u.list.v[i]);
+        } else {
+            int64_t n = (int64_t)tv_utf8_len(obj->u.str.s, obj->u.str.len);
+            if (i < 0) i += n;
+            if (i >= 0 && i < n) {
+                size_t a = tv_utf8_offset(obj->u.str.s, obj->u.str.len, (size_t)i);
+                size_t b = tv_utf8_offset(obj->u.str.s, obj->u.str.len, (size_t)i + 1);
+                tv *c = tv_str(obj->u.str.s + a, b - a);
+                return c ? c : tmpl_oom(rt);
+            }
+        }
+    }
+    if (key->kind == TV_STR) return tmpl_getattr(rt, obj, key->u.str.s);
+    return no_element(rt, obj, key);
+}
+
+tv *tmpl_iter_list(tmpl_rt *rt, tv *v) {
+    switch (v->kind) {
+    case TV_LIST: return tv_ref(v);
+    case TV_UNDEF: {
+        tv *l = tv_list();
+        return l ? l : tmpl_oom(rt);
+    }
+    case TV_DICT: {
+        tv *l = tv_list();
+        if (!l) return tmpl_oom(rt);
+        for (size_t i = 0; i < v->u.dict.n; i++)
+            if (tv_list_push(l, v->u.dict.k[i])) return tv_unref(l), tmpl_oom(rt);
+        return l;
+    }
+    case TV_STR: {
+        tv *l = tv_list();
+        if (!l) return tmpl_oom(rt);
+        size_t i = 0;
+        while (i < v->u.str.len) {
+            size_t j = i + 1;
+            while (j < v->u.str.len && ((unsigned char)v->u.str.s[j] & 0xC0) == 0x80) j++;
+            if (tv_list_push_steal(l, tv_str(v->u.str.s + i, j - i))) return tv_unref(l), tmpl_oom(rt);
+            i = j;
+        }
+        return l;
+    }
+    default:
+        return tmpl_fail(rt, "TypeError: '%s' object is not iterable", tv_type_name(v));
+    }
+}
+
+int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b) {
+    if (tv_is_number(a) && tv_is_number(b)) {
+        if (a->kind != TV_FLOAT && b->kind != TV_FLOAT) {
+            int64_t x = a->kind == TV_INT ? a->u.i : a->u.b, y = b->kind == TV_INT ? b->u.i : b->u.b;
+            return x < y ? -1 : x > y;
+        }
+        double x = tv_num(a), y = tv_num(b);
+        return x < y ? -1 : x > y;
+    }
+    if (a->kind == TV_STR && b->kind == TV_STR) {
+        size_t n = a->u.str.len < b->u.str.len ? a->u.str.len : b->u.str.len;
+        int c = memcmp(a->u.str.s, b->u.str.s, n);
+        if (c) return c < 0 ? -1 : 1;
+        return a->u.str.len < b->u.str.len ? -1 : a->u.str.len > b->u.str.len;
+    }
+    if (a->kind == TV_LIST && b->kind == TV_LIST && a->u.list.tuple == b->u.list.tuple) {
+        for (size_t i = 0; i < a->u.list.n && i < b->u.list.n; i++) {
+            if (tv_equal(a->u.list.v[i], b->u.list.v[i])) continue;
+            return tmpl_compare(rt, a->u.list.v[i], b->u.list.v[i]);
+        }
+        return a->u.list.n < b->u.list.n ? -1 : a->u.list.n > b->u.list.n;
+    }
+    if (a->kind == TV_UNDEF) return tmpl_undef_raise(rt, a), -2;
+    if (b->kind == TV_UNDEF) return tmpl_undef_raise(rt, b), -2;
+    tmpl_fail(rt, "TypeError: '<' not supported between instances of '%s' and '%s'",
+              tv_type_name(a), tv_type_name(b));
+    return -2;
+}
+
+/* ---- calls ---- */
+
+typedef struct {
+    tv_args a;
+    size_t cap;
+} argv_t;
+
+static void args_free(tv_args *a) {
+    for (size_t i = 0; i < a->npos; i++) tv_unref(a->pos[i]);
+    for (size_t i = 0; i < a->nkw; i++) tv_unref(a->kwv[i]);
+    free(a->pos);
+    free(a->kwv);
+    free(a->kwn);
+    memset(a, 0, sizeof *a);
+}
+
+/* Evaluate n's arguments (l1 positional, names/l2 keywords); first, when given, is
+ * prepended as the operand of a filter or test (the reference is stolen). */
+static int eval_args(tmpl_rt *rt, tmpl_frame *f, const tnode *n, tv *first, tv_args *a) {
+    memset(a, 0, sizeof *a);
+    size_t np = n->l1.n + (first ? 1 : 0);
+    a->pos = calloc(np + 1, sizeof *a->pos);
+    a->kwv = calloc(n->l2.n + 1, sizeof *a->kwv);
+    a->kwn = calloc(n->l2.n + 1, sizeof *a->kwn);
+    if (!a->pos || !a->kwv || !a->kwn) {
+        tv_unref(first);
+        args_free(a);
+        tmpl_oom(rt);
+        return -1;
+    }
+    if (first) a->pos[a->npos++] = first;
+    for (size_t i = 0; i < n->l1.n; i++) {
+        tv *v = eval(rt, f, n->l1.v[i]);
+        if (!v) return args_free(a), -1;
+        a->pos[a->npos++] = v;
+    }
+    for (size_t i = 0; i < n->l2.n; i++) {
+        tv *v = eval(rt, f, n->l2.v[i]);
+        if (!v) return args_free(a), -1;
+        a->kwn[a->nkw] = n->names[i];
+        a->kwv[a->nkw++] = v;
+    }
+    return 0;
+}
+
+static tv *call_macro(tmpl_rt *rt, tv *m, const tv_args *a) {
+    const tnode *node = m->u.macro.node;
+    int is_caller = node->type == S_CALLBLOCK;
+    const char *mname = is_caller ? "caller" : node->name;
+    size_t np = is_caller ? 0 : node->nnames;
+    if (rt->call_depth >= TMPL_MAX_CALL_DEPTH)
+        return tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded (macro '%s')", mname);
+    if (a->npos > np)
+        return tmpl_fail(rt, "TypeError: macro '%s' takes not more than %zu argument(s)", mname, np);
+    tmpl_frame fr = {rt->root, NULL};
+    tv *caller = rt->caller;
+    rt->caller = NULL;
+    tv *result = NULL;
+    tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
+    tv_buf *saved = rt->out;
+    for (size_t k = 0; k < a->nkw; k++) {
+        size_t j = 0;
+        while (j < np && strcmp(node->names[j], a->kwn[k])) j++;
+        if (j == np) {
+            tmpl_fail(rt, "TypeError: macro '%s' takes no keyword argument '%s'", mname, a->kwn[k]);
+            goto done;
+        }
+        if (j < a->npos) {
+            tmpl_fail(rt, "TypeError: macro '%s' got multiple values for argument '%s'", mname,
+                      a->kwn[k]);
+            goto done;
+        }
+    }
+    for (size_t j = 0; j < np; j++) {
+        tv *v = NULL;
+        if (j < a->npos) v = tv_ref(a->pos[j]);
+        for (size_t k = 0; !v && k < a->nkw; k++)
+            if (!strcmp(node->names[j], a->kwn[k])) v = tv_ref(a->kwv[k]);
+        if (!v && node->l1.v[j]) {
+            if (!(v = eval(rt, &fr, node->l1.v[j]))) goto done;
+        }
+        if (!v) v = tv_undef_hint("UndefinedError: parameter '%s' was not provided", node->names[j]);
+        if (!v) {
+            tmpl_oom(rt);
+            goto done;
+        }
+        int rc = frame_set(rt, &fr, node->names[j], v);
+        tv_unref(v);
+        if (rc) goto done;
+    }
+    if (caller && frame_set(rt, &fr, "caller", caller)) goto done;
+    rt->call_depth++;
+    rt->out = &buf;
+    int rc = exec_body(rt, &fr, is_caller ? &node->l1 : &node->l2);
+    rt->out = saved;
+    rt->call_depth--;
+    if (rc == EX_ERR) goto done;
+    if (buf.oom) {
+        tmpl_fail(rt, "MemoryError: rendered output too large");
+        goto done;
+    }
+    size_t len;
+    char *s = tv_buf_take(&buf, &len);
+    if (!s || !(result = tv_str_take(s, len))) tmpl_oom(rt);
+done:
+    rt->out = saved;
+    tv_buf_free(&buf);
+    tv_unref(caller);
+    frame_clear(&fr);
+    return result;
+}
+
+tv *tmpl_call(tmpl_rt *rt, tv *callee, const tv_args *a) {
+    switch (callee->kind) {
+    case TV_MACRO: return call_macro(rt, callee, a);
+    case TV_FUNC: return callee->u.func.fn(rt, callee->u.func.self, a);
+    case TV_UNDEF: return tmpl_undef_raise(rt, callee);
+    default: return tmpl_fail(rt, "TypeError: '%s' object is not callable", tv_type_name(callee));
+    }
+}
+
+tv *tmpl_apply_filter(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra) {
+    tv_builtin_fn fn = tmpl_find_filter(name);
+    if (!fn) return tmpl_fail(rt, "TemplateAssertionError: No filter named '%s'.", name);
+    size_t np = 1 + (extra ? extra->npos : 0);
+    tv **pos = calloc(np, sizeof *pos);
+    if (!pos) return tmpl_oom(rt);
+    pos[0] = v;
+    for (size_t i = 1; i < np; i++) pos[i] = extra->pos[i - 1];
+    tv_args a = {pos, np, extra ? extra->kwn : NULL, extra ? extra->kwv : NULL,
+                 extra ? extra->nkw : 0};
+    tv *r = fn(rt, NULL, &a);
+    free(pos);
+    return r;
+}
+
+tv *tmpl_apply_test(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra) {
+    tv_builtin_fn fn = tmpl_find_test(name);
+    if (!fn) return tmpl_fail(rt, "TemplateAssertionError: No test named '%s'.", name);
+    size_t np = 1 + (extra ? extra->npos : 0);
+    tv **pos = calloc(np, sizeof *pos);
+    if (!pos) return tmpl_oom(rt);
+    pos[0] = v;
+    for (size_t i = 1; i < np; i++) pos[i] = extra->pos[i - 1];
+    tv_args a = {pos, np, extra ? extra->kwn : NULL, extra ? extra->kwv : NULL,
+                 extra ? extra->nkw : 0};
+    tv *r = fn(rt, NULL, &a);
+    free(pos);
+    return r;
+}
+
+/* ---- operators ---- */
+
+static int contains(tmpl_rt *rt, tv *container, tv *item) {
+    switch (container->kind) {
+    case TV_STR:
+        if (item->kind != TV_STR) {
+            tmpl_fail(rt, "TypeError: 'in <string>' requires string as left operand, not %s",
+                      tv_type_name(item));
+            return -1;
+        }
+        return item->u.str.len == 0 ||
+               memmem(container->u.str.s, container->u.str.len, item->u.str.s, item->u.str.len) != NULL;
+    case TV_LIST:
+        for (size_t i = 0; i < container->u.list.n; i++)
+            if (tv_equal(container->u.list.v[i], item)) return 1;
+        return 0;
+    case TV_DICT:
+    case TV_NS: return tv_dict_get(container, item) != NULL;
+    case TV_UNDEF: return 0;
+    default:
+        tmpl_fail(rt, "TypeError: argument of type '%s' is not iterable", tv_type_name(container));
+        return -1;
+    }
+}
+
+static tv *num_result(tmpl_rt *rt, int is_int, int64_t i, double d) {
+    tv *v = is_int ? tv_int(i) : tv_float(d);
+    return v ? v : tmpl_oom(rt);
+}
+
+static const char *op_sym(int op) {
+    static const char *const s[] = {"+", "-", "*", "/", "//", "%", "**", "~"};
+    return op <= OP_CONCAT ? s[op] : "?";
+}
+
+static tv *repeat(tmpl_rt *rt, tv *seq, int64_t times) {
+    if (times < 0) times = 0;
+    if (seq->kind == TV_STR) {
+        if (seq->u.str.len && (uint64_t)times > TMPL_MAX_OUTPUT / seq->u.str.len)
+            return tmpl_fail(rt, "MemoryError: string too large");
+        tv_buf b = {0};
+        for (int64_t k = 0; k < times; k++) tv_buf_put(&b, seq->u.str.s, seq->u.str.len);
+        if (b.oom) return tv_buf_free(&b), tmpl_oom(rt);
+        size_t n;
+        char *s = tv_buf_take(&b, &n);
+        return s ? tv_str_take(s, n) : tmpl_oom(rt);
+    }
+    if (seq->u.list.n && (uint64_t)times > TMPL_MAX_OUTPUT / seq->u.list.n)
+        return tmpl_fail(rt, "MemoryError: list too large");
+    tv *l = seq->u.list.tuple ? tv_tuple() : tv_list();
+    if (!l) return tmpl_oom(rt);
+    for (int64_t k = 0; k < times; k++)
+        for (size_t i = 0; i < seq->u.list.n; i++)
+            if (tv_list_push(l, seq->u.list.v[i])) return tv_unref(l), tmpl_oom(rt);
+    return l;
+}
+
+static tv *binop(tmpl_rt *rt, int op, tv *a, tv *b) {
+    if (op == OP_CONCAT) {
+        tv_buf buf = {0};
+        tv_write_str(&buf, a);
+        tv_write_str(&buf, b);
+        if (buf.oom) return tv_buf_free(&buf), tmpl_oom(rt);
+        size_t n;
+        char *s = tv_buf_take(&buf, &n);
+        return s ? tv_str_take(s, n) : tmpl_oom(rt);
+    }
+    if (a->kind == TV_UNDEF) return tmpl_undef_raise(rt, a);
+    if (b->kind == TV_UNDEF) return tmpl_undef_raise(rt, b);
+    if (tv_is_number(a) && tv_is_number(b)) {
+        int ints = a->kind != TV_FLOAT && b->kind != TV_FLOAT;
+        int64_t x = a->kind == TV_INT ? a->u.i : a->kind == TV_BOOL ? a->u.b : 0;
+        int64_t y = b->kind == TV_INT ? b->u.i : b->kind == TV_BOOL ? b->u.b : 0;
+        double fx = tv_num(a), fy = tv_num(b);
+        int64_t r;
+        switch (op) {
+        case OP_ADD:
+            if (ints && !__builtin_add_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
+            return num_result(rt, 0, 0, fx + fy);
+        case OP_SUB:
+            if (ints && !__builtin_sub_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
+            return num_result(rt, 0, 0, fx - fy);
+        case OP_MUL:
+            if (ints && !__builtin_mul_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
+            return num_result(rt, 0, 0, fx * fy);
+        case OP_DIV:
+            if (fy == 0) return tmpl_fail(rt, "ZeroDivisionError: division by zero");
+            return num_result(rt, 0, 0, fx / fy);
+        case OP_FLOORDIV:
+        case OP_MOD:
+            if (ints) {
+                if (y == 0) return tmpl_fail(rt, "ZeroDivisionError: integer division or modulo by zero");
+                if (x == INT64_MIN && y == -1) return num_result(rt, 0, 0, op == OP_MOD ? 0 : -fx);
+                int64_t q = x / y, m = x % y;
+                if (m && ((m < 0) != (y < 0))) {
+                    q--;
+                    m += y;
+                }
+                return num_result(rt, 1, op == OP_MOD ? m : q, 0);
+            }
+            if (fy == 0)
+                return tmpl_fail(rt, op == OP_MOD ? "ZeroDivisionError: float modulo"
+                                                  : "ZeroDivisionError: float floor division by zero");
+            {
+                double m = fmod(fx, fy);
+                if (m != 0 && ((m < 0) != (fy < 0))) m += fy;
+                if (op == OP_MOD) return num_result(rt, 0, 0, m);
+                return num_result(rt, 0, 0, floor((fx - m) / fy + 0.5 - 0.5 * ((fx - m) / fy >= 0 ? 0 : 0)));
+            }
+        case OP_POW:
+            if (ints && y >= 0) {
+                int64_t acc = 1, base = x, e = y;
+                int ovf = 0;
+                while (e && !ovf) {
+                    if (e & 1) ovf |= __builtin_mul_overflow(acc, base, &acc);
+                    e >>= 1;
+                    if (e) ovf |= __builtin_mul_overflow(base, base, &base);
+                }
+                if (!ovf) return num_result(rt, 1, acc, 0);
+            }
+            if (fx == 0 && fy < 0)
+                return tmpl_fail(rt, "ZeroDivisionError: 0.0 cannot be raised to a negative power");
+            return num_result(rt, 0, 0, pow(fx, fy));
+        default: break;
+        }
+    }
+    if (op == OP_ADD && a->kind == b->kind && a->kind == TV_STR) {
+        tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
+        tv_buf_put(&buf, a->u.str.s, a->u.str.len);
+        tv_buf_put(&buf, b->u.str.s, b->u.str.len);
+        if (buf.oom) return tv_buf_free(&buf), tmpl_fail(rt, "MemoryError: string too large");
+        size_t n;
+        char *s = tv_buf_take(&buf, &n);
+        return s ? tv_str_take(s, n) : tmpl_oom(rt);
+    }
+    if (op == OP_ADD && a->kind == TV_LIST && b->kind == TV_LIST && a->u.list.tuple == b->u.list.tuple) {
+        tv *l = a->u.list.tuple ? tv_tuple() : tv_list();
+        if (!l) return tmpl_oom(rt);
+        for (size_t i = 0; i < a->u.list.n; i++)
+            if (tv_list_push(l, a->u.list.v[i])) return tv_unref(l), tmpl_oom(rt);
+        for (size_t i = 0; i < b->u.list.n; i++)
+            if (tv_list_push(l, b->u.list.v[i])) return tv_unref(l), tmpl_oom(rt);
+        return l;
+    }
+    if (op == OP_MUL && (a->kind == TV_STR || a->kind == TV_LIST) &&
+        (b->kind == TV_INT || b->kind == TV_BOOL))
+        return repeat(rt, a, b->kind == TV_INT ? b->u.i : b->u.b);
+    if (op == OP_MUL && (b->kind == TV_STR || b->kind == TV_LIST) &&
+        (a->kind == TV_INT || a->kind == TV_BOOL))
+        return repeat(rt, b, a->kind == TV_INT ? a->u.i : a->u.b);
+    if (op == OP_MOD && a->kind == TV_STR) {
+        tv *fn = tv_func(tmpl_find_filter("format"), NULL, "format");
+        if (!fn) return tmpl_oom(rt);
+        tv *pos[64];
+        size_t np = 0;
+        pos[np++] = a;
+        if (b->kind == TV_LIST && b->u.list.tuple)
+            for (size_t i = 0; i < b->u.list.n && np < 64; i++) pos[np++] = b->u.list.v[i];
+        else pos[np++] = b;
+        tv_args args = {pos, np, NULL, NULL, 0};
+        tv *r = tmpl_call(rt, fn, &args);
+        tv_unref(fn);
+        return r;
+    }
+    if (op == OP_ADD && (a->kind == TV_STR || a->kind == TV_LIST))
+        return tmpl_fail(rt, "TypeError: can only concatenate %s (not \"%s\") to %s",
+                         tv_type_name(a), tv_type_name(b), tv_type_name(a));
+    return tmpl_fail(rt, "TypeError: unsupported operand type(s) for %s: '%s' and '%s'",
+                     op_sym(op), tv_type_name(a), tv_type_name(b));
+}
+
+static int compare_op(tmpl_rt *rt, int op, tv *a, tv *b) {
+    switch (op) {
+    case OP_EQ: return tv_equal(a, b);
+    case OP_NE: return !tv_equal(a, b);
+    case OP_IN: return contains(rt, b, a);
+    case OP_NOTIN: {
+        int c = contains(rt, b, a);
+        return c < 0 ? c : !c;
+    }
+    default: {
+        int c = tmpl_compare(rt, a, b);
+        if (c == -2) return -1;
+        return op == OP_LT ? c < 0 : op == OP_LE ? c <= 0 : op == OP_GT ? c > 0 : c >= 0;
+    }
+    }
+}
+
+/* ---- expressions ---- */
+
+static int64_t slice_index(tv *v, int64_t n, int64_t def, int step_neg, int *ok) {
+    if (!v || v->kind == TV_NONE) return def;
+    if (v->kind != TV_INT && v->kind != TV_BOOL) {
+        *ok = 0;
+        return 0;
+    }
+    int64_t i = v->kind == TV_INT ? v->u.i : v->u.b;
+    if (i < 0) {
+        i += n;
+        if (i < 0) i = step_neg ? -1 : 0;
+    } else if (i >= n) {
+        i = step_neg ? n - 1 : n;
+    }
+    return i;
+}
+
+static tv *do_slice(tmpl_rt *rt, tv *obj, tv *start, tv *stop, tv *stepv) {
+    if (obj->kind == TV_UNDEF) return tmpl_undef_raise(rt, obj);
+    if (obj->kind != TV_LIST && obj->kind != TV_STR) {
+        tv *u = tv_undef_hint("UndefinedError: %s has no element slice", obj_type_repr(obj));
+        return u ? u : tmpl_oom(rt);
+    }
+    int64_t step = 1;
+    if (stepv && stepv->kind != TV_NONE) {
+        if (stepv->kind != TV_INT) return tmpl_fail(rt, "TypeError: slice indices must be integers or None");
+        step = stepv->u.i;
+        if (step == 0) return tmpl_fail(rt, "ValueError: slice step cannot be zero");
+    }
+    int is_str = obj->kind == TV_STR;
+    tv *items = is_str ? tmpl_iter_list(rt, obj) : tv_ref(obj);
+    if (!items) return NULL;
+    int64_t n = (int64_t)items->u.list.n;
+    int ok = 1;
+    int64_t lo = slice_index(start, n, step > 0 ? 0 : n - 1, step < 0, &ok);
+    int64_t hi = slice_index(stop, n, step > 0 ? n : -1, step < 0, &ok);
+    if (!ok) {
+        tv_unref(items);
+        return tmpl_fail(rt, "TypeError: slice indices must be integers or None");
+    }
+    tv_buf b = {0};
+    tv *l = is_str ? NULL : (obj->u.list.tuple ? tv_tuple() : tv_list());
+    if (!is_str && !l) return tv_unref(items), tmpl_oom(rt);
+    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
+        tv *it = items->u.list.v[i];
+        if (is_str) tv_buf_put(&b, it->u.str.s, it->u.str.len);
+        else if (tv_list_push(l, it)) {
+            tv_unref(l);
+            tv_unref(items);
+            return tmpl_oom(rt);
+        }
+    }
+    tv_unref(items);
+    if (!is_str) return l;
+    if (b.oom) return tv_buf_free(&b), tmpl_oom(rt);
+    size_t len;
+    char *s = tv_buf_take(&b, &len);
+    return s ? tv_str_take(s, len) : tmpl_oom(rt);
+}
+
+static tv *eval_seq(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
+    tv *r = n->type == N_DICT ? tv_dict() : n->type == N_TUPLE ? tv_tuple() : tv_list();
+    if (!r) return tmpl_oom(rt);
+    for (size_t i = 0; i < n->l1.n; i++) {
+        tv *v = eval(rt, f, n->l1.v[i]);
+        if (!v) return tv_unref(r), NULL;
+        if (n->type == N_DICT) {
+            tv *val = eval(rt, f, n->l2.v[i]);
+            int rc = val ? tv_dict_set(r, v, val) : -1;
+            if (val && rc) tmpl_oom(rt);
+            tv_unref(val);
+            tv_unref(v);
+            if (rc) return tv_unref(r), NULL;
+        } else if (tv_list_push_steal(r, v)) {
+            tv_unref(r);
+            return tmpl_oom(rt);
+        }
+    }
+    return r;
+}
+
+static tv *eval_filter_or_test(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
+    int is_test = n->type == N_TEST;
+    tv_builtin_fn fn = is_test ? tmpl_find_test(n->name) : tmpl_find_filter(n->name);
+    if (!fn)
+        return tmpl_fail(rt, "TemplateAssertionError: No %s named '%s'.", is_test ? "test" : "filter",
+                         n->name);
+    tv *operand = eval(rt, f, n->a);
+    if (!operand) return NULL;
+    tv_args a;
+    if (eval_args(rt, f, n, operand, &a)) return NULL;
+    tv *r = fn(rt, NULL, &a);
+    args_free(&a);
+    if (r && is_test && n->op) {
+        int t = tv_truthy(r);
+        tv_unref(r);
+        r = tv_bool(!t);
+    }
+    return r;
+}
+
+static tv *eval_inner(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
+    tv *a = NULL, *b = NULL, *r = NULL;
+    switch (n->type) {
+    case N_LIT: return tv_ref(n->value);
+    case N_NAME: return frame_lookup(rt, f, n->name);
+    case N_ATTR:
+        if (!(a = eval(rt, f, n->a))) return NULL;
+        r = tmpl_getattr(rt, a, n->name);
+        break;
+    case N_ITEM:
+        if (!(a = eval(rt, f, n->a)) || !(b = eval(rt, f, n->b))) break;
+        r = tmpl_getitem(rt, a, b);
+        break;
+    case N_SLICE: {
+        tv *c = NULL, *d = NULL;
+        if ((a = eval(rt, f, n->a)) && (!n->b || (b = eval(rt, f, n->b))) &&
+            (!n->c || (c = eval(rt, f, n->c))) && (!n->d || (d = eval(rt, f, n->d))))
+            r = do_slice(rt, a, b, c, d);
+        tv_unref(c);
+        tv_unref(d);
+        break;
+    }
+    case N_CALL: {
+        if (!(a = eval(rt, f, n->a))) return NULL;
+        tv_args args;
+        if (eval_args(rt, f, n, NULL, &args)) break;
+        r = tmpl_call(rt, a, &args);
+        args_free(&args);
+        break;
+    }
+    case N_FILTER:
+    case N_TEST: return eval_filter_or_test(rt, f, n);
+    case N_NOT:
+        if (!(a = eval(rt, f, n->a))) return NULL;
+        r = tv_bool(!tv_truthy(a));
+        break;
+    case N_NEG:
+    case N_POS:
+        if (!(a = eval(rt, f, n->a))) return NULL;
+        if (a->kind == TV_UNDEF) r = tmpl_undef_raise(rt, a);
+        else if (!tv_is_number(a))
+            r = tmpl_fail(rt, "TypeError: bad operand type for unary %s: '%s'",
+                          n->type == N_NEG ? "-" : "+", tv_type_name(a));
+        else if (a->kind == TV_FLOAT) r = tv_float(n->type == N_NEG ? -a->u.f : a->u.f);
+        else {
+            int64_t i = a->kind == TV_INT ? a->u.i : a->u.b;
+            r = tv_int(n->type == N_NEG ? -i : i);
+        }
+        break;
+    case N_AND:
+    case N_OR:
+        if (!(a = eval(rt, f, n->a))) return NULL;
+        if (tv_truthy(a) == (n->type == N_OR)) return a;
+        tv_unref(a);
+        return eval(rt, f, n->b);
+    case N_BIN:
+        if ((a = eval(rt, f, n->a)) && (b = eval(rt, f, n->b))) r = binop(rt, n->op, a, b);
+        break;
+    case N_COMPARE: {
+        if (!(a = eval(rt, f, n->a))) return NULL;
+        int res = 1;
+        for (size_t i = 0; i < n->l1.n && res == 1; i++) {
+            if (!(b = eval(rt, f, n->l1.v[i]))) {
+                res = -1;
+                break;
+            }
+            res = compare_op(rt, n->ops[i], a, b);
+            tv_unref(a);
+            a = b;
+            b = NULL;
+        }
+        if (res >= 0) r = tv_bool(res);
+        break;
+    }
+    case N_COND:
+        if (!(a = eval(rt, f, n->a))) return NULL;
+        if (tv_truthy(a)) r = eval(rt, f, n->b);
+        else if (n->c) r = eval(rt, f, n->c);
+        else if (!(r = tv_undef_hint("UndefinedError: the inline if-expression on line %d "
+                                     "evaluated to false and no else section was defined.", n->line)))
+            tmpl_oom(rt);
+        break;
+    case N_LIST:
+    case N_TUPLE:
+    case N_DICT: return eval_seq(rt, f, n);
+    default: return tmpl_fail(rt, "TemplateRuntimeError: bad expression node");
+    }
+    tv_unref(a);
+    tv_unref(b);
+    return r;
+}
+
+static tv *eval(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
+    if (rt->failed) return NULL;
+    if (++rt->eval_depth > TMPL_MAX_EVAL_DEPTH) {
+        rt->eval_depth--;
+        return tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded (line %d)", n->line);
+    }
+    tv *r = eval_inner(rt, f, n);
+    rt->eval_depth--;
+    if (!r && !rt->failed) tmpl_oom(rt);
+    return r;
+}
+
+/* ---- statements ---- */
+
+static int write_value(tmpl_rt *rt, const tv *v) {
+    tv_write_str(rt->out, v);
+    if (rt->out->oom)
+        return tmpl_fail(rt, rt->out->oom == 2 ? "MemoryError: rendered output exceeds %u bytes"
+                                                 : "MemoryError: out of memory", TMPL_MAX_OUTPUT), -1;
+    return 0;
+}
+
+static int assign_targets(tmpl_rt *rt, tmpl_frame *f, char *const *names, size_t n, tv *v) {
+    if (n == 1) return frame_set(rt, f, names[0], v);
+    tv *items = tmpl_iter_list(rt, v);
+    if (!items) return -1;
+    int rc = 0;
+    if (items->u.list.n != n) {
+        tmpl_fail(rt, items->u.list.n > n ? "ValueError: too many values to unpack (expected %zu)"
+                                          : "ValueError: not enough values to unpack (expected %zu)", n);
+        rc = -1;
+    }
+    for (size_t i = 0; !rc && i < n; i++) rc = frame_set(rt, f, names[i], items->u.list.v[i]);
+    tv_unref(items);
+    return rc;
+}
+
+static int exec_for(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
+    tv *seq = eval(rt, f, n->a);
+    if (!seq) return EX_ERR;
+    tv *items = tmpl_iter_list(rt, seq);
+    tv_unref(seq);
+    if (!items) return EX_ERR;
+    int rc = EX_OK;
+    if (n->b) {   /* `for x in xs if cond`: filter first, so loop.length counts kept items */
+        tv *kept = tv_list();
+        if (!kept) rc = EX_ERR, tmpl_oom(rt);
+        for (size_t i = 0; !rc && i < items->u.list.n; i++) {
+            tmpl_frame fr = {f, NULL};
+            rc = assign_targets(rt, &fr, n->names, n->nnames, items->u.list.v[i]);
+            tv *c = rc ? NULL : eval(rt, &fr, n->b);
+            if (!c) rc = EX_ERR;
+            else if (tv_truthy(c) && tv_list_push(kept, items->u.list.v[i])) rc = EX_ERR, tmpl_oom(rt);
+            tv_unref(c);
+            frame_clear(&fr);
+        }
+        tv_unref(items);
+        items = kept;
+        if (rc) return tv_unref(items), EX_ERR;
+    }
+    if (items->u.list.n == 0) {
+        tv_unref(items);
+        return exec_body(rt, f, &n->l2);
+    }
+    tv *loop = tv_loop(items);
+    if (!loop) return tv_unref(items), tmpl_oom(rt), EX_ERR;
+    for (size_t i = 0; i < items->u.list.n; i++) {
+        if (++rt->steps > TMPL_MAX_STEPS) {
+            tmpl_fail(rt, "TemplateRuntimeError: template exceeded %llu steps",
+                      (unsigned long long)TMPL_MAX_STEPS);
+            rc = EX_ERR;
+            break;
+        }
+        loop->u.loop.index0 = (int64_t)i;
+        tmpl_frame fr = {f, NULL};
+        rc = assign_targets(rt, &fr, n->names, n->nnames, items->u.list.v[i]);
+        if (!rc) rc = frame_set(rt, &fr, "loop", loop);
+        if (!rc) rc = exec_body(rt, &fr, &n->l1);
+        frame_clear(&fr);
+        if (rc == EX_CONTINUE) rc = EX_OK;
+        if (rc == EX_BREAK) {
+            rc = EX_OK;
+            break;
+        }
+        if (rc) break;
+    }
+    tv_unref(loop);
+    tv_unref(items);
+    return rc;
+}
+
+/* Render body into a fresh string (set blocks, filter blocks). */
+static tv *capture(tmpl_rt *rt, tmpl_frame *f, const tnode_list *body) {
+    tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
+    tv_buf *saved = rt->out;
+    rt->out = &buf;
+    int rc = exec_body(rt, f, body);
+    rt->out = saved;
+    if (rc == EX_ERR) return tv_buf_free(&buf), NULL;
+    if (buf.oom) return tv_buf_free(&buf), tmpl_fail(rt, "MemoryError: rendered output too large");
+    size_t len;
+    char *s = tv_buf_take(&buf, &len);
+    return s ? tv_str_take(s, len) : tmpl_oom(rt);
+}
+
+static tv *apply_chain(tmpl_rt *rt, tmpl_frame *f, const tnode_list *chain, tv *v) {
+    for (size_t i = 0; v && i < chain->n; i++) {
+        const tnode *fl = chain->v[i];
+        tv_args a;
+        if (eval_args(rt, f, fl, NULL, &a)) return tv_unref(v), NULL;
+        tv *r = tmpl_apply_filter(rt, fl->name, v, &a);
+        args_free(&a);
+        tv_unref(v);
+        v = r;
+    }
+    return v;
+}
+
+static int exec_stmt(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
+    tv *v = NULL;
+    int rc = EX_OK;
+    switch (n->type) {
+    case S_TEXT: return write_value(rt, n->value);
+    case S_OUTPUT:
+        if (!(v = eval(rt, f, n->a))) return EX_ERR;
+        rc = write_value(rt, v);
+        break;
+    case S_IF:
+        if (!(v = eval(rt, f, n->a))) return EX_ERR;
+        rc = exec_body(rt, f, tv_truthy(v) ? &n->l1 : &n->l2);
+        break;
+    case S_FOR: return exec_for(rt, f, n);
+    case S_SET:
+        if (!(v = eval(rt, f, n->b))) return EX_ERR;
+        if (n->a) {
+            tv *ns = eval(rt, f, n->a->a);
+            if (!ns) rc = EX_ERR;
+            else if (ns->kind != TV_NS) {
+                tmpl_fail(rt, "TemplateRuntimeError: cannot assign attribute on non-namespace object");
+                rc = EX_ERR;
+            } else if (tv_dict_set_str(ns, n->a->name, v)) {
+                tmpl_oom(rt);
+                rc = EX_ERR;
+            }
+            tv_unref(ns);
+        } else {
+            rc = assign_targets(rt, f, n->names, n->nnames, v);
+        }
+        break;
+    case S_SETBLOCK:
+        if (!(v = apply_chain(rt, f, &n->l2, capture(rt, f, &n->l1)))) return EX_ERR;
+        rc = frame_set(rt, f, n->names[0], v);
+        break;
+    case S_MACRO:
+        if (!(v = tv_macro(n))) return tmpl_oom(rt), EX_ERR;
+        rc = frame_set(rt, f, n->name, v);
+        break;
+    case S_BREAK: return EX_BREAK;
+    case S_CONTINUE: return EX_CONTINUE;
+    case S_FILTERBLOCK:
+        if (!(v = apply_chain(rt, f, &n->l2, capture(rt, f, &n->l1)))) return EX_ERR;
+        rc = write_value(rt, v);
+        break;
+    case S_BLOCK: return exec_body(rt, f, &n->l1);
+    case S_CALLBLOCK:
+        tv_unref(rt->caller);
+        if (!(rt->caller = tv_macro(n))) return tmpl_oom(rt), EX_ERR;
+        v = eval(rt, f, n->a);
+        tv_unref(rt->caller);
+        rt->caller = NULL;
+        if (!v) return EX_ERR;
+        rc = write_value(rt, v);
+        break;
+    default:
+        tmpl_fail(rt, "TemplateRuntimeError: bad statement node");
+        return EX_ERR;
+    }
+    tv_unref(v);
+    return rc;
+}
+
+static int exec_body(tmpl_rt *rt, tmpl_frame *f, const tnode_list *body) {
+    if (++rt->eval_depth > TMPL_MAX_EVAL_DEPTH) {
+        rt->eval_depth--;
+        tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded");
+        return EX_ERR;
+    }
+    int rc = EX_OK;
+    for (size_t i = 0; i < body->n && rc == EX_OK; i++) {
+        if (++rt->steps > TMPL_MAX_STEPS) {
+            tmpl_fail(rt, "TemplateRuntimeError: template exceeded %llu steps",
+                      (unsigned long long)TMPL_MAX_STEPS);
+            rc = EX_ERR;
+            break;
+        }
+        rc = exec_stmt(rt, f, body->v[i]);
+        if (rt->failed) rc = EX_ERR;
+    }
+    rt->eval_depth--;
+    return rc;
+}
+
+/* ---- public API ---- */
+
+tmpl_template *tmpl_parse(const char *src, size_t len, char *err, size_t errlen) {
+    tk_list toks;
+    if (tmpl_lex(src, len, &toks, err, errlen)) return NULL;
+    tnode_list *body = tmpl_parse_tokens(&toks, err, errlen);
+    tmpl_tokens_free(&toks);
+    if (!body) return NULL;
+    tmpl_template *t = calloc(1, sizeof *t);
+    if (!t) {
+        tmpl_body_free(body);
+        specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+        return NULL;
+    }
+    t->body = body;
+    return t;
+}
+
+void tmpl_free(tmpl_template *t) {
+    if (!t) return;
+    tmpl_body_free(t->body);
+    free(t);
+}
+
+int tmpl_render(const tmpl_template *t, json_t *context, char **out, size_t *out_len,
+                char *err, size_t errlen) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    if (context && !json_is_object(context))
+        return specd_errf(err, errlen, SPECD_EINVAL, "template context must be a JSON object");
+    tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
+    tmpl_frame root = {NULL, NULL};
+    tmpl_rt rt = {.err = err, .errlen = errlen, .out = &buf, .root = &root};
+    if (context) {
+        root.vars = tv_from_json(context);
+        if (!root.vars) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    }
+    int rc = exec_body(&rt, &root, t->body);
+    frame_clear(&root);
+    tv_unref(rt.caller);
+    if (rc == EX_ERR || rt.failed) {
+        tv_buf_free(&buf);
+        return SPECD_ETEMPLATE;
+    }
+    *out = tv_buf_take(&buf, out_len);
+    if (!*out) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    return 0;
+}
+
+int tmpl_render_chat(const tmpl_template *t, json_t *messages, json_t *tools,
+                     int add_generation_prompt, const char *bos_token,
+                     const char *eos_token, json_t *extra, char **out, size_t *out_len,
+                     char *err, size_t errlen) {
+    json_t *ctx = json_object();
+    if (!ctx) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    /* HF passes tools and documents as None when absent, so `tools is not none` works and
+     * iterating them raises as it does there. */
+    json_object_set(ctx, "messages", messages ? messages : json_null());
+    json_object_set(ctx, "tools", tools ? tools : json_null());
+    json_object_set_new(ctx, "documents", json_null());
+    json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));
+    if (bos_token) json_object_set_new(ctx, "bos_token", json_string(bos_token));
+    if (eos_token) json_object_set_new(ctx, "eos_token", json_string(eos_token));
+    if (extra && json_is_object(extra)) json_object_update(ctx, extra);
+    int rc = tmpl_render(t, ctx, out, out_len, err, errlen);
+    json_decref(ctx);
+    return rc;
+}

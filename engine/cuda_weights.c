@@ -201,9 +201,9 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         return specd_errf(err, errlen, SPECD_EINVAL,
                           "cuda runner: %s: heads %d / kv heads %d / ffn %d do not split over %d ranks",
                           m->path, c->n_heads, c->n_kv_heads, c->ffn, world);
-    if (c->n_heads % c->n_kv_heads || (c->head_dim != 64 && c->head_dim != 128))
+    if (c->n_heads % c->n_kv_heads || (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128))
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                          "cuda runner: %s: head_dim %d (64 or 128 supported), heads %d, kv heads %d",
+                          "cuda runner: %s: head_dim %d (32, 64 or 128 supported), heads %d, kv heads %d",
                           m->path, c->head_dim, c->n_heads, c->n_kv_heads);
     cm->H = c->n_heads / world;
     cm->KVH = c->n_kv_heads / world;

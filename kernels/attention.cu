@@ -257,6 +257,7 @@ extern "C" int k_attention(const uint16_t *q, uint16_t *out, int H, int KVH, int
     if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
     if (w->split_len % ATT_TILE) return -1;
     if (w->n_items == 0) return 0;
+    if (D == 32) return dispatch_rows<32>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 64) return dispatch_rows<64>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 128) return dispatch_rows<128>(rows, q, out, H, KVH, scale, g, w, s);
     return -1;

@@ -71,7 +71,7 @@ int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
  *   q   [n_tok, H, D] bf16, out [n_tok, H, D] bf16.
  *   row_slot/row_tok_off/row_n_new [n_rows]; item_row/item_q0 [n_items].
  *   ws_o  [n_splits, n_tok, H, D] fp32, ws_ml [n_splits, n_tok, H, 2] fp32 (may be NULL
- *   when n_splits == 1).  D must be 64 or 128; qt * (H / KVH) <= 64. */
+ *   when n_splits == 1).  D must be 32, 64 or 128; qt * (H / KVH) <= 64. */
 typedef struct {
     const int32_t *row_slot, *row_tok_off, *row_n_new;
     const int32_t *item_row, *item_q0;

@@ -1,0 +1,417 @@
+/* CUDA runner tests on the golden fixtures (HF transformers, fp32 compute on bf16
+ * weights): last-position logits within 2e-2 relative (max abs error / max abs logit),
+ * every position of the 33-token prompt, greedy continuations equal to the reference
+ * until the first step whose golden margin is below the logit tolerance, batched and
+ * padded decode equal to the reference, chunked prefill, and the dummy slot: a captured
+ * step with padding rows over a dirtied dummy slot leaves it at length 0 and changes no
+ * live block. Fixtures come from $SPECD_FIXTURES (default ../shared/fixtures). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+
+#include "engine/cuda_runner.h"
+#include "engine/model.h"
+#include "tests/gpu/gpu_util.h"
+
+#define REL_TOL 2e-2
+#define MAXB 8
+#define SEQ 512
+#define BS 16
+#define MAXBLK (SEQ / BS)
+
+typedef struct {
+    int n_prompts;
+    int len[8];
+    int32_t *prompt[8];
+    float *last[8];           /* [vocab] */
+    float *all;               /* [33, vocab] for the prompt that has all_logits */
+    int all_idx;
+    int greedy[8][64], n_greedy[8];
+    double margin[8][64];
+} golden;
+
+static const char *fixtures(void) {
+    const char *e = getenv("SPECD_FIXTURES");
+    return e && *e ? e : "../shared/fixtures";
+}
+
+static float *json_floats(json_t *a, int *n) {
+    *n = (int)json_array_size(a);
+    float *v = malloc(sizeof(float) * (size_t)(*n ? *n : 1));
+    for (int i = 0; i < *n; i++) v[i] = (float)json_number_value(json_array_get(a, (size_t)i));
+    return v;
+}
+
+static void golden_load(const char *name, golden *g) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/%s/golden.json", fixtures(), name);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) fail_msg("%s: %s", path, je.text);
+    json_t *ps = json_object_get(root, "prompts");
+    memset(g, 0, sizeof *g);
+    g->all_idx = -1;
+    g->n_prompts = (int)json_array_size(ps);
+    assert_true(g->n_prompts > 0 && g->n_prompts <= 8);
+    for (int i = 0; i < g->n_prompts; i++) {
+        json_t *p = json_array_get(ps, (size_t)i);
+        int n;
+        float *pr = json_floats(json_object_get(p, "prompt"), &n);
+        g->len[i] = n;
+        g->prompt[i] = malloc(sizeof(int32_t) * (size_t)n);
+        for (int j = 0; j < n; j++) g->prompt[i][j] = (int32_t)pr[j];
+        free(pr);
+        g->last[i] = json_floats(json_object_get(p, "last_logits"), &n);
+        json_t *gr = json_object_get(p, "greedy"), *mg = json_object_get(p, "margins");
+        g->n_greedy[i] = (int)json_array_size(gr);
+        for (int j = 0; j < g->n_greedy[i] && j < 64; j++) {
+            g->greedy[i][j] = (int)json_integer_value(json_array_get(gr, (size_t)j));
+            g->margin[i][j] = json_number_value(json_array_get(mg, (size_t)j));
+        }
+        json_t *all = json_object_get(p, "all_logits");
+        if (all) {
+            int rows = (int)json_array_size(all), vocab = 0;
+            float *first = json_floats(json_array_get(all, 0), &vocab);
+            free(first);
+            g->all = malloc(sizeof(float) * (size_t)rows * vocab);
+            for (int r = 0; r < rows; r++) {
+                float *row = json_floats(json_array_get(all, (size_t)r), &n);
+                memcpy(g->all + (size_t)r * vocab, row, sizeof(float) * (size_t)vocab);
+                free(row);
+            }
+            g->all_idx = i;
+        }
+    }
+    json_decref(root);
+}
+
+static void golden_free(golden *g) {
+    for (int i = 0; i < g->n_prompts; i++) { free(g->prompt[i]); free(g->last[i]); }
+    free(g->all);
+}
+
+static double rel_err(const float *a, const float *ref, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        double d = fabs((double)a[i] - ref[i]);
+        if (d > num) num = d;
+        if (fabs(ref[i]) > den) den = fabs(ref[i]);
+    }
+    return num / den;
+}
+
+static double max_abs(const float *a, int n) {
+    double m = 0;
+    for (int i = 0; i < n; i++) if (fabs(a[i]) > m) m = fabs(a[i]);
+    return m;
+}
+
+static int argmax(const float *a, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (a[i] > a[b]) b = i;
+    return b;
+}
+
+typedef struct {
+    model *m;
+    runner *r;
+    golden g;
+    int vocab;
+} fixture;
+
+static void fixture_open(fixture *f, const char *name, int no_graphs) {
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/models/%s", fixtures(), name);
+    f->m = model_load(path, err, sizeof err);
+    if (!f->m) fail_msg("model_load %s: %s", path, err);
+    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
+                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9};
+    cuda_runner_opts o = {.world = 1, .no_graphs = no_graphs, .quiet = 1};
+    f->r = runner_cuda_create_ex(f->m, NULL, &cfg, &o, err, sizeof err);
+    if (!f->r) fail_msg("runner_cuda_create %s: %s", name, err);
+    f->vocab = f->m->cfg.vocab;
+    golden_load(name, &f->g);
+}
+
+static void fixture_close(fixture *f) {
+    runner_destroy(f->r);
+    model_free(f->m);
+    golden_free(&f->g);
+}
+
+/* Slot s owns blocks 1 + s*MAXBLK .. ; length reset to 0. */
+static void slot_reset(runner *r, int s) {
+    int32_t b[MAXBLK];
+    for (int i = 0; i < MAXBLK; i++) b[i] = 1 + s * MAXBLK + i;
+    assert_int_equal(r->ops->slot_write_blocks(r, s, 0, b, MAXBLK), 0);
+    assert_int_equal(r->ops->slot_set_len(r, s, RUNNER_TARGET, 0), 0);
+}
+
+static void prefill(fixture *f, int s, const int32_t *tok, int n, int n_logits, float *logits) {
+    runner_row row = {.slot = s, .n_new = n, .tok_off = 0, .n_logits = n_logits, .logits_off = 0};
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = tok,
+                      .n_tokens = n, .logits = logits};
+    int rc = runner_forward(f->r, &b);
+    if (rc) fail_msg("forward: %d %s", rc, cuda_runner_error(f->r));
+}
+
+/* Greedy steps through the decode op for rows of one batch; returns compared steps. */
+static int compare_greedy(const golden *g, int p, const int *got, int n, double tol_abs) {
+    int cmp = 0;
+    for (int j = 0; j < n && j < g->n_greedy[p]; j++) {
+        if (g->margin[p][j] < tol_abs) break;
+        if (got[j] != g->greedy[p][j])
+            fail_msg("prompt %d (len %d): step %d token %d, reference %d (margin %.4f)", p,
+                     g->len[p], j, got[j], g->greedy[p][j], g->margin[p][j]);
+        cmp++;
+    }
+    return cmp;
+}
+
+static void run_golden(const char *name) {
+    fixture f;
+    fixture_open(&f, name, 0);
+    golden *g = &f.g;
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab * 512);
+    double worst = 0;
+    int compared = 0, total = 0;
+    for (int p = 0; p < g->n_prompts; p++) {
+        slot_reset(f.r, 0);
+        int all = p == g->all_idx;
+        prefill(&f, 0, g->prompt[p], g->len[p], all ? g->len[p] : 1, logits);
+        const float *last = logits + (all ? (size_t)(g->len[p] - 1) * f.vocab : 0);
+        double e = rel_err(last, g->last[p], f.vocab);
+        if (e > worst) worst = e;
+        if (e > REL_TOL) fail_msg("%s prompt %d: last logits rel err %.3e", name, p, e);
+        if (all)
+            for (int t = 0; t < g->len[p]; t++) {
+                double ea = rel_err(logits + (size_t)t * f.vocab, g->all + (size_t)t * f.vocab, f.vocab);
+                if (ea > worst) worst = ea;
+                if (ea > REL_TOL) fail_msg("%s prompt %d position %d: rel err %.3e", name, p, t, ea);
+            }
+        assert_int_equal(f.r->ops->slot_get_len(f.r, 0, RUNNER_TARGET), g->len[p]);
+        /* Greedy: first token from the prefill logits, then the captured decode step. */
+        double tol_abs = REL_TOL * max_abs(g->last[p], f.vocab);
+        int got[64], n = g->n_greedy[p];
+        got[0] = argmax(last, f.vocab);
+        for (int j = 1; j < n; j++) {
+            int slot = 0;
+            runner_sampling sp = {0};
+            runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &got[j - 1], .sp = &sp,
+                                     .out_tokens = &got[j]};
+            int rc = f.r->ops->decode(f.r, &d);
+            if (rc) fail_msg("decode: %d %s", rc, cuda_runner_error(f.r));
+        }
+        compared += compare_greedy(g, p, got, n, tol_abs);
+        total += n;
+    }
+    printf("    %-12s max rel err %.3e over %d prompts; greedy %d/%d steps compared (rest past a "
+           "low-margin step)\n", name, worst, g->n_prompts, compared, total);
+    free(logits);
+    fixture_close(&f);
+}
+
+static void test_golden_llama_tiny(void **s) { (void)s; run_golden("llama-tiny"); }
+static void test_golden_qwen2_tiny(void **s) { (void)s; run_golden("qwen2-tiny"); }
+static void test_golden_qwen3_tiny(void **s) { (void)s; run_golden("qwen3-tiny"); }
+static void test_golden_llama_draft(void **s) { (void)s; run_golden("llama-draft"); }
+
+/* All prompts in one forward (6 rows), then a padded batched decode (6 rows -> graph 8). */
+static void run_batched(const char *name, int no_graphs) {
+    fixture f;
+    fixture_open(&f, name, no_graphs);
+    golden *g = &f.g;
+    int n = g->n_prompts, tok_total = 0;
+    runner_row rows[8];
+    int32_t *tokens = malloc(sizeof(int32_t) * 512);
+    for (int p = 0; p < n; p++) {
+        slot_reset(f.r, p);
+        rows[p] = (runner_row){.slot = p, .n_new = g->len[p], .tok_off = tok_total, .n_logits = 1,
+                               .logits_off = p};
+        memcpy(tokens + tok_total, g->prompt[p], sizeof(int32_t) * (size_t)g->len[p]);
+        tok_total += g->len[p];
+    }
+    assert_true(tok_total <= 512);
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab * n);
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = n, .rows = rows, .tokens = tokens,
+                      .n_tokens = tok_total, .logits = logits};
+    int rc = runner_forward(f.r, &b);
+    if (rc) fail_msg("batched forward: %d %s", rc, cuda_runner_error(f.r));
+    int got[8][64], slots[8];
+    double worst = 0;
+    for (int p = 0; p < n; p++) {
+        double e = rel_err(logits + (size_t)p * f.vocab, g->last[p], f.vocab);
+        if (e > worst) worst = e;
+        if (e > REL_TOL) fail_msg("%s batched row %d: rel err %.3e", name, p, e);
+        got[p][0] = argmax(logits + (size_t)p * f.vocab, f.vocab);
+        slots[p] = p;
+    }
+    int steps = g->n_greedy[0];
+    for (int j = 1; j < steps; j++) {
+        int32_t in[8], out[8];
+        runner_sampling sp[8] = {{0}};
+        for (int p = 0; p < n; p++) in[p] = got[p][j - 1];
+        runner_decode_batch d = {.n = n, .slots = slots, .tokens = in, .sp = sp, .out_tokens = out};
+        rc = f.r->ops->decode(f.r, &d);
+        if (rc) fail_msg("batched decode: %d %s", rc, cuda_runner_error(f.r));
+        for (int p = 0; p < n; p++) got[p][j] = out[p];
+    }
+    int compared = 0;
+    for (int p = 0; p < n; p++) {
+        compared += compare_greedy(g, p, got[p], steps, REL_TOL * max_abs(g->last[p], f.vocab));
+        assert_int_equal(f.r->ops->slot_get_len(f.r, p, RUNNER_TARGET), g->len[p] + steps - 1);
+    }
+    assert_int_equal(f.r->ops->slot_get_len(f.r, MAXB, RUNNER_TARGET), 0);
+    printf("    %-12s batched %s: max rel err %.3e, %d greedy steps compared\n", name,
+           no_graphs ? "eager" : "graph", worst, compared);
+    free(tokens);
+    free(logits);
+    fixture_close(&f);
+}
+
+static void test_batched_padded_decode_matches_reference(void **s) {
+    (void)s;
+    run_batched("llama-tiny", 0);
+    run_batched("qwen3-tiny", 0);
+    run_batched("qwen2-tiny", 1);
+}
+
+static void test_chunked_prefill_matches_whole_prompt(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "qwen2-tiny", 0);
+    golden *g = &f.g;
+    int p = g->n_prompts - 1;   /* the longest prompt (250) */
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab);
+    slot_reset(f.r, 3);
+    for (int off = 0; off < g->len[p]; off += 37) {
+        int n = g->len[p] - off < 37 ? g->len[p] - off : 37;
+        prefill(&f, 3, g->prompt[p] + off, n, off + n == g->len[p], logits);
+    }
+    double e = rel_err(logits, g->last[p], f.vocab);
+    printf("    chunked prefill (37-token chunks of %d): rel err %.3e\n", g->len[p], e);
+    assert_true(e < REL_TOL);
+    free(logits);
+    fixture_close(&f);
+}
+
+static uint64_t fnv(const void *p, size_t n) {
+    const unsigned char *c = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+static void test_dummy_slot_reset_in_graph_and_live_blocks_untouched(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    runner *r = f.r;
+    int sizes[64], ng = cuda_runner_graph_sizes(r, sizes, 64), has4 = 0;
+    for (int i = 0; i < ng; i++) has4 |= sizes[i] == 4;
+    assert_true(has4);
+    golden *g = &f.g;
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab);
+    int live[3] = {0, 2, 3}, lens[3] = {40, 33, 17};
+    for (int i = 0; i < 4; i++) {
+        slot_reset(r, i);
+        prefill(&f, i, g->prompt[5], i == 1 ? 30 : lens[i == 0 ? 0 : i - 1], 1, logits);
+    }
+    /* Dirty the dummy slot: the captured reset must bring it back to 0. */
+    assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 200), 0);
+    assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_DRAFT, 77), 0);
+    size_t bb = cuda_runner_block_bytes(r);
+    unsigned char *buf = malloc(bb);
+    /* Checksums of every block of slot 1 (idle) and of the full blocks of the live slots. */
+    uint64_t before[4][MAXBLK];
+    for (int sl = 0; sl < 4; sl++)
+        for (int b = 0; b < MAXBLK; b++) {
+            assert_int_equal(cuda_runner_read_block(r, 1 + sl * MAXBLK + b, buf), 0);
+            before[sl][b] = fnv(buf, bb);
+        }
+    int32_t in[3] = {5, 6, 7}, out[3];
+    runner_sampling sp[3] = {{0}};
+    runner_decode_batch d = {.n = 3, .slots = live, .tokens = in, .sp = sp, .out_tokens = out};
+    assert_int_equal(r->ops->decode(r, &d), 0);
+    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_DRAFT), 0);
+    int changed_live = 0;
+    for (int sl = 0; sl < 4; sl++) {
+        int len = r->ops->slot_get_len(r, sl, RUNNER_TARGET);
+        int written_blk = sl == 1 ? -1 : (len - 1) / BS;
+        for (int b = 0; b < MAXBLK; b++) {
+            assert_int_equal(cuda_runner_read_block(r, 1 + sl * MAXBLK + b, buf), 0);
+            uint64_t h = fnv(buf, bb);
+            if (b == written_blk) changed_live += h != before[sl][b];
+            else if (h != before[sl][b])
+                fail_msg("slot %d block %d changed by a step that wrote only position %d", sl, b, len - 1);
+        }
+    }
+    assert_int_equal(changed_live, 3);   /* each live row wrote its own new token */
+    assert_int_equal(r->ops->slot_get_len(r, 0, RUNNER_TARGET), 41);
+    assert_int_equal(r->ops->slot_get_len(r, 1, RUNNER_TARGET), 30);
+    /* Replays keep resetting it. */
+    assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 3), 0);
+    assert_int_equal(r->ops->decode(r, &d), 0);
+    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    printf("    dummy slot: reset to 0 after padded graph replays; idle and full live blocks unchanged\n");
+    free(buf);
+    free(logits);
+    fixture_close(&f);
+}
+
+static void test_seeded_sampling_repeats_after_rollback(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "qwen3-tiny", 0);
+    runner *r = f.r;
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab);
+    slot_reset(r, 0);
+    prefill(&f, 0, f.g.prompt[4], f.g.len[4], 1, logits);
+    int len = f.g.len[4], slot = 0, first[16], again[16];
+    int32_t t = 11;
+    for (int pass = 0; pass < 2; pass++) {
+        assert_int_equal(r->ops->slot_set_len(r, 0, RUNNER_TARGET, len), 0);
+        int32_t cur = t;
+        for (int j = 0; j < 16; j++) {
+            runner_sampling sp = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 50, .seed = 99,
+                                  .counter = (uint64_t)j};
+            int32_t o;
+            runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &cur, .sp = &sp, .out_tokens = &o};
+            assert_int_equal(r->ops->decode(r, &d), 0);
+            (pass ? again : first)[j] = o;
+            cur = o;
+        }
+    }
+    int distinct = 0;
+    for (int j = 0; j < 16; j++) {
+        assert_int_equal(first[j], again[j]);
+        distinct += first[j] != first[0];
+    }
+    assert_true(distinct > 0);
+    free(logits);
+    fixture_close(&f);
+}
+
+int main(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("gpu runner tests: skipped (no GPU)\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_llama_tiny),
+        cmocka_unit_test(test_golden_qwen2_tiny),
+        cmocka_unit_test(test_golden_qwen3_tiny),
+        cmocka_unit_test(test_golden_llama_draft),
+        cmocka_unit_test(test_batched_padded_decode_matches_reference),
+        cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
+        cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
+        cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

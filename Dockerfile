@@ -40,7 +40,8 @@ RUN apt-get update \
 COPY --from=build /src/build/specd /usr/local/bin/specd
 COPY config/specd.json /etc/specd/specd.json
 
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin specd
+RUN groupadd --gid 10001 specd \
+ && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin specd
 USER specd
 
 # Listen on all interfaces inside the container (the built-in default is 127.0.0.1).

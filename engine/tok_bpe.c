@@ -159,12 +159,22 @@ typedef struct {
     int32_t left, right;  /* ids the pair had when queued; stale entries are skipped */
 } cand;
 
+/* Per-call cache of short pre-tokens already encoded (text repeats words a lot). It lives
+ * in the scratch, so the tokenizer itself stays immutable and thread-safe. */
+typedef struct { uint64_t h; uint32_t soff, slen, ioff, nids; } cache_ent;
+#define CACHE_MAX_PIECE 64
+#define CACHE_MAX_ENTRIES (1u << 20)
+
 struct tok_bpe_scratch {
     int32_t *sym, *prev, *next;
     size_t cap;
     cand *heap;
     size_t hcap, hn;
     tok_buf map;
+    cache_ent *ct;       /* open addressing, slen == 0 marks empty */
+    size_t ccap, cn;
+    tok_buf cstr;
+    tok_ids cids;
 };
 
 tok_bpe_scratch *tok_bpe_scratch_new(void) {
@@ -178,6 +188,9 @@ void tok_bpe_scratch_free(tok_bpe_scratch *s) {
     free(s->next);
     free(s->heap);
     tok_buf_free(&s->map);
+    free(s->ct);
+    tok_buf_free(&s->cstr);
+    free(s->cids.v);
     free(s);
 }
 
@@ -317,5 +330,49 @@ int tok_bpe_piece(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scrat
     }
     for (int32_t i = 0; i >= 0; i = sc->next[i])
         if (tok_ids_push(out, sc->sym[i])) return SPECD_ENOMEM;
+    return 0;
+}
+
+static int cache_grow(tok_bpe_scratch *sc) {
+    size_t cap = sc->ccap ? sc->ccap * 2 : 4096;
+    cache_ent *ct = calloc(cap, sizeof *ct);
+    if (!ct) return SPECD_ENOMEM;
+    for (size_t i = 0; i < sc->ccap; i++) {
+        if (!sc->ct[i].slen) continue;
+        size_t j = sc->ct[i].h & (cap - 1);
+        while (ct[j].slen) j = (j + 1) & (cap - 1);
+        ct[j] = sc->ct[i];
+    }
+    free(sc->ct);
+    sc->ct = ct;
+    sc->ccap = cap;
+    return 0;
+}
+
+int tok_bpe_piece_cached(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scratch *sc,
+                         tok_ids *out) {
+    if (n == 0 || n > CACHE_MAX_PIECE) return tok_bpe_piece(t, s, n, sc, out);
+    if (sc->cn * 2 >= sc->ccap && sc->cn < CACHE_MAX_ENTRIES && cache_grow(sc))
+        return SPECD_ENOMEM;
+    uint64_t h = hash_bytes(s, n);
+    size_t j = h & (sc->ccap - 1);
+    for (; sc->ct[j].slen; j = (j + 1) & (sc->ccap - 1)) {
+        const cache_ent *e = &sc->ct[j];
+        if (e->h == h && e->slen == n && !memcmp(sc->cstr.p + e->soff, s, n)) {
+            for (uint32_t k = 0; k < e->nids; k++)
+                if (tok_ids_push(out, sc->cids.v[e->ioff + k])) return SPECD_ENOMEM;
+            return 0;
+        }
+    }
+    size_t start = out->n;
+    int rc = tok_bpe_piece(t, s, n, sc, out);
+    if (rc || sc->cn * 2 >= sc->ccap) return rc;   /* full: stop adding */
+    cache_ent e = {h, (uint32_t)sc->cstr.len, (uint32_t)n, (uint32_t)sc->cids.n,
+                   (uint32_t)(out->n - start)};
+    if (tok_buf_put(&sc->cstr, s, n)) return SPECD_ENOMEM;
+    for (size_t k = start; k < out->n; k++)
+        if (tok_ids_push(&sc->cids, out->v[k])) return SPECD_ENOMEM;
+    sc->ct[j] = e;
+    sc->cn++;
     return 0;
 }

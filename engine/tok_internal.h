@@ -101,6 +101,8 @@ struct tok_tokenizer {
     /* model */
     int bytelevel;          /* initial symbols are bytes mapped GPT-2 style */
     int byte_fallback, ignore_merges, fuse_unk;
+    int spm_split;          /* no token has U+2581 after another char: BPE may run on each
+                               U+2581-started word alone, as no merge can cross */
     int unk_id;
     int32_t byte_sym[256];  /* bytelevel: id of each byte's mapped char; else <0xNN> id */
     tok_mergemap merges;
@@ -109,6 +111,10 @@ struct tok_tokenizer {
     int n_norms;
     tok_pre *pres;
     int n_pres;
+    /* the pre-tokenizer is one Isolated regex split (no-op ByteLevel steps aside): encode
+     * runs it inline, piece by piece, instead of materializing every piece */
+    const pcre2_code *fast_re;
+    int fast_none;          /* no pre-tokenizer step at all: the segment is one piece */
 
     tok_added *added;       /* sorted by content length, longest first */
     int n_added;
@@ -170,6 +176,9 @@ tok_bpe_scratch *tok_bpe_scratch_new(void);
 void tok_bpe_scratch_free(tok_bpe_scratch *s);
 int tok_bpe_piece(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scratch *sc,
                   tok_ids *out);
+/* The same through a per-scratch cache of short pieces (long texts repeat words). */
+int tok_bpe_piece_cached(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scratch *sc,
+                         tok_ids *out);
 /* Turns merge strings "a b" (or a/b given apart) into the merge map. */
 int tok_add_merge(tok_tokenizer *t, const char *a, size_t alen, const char *b, size_t blen,
                   int32_t rank);

@@ -159,22 +159,47 @@ size_t tok_utf8_lossy(const char *s, size_t n, int hold, tok_buf *out) {
 
 /* ---- normalizers ---- */
 
+static void tok_buf_swap(tok_buf *a, tok_buf *b) {
+    tok_buf t = *a;
+    *a = *b;
+    *b = t;
+}
+
 static int all_ascii(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)s[i] >= 0x80) return 0;
     return 1;
 }
 
-static int norm_utf8proc(tok_buf *cur, int opts) {
-    if (all_ascii(cur->p, cur->len)) return 0;   /* ASCII is invariant under NF(K)C/D */
-    utf8proc_uint8_t *o = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur->p,
-                                      (utf8proc_ssize_t)cur->len, &o, opts);
-    if (r < 0) return r == UTF8PROC_ERROR_NOMEM ? SPECD_ENOMEM : SPECD_EUTF8;
-    cur->len = 0;
-    int rc = tok_buf_put(cur, o, (size_t)r);
-    free(o);
-    return rc;
+/* NF(K)C/D through utf8proc, one non-ASCII run at a time: an ASCII char has combining
+ * class 0 and is never the second char of a composition, so a run of non-ASCII chars
+ * together with the one ASCII char before it (which may be the first of a composition,
+ * e + U+0301) normalizes independently of the rest; ASCII itself is invariant. */
+static int norm_utf8proc(tok_buf *cur, int opts, tok_buf *tmp) {
+    if (all_ascii(cur->p, cur->len)) return 0;
+    tmp->len = 0;
+    size_t i = 0, n = cur->len;
+    const unsigned char *u = (const unsigned char *)cur->p;
+    while (i < n) {
+        size_t a = i;
+        while (i < n && u[i] < 0x80) i++;
+        if (i == n) {
+            if (tok_buf_put(tmp, cur->p + a, i - a)) return SPECD_ENOMEM;
+            break;
+        }
+        size_t r = i > a ? i - 1 : i;   /* include the ASCII char before the run */
+        if (tok_buf_put(tmp, cur->p + a, r - a)) return SPECD_ENOMEM;
+        while (i < n && u[i] >= 0x80) i++;
+        utf8proc_uint8_t *o = NULL;
+        utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)cur->p + r,
+                                          (utf8proc_ssize_t)(i - r), &o, opts);
+        if (k < 0) return k == UTF8PROC_ERROR_NOMEM ? SPECD_ENOMEM : SPECD_EUTF8;
+        int rc = tok_buf_put(tmp, o, (size_t)k);
+        free(o);
+        if (rc) return rc;
+    }
+    tok_buf_swap(cur, tmp);
+    return 0;
 }
 
 static int norm_replace(tok_buf *cur, const tok_norm *nm, tok_buf *tmp) {
@@ -223,13 +248,13 @@ int tok_normalize(const tok_tokenizer *t, const char *s, size_t n, tok_buf *out)
     for (int i = 0; i < t->n_norms && !rc; i++) {
         const tok_norm *nm = &t->norms[i];
         switch (nm->kind) {
-        case TOK_NORM_NFC: rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_COMPOSE); break;
-        case TOK_NORM_NFD: rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE); break;
+        case TOK_NORM_NFC: rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_COMPOSE, &tmp); break;
+        case TOK_NORM_NFD: rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, &tmp); break;
         case TOK_NORM_NFKC:
-            rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+            rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT, &tmp);
             break;
         case TOK_NORM_NFKD:
-            rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+            rc = norm_utf8proc(out, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, &tmp);
             break;
         case TOK_NORM_PREPEND:   /* HF prepends only to non-empty text */
             if (out->len) {

@@ -14,6 +14,8 @@
 #include "engine/err.h"
 #include "engine/tok_internal.h"
 
+#define U2581 "\xe2\x96\x81"
+
 /* ---- building (used by the loaders) ---- */
 
 int tok_alloc_vocab(tok_tokenizer *t, int n) {
@@ -144,6 +146,30 @@ int tok_finish(tok_tokenizer *t, char *err, size_t errlen) {
          * maps such a byte to the unk token or drops it, and so does initial_symbols(). */
         t->byte_sym[b] = tok_strmap_get(&t->vocab, key, n);
     }
+    /* SentencePiece words: safe to encode one U+2581-started word at a time when no
+     * token has U+2581 right after some other char (then no merge crosses such a cut) */
+    t->spm_split = !t->bytelevel;
+    for (int i = 0; i < t->n_vocab && t->spm_split; i++) {
+        const char *s = t->tok_str[i];
+        size_t n = t->tok_len[i];
+        for (size_t j = 1; j + 3 <= n; j++)
+            if (!memcmp(s + j, U2581, 3) && (j < 3 || memcmp(s + j - 3, U2581, 3))) {
+                t->spm_split = 0;
+                break;
+            }
+    }
+    int live = 0;
+    const tok_pre *only = NULL;
+    for (int i = 0; i < t->n_pres; i++) {
+        const tok_pre *p = &t->pres[i];
+        if (p->kind == TOK_PRE_BYTELEVEL && !p->re && !p->add_prefix_space) continue;
+        live++;
+        only = p;
+    }
+    t->fast_none = live == 0;
+    if (live == 1 && only->re && only->behavior == TOK_SPLIT_ISOLATED && !only->invert &&
+        !(only->kind == TOK_PRE_BYTELEVEL && only->add_prefix_space))
+        t->fast_re = only->re;
     tok_buf blob = {0};
     t->piece_off = calloc((size_t)t->n_vocab + 1, sizeof *t->piece_off);
     t->piece_len = calloc((size_t)t->n_vocab + 1, sizeof *t->piece_len);
@@ -289,20 +315,69 @@ typedef struct {
     pcre2_match_data *md;
 } enc_state;
 
+/* BPE of one pre-token; SentencePiece text is cut before every U+2581 that follows
+ * another char when the vocabulary makes that safe (t->spm_split). */
+static int encode_piece(const tok_tokenizer *t, const char *p, size_t len, enc_state *st,
+                        tok_ids *out) {
+    size_t s0 = 0;
+    if (t->spm_split)
+        for (size_t j = 1; j + 3 <= len; j++)
+            if (!memcmp(p + j, U2581, 3) && (j < 3 || memcmp(p + j - 3, U2581, 3))) {
+                int rc = tok_bpe_piece_cached(t, p + s0, j - s0, st->bpe, out);
+                if (rc) return rc;
+                s0 = j;
+                j += 2;
+            }
+    return tok_bpe_piece_cached(t, p + s0, len - s0, st->bpe, out);
+}
+
+/* The common pre-tokenizer, one regex with Isolated behavior, run inline: matches and the
+ * gaps between them are pieces. */
+static int encode_fast(const tok_tokenizer *t, const char *s, size_t n, enc_state *st,
+                       tok_ids *out) {
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);
+    size_t pos = 0, last = 0;
+    int rc = 0;
+    while (pos <= n && !rc) {
+        int m = pcre2_match(t->fast_re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, st->md, NULL);
+        if (m == PCRE2_ERROR_NOMATCH) break;
+        if (m < 0) return m == PCRE2_ERROR_NOMEMORY ? SPECD_ENOMEM : SPECD_EINVAL;
+        size_t ms = ov[0], me = ov[1];
+        if (me == ms) {   /* empty match: step one char */
+            if (ms >= n) break;
+            for (pos = ms + 1; pos < n && ((unsigned char)s[pos] & 0xC0) == 0x80; pos++) {}
+            continue;
+        }
+        if (ms > last) rc = encode_piece(t, s + last, ms - last, st, out);
+        if (!rc) rc = encode_piece(t, s + ms, me - ms, st, out);
+        last = pos = me;
+    }
+    if (!rc && last < n) rc = encode_piece(t, s + last, n - last, st, out);
+    return rc;
+}
+
 /* A text segment with no added token in it: normalize, pre-tokenize, BPE each piece. */
 static int encode_segment(const tok_tokenizer *t, const char *s, size_t n, int first,
                           enc_state *st, tok_ids *out) {
     if (!n) return 0;
-    int rc = tok_normalize(t, s, n, &st->norm);
-    if (rc) return rc;
-    rc = tok_pretokenize(t, &st->norm, first, &st->pieces, st->md);
-    if (rc) return rc;
-    for (size_t i = 0; i < st->pieces.n; i++) {
-        rc = tok_bpe_piece(t, st->norm.p + st->pieces.v[i].off, st->pieces.v[i].len, st->bpe,
-                           out);
+    const char *p = s;
+    size_t len = n;
+    if (t->n_norms) {
+        int rc = tok_normalize(t, s, n, &st->norm);
         if (rc) return rc;
+        p = st->norm.p;
+        len = st->norm.len;
     }
-    return 0;
+    if (t->fast_none) return encode_piece(t, p, len, st, out);
+    if (t->fast_re) return encode_fast(t, p, len, st, out);
+    if (!t->n_norms) {   /* the pre-tokenizer may append rewritten text: work on a copy */
+        st->norm.len = 0;
+        if (tok_buf_put(&st->norm, s, n)) return SPECD_ENOMEM;
+    }
+    int rc = tok_pretokenize(t, &st->norm, first, &st->pieces, st->md);
+    for (size_t i = 0; i < st->pieces.n && !rc; i++)
+        rc = encode_piece(t, st->norm.p + st->pieces.v[i].off, st->pieces.v[i].len, st, out);
+    return rc;
 }
 
 static int is_ws(unsigned char c) {

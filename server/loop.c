@@ -63,7 +63,7 @@ struct loop {
     int n_cancels, cap_cancels;
     int stepping, step_rc, handles_open;
     engine_output out;
-    double drain_deadline;
+    double drain_deadline, last_deadline_check;
     char *detok;
 };
 
@@ -600,6 +600,25 @@ static void stop_loop(loop *l) {
     uv_stop(l->uv);
 }
 
+/* Request timeouts and the drain deadline. Between steps only: fail_job aborts engine
+ * requests. Runs at most every TICK_MS. */
+static void check_deadlines(loop *l) {
+    double now = loop_now();
+    if (now - l->last_deadline_check < TICK_MS * 1e-3) return;
+    l->last_deadline_check = now;
+    int past_drain = atomic_load(&l->state) == LOOP_DRAINING && now > l->drain_deadline;
+    if (l->cfg.request_timeout <= 0 && !past_drain) return;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        for (loop_job *j = l->buckets[b], *n; j; j = n) {
+            n = j->hnext;
+            if (past_drain)
+                fail_job(l, j, 503, "server_error", "server is shutting down (drain timeout)");
+            else if (now - j->t_arrival > l->cfg.request_timeout)
+                fail_job(l, j, 504, "timeout", "request exceeded the server's request_timeout");
+        }
+    }
+}
+
 static void pump(loop *l) {
     if (l->stepping || !l->eng) return;
     process_cancels(l);
@@ -610,6 +629,7 @@ static void pump(loop *l) {
         job->next = NULL;
         admit(l, job);
     }
+    check_deadlines(l);
     refresh_stats(l);
     if (atomic_load(&l->state) == LOOP_DRAINING && !l->n_jobs) {
         stop_loop(l);
@@ -652,22 +672,8 @@ static void on_async(uv_async_t *h) {
 }
 
 static void on_timer(uv_timer_t *h) {
-    loop *l = h->data;
-    double now = loop_now();
-    int draining = atomic_load(&l->state) == LOOP_DRAINING;
-    int past_deadline = draining && now > l->drain_deadline;
-    if (!l->stepping && (l->cfg.request_timeout > 0 || past_deadline)) {
-        for (int b = 0; b < N_BUCKETS; b++) {
-            for (loop_job *j = l->buckets[b], *n; j; j = n) {
-                n = j->hnext;
-                if (past_deadline)
-                    fail_job(l, j, 503, "server_error", "server is shutting down (drain timeout)");
-                else if (now - j->t_arrival > l->cfg.request_timeout)
-                    fail_job(l, j, 504, "timeout", "request exceeded the server's request_timeout");
-            }
-        }
-    }
-    pump(l);
+    /* Deadlines are checked in pump, between steps (the engine is busy during one). */
+    pump(h->data);
 }
 
 void loop_drain(loop *l, double timeout) {

@@ -85,7 +85,7 @@ typedef struct {
     float *d_resid;      /* T, hidden */
     uint16_t *d_xb;      /* T, max(hidden, H*D, ffn) */
     float *d_f32;        /* T, max((H+2KVH)*D, 2*ffn) */
-    uint16_t *d_q;       /* T, H*D */
+    float *d_q;          /* T, H*D (fp32) */
     float *d_ws_o, *d_ws_ml; /* attention partials: ws_tok_splits * H*D, * H*2 */
     size_t ws_tok_splits;
     float *d_logits;     /* LR, vocab */

@@ -340,7 +340,7 @@ static int alloc_work(cuda_runner *r) {
     if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||
         dmalloc(r, &r->d_pool_pp, sizeof(void *)) ||
         dmalloc(r, &r->d_resid, (size_t)T * hid * 4) || dmalloc(r, &r->d_xb, (size_t)T * xbw * 2) ||
-        dmalloc(r, &r->d_f32, (size_t)T * f32w * 4) || dmalloc(r, &r->d_q, (size_t)T * qd * 2) ||
+        dmalloc(r, &r->d_f32, (size_t)T * f32w * 4) || dmalloc(r, &r->d_q, (size_t)T * qd * 4) ||
         dmalloc(r, &r->d_ws_o, r->ws_tok_splits * qd * 4) ||
         dmalloc(r, &r->d_ws_ml, r->ws_tok_splits * (qd / 64) * 2 * 4) ||
         dmalloc(r, &r->d_logits, (size_t)r->LR * vocab * 4) ||

@@ -19,7 +19,7 @@
 template <int D, int R>
 struct att_smem {
     static constexpr int KS = D + 2;   /* padded K row: odd word stride, no bank conflicts */
-    static constexpr size_t q_bytes = (size_t)R * D * 2;
+    static constexpr size_t q_bytes = (size_t)R * D * 4;   /* q kept in fp32 */
     static constexpr size_t k_bytes = (size_t)ATT_TILE * KS * 2;
     static constexpr size_t v_bytes = (size_t)ATT_TILE * D * 2;
     static constexpr size_t p_bytes = (size_t)R * ATT_TILE * 4;
@@ -28,11 +28,11 @@ struct att_smem {
 
 template <int D, int R>
 __global__ void __launch_bounds__(ATT_NT)
-attention_kernel(const uint16_t *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH,
+attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH,
                  float scale, k_kv_geom g, k_attn_work w) {
     typedef att_smem<D, R> SM;
     extern __shared__ __align__(16) unsigned char smem[];
-    uint16_t *qs = (uint16_t *)smem;
+    float *qs = (float *)smem;
     uint16_t *ks = (uint16_t *)(smem + SM::q_bytes);
     uint16_t *vs = (uint16_t *)(smem + SM::q_bytes + SM::k_bytes);
     float *ps = (float *)(smem + SM::q_bytes + SM::k_bytes + SM::v_bytes);
@@ -72,12 +72,12 @@ attention_kernel(const uint16_t *__restrict__ q, uint16_t *__restrict__ out, int
     /* Q rows of this block: r = qi * G + gg. Rows past `rows` are zero (never written). */
     for (int i = tid; i < R * D / 2; i += ATT_NT) {
         int r = i / (D / 2), dp = i % (D / 2);
-        uint32_t v = 0;
+        float2 v = make_float2(0.f, 0.f);
         if (r < rows) {
             int tok = tok0 + r / G, head = kvh * G + r % G;
-            v = *(const uint32_t *)(q + ((size_t)tok * H + head) * D + 2 * dp);
+            v = *(const float2 *)(q + ((size_t)tok * H + head) * D + 2 * dp);
         }
-        ((uint32_t *)qs)[r * (D / 2) + dp] = v;
+        ((float2 *)qs)[r * (D / 2) + dp] = v;
     }
     for (int r = tid; r < R; r += ATT_NT) {
         m_s[r] = -INFINITY;
@@ -122,7 +122,7 @@ attention_kernel(const uint16_t *__restrict__ q, uint16_t *__restrict__ out, int
 #pragma unroll
                 for (int i = 0; i < RPT; i++) {
                     int r = rg + 2 * i;
-                    float2 qf = __bfloat1622float2(((const __nv_bfloat162 *)qs)[r * (D / 2) + dp]);
+                    float2 qf = ((const float2 *)qs)[r * (D / 2) + dp];
                     s[i] = fmaf(qf.x, kf.x, fmaf(qf.y, kf.y, s[i]));
                 }
             }
@@ -221,7 +221,7 @@ __global__ void attention_combine_kernel(uint16_t *out, int H, int D, k_attn_wor
 }
 
 template <int D, int R>
-static int launch_attention(const uint16_t *q, uint16_t *out, int H, int KVH, float scale,
+static int launch_attention(const float *q, uint16_t *out, int H, int KVH, float scale,
                             const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
     size_t smem = att_smem<D, R>::total;
     if (smem > 48 * 1024) {
@@ -239,7 +239,7 @@ static int launch_attention(const uint16_t *q, uint16_t *out, int H, int KVH, fl
 }
 
 template <int D>
-static int dispatch_rows(int rows, const uint16_t *q, uint16_t *out, int H, int KVH,
+static int dispatch_rows(int rows, const float *q, uint16_t *out, int H, int KVH,
                          float scale, const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
     if (rows <= 8) return launch_attention<D, 8>(q, out, H, KVH, scale, g, w, s);
     if (rows <= 16) return launch_attention<D, 16>(q, out, H, KVH, scale, g, w, s);
@@ -247,7 +247,7 @@ static int dispatch_rows(int rows, const uint16_t *q, uint16_t *out, int H, int 
     return launch_attention<D, 64>(q, out, H, KVH, scale, g, w, s);
 }
 
-extern "C" int k_attention(const uint16_t *q, uint16_t *out, int H, int KVH, int D,
+extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
                            float scale, const k_kv_geom *g, const k_attn_work *w,
                            cudaStream_t s) {
     if (H <= 0 || KVH <= 0 || H % KVH || w->qt <= 0 || w->n_splits <= 0 || w->split_len <= 0)

@@ -10,7 +10,7 @@
 
 __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const float *q_norm,
                                    const float *k_norm, const float *inv_freq, float eps,
-                                   uint16_t *q_out, int H, int KVH, int D, k_kv_geom g) {
+                                   float *q_out, int H, int KVH, int D, k_kv_geom g) {
     int t = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int width = (H + 2 * KVH) * D, half = D / 2;
@@ -57,16 +57,22 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const fl
                 x2[p] = c * cs + a * sn;
             }
         }
-        uint16_t *dst;
         if (is_q) {
-            dst = q_out + ((size_t)t * H + hh) * D;
-        } else {
-            if (!blk) continue;
-            int kvh = is_k ? hh - H : hh - H - KVH;
-            size_t o = ((size_t)kvh * g.block_size + off_in_blk) * D;
-            if (!is_k) o += (size_t)KVH * g.block_size * D;
-            dst = blk + o;
+            float *qd = q_out + ((size_t)t * H + hh) * D;
+#pragma unroll
+            for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
+                int i = lane + 32 * p;
+                if (i >= half) continue;
+                qd[i] = x1[p];
+                qd[i + half] = x2[p];
+            }
+            continue;
         }
+        if (!blk) continue;
+        int kvh = is_k ? hh - H : hh - H - KVH;
+        size_t o = ((size_t)kvh * g.block_size + off_in_blk) * D;
+        if (!is_k) o += (size_t)KVH * g.block_size * D;
+        uint16_t *dst = blk + o;
 #pragma unroll
         for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
             int i = lane + 32 * p;
@@ -79,7 +85,7 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const fl
 
 extern "C" int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
                              const float *k_norm, const float *inv_freq, float eps,
-                             uint16_t *q_out, int n, int H, int KVH, int D,
+                             float *q_out, int n, int H, int KVH, int D,
                              const k_kv_geom *g, cudaStream_t s) {
     if (n < 0 || H <= 0 || KVH <= 0 || D <= 0 || (D & 1) || D > 64 * ROPE_MAX_PAIRS_PER_LANE)
         return -1;

@@ -55,11 +55,11 @@ typedef struct {
 /* For each token t of qkv [n, (H + 2*KVH) * D] fp32 (q heads | k heads | v heads):
  * add bias [(H+2KVH)*D] (if non-NULL), RMS-normalise each q / k head with q_norm / k_norm
  * [D] (if non-NULL, Qwen3), rotate q and k (rotate_half convention, angle =
- * pos * inv_freq[i], inv_freq [D/2]), write q to q_out [n, H, D] bf16 and k, v into the
+ * pos * inv_freq[i], inv_freq [D/2]), write q to q_out [n, H, D] fp32 and k, v into the
  * paged pool at position pos = lens[slot*2+which] + tok_j[t]. Positions at or past
  * max_blocks * block_size are not written (the attention clamps the same way). */
 int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
-                  const float *k_norm, const float *inv_freq, float eps, uint16_t *q_out,
+                  const float *k_norm, const float *inv_freq, float eps, float *q_out,
                   int n, int H, int KVH, int D, const k_kv_geom *g, cudaStream_t s);
 
 /* Paged attention for rows of n_new query tokens attending causally over the row's
@@ -68,7 +68,7 @@ int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
  * prefill. Work is split into items (row, first query token, up to qt tokens) per
  * KV head, and keys into n_splits chunks of split_len keys (flash-decoding); with
  * n_splits > 1 partial results go to ws_o / ws_ml and a combine pass writes out.
- *   q   [n_tok, H, D] bf16, out [n_tok, H, D] bf16.
+ *   q   [n_tok, H, D] fp32 (kept fp32: one bf16 rounding fewer), out [n_tok, H, D] bf16.
  *   row_slot/row_tok_off/row_n_new [n_rows]; item_row/item_q0 [n_items].
  *   ws_o  [n_splits, n_tok, H, D] fp32, ws_ml [n_splits, n_tok, H, 2] fp32 (may be NULL
  *   when n_splits == 1).  D must be 32, 64 or 128; qt * (H / KVH) <= 64. */
@@ -79,7 +79,7 @@ typedef struct {
     int n_splits, split_len;
     float *ws_o, *ws_ml;
 } k_attn_work;
-int k_attention(const uint16_t *q, uint16_t *out, int H, int KVH, int D, float scale,
+int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
                 const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
 
 /* Per-row sampling parameters (same meaning as runner_sampling). */

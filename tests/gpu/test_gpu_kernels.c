@@ -181,13 +181,13 @@ static void run_rope_case(int H, int KVH, int D, int with_bias, int with_norm, i
     float *d_qkv = gu_upload(qkv, (size_t)n * W * 4), *d_bias = gu_upload(bias, (size_t)W * 4);
     float *d_qn = gu_upload(qn, sizeof qn), *d_kn = gu_upload(kn, sizeof kn), *d_inv = gu_upload(inv, sizeof inv);
     int32_t *d_ts = gu_upload(tok_slot, sizeof tok_slot), *d_tj = gu_upload(tok_j, sizeof tok_j);
-    uint16_t *d_q = gu_dev((size_t)n * H * D * 2);
+    float *d_q = gu_dev((size_t)n * H * D * 4);
     k_kv_geom g = kv_geom_of(&f, d_ts, d_tj);
     float eps = 1e-6f;
     assert_int_equal(k_qkv_rope_kv(d_qkv, with_bias ? d_bias : NULL, with_norm ? d_qn : NULL,
                                    with_norm ? d_kn : NULL, d_inv, eps, d_q, n, H, KVH, D, &g, 0), 0);
-    uint16_t *q = malloc((size_t)n * H * D * 2);
-    gu_download(q, d_q, (size_t)n * H * D * 2);
+    float *q = malloc((size_t)n * H * D * 4);
+    gu_download(q, d_q, (size_t)n * H * D * 4);
     gu_download(f.pool, f.d_pool, (size_t)f.nblocks * f.block_elems * 2);
 
     size_t nq = (size_t)n * H * D, nkv = (size_t)n * KVH * D * 2;
@@ -216,7 +216,7 @@ static void run_rope_case(int H, int KVH, int D, int with_bias, int with_norm, i
             for (int i = 0; i < D; i++) {
                 if (is_q) {
                     ref[qi] = v[i];
-                    got[qi++] = gu_bf2f(q[((size_t)t * H + hh) * D + i]);
+                    got[qi++] = q[((size_t)t * H + hh) * D + i];
                 } else {
                     int kvh = is_k ? hh - H : hh - H - KVH;
                     ref[ki] = v[i];
@@ -268,9 +268,10 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
         n += n_new[r];
     }
     kv_upload(&f);
-    uint16_t *q = malloc((size_t)n * H * D * 2);
-    for (size_t i = 0; i < (size_t)n * H * D; i++) q[i] = gu_f2bf(gu_uniform(&g_rng, -1.5f, 1.5f));
-    uint16_t *d_q = gu_upload(q, (size_t)n * H * D * 2), *d_out = gu_dev((size_t)n * H * D * 2);
+    float *q = malloc((size_t)n * H * D * 4);
+    for (size_t i = 0; i < (size_t)n * H * D; i++) q[i] = gu_uniform(&g_rng, -1.5f, 1.5f);
+    float *d_q = gu_upload(q, (size_t)n * H * D * 4);
+    uint16_t *d_out = gu_dev((size_t)n * H * D * 2);
     int32_t *d_rs = gu_upload(row_slot, sizeof row_slot), *d_ro = gu_upload(row_off, sizeof row_off);
     int32_t *d_rn = gu_upload(row_n, sizeof row_n), *d_ir = gu_upload(item_row, (size_t)ni * 4);
     int32_t *d_iq = gu_upload(item_q0, (size_t)ni * 4);
@@ -296,7 +297,7 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
                 for (int k = 0; k <= qpos; k++) {
                     double s = 0;
                     for (int d = 0; d < D; d++)
-                        s += (double)gu_bf2f(q[((size_t)t * H + h) * D + d]) *
+                        s += (double)q[((size_t)t * H + h) * D + d] *
                              gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 0)]);
                     p[k] = s * scale;
                     if (p[k] > mx) mx = p[k];

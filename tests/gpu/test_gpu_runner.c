@@ -185,6 +185,7 @@ static void run_golden(const char *name) {
         prefill(&f, 0, g->prompt[p], g->len[p], all ? g->len[p] : 1, logits);
         const float *last = logits + (all ? (size_t)(g->len[p] - 1) * f.vocab : 0);
         double e = rel_err(last, g->last[p], f.vocab);
+        printf("    %-12s prompt %d (%3d tokens): last logits rel err %.3e\n", name, p, g->len[p], e);
         if (e > worst) worst = e;
         if (e > REL_TOL) fail_msg("%s prompt %d: last logits rel err %.3e", name, p, e);
         if (all)

@@ -67,7 +67,7 @@ if [ "$mode" = hf ] || [ "$mode" = all ]; then
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
     run bench_specd "$G/bench_decode"
-    run bench_hf env PYTHONUNBUFFERED=1 python3 tests/gpu/bench_hf.py
+    run bench_hf env PYTHONUNBUFFERED=1 python3 tests/gpu/bench_hf.py --specd "$LOG/bench_specd.log"
 fi
 [ $fail = 0 ] && echo "gpu tests: all passed ($mode)" || echo "gpu tests: FAILURES ($mode)"
 exit $fail

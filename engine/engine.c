@@ -83,6 +83,9 @@ struct engine {
     float *work;                 /* (vocab) */
     int *scratch;                /* (vocab) */
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
+    int *dec_slots;              /* on-device decode fast path: (max_batch) each */
+    int32_t *dec_tokens, *dec_out;
+    runner_sampling *dec_sp;
     engine_event *events;
     int cap_events;
     int max_step_tokens;
@@ -240,6 +243,11 @@ static int alloc_buffers(engine *e) {
     e->work = malloc((size_t)V * sizeof(float));
     e->scratch = malloc((size_t)V * sizeof(int));
     e->hist = malloc((size_t)(e->cfg.max_seq_len + K + 1) * sizeof(int32_t));
+    e->dec_slots = malloc((size_t)B * sizeof(int));
+    e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
+    e->dec_out = malloc((size_t)B * sizeof(int32_t));
+    e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
+    if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_sp) return SPECD_ENOMEM;
     e->cap_events = B * 3 + 8;
     e->events = calloc((size_t)e->cap_events, sizeof *e->events);
     e->cap_reqs = 64;
@@ -377,6 +385,10 @@ void engine_destroy(engine *e) {
     free(e->work);
     free(e->scratch);
     free(e->hist);
+    free(e->dec_slots);
+    free(e->dec_tokens);
+    free(e->dec_out);
+    free(e->dec_sp);
     free(e->events);
     for (int i = 0; i < e->n_rec; i++) free(e->rec[i].logits);
     free(e);
@@ -570,12 +582,12 @@ static int is_eos(const engine *e, int32_t t) {
 static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, const float *raw) {
     engine_token *et = &ev->tokens[ev->n_tokens++];
     et->id = t;
-    if (r->sp.logprobs >= 0) {
+    if (raw && r->sp.logprobs >= 0) {
         et->logprob = sample_logprob(raw, e->vocab, t);
         if (r->sp.logprobs > 0)
             et->n_top = sample_top_logprobs(raw, e->vocab, r->sp.logprobs, et->top_ids, et->top_logprobs);
     }
-    if (r->record && r->n_out == 0) memcpy(r->first_logits, raw, (size_t)e->vocab * sizeof(float));
+    if (raw && r->record && r->n_out == 0) memcpy(r->first_logits, raw, (size_t)e->vocab * sizeof(float));
     r->seq.tokens[r->seq.n_tokens++] = t;
     r->n_out++;
     e->st.generation_tokens++;
@@ -704,6 +716,50 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
     return f;
 }
 
+/* Whether this step can use the runner's on-device decode (a captured graph on CUDA):
+ * every row decodes one token and needs nothing the device sampler lacks (penalties,
+ * logit bias, logprobs, min_tokens, recorded logits are host features). */
+static int device_decode_ok(const engine *e, int n) {
+    if (!e->run->ops->decode || e->k > 0 || n == 0) return 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        const sched_seq *s = &r->seq;
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || r->record || r->sp.logprobs >= 0 ||
+            r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
+            r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens)
+            return 0;
+    }
+    return 1;
+}
+
+static int device_decode(engine *e, int n, engine_output *out) {
+    for (int i = 0; i < n; i++) {
+        const req *r = e->plan[i].r;
+        e->dec_slots[i] = r->seq.slot;
+        e->dec_tokens[i] = r->seq.tokens[r->seq.n_computed];
+        e->dec_sp[i] = (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p,
+                                         .min_p = r->sp.min_p, .top_k = r->sp.top_k,
+                                         .seed = r->seed, .counter = (uint64_t)r->n_out};
+    }
+    runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
+                              .out_tokens = e->dec_out, .out_logprobs = NULL};
+    int rc = e->run->ops->decode(e->run, &db);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        req *r = e->plan[i].r;
+        sched_seq *s = &r->seq;
+        s->n_computed += 1;
+        engine_event *ev = new_event(e, out, r);
+        engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL);
+        kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed);
+        ev->finish = f;
+        fill_counts(ev, r);
+        if (f != ENGINE_RUNNING) drop_req(e, r);
+    }
+    return 0;
+}
+
 static void fail_all(engine *e, engine_output *out) {
     e->failed = 1;
     e->st.failed = 1;
@@ -762,6 +818,10 @@ int engine_step(engine *e, engine_output *out) {
                   s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
                   s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k;
         out->n_scheduled_tokens += p->n_new;
+    }
+    if (device_decode_ok(e, n)) {
+        if ((rc = device_decode(e, n, out))) goto fail;
+        return 0;
     }
     /* Phase 3: draft. */
     if (e->k > 0 && n > 0 && (rc = draft_phase(e, n))) goto fail;

@@ -98,7 +98,9 @@ static int get_tensor(loader *L, const char *name, int required, int ndim, int64
                                   "(F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K)",
                                   file, name, ggml_type_name(t->type));
             }
-            /* ggml ne[0] is the row length: ne = [in, out] is a row-major [out, in]. */
+            /* ggml ne[0] is the row length: ne = [in, out] is a row-major [out, in].
+             * Trailing dimensions of 1 carry no shape (converters may write [n, 1] for a
+             * vector); anything with ne[2] or ne[3] > 1 is reported as 3-D. */
             got_ndim = (t->n_dims >= 2 && t->ne[1] != 1) || ndim == 2 ? 2 : 1;
             if (t->ne[2] != 1 || t->ne[3] != 1) got_ndim = 3;
             if (got_ndim == 2) { shape[0] = t->ne[1]; shape[1] = t->ne[0]; }

@@ -107,6 +107,42 @@ static void dot4_avx2(const float *x, const float *w, size_t ldw, int n, float *
     }
 }
 
+/* 4 weight rows x 2 tokens: eight independent FMA chains cover the FMA latency and each
+ * weight load feeds two tokens (batched decode and prefill are compute-bound). */
+__attribute__((target("avx2,fma")))
+static void dot4x2_avx2(const float *x0, const float *x1, const float *w, size_t ldw, int n,
+                        float *out0, float *out1) {
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xa = _mm256_loadu_ps(x0 + i), xb = _mm256_loadu_ps(x1 + i), wv;
+        wv = _mm256_loadu_ps(w0 + i);
+        a0 = _mm256_fmadd_ps(xa, wv, a0);
+        b0 = _mm256_fmadd_ps(xb, wv, b0);
+        wv = _mm256_loadu_ps(w1 + i);
+        a1 = _mm256_fmadd_ps(xa, wv, a1);
+        b1 = _mm256_fmadd_ps(xb, wv, b1);
+        wv = _mm256_loadu_ps(w2 + i);
+        a2 = _mm256_fmadd_ps(xa, wv, a2);
+        b2 = _mm256_fmadd_ps(xb, wv, b2);
+        wv = _mm256_loadu_ps(w3 + i);
+        a3 = _mm256_fmadd_ps(xa, wv, a3);
+        b3 = _mm256_fmadd_ps(xb, wv, b3);
+    }
+    __m256 acc[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
+    for (int r = 0; r < 8; r++) {
+        __m128 lo = _mm256_castps256_ps128(acc[r]), hi = _mm256_extractf128_ps(acc[r], 1);
+        lo = _mm_add_ps(lo, hi);
+        lo = _mm_hadd_ps(lo, lo);
+        lo = _mm_hadd_ps(lo, lo);
+        float s = _mm_cvtss_f32(lo);
+        const float *x = r < 4 ? x0 : x1, *wr = w + (size_t)(r & 3) * ldw;
+        for (int j = i; j < n; j++) s += x[j] * wr[j];
+        (r < 4 ? out0 : out1)[r & 3] = s;
+    }
+}
+
 __attribute__((target("avx2,fma")))
 static float dot_avx2(const float *a, const float *b, int n) {
     __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
@@ -156,7 +192,19 @@ static void mm_task(void *ctx, int task) {
         if (g_avx2) {
             for (; o + 4 <= o1; o += 4) {
                 const float *w = j->w + (size_t)o * j->in;
-                for (int t = t0; t < t1; t++) {
+                int t = t0;
+                for (; t + 2 <= t1; t += 2) {
+                    float r0[4], r1[4];
+                    dot4x2_avx2(j->x + (size_t)t * j->in, j->x + (size_t)(t + 1) * j->in, w,
+                                (size_t)j->in, j->in, r0, r1);
+                    float *y0 = j->y + (size_t)t * j->out + o, *y1 = y0 + j->out;
+                    for (int q = 0; q < 4; q++) {
+                        float b = j->bias ? j->bias[o + q] : 0.f;
+                        y0[q] = r0[q] + b;
+                        y1[q] = r1[q] + b;
+                    }
+                }
+                for (; t < t1; t++) {
                     float r[4];
                     dot4_avx2(j->x + (size_t)t * j->in, w, (size_t)j->in, j->in, r);
                     float *y = j->y + (size_t)t * j->out + o;

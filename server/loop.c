@@ -238,12 +238,15 @@ static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_
     return 0;
 }
 
-/* Send text (and this step's logprobs, stolen) of a choice to the client. */
-static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp) {
+/* Send text (and this step's logprobs, stolen) of a choice to the client. A stream gets a
+ * chunk for every step that produced tokens, even when their text is empty (held back,
+ * partial character, no tokenizer): the write is also how a vanished client is noticed
+ * (a parked MHD connection sees no disconnects), so it must happen per step. */
+static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp, int had_tokens) {
     loop_job *job = c->job;
     api_request *r = job->req;
     if (r->stream) {
-        if (!n && !lp) return;
+        if (!n && !lp && !had_tokens) return;
         push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 0, s,
                                       n, NULL, lp, r->include_usage));
         return;
@@ -468,12 +471,12 @@ static void add_logprobs(loop *l, loop_choice *c, json_t *lp, const engine_token
 
 /* Emit what the stop strings allow; returns 1 when a stop string ended the choice. With
  * final set, nothing more will come, so nothing is held back. */
-static int drain_pending(loop *l, loop_choice *c, json_t *lp, int final) {
+static int drain_pending(loop *l, loop_choice *c, json_t *lp, int final, int had_tokens) {
     api_request *r = c->job->req;
     size_t n = 0;
     int hit = api_stop_scan(c->pending, c->plen, r->stop, r->n_stop, &n);
     if (final && !hit) n = c->plen;
-    if (n || lp) emit(l, c, c->pending, n, lp);
+    if (n || lp || had_tokens) emit(l, c, c->pending, n, lp, had_tokens);
     c->offset += (long long)n;
     memmove(c->pending, c->pending + n, c->plen - n);
     c->plen -= n;
@@ -533,7 +536,7 @@ static void on_event(loop *l, const engine_event *ev) {
         int w = tok_stream_flush(c->ts, l->detok, DETOK_CAP);
         if (w > 0) buf_append(&c->pending, &c->plen, &c->pcap, l->detok, (size_t)w);
     }
-    if (drain_pending(l, c, r->stream ? lp : (json_decref(lp), NULL), final)) {
+    if (drain_pending(l, c, r->stream ? lp : (json_decref(lp), NULL), final, ev->n_tokens > 0 && !final)) {
         if (c->in_engine) {
             engine_abort(l->eng, c->req_id);
             c->in_engine = 0;

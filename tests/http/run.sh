@@ -9,7 +9,8 @@ export SPECD_BIN="${SPECD_BIN:-$repo/build/specd}"
 export SPECD_FIXTURES="${SPECD_FIXTURES:-$repo/../shared/fixtures}"
 export SPECD_MODEL="${SPECD_MODEL:-$repo/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 cd "$here"
-python3 -m pytest -q -rs -p no:cacheprovider "$@" .
+if [ "$#" -eq 0 ]; then set -- .; fi
+python3 -m pytest -q -rs -p no:cacheprovider "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "tests/http/run.sh: no tests ran" >&2

@@ -163,15 +163,17 @@ static int render_chat(http_server *s, json_t *messages, json_t *tools, json_t *
     return 0;
 }
 
-static int encode(http_server *s, const char *text, size_t len, int add_special, int32_t **ids,
-                  const char *param, api_error *e) {
+/* check_vocab: reject ids the model cannot take (a --tokenizer larger than the model's
+ * vocabulary); /tokenize skips it and reports what the tokenizer says. */
+static int encode(http_server *s, const char *text, size_t len, int add_special, int check_vocab,
+                  int32_t **ids, const char *param, api_error *e) {
     if (!s->tok)
         return api_fail(e, 400, NULL, param, NULL,
                         "this model has no tokenizer: send token ids, or start the server with --tokenizer");
     char err[256] = "";
     int n = tok_encode(s->tok, text, len, add_special, ids, err, sizeof err);
     if (n < 0) return api_fail(e, 400, NULL, param, NULL, "cannot tokenize: %s", err);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; check_vocab && i < n; i++)
         if ((*ids)[i] >= s->vocab) {
             int bad = (*ids)[i];
             free(*ids);
@@ -199,11 +201,11 @@ static enum MHD_Result handle_tokenize(conn_ctx *x) {
             json_decref(o);
             return reply_error(x, &e);
         }
-        n = encode(s, text, len, 0, &ids, "messages", &e);
+        n = encode(s, text, len, 0, 0, &ids, "messages", &e);
         free(text);
     } else {
         json_t *p = json_object_get(o, "prompt"), *as = json_object_get(o, "add_special_tokens");
-        n = encode(s, json_string_value(p), json_string_length(p), as ? json_is_true(as) : 1, &ids, "prompt", &e);
+        n = encode(s, json_string_value(p), json_string_length(p), as ? json_is_true(as) : 1, 0, &ids, "prompt", &e);
     }
     json_decref(o);
     if (n < 0) return reply_error(x, &e);
@@ -279,7 +281,7 @@ static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error 
         size_t len = 0;
         if (render_chat(s, r->messages, r->tools, r->chat_template_kwargs, r->add_generation_prompt, &text, &len, e))
             return -1;
-        int n = encode(s, text, len, 0, &job->prompt_ids[0], "messages", e);
+        int n = encode(s, text, len, 0, 1, &job->prompt_ids[0], "messages", e);
         free(text);
         if (n < 0) return -1;
         job->n_prompt_ids[0] = n;
@@ -291,7 +293,7 @@ static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error 
                 job->n_prompt_ids[p] = pr->n_ids;
                 pr->ids = NULL;
             } else {
-                int n = encode(s, pr->text, pr->text_len, 1, &job->prompt_ids[p], "prompt", e);
+                int n = encode(s, pr->text, pr->text_len, 1, 1, &job->prompt_ids[p], "prompt", e);
                 if (n < 0) return -1;
                 job->n_prompt_ids[p] = n;
             }

@@ -85,6 +85,8 @@ struct engine {
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
     int *dec_slots;              /* on-device decode fast path: (max_batch) each */
     int32_t *dec_tokens, *dec_out;
+    int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
+    int *spec_n;                 /* (max_batch) */
     runner_sampling *dec_sp;
     engine_event *events;
     int cap_events;
@@ -247,7 +249,10 @@ static int alloc_buffers(engine *e) {
     e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
     e->dec_out = malloc((size_t)B * sizeof(int32_t));
     e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
-    if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_sp) return SPECD_ENOMEM;
+    e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
+    e->spec_n = malloc((size_t)B * sizeof(int));
+    if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_sp || !e->spec_out || !e->spec_n)
+        return SPECD_ENOMEM;
     e->cap_events = B * 3 + 8;
     e->events = calloc((size_t)e->cap_events, sizeof *e->events);
     e->cap_reqs = 64;
@@ -389,6 +394,8 @@ void engine_destroy(engine *e) {
     free(e->dec_tokens);
     free(e->dec_out);
     free(e->dec_sp);
+    free(e->spec_out);
+    free(e->spec_n);
     free(e->events);
     for (int i = 0; i < e->n_rec; i++) free(e->rec[i].logits);
     free(e);
@@ -605,8 +612,6 @@ static int32_t sample_row(engine *e, req *r, float *logits, const int32_t *hist,
     return sample_from_probs(logits, e->vocab, sample_uniform(r->seed, 2 * (uint64_t)r->n_out));
 }
 
-#define SALT_DRAFT 0x5bd1e9955bd1e995ULL
-#define SALT_ACCEPT 0x2545f4914f6cdd1dULL
 
 /* Phase 3: the draft catches up on every row and proposes k tokens for speculating rows. */
 static int draft_phase(engine *e, int n) {
@@ -649,7 +654,7 @@ static int draft_phase(engine *e, int n) {
                 float *q = e->dprobs + ((size_t)i * e->k + j) * e->vocab;
                 memcpy(q, lg, (size_t)e->vocab * sizeof(float));
                 sample_probs(q, e->vocab, &r->spp, e->scratch);
-                d = sample_from_probs(q, e->vocab, sample_uniform(r->seed ^ SALT_DRAFT, (uint64_t)r->n_out + j));
+                d = sample_from_probs(q, e->vocab, sample_uniform(r->seed ^ SPEC_SALT_DRAFT, (uint64_t)r->n_out + j));
             }
             p->drafts[j] = d;
             if (j + 1 < e->k) {
@@ -691,7 +696,7 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
         m = spec_accept_greedy(e->pprobs, V, p->drafts, k, out);
     } else {
         double ua[ENGINE_MAX_STEP_TOKENS];
-        for (int j = 0; j < k; j++) ua[j] = sample_uniform(r->seed ^ SALT_ACCEPT, (uint64_t)r->n_out + j);
+        for (int j = 0; j < k; j++) ua[j] = sample_uniform(r->seed ^ SPEC_SALT_ACCEPT, (uint64_t)r->n_out + j);
         int i = (int)(p - e->plan);
         m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua,
                                sample_uniform(r->seed, 2 * (uint64_t)r->n_out), e->work, 0, out);
@@ -760,6 +765,63 @@ static int device_decode(engine *e, int n, engine_output *out) {
     return 0;
 }
 
+/* Whether the whole step can be one runner speculative step (one graph on CUDA): every
+ * row speculates, has at least two tokens, and needs no host-side sampling feature. */
+static int runner_spec_ok(const engine *e, int n) {
+    if (!e->run->ops->spec_step || e->k == 0 || n == 0) return 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        if (!p->spec || r->seq.n_tokens < 2 || r->record || r->sp.logprobs >= 0 || r->sp.n_logit_bias ||
+            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
+            r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens)
+            return 0;
+    }
+    return 1;
+}
+
+static int runner_spec(engine *e, int n, engine_output *out) {
+    int k = e->k;
+    for (int i = 0; i < n; i++) {
+        const req *r = e->plan[i].r;
+        const sched_seq *s = &r->seq;
+        e->dec_slots[i] = s->slot;
+        e->tokens[2 * i] = s->tokens[s->n_tokens - 2];
+        e->tokens[2 * i + 1] = s->tokens[s->n_tokens - 1];
+        e->dec_sp[i] = (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p,
+                                         .min_p = r->sp.min_p, .top_k = r->sp.top_k,
+                                         .seed = r->seed, .counter = (uint64_t)r->n_out};
+    }
+    int32_t *out_tok = e->spec_out;
+    int *out_n = e->spec_n;
+    runner_spec_batch sb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
+                            .out_tokens = out_tok, .out_n = out_n};
+    int rc = e->run->ops->spec_step(e->run, &sb);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        req *r = e->plan[i].r;
+        sched_seq *s = &r->seq;
+        int m = out_n[i], acc = m - 1, L = s->n_computed;
+        r->verify_steps++;
+        r->draft_tokens += k;
+        r->accepted += acc;
+        e->st.spec_drafts++;
+        e->st.spec_draft_tokens += (uint64_t)k;
+        e->st.spec_accepted_tokens += (uint64_t)acc;
+        for (int j = 0; j < acc; j++) e->st.spec_accepted_per_pos[j]++;
+        s->n_computed = L + m;
+        engine_event *ev = new_event(e, out, r);
+        engine_finish f = ENGINE_RUNNING;
+        for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out_tok[i * (k + 1) + j], NULL);
+        int dlen = L + k < L + m ? L + k : L + m;
+        kv_seq_commit(e->kv, &s->kv, s->tokens, dlen < s->n_computed ? dlen : s->n_computed);
+        ev->finish = f;
+        fill_counts(ev, r);
+        if (f != ENGINE_RUNNING) drop_req(e, r);
+    }
+    return 0;
+}
+
 static void fail_all(engine *e, engine_output *out) {
     e->failed = 1;
     e->st.failed = 1;
@@ -821,8 +883,15 @@ int engine_step(engine *e, engine_output *out) {
     }
     if (device_decode_ok(e, n)) {
         if ((rc = device_decode(e, n, out))) goto fail;
+        e->st.steps_device_decode++;
         return 0;
     }
+    if (runner_spec_ok(e, n)) {
+        if ((rc = runner_spec(e, n, out))) goto fail;
+        e->st.steps_runner_spec++;
+        return 0;
+    }
+    if (n) e->st.steps_composed++;
     /* Phase 3: draft. */
     if (e->k > 0 && n > 0 && (rc = draft_phase(e, n))) goto fail;
 

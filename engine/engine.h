@@ -100,6 +100,9 @@ typedef struct {
     uint64_t prompt_tokens, generation_tokens, preemptions, prefix_cache_hit_tokens;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_per_pos[ENGINE_MAX_STEP_TOKENS];
+    /* steps by path: whole-step runner speculation (one graph on CUDA), speculation
+     * composed from forward passes (mixed batches), runner on-device decode */
+    uint64_t steps_runner_spec, steps_composed, steps_device_decode;
     int num_draft_tokens;
     int failed;                    /* engine hit a runner error; every request fails */
 } engine_stats;

@@ -59,16 +59,25 @@ typedef struct {
     float *out_logprobs;          /* [n] logprob of the sampled token (may be NULL) */
 } runner_decode_batch;
 
-/* One speculative step (optional op): k draft passes of one token per row, one target
- * pass verifying k+1 tokens per row, acceptance (greedy: longest prefix where the
- * target argmax equals the draft; sampling: rejection sampling), then each row's target
- * and draft lengths advanced by the accepted count + 1 and the dummy slot reset. */
+/* One speculative step (optional op), for rows whose target length L is the position of
+ * their last token (not yet in either model's KV):
+ *   1. the draft's length is set to L-1 and it is fed [tokens[i][0], tokens[i][1]] at
+ *      positions L-1, L (re-feeding the second-to-last token rewrites the KV the draft
+ *      already had, so one fixed shape covers a draft that is in step and one that is a
+ *      token behind, as after a fully accepted step); its argmax / sample is d1;
+ *   2. k-1 more draft passes of one token per row give d2..dk;
+ *   3. one target pass over [tokens[i][1], d1..dk] at positions L..L+k;
+ *   4. acceptance (greedy: longest prefix where the target argmax equals the draft, then
+ *      the target's token; sampling: rejection sampling, lossless in distribution);
+ *   5. target length = L + 1 + accepted, draft length = min(L + k, that); on CUDA the
+ *      dummy slot's lengths are zeroed after the advance, all inside one graph.
+ * Requires L >= 1 and L + k + 1 <= max_seq_len for every row. */
 typedef struct {
     int n, k;
     const int *slots;             /* [n] */
-    const int32_t *tokens;        /* [n] last token (not yet in either model's KV) */
-    const runner_sampling *sp;    /* [n] */
-    int32_t *out_tokens;          /* [n, k+1]: accepted tokens then the bonus/resampled */
+    const int32_t *tokens;        /* [n, 2]: second-to-last and last token of each row */
+    const runner_sampling *sp;    /* [n] (counter: output index of the first new token) */
+    int32_t *out_tokens;          /* [n, k+1]: accepted drafts then the target's token */
     int *out_n;                   /* [n] tokens emitted per row: accepted + 1 */
 } runner_spec_batch;
 

@@ -21,6 +21,8 @@
 #endif
 
 #include "engine/err.h"
+#include "engine/sample.h"
+#include "engine/spec.h"
 #include "engine/threadpool.h"
 
 typedef struct {
@@ -62,7 +64,16 @@ typedef struct {
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u;
     int *tok_pos, *tok_slot;
     int *out_tok;       /* tokens whose logits are wanted, in output order */
-    int use_avx2;
+    /* speculative step scratch (allocated when a draft and num_draft_tokens are given) */
+    runner_row *sp_rows;    /* (max_batch) */
+    int32_t *sp_tokens;     /* (max_batch * (k+1)) */
+    int32_t *sp_drafts;     /* (max_batch * k) */
+    float *sp_dlogits;      /* (max_batch, vocab) */
+    float *sp_tlogits;      /* (max_batch * (k+1), vocab) */
+    float *sp_q;            /* (max_batch * k, vocab) draft distributions */
+    float *sp_p;            /* ((k+1), vocab) */
+    float *sp_res;          /* (vocab) */
+    int *sp_scratch;        /* (vocab) */
 } cpu_runner;
 
 /* ---- math kernels ------------------------------------------------------------------ */
@@ -491,6 +502,92 @@ static int cpu_forward(runner *base, const runner_batch *b) {
     return 0;
 }
 
+/* ---- speculative step (reference for the CUDA graph; see runner.h) --------------------- */
+
+static int32_t pick_draft(cpu_runner *r, float *logits, const runner_sampling *sp, int j, float *q) {
+    int V = r->base.vocab;
+    if (sp->temperature <= 0) return sample_argmax(logits, V);
+    sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+                       .min_p = sp->min_p};
+    memcpy(q, logits, sizeof(float) * (size_t)V);
+    sample_probs(q, V, &p, r->sp_scratch);
+    return sample_from_probs(q, V, sample_uniform(sp->seed ^ SPEC_SALT_DRAFT, sp->counter + (uint64_t)j));
+}
+
+static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
+    cpu_runner *r = (cpu_runner *)base;
+    const runner_config *cfg = &base->cfg;
+    int n = sb->n, k = sb->k, V = base->vocab, rc;
+    if (!r->sp_rows || n < 1 || n > cfg->max_batch || k < 1 || k > cfg->num_draft_tokens) return SPECD_EINVAL;
+    for (int i = 0; i < n; i++) {
+        int s = sb->slots[i], L = s >= 0 && s < cfg->max_batch ? r->len[0][s] : -1;
+        if (L < 1 || L + k + 1 > cfg->max_seq_len) return SPECD_ERANGE;
+        for (int j = 0; j < i; j++)
+            if (sb->slots[j] == s) return SPECD_EINVAL;
+    }
+    /* 1. draft: [second-to-last, last] at L-1, L */
+    for (int i = 0; i < n; i++) {
+        int s = sb->slots[i];
+        r->len[1][s] = r->len[0][s] - 1;
+        r->sp_rows[i] = (runner_row){.slot = s, .n_new = 2, .tok_off = 2 * i, .n_logits = 1, .logits_off = i};
+        r->sp_tokens[2 * i] = sb->tokens[2 * i];
+        r->sp_tokens[2 * i + 1] = sb->tokens[2 * i + 1];
+    }
+    runner_batch b = {.which = RUNNER_DRAFT, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
+                      .n_tokens = 2 * n, .logits = r->sp_dlogits};
+    if ((rc = cpu_forward(base, &b))) return rc;
+    /* 2. k-1 more draft passes */
+    for (int j = 0; j < k; j++) {
+        for (int i = 0; i < n; i++) {
+            int32_t d = pick_draft(r, r->sp_dlogits + (size_t)i * V, &sb->sp[i], j,
+                                   r->sp_q + ((size_t)i * k + j) * V);
+            r->sp_drafts[i * k + j] = d;
+            r->sp_rows[i] = (runner_row){.slot = sb->slots[i], .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
+            r->sp_tokens[i] = d;
+        }
+        if (j + 1 == k) break;
+        b = (runner_batch){.which = RUNNER_DRAFT, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
+                           .n_tokens = n, .logits = r->sp_dlogits};
+        if ((rc = cpu_forward(base, &b))) return rc;
+    }
+    /* 3. target verifies [last, d1..dk] */
+    for (int i = 0; i < n; i++) {
+        r->sp_rows[i] = (runner_row){.slot = sb->slots[i], .n_new = k + 1, .tok_off = i * (k + 1),
+                                     .n_logits = k + 1, .logits_off = i * (k + 1)};
+        r->sp_tokens[i * (k + 1)] = sb->tokens[2 * i + 1];
+        memcpy(r->sp_tokens + i * (k + 1) + 1, r->sp_drafts + i * k, sizeof(int32_t) * (size_t)k);
+    }
+    b = (runner_batch){.which = RUNNER_TARGET, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
+                       .n_tokens = n * (k + 1), .logits = r->sp_tlogits};
+    if ((rc = cpu_forward(base, &b))) return rc;
+    /* 4-5. acceptance, lengths */
+    for (int i = 0; i < n; i++) {
+        const runner_sampling *sp = &sb->sp[i];
+        float *tl = r->sp_tlogits + (size_t)i * (k + 1) * V;
+        int32_t *out = sb->out_tokens + (size_t)i * (k + 1);
+        int m;
+        if (sp->temperature <= 0) {
+            m = spec_accept_greedy(tl, V, r->sp_drafts + i * k, k, out);
+        } else {
+            sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+                               .min_p = sp->min_p};
+            double ua[16];
+            for (int j = 0; j <= k; j++) {
+                memcpy(r->sp_p + (size_t)j * V, tl + (size_t)j * V, sizeof(float) * (size_t)V);
+                sample_probs(r->sp_p + (size_t)j * V, V, &p, r->sp_scratch);
+            }
+            for (int j = 0; j < k; j++) ua[j] = sample_uniform(sp->seed ^ SPEC_SALT_ACCEPT, sp->counter + (uint64_t)j);
+            m = spec_accept_sample(r->sp_p, r->sp_q + (size_t)i * k * V, V, r->sp_drafts + i * k, k, ua,
+                                   sample_uniform(sp->seed, 2 * sp->counter), r->sp_res, 0, out);
+        }
+        sb->out_n[i] = m;
+        int s = sb->slots[i], L = r->len[0][s] - (k + 1);
+        r->len[0][s] = L + m;
+        r->len[1][s] = L + k < L + m ? L + k : L + m;
+    }
+    return 0;
+}
+
 /* ---- slots and blocks --------------------------------------------------------------- */
 
 static int cpu_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
@@ -558,6 +655,15 @@ static void cpu_destroy(runner *base) {
     free(r->tok_pos);
     free(r->tok_slot);
     free(r->out_tok);
+    free(r->sp_rows);
+    free(r->sp_tokens);
+    free(r->sp_drafts);
+    free(r->sp_dlogits);
+    free(r->sp_tlogits);
+    free(r->sp_q);
+    free(r->sp_p);
+    free(r->sp_res);
+    free(r->sp_scratch);
     tp_destroy(r->pool);
     free(r);
 }
@@ -570,7 +676,7 @@ static const runner_ops cpu_ops = {
     .slot_get_len = cpu_slot_get_len,
     .copy_block = cpu_copy_block,
     .decode = NULL,
-    .spec_step = NULL,
+    .spec_step = cpu_spec_step,
     .destroy = cpu_destroy,
 };
 
@@ -656,6 +762,25 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     if (!r->x || !r->xn || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u ||
         !r->tok_pos || !r->tok_slot || !r->out_tok)
         goto oom;
+    if (draft && cfg->num_draft_tokens > 0) {
+        size_t B = (size_t)cfg->max_batch, K = (size_t)cfg->num_draft_tokens, V = (size_t)r->base.vocab;
+        if (K > 15) {
+            specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: at most 15 draft tokens");
+            goto fail;
+        }
+        r->sp_rows = malloc(B * sizeof *r->sp_rows);
+        r->sp_tokens = malloc(B * (K + 1) * sizeof(int32_t));
+        r->sp_drafts = malloc(B * K * sizeof(int32_t));
+        r->sp_dlogits = malloc(B * V * sizeof(float));
+        r->sp_tlogits = malloc(B * (K + 1) * V * sizeof(float));
+        r->sp_q = malloc(B * K * V * sizeof(float));
+        r->sp_p = malloc((K + 1) * V * sizeof(float));
+        r->sp_res = malloc(V * sizeof(float));
+        r->sp_scratch = malloc(V * sizeof(int));
+        if (!r->sp_rows || !r->sp_tokens || !r->sp_drafts || !r->sp_dlogits || !r->sp_tlogits ||
+            !r->sp_q || !r->sp_p || !r->sp_res || !r->sp_scratch)
+            goto oom;
+    }
     return &r->base;
 oom:
     specd_errf(err, errlen, SPECD_ENOMEM, "cpu runner: out of memory (KV pool of %d blocks)",

@@ -14,6 +14,14 @@
 
 #include <stdint.h>
 
+/* Salts of the counter-based random streams of a speculative step, shared by every
+ * implementation so that the same seed draws the same uniforms: drafts use
+ * uniform(seed ^ SPEC_SALT_DRAFT, counter + j), accept tests uniform(seed ^
+ * SPEC_SALT_ACCEPT, counter + j), and the final draw uniform(seed, 2 * counter), the
+ * stream plain sampling uses for the same output position. */
+#define SPEC_SALT_DRAFT 0x5bd1e9955bd1e995ULL
+#define SPEC_SALT_ACCEPT 0x2545f4914f6cdd1dULL
+
 /* Greedy. target_logits: (k+1, vocab). drafts: (k). out: (k+1). Returns tokens emitted
  * (accepted + 1). */
 int spec_accept_greedy(const float *target_logits, int vocab, const int32_t *drafts, int k,

@@ -148,6 +148,12 @@ static void test_spec_draft_equals_target_reaches_al_guard(void **st) {
     engine_get_stats(e, &s);
     assert_int_equal(s.kv_blocks_used, 0);
     assert_true(s.spec_accepted_per_pos[3] > 0);
+    /* both implementations ran: the runner's whole speculative step (rows all decoding)
+     * and the step composed from forward passes (prefill rows in the batch) */
+    print_message("  steps: %llu runner speculative, %llu composed\n", (unsigned long long)s.steps_runner_spec,
+                  (unsigned long long)s.steps_composed);
+    assert_true(s.steps_runner_spec > 100);
+    assert_true(s.steps_composed > 0);
     engine_destroy(e);
     free_prompts(&p);
 }

@@ -3,7 +3,7 @@
 Environment:
   SPECD_BIN       the binary (default: <repo>/build/specd)
   SPECD_FIXTURES  test fixtures (default: <repo>/../shared/fixtures)
-  SPECD_MODEL     the text model (default: <repo>/models/SmolLM2-135M-Instruct.Q4_1.gguf);
+  SPECD_TEST_MODEL     the text model (default: <repo>/models/SmolLM2-135M-Instruct.Q4_1.gguf);
                   tests that need it are skipped, saying so, only when the file is absent.
 """
 import json
@@ -20,7 +20,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("SPECD_BIN", os.path.join(REPO, "build", "specd"))
 FIXTURES = os.path.abspath(os.environ.get("SPECD_FIXTURES", os.path.join(REPO, "..", "shared", "fixtures")))
 TINY = os.path.join(FIXTURES, "models", "llama-tiny")
-SMOL = os.environ.get("SPECD_MODEL", os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+SMOL = os.environ.get("SPECD_TEST_MODEL", os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 def free_port():
@@ -58,7 +58,8 @@ class Server:
         raise RuntimeError("specd not ready in time:\n" + self.log_text())
 
     def log_text(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 

@@ -7,7 +7,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 export SPECD_BIN="${SPECD_BIN:-$repo/build/specd}"
 export SPECD_FIXTURES="${SPECD_FIXTURES:-$repo/../shared/fixtures}"
-export SPECD_MODEL="${SPECD_MODEL:-$repo/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+export SPECD_TEST_MODEL="${SPECD_TEST_MODEL:-$repo/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 cd "$here"
 if [ "$#" -eq 0 ]; then set -- .; fi
 python3 -m pytest -q -rs -p no:cacheprovider "$@"

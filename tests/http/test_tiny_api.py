@@ -150,3 +150,25 @@ def test_echo_token_prompt_without_tokenizer(tiny):
     r = tiny.post("/v1/completions", {"prompt": [1, 2], "max_tokens": 2, "echo": True, "ignore_eos": True})
     assert r.status_code == 200
     assert r.json()["choices"][0]["text"] == ""
+
+
+def test_spec_decode_usage_and_lossless_greedy(tiny, server_factory):
+    from conftest import TINY
+    want = greedy_ids(tiny, [11, 12, 13], 21)
+    srv = server_factory(TINY, "--draft-model", TINY, "--num-draft-tokens", "3", name="spec")
+    r = srv.post("/v1/completions", {"prompt": [11, 12, 13], "max_tokens": 21, "temperature": 0, "logprobs": 0,
+                                     "ignore_eos": True})
+    j = r.json()
+    assert [int(t.split(":")[1]) for t in j["choices"][0]["logprobs"]["tokens"]] == want
+    sd = j["usage"]["spec_decode"]
+    # Draft == target: every draft token is accepted, AL = k + 1.
+    assert sd["accepted_tokens"] == sd["draft_tokens"] == 3 * sd["verify_steps"]
+    assert sd["acceptance_length"] == 4.0
+    assert srv.metric("spec_decode_acceptance_length") == 4.0
+    assert srv.metric("spec_decode_num_drafts_total") == sd["verify_steps"]
+    # Streams carry it in the usage chunk too.
+    r = srv.post("/v1/completions", {"prompt": [11, 12, 13], "max_tokens": 9, "temperature": 0, "ignore_eos": True,
+                                     "stream": True, "stream_options": {"include_usage": True}})
+    usage = json.loads(sse_events(r.content)[-2])["usage"]
+    assert usage["spec_decode"]["acceptance_length"] == 4.0
+    assert "spec_decode" not in tiny.post("/v1/completions", {"prompt": [1], "max_tokens": 2}).json()["usage"]

@@ -1,0 +1,55 @@
+"""`specd serve` configuration from the outside: --print-config, precedence, errors."""
+import json
+import os
+import subprocess
+
+from conftest import BIN, TINY
+
+
+def run(*args, env=None, input=None):
+    e = dict(os.environ)
+    for k in list(e):
+        if k.startswith("SPECD_") and k not in ("SPECD_BIN", "SPECD_FIXTURES", "SPECD_TEST_MODEL"):
+            del e[k]
+    e.update(env or {})
+    return subprocess.run([BIN, "serve", *args], capture_output=True, text=True, env=e, timeout=30)
+
+
+def test_print_config_precedence(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"port": 1111, "max_batch": 3, "max_seq_len": 512, "api_keys": ["f"]}))
+    r = run("--config", str(cfg), "--port", "3333", "--print-config", env={"SPECD_PORT": "2222", "SPECD_MAX_BATCH": "5"})
+    assert r.returncode == 0, r.stderr
+    eff = json.loads(r.stdout)
+    assert eff["port"] == 3333 and eff["max_batch"] == 5 and eff["max_seq_len"] == 512
+    assert eff["api_keys"] == ["<redacted>"]
+    assert eff["host"] == "127.0.0.1"
+
+
+def test_config_errors_exit_2(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"port": 1, "no_such_key": 2}))
+    r = run("--config", str(cfg), "--model", TINY)
+    assert r.returncode == 2 and "no_such_key" in r.stderr
+    assert run("--model", TINY, "--port", "http").returncode == 2
+    assert run("--bogus").returncode == 2
+    assert run().returncode == 2  # no model
+    assert run("--help").returncode == 0
+
+
+def test_example_config_file_loads(tmp_path):
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    r = run("--config", os.path.join(repo, "config", "specd.json"), "--print-config")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["port"] == 8000
+
+
+def test_json_logs_one_line_per_request(server_factory):
+    srv = server_factory(TINY, "--log-json", name="jsonlog")
+    srv.post("/v1/completions", {"prompt": [1, 2], "max_tokens": 2, "ignore_eos": True})
+    srv.stop()
+    lines = [json.loads(l) for l in srv.log_text().splitlines() if l.startswith("{")]
+    reqs = [l for l in lines if l.get("msg") == "request"]
+    assert len(reqs) == 1
+    assert reqs[0]["status"] == 200 and reqs[0]["prompt_tokens"] == 2 and reqs[0]["output_tokens"] == 2
+    assert reqs[0]["id"].startswith("cmpl-") and reqs[0]["ttft_s"] >= 0

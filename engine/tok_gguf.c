@@ -197,18 +197,24 @@ int tok_load_gguf(tok_tokenizer *t, const char *path, char *err, size_t errlen) 
         if ((rc = gpt2_merges(t, g, path, err, errlen))) goto fail;
     } else if (model_len == 5 && !memcmp(model, "llama", 5)) {
         t->byte_fallback = t->dec_byte_fallback = 1;
+        int prefix = 1;   /* add_space_prefix = false: no leading U+2581 */
+        gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &prefix);
         t->norms = calloc(2, sizeof *t->norms);
         if (!t->norms) goto nomem;
-        t->norms[0] = (tok_norm){TOK_NORM_PREPEND, strdup("\xe2\x96\x81"), NULL, 3, 0};
-        t->norms[1] = (tok_norm){TOK_NORM_REPLACE, strdup(" "), strdup("\xe2\x96\x81"), 1, 3};
-        t->n_norms = 2;
-        if (!t->norms[0].a || !t->norms[1].a || !t->norms[1].b) goto nomem;
+        if (prefix)
+            t->norms[t->n_norms++] =
+                (tok_norm){TOK_NORM_PREPEND, strdup("\xe2\x96\x81"), NULL, 3, 0};
+        t->norms[t->n_norms++] =
+            (tok_norm){TOK_NORM_REPLACE, strdup(" "), strdup("\xe2\x96\x81"), 1, 3};
+        for (int i = 0; i < t->n_norms; i++)
+            if (!t->norms[i].a || (t->norms[i].kind == TOK_NORM_REPLACE && !t->norms[i].b))
+                goto nomem;
         memcpy(t->dec_from, "\xe2\x96\x81", 3);
         t->dec_from_len = 3;
         t->dec_to[0] = ' ';
         t->dec_to_len = 1;
         t->dec_strip = TOK_STRIP_FUSED;
-        t->dec_strip_n = 1;
+        t->dec_strip_n = prefix;
         if ((rc = spm_merges(t, g, path, err, errlen))) goto fail;
     } else {
         rc = specd_errf(err, errlen, SPECD_EUNSUPPORTED,

@@ -278,12 +278,43 @@ int tok_normalize(const tok_tokenizer *t, const char *s, size_t n, tok_buf *out)
 
 /* ---- pre-tokenizers ---- */
 
+/* HF runs these patterns with Oniguruma, whose \s is Unicode White_Space. PCRE2's \s
+ * also takes U+180E (it is in PCRE2's \h list), so \s / \S become \p{White_Space} /
+ * \P{White_Space}, PCRE2's own property table, inside classes as well. */
+static char *ws_pattern(const char *pat, size_t len, size_t *out_len) {
+    char *o = malloc(len * 8 + 1), *w = o;
+    if (!o) return NULL;
+    for (size_t i = 0; i < len; i++) {
+        if (pat[i] == '\\' && i + 1 < len) {
+            char c = pat[++i];
+            if (c == 's' || c == 'S') {
+                memcpy(w, c == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15);
+                w += 15;
+            } else {
+                *w++ = '\\';
+                *w++ = c;
+            }
+        } else
+            *w++ = pat[i];
+    }
+    *w = 0;
+    *out_len = (size_t)(w - o);
+    return o;
+}
+
 pcre2_code *tok_regex_compile(const char *pat, size_t len, int literal, char *err,
                               size_t errlen) {
     int ec;
     PCRE2_SIZE eo;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &ec, &eo, NULL);
+    size_t plen = len;
+    char *p = literal ? NULL : ws_pattern(pat, len, &plen);
+    if (!literal && !p) {
+        specd_errf(err, errlen, SPECD_ENOMEM, "pre-tokenizer regex: out of memory");
+        return NULL;
+    }
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(p ? p : pat), plen, opts, &ec, &eo, NULL);
+    free(p);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);

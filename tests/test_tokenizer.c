@@ -12,7 +12,10 @@
 
 #include <cmocka.h>
 
+#include <utf8proc.h>
+
 #include "engine/err.h"
+#include "engine/tok_internal.h"
 #include "engine/tokenizer.h"
 #include "tests/fixtures.h"
 
@@ -206,6 +209,82 @@ static void test_gguf_gpt2_matches_hf(void **st) { (void)st; run_gguf("gpt-2"); 
 static void test_gguf_phi3_matches_hf(void **st) { (void)st; run_gguf("phi-3"); }
 static void test_hf_qwen3_matches_golden(void **st) { (void)st; run_hf("qwen3"); }
 static void test_hf_llama3_1_matches_golden(void **st) { (void)st; run_hf("llama3_1"); }
+
+/* Whitespace as HF (Oniguruma: \\s is Unicode White_Space, so U+180E is not a space
+ * but U+0085 is), NFC of decomposed text, Hangul jamo, zero-width chars. Expected ids
+ * were produced by HF tokenizers 0.23.3 (Tokenizer.encode, add_special_tokens=False). */
+typedef struct { const char *text; int n; int32_t ids[12]; } vec;
+
+static void check_vectors(const char *dir, const vec *v, size_t nv) {
+    tok_tokenizer *t = load_fixture(dir);
+    for (size_t i = 0; i < nv; i++) {
+        int32_t *ids;
+        char err[128];
+        int n = tok_encode(t, v[i].text, strlen(v[i].text), 0, &ids, err, sizeof err);
+        if (n != v[i].n || memcmp(ids, v[i].ids, sizeof(int32_t) * (size_t)n))
+            print_error("%s vector %zu differs\n", dir, i);
+        assert_int_equal(n, v[i].n);
+        assert_memory_equal(ids, v[i].ids, sizeof(int32_t) * (size_t)n);
+        free(ids);
+    }
+    tok_free(t);
+}
+
+static void test_unicode_whitespace_and_nfc_match_hf(void **st) {
+    (void)st;
+    static const vec qwen[] = {
+        {"a \xe1\xa0\x8e" "b", 5, {64, 86089, 254, 236, 65}},
+        {" \xe2\x80\xa8\xe1\xa0\x8e!", 6, {220, 378, 101, 123970, 236, 0}},
+        {"x\xc2\x85 y", 4, {87, 126, 227, 379}},
+        {"e\xcc\x81 vs \xc3\xa9", 3, {963, 6165, 3958}},       /* NFC: both are é */
+        {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", 1, {126317}},  /* jamo compose to 각 */
+        {"A\xe2\x80\x8b B\xef\xbb\xbf" "C", 5, {32, 15692, 425, 3225, 34}},
+        {"\xe3\x80\x80\xe3\x80\x80x", 3, {22441, 22441, 87}},
+    };
+    static const vec llama[] = {
+        {"a \xe1\xa0\x8e" "b", 5, {64, 87189, 254, 236, 65}},
+        {" \xe2\x80\xa8\xe1\xa0\x8e!", 7, {220, 378, 101, 157, 254, 236, 0}},
+        {"x\xc2\x85 y", 3, {87, 116360, 379}},
+        {"e\xcc\x81 vs \xc3\xa9", 4, {68, 54939, 6296, 4046}},  /* no normalizer */
+        {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", 9, {157, 226, 222, 157, 227, 94, 157, 228, 101}},
+        {"A\xe2\x80\x8b B\xef\xbb\xbf" "C", 5, {32, 16067, 426, 3305, 34}},
+        {"\xe3\x80\x80\xe3\x80\x80x", 3, {23249, 23249, 87}},
+    };
+    check_vectors("tokenizers/hf/qwen3", qwen, sizeof qwen / sizeof qwen[0]);
+    check_vectors("tokenizers/hf/llama3_1", llama, sizeof llama / sizeof llama[0]);
+}
+
+/* NFC runs on each non-ASCII run (plus the ASCII char before it) instead of the whole
+ * text; on random mixes of starters, combining marks, jamo and singletons the result must
+ * equal utf8proc's NFC of the whole string. */
+static void test_nfc_by_runs_equals_whole_string_nfc(void **st) {
+    (void)st;
+    tok_tokenizer *t = load_fixture("tokenizers/hf/qwen3");
+    static const uint32_t pool[] = {'a', 'e', 'A', ' ', '.', 0x301, 0x308, 0x323, 0x327,
+                                    0x344, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x212B, 0x2126,
+                                    0xE9, 0x1E0B, 0x0F73, 0x65E5, 0x5B57, 0x1D15E, 0x300};
+    uint64_t x = 12345;
+    tok_buf got = {0};
+    int mismatches = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        char s[256];
+        size_t n = 0;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int len = 1 + (int)((x >> 33) % 24);
+        for (int k = 0; k < len; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            n += tok_utf8_encode(pool[(x >> 33) % (sizeof pool / sizeof pool[0])], s + n);
+        }
+        s[n] = 0;
+        assert_int_equal(tok_normalize(t, s, n, &got), 0);
+        utf8proc_uint8_t *want = utf8proc_NFC((const utf8proc_uint8_t *)s);
+        if (got.len != strlen((char *)want) || memcmp(got.p, want, got.len)) mismatches++;
+        free(want);
+    }
+    tok_buf_free(&got);
+    assert_int_equal(mismatches, 0);
+    tok_free(t);
+}
 
 /* ---- config, specials, templates ---- */
 
@@ -462,6 +541,8 @@ int main(void) {
         cmocka_unit_test(test_gguf_phi3_matches_hf),
         cmocka_unit_test(test_hf_qwen3_matches_golden),
         cmocka_unit_test(test_hf_llama3_1_matches_golden),
+        cmocka_unit_test(test_unicode_whitespace_and_nfc_match_hf),
+        cmocka_unit_test(test_nfc_by_runs_equals_whole_string_nfc),
         cmocka_unit_test(test_hf_config_gives_specials_and_template),
         cmocka_unit_test(test_gguf_metadata_specials),
         cmocka_unit_test(test_decode_skip_special_drops_control_tokens),

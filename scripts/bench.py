@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""OpenAI-API load generator: a concurrency sweep against any OpenAI-compatible server
+(specd, vLLM, llama.cpp's server, ...).
+
+For each concurrency level it keeps that many streaming requests in flight until
+--num-prompts requests have finished, then reports requests/s, output tokens/s, time to
+first token (TTFT) and inter-token latency (ITL, the gap between streamed chunks that
+carry tokens) at p50/p90/p99, and the speculative acceptance length (AL) when the server
+reports usage.spec_decode (specd does). Results go to <out>/bench.json, <out>/bench.md
+and <out>/bench.png.
+
+Prompts are random (seeded): words from a fixed list, or random token ids for servers
+without a tokenizer (--prompt-kind tokens, completions endpoint only). Lengths are fixed
+or sampled uniformly in [len*(1-r), len*(1+r)] with --range-ratio r.
+
+Example:
+  python3 scripts/bench.py --base-url http://127.0.0.1:8000 --concurrency 1,4,16,64 \
+      --input-len 128 --output-len 128 --num-prompts 64 --out bench-results
+Needs: pip install httpx matplotlib
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import httpx
+
+WORDS = ("the of and to in is was for on that by with as at from his an were are which this be "
+         "have or had not but first one their its new after who they two her she been other when "
+         "there all during into school time may years more most only over city some world would "
+         "where later up such used many can state about national out known university united then "
+         "made").split()
+
+
+def percentile(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def sample_len(rng, n, ratio):
+    if ratio <= 0:
+        return n
+    return max(1, rng.randint(int(n * (1 - ratio)), int(n * (1 + ratio))))
+
+
+def make_requests(args):
+    rng = random.Random(args.seed)
+    reqs = []
+    for _ in range(args.num_prompts):
+        n_in = sample_len(rng, args.input_len, args.range_ratio)
+        n_out = sample_len(rng, args.output_len, args.range_ratio)
+        if args.prompt_kind == "tokens":
+            prompt = [rng.randrange(args.token_low, args.token_high) for _ in range(n_in)]
+        else:
+            prompt = " ".join(rng.choice(WORDS) for _ in range(n_in))
+        reqs.append((prompt, n_out))
+    return reqs
+
+
+async def one(client, args, prompt, max_tokens):
+    body = {"model": args.model, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": args.temperature}
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    if args.endpoint == "chat":
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        path = "/v1/completions"
+        body["prompt"] = prompt
+    t0 = time.perf_counter()
+    first, last, gaps, usage, chunks, err = None, None, [], None, 0, None
+    try:
+        async with client.stream("POST", path, json=body) as r:
+            if r.status_code != 200:
+                return {"ok": False, "error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    err = obj["error"].get("message")
+                    break
+                if obj.get("usage"):
+                    usage = obj["usage"]
+                if not obj.get("choices"):
+                    continue
+                c = obj["choices"][0]
+                has_tokens = ("text" in c and c["text"] is not None) or \
+                             ("delta" in c and (c["delta"].get("content") is not None))
+                if c.get("finish_reason") and not (c.get("text") or (c.get("delta") or {}).get("content")):
+                    continue  # the finish chunk carries no token
+                if not has_tokens or ("delta" in c and c["delta"].get("role") and not c["delta"].get("content")):
+                    continue  # chat role chunk
+                now = time.perf_counter()
+                chunks += 1
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return {"ok": False, "error": repr(e)}
+    if err:
+        return {"ok": False, "error": err}
+    end = time.perf_counter()
+    n_out = usage["completion_tokens"] if usage else chunks
+    res = {"ok": True, "ttft": (first - t0) if first else None, "e2e": end - t0, "gaps": gaps,
+           "output_tokens": n_out, "prompt_tokens": usage["prompt_tokens"] if usage else None}
+    if first and n_out > 1:
+        res["tpot"] = (end - first) / (n_out - 1)
+    if usage and usage.get("spec_decode"):
+        res["spec"] = usage["spec_decode"]
+    return res
+
+
+async def level(args, concurrency, reqs):
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    results = []
+    queue = list(reqs)
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=args.timeout, limits=limits, headers=headers) as client:
+        async def worker():
+            while queue:
+                prompt, n_out = queue.pop(0)
+                results.append(await one(client, args, prompt, n_out))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if r["ok"]]
+    gaps = [g for r in ok for g in r["gaps"]]
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    tpot = [r["tpot"] for r in ok if "tpot" in r]
+    out_tokens = sum(r["output_tokens"] for r in ok)
+    row = {"concurrency": concurrency, "requests": len(results), "failed": len(results) - len(ok),
+           "wall_s": wall, "requests_per_s": len(ok) / wall, "output_tokens_per_s": out_tokens / wall,
+           "output_tokens": out_tokens}
+    for name, xs in (("ttft", ttft), ("itl", gaps), ("tpot", tpot), ("e2e", [r["e2e"] for r in ok])):
+        for p in (50, 90, 99):
+            row[f"{name}_p{p}_ms"] = None if not xs else 1000 * percentile(xs, p)
+        row[f"{name}_mean_ms"] = None if not xs else 1000 * statistics.fmean(xs)
+    spec = [r["spec"] for r in ok if "spec" in r]
+    if spec:
+        acc = sum(s["accepted_tokens"] for s in spec)
+        steps = sum(s["verify_steps"] for s in spec)
+        row["acceptance_length"] = 1 + acc / steps if steps else None
+    errors = [r["error"] for r in results if not r["ok"]]
+    if errors:
+        row["first_error"] = errors[0]
+    return row
+
+
+def fmt(v, nd=1):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def markdown(rows, args):
+    lines = [f"Server {args.base_url}, model `{args.model}`, endpoint {args.endpoint}, input {args.input_len} / output "
+             f"{args.output_len} tokens (range ratio {args.range_ratio}), {args.num_prompts} requests per level, "
+             f"seed {args.seed}.", "",
+             "| conc | req/s | out tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | TPOT p50 ms | AL | failed |",
+             "|---:|---:|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['concurrency']} | {fmt(r['requests_per_s'], 2)} | {fmt(r['output_tokens_per_s'])} | "
+                     f"{fmt(r['ttft_p50_ms'])} / {fmt(r['ttft_p90_ms'])} / {fmt(r['ttft_p99_ms'])} | "
+                     f"{fmt(r['itl_p50_ms'])} / {fmt(r['itl_p90_ms'])} / {fmt(r['itl_p99_ms'])} | "
+                     f"{fmt(r['tpot_p50_ms'])} | {fmt(r.get('acceptance_length'), 2)} | {r['failed']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    conc = [r["concurrency"] for r in rows]
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    ax[0].plot(conc, [r["output_tokens_per_s"] for r in rows], "o-")
+    ax[0].set_title("output tokens/s")
+    for p in (50, 90, 99):
+        ax[1].plot(conc, [r[f"ttft_p{p}_ms"] or 0 for r in rows], "o-", label=f"p{p}")
+        ax[2].plot(conc, [r[f"itl_p{p}_ms"] or 0 for r in rows], "o-", label=f"p{p}")
+    ax[1].set_title("TTFT (ms)")
+    ax[2].set_title("inter-token latency (ms)")
+    for a in ax:
+        a.set_xscale("log", base=2)
+        a.set_xlabel("concurrency")
+        a.grid(True, alpha=0.3)
+    ax[1].legend()
+    ax[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", help="default: the first id of GET /v1/models")
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    ap.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    ap.add_argument("--concurrency", default="1,4,16,64", help="comma-separated levels")
+    ap.add_argument("--num-prompts", type=int, default=64, help="requests per level")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--range-ratio", type=float, default=0.0, help="0 = fixed lengths")
+    ap.add_argument("--prompt-kind", choices=["words", "tokens"], default="words")
+    ap.add_argument("--token-low", type=int, default=10)
+    ap.add_argument("--token-high", type=int, default=1000)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                    help="let EOS end outputs early (by default outputs run to their length)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--out", default="bench-results")
+    args = ap.parse_args()
+    if args.prompt_kind == "tokens" and args.endpoint == "chat":
+        ap.error("--prompt-kind tokens needs --endpoint completions")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    if not args.model:
+        args.model = httpx.get(args.base_url + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    reqs = make_requests(args)
+    rows = []
+    for c in [int(x) for x in args.concurrency.split(",")]:
+        row = asyncio.run(level(args, c, reqs))
+        rows.append(row)
+        print(f"concurrency {c}: {row['requests_per_s']:.2f} req/s, {row['output_tokens_per_s']:.1f} tok/s, "
+              f"TTFT p50 {fmt(row['ttft_p50_ms'])} ms, ITL p50 {fmt(row['itl_p50_ms'])} ms, failed {row['failed']}",
+              file=sys.stderr)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump({"args": vars(args), "results": rows}, f, indent=2)
+    md = markdown(rows, args)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(md)
+    plot(rows, os.path.join(args.out, "bench.png"))
+    print(md)
+    return 1 if any(r["failed"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

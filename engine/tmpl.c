@@ -661,7 +661,7 @@ static tv *eval_filter_or_test(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
     int is_test = n->type == N_TEST;
     tv_builtin_fn fn = is_test ? tmpl_find_test(n->name) : tmpl_find_filter(n->name);
     if (!fn)
-        return tmpl_fail(rt, "TemplateAssertionError: No %s named '%s'.", is_test ? "test" : "filter",
+        return tmpl_fail(rt, "TemplateRuntimeError: No %s named '%s' found.", is_test ? "test" : "filter",
                          n->name);
     tv *operand = eval(rt, f, n->a);
     if (!operand) return NULL;
@@ -669,7 +669,7 @@ static tv *eval_filter_or_test(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
     if (eval_args(rt, f, n, operand, &a)) return NULL;
     tv *r = fn(rt, NULL, &a);
     args_free(&a);
-    if (r && is_test && n->op) {
+    if (r && is_test && (n->op & 1)) {
         int t = tv_truthy(r);
         tv_unref(r);
         r = tv_bool(!t);
@@ -973,12 +973,68 @@ static int exec_body(tmpl_rt *rt, tmpl_frame *f, const tnode_list *body) {
 
 /* ---- public API ---- */
 
+/* jinja2 resolves filter and test names when it compiles: an unknown name is a
+ * TemplateAssertionError at parse time, except inside an if statement or an inline if
+ * ("soft" frames, which for-loops, macros and blocks do not inherit), where the error is
+ * deferred to when the filter runs. Marks deferred nodes with op bit 2. */
+static int check_names_list(const tnode_list *l, int soft, char *err, size_t errlen);
+
+static int check_names(tnode *n, int soft, char *err, size_t errlen) {
+    if (!n) return 0;
+    int inner = soft;
+    switch (n->type) {
+    case S_IF:
+    case N_COND: inner = 1; break;
+    case S_FOR:
+        if (check_names(n->a, soft, err, errlen)) return -1;
+        return check_names(n->b, 0, err, errlen) || check_names_list(&n->l1, 0, err, errlen) ||
+               check_names_list(&n->l2, 0, err, errlen) ? -1 : 0;
+    case S_MACRO:
+    case S_SETBLOCK:
+    case S_FILTERBLOCK:
+    case S_CALLBLOCK: inner = 0; break;
+    case N_FILTER:
+    case N_TEST: {
+        int known = n->type == N_FILTER ? tmpl_find_filter(n->name) != NULL
+                                        : tmpl_find_test(n->name) != NULL;
+        if (!known && !soft)
+            return specd_errf(err, errlen, SPECD_ETEMPLATE,
+                              "TemplateAssertionError: No %s named '%s'. (line %d)",
+                              n->type == N_FILTER ? "filter" : "test", n->name, n->line);
+        if (!known) n->op |= 2;
+        break;
+    }
+    default: break;
+    }
+    /* chains of filters on set/filter blocks are evaluated in the enclosing frame */
+    if (n->type == S_SETBLOCK || n->type == S_FILTERBLOCK) {
+        if (check_names_list(&n->l2, soft, err, errlen) || check_names_list(&n->l1, 0, err, errlen))
+            return -1;
+        return 0;
+    }
+    if (check_names(n->a, inner, err, errlen) || check_names(n->b, inner, err, errlen) ||
+        check_names(n->c, inner, err, errlen) || check_names(n->d, inner, err, errlen) ||
+        check_names_list(&n->l1, inner, err, errlen) || check_names_list(&n->l2, inner, err, errlen))
+        return -1;
+    return 0;
+}
+
+static int check_names_list(const tnode_list *l, int soft, char *err, size_t errlen) {
+    for (size_t i = 0; i < l->n; i++)
+        if (check_names(l->v[i], soft, err, errlen)) return -1;
+    return 0;
+}
+
 tmpl_template *tmpl_parse(const char *src, size_t len, char *err, size_t errlen) {
     tk_list toks;
     if (tmpl_lex(src, len, &toks, err, errlen)) return NULL;
     tnode_list *body = tmpl_parse_tokens(&toks, err, errlen);
     tmpl_tokens_free(&toks);
     if (!body) return NULL;
+    if (check_names_list(body, 0, err, errlen)) {
+        tmpl_body_free(body);
+        return NULL;
+    }
     tmpl_template *t = calloc(1, sizeof *t);
     if (!t) {
         tmpl_body_free(body);

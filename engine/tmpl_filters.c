@@ -678,6 +678,7 @@ static tv *f_map(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *fname = a->npos > 1 ? a->pos[1] : NULL;
     if (!attr && (!fname || fname->kind != TV_STR))
         return tmpl_fail(rt, "FilterArgumentError: map requires a filter name or attribute=");
+    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_list());   /* jinja2: `if value:` */
     tv *items = tmpl_iter_list(rt, arg0(a));
     if (!items) return NULL;
     tv *r = tv_list();
@@ -705,6 +706,7 @@ static tv *select_impl(tmpl_rt *rt, const tv_args *a, int by_attr, int want) {
     if (test && test->kind != TV_STR) return tmpl_fail(rt, "TypeError: test name must be a string");
     tv_args extra = {a->npos > ti + 1 ? a->pos + ti + 1 : NULL, a->npos > ti + 1 ? a->npos - ti - 1 : 0,
                      NULL, NULL, 0};
+    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_list());   /* jinja2: `if value:` */
     tv *items = tmpl_iter_list(rt, arg0(a));
     if (!items) return NULL;
     tv *r = tv_list();

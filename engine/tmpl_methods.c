@@ -236,10 +236,8 @@ static tv *split_impl(tmpl_rt *rt, tv *self, const tv_args *a, int from_right) {
         for (;;) {
             while (i < len && ascii_space(s[i])) i++;
             if (i >= len) break;
-            if (maxsplit == 0) {
-                size_t e = len;
-                while (e > i && ascii_space(s[e - 1])) e--;
-                ADD(i, e);
+            if (maxsplit == 0) {   /* the rest keeps its trailing whitespace */
+                ADD(i, len);
                 break;
             }
             size_t st = i;
@@ -253,9 +251,7 @@ static tv *split_impl(tmpl_rt *rt, tv *self, const tv_args *a, int from_right) {
             while (i > 0 && ascii_space(s[i - 1])) i--;
             if (i == 0) break;
             if (maxsplit == 0) {
-                size_t st = 0;
-                while (st < i && ascii_space(s[st])) st++;
-                ADD(st, i);
+                ADD(0, i);
                 break;
             }
             size_t en = i;

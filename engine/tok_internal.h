@@ -154,6 +154,10 @@ int tok_normalize(const tok_tokenizer *t, const char *s, size_t n, tok_buf *out)
 pcre2_code *tok_regex_compile(const char *pat, size_t len, int literal, char *err,
                               size_t errlen);
 
+/* pcre2_match on valid UTF-8, falling back from the JIT when its stack runs out. */
+int tok_regex_match(const pcre2_code *re, const char *s, size_t n, size_t pos,
+                    pcre2_match_data *md);
+
 typedef struct { size_t off, len; int first; } tok_piece;
 typedef struct {
     tok_piece *v;

@@ -326,6 +326,16 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, int literal, char *er
     return re;
 }
 
+int tok_regex_match(const pcre2_code *re, const char *s, size_t n, size_t pos,
+                    pcre2_match_data *md) {
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+    /* the JIT's 32 KiB machine stack can run out on odd input; the interpreter keeps its
+     * backtracking on the heap */
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+        rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
+    return rc;
+}
+
 static int pieces_push(tok_pieces *p, size_t off, size_t len, int first) {
     if (p->n == p->cap) {
         size_t cap = p->cap ? p->cap * 2 : 64;
@@ -386,7 +396,7 @@ static int split_piece(const tok_pre *st, const tok_buf *buf, tok_piece pc, span
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     size_t start_out = out->n;
     while (pos <= pc.len) {
-        int rc = pcre2_match(st->re, subj, pc.len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+        int rc = tok_regex_match(st->re, (const char *)subj, pc.len, pos, md);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) return rc == PCRE2_ERROR_NOMEMORY ? SPECD_ENOMEM : SPECD_EINVAL;
         size_t ms = ov[0], me = ov[1];

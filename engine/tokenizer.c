@@ -339,7 +339,7 @@ static int encode_fast(const tok_tokenizer *t, const char *s, size_t n, enc_stat
     size_t pos = 0, last = 0;
     int rc = 0;
     while (pos <= n && !rc) {
-        int m = pcre2_match(t->fast_re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, st->md, NULL);
+        int m = tok_regex_match(t->fast_re, s, n, pos, st->md);
         if (m == PCRE2_ERROR_NOMATCH) break;
         if (m < 0) return m == PCRE2_ERROR_NOMEMORY ? SPECD_ENOMEM : SPECD_EINVAL;
         size_t ms = ov[0], me = ov[1];

@@ -348,6 +348,8 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     sse_chan_bind(x->chan, park_conn, wake_conn, x->conn);
     sse_chan_ref(x->chan);
     job->chan = x->chan;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(x->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    job->fd = ci ? (int)ci->connect_fd : -1;
     int rc = loop_submit(s->lp, job, &x->job_id);  /* consumes job */
     if (rc == SPECD_ENOSPACE)
         return fail(x, 429, "rate_limit_error", NULL, NULL, "too many requests in the queue; retry later");

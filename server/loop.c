@@ -6,6 +6,7 @@
  * (job id << 8) | choice index, so an event finds its choice through the job table. */
 #include "server/loop.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -64,6 +65,9 @@ struct loop {
     int stepping, step_rc, handles_open;
     engine_output out;
     double drain_deadline, last_deadline_check;
+    struct pollfd *pfd;
+    loop_job **pfd_job;
+    int cap_pfd;
     char *detok;
 };
 
@@ -109,6 +113,8 @@ void loop_destroy(loop *l) {
     pthread_mutex_destroy(&l->mu);
     free(l->in_cancel);
     free(l->cancels);
+    free(l->pfd);
+    free(l->pfd_job);
     free(l->detok);
     free(l);
 }
@@ -603,12 +609,52 @@ static void stop_loop(loop *l) {
     uv_stop(l->uv);
 }
 
+/* The client of a job is gone: end it without a reply. */
+static void client_gone(loop *l, loop_job *job) {
+    job->cancelled = 1;
+    abort_choices(l, job);
+    for (int k = 0; k < job->n_choices; k++)
+        if (!job->choices[k].done) metrics_request_finished(l->m, "abort");
+    log_job(l, job, 499);  /* nginx's "client closed request" */
+    sse_chan_close(job->chan, 499);  /* resumes a parked connection so MHD can clean it up */
+    release_job(l, job);
+}
+
+/* MHD does not watch a suspended connection, so a client that hangs up while its request
+ * waits (queued, or a non-streaming reply) would go unnoticed until the reply. One poll()
+ * over the sockets of all in-flight jobs, every TICK_MS, finds them. A socket stays open
+ * while its job is in the table: MHD never closes a suspended connection, and the handler
+ * that submitted the job has not returned before it suspends. */
+static void check_clients(loop *l) {
+    if (!l->n_jobs) return;
+    if (l->n_jobs > l->cap_pfd) {
+        int cap = l->n_jobs * 2;
+        struct pollfd *p = realloc(l->pfd, (size_t)cap * sizeof *p);
+        loop_job **j = realloc(l->pfd_job, (size_t)cap * sizeof *j);
+        if (p) l->pfd = p;
+        if (j) l->pfd_job = j;
+        if (!p || !j) return;
+        l->cap_pfd = cap;
+    }
+    int n = 0;
+    for (int b = 0; b < N_BUCKETS; b++)
+        for (loop_job *j = l->buckets[b]; j; j = j->hnext)
+            if (j->fd >= 0 && n < l->cap_pfd) {
+                l->pfd[n] = (struct pollfd){.fd = j->fd, .events = POLLRDHUP};
+                l->pfd_job[n++] = j;
+            }
+    if (poll(l->pfd, (nfds_t)n, 0) <= 0) return;
+    for (int i = 0; i < n; i++)
+        if (l->pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) client_gone(l, l->pfd_job[i]);
+}
+
 /* Request timeouts and the drain deadline. Between steps only: fail_job aborts engine
  * requests. Runs at most every TICK_MS. */
 static void check_deadlines(loop *l) {
     double now = loop_now();
     if (now - l->last_deadline_check < TICK_MS * 1e-3) return;
     l->last_deadline_check = now;
+    check_clients(l);
     int past_drain = atomic_load(&l->state) == LOOP_DRAINING && now > l->drain_deadline;
     if (l->cfg.request_timeout <= 0 && !past_drain) return;
     for (int b = 0; b < N_BUCKETS; b++) {

@@ -156,3 +156,25 @@ def test_drain_timeout_ends_stragglers_and_second_signal_exits_now(server_factor
     srv2.proc.send_signal(signal.SIGTERM)
     assert srv2.proc.wait(10) == 1
     t.join(30)
+
+
+def test_abandoned_non_streaming_and_queued_requests_are_cancelled(server_factory):
+    srv = server_factory(TINY, "--max-seq-len", "60000", "--max-batch", "2", name="abandon2")
+    base = srv.metric("kv_blocks_used")
+    socks = []
+    for i in range(6):  # 2 run, 4 wait in the queue; none would finish for a long time
+        body = json.dumps({"prompt": [i + 1, 2, 3], "max_tokens": 50000, "ignore_eos": True,
+                           "stream": i % 2 == 0}).encode()
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(s)
+    assert wait_for(lambda: srv.metric("num_requests_running") == 2 and srv.metric("num_requests_waiting") == 4, 10)
+    for s in socks:
+        s.close()
+    assert wait_for(lambda: srv.metric("num_requests_running") == 0 and srv.metric("num_requests_waiting") == 0, 5)
+    assert wait_for(lambda: srv.metric("kv_blocks_used") == base, 5)
+    text = requests.get(srv.url + "/metrics").text
+    aborted = [l for l in text.splitlines() if 'finished_reason="abort"' in l]
+    assert float(aborted[0].rsplit(" ", 1)[1]) == 6
+    assert srv.post("/v1/completions", {"prompt": [1], "max_tokens": 2}).status_code == 200

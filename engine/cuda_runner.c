@@ -17,7 +17,7 @@
 #include "engine/cuda_internal.h"
 #include "engine/err.h"
 
-#define DEC_SPLIT_LEN 256
+#define DEC_SPLIT_LEN 64   /* max decode splits = ceil(max_seq_len / 64), capped at 64 */
 
 void cuda_fail(cuda_runner *r, const char *file, int line, const char *what, const char *msg) {
     if (!r->failed)
@@ -465,7 +465,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->LR = c->max_batch > 256 ? c->max_batch : (r->T < 256 ? r->T : 256);
     r->dec_split_len = DEC_SPLIT_LEN;
     r->dec_splits = (c->max_seq_len + DEC_SPLIT_LEN - 1) / DEC_SPLIT_LEN;
-    r->ws_tok_splits = (size_t)(c->max_batch > 64 ? c->max_batch : 64) * r->dec_splits;
+    if (r->dec_splits > 64) r->dec_splits = 64;
+    /* Decode uses about B + 2*SMs/KVH (token, split) pairs; eager passes fit under this. */
+    r->ws_tok_splits = (size_t)4 * (c->max_batch > 64 ? c->max_batch : 64) + 2 * (size_t)r->n_sm;
     if (alloc_work(r)) goto cuda_err;
 
     /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot). */

@@ -17,6 +17,12 @@
 static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n,
                 float *Y, float beta) {
     const float alpha = 1.f;
+    /* Decode-sized batches stream the weights through our GEMV (memory-bound: cuBLAS's
+     * choice for n <= 8 reached about half the copy bandwidth here). */
+    if (n <= K_GEMV_MAX_N && in % 8 == 0) {
+        K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
+        return 0;
+    }
     /* Row-major Y[n, out] = X[n, in] . W[out, in]^T is column-major Y^T = W^T' X^T'. */
     BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W,
                                CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, out,
@@ -100,6 +106,16 @@ static size_t dec_in_bytes(const cuda_runner *r) {
     return (size_t)r->base.cfg.max_batch * (8 + sizeof(k_sample_params));
 }
 
+/* Splits per decode row so that B rows x KV heads x splits is about two waves; the
+ * kernel divides each row's actual context over them at run time. */
+static int dec_splits_for(const cuda_runner *r, int B) {
+    long rows = (long)B * r->m[0].KVH;
+    long n = (2L * r->n_sm + rows - 1) / rows;
+    if (n > r->dec_splits) n = r->dec_splits;
+    if (n * B > (long)r->ws_tok_splits) n = (long)r->ws_tok_splits / B;
+    return n < 1 ? 1 : (int)n;
+}
+
 int cuda_enqueue_decode(cuda_runner *r, int B) {
     const int MB = r->base.cfg.max_batch;
     int32_t *in = r->d_dec_in;
@@ -115,7 +131,7 @@ int cuda_enqueue_decode(cuda_runner *r, int B) {
         .which = RUNNER_TARGET, .n_tok = B, .n_rows = B, .tokens = tokens, .tok_slot = slots,
         .tok_j = r->d_zeros, .row_slot = slots, .row_tok_off = r->d_iota, .row_n_new = r->d_ones,
         .item_row = r->d_iota, .item_q0 = r->d_zeros, .n_items = B, .qt = 1,
-        .n_splits = r->dec_splits, .split_len = r->dec_split_len,
+        .n_splits = dec_splits_for(r, B), .split_len = 0,
     };
     if ((rc = cuda_enqueue_pass(r, &p))) return rc;
     if ((rc = cuda_enqueue_logits(r, RUNNER_TARGET, NULL, B))) return rc;

@@ -49,10 +49,15 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
     const int len = g.lens[slot * 2 + g.which];
     const int cap = g.max_blocks * g.block_size;
     const int kend = min(len + q0 + nq, cap);
-    const int ks0 = split * w.split_len;
+    int split_len = w.split_len;
+    if (split_len <= 0) {
+        int per = (kend + w.n_splits - 1) / w.n_splits;
+        split_len = max(ATT_TILE, (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
+    }
+    const int ks0 = split * split_len;
     /* The last split takes every remaining key, so a split count sized from a stale host
      * view of the lengths costs speed, never keys. */
-    const int ke = split == w.n_splits - 1 ? kend : min(ks0 + w.split_len, kend);
+    const int ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
     const int *bt = g.bt + (size_t)slot * g.max_blocks;
     const uint16_t *pool = *g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;
@@ -250,7 +255,7 @@ static int dispatch_rows(int rows, const float *q, uint16_t *out, int H, int KVH
 extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
                            float scale, const k_kv_geom *g, const k_attn_work *w,
                            cudaStream_t s) {
-    if (H <= 0 || KVH <= 0 || H % KVH || w->qt <= 0 || w->n_splits <= 0 || w->split_len <= 0)
+    if (H <= 0 || KVH <= 0 || H % KVH || w->qt <= 0 || w->n_splits <= 0 || w->split_len < 0)
         return -1;
     int rows = w->qt * (H / KVH);
     if (rows > 64) return -1;

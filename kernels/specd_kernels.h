@@ -71,7 +71,8 @@ int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
  *   q   [n_tok, H, D] fp32 (kept fp32: one bf16 rounding fewer), out [n_tok, H, D] bf16.
  *   row_slot/row_tok_off/row_n_new [n_rows]; item_row/item_q0 [n_items].
  *   ws_o  [n_splits, n_tok, H, D] fp32, ws_ml [n_splits, n_tok, H, 2] fp32 (may be NULL
- *   when n_splits == 1).  D must be 32, 64 or 128; qt * (H / KVH) <= 64. */
+ *   when n_splits == 1). split_len == 0: each item divides its own context (read on the
+ *   device) evenly over n_splits, so a captured graph spreads any length. D must be 32, 64 or 128; qt * (H / KVH) <= 64. */
 typedef struct {
     const int32_t *row_slot, *row_tok_off, *row_n_new;
     const int32_t *item_row, *item_q0;
@@ -81,6 +82,13 @@ typedef struct {
 } k_attn_work;
 int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
                 const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
+
+/* Skinny GEMM for decode: Y[t, o] = (accumulate ? Y[t, o] : 0) + sum_k W[o, k] X[t, k] for
+ * t < n <= K_GEMV_MAX_N. W [out, in] bf16, X [n, in] bf16, Y [n, out] fp32; in % 8 == 0
+ * and W, X 16-byte aligned (else -1: use cuBLAS). */
+#define K_GEMV_MAX_N 8
+int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                int accumulate, cudaStream_t s);
 
 /* Per-row sampling parameters (same meaning as runner_sampling). */
 typedef struct {

@@ -332,6 +332,8 @@ static void test_attention_decode_rows_match_reference(void **state) {
     run_attention_case(8, 2, 128, nn, 4, 3, 128);    /* flash-decoding splits */
     run_attention_case(12, 2, 64, nn, 3, 5, 64);     /* G = 6, D = 64 */
     run_attention_case(4, 2, 32, nn, 4, 2, 128);     /* the tiny fixtures' shape */
+    run_attention_case(8, 2, 128, nn, 4, 7, 0);      /* splits sized on the device */
+    run_attention_case(16, 8, 64, nn, 4, 33, 0);     /* more splits than tiles */
 }
 
 static void test_attention_verify_rows_are_causal_among_new_tokens(void **state) {
@@ -349,6 +351,42 @@ static void test_attention_prefill_chunks_match_reference(void **state) {
     run_attention_case(8, 8, 64, nn, 3, 4, 128);
     run_attention_case(4, 2, 32, nn, 3, 1, 384);
     run_attention_case(2, 1, 32, nn, 3, 2, 192);
+}
+
+static void run_gemv_case(int out, int in, int n, int accumulate) {
+    uint16_t *w = malloc((size_t)out * in * 2), *x = malloc((size_t)n * in * 2);
+    float *y0 = malloc((size_t)n * out * 4);
+    for (size_t i = 0; i < (size_t)out * in; i++) w[i] = gu_f2bf(gu_uniform(&g_rng, -1, 1));
+    for (size_t i = 0; i < (size_t)n * in; i++) x[i] = gu_f2bf(gu_uniform(&g_rng, -1, 1));
+    for (size_t i = 0; i < (size_t)n * out; i++) y0[i] = gu_uniform(&g_rng, -5, 5);
+    uint16_t *d_w = gu_upload(w, (size_t)out * in * 2), *d_x = gu_upload(x, (size_t)n * in * 2);
+    float *d_y = accumulate ? gu_upload(y0, (size_t)n * out * 4) : gu_dev((size_t)n * out * 4);
+    assert_int_equal(k_gemv_bf16(d_w, d_x, d_y, out, in, n, accumulate, 0), 0);
+    float *y = malloc((size_t)n * out * 4);
+    gu_download(y, d_y, (size_t)n * out * 4);
+    double *ref = malloc((size_t)n * out * 8);
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < out; o++) {
+            double s = accumulate ? y0[(size_t)t * out + o] : 0;
+            for (int k = 0; k < in; k++)
+                s += (double)gu_bf2f(w[(size_t)o * in + k]) * gu_bf2f(x[(size_t)t * in + k]);
+            ref[(size_t)t * out + o] = s;
+        }
+    char name[96];
+    snprintf(name, sizeof name, "gemv out%d in%d n%d acc%d", out, in, n, accumulate);
+    double e = gu_rel_err(y, ref, (size_t)n * out);
+    report(name, e);
+    assert_true(e < 1e-5);   /* fp32 accumulation of exact bf16 products */
+    cudaFree(d_w); cudaFree(d_x); cudaFree(d_y);
+    free(w); free(x); free(y0); free(y); free(ref);
+}
+
+static void test_gemv_matches_reference(void **state) {
+    (void)state;
+    run_gemv_case(1000, 4096, 1, 0);
+    run_gemv_case(333, 1544, 3, 1);
+    run_gemv_case(517, 136, 8, 0);
+    run_gemv_case(64, 8, 5, 1);
 }
 
 /* ---- sampling ---------------------------------------------------------------------- */
@@ -527,6 +565,7 @@ int main(void) {
         cmocka_unit_test(test_attention_decode_rows_match_reference),
         cmocka_unit_test(test_attention_verify_rows_are_causal_among_new_tokens),
         cmocka_unit_test(test_attention_prefill_chunks_match_reference),
+        cmocka_unit_test(test_gemv_matches_reference),
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),
         cmocka_unit_test(test_sample_same_seed_same_token_other_counter_varies),

@@ -1051,15 +1051,15 @@ void tmpl_free(tmpl_template *t) {
     free(t);
 }
 
-int tmpl_render(const tmpl_template *t, json_t *context, char **out, size_t *out_len,
-                char *err, size_t errlen) {
+int tmpl_render_at(const tmpl_template *t, json_t *context, time_t now, char **out,
+                   size_t *out_len, char *err, size_t errlen) {
     *out = NULL;
     if (out_len) *out_len = 0;
     if (context && !json_is_object(context))
         return specd_errf(err, errlen, SPECD_EINVAL, "template context must be a JSON object");
     tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
     tmpl_frame root = {NULL, NULL};
-    tmpl_rt rt = {.err = err, .errlen = errlen, .out = &buf, .root = &root};
+    tmpl_rt rt = {.err = err, .errlen = errlen, .out = &buf, .root = &root, .now = now};
     if (context) {
         root.vars = tv_from_json(context);
         if (!root.vars) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
@@ -1076,21 +1076,39 @@ int tmpl_render(const tmpl_template *t, json_t *context, char **out, size_t *out
     return 0;
 }
 
+int tmpl_render(const tmpl_template *t, json_t *context, char **out, size_t *out_len,
+                char *err, size_t errlen) {
+    return tmpl_render_at(t, context, time(NULL), out, out_len, err, errlen);
+}
+
+json_t *tmpl_chat_context(json_t *messages, json_t *tools, int add_generation_prompt,
+                          const char *bos_token, const char *eos_token, json_t *extra) {
+    json_t *ctx = json_object();
+    if (!ctx) return NULL;
+    /* HF passes tools and documents as None when absent, so `tools is not none` works and
+     * iterating them raises as it does there. */
+    int rc = json_object_set(ctx, "messages", messages ? messages : json_null());
+    rc |= json_object_set(ctx, "tools", tools ? tools : json_null());
+    rc |= json_object_set_new(ctx, "documents", json_null());
+    rc |= json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));
+    if (bos_token) rc |= json_object_set_new(ctx, "bos_token", json_string(bos_token));
+    if (eos_token) rc |= json_object_set_new(ctx, "eos_token", json_string(eos_token));
+    if (extra && json_is_object(extra)) rc |= json_object_update(ctx, extra);
+    if (rc) {
+        json_decref(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
 int tmpl_render_chat(const tmpl_template *t, json_t *messages, json_t *tools,
                      int add_generation_prompt, const char *bos_token,
                      const char *eos_token, json_t *extra, char **out, size_t *out_len,
                      char *err, size_t errlen) {
-    json_t *ctx = json_object();
+    *out = NULL;
+    json_t *ctx = tmpl_chat_context(messages, tools, add_generation_prompt, bos_token, eos_token,
+                                    extra);
     if (!ctx) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
-    /* HF passes tools and documents as None when absent, so `tools is not none` works and
-     * iterating them raises as it does there. */
-    json_object_set(ctx, "messages", messages ? messages : json_null());
-    json_object_set(ctx, "tools", tools ? tools : json_null());
-    json_object_set_new(ctx, "documents", json_null());
-    json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));
-    if (bos_token) json_object_set_new(ctx, "bos_token", json_string(bos_token));
-    if (eos_token) json_object_set_new(ctx, "eos_token", json_string(eos_token));
-    if (extra && json_is_object(extra)) json_object_update(ctx, extra);
     int rc = tmpl_render(t, ctx, out, out_len, err, errlen);
     json_decref(ctx);
     return rc;

@@ -12,6 +12,7 @@
 #define SPECD_TMPL_H
 
 #include <stddef.h>
+#include <time.h>
 #include <jansson.h>
 
 typedef struct tmpl_template tmpl_template;
@@ -35,5 +36,16 @@ int tmpl_render_chat(const tmpl_template *t, json_t *messages, json_t *tools,
                      int add_generation_prompt, const char *bos_token,
                      const char *eos_token, json_t *extra, char **out, size_t *out_len,
                      char *err, size_t errlen);
+
+/* tmpl_render with strftime_now() reporting `now` (local time) instead of the current
+ * time, for reproducible renders. */
+int tmpl_render_at(const tmpl_template *t, json_t *context, time_t now, char **out,
+                   size_t *out_len, char *err, size_t errlen);
+
+/* The context tmpl_render_chat renders with (new reference, NULL on allocation failure):
+ * messages, tools (JSON null when NULL, as HF passes None), documents (null),
+ * add_generation_prompt, bos_token / eos_token when non-NULL, then extra's keys. */
+json_t *tmpl_chat_context(json_t *messages, json_t *tools, int add_generation_prompt,
+                          const char *bos_token, const char *eos_token, json_t *extra);
 
 #endif

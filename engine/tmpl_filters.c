@@ -889,9 +889,8 @@ static tv *g_strftime_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *fmt = tmpl_arg(a, 0, "format");
     if (!fmt || fmt->kind != TV_STR) return tmpl_fail(rt, "TypeError: strftime() argument 1 must be str");
-    time_t now = time(NULL);
     struct tm tm;
-    localtime_r(&now, &tm);
+    localtime_r(&rt->now, &tm);
     char out[1024];
     size_t n = fmt->u.str.len ? strftime(out, sizeof out, fmt->u.str.s, &tm) : 0;
     return oom_or(rt, tv_str(out, n));

@@ -8,6 +8,7 @@
 #define SPECD_TMPL_INTERNAL_H
 
 #include <stdint.h>
+#include <time.h>
 
 #include "engine/tmpl_ast.h"
 #include "engine/tmpl_value.h"
@@ -16,7 +17,7 @@
 #define TMPL_MAX_CALL_DEPTH 100            /* nested macro calls */
 #define TMPL_MAX_EVAL_DEPTH 400            /* nested expression / statement evaluation */
 #define TMPL_MAX_OUTPUT (64u << 20)        /* bytes of rendered text, and of any string */
-#define TMPL_MAX_STEPS 50000000ull         /* statements + loop iterations per render */
+#define TMPL_MAX_STEPS 10000000ull         /* statements + loop iterations per render */
 #define TMPL_MAX_RANGE 100000              /* jinja2's sandbox MAX_RANGE */
 
 struct tmpl_rt {
@@ -28,6 +29,7 @@ struct tmpl_rt {
     tv *caller;             /* body of the enclosing {% call %}, for the next macro call */
     int call_depth, eval_depth;
     uint64_t steps;
+    time_t now;             /* what strftime_now() reports */
 };
 
 /* Record an error (first one wins). Returns NULL so callers can `return tmpl_fail(...)`. */

@@ -973,3 +973,34 @@ int model_shape_preset(const char *name, model_config *c) {
     }
     return SPECD_ENOTFOUND;
 }
+
+/* ---- rotary frequencies (shared by every runner) ---- */
+
+void model_rope_inv_freq(const model_config *c, int round_to_bf16, float *inv) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++)
+        inv[i] = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+    if (c->rope_type == ROPE_LLAMA3) {
+        float factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+        float old_ctx = (float)c->rope_orig_max_pos;
+        float low_wl = old_ctx / lo, high_wl = old_ctx / hi;
+        for (int i = 0; i < half; i++) {
+            float wl = 2.0f * (float)M_PI / inv[i];
+            float f = wl > low_wl ? inv[i] / factor : inv[i];
+            if (!(wl < high_wl) && !(wl > low_wl)) {
+                float smooth = (old_ctx / wl - lo) / (hi - lo);
+                f = (1.0f - smooth) * f / factor + smooth * f;
+            }
+            inv[i] = f;
+        }
+    }
+    if (round_to_bf16)
+        for (int i = 0; i < half; i++) {
+            uint32_t u;
+            memcpy(&u, &inv[i], 4);
+            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+            memcpy(&inv[i], &u, 4);
+        }
+}
+
+int model_rope_bf16_buffers(const model *m) { return m->tok_embd.dtype == TDT_BF16; }

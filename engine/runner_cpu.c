@@ -259,40 +259,6 @@ static void rope(float *v, int head_dim, int pos, const float *inv_freq) {
     }
 }
 
-static float round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Rotary frequencies as transformers computes them (fp32), with llama3 scaling. When the
- * checkpoint is stored in bf16, transformers loads the model in bf16 and its inv_freq
- * buffer is rounded to bf16 with it (and stays so after an upcast); the reference
- * outputs carry that rounding, so we apply it too (bf16_buffers). */
-static void init_inv_freq(float *inv, const model_config *c, int bf16_buffers) {
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++)
-        inv[i] = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
-    if (c->rope_type == ROPE_LLAMA3) {
-    float factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
-    float old_ctx = (float)c->rope_orig_max_pos;
-    float low_wl = old_ctx / lo, high_wl = old_ctx / hi;
-    for (int i = 0; i < half; i++) {
-        float wl = 2.0f * (float)M_PI / inv[i];
-        float f = wl > low_wl ? inv[i] / factor : inv[i];
-        if (!(wl < high_wl) && !(wl > low_wl)) {
-            float smooth = (old_ctx / wl - lo) / (hi - lo);
-            f = (1.0f - smooth) * f / factor + smooth * f;
-        }
-        inv[i] = f;
-    }
-    }
-    if (bf16_buffers)
-        for (int i = 0; i < half; i++) inv[i] = round_bf16(inv[i]);
-}
-
 /* ---- weights ------------------------------------------------------------------------ */
 
 static int load_tensor(float **dst, const tensor_view *t, int required, char *err, size_t errlen,
@@ -334,7 +300,7 @@ static int load_model(cpu_model *m, const model *src, int pool_layer0, char *err
     m->layers = calloc((size_t)m->c.n_layers, sizeof *m->layers);
     m->inv_freq = malloc(sizeof(float) * (size_t)(m->c.head_dim / 2));
     if (!m->layers || !m->inv_freq) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
-    init_inv_freq(m->inv_freq, &m->c, src->tok_embd.dtype == TDT_BF16);
+    model_rope_inv_freq(&m->c, model_rope_bf16_buffers(src), m->inv_freq);
     if ((rc = load_tensor(&m->tok_embd, &src->tok_embd, 1, err, errlen, "token embedding"))) return rc;
     if ((rc = load_tensor(&m->out_norm, &src->out_norm, 1, err, errlen, "final norm"))) return rc;
     if (src->lm_head.data == src->tok_embd.data || !src->lm_head.data) {

@@ -559,6 +559,8 @@ fail:
 /* ---- stop strings ------------------------------------------------------------------------- */
 
 int api_stop_scan(const char *text, size_t len, char *const *stops, int n_stops, size_t *emit) {
+    *emit = 0;
+    if (!len) return 0;  /* text may be NULL then */
     size_t best = (size_t)-1;
     for (int i = 0; i < n_stops; i++) {
         const char *hit = memmem(text, len, stops[i], strlen(stops[i]));

@@ -238,7 +238,7 @@ static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_
         *buf = nb;
         *cap = nc;
     }
-    memcpy(*buf + *len, s, n);
+    if (n) memcpy(*buf + *len, s, n);  /* s may be NULL when n is 0 */
     *len += n;
     (*buf)[*len] = 0;
     return 0;
@@ -484,7 +484,7 @@ static int drain_pending(loop *l, loop_choice *c, json_t *lp, int final, int had
     if (final && !hit) n = c->plen;
     if (n || lp || had_tokens) emit(l, c, c->pending, n, lp, had_tokens);
     c->offset += (long long)n;
-    memmove(c->pending, c->pending + n, c->plen - n);
+    if (c->plen > n) memmove(c->pending, c->pending + n, c->plen - n);
     c->plen -= n;
     if (hit) c->plen = 0;
     return hit;

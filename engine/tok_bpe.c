@@ -175,10 +175,13 @@ struct tok_bpe_scratch {
     size_t ccap, cn;
     tok_buf cstr;
     tok_ids cids;
+    int cache_on;
 };
 
-tok_bpe_scratch *tok_bpe_scratch_new(void) {
-    return calloc(1, sizeof(tok_bpe_scratch));
+tok_bpe_scratch *tok_bpe_scratch_new(int cache) {
+    tok_bpe_scratch *s = calloc(1, sizeof(tok_bpe_scratch));
+    if (s) s->cache_on = cache;
+    return s;
 }
 
 void tok_bpe_scratch_free(tok_bpe_scratch *s) {
@@ -351,7 +354,7 @@ static int cache_grow(tok_bpe_scratch *sc) {
 
 int tok_bpe_piece_cached(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scratch *sc,
                          tok_ids *out) {
-    if (n == 0 || n > CACHE_MAX_PIECE) return tok_bpe_piece(t, s, n, sc, out);
+    if (!sc->cache_on || n == 0 || n > CACHE_MAX_PIECE) return tok_bpe_piece(t, s, n, sc, out);
     if (sc->cn * 2 >= sc->ccap && sc->cn < CACHE_MAX_ENTRIES && cache_grow(sc))
         return SPECD_ENOMEM;
     uint64_t h = hash_bytes(s, n);

@@ -176,7 +176,8 @@ typedef struct {
 } tok_ids;
 int tok_ids_push(tok_ids *ids, int32_t id);
 typedef struct tok_bpe_scratch tok_bpe_scratch;
-tok_bpe_scratch *tok_bpe_scratch_new(void);
+/* cache: keep a per-scratch cache of short pieces (pays off on long texts only). */
+tok_bpe_scratch *tok_bpe_scratch_new(int cache);
 void tok_bpe_scratch_free(tok_bpe_scratch *s);
 int tok_bpe_piece(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scratch *sc,
                   tok_ids *out);

@@ -416,7 +416,7 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_spe
     tok_ids out = {0};
     enc_state st = {0};
     int rc = 0;
-    st.bpe = tok_bpe_scratch_new();
+    st.bpe = tok_bpe_scratch_new(len >= 16384);   /* the cache costs more than it saves on short text */
     st.md = pcre2_match_data_create(1, NULL);
     if (!st.bpe || !st.md) goto nomem;
     if (add_special)

@@ -83,10 +83,42 @@ def specd_ids(specd, tok, path):
     return json.loads(r.stdout)["ids"]
 
 
-def specd_mbps(specd, tok, path, reps):
-    r = subprocess.run([specd, "tokenize", "--tokenizer", tok, "--text-file", path,
-                        "--bench", str(reps)], capture_output=True, check=True)
+def specd_mbps(specd, tok, path, reps, chunk=0):
+    cmd = [specd, "tokenize", "--tokenizer", tok, "--text-file", path, "--bench", str(reps)]
+    if chunk:
+        cmd += ["--bench-chunk", str(chunk)]
+    r = subprocess.run(cmd, capture_output=True, check=True)
     return json.loads(r.stdout)
+
+
+def chunks(data, size):
+    """Documents of about `size` bytes, each cut after a newline (as specd --bench-chunk)."""
+    out, pos = [], 0
+    while pos < len(data):
+        end = len(data)
+        if pos + size < len(data):
+            nl = data.find(b"\n", pos + size)
+            end = nl + 1 if nl >= 0 else len(data)
+        out.append(data[pos:end].decode())
+        pos = end
+    return out
+
+
+def ids_hash(seq_of_ids):
+    h = 0
+    for ids in seq_of_ids:
+        for i in ids:
+            h = (h * 1000003 + i + 1) % (1 << 64)
+    return h
+
+
+def hf_best(fn, reps):
+    best = 1e30
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def main():
@@ -95,6 +127,7 @@ def main():
     ap.add_argument("--mb", type=float, default=10.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunk", type=int, default=2000, help="document size for the per-document run")
     a = ap.parse_args()
     try:
         from tokenizers import Tokenizer
@@ -122,20 +155,31 @@ def main():
                 k = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y),
                          min(len(got), len(want)))
                 print(f"  {name}: ids DIFFER at {k} (specd {len(got)} ids, HF {len(want)})")
-            best = 1e30
-            for _ in range(a.reps):
-                t0 = time.perf_counter()
-                hf.encode(text, add_special_tokens=False)
-                best = min(best, time.perf_counter() - t0)
-            hf_mbps = len(data) / 1e6 / best
+            hf_mbps = len(data) / 1e6 / hf_best(lambda: hf.encode(text, add_special_tokens=False),
+                                                 a.reps)
             sp = specd_mbps(a.specd, os.path.join(TOK, "hf", name), path, a.reps)
-            print(f"  {name:9s} ids {'identical' if same else 'DIFFERENT'} ({len(want)} tokens)  "
+            print(f"  {name:9s} one {len(data) / 1e6:.0f} MB string: ids "
+                  f"{'identical' if same else 'DIFFERENT'} ({len(want)} tokens)  "
+                  f"specd {sp['mb_per_s']:7.2f} MB/s  HF {hf_mbps:7.2f} MB/s  "
+                  f"ratio {sp['mb_per_s'] / hf_mbps:.2f}x")
+            # documents of prompt size, one encode call each (HF: one thread, no batch)
+            docs = chunks(data, a.chunk)
+            hf_ids = [hf.encode(d, add_special_tokens=False).ids for d in docs]
+            hf_mbps = len(data) / 1e6 / hf_best(
+                lambda: [hf.encode(d, add_special_tokens=False) for d in docs], a.reps)
+            sp = specd_mbps(a.specd, os.path.join(TOK, "hf", name), path, a.reps, a.chunk)
+            same = sp["hash"] == ids_hash(hf_ids) and sp["count"] == sum(map(len, hf_ids))
+            ok = ok and same
+            print(f"  {name:9s} {len(docs)} docs of ~{a.chunk} B: ids "
+                  f"{'identical' if same else 'DIFFERENT'} (hash)  "
                   f"specd {sp['mb_per_s']:7.2f} MB/s  HF {hf_mbps:7.2f} MB/s  "
                   f"ratio {sp['mb_per_s'] / hf_mbps:.2f}x")
         for name in ("gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"):
             g = os.path.join(TOK, "gguf", f"ggml-vocab-{name}.gguf")
             sp = specd_mbps(a.specd, g, path, a.reps)
-            print(f"  gguf {name:9s} specd {sp['mb_per_s']:7.2f} MB/s ({sp['count']} tokens)")
+            sc = specd_mbps(a.specd, g, path, a.reps, a.chunk)
+            print(f"  gguf {name:9s} specd {sp['mb_per_s']:7.2f} MB/s whole, "
+                  f"{sc['mb_per_s']:7.2f} MB/s per document ({sp['count']} tokens)")
     finally:
         os.unlink(path)
     sys.exit(0 if ok else 1)

@@ -1,6 +1,8 @@
 /* `specd tokenize` and `specd detokenize`: the tokenizer from a shell, no model, no HTTP.
- * The hidden `tokenize --bench N` encodes the text N times and prints the throughput as
- * JSON (scripts/bench_tokenizer.py uses it to compare with HF tokenizers). */
+ * The hidden `tokenize --bench N [--bench-chunk BYTES]` encodes the text N times (whole, or
+ * as documents of about BYTES each) and prints the best throughput as JSON;
+ * scripts/bench_tokenizer.py uses it to compare with HF tokenizers. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,32 +40,49 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Encodes `reps` times (at least once) and prints bytes, seconds, MB/s as JSON. */
+/* Encodes `reps` times (at least once) and prints bytes, seconds, MB/s as JSON. With
+ * chunk > 0 the text is encoded as separate documents of about `chunk` bytes (cut after a
+ * newline), the size of real prompts; "hash" then lets a caller check the ids without
+ * printing millions of them. */
 static int bench(const tok_tokenizer *t, const char *text, size_t len, int add_special,
-                 int reps) {
+                 int reps, size_t chunk) {
     char err[256];
     double best = 1e30;
-    int n = 0;
+    long count = 0;
+    uint64_t hash = 0;
     for (int r = 0; r < reps; r++) {
-        int32_t *ids;
         double t0 = now_s();
-        n = tok_encode(t, text, len, add_special, &ids, err, sizeof err);
-        double dt = now_s() - t0;
-        if (n < 0) {
-            fprintf(stderr, "specd tokenize: %s\n", err);
-            return 1;
+        count = 0;
+        hash = 0;
+        for (size_t pos = 0; pos < len || (len == 0 && pos == 0);) {
+            size_t end = len;
+            if (chunk && pos + chunk < len) {
+                const char *nl = memchr(text + pos + chunk, '\n', len - pos - chunk);
+                end = nl ? (size_t)(nl - text) + 1 : len;
+            }
+            int32_t *ids;
+            int n = tok_encode(t, text + pos, end - pos, add_special, &ids, err, sizeof err);
+            if (n < 0) {
+                fprintf(stderr, "specd tokenize: %s\n", err);
+                return 1;
+            }
+            for (int i = 0; i < n; i++, count++)
+                hash = hash * 1000003u + (uint64_t)(uint32_t)ids[i] + 1;
+            free(ids);
+            if (end == pos) break;
+            pos = end;
         }
-        free(ids);
+        double dt = now_s() - t0;
         if (dt < best) best = dt;
     }
-    printf("{\"bytes\":%zu,\"count\":%d,\"seconds\":%.6f,\"mb_per_s\":%.3f}\n", len, n, best,
-           (double)len / 1e6 / best);
+    printf("{\"bytes\":%zu,\"count\":%ld,\"hash\":%llu,\"seconds\":%.6f,\"mb_per_s\":%.3f}\n",
+           len, count, (unsigned long long)hash, best, (double)len / 1e6 / best);
     return 0;
 }
 
 int cmd_tokenize(int argc, char **argv) {
     const char *path = NULL, *text = NULL, *file = NULL;
-    int add_special = 0, json = 0, reps = 0;
+    int add_special = 0, json = 0, reps = 0, chunk = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -78,6 +97,11 @@ int cmd_tokenize(int argc, char **argv) {
         else if (i + 1 < argc && !strcmp(a, "--bench")) {
             if (cli_int(argv[++i], 1, 1000000, &reps)) {
                 fprintf(stderr, "specd tokenize: --bench wants a count >= 1\n");
+                return 2;
+            }
+        } else if (i + 1 < argc && !strcmp(a, "--bench-chunk")) {
+            if (cli_int(argv[++i], 1, 1 << 30, &chunk)) {
+                fprintf(stderr, "specd tokenize: --bench-chunk wants a byte count >= 1\n");
                 return 2;
             }
         } else {
@@ -107,7 +131,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     int rc = 0;
     if (reps) {
-        rc = bench(t, text, len, add_special, reps);
+        rc = bench(t, text, len, add_special, reps, (size_t)chunk);
         goto out;
     }
     int32_t *ids;

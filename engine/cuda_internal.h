@@ -102,6 +102,10 @@ typedef struct {
     cudaGraphExec_t graphs[64];
     size_t graph_bytes;
 
+    /* Diagnostics (env SPECD_CUDA_NO_GEMV / SPECD_CUDA_FIXED_SPLITS): route decode-sized
+     * GEMMs to cuBLAS / size decode attention splits on the host, to bisect numerics. */
+    int no_gemv, fixed_splits;
+
     int failed;
     char errmsg[512];
 } cuda_runner;

@@ -321,7 +321,7 @@ fail:
 static int alloc_work(cuda_runner *r) {
     const runner_config *cfg = &r->base.cfg;
     const int MB = cfg->max_batch, T = r->T;
-    size_t hid = 0, xbw = 0, f32w = 0, qd = 0, vocab = 0;
+    size_t hid = 0, xbw = 0, f32w = 0, qd = 0, vocab = 0, heads = 0;
     for (int i = 0; i < 2; i++) {
         const cuda_model *cm = &r->m[i];
         if (!cm->loaded) continue;
@@ -335,6 +335,7 @@ static int alloc_work(cuda_runner *r) {
         size_t f = qkv > 2 * F ? qkv : 2 * F;
         f32w = f > f32w ? f : f32w;
         vocab = (size_t)cm->c.vocab > vocab ? (size_t)cm->c.vocab : vocab;
+        heads = (size_t)cm->H > heads ? (size_t)cm->H : heads;
     }
     size_t slots = (size_t)MB + 1;
     if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||
@@ -342,7 +343,7 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_resid, (size_t)T * hid * 4) || dmalloc(r, &r->d_xb, (size_t)T * xbw * 2) ||
         dmalloc(r, &r->d_f32, (size_t)T * f32w * 4) || dmalloc(r, &r->d_q, (size_t)T * qd * 4) ||
         dmalloc(r, &r->d_ws_o, r->ws_tok_splits * qd * 4) ||
-        dmalloc(r, &r->d_ws_ml, r->ws_tok_splits * (qd / 64) * 2 * 4) ||
+        dmalloc(r, &r->d_ws_ml, r->ws_tok_splits * heads * 2 * 4) ||
         dmalloc(r, &r->d_logits, (size_t)r->LR * vocab * 4) ||
         dmalloc(r, &r->d_meta, (size_t)META_N * T * 4) || dmalloc(r, &r->d_iota, (size_t)T * 4) ||
         dmalloc(r, &r->d_zeros, (size_t)T * 4) || dmalloc(r, &r->d_ones, (size_t)T * 4) ||
@@ -421,6 +422,8 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         goto fail_free;
     }
     if (c->mem_fraction <= 0 || c->mem_fraction > 1) c->mem_fraction = 0.9;
+    r->no_gemv = getenv("SPECD_CUDA_NO_GEMV") && atoi(getenv("SPECD_CUDA_NO_GEMV"));
+    r->fixed_splits = getenv("SPECD_CUDA_FIXED_SPLITS") && atoi(getenv("SPECD_CUDA_FIXED_SPLITS"));
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

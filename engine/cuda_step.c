@@ -19,7 +19,7 @@ static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16
     const float alpha = 1.f;
     /* Decode-sized batches stream the weights through our GEMV (memory-bound: cuBLAS's
      * choice for n <= 8 reached about half the copy bandwidth here). */
-    if (n <= K_GEMV_MAX_N && in % 8 == 0) {
+    if (n <= K_GEMV_MAX_N && in % 8 == 0 && !r->no_gemv) {
         K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
@@ -133,6 +133,11 @@ int cuda_enqueue_decode(cuda_runner *r, int B) {
         .item_row = r->d_iota, .item_q0 = r->d_zeros, .n_items = B, .qt = 1,
         .n_splits = dec_splits_for(r, B), .split_len = 0,
     };
+    if (r->fixed_splits) {
+        p.split_len = r->dec_split_len * 4;
+        p.n_splits = (r->base.cfg.max_seq_len + p.split_len - 1) / p.split_len;
+        if ((size_t)p.n_splits * B > r->ws_tok_splits) p.n_splits = (int)(r->ws_tok_splits / B);
+    }
     if ((rc = cuda_enqueue_pass(r, &p))) return rc;
     if ((rc = cuda_enqueue_logits(r, RUNNER_TARGET, NULL, B))) return rc;
     K_CHECK(r, k_sample(r->d_logits, B, r->m[0].c.vocab, sp, out_tok, out_lp, s));

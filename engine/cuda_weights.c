@@ -81,26 +81,6 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* Rotary frequencies as transformers computes them in fp32, llama3-scaled if asked. */
-static void rope_inv_freq(const model_config *c, float *inv) {
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++)
-        inv[i] = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
-    if (c->rope_type != ROPE_LLAMA3) return;
-    float factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
-    float old_ctx = (float)c->rope_orig_max_pos;
-    float low_wl = old_ctx / lo, high_wl = old_ctx / hi;
-    for (int i = 0; i < half; i++) {
-        float wl = 2.0f * (float)M_PI / inv[i];
-        float f = wl > low_wl ? inv[i] / factor : inv[i];
-        if (!(wl < high_wl) && !(wl > low_wl)) {
-            float smooth = (old_ctx / wl - lo) / (hi - lo);
-            f = (1.0f - smooth) * f / factor + smooth * f;
-        }
-        inv[i] = f;
-    }
-}
-
 static uint64_t mix_seed(uint64_t seed, uint64_t tag) {
     uint64_t z = seed + 0x9E3779B97F4A7C15ull * (tag + 1);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -231,8 +211,10 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
             goto oom;
     }
 
+    /* The same frequencies as the CPU reference, including transformers' bf16 rounding of
+     * its rotary buffer for bf16 checkpoints (it decides positions > 0). */
     float inv[128];
-    rope_inv_freq(c, inv);
+    model_rope_inv_freq(c, model_rope_bf16_buffers(m), inv);
     CU_CHECK(r, cudaMemcpy(cm->inv_freq, inv, D / 2 * 4, cudaMemcpyHostToDevice));
 
     if (r->opts.random_weights) {

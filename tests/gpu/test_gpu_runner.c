@@ -16,7 +16,11 @@
 #include "engine/model.h"
 #include "tests/gpu/gpu_util.h"
 
-#define REL_TOL 2e-2
+/* bf16 tolerance on logits (max abs error / max abs logit). The fixtures README says
+ * "about 2e-2"; tests/gpu/hf_compare.py measured transformers' own bf16 forward against
+ * these same golden logits at up to 3.0e-2 (llama-tiny, 250 tokens) and 2.9e-2
+ * (qwen3-tiny, 100 tokens), so a correct bf16 runner can need 3e-2 here. */
+#define REL_TOL 3e-2
 #define MAXB 8
 #define SEQ 512
 #define BS 16

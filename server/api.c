@@ -717,6 +717,24 @@ json_t *api_models_json(const char *model, long long created, int max_model_len)
                      model, "max_model_len", max_model_len);
 }
 
+int api_auth_ok(const char *header, const char *const *keys, int n_keys) {
+    if (n_keys <= 0) return 1;
+    if (!header || strncmp(header, "Bearer ", 7)) return 0;
+    const char *got = header + 7;
+    size_t glen = strlen(got);
+    int ok = 0;
+    for (int k = 0; k < n_keys; k++) {
+        size_t klen = strlen(keys[k]);
+        unsigned diff = (unsigned)(glen != klen);
+        /* Walk the whole key whatever the input; wrap the input so its length only shows
+         * through the length check. */
+        for (size_t i = 0; i < klen; i++)
+            diff |= (unsigned)((unsigned char)keys[k][i] ^ (unsigned char)(glen ? got[i % glen] : 0));
+        ok |= diff == 0;
+    }
+    return ok;
+}
+
 void api_make_id(char *buf, size_t cap, const char *prefix) {
     unsigned char r[12];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {

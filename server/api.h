@@ -155,6 +155,10 @@ void api_logprobs_add(json_t *lp, api_kind kind, const char *tok, size_t tok_len
  * "max_model_len"}]} */
 json_t *api_models_json(const char *model, long long created, int max_model_len);
 
+/* Authorization header check: "Bearer <key>" against n keys (n == 0: no auth, always
+ * ok). Time does not depend on where a key differs: every key is compared in full. */
+int api_auth_ok(const char *header, const char *const *keys, int n_keys);
+
 /* Random id with a prefix ("cmpl-" + 24 hex digits). */
 void api_make_id(char *buf, size_t cap, const char *prefix);
 

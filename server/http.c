@@ -70,6 +70,9 @@ typedef struct {
     sse_chan *chan;          /* set once the job is handed to the loop */
     uint64_t job_id;
     int stream;
+    int status;              /* of a reply given here (the loop logs its own jobs) */
+    double t0;
+    char method[8], path[48];
 } conn_ctx;
 
 /* ---- replies ------------------------------------------------------------------------------ */
@@ -89,6 +92,7 @@ static enum MHD_Result reply_json(conn_ctx *x, int status, json_t *v) {
     char *s = json_dumps(v, JSON_COMPACT);
     json_decref(v);
     x->replied = 1;
+    x->status = status;
     if (!s) return MHD_NO;
     return reply_bytes(x->conn, status, "application/json", s, strlen(s), 0);
 }
@@ -107,21 +111,10 @@ static enum MHD_Result fail(conn_ctx *x, int status, const char *type, const cha
 
 /* ---- auth ----------------------------------------------------------------------------------- */
 
-/* Constant-time in the key contents: every key is compared in full, whatever matches. */
 static int key_ok(const srv_config *cfg, const char *header) {
-    if (!cfg->n_api_keys) return 1;
-    if (!header || strncmp(header, "Bearer ", 7)) return 0;
-    const char *got = header + 7;
-    size_t glen = strlen(got);
-    int ok = 0;
-    for (int k = 0; k < cfg->n_api_keys; k++) {
-        const char *key = cfg->api_keys[k];
-        size_t klen = strlen(key);
-        unsigned diff = (unsigned)(glen ^ klen);
-        for (size_t i = 0; i < klen; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(glen ? got[i % glen] : 0);
-        ok |= diff == 0;
-    }
-    return ok;
+    const char *keys[SRV_MAX_API_KEYS];
+    for (int k = 0; k < cfg->n_api_keys; k++) keys[k] = cfg->api_keys[k];
+    return api_auth_ok(header, keys, cfg->n_api_keys);
 }
 
 /* ---- endpoint handlers ---------------------------------------------------------------------- */
@@ -147,6 +140,7 @@ static enum MHD_Result handle_metrics(conn_ctx *x) {
     char *t = metrics_render(x->srv->m);
     if (!t) return MHD_NO;
     x->replied = 1;
+    x->status = 200;
     return reply_bytes(x->conn, 200, "text/plain; version=0.0.4; charset=utf-8", t, strlen(t), 0);
 }
 
@@ -351,6 +345,10 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(x->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     job->fd = ci ? (int)ci->connect_fd : -1;
     int rc = loop_submit(s->lp, job, &x->job_id);  /* consumes job */
+    if (rc) {  /* not in the loop: this is a plain reply again */
+        sse_chan_unref(x->chan);
+        x->chan = NULL;
+    }
     if (rc == SPECD_ENOSPACE)
         return fail(x, 429, "rate_limit_error", NULL, NULL, "too many requests in the queue; retry later");
     if (rc) return fail(x, 503, "server_error", NULL, NULL, "the server is not accepting requests");
@@ -402,6 +400,7 @@ static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_R
         json_decref(v);
         metrics_http_error(x->srv->m, 405);
         x->replied = 1;
+        x->status = 405;
         struct MHD_Response *resp = s ? MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE) : NULL;
         if (!resp) {
             free(s);
@@ -458,6 +457,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!(x = calloc(1, sizeof *x))) return MHD_NO;
         x->srv = s;
         x->conn = conn;
+        x->t0 = loop_now();
+        snprintf(x->method, sizeof x->method, "%s", method);
+        snprintf(x->path, sizeof x->path, "%s", url);
         *con_cls = x;
         enum MHD_Result ret;
         if (precheck(x, url, method, &ret)) return ret;
@@ -515,6 +517,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
             loop_cancel(s->lp, x->job_id);
         sse_chan_unref(x->chan);
         atomic_fetch_sub(&s->pending, 1);
+    } else if (x->status && (log_enabled(LOG_DEBUG) || (x->route != R_HEALTH && x->route != R_READY &&
+                                                        x->route != R_METRICS))) {
+        /* Replies given here (errors, /tokenize, /v1/models ...); probes only at debug. */
+        log_request_line line = {"-", x->method, x->path, x->status, 0, 0, -1.0, loop_now() - x->t0, NULL};
+        log_request(&line);
     }
     free(x->body);
     free(x);

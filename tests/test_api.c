@@ -451,6 +451,23 @@ static void test_models_json_and_ids(void **s) {
     assert_string_not_equal(a, b);
 }
 
+static void test_auth_bearer_keys(void **s) {
+    (void)s;
+    const char *keys[] = {"k1", "secret-two"};
+    assert_int_equal(api_auth_ok(NULL, keys, 0), 1);
+    assert_int_equal(api_auth_ok("anything", keys, 0), 1);
+    assert_int_equal(api_auth_ok("Bearer k1", keys, 2), 1);
+    assert_int_equal(api_auth_ok("Bearer secret-two", keys, 2), 1);
+    assert_int_equal(api_auth_ok(NULL, keys, 2), 0);
+    assert_int_equal(api_auth_ok("k1", keys, 2), 0);
+    assert_int_equal(api_auth_ok("Bearer ", keys, 2), 0);
+    assert_int_equal(api_auth_ok("Bearer k", keys, 2), 0);
+    assert_int_equal(api_auth_ok("Bearer k1k1", keys, 2), 0);
+    assert_int_equal(api_auth_ok("Bearer k2", keys, 2), 0);
+    assert_int_equal(api_auth_ok("Bearer secret-twO", keys, 2), 0);
+    assert_int_equal(api_auth_ok("bearer k1", keys, 2), 0);
+}
+
 /* ---- SSE --------------------------------------------------------------------------------- */
 
 static void test_sse_event_framing(void **s) {
@@ -766,6 +783,7 @@ int main(void) {
         cmocka_unit_test(test_logprobs_shapes),
         cmocka_unit_test(test_error_json_shape),
         cmocka_unit_test(test_models_json_and_ids),
+        cmocka_unit_test(test_auth_bearer_keys),
         cmocka_unit_test(test_sse_event_framing),
         cmocka_unit_test(test_chan_parks_when_empty_and_wakes_on_push),
         cmocka_unit_test(test_chan_detached_drops_and_never_wakes),

@@ -141,3 +141,20 @@ def test_foreign_tokenizer_ids_beyond_model_vocab_are_400(server_factory):
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
     assert isinstance(r.json()["choices"][0]["text"], str)
+
+
+def test_streamed_n_choices_match_non_streamed(smol):
+    body = {"model": model_id(smol), "messages": QUESTION, "max_tokens": 10, "temperature": 0.8, "seed": 11, "n": 2}
+    full = smol.post("/v1/chat/completions", body).json()
+    r = smol.post("/v1/chat/completions", dict(body, stream=True))
+    texts, finishes, roles = {}, {}, {}
+    for e in sse_events(r.content)[:-1]:
+        c = json.loads(e)["choices"][0]
+        texts[c["index"]] = texts.get(c["index"], "") + (c["delta"].get("content") or "")
+        if c["delta"].get("role"):
+            roles[c["index"]] = c["delta"]["role"]
+        if c["finish_reason"]:
+            finishes[c["index"]] = c["finish_reason"]
+    assert roles == {0: "assistant", 1: "assistant"}
+    assert texts == {c["index"]: c["message"]["content"] for c in full["choices"]}
+    assert finishes == {c["index"]: c["finish_reason"] for c in full["choices"]}

@@ -14,12 +14,16 @@
 #include "engine/cuda_internal.h"
 #include "engine/err.h"
 
+#define CUDA_GEMV_MAX_ROWS 2
+
 static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n,
                 float *Y, float beta) {
     const float alpha = 1.f;
-    /* Decode-sized batches stream the weights through our GEMV (memory-bound: cuBLAS's
-     * choice for n <= 8 reached about half the copy bandwidth here). */
-    if (n <= K_GEMV_MAX_N && in % 8 == 0 && !r->no_gemv) {
+    /* Batch 1-2 decode streams the weights through our GEMV (8B shape, batch 1: 7.13 ->
+     * 5.75 ms/token together with device-sized attention splits). At n = 8 it was slower
+     * than cuBLAS (9.2 vs 7.5 ms/step: fp32 FMA-bound), so larger n stay on cuBLAS;
+     * n = 3..4 is unmeasured. See tests/gpu/BENCH.md. */
+    if (n <= CUDA_GEMV_MAX_ROWS && in % 8 == 0 && !r->no_gemv) {
         K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }

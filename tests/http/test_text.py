@@ -158,3 +158,34 @@ def test_streamed_n_choices_match_non_streamed(smol):
     assert roles == {0: "assistant", 1: "assistant"}
     assert texts == {c["index"]: c["message"]["content"] for c in full["choices"]}
     assert finishes == {c["index"]: c["finish_reason"] for c in full["choices"]}
+
+
+def test_ready_is_503_while_loading(smol):
+    """The HTTP side is up before the model: /ready and generation answer 503 "loading"
+    while /health is 200. (Uses the SmolLM2 GGUF, whose load takes long enough to see.)"""
+    import subprocess
+    import time
+    from conftest import BIN, SMOL, free_port
+    port = free_port()
+    p = subprocess.Popen([BIN, "serve", "--model", SMOL, "--port", str(port), "--log-level", "warn"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen_loading = seen_ready = False
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not seen_ready:
+            try:
+                r = requests.get(f"http://127.0.0.1:{port}/ready", timeout=1)
+            except requests.RequestException:
+                time.sleep(0.005)
+                continue
+            if r.status_code == 503:
+                assert r.json() == {"status": "loading"}
+                assert requests.get(f"http://127.0.0.1:{port}/health").json() == {"status": "loading"}
+                g = requests.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x"})
+                seen_loading = seen_loading or g.status_code == 503
+            elif r.status_code == 200:
+                seen_ready = True
+    finally:
+        p.terminate()
+        p.wait(30)
+    assert seen_loading and seen_ready

@@ -404,9 +404,17 @@ static int load_config(tok_tokenizer *t, const char *path, int have_template, ch
     json_array_foreach(ct, i, x)   /* a list of named templates: take "default" */
         if (str_of(x, "name") && !strcmp(str_of(x, "name"), "default")) tmpl = str_of(x, "template");
     if (tmpl && !(t->chat_template = strdup(tmpl))) goto out;
-    if (!have_template) {   /* no TemplateProcessing: the config's flags decide */
-        if (bool_of(cfg, "add_bos_token", 0) && t->bos_id >= 0) t->prefix_ids[t->n_prefix++] = t->bos_id;
-        if (bool_of(cfg, "add_eos_token", 0) && t->eos_id >= 0) t->suffix_ids[t->n_suffix++] = t->eos_id;
+    /* Without a TemplateProcessing the config's flags decide. transformers' Llama/Gemma
+     * fast tokenizers also rebuild the template from these flags, so there they win. */
+    const char *cls = str_of(cfg, "tokenizer_class");
+    int rebuild = cls && (!strncmp(cls, "Llama", 5) || !strncmp(cls, "CodeLlama", 9) ||
+                          !strncmp(cls, "Gemma", 5));
+    if (!have_template || rebuild) {
+        int bos_flag = bool_of(cfg, "add_bos_token", rebuild ? 1 : 0);
+        int eos_flag = bool_of(cfg, "add_eos_token", 0);
+        t->n_prefix = t->n_suffix = 0;
+        if (bos_flag && t->bos_id >= 0) t->prefix_ids[t->n_prefix++] = t->bos_id;
+        if (eos_flag && t->eos_id >= 0) t->suffix_ids[t->n_suffix++] = t->eos_id;
     }
     rc = 0;
 out:

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -326,6 +327,54 @@ static void test_hf_config_gives_specials_and_template(void **st) {
     tok_free(l);
 }
 
+/* A checkpoint dir whose tokenizer_config.json gives bos/eos as AddedToken objects and a
+ * Llama tokenizer class with add_bos_token=false, add_eos_token=true: transformers
+ * rebuilds the post-processor from these flags, so must we. */
+static void test_config_flags_and_token_objects(void **st) {
+    (void)st;
+    char dir[] = "/tmp/specd_tok_XXXXXX", path[4200], target[8192];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    const char *fx = fixture_path("tokenizers/hf/llama3_1/tokenizer.json");
+    if (fx[0] != '/') {   /* make the symlink target absolute */
+        char cwd[2048];
+        assert_non_null(getcwd(cwd, sizeof cwd));
+        snprintf(target, sizeof target, "%s/%s", cwd, fx);
+    } else
+        snprintf(target, sizeof target, "%s", fx);
+    assert_int_equal(symlink(target, path), 0);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"tokenizer_class\": \"LlamaTokenizerFast\", \"add_bos_token\": false,"
+          " \"add_eos_token\": true, \"model_max_length\": 1000000000000000019884624838656,"
+          " \"bos_token\": {\"content\": \"<|begin_of_text|>\", \"special\": true},"
+          " \"eos_token\": {\"__type\": \"AddedToken\", \"content\": \"<|eot_id|>\"},"
+          " \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+          " {\"name\": \"default\", \"template\": \"D\"}]}", f);
+    fclose(f);
+    char err[512] = "";
+    tok_tokenizer *t = tok_load(dir, err, sizeof err);
+    if (!t) print_error("%s\n", err);
+    assert_non_null(t);
+    assert_string_equal(tok_bos_token(t), "<|begin_of_text|>");
+    assert_int_equal(tok_bos_id(t), 128000);
+    assert_int_equal(tok_eos_id(t), 128009);
+    assert_int_equal(tok_add_bos(t), 0);
+    assert_string_equal(tok_chat_template(t), "D");
+    int32_t *ids;
+    assert_int_equal(tok_encode(t, "Hello world", 11, 1, &ids, err, sizeof err), 3);
+    assert_int_equal(ids[0], 9906);
+    assert_int_equal(ids[1], 1917);
+    assert_int_equal(ids[2], 128009);
+    free(ids);
+    tok_free(t);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 static void test_gguf_metadata_specials(void **st) {
     (void)st;
     tok_tokenizer *t = load_fixture("tokenizers/gguf/ggml-vocab-llama-spm.gguf");
@@ -544,6 +593,7 @@ int main(void) {
         cmocka_unit_test(test_unicode_whitespace_and_nfc_match_hf),
         cmocka_unit_test(test_nfc_by_runs_equals_whole_string_nfc),
         cmocka_unit_test(test_hf_config_gives_specials_and_template),
+        cmocka_unit_test(test_config_flags_and_token_objects),
         cmocka_unit_test(test_gguf_metadata_specials),
         cmocka_unit_test(test_decode_skip_special_drops_control_tokens),
         cmocka_unit_test(test_invalid_utf8_is_rejected_with_offset),

@@ -191,6 +191,7 @@ int tok_load_gguf(tok_tokenizer *t, const char *path, char *err, size_t errlen) 
     t->unk_id = opt_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab);
     t->bos_id = opt_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab);
     t->eos_id = opt_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab);
+    t->pad_id = opt_id(g, "tokenizer.ggml.padding_token_id", t->n_vocab);
     if (model_len == 4 && !memcmp(model, "gpt2", 4)) {
         t->bytelevel = t->dec_bytelevel = 1;
         if ((rc = setup_bpe_pre(t, pre, pre_len, path, err, errlen))) goto fail;

@@ -123,7 +123,7 @@ struct tok_tokenizer {
     /* specials added by encode(add_special=1) */
     int32_t prefix_ids[4], suffix_ids[4];
     int n_prefix, n_suffix;
-    int bos_id, eos_id;
+    int bos_id, eos_id, pad_id;
     char *bos_str, *eos_str, *chat_template;
 
     /* decoder: per-id piece bytes (already mapped back from byte-level / ▁) */

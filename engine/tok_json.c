@@ -397,6 +397,8 @@ static int load_config(tok_tokenizer *t, const char *path, int have_template, ch
     if (bos && !(t->bos_str = strdup(bos))) goto out;
     if (eos && !(t->eos_str = strdup(eos))) goto out;
     if (bos) t->bos_id = tok_token_id(t, bos, strlen(bos));
+    const char *pad = token_text(cfg, "pad_token");
+    if (pad) t->pad_id = tok_token_id(t, pad, strlen(pad));
     if (eos) t->eos_id = tok_token_id(t, eos, strlen(eos));
     const json_t *ct = json_object_get(cfg, "chat_template"), *x;
     size_t i;

@@ -217,7 +217,7 @@ tok_tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     char *json = NULL, *cfg = NULL;
     int rc;
     if (!t) goto nomem;
-    t->unk_id = t->bos_id = t->eos_id = -1;
+    t->unk_id = t->bos_id = t->eos_id = t->pad_id = -1;
     for (int b = 0; b < 256; b++) t->added_first[b] = -1;
     size_t n = strlen(path);
     if (S_ISDIR(st.st_mode)) {
@@ -288,6 +288,7 @@ void tok_free(tok_tokenizer *t) {
 int tok_vocab_size(const tok_tokenizer *t) { return t->n_vocab; }
 int tok_bos_id(const tok_tokenizer *t) { return t->bos_id; }
 int tok_eos_id(const tok_tokenizer *t) { return t->eos_id; }
+int tok_pad_id(const tok_tokenizer *t) { return t->pad_id; }
 const char *tok_bos_token(const tok_tokenizer *t) { return t->bos_str ? t->bos_str : ""; }
 const char *tok_eos_token(const tok_tokenizer *t) { return t->eos_str ? t->eos_str : ""; }
 const char *tok_chat_template(const tok_tokenizer *t) { return t->chat_template; }

@@ -22,6 +22,7 @@ void tok_free(tok_tokenizer *t);
 int tok_vocab_size(const tok_tokenizer *t);
 int tok_bos_id(const tok_tokenizer *t);          /* -1 if none */
 int tok_eos_id(const tok_tokenizer *t);          /* -1 if none */
+int tok_pad_id(const tok_tokenizer *t);          /* -1 if none */
 int tok_add_bos(const tok_tokenizer *t);         /* whether encode(add_special=1) adds BOS */
 /* Text of special tokens as the chat template needs them ("" when absent). */
 const char *tok_bos_token(const tok_tokenizer *t);

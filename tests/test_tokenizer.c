@@ -293,6 +293,7 @@ static void test_hf_config_gives_specials_and_template(void **st) {
     (void)st;
     tok_tokenizer *q = load_fixture("tokenizers/hf/qwen3");
     assert_int_equal(tok_eos_id(q), 151645);
+    assert_int_equal(tok_pad_id(q), 151643);   /* pad_token <|endoftext|> */
     assert_string_equal(tok_eos_token(q), "<|im_end|>");
     assert_int_equal(tok_bos_id(q), -1);
     assert_string_equal(tok_bos_token(q), "");
@@ -381,6 +382,7 @@ static void test_gguf_metadata_specials(void **st) {
     assert_int_equal(tok_vocab_size(t), 32000);
     assert_int_equal(tok_bos_id(t), 1);
     assert_int_equal(tok_eos_id(t), 2);
+    assert_int_equal(tok_pad_id(t), -1);
     assert_string_equal(tok_bos_token(t), "<s>");
     assert_int_equal(tok_add_bos(t), 1);
     assert_int_equal(tok_is_special(t, 1), 1);
@@ -402,6 +404,7 @@ static void test_gguf_metadata_specials(void **st) {
 
     tok_tokenizer *p = load_fixture("tokenizers/gguf/ggml-vocab-phi-3.gguf");
     assert_int_equal(tok_eos_id(p), 32000);
+    assert_int_equal(tok_pad_id(p), 32000);
     assert_non_null(tok_chat_template(p));
     assert_memory_equal(tok_chat_template(p), "{{ bos_token }}", 15);
     tok_free(p);

@@ -211,10 +211,9 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
             goto oom;
     }
 
-    /* The same frequencies as the CPU reference, including transformers' bf16 rounding of
-     * its rotary buffer for bf16 checkpoints (it decides positions > 0). */
+    /* The same frequencies as the CPU reference (bf16-rounded only when asked). */
     float inv[128];
-    model_rope_inv_freq(c, model_rope_bf16_buffers(m), inv);
+    model_rope_inv_freq(c, r->base.cfg.rope_bf16_freqs, inv);
     CU_CHECK(r, cudaMemcpy(cm->inv_freq, inv, D / 2 * 4, cudaMemcpyHostToDevice));
 
     if (r->opts.random_weights) {

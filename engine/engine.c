@@ -311,6 +311,7 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     runner_config rc = {
         .block_size = c->block_size, .max_batch = c->max_batch, .max_seq_len = c->max_seq_len + e->k,
         .threads = c->threads, .mem_fraction = c->mem_fraction, .num_draft_tokens = e->k,
+        .rope_bf16_freqs = c->rope_bf16_freqs,
     };
     rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);
     if (size_pool(e, &rc, err, errlen)) goto fail;

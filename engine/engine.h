@@ -37,6 +37,7 @@ typedef struct {
     size_t kv_bytes;              /* explicit KV budget in bytes; 0 = from mem_fraction */
     int threads;                  /* CPU runner threads (0 = all cores) */
     int disable_prefix_cache;     /* prefix caching is on unless set */
+    int rope_bf16_freqs;          /* bf16-rounded rotary frequencies (runner_config) */
     int verbose;                  /* print start-up decisions to stderr */
 } engine_config;
 

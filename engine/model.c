@@ -1002,5 +1002,3 @@ void model_rope_inv_freq(const model_config *c, int round_to_bf16, float *inv) {
             memcpy(&inv[i], &u, 4);
         }
 }
-
-int model_rope_bf16_buffers(const model *m) { return m->tok_embd.dtype == TDT_BF16; }

@@ -101,12 +101,10 @@ int tensor_to_f32(const tensor_view *t, float *dst);
 int tensor_to_bf16(const tensor_view *t, uint16_t *dst);
 
 /* Rotary inverse frequencies (head_dim/2 floats) as transformers computes them in fp32,
- * llama3-scaled if the config says so. transformers keeps them in a buffer that takes the
- * model's dtype when a checkpoint is loaded in its stored dtype, so for bf16 checkpoints
- * the reference's frequencies are rounded to bf16; model_rope_bf16_buffers(m) says
- * whether to mirror that (it is what makes positions > 0 match the reference). */
+ * llama3-scaled if the config says so. round_to_bf16 rounds them to bf16, as happens to
+ * transformers' rotary buffer when a model is cast to bf16 as a whole and back (the
+ * fixtures' reference outputs carry that rounding; its effect grows with position). */
 void model_rope_inv_freq(const model_config *c, int round_to_bf16, float *inv);
-int model_rope_bf16_buffers(const model *m);
 
 /* Bytes of KV cache per token for all layers of this model (k and v, given element size). */
 size_t model_kv_bytes_per_token(const model_config *c, size_t elem_size);

@@ -38,6 +38,10 @@ typedef struct {
      * writes the result back into runner.cfg.num_blocks. */
     double mem_fraction;
     int num_draft_tokens;    /* k, for capturing speculative steps (0: none) */
+    /* Round the rotary frequencies to bf16 (see model_rope_inv_freq): reproduces a
+     * reference whose rotary buffer was held in bf16, as the fixtures' was. Off by default,
+     * as in transformers' own bf16 inference and vLLM. */
+    int rope_bf16_freqs;
 } runner_config;
 
 /* Per-row sampling parameters for on-device sampling (optional fast paths). */

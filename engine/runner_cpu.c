@@ -292,7 +292,8 @@ static void free_model(cpu_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-static int load_model(cpu_model *m, const model *src, int pool_layer0, char *err, size_t errlen) {
+static int load_model(cpu_model *m, const model *src, int pool_layer0, int rope_bf16, char *err,
+                      size_t errlen) {
     int rc;
     m->c = src->cfg;
     m->pool_layer0 = pool_layer0;
@@ -300,7 +301,7 @@ static int load_model(cpu_model *m, const model *src, int pool_layer0, char *err
     m->layers = calloc((size_t)m->c.n_layers, sizeof *m->layers);
     m->inv_freq = malloc(sizeof(float) * (size_t)(m->c.head_dim / 2));
     if (!m->layers || !m->inv_freq) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
-    model_rope_inv_freq(&m->c, model_rope_bf16_buffers(src), m->inv_freq);
+    model_rope_inv_freq(&m->c, rope_bf16, m->inv_freq);
     if ((rc = load_tensor(&m->tok_embd, &src->tok_embd, 1, err, errlen, "token embedding"))) return rc;
     if ((rc = load_tensor(&m->out_norm, &src->out_norm, 1, err, errlen, "final norm"))) return rc;
     if (src->lm_head.data == src->tok_embd.data || !src->lm_head.data) {
@@ -683,8 +684,9 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     int threads = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     r->base.cfg.threads = threads;
     if (!(r->pool = tp_create(threads))) goto oom;
-    if (load_model(&r->m[0], target, 0, err, errlen)) goto fail;
-    if (draft && load_model(&r->m[1], draft, target->cfg.n_layers, err, errlen)) goto fail;
+    if (load_model(&r->m[0], target, 0, cfg->rope_bf16_freqs, err, errlen)) goto fail;
+    if (draft && load_model(&r->m[1], draft, target->cfg.n_layers, cfg->rope_bf16_freqs, err, errlen))
+        goto fail;
 
     r->n_pool_layers = target->cfg.n_layers + (draft ? draft->cfg.n_layers : 0);
     r->k_cache = calloc((size_t)r->n_pool_layers, sizeof(float *));

@@ -103,6 +103,10 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
         c->disable_prefix_cache = 1;
         return 1;
     }
+    if (!strcmp(a, "--rope-bf16-freqs")) {
+        c->rope_bf16_freqs = 1;
+        return 1;
+    }
     static const char *const with_value[] = {"--model", "--tokenizer", "--draft-model",
         "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch",
         "--kv-cache-bytes", "--threads", "--block-size"};

@@ -34,6 +34,8 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
     "  --kv-cache-bytes N      KV pool budget in bytes (default: from free memory)\n" \
     "  --threads N             CPU runner threads (default: all cores)\n" \
     "  --block-size N          tokens per KV block (default 16)\n" \
-    "  --no-prefix-cache       disable prefix caching\n"
+    "  --no-prefix-cache       disable prefix caching\n" \
+    "  --rope-bf16-freqs       round rotary frequencies to bf16 (reproduces references whose\n" \
+    "                          rotary buffer was cast to bf16, like the test fixtures)\n"
 
 #endif

@@ -56,7 +56,7 @@ ifeq ($(HAVE_CUDA),1)
   $(BUILD)/engine/cuda_%.o: CFLAGS += -I$(CUDA_HOME)/include
 endif
 
-.PHONY: all test unit http asan run clean setup fetch-model bench gpu-test fuzz
+.PHONY: all test unit http asan tests-asan run clean setup fetch-model gpu-test
 all: $(BUILD)/specd
 
 $(BUILD)/%.o: %.c
@@ -99,6 +99,11 @@ tests-asan: $(TEST_BIN)
 
 run: setup fetch-model all
 	$(BUILD)/specd serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf $(ARGS)
+
+# GPU tests and benchmarks (tests/gpu/): build them, then run on a machine with a GPU.
+gpu-test: all
+	$(MAKE) -f tests/gpu/Makefile
+	bash scripts/gpu-test.sh all
 
 clean:
 	rm -rf build

@@ -293,6 +293,8 @@ static int initial_symbols(const tok_tokenizer *t, const char *s, size_t n,
 int tok_bpe_piece(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scratch *sc,
                   tok_ids *out) {
     if (!n) return 0;
+    int direct = tok_strmap_get(&t->direct, s, n);
+    if (direct >= 0) return tok_ids_push(out, direct);
     if (t->ignore_merges) {   /* a pre-token that is a whole vocab entry skips the merges */
         const char *key = s;
         size_t klen = n;
@@ -378,4 +380,23 @@ int tok_bpe_piece_cached(const tok_tokenizer *t, const char *s, size_t n, tok_bp
     sc->ct[j] = e;
     sc->cn++;
     return 0;
+}
+
+int tok_build_direct(tok_tokenizer *t, const uint8_t *in_model) {
+    t->direct_key = calloc((size_t)t->n_vocab + 1, sizeof *t->direct_key);
+    tok_bpe_scratch *sc = tok_bpe_scratch_new(0);
+    tok_ids ids = {0};
+    int rc = !t->direct_key || !sc ? SPECD_ENOMEM : 0;
+    const uint32_t *lens = t->bytelevel ? t->piece_len : t->tok_len;
+    if (!rc) rc = tok_strmap_init(&t->direct, (size_t)t->n_vocab, t->direct_key, lens);
+    for (int id = 0; id < t->n_vocab && !rc; id++) {
+        t->direct_key[id] = t->bytelevel ? t->piece_blob + t->piece_off[id] : t->tok_str[id];
+        if (!in_model[id] || !lens[id]) continue;
+        ids.n = 0;
+        rc = tok_bpe_piece(t, t->direct_key[id], lens[id], sc, &ids);
+        if (!rc && ids.n == 1 && ids.v[0] == id) tok_strmap_add(&t->direct, (uint32_t)id);
+    }
+    free(ids.v);
+    tok_bpe_scratch_free(sc);
+    return rc;
 }

@@ -106,6 +106,11 @@ struct tok_tokenizer {
     int unk_id;
     int32_t byte_sym[256];  /* bytelevel: id of each byte's mapped char; else <0xNN> id */
     tok_mergemap merges;
+    /* Pre-tokens (as the model sees them: raw bytes for byte-level) whose BPE is known, at
+     * load, to be exactly one vocab token: encode looks them up instead of merging. Exact
+     * by construction, since BPE of a string depends on nothing but the string. */
+    tok_strmap direct;
+    const char **direct_key;
 
     tok_norm *norms;
     int n_norms;
@@ -184,6 +189,9 @@ int tok_bpe_piece(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scrat
 /* The same through a per-scratch cache of short pieces (long texts repeat words). */
 int tok_bpe_piece_cached(const tok_tokenizer *t, const char *s, size_t n, tok_bpe_scratch *sc,
                          tok_ids *out);
+/* Fills t->direct (needs pieces, byte_sym and merges ready); in_model[id]: id is a
+ * model vocabulary entry. */
+int tok_build_direct(tok_tokenizer *t, const uint8_t *in_model);
 /* Turns merge strings "a b" (or a/b given apart) into the merge map. */
 int tok_add_merge(tok_tokenizer *t, const char *a, size_t alen, const char *b, size_t blen,
                   int32_t rank);

@@ -179,6 +179,13 @@ int tok_finish(tok_tokenizer *t, char *err, size_t errlen) {
         if (decode_piece(t, i, &blob)) goto nomem;
     if (tok_buf_reserve(&blob, 1)) goto nomem;
     t->piece_blob = blob.p;
+    uint8_t *in_model = calloc((size_t)t->n_vocab + 1, 1);
+    if (!in_model) return specd_errf(err, errlen, SPECD_ENOMEM, "tokenizer: out of memory");
+    for (int i = 0; i < t->n_vocab; i++)
+        in_model[i] = t->tok_len[i] && tok_strmap_get(&t->vocab, t->tok_str[i], t->tok_len[i]) == i;
+    int rc = tok_build_direct(t, in_model);
+    free(in_model);
+    if (rc) return specd_errf(err, errlen, rc, "tokenizer: %s", specd_strerror(rc));
     if (!t->bos_str) {
         t->bos_str = t->bos_id >= 0 ? dup_str(t->tok_str[t->bos_id], t->tok_len[t->bos_id])
                                     : dup_str("", 0);
@@ -263,6 +270,8 @@ void tok_free(tok_tokenizer *t) {
     free(t->is_special);
     tok_buf_free(&t->str_blob);
     tok_strmap_free(&t->vocab);
+    tok_strmap_free(&t->direct);
+    free(t->direct_key);
     tok_mergemap_free(&t->merges);
     for (int i = 0; i < t->n_norms; i++) {
         free(t->norms[i].a);

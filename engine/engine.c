@@ -674,6 +674,17 @@ static int draft_phase(engine *e, int n) {
     return rc;
 }
 
+/* Speculation counters of one verify step of one row (per request and engine-wide). */
+static void count_verify(engine *e, req *r, int accepted) {
+    r->verify_steps++;
+    r->draft_tokens += e->k;
+    r->accepted += accepted;
+    e->st.spec_drafts++;
+    e->st.spec_draft_tokens += (uint64_t)e->k;
+    e->st.spec_accepted_tokens += (uint64_t)accepted;
+    for (int j = 0; j < accepted; j++) e->st.spec_accepted_per_pos[j]++;
+}
+
 /* Phase 5 for a speculating row: acceptance, rollback, events. */
 static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
     req *r = p->r;
@@ -703,13 +714,7 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
                                sample_uniform(r->seed, 2 * (uint64_t)r->n_out), e->work, 0, out);
     }
     int acc = m - 1;
-    r->verify_steps++;
-    r->draft_tokens += k;
-    r->accepted += acc;
-    e->st.spec_drafts++;
-    e->st.spec_draft_tokens += (uint64_t)k;
-    e->st.spec_accepted_tokens += (uint64_t)acc;
-    for (int j = 0; j < acc; j++) e->st.spec_accepted_per_pos[j]++;
+    count_verify(e, r, acc);
     /* KV now holds the fed token and the accepted drafts; the emitted last token is not in
      * it yet. The draft saw the fed tokens and drafts 1..k-1. */
     int new_len = s->n_computed + 1 + acc;
@@ -802,14 +807,8 @@ static int runner_spec(engine *e, int n, engine_output *out) {
     for (int i = 0; i < n; i++) {
         req *r = e->plan[i].r;
         sched_seq *s = &r->seq;
-        int m = out_n[i], acc = m - 1, L = s->n_computed;
-        r->verify_steps++;
-        r->draft_tokens += k;
-        r->accepted += acc;
-        e->st.spec_drafts++;
-        e->st.spec_draft_tokens += (uint64_t)k;
-        e->st.spec_accepted_tokens += (uint64_t)acc;
-        for (int j = 0; j < acc; j++) e->st.spec_accepted_per_pos[j]++;
+        int m = out_n[i], L = s->n_computed;
+        count_verify(e, r, m - 1);
         s->n_computed = L + m;
         engine_event *ev = new_event(e, out, r);
         engine_finish f = ENGINE_RUNNING;

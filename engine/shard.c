@@ -313,35 +313,6 @@ static void sim_rmsnorm(float *out, const float *x, const float *w, int n, float
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-static float sim_round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Rotary frequencies exactly as transformers computes them (see runner_cpu.c). */
-static void sim_inv_freq(float *inv, const model_config *c, int bf16_buffers) {
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++)
-        inv[i] = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
-    if (c->rope_type == ROPE_LLAMA3) {
-        float factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
-        float old_ctx = (float)c->rope_orig_max_pos, low_wl = old_ctx / lo, high_wl = old_ctx / hi;
-        for (int i = 0; i < half; i++) {
-            float wl = 2.0f * (float)M_PI / inv[i];
-            float f = wl > low_wl ? inv[i] / factor : inv[i];
-            if (!(wl < high_wl) && !(wl > low_wl)) {
-                float smooth = (old_ctx / wl - lo) / (hi - lo);
-                f = (1.0f - smooth) * f / factor + smooth * f;
-            }
-            inv[i] = f;
-        }
-    }
-    if (bf16_buffers)
-        for (int i = 0; i < half; i++) inv[i] = sim_round_bf16(inv[i]);
-}
 
 static void sim_rope(float *v, int hd, int pos, const float *inv) {
     int half = hd / 2;
@@ -432,7 +403,7 @@ int shard_simulate_forward(model *const *shards, int world, const int32_t *token
         rc = specd_errf(err, errlen, SPECD_ENOMEM, "shard_simulate_forward: out of memory");
         goto done;
     }
-    sim_inv_freq(inv, c, shards[0]->tok_embd.dtype == TDT_BF16);
+    model_rope_inv_freq(c, 0, inv);  /* fp32 frequencies, as runner_cpu's default */
     /* Embedding and lm_head are replicated: rank 0's copy stands for every rank's. */
     if ((rc = tensor_to_f32(&shards[0]->tok_embd, emb))) goto conv;
     for (int t = 0; t < n; t++) memcpy(x + (size_t)t * D, emb + (size_t)tokens[t] * D, D * sizeof(float));

@@ -8,6 +8,7 @@
 
 #include "engine/engine.h"
 #include "engine/err.h"
+#include "server/api.h"
 #include "server/cli.h"
 #include "server/cmd.h"
 
@@ -36,15 +37,6 @@ typedef struct {
     int verify_steps, draft_tokens, accepted;
 } seq_out;
 
-static const char *finish_name(engine_finish f) {
-    switch (f) {
-    case ENGINE_FINISH_STOP: return "stop";
-    case ENGINE_FINISH_LENGTH: return "length";
-    case ENGINE_FINISH_ABORT: return "abort";
-    case ENGINE_FINISH_ERROR: return "error";
-    default: return NULL;
-    }
-}
 
 int cmd_generate(int argc, char **argv) {
     engine_config ec = {0};
@@ -158,7 +150,7 @@ int cmd_generate(int argc, char **argv) {
             }
             for (int t = 0; t < ev->n_tokens; t++) so->ids[so->n++] = ev->tokens[t].id;
             if (ev->finish != ENGINE_RUNNING) {
-                so->finish = finish_name(ev->finish);
+                so->finish = api_finish_reason(ev->finish);
                 so->verify_steps = ev->spec_verify_steps;
                 so->draft_tokens = ev->spec_draft_tokens;
                 so->accepted = ev->spec_accepted_tokens;

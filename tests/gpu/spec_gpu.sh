@@ -6,7 +6,8 @@
 # (forward calls); these checks still prove greedy losslessness and AL on CUDA.
 set -u
 cd "$(dirname "$0")/../.."
-L=${OUT:-build/gpu/spec_logs}; mkdir -p "$L"
+R=${OUT:-build/gpu/spec_logs}; mkdir -p "$R"
+L=$(mktemp -d)   # many small logs; only a few files may come back, so they go in one tarball
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
@@ -19,7 +20,7 @@ row() { printf '%-60s %s\n' "$1" "$2" | tee -a "$SUM"; }
 ids() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j.get("all_output_ids", j.get("output_ids")))' "$1" 2>/dev/null; }
 al() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j.get("spec_decode",{}).get("acceptance_length"), j.get("spec_decode",{}).get("verify_steps"))' "$1" 2>/dev/null; }
 nvidia-smi -L > "$L/nvidia-smi.txt" 2>&1
-P=1,450,1200,35,77,912,3,64,200
+P=1,45,120,35,77,912,3,64,200
 G() { timeout 120 $S generate --json --ignore-eos --prompt-ids $P "$@"; }
 {
 for n in 1 3 5 7; do
@@ -35,7 +36,7 @@ for n in 1 3 5 7; do
   done
 done
 for n in 1 3 5 7; do
-  G --model $T --device cuda --max-tokens 1000 --max-seq-len 2048 --n-seqs $n --draft-model $T --num-draft-tokens 4 > "$L/al_$n.json" 2>>"$L/err.log"
+  G --model $T --device cuda --max-tokens 1000 --max-seq-len 1100 --n-seqs $n --draft-model $T --num-draft-tokens 4 > "$L/al_$n.json" 2>>"$L/err.log"
   row "AL tiny self k=4 n=$n (need>=4.5) al,steps" "$(al "$L/al_$n.json")"
 done
 } 2>&1 | tee "$L/tests.log"
@@ -50,7 +51,12 @@ for k in 2 4 6; do
 done
 B --shape llama-3.1-8b --batch 1,8,32 --prompt-len 128 --gen 32 > "$L/bench_8b_plain.json" 2>>"$L/err.log"
 row "bench 8b plain" "rc=$? see bench_8b_plain.json"
+B --shape llama-3.1-8b --draft-layers 4 --num-draft-tokens 4 --batch 1,8,32 --prompt-len 128 --gen 32 > "$L/bench_8b_k4.json" 2>>"$L/err.log"
+row "bench 8b draft-layers 4 k=4" "rc=$?"
 } 2>&1 | tee "$L/bench.log"
 cat "$L"/bench_*.json > "$L/bench_all.json" 2>/dev/null
 row "---" "summary above; raw json in tests.log/bench_all.json"
+tar czf "$R/spec_logs.tgz" -C "$L" .
+cp "$SUM" "$L/tests.log" "$L/bench.log" "$L/err.log" "$L/bench_all.json" "$R/" 2>/dev/null
+cat "$L/bench_all.json"
 cat "$SUM"

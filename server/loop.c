@@ -308,9 +308,8 @@ static void send_error_body(loop_job *job) {
     }
     char *s = json_dumps(v, JSON_COMPACT);
     json_decref(v);
-    if (s) sse_chan_push(job->chan, s, strlen(s));
+    sse_chan_push_close(job->chan, s ? s : "", s ? strlen(s) : 0, job->error_status);
     free(s);
-    sse_chan_close(job->chan, job->error_status);
 }
 
 static void send_success(loop *l, loop_job *job) {
@@ -340,9 +339,8 @@ static void send_success(loop *l, loop_job *job) {
         send_error_body(job);
         return;
     }
-    sse_chan_push(job->chan, s, strlen(s));
+    sse_chan_push_close(job->chan, s, strlen(s), 200);
     free(s);
-    sse_chan_close(job->chan, 200);
 }
 
 static void log_job(loop *l, loop_job *job, int status) {

@@ -60,9 +60,9 @@ static void wake_locked(sse_chan *c) {
     }
 }
 
-int sse_chan_push(sse_chan *c, const void *data, size_t len) {
+/* Append with the lock held; wakes the reader unless told not to. */
+static int push_locked(sse_chan *c, const void *data, size_t len, int wake) {
     int rc = 0;
-    pthread_mutex_lock(&c->mu);
     if (c->detached || c->closed) {
         rc = c->detached ? SPECD_ECANCELED : SPECD_ESTATE;
         goto out;
@@ -84,8 +84,26 @@ int sse_chan_push(sse_chan *c, const void *data, size_t len) {
     }
     memcpy(c->buf + c->head + c->len, data, len);
     c->len += len;
-    wake_locked(c);
+    if (wake) wake_locked(c);
 out:
+    return rc;
+}
+
+int sse_chan_push(sse_chan *c, const void *data, size_t len) {
+    pthread_mutex_lock(&c->mu);
+    int rc = push_locked(c, data, len, 1);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int sse_chan_push_close(sse_chan *c, const void *data, size_t len, int status) {
+    pthread_mutex_lock(&c->mu);
+    int rc = push_locked(c, data, len, 0);
+    if (!c->closed) {
+        c->closed = 1;
+        c->status = status;
+        wake_locked(c);
+    }
     pthread_mutex_unlock(&c->mu);
     return rc;
 }

@@ -30,6 +30,8 @@ void sse_chan_bind(sse_chan *c, sse_hook park, sse_hook wake, void *arg);
 
 /* Writer. Return 0, SPECD_ENOMEM, or SPECD_ECANCELED when the reader is gone. */
 int sse_chan_push(sse_chan *c, const void *data, size_t len);
+/* Push the last bytes and close in one step (one wake): for whole non-streaming bodies. */
+int sse_chan_push_close(sse_chan *c, const void *data, size_t len, int status);
 /* No more data; status is the HTTP status for non-streaming replies. Idempotent. */
 void sse_chan_close(sse_chan *c, int status);
 

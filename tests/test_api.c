@@ -551,6 +551,26 @@ static void test_chan_take_whole_body(void **s) {
     sse_chan_unref(c);
 }
 
+static void test_chan_push_close_wakes_once(void **s) {
+    (void)s;
+    hook_counts h = {0, 0};
+    sse_chan *c = sse_chan_new();
+    sse_chan_bind(c, count_park, count_wake, &h);
+    char *data = NULL;
+    size_t len = 0;
+    int status = 0;
+    assert_int_equal(sse_chan_take_if_closed(c, &data, &len, &status), 0);
+    assert_int_equal(sse_chan_push_close(c, "{}", 2, 404), 0);
+    assert_int_equal(h.wakes, 1);
+    assert_int_equal(sse_chan_take_if_closed(c, &data, &len, &status), 1);
+    assert_int_equal(status, 404);
+    assert_int_equal(len, 2);
+    assert_memory_equal(data, "{}", 2);
+    free(data);
+    assert_int_equal(sse_chan_push(c, "x", 1), SPECD_ESTATE);  /* closed */
+    sse_chan_unref(c);
+}
+
 /* ---- config ----------------------------------------------------------------------------------- */
 
 static const char *const *fake_env;
@@ -788,6 +808,7 @@ int main(void) {
         cmocka_unit_test(test_chan_parks_when_empty_and_wakes_on_push),
         cmocka_unit_test(test_chan_detached_drops_and_never_wakes),
         cmocka_unit_test(test_chan_take_whole_body),
+        cmocka_unit_test(test_chan_push_close_wakes_once),
         cmocka_unit_test(test_config_defaults_are_safe),
         cmocka_unit_test(test_config_precedence_cli_env_file_default),
         cmocka_unit_test(test_config_rejects_unknown_and_bad_values),

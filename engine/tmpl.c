@@ -90,7 +90,18 @@ static const char *obj_type_repr(const tv *v) {
     case TV_LOOP: return "jinja2.runtime.LoopContext object";
     case TV_MACRO: return "jinja2.runtime.Macro object";
     case TV_FUNC: return "builtin_function_or_method object";
-    case TV_LIST: return v->u.list.tuple ? "tuple object" : "list object";
+    case TV_LIST:
+        if (v->u.list.view) {
+            static const char *const views[] = {"generator object", "list_reverseiterator object",
+                                                "reversed object", "dict_items object",
+                                                "dict_keys object", "dict_values object",
+                                                "range object"};
+            size_t n = strlen(v->u.list.view);
+            for (size_t i = 0; i < sizeof views / sizeof views[0]; i++)
+                if (!strncmp(views[i], v->u.list.view, n) && views[i][n] == ' ') return views[i];
+            return "object";
+        }
+        return v->u.list.tuple ? "tuple object" : "list object";
     case TV_DICT: return "dict object";
     case TV_STR: return "str object";
     case TV_INT: return "int object";
@@ -154,8 +165,8 @@ tv *tmpl_getitem(tmpl_rt *rt, tv *obj, tv *key) {
     if (obj->kind == TV_DICT || obj->kind == TV_NS) {
         tv *v = tv_dict_get(obj, key);
         if (v) return tv_ref(v);
-    } else if ((obj->kind == TV_LIST || obj->kind == TV_STR) &&
-               (key->kind == TV_INT || key->kind == TV_BOOL)) {
+    } else if (((obj->kind == TV_LIST && (!obj->u.list.view || !strcmp(obj->u.list.view, "range"))) ||
+                obj->kind == TV_STR) && (key->kind == TV_INT || key->kind == TV_BOOL)) {
         int64_t i = key->kind == TV_INT ? key->u.i : key->u.b;
         if (obj->kind == TV_LIST) {
             int64_t n = (int64_t)obj->u.list.n;
@@ -178,7 +189,18 @@ tv *tmpl_getitem(tmpl_rt *rt, tv *obj, tv *key) {
 
 tv *tmpl_iter_list(tmpl_rt *rt, tv *v) {
     switch (v->kind) {
-    case TV_LIST: return tv_ref(v);
+    case TV_LIST:
+        if (tv_is_iterator(v)) {   /* iterating a generator uses it up */
+            tv *l = tv_list();
+            if (!l) return tmpl_oom(rt);
+            l->u.list.v = v->u.list.v;
+            l->u.list.n = v->u.list.n;
+            l->u.list.cap = v->u.list.cap;
+            v->u.list.v = NULL;
+            v->u.list.n = v->u.list.cap = 0;
+            return l;
+        }
+        return tv_ref(v);
     case TV_UNDEF: {
         tv *l = tv_list();
         return l ? l : tmpl_oom(rt);
@@ -222,7 +244,8 @@ int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b) {
         if (c) return c < 0 ? -1 : 1;
         return a->u.str.len < b->u.str.len ? -1 : a->u.str.len > b->u.str.len;
     }
-    if (a->kind == TV_LIST && b->kind == TV_LIST && a->u.list.tuple == b->u.list.tuple) {
+    if (a->kind == TV_LIST && b->kind == TV_LIST && a->u.list.tuple == b->u.list.tuple &&
+        !a->u.list.view && !b->u.list.view) {
         for (size_t i = 0; i < a->u.list.n && i < b->u.list.n; i++) {
             if (tv_equal(a->u.list.v[i], b->u.list.v[i])) continue;
             return tmpl_compare(rt, a->u.list.v[i], b->u.list.v[i]);
@@ -522,7 +545,8 @@ static tv *binop(tmpl_rt *rt, int op, tv *a, tv *b) {
         char *s = tv_buf_take(&buf, &n);
         return s ? tv_str_take(s, n) : tmpl_oom(rt);
     }
-    if (op == OP_ADD && a->kind == TV_LIST && b->kind == TV_LIST && a->u.list.tuple == b->u.list.tuple) {
+    if (op == OP_ADD && a->kind == TV_LIST && b->kind == TV_LIST && a->u.list.tuple == b->u.list.tuple &&
+        !a->u.list.view && !b->u.list.view) {
         tv *l = a->u.list.tuple ? tv_tuple() : tv_list();
         if (!l) return tmpl_oom(rt);
         for (size_t i = 0; i < a->u.list.n; i++)
@@ -531,10 +555,10 @@ static tv *binop(tmpl_rt *rt, int op, tv *a, tv *b) {
             if (tv_list_push(l, b->u.list.v[i])) return tv_unref(l), tmpl_oom(rt);
         return l;
     }
-    if (op == OP_MUL && (a->kind == TV_STR || a->kind == TV_LIST) &&
+    if (op == OP_MUL && (a->kind == TV_STR || (a->kind == TV_LIST && !a->u.list.view)) &&
         (b->kind == TV_INT || b->kind == TV_BOOL))
         return repeat(rt, a, b->kind == TV_INT ? b->u.i : b->u.b);
-    if (op == OP_MUL && (b->kind == TV_STR || b->kind == TV_LIST) &&
+    if (op == OP_MUL && (b->kind == TV_STR || (b->kind == TV_LIST && !b->u.list.view)) &&
         (a->kind == TV_INT || a->kind == TV_BOOL))
         return repeat(rt, b, a->kind == TV_INT ? a->u.i : a->u.b);
     if (op == OP_MOD && a->kind == TV_STR) {
@@ -551,7 +575,7 @@ static tv *binop(tmpl_rt *rt, int op, tv *a, tv *b) {
         tv_unref(fn);
         return r;
     }
-    if (op == OP_ADD && (a->kind == TV_STR || a->kind == TV_LIST))
+    if (op == OP_ADD && (a->kind == TV_STR || (a->kind == TV_LIST && !a->u.list.view)))
         return tmpl_fail(rt, "TypeError: can only concatenate %s (not \"%s\") to %s",
                          tv_type_name(a), tv_type_name(b), tv_type_name(a));
     return tmpl_fail(rt, "TypeError: unsupported operand type(s) for %s: '%s' and '%s'",
@@ -595,7 +619,8 @@ static int64_t slice_index(tv *v, int64_t n, int64_t def, int step_neg, int *ok)
 
 static tv *do_slice(tmpl_rt *rt, tv *obj, tv *start, tv *stop, tv *stepv) {
     if (obj->kind == TV_UNDEF) return tmpl_undef_raise(rt, obj);
-    if (obj->kind != TV_LIST && obj->kind != TV_STR) {
+    if ((obj->kind != TV_LIST && obj->kind != TV_STR) ||
+        (obj->kind == TV_LIST && obj->u.list.view && strcmp(obj->u.list.view, "range"))) {
         tv *u = tv_undef_hint("UndefinedError: %s has no element slice", obj_type_repr(obj));
         return u ? u : tmpl_oom(rt);
     }

@@ -358,7 +358,10 @@ static tv *f_length(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *v = arg0(a);
     switch (v->kind) {
     case TV_STR: return oom_or(rt, tv_int((int64_t)tv_utf8_len(v->u.str.s, v->u.str.len)));
-    case TV_LIST: return oom_or(rt, tv_int((int64_t)v->u.list.n));
+    case TV_LIST:
+        if (tv_is_iterator(v))
+            return tmpl_fail(rt, "TypeError: object of type '%s' has no len()", v->u.list.view);
+        return oom_or(rt, tv_int((int64_t)v->u.list.n));
     case TV_DICT:
     case TV_NS: return oom_or(rt, tv_int((int64_t)v->u.dict.n));
     case TV_UNDEF: return oom_or(rt, tv_int(0));
@@ -367,7 +370,16 @@ static tv *f_length(tmpl_rt *rt, tv *self, const tv_args *a) {
 }
 
 static tv *f_first_last(tmpl_rt *rt, const tv_args *a, int last) {
-    tv *l = tmpl_iter_list(rt, arg0(a));
+    tv *v = arg0(a);
+    if (last && tv_is_iterator(v))
+        return tmpl_fail(rt, "TypeError: '%s' object is not reversible", v->u.list.view);
+    if (!last && tv_is_iterator(v) && v->u.list.n) {   /* next(): takes one item only */
+        tv *r = v->u.list.v[0];
+        memmove(v->u.list.v, v->u.list.v + 1, (v->u.list.n - 1) * sizeof *v->u.list.v);
+        v->u.list.n--;
+        return r;
+    }
+    tv *l = tmpl_iter_list(rt, v);
     if (!l) return NULL;
     tv *r;
     if (l->u.list.n) r = tv_ref(l->u.list.v[last ? l->u.list.n - 1 : 0]);
@@ -429,9 +441,11 @@ static tv *f_default(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *f_items(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *v = arg0(a);
-    if (v->kind == TV_UNDEF) return oom_or(rt, tv_list());
+    if (v->kind == TV_UNDEF) return oom_or(rt, tv_view("generator"));
     if (v->kind != TV_DICT) return tmpl_fail(rt, "TypeError: Can only get item pairs from a mapping.");
-    return call_method(rt, v, "items", NULL, 0);
+    tv *r = call_method(rt, v, "items", NULL, 0);
+    if (r) r->u.list.view = "generator";   /* jinja2's items filter yields the pairs */
+    return r;
 }
 
 static tv *f_reverse(tmpl_rt *rt, tv *self, const tv_args *a) {
@@ -444,7 +458,10 @@ static tv *f_reverse(tmpl_rt *rt, tv *self, const tv_args *a) {
         tv_buf b = {0};
         for (size_t i = it->u.list.n; i-- > 0;) tv_buf_put(&b, it->u.list.v[i]->u.str.s, it->u.list.v[i]->u.str.len);
         r = buf_str(rt, &b);
-    } else if ((r = tv_list())) {
+    } else if ((r = tv_view(v->kind != TV_LIST || tv_is_iterator(v) ? NULL
+                            : v->u.list.tuple ? "reversed" : "list_reverseiterator"))) {
+        /* reversed(x) is an iterator; a generator cannot be reversed, so jinja2 makes a list */
+        if (v->kind == TV_DICT) r->u.list.view = "dict_reversekeyiterator";
         for (size_t i = it->u.list.n; i-- > 0;)
             if (tv_list_push(r, it->u.list.v[i])) {
                 tv_unref(r);
@@ -554,7 +571,7 @@ static tv *f_unique(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *cs = tmpl_arg(a, 1, "case_sensitive"), *attr = tmpl_arg(a, 2, "attribute");
     tv *items = tmpl_iter_list(rt, arg0(a));
     if (!items) return NULL;
-    tv *r = tv_list(), *seen = tv_list();
+    tv *r = tv_view("generator"), *seen = tv_list();
     for (size_t i = 0; r && seen && i < items->u.list.n; i++) {
         tv *k = sort_key(rt, items->u.list.v[i], attr, cs && tv_truthy(cs));
         if (!k) {
@@ -650,7 +667,7 @@ static tv *f_batch(tmpl_rt *rt, tv *self, const tv_args *a) {
     if (n <= 0) return tmpl_fail(rt, "ValueError: batch size must be positive");
     tv *items = tmpl_iter_list(rt, arg0(a));
     if (!items) return NULL;
-    tv *r = tv_list(), *cur = NULL;
+    tv *r = tv_view("generator"), *cur = NULL;
     for (size_t i = 0; r && i < items->u.list.n; i++) {
         if (!cur && !(cur = tv_list())) break;
         if (tv_list_push(cur, items->u.list.v[i])) break;
@@ -678,10 +695,10 @@ static tv *f_map(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *fname = a->npos > 1 ? a->pos[1] : NULL;
     if (!attr && (!fname || fname->kind != TV_STR))
         return tmpl_fail(rt, "FilterArgumentError: map requires a filter name or attribute=");
-    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_list());   /* jinja2: `if value:` */
+    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_view("generator"));   /* jinja2: `if value:` */
     tv *items = tmpl_iter_list(rt, arg0(a));
     if (!items) return NULL;
-    tv *r = tv_list();
+    tv *r = tv_view("generator");
     tv_args extra = {a->npos > 2 ? a->pos + 2 : NULL, a->npos > 2 ? a->npos - 2 : 0, a->kwn, a->kwv, a->nkw};
     for (size_t i = 0; r && i < items->u.list.n; i++) {
         tv *x = attr ? attr_path(rt, items->u.list.v[i], attr, def)
@@ -706,10 +723,10 @@ static tv *select_impl(tmpl_rt *rt, const tv_args *a, int by_attr, int want) {
     if (test && test->kind != TV_STR) return tmpl_fail(rt, "TypeError: test name must be a string");
     tv_args extra = {a->npos > ti + 1 ? a->pos + ti + 1 : NULL, a->npos > ti + 1 ? a->npos - ti - 1 : 0,
                      NULL, NULL, 0};
-    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_list());   /* jinja2: `if value:` */
+    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_view("generator"));   /* jinja2: `if value:` */
     tv *items = tmpl_iter_list(rt, arg0(a));
     if (!items) return NULL;
-    tv *r = tv_list();
+    tv *r = tv_view("generator");
     for (size_t i = 0; r && i < items->u.list.n; i++) {
         tv *it = items->u.list.v[i];
         tv *x = attr ? attr_path(rt, it, attr, NULL) : tv_ref(it);
@@ -775,7 +792,8 @@ TEST(t_number, tv_is_number(v))
 TEST(t_string, v->kind == TV_STR)
 TEST(t_mapping, v->kind == TV_DICT)
 TEST(t_iterable, v->kind == TV_STR || v->kind == TV_LIST || v->kind == TV_DICT || v->kind == TV_UNDEF)
-TEST(t_sequence, v->kind == TV_STR || v->kind == TV_LIST || v->kind == TV_DICT || v->kind == TV_UNDEF)
+TEST(t_sequence, v->kind == TV_STR || v->kind == TV_DICT || v->kind == TV_UNDEF ||
+                (v->kind == TV_LIST && (!v->u.list.view || !strcmp(v->u.list.view, "range"))))
 TEST(t_callable, v->kind == TV_MACRO || v->kind == TV_FUNC || v->kind == TV_LOOP)
 TEST(t_escaped, 0)
 
@@ -917,7 +935,7 @@ static tv *g_range(tmpl_rt *rt, tv *self, const tv_args *a) {
     if (count > TMPL_MAX_RANGE)
         return tmpl_fail(rt, "OverflowError: Range too big. The sandbox blocks ranges larger than "
                              "MAX_RANGE (%d).", TMPL_MAX_RANGE);
-    tv *l = tv_list();
+    tv *l = tv_view("range");
     for (int64_t i = start; l && (step > 0 ? i < stop : i > stop); i += step)
         if (tv_list_push_steal(l, tv_int(i))) {
             tv_unref(l);

@@ -618,7 +618,7 @@ static tv *m_lcount(tmpl_rt *rt, tv *self, const tv_args *a) {
 /* ---- dict methods ---- */
 
 static tv *dict_view(tmpl_rt *rt, tv *self, int which) {
-    tv *l = tv_list();
+    tv *l = tv_view(which == 0 ? "dict_keys" : which == 1 ? "dict_values" : "dict_items");
     if (!l) return tmpl_oom(rt);
     for (size_t i = 0; i < self->u.dict.n; i++) {
         tv *it;

@@ -79,6 +79,19 @@ tv *tv_tuple(void) {
     return v;
 }
 
+tv *tv_view(const char *view) {
+    tv *v = tv_alloc(TV_LIST);
+    if (v) v->u.list.view = view;
+    return v;
+}
+
+int tv_is_iterator(const tv *v) {
+    return v->kind == TV_LIST && v->u.list.view &&
+           (!strcmp(v->u.list.view, "generator") || !strcmp(v->u.list.view, "list_reverseiterator") ||
+            !strcmp(v->u.list.view, "reversed") ||
+            !strcmp(v->u.list.view, "dict_reversekeyiterator"));
+}
+
 tv *tv_dict(void) { return tv_alloc(TV_DICT); }
 tv *tv_ns(void) { return tv_alloc(TV_NS); }
 
@@ -214,7 +227,7 @@ int tv_truthy(const tv *v) {
     case TV_INT: return v->u.i != 0;
     case TV_FLOAT: return v->u.f != 0.0;
     case TV_STR: return v->u.str.len != 0;
-    case TV_LIST: return v->u.list.n != 0;
+    case TV_LIST: return v->u.list.n != 0 || tv_is_iterator(v);
     case TV_DICT: return v->u.dict.n != 0;
     default: return 1;
     }
@@ -249,6 +262,11 @@ int tv_equal(const tv *a, const tv *b) {
         return a->u.str.len == b->u.str.len && !memcmp(a->u.str.s, b->u.str.s, a->u.str.len);
     case TV_LIST:
         if (a->u.list.tuple != b->u.list.tuple || a->u.list.n != b->u.list.n) return 0;
+        if (a->u.list.view || b->u.list.view) {   /* views: equal when same kind and items */
+            if (!a->u.list.view || !b->u.list.view || strcmp(a->u.list.view, b->u.list.view) ||
+                tv_is_iterator(a))
+                return 0;
+        }
         for (size_t i = 0; i < a->u.list.n; i++)
             if (!tv_equal(a->u.list.v[i], b->u.list.v[i])) return 0;
         return 1;
@@ -274,7 +292,7 @@ const char *tv_type_name(const tv *v) {
     case TV_INT: return "int";
     case TV_FLOAT: return "float";
     case TV_STR: return "str";
-    case TV_LIST: return v->u.list.tuple ? "tuple" : "list";
+    case TV_LIST: return v->u.list.view ? v->u.list.view : v->u.list.tuple ? "tuple" : "list";
     case TV_DICT: return "dict";
     case TV_NS: return "Namespace";
     case TV_MACRO: return "Macro";
@@ -450,6 +468,27 @@ static void write_str_repr(tv_buf *b, const char *s, size_t len) {
 static void write_any(tv_buf *b, const tv *v, int repr);
 
 static void write_list(tv_buf *b, const tv *v) {
+    const char *view = v->u.list.view;
+    if (view && tv_is_iterator(v)) {
+        tv_buf_printf(b, "<%s object>", view);
+        return;
+    }
+    if (view && !strcmp(view, "range")) {
+        int64_t n = (int64_t)v->u.list.n, a = n ? v->u.list.v[0]->u.i : 0;
+        int64_t step = n > 1 ? v->u.list.v[1]->u.i - a : 1;
+        if (step == 1) tv_buf_printf(b, "range(%lld, %lld)", (long long)a, (long long)(a + n));
+        else tv_buf_printf(b, "range(%lld, %lld, %lld)", (long long)a, (long long)(a + n * step),
+                           (long long)step);
+        return;
+    }
+    if (view) {   /* dict_items([...]) and friends */
+        tv_buf_printf(b, "%s(", view);
+        tv plain = *v;
+        plain.u.list.view = NULL;
+        write_list(b, &plain);
+        tv_buf_put(b, ")", 1);
+        return;
+    }
     int tup = v->u.list.tuple;
     tv_buf_put(b, tup ? "(" : "[", 1);
     for (size_t i = 0; i < v->u.list.n; i++) {
@@ -657,6 +696,11 @@ static int json_any(tv_buf *b, const tv *v, const json_opts *o, int depth) {
         return 0;
     case TV_STR: json_str(b, v->u.str.s, v->u.str.len, o->ascii); return 0;
     case TV_LIST:
+        if (v->u.list.view) {
+            snprintf(o->err, o->errlen, "TypeError: Object of type %s is not JSON serializable",
+                     v->u.list.view);
+            return -1;
+        }
         if (!v->u.list.n) {
             tv_buf_puts(b, "[]");
             return 0;

@@ -44,7 +44,12 @@ struct tv {
         int64_t i;
         double f;
         struct { char *s; size_t len; } str;
-        struct { tv **v; size_t n, cap; int tuple; } list;
+        /* view: NULL for a list/tuple; else the Python type this sequence stands for:
+         * "generator" / "list_reverseiterator" (one-pass iterators: always truthy, no
+         * len, emptied by iteration), "dict_items" / "dict_keys" / "dict_values",
+         * "range". jinja2's map/select/... return generators, and templates that print,
+         * measure or JSON-dump those fail in transformers; so must they here. */
+        struct { tv **v; size_t n, cap; int tuple; const char *view; } list;
         struct { tv **k; tv **v; size_t n, cap; } dict;     /* TV_DICT and TV_NS */
         struct { char *hint; } undef;   /* error text when used; NULL: generic */
         struct { const void *node; } macro;                 /* AST node, outlives render */
@@ -65,6 +70,7 @@ tv *tv_cstr(const char *s);
 tv *tv_str_take(char *s, size_t len);   /* steals s (malloc'd, NUL-terminated) */
 tv *tv_list(void);
 tv *tv_tuple(void);
+tv *tv_view(const char *view);          /* empty list standing for a Python view */
 tv *tv_dict(void);
 tv *tv_ns(void);
 tv *tv_macro(const void *node);
@@ -86,6 +92,7 @@ tv *tv_dict_get_str(const tv *d, const char *key);    /* borrowed, NULL if absen
 int tv_truthy(const tv *v);
 int tv_equal(const tv *a, const tv *b);
 int tv_is_number(const tv *v);      /* int, float or bool */
+int tv_is_iterator(const tv *v);    /* a one-pass generator-like view */
 double tv_num(const tv *v);
 const char *tv_type_name(const tv *v);   /* Python's type name: 'str', 'dict', ... */
 

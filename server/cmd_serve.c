@@ -65,7 +65,9 @@ static void fill_engine_config(const srv_config *c, engine_config *ec) {
     ec->mem_fraction = c->mem_fraction;
     ec->kv_bytes = (size_t)c->kv_cache_bytes;
     ec->threads = c->threads;
-    ec->verbose = log_enabled(LOG_INFO);
+    /* The engine prints its start-up decisions as plain stderr lines: keep them out of a
+     * JSON log (the "loaded" line below carries the essentials). */
+    ec->verbose = log_enabled(LOG_INFO) && !c->log_json;
     engine_config_defaults(ec);
 }
 

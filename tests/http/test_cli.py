@@ -54,3 +54,15 @@ def test_json_logs_one_line_per_request(server_factory):
     assert len(reqs) == 1
     assert reqs[0]["status"] == 200 and reqs[0]["prompt_tokens"] == 2 and reqs[0]["output_tokens"] == 2
     assert reqs[0]["id"].startswith("cmpl-") and reqs[0]["ttft_s"] >= 0
+
+
+def test_served_model_name_and_body_limit_flags(server_factory):
+    import requests
+    srv = server_factory(TINY, "--served-model-name", "team/tiny-v1", "--max-body-bytes", "2048", name="named")
+    assert requests.get(srv.url + "/v1/models").json()["data"][0]["id"] == "team/tiny-v1"
+    assert srv.post("/v1/completions", {"model": "team/tiny-v1", "prompt": [1], "max_tokens": 1}).status_code == 200
+    r = srv.post("/v1/completions", {"model": "llama-tiny", "prompt": [1], "max_tokens": 1})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert srv.post("/v1/completions", {"prompt": [1] * 300, "max_tokens": 1}).status_code == 200  # < 2 KiB
+    assert srv.post("/v1/completions", {"prompt": [1] * 700, "max_tokens": 1}).status_code == 413  # > 2 KiB
+    assert 'model_name="team/tiny-v1"' in requests.get(srv.url + "/metrics").text

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <utf8proc.h>
 
 #define BAD_REQ "invalid_request_error"
 
@@ -24,6 +25,19 @@ int api_fail(api_error *e, int status, const char *type, const char *param, cons
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* Messages echo client input and may be cut at sizeof message, possibly inside a
+     * UTF-8 character; JSON strings must be valid UTF-8, so bad bytes become '?'. */
+    size_t len = strlen(e->message);
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)e->message + i,
+                                              (utf8proc_ssize_t)(len - i), &cp);
+        if (n <= 0) {
+            e->message[i++] = '?';
+        } else {
+            i += (size_t)n;
+        }
+    }
     return -1;
 }
 

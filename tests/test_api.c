@@ -437,6 +437,26 @@ static void test_error_json_shape(void **s) {
     free(got);
 }
 
+static void test_error_message_cut_inside_utf8_stays_valid_json(void **s) {
+    (void)s;
+    /* A 600-byte model name of 2-byte characters: the 512-byte message is cut mid-char. */
+    char body[2048];
+    size_t n = (size_t)snprintf(body, sizeof body, "{\"prompt\":[1],\"model\":\"x");
+    for (int i = 0; i < 300; i++) n += (size_t)snprintf(body + n, sizeof body - n, "\xc3\xa9");
+    snprintf(body + n, sizeof body - n, "\"}");
+    api_error e;
+    for (int shift = 0; shift < 2; shift++) {
+        if (shift) memmove(body + 24, body + 23, strlen(body + 23) + 1), body[23] = 'y';
+        assert_null(parse(API_COMPLETION, body, &e));
+        assert_int_equal(e.status, 404);
+        json_t *j = api_error_json(&e);
+        const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        assert_non_null(msg);
+        assert_int_equal(strlen(msg), strlen(e.message));
+        json_decref(j);
+    }
+}
+
 static void test_models_json_and_ids(void **s) {
     (void)s;
     char *got = dump(api_models_json("tiny", 5, 4096));
@@ -802,6 +822,7 @@ int main(void) {
         cmocka_unit_test(test_completion_chunk_shape),
         cmocka_unit_test(test_logprobs_shapes),
         cmocka_unit_test(test_error_json_shape),
+        cmocka_unit_test(test_error_message_cut_inside_utf8_stays_valid_json),
         cmocka_unit_test(test_models_json_and_ids),
         cmocka_unit_test(test_auth_bearer_keys),
         cmocka_unit_test(test_sse_event_framing),

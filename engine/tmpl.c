@@ -537,13 +537,19 @@ static tv *binop(tmpl_rt *rt, int op, tv *a, tv *b) {
         }
     }
     if (op == OP_ADD && a->kind == b->kind && a->kind == TV_STR) {
+        /* Markup + str escapes the str (markupsafe), and the sum is Markup */
+        int safe = a->u.str.safe || b->u.str.safe;
+        tv *x = safe ? tmpl_escape(rt, a) : tv_ref(a), *y = safe && x ? tmpl_escape(rt, b) : tv_ref(b);
+        if (!x || !y) return tv_unref(x), tv_unref(y), NULL;
         tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
-        tv_buf_put(&buf, a->u.str.s, a->u.str.len);
-        tv_buf_put(&buf, b->u.str.s, b->u.str.len);
+        tv_buf_put(&buf, x->u.str.s, x->u.str.len);
+        tv_buf_put(&buf, y->u.str.s, y->u.str.len);
+        tv_unref(x);
+        tv_unref(y);
         if (buf.oom) return tv_buf_free(&buf), tmpl_fail(rt, "MemoryError: string too large");
         size_t n;
         char *s = tv_buf_take(&buf, &n);
-        return s ? tv_str_take(s, n) : tmpl_oom(rt);
+        return tmpl_with_safe(rt, s ? tv_str_take(s, n) : tmpl_oom(rt), safe);
     }
     if (op == OP_ADD && a->kind == TV_LIST && b->kind == TV_LIST && a->u.list.tuple == b->u.list.tuple &&
         !a->u.list.view && !b->u.list.view) {
@@ -575,7 +581,7 @@ static tv *binop(tmpl_rt *rt, int op, tv *a, tv *b) {
         tv_unref(fn);
         return r;
     }
-    if (op == OP_ADD && (a->kind == TV_STR || (a->kind == TV_LIST && !a->u.list.view)))
+    if (op == OP_ADD && ((a->kind == TV_STR && !a->u.str.safe) || (a->kind == TV_LIST && !a->u.list.view)))
         return tmpl_fail(rt, "TypeError: can only concatenate %s (not \"%s\") to %s",
                          tv_type_name(a), tv_type_name(b), tv_type_name(a));
     return tmpl_fail(rt, "TypeError: unsupported operand type(s) for %s: '%s' and '%s'",

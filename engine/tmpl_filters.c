@@ -64,12 +64,15 @@ static tv *buf_str(tmpl_rt *rt, tv_buf *b) {
 
 /* ---- string filters ---- */
 
+/* String filters work on soft_str(value): a Markup stays a Markup through them. */
+static int is_markup(const tv *v) { return v->kind == TV_STR && v->u.str.safe; }
+
 static tv *f_case(tmpl_rt *rt, const tv_args *a, int mode) {
     tv *s = to_str(rt, arg0(a));
     if (!s) return NULL;
     tv *r = tmpl_str_case(rt, s, mode);
     tv_unref(s);
-    return r;
+    return tmpl_with_safe(rt, r, is_markup(arg0(a)));
 }
 static tv *f_upper(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return f_case(rt, a, TMPL_UPPER); }
 static tv *f_lower(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return f_case(rt, a, TMPL_LOWER); }
@@ -82,7 +85,7 @@ static tv *f_trim(tmpl_rt *rt, tv *self, const tv_args *a) {
     if (!s) return NULL;
     tv *r = tmpl_str_strip(rt, s, tmpl_arg(a, 1, "chars"), 3);
     tv_unref(s);
-    return r;
+    return tmpl_with_safe(rt, r, is_markup(arg0(a)));
 }
 
 static tv *f_string(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return to_str(rt, arg0(a)); }
@@ -102,9 +105,10 @@ static tv *f_replace(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *r = NULL;
     if (!pos[0] || !pos[1]) tmpl_fail(rt, "TypeError: replace() missing required arguments");
     else {
+        /* without autoescape jinja2 replaces on str(s): the result is never Markup */
         tv *o = to_str(rt, pos[0]), *n = o ? to_str(rt, pos[1]) : NULL;
         tv *p2[3] = {o, n, pos[2]};
-        if (n) r = call_method(rt, s, "replace", p2, pos[2] ? 3 : 2);
+        if (n) r = tmpl_with_safe(rt, call_method(rt, s, "replace", p2, pos[2] ? 3 : 2), 0);
         tv_unref(o);
         tv_unref(n);
     }
@@ -112,25 +116,21 @@ static tv *f_replace(tmpl_rt *rt, tv *self, const tv_args *a) {
     return r;
 }
 
-static tv *f_escape(tmpl_rt *rt, tv *self, const tv_args *a) {
+static tv *f_escape(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return tmpl_escape(rt, arg0(a)); }
+
+static tv *f_forceescape(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *s = to_str(rt, arg0(a));
-    if (!s) return NULL;
-    tv_buf b = {.limit = TMPL_MAX_OUTPUT};
-    for (size_t i = 0; i < s->u.str.len; i++) {
-        char c = s->u.str.s[i];
-        if (c == '&') tv_buf_puts(&b, "&amp;");
-        else if (c == '<') tv_buf_puts(&b, "&lt;");
-        else if (c == '>') tv_buf_puts(&b, "&gt;");
-        else if (c == '"') tv_buf_puts(&b, "&#34;");
-        else if (c == '\'') tv_buf_puts(&b, "&#39;");
-        else tv_buf_put(&b, &c, 1);
-    }
+    if (!(s = tmpl_with_safe(rt, s, 0))) return NULL;
+    tv *r = tmpl_escape(rt, s);
     tv_unref(s);
-    return buf_str(rt, &b);
+    return r;
 }
 
-static tv *f_safe(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return to_str(rt, arg0(a)); }
+static tv *f_safe(tmpl_rt *rt, tv *self, const tv_args *a) {
+    (void)self;
+    return tmpl_with_safe(rt, to_str(rt, arg0(a)), 1);
+}
 
 static tv *f_indent(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
@@ -1002,7 +1002,7 @@ static const entry filters[] = {
     {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize},
     {"center", f_center}, {"count", f_length}, {"d", f_default}, {"default", f_default},
     {"dictsort", f_dictsort}, {"e", f_escape}, {"escape", f_escape}, {"first", f_first},
-    {"float", f_float}, {"forceescape", f_escape}, {"format", f_format}, {"indent", f_indent},
+    {"float", f_float}, {"forceescape", f_forceescape}, {"format", f_format}, {"indent", f_indent},
     {"int", f_int}, {"items", f_items}, {"join", f_join}, {"last", f_last},
     {"length", f_length}, {"list", f_list}, {"lower", f_lower}, {"map", f_map}, {"max", f_max},
     {"min", f_min}, {"pprint", f_pprint}, {"reject", f_reject}, {"rejectattr", f_rejectattr},

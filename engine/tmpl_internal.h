@@ -80,6 +80,10 @@ tv *tmpl_str_strip(tmpl_rt *rt, const tv *s, const tv *chars, int which);
 /* Python printf-style formatting: fmt % args (what jinja2's format filter does). */
 tv *tmpl_percent_format(tmpl_rt *rt, const tv *fmt, tv **args, size_t nargs);
 int tmpl_is_space(uint32_t cp);
+/* markupsafe: escape(v) (a Markup is returned as is) and a copy of string s (stolen)
+ * with its Markup flag set to `safe`. Both return Markup / new references. */
+tv *tmpl_escape(tmpl_rt *rt, const tv *v);
+tv *tmpl_with_safe(tmpl_rt *rt, tv *s, int safe);
 /* Decode one code point; returns bytes used (>= 1). */
 size_t tmpl_utf8_next(const char *s, size_t len, uint32_t *cp);
 

@@ -96,6 +96,36 @@ tv *tmpl_str_case(tmpl_rt *rt, const tv *s, int mode) {
     return buf_result(rt, &b);
 }
 
+tv *tmpl_with_safe(tmpl_rt *rt, tv *s, int safe) {
+    if (!s || s->kind != TV_STR || s->u.str.safe == safe) return s;
+    if (s->rc == 1) {
+        s->u.str.safe = safe;
+        return s;
+    }
+    tv *c = tv_str(s->u.str.s, s->u.str.len);
+    tv_unref(s);
+    if (!c) return tmpl_oom(rt);
+    c->u.str.safe = safe;
+    return c;
+}
+
+tv *tmpl_escape(tmpl_rt *rt, const tv *v) {
+    if (v->kind == TV_STR && v->u.str.safe) return tv_ref((tv *)v);
+    tv_buf src = {0}, b = {.limit = TMPL_MAX_OUTPUT};
+    tv_write_str(&src, v);
+    for (size_t i = 0; i < src.len; i++) {
+        char c = src.s[i];
+        if (c == '&') tv_buf_puts(&b, "&amp;");
+        else if (c == '<') tv_buf_puts(&b, "&lt;");
+        else if (c == '>') tv_buf_puts(&b, "&gt;");
+        else if (c == '"') tv_buf_puts(&b, "&#34;");
+        else if (c == '\'') tv_buf_puts(&b, "&#39;");
+        else tv_buf_put(&b, &c, 1);
+    }
+    tv_buf_free(&src);
+    return tmpl_with_safe(rt, buf_result(rt, &b), 1);
+}
+
 static int in_chars(const tv *chars, uint32_t c) {
     if (!chars) return tmpl_is_space(c);
     for (size_t i = 0; i < chars->u.str.len;) {

@@ -291,7 +291,7 @@ const char *tv_type_name(const tv *v) {
     case TV_BOOL: return "bool";
     case TV_INT: return "int";
     case TV_FLOAT: return "float";
-    case TV_STR: return "str";
+    case TV_STR: return v->u.str.safe ? "Markup" : "str";
     case TV_LIST: return v->u.list.view ? v->u.list.view : v->u.list.tuple ? "tuple" : "list";
     case TV_DICT: return "dict";
     case TV_NS: return "Namespace";

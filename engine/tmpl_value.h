@@ -43,7 +43,7 @@ struct tv {
         int b;
         int64_t i;
         double f;
-        struct { char *s; size_t len; } str;
+        struct { char *s; size_t len; int safe; } str;   /* safe: a markupsafe Markup */
         /* view: NULL for a list/tuple; else the Python type this sequence stands for:
          * "generator" / "list_reverseiterator" (one-pass iterators: always truthy, no
          * len, emptied by iteration), "dict_items" / "dict_keys" / "dict_values",

@@ -28,11 +28,11 @@ for n in 1 3 5 7; do
     name=${pair%%:*}; dm=${pair#*:}
     G --model $T --device cuda --max-tokens 64 --n-seqs $n > "$L/base_$n.json" 2>>"$L/err.log"
     G --model $T --device cpu --max-tokens 64 --n-seqs $n > "$L/cpu_$n.json" 2>>"$L/err.log"
-    G --model $T --device cuda --max-tokens 64 --n-seqs $n --draft-model $dm > "$L/spec.json" 2>>"$L/err.log"
-    a=$(ids "$L/base_$n.json"); b=$(ids "$L/spec.json"); c=$(ids "$L/cpu_$n.json")
+    G --model $T --device cuda --max-tokens 64 --n-seqs $n --draft-model $dm > "$L/spec_${name}_$n.json" 2>>"$L/err.log"
+    a=$(ids "$L/base_$n.json"); b=$(ids "$L/spec_${name}_$n.json"); c=$(ids "$L/cpu_$n.json")
     if [ -n "$a" ] && [ "$a" = "$b" ]; then r=PASS; else r=FAIL; fi
     [ "$a" = "$c" ] && r="$r (cuda==cpu)" || r="$r (cuda!=cpu)"
-    row "lossless $name n=$n" "$r al=$(al "$L/spec.json")"
+    row "lossless $name n=$n" "$r al=$(al "$L/spec_${name}_$n.json")"
   done
 done
 for n in 1 3 5 7; do

@@ -38,6 +38,10 @@ ifneq ($(NOCUDA),1)
   HAVE_CUDA = 1
 endif
 endif
+# Objects built without CUDA differ (no -DSPECD_HAVE_CUDA): keep them apart.
+ifeq ($(NOCUDA),1)
+  BUILD = build/nocuda
+endif
 ifeq ($(SANITIZE),1)
   HAVE_CUDA =
 endif

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/engine.h"
 #include "engine/err.h"
@@ -134,6 +135,8 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     int done = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     while (done < n_seqs) {
         engine_output o;
         if (engine_step(e, &o)) {
@@ -158,6 +161,13 @@ int cmd_generate(int argc, char **argv) {
             }
         }
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double elapsed = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    long total_out = 0;
+    for (int s = 0; s < n_seqs; s++) total_out += outs[s].n;
+    if (ec.verbose)
+        fprintf(stderr, "specd generate: %ld tokens in %.3f s (%.1f tokens/s, prefill included)\n",
+                total_out, elapsed, total_out / elapsed);
     if (want_logits) {
         logits = malloc(sizeof(float) * (size_t)engine_model_config(e)->vocab);
         if (!logits || engine_first_logits(e, 0, logits)) {
@@ -176,6 +186,8 @@ int cmd_generate(int argc, char **argv) {
         json_object_set_new(o, "output_ids", oa);
         json_object_set_new(o, "text", text ? json_stringn(text, tlen) : json_null());
         json_object_set_new(o, "finish_reason", json_string(outs[0].finish ? outs[0].finish : "error"));
+        json_object_set_new(o, "elapsed_s", json_real(elapsed));
+        json_object_set_new(o, "tokens_per_s", json_real(total_out / elapsed));
         if (outs[0].verify_steps) {
             json_t *spj = json_object();
             json_object_set_new(spj, "verify_steps", json_integer(outs[0].verify_steps));

@@ -55,6 +55,12 @@ tv *tmpl_iter_list(tmpl_rt *rt, tv *v);
 /* Python ordering: -1/0/1, or -2 after recording a TypeError. */
 int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b);
 
+/* Operators (tmpl_ops.c). binop: OP_ADD..OP_CONCAT, new ref or NULL. compare_op:
+ * OP_EQ..OP_NOTIN, 1/0 or -1 after an error. slice: obj[start:stop:step], any bound NULL. */
+tv *tmpl_binop(tmpl_rt *rt, int op, tv *a, tv *b);
+int tmpl_compare_op(tmpl_rt *rt, int op, tv *a, tv *b);
+tv *tmpl_slice(tmpl_rt *rt, tv *obj, tv *start, tv *stop, tv *stepv);
+
 /* Builtin tables (tmpl_builtins.c). Filters and tests receive the operand as pos[0]. */
 tv_builtin_fn tmpl_find_filter(const char *name);
 tv_builtin_fn tmpl_find_test(const char *name);

@@ -390,12 +390,15 @@ static int write_value(tmpl_rt *rt, const tv *v) {
 
 static int assign_targets(tmpl_rt *rt, tmpl_frame *f, char *const *names, size_t n, tv *v) {
     if (n == 1) return frame_set(rt, f, names[0], v);
+    if (v->kind != TV_LIST && v->kind != TV_STR && v->kind != TV_DICT)
+        return tmpl_fail(rt, "TypeError: cannot unpack non-iterable %s object", tv_type_name(v)), -1;
     tv *items = tmpl_iter_list(rt, v);
     if (!items) return -1;
     int rc = 0;
     if (items->u.list.n != n) {
-        tmpl_fail(rt, items->u.list.n > n ? "ValueError: too many values to unpack (expected %zu)"
-                                          : "ValueError: not enough values to unpack (expected %zu)", n);
+        if (items->u.list.n > n) tmpl_fail(rt, "ValueError: too many values to unpack (expected %zu)", n);
+        else tmpl_fail(rt, "ValueError: not enough values to unpack (expected %zu, got %zu)", n,
+                       items->u.list.n);
         rc = -1;
     }
     for (size_t i = 0; !rc && i < n; i++) rc = frame_set(rt, f, names[i], items->u.list.v[i]);

@@ -186,6 +186,8 @@ static tv *f_center(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_truncate(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
+    if (arg0(a)->kind != TV_STR)   /* jinja2 takes len() of the value itself */
+        return tmpl_fail(rt, "TypeError: object of type '%s' has no len()", tv_type_name(arg0(a)));
     tv *s = to_str(rt, arg0(a));
     if (!s) return NULL;
     int64_t length = int_or(tmpl_arg(a, 1, "length"), 255);
@@ -372,7 +374,7 @@ static tv *f_first_last(tmpl_rt *rt, const tv_args *a, int last) {
     tv *v = arg0(a);
     if (last && tv_is_iterator(v))
         return tmpl_fail(rt, "TypeError: '%s' object is not reversible", v->u.list.view);
-    if (!last && tv_is_iterator(v) && v->u.list.n) {   /* next(): takes one item only */
+    if (!last && tv_is_iterator(v) && v->u.list.n && !v->u.list.pending) {   /* next(): one item */
         tv *r = v->u.list.v[0];
         memmove(v->u.list.v, v->u.list.v + 1, (v->u.list.n - 1) * sizeof *v->u.list.v);
         v->u.list.n--;
@@ -437,7 +439,7 @@ static tv *f_default(tmpl_rt *rt, tv *self, const tv_args *a) {
     return def ? tv_ref(def) : oom_or(rt, tv_str("", 0));
 }
 
-static tv *f_items(tmpl_rt *rt, tv *self, const tv_args *a) {
+static tv *f_items_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *v = arg0(a);
     if (v->kind == TV_UNDEF) return oom_or(rt, tv_view("generator"));
@@ -554,7 +556,8 @@ static tv *pair_key(tmpl_rt *rt, tv *pair, tv *by, int cs) {
 static tv *f_dictsort(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *cs = tmpl_arg(a, 1, "case_sensitive"), *by = tmpl_arg(a, 2, "by"), *rev = tmpl_arg(a, 3, "reverse");
-    if (arg0(a)->kind != TV_DICT) return tmpl_fail(rt, "TypeError: dictsort requires a mapping");
+    if (arg0(a)->kind != TV_DICT)
+        return tmpl_fail(rt, "AttributeError: '%s' object has no attribute 'items'", tv_type_name(arg0(a)));
     tv *items = call_method(rt, arg0(a), "items", NULL, 0);
     if (!items) return NULL;
     int by_value = by && by->kind == TV_STR && !strcmp(by->u.str.s, "value");
@@ -565,7 +568,7 @@ static tv *f_dictsort(tmpl_rt *rt, tv *self, const tv_args *a) {
     return r;
 }
 
-static tv *f_unique(tmpl_rt *rt, tv *self, const tv_args *a) {
+static tv *f_unique_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *cs = tmpl_arg(a, 1, "case_sensitive"), *attr = tmpl_arg(a, 2, "attribute");
     tv *items = tmpl_iter_list(rt, arg0(a));
@@ -659,7 +662,7 @@ static tv *f_sum(tmpl_rt *rt, tv *self, const tv_args *a) {
     return acc;
 }
 
-static tv *f_batch(tmpl_rt *rt, tv *self, const tv_args *a) {
+static tv *f_batch_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     int64_t n = int_or(tmpl_arg(a, 1, "linecount"), 0);
     tv *fill = tmpl_arg(a, 2, "fill_with");
@@ -688,7 +691,7 @@ static tv *f_batch(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 /* ---- map / select ---- */
 
-static tv *f_map(tmpl_rt *rt, tv *self, const tv_args *a) {
+static tv *f_map_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *attr = tmpl_arg(a, a->npos + 8, "attribute"), *def = tmpl_arg(a, a->npos + 8, "default");
     tv *fname = a->npos > 1 ? a->pos[1] : NULL;
@@ -747,10 +750,30 @@ static tv *select_impl(tmpl_rt *rt, const tv_args *a, int by_attr, int want) {
     if (!r && !rt->failed) tmpl_oom(rt);
     return r;
 }
-static tv *f_select(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return select_impl(rt, a, 0, 1); }
-static tv *f_reject(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return select_impl(rt, a, 0, 0); }
-static tv *f_selectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return select_impl(rt, a, 1, 1); }
-static tv *f_rejectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return select_impl(rt, a, 1, 0); }
+/* jinja2's map, select*, reject*, unique, batch and items are generators: their bodies run
+ * only when the result is iterated. We compute eagerly, but an error on the way is kept in
+ * the generator and raised when (if ever) it is consumed, as jinja2 would. */
+static tv *lazy(tmpl_rt *rt, tv *r) {
+    if (!rt->failed) return r;
+    tv_unref(r);
+    tv *g = tv_view("generator");
+    if (!g || !(g->u.list.pending = strdup(rt->err ? rt->err : "error"))) {
+        tv_unref(g);
+        return NULL;   /* keeps the error as raised */
+    }
+    rt->failed = 0;
+    if (rt->err && rt->errlen) rt->err[0] = 0;
+    return g;
+}
+
+static tv *f_select(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 0, 1)); }
+static tv *f_reject(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 0, 0)); }
+static tv *f_selectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 1, 1)); }
+static tv *f_rejectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 1, 0)); }
+static tv *f_map(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_map_now(rt, self, a)); }
+static tv *f_unique(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_unique_now(rt, self, a)); }
+static tv *f_batch(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_batch_now(rt, self, a)); }
+static tv *f_items(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_items_now(rt, self, a)); }
 
 static tv *f_attr(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;

@@ -634,7 +634,11 @@ static tv *m_lindex(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *x = tmpl_arg(a, 0, NULL);
     for (size_t i = 0; x && i < self->u.list.n; i++)
         if (tv_equal(self->u.list.v[i], x)) return tv_int((int64_t)i);
-    return tmpl_fail(rt, "ValueError: value is not in list");
+    tv_buf b = {0};
+    if (x) tv_write_repr(&b, x);
+    tmpl_fail(rt, "ValueError: %s is not in list", b.s ? b.s : "");
+    tv_buf_free(&b);
+    return NULL;
 }
 
 static tv *m_lcount(tmpl_rt *rt, tv *self, const tv_args *a) {

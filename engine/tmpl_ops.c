@@ -119,6 +119,7 @@ tv *tmpl_getitem(tmpl_rt *rt, tv *obj, tv *key) {
 tv *tmpl_iter_list(tmpl_rt *rt, tv *v) {
     switch (v->kind) {
     case TV_LIST:
+        if (v->u.list.pending) return tmpl_fail(rt, "%s", v->u.list.pending);
         if (tv_is_iterator(v)) {   /* iterating a generator uses it up */
             tv *l = tv_list();
             if (!l) return tmpl_oom(rt);
@@ -158,7 +159,7 @@ tv *tmpl_iter_list(tmpl_rt *rt, tv *v) {
     }
 }
 
-int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b) {
+static int compare_sym(tmpl_rt *rt, const tv *a, const tv *b, const char *sym) {
     if (tv_is_number(a) && tv_is_number(b)) {
         if (a->kind != TV_FLOAT && b->kind != TV_FLOAT) {
             int64_t x = a->kind == TV_INT ? a->u.i : a->u.b, y = b->kind == TV_INT ? b->u.i : b->u.b;
@@ -177,16 +178,18 @@ int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b) {
         !a->u.list.view && !b->u.list.view) {
         for (size_t i = 0; i < a->u.list.n && i < b->u.list.n; i++) {
             if (tv_equal(a->u.list.v[i], b->u.list.v[i])) continue;
-            return tmpl_compare(rt, a->u.list.v[i], b->u.list.v[i]);
+            return compare_sym(rt, a->u.list.v[i], b->u.list.v[i], sym);
         }
         return a->u.list.n < b->u.list.n ? -1 : a->u.list.n > b->u.list.n;
     }
     if (a->kind == TV_UNDEF) return tmpl_undef_raise(rt, a), -2;
     if (b->kind == TV_UNDEF) return tmpl_undef_raise(rt, b), -2;
-    tmpl_fail(rt, "TypeError: '<' not supported between instances of '%s' and '%s'",
+    tmpl_fail(rt, "TypeError: '%s' not supported between instances of '%s' and '%s'", sym,
               tv_type_name(a), tv_type_name(b));
     return -2;
 }
+
+int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b) { return compare_sym(rt, a, b, "<"); }
 
 /* ---- operators ---- */
 
@@ -274,7 +277,9 @@ tv *tmpl_binop(tmpl_rt *rt, int op, tv *a, tv *b) {
             if (ints && !__builtin_mul_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
             return num_result(rt, 0, 0, fx * fy);
         case OP_DIV:
-            if (fy == 0) return tmpl_fail(rt, "ZeroDivisionError: division by zero");
+            if (fy == 0)
+                return tmpl_fail(rt, ints ? "ZeroDivisionError: division by zero"
+                                          : "ZeroDivisionError: float division by zero");
             return num_result(rt, 0, 0, fx / fy);
         case OP_FLOORDIV:
         case OP_MOD:
@@ -363,7 +368,7 @@ tv *tmpl_binop(tmpl_rt *rt, int op, tv *a, tv *b) {
         return tmpl_fail(rt, "TypeError: can only concatenate %s (not \"%s\") to %s",
                          tv_type_name(a), tv_type_name(b), tv_type_name(a));
     return tmpl_fail(rt, "TypeError: unsupported operand type(s) for %s: '%s' and '%s'",
-                     op_sym(op), tv_type_name(a), tv_type_name(b));
+                     op == OP_POW ? "** or pow()" : op_sym(op), tv_type_name(a), tv_type_name(b));
 }
 
 int tmpl_compare_op(tmpl_rt *rt, int op, tv *a, tv *b) {
@@ -376,7 +381,8 @@ int tmpl_compare_op(tmpl_rt *rt, int op, tv *a, tv *b) {
         return c < 0 ? c : !c;
     }
     default: {
-        int c = tmpl_compare(rt, a, b);
+        static const char *const sym[] = {"<", "<=", ">", ">="};
+        int c = compare_sym(rt, a, b, sym[op - OP_LT]);
         if (c == -2) return -1;
         return op == OP_LT ? c < 0 : op == OP_LE ? c <= 0 : op == OP_GT ? c > 0 : c >= 0;
     }

@@ -31,11 +31,19 @@ static tk_token *peek(parser *P, size_t k) {
     return &P->toks->t[j < P->toks->n ? j : P->toks->n - 1];
 }
 
+/* Token as jinja2's describe_token names it: names and operators by their text,
+ * literals by their type. */
 static const char *tok_desc(const tk_token *t) {
     switch (t->type) {
     case TK_EOF: return "end of template";
     case TK_VAR_END: return "end of print statement";
     case TK_BLOCK_END: return "end of statement block";
+    case TK_VAR_BEGIN: return "begin of print statement";
+    case TK_BLOCK_BEGIN: return "begin of statement block";
+    case TK_TEXT: return "template data / text";
+    case TK_STRING: return "string";
+    case TK_INT: return "integer";
+    case TK_FLOAT: return "float";
     default: return t->s;
     }
 }
@@ -277,7 +285,22 @@ static tnode *parse_subscript(parser *P, tnode *obj) {
     n->a = obj;
     n->b = parse_subscript_part(P);
     if (P->failed) goto bad;
-    if (accept_op(P, ":")) {
+    if (n->b && is_op(P, ",")) {   /* x[a, b] subscripts with a tuple */
+        tnode *t = node_new(P, N_TUPLE), *first = n->b;
+        if (!t) goto bad;
+        n->b = t;
+        if (list_push(P, &t->l1, first)) {
+            tmpl_node_free(first);
+            goto bad;
+        }
+        while (accept_op(P, ",") && !is_op(P, "]")) {
+            tnode *v = parse_expr(P);
+            if (!v || list_push(P, &t->l1, v)) {
+                tmpl_node_free(v);
+                goto bad;
+            }
+        }
+    } else if (accept_op(P, ":")) {
         n->type = N_SLICE;
         n->c = parse_subscript_part(P);
         if (P->failed) goto bad;

@@ -74,12 +74,22 @@ static tv *t_upper(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return
 
 static tv *int_mod(tmpl_rt *rt, tv *v, int64_t m, int *res) {
     if (v->kind == TV_UNDEF) return tmpl_undef_raise(rt, v);
+    if (v->kind == TV_STR)   /* str % int is printf formatting with too many arguments */
+        return tmpl_fail(rt, "TypeError: not all arguments converted during string formatting");
     if (!tv_is_number(v) || m == 0)
         return tmpl_fail(rt, m ? "TypeError: unsupported operand type(s) for %%: '%s' and 'int'"
                                : "ZeroDivisionError: integer division or modulo by zero%s",
                          m ? tv_type_name(v) : "");
-    if (v->kind == TV_FLOAT) *res = fmod(v->u.f, (double)m) == 0;
-    else *res = (v->kind == TV_INT ? v->u.i : v->u.b) % m == 0;
+    /* *res = Python's value % m (0 divisible/even, 1 odd; a float may be neither) */
+    if (v->kind == TV_FLOAT) {
+        double r = fmod(v->u.f, (double)m);
+        if (r != 0 && ((r < 0) != (m < 0))) r += (double)m;
+        *res = r == 0 ? 0 : r == 1 ? 1 : 2;
+    } else {
+        int64_t r = (v->kind == TV_INT ? v->u.i : v->u.b) % m;
+        if (r != 0 && ((r < 0) != (m < 0))) r += m;
+        *res = r == 0 ? 0 : r == 1 ? 1 : 2;
+    }
     return tv_bool(1);
 }
 static tv *t_divisibleby(tmpl_rt *rt, tv *self, const tv_args *a) {
@@ -87,17 +97,17 @@ static tv *t_divisibleby(tmpl_rt *rt, tv *self, const tv_args *a) {
     int r;
     tv *n = tmpl_arg(a, 1, "num");
     if (!n || !tv_is_number(n)) return tmpl_fail(rt, "TypeError: divisibleby needs a number");
-    return int_mod(rt, arg0(a), int_or(n, 1), &r) ? tv_bool(r) : NULL;
+    return int_mod(rt, arg0(a), int_or(n, 1), &r) ? tv_bool(r == 0) : NULL;
 }
 static tv *t_even(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     int r;
-    return int_mod(rt, arg0(a), 2, &r) ? tv_bool(r) : NULL;
+    return int_mod(rt, arg0(a), 2, &r) ? tv_bool(r == 0) : NULL;
 }
 static tv *t_odd(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     int r;
-    return int_mod(rt, arg0(a), 2, &r) ? tv_bool(!r) : NULL;
+    return int_mod(rt, arg0(a), 2, &r) ? tv_bool(r == 1) : NULL;
 }
 
 static tv *cmp_test(tmpl_rt *rt, const tv_args *a, int op) {

@@ -132,6 +132,7 @@ void tv_unref(tv *v) {
     case TV_LIST:
         for (size_t i = 0; i < v->u.list.n; i++) tv_unref(v->u.list.v[i]);
         free(v->u.list.v);
+        free(v->u.list.pending);
         break;
     case TV_DICT:
     case TV_NS:

@@ -533,6 +533,17 @@ static int exec_stmt(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
         rc = write_value(rt, v);
         break;
     case S_BLOCK: return exec_body(rt, f, &n->l1);
+    case S_WITH: {
+        tmpl_frame fr = {f, NULL};
+        for (size_t i = 0; rc == EX_OK && i < n->nnames; i++) {
+            tv *x = eval(rt, &fr, n->l2.v[i]);
+            rc = x ? frame_set(rt, &fr, n->names[i], x) : EX_ERR;
+            tv_unref(x);
+        }
+        if (rc == EX_OK) rc = exec_body(rt, &fr, &n->l1);
+        frame_clear(&fr);
+        return rc;
+    }
     case S_CALLBLOCK:
         tv_unref(rt->caller);
         if (!(rt->caller = tv_macro(n))) return tmpl_oom(rt), EX_ERR;
@@ -592,7 +603,8 @@ static int check_names(tnode *n, int soft, char *err, size_t errlen) {
     case S_MACRO:
     case S_SETBLOCK:
     case S_FILTERBLOCK:
-    case S_CALLBLOCK: inner = 0; break;
+    case S_CALLBLOCK:
+    case S_WITH: inner = 0; break;
     case N_FILTER:
     case N_TEST: {
         int known = n->type == N_FILTER ? tmpl_find_filter(n->name) != NULL

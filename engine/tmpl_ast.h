@@ -41,7 +41,7 @@ typedef enum {
     N_POS, N_BIN, N_AND, N_OR, N_COMPARE, N_COND, N_LIST, N_TUPLE, N_DICT,
     /* statements */
     S_TEXT, S_OUTPUT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_MACRO, S_BREAK, S_CONTINUE,
-    S_FILTERBLOCK, S_BLOCK, S_CALLBLOCK
+    S_FILTERBLOCK, S_BLOCK, S_CALLBLOCK, S_WITH
 } node_type;
 
 /* Binary / comparison operators (N_BIN op, N_COMPARE ops[]). */
@@ -73,7 +73,8 @@ typedef struct {
  *   S_SETBLOCK names[0] = render(l1), then filters in l2 (N_FILTER with a NULL)
  *   S_MACRO    macro name(names = l1 defaults, NULL when none): l2
  *   S_FILTERBLOCK render(l1) through filters in l2
- *   S_BLOCK    l1 (generation blocks and other transparent wrappers)
+ *   S_BLOCK    l1 (generation blocks, {% block %} and other transparent wrappers)
+ *   S_WITH     with names = l2 (values): l1, in a new scope
  *   S_CALLBLOCK call a with caller() = l1 */
 struct tnode {
     node_type type;

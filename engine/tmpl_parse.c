@@ -132,7 +132,7 @@ static void list_free(tnode_list *l) {
 void tmpl_node_free(tnode *n) {
     if (!n) return;
     free(n->name);
-    tv_unref(n->value);
+    tv_free_literal(n->value);
     tmpl_node_free(n->a);
     tmpl_node_free(n->b);
     tmpl_node_free(n->c);
@@ -159,6 +159,7 @@ static tnode *lit(parser *P, tv *v) {
         return NULL;
     }
     n->value = v;
+    tv_make_literal(v);
     return n;
 }
 
@@ -784,6 +785,54 @@ bad:
     return NULL;
 }
 
+/* {% with a = 1, b = x %} ... {% endwith %} */
+static tnode *parse_with(parser *P) {
+    tnode *n = node_new(P, S_WITH);
+    if (!n) return NULL;
+    while (cur(P)->type != TK_BLOCK_END) {
+        if (n->nnames && !expect_op(P, ",")) goto bad;
+        if (cur(P)->type != TK_NAME) {
+            fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
+            goto bad;
+        }
+        if (names_push(P, n, cur(P)->s)) goto bad;
+        P->i++;
+        if (!expect_op(P, "=")) goto bad;
+        tnode *v = parse_expr(P);
+        if (!v || list_push(P, &n->l2, v)) {
+            tmpl_node_free(v);
+            goto bad;
+        }
+    }
+    P->i++;
+    static const char *const ends[] = {"endwith", NULL};
+    const char *hit;
+    if (parse_body(P, &n->l1, ends, &hit) || expect_block_end(P)) goto bad;
+    return n;
+bad:
+    tmpl_node_free(n);
+    return NULL;
+}
+
+/* {% block name %} ... {% endblock [name] %}: without inheritance it renders in place */
+static tnode *parse_block(parser *P) {
+    if (cur(P)->type != TK_NAME) return fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
+    P->i++;
+    accept_name(P, "scoped");
+    accept_name(P, "required");
+    tnode *n = node_new(P, S_BLOCK);
+    if (!n) return NULL;
+    static const char *const ends[] = {"endblock", NULL};
+    const char *hit;
+    if (expect_block_end(P) || parse_body(P, &n->l1, ends, &hit)) goto bad;
+    if (cur(P)->type == TK_NAME) P->i++;
+    if (expect_block_end(P)) goto bad;
+    return n;
+bad:
+    tmpl_node_free(n);
+    return NULL;
+}
+
 static tnode *parse_statement(parser *P) {
     tk_token *t = cur(P);
     if (t->type != TK_NAME) return fail(P, "tag name expected, got '%s'", tok_desc(t));
@@ -796,6 +845,8 @@ static tnode *parse_statement(parser *P) {
     if (!strcmp(s, "filter")) return parse_wrapped(P, S_FILTERBLOCK, "endfilter");
     if (!strcmp(s, "generation")) return parse_wrapped(P, S_BLOCK, "endgeneration");
     if (!strcmp(s, "call")) return parse_wrapped(P, S_CALLBLOCK, "endcall");
+    if (!strcmp(s, "with")) return parse_with(P);
+    if (!strcmp(s, "block")) return parse_block(P);
     if (!strcmp(s, "break") || !strcmp(s, "continue")) {
         tnode *n = node_new(P, s[0] == 'b' ? S_BREAK : S_CONTINUE);
         if (n && expect_block_end(P)) {
@@ -828,7 +879,8 @@ static int parse_body(parser *P, tnode_list *body, const char *const *ends, cons
         tnode *n = NULL;
         if (t->type == TK_TEXT) {
             n = node_new(P, S_TEXT);
-            if (n && !(n->value = tv_str(t->s, t->len))) {
+            if (n && (n->value = tv_str(t->s, t->len))) tv_make_literal(n->value);
+            if (n && !n->value) {
                 tmpl_node_free(n);
                 n = fail(P, "%s", "out of memory");
             }

@@ -150,6 +150,19 @@ void tv_unref(tv *v) {
     free(v);
 }
 
+void tv_make_literal(tv *v) {
+    if (v && v->rc > 0) v->rc = -2;   /* -2: immortal but owned by a template */
+}
+
+void tv_free_literal(tv *v) {
+    if (!v || v->rc != -2) {
+        tv_unref(v);
+        return;
+    }
+    if (v->kind == TV_STR) free(v->u.str.s);
+    free(v);
+}
+
 int tv_list_push_steal(tv *l, tv *item) {
     if (!item) return -1;
     if (l->u.list.n == l->u.list.cap) {

@@ -80,6 +80,12 @@ tv *tv_loop(tv *items);                                       /* refs items */
 tv *tv_ref(tv *v);
 void tv_unref(tv *v);
 
+/* Literals of a parsed template are shared by every render, possibly on several threads
+ * at once, so they are made immortal (ref counting leaves them alone) and freed with the
+ * template by tv_free_literal. Only scalars (str, int, float) are literals. */
+void tv_make_literal(tv *v);
+void tv_free_literal(tv *v);
+
 /* Containers. Append/set take a new reference of their own (the caller keeps its). */
 int tv_list_push(tv *l, tv *item);
 int tv_list_push_steal(tv *l, tv *item);    /* item consumed even on failure */

@@ -11,6 +11,7 @@
  * 3. Robustness: malformed and mutated templates never crash, recursion, output size and
  *    work are bounded, nesting depth is bounded.
  * 4. `specd render` end to end (stdout captured). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -612,6 +613,87 @@ static const tcase syntax_errors_cases[] = {
      "TemplateAssertionError: No filter named 'nosuchfilter'. (line 1)", 2},
 };
 
+static const tcase generators_cases[] = {
+    {"{{ xs|map(attribute='n')|tojson }}",
+     "{\"xs\": [{\"a\": 1, \"n\": \"x\"}, {\"a\": 0, \"n\": \"y\"}]}",
+     "TypeError: Object of type generator is not JSON serializable", 1},
+    {"{{ xs|map(attribute='n')|length }}",
+     "{\"xs\": [{\"a\": 1, \"n\": \"x\"}, {\"a\": 0, \"n\": \"y\"}]}",
+     "TypeError: object of type 'generator' has no len()", 1},
+    {"{% if xs|selectattr('z') %}T{% else %}F{% endif %}{% if xs|selectattr('z')|list %}T{% else %}F{% endif %}",
+     "{\"xs\": [{\"a\": 1, \"n\": \"x\"}, {\"a\": 0, \"n\": \"y\"}]}",
+     "TF", 0},
+    {"{% set g = xs|map(attribute='n') %}{% for x in g %}{{ x }}{% endfor %}|{% for x in g %}{{ x }}{% endfor %}|",
+     "{\"xs\": [{\"a\": 1, \"n\": \"x\"}, {\"a\": 0, \"n\": \"y\"}]}",
+     "xy||", 0},
+    {"{% set g = xs|map(attribute='n') %}{{ g|first }}{{ g|list }}",
+     "{\"xs\": [{\"a\": 1, \"n\": \"x\"}, {\"a\": 0, \"n\": \"y\"}]}",
+     "x['y']", 0},
+    {"{{ xs|map(attribute='n')|last }}",
+     "{\"xs\": [{\"a\": 1, \"n\": \"x\"}, {\"a\": 0, \"n\": \"y\"}]}",
+     "TypeError: 'generator' object is not reversible", 1},
+    {"{{ d.items() }}{{ d.keys() }}{{ d.values() }}{{ d.items()|length }}",
+     "{\"d\": {\"a\": 1, \"b\": \"x\"}}",
+     "dict_items([('a', 1), ('b', 'x')])dict_keys(['a', 'b'])dict_values([1, 'x'])2", 0},
+    {"{{ d.keys()|tojson }}",
+     "{\"d\": {\"a\": 1}}",
+     "TypeError: Object of type dict_keys is not JSON serializable", 1},
+    {"{{ [1,2]|reverse|join(',') }}{{ range(3) }}{{ range(1, 7, 2) }}{{ range(3)[1] }}{{ range(3) is sequence }}",
+     "{}",
+     "2,1range(0, 3)range(1, 7, 2)1True", 0},
+    {"{{ [1,2]|reverse|tojson }}",
+     "{}",
+     "TypeError: Object of type list_reverseiterator is not JSON serializable", 1},
+    {"{{ xs|map(attribute='n') + ['z'] }}",
+     "{\"xs\": [{\"a\": 1, \"n\": \"x\"}, {\"a\": 0, \"n\": \"y\"}]}",
+     "TypeError: unsupported operand type(s) for +: 'generator' and 'list'", 1},
+    {"{% set g = 3|selectattr('role') %}ok{{ g is iterable }}",
+     "{}",
+     "okTrue", 0},
+    {"{% set g = 3|selectattr('role') %}{{ g|list }}",
+     "{}",
+     "TypeError: 'int' object is not iterable", 1},
+    {"{{ 'abc'|items|list }}",
+     "{}",
+     "TypeError: Can only get item pairs from a mapping.", 1},
+};
+
+static const tcase markup_cases[] = {
+    {"{{ 'a<'|safe + '<b>' }}|{{ '<b>' + 'a<'|safe }}|{{ 'x'|safe ~ '<' }}|{{ ('<'|safe + '<') ~ '<' }}",
+     "{}",
+     "a<&lt;b&gt;|&lt;b&gt;a<|x<|<&lt;<", 0},
+    {"{{ '<'|e|e }}{{ '<'|safe|e }}{{ '<'|safe|forceescape }}{{ ('<'|e + '&') }}",
+     "{}",
+     "&lt;<&lt;&lt;&amp;", 0},
+    {"{{ '<a>'|safe|upper }}{{ ('<'|safe|upper) + '<' }}{{ ('x'|safe|replace('x', '<')) + '<' }}{{ ' <'|safe|trim + '>' }}",
+     "{}",
+     "<A><&lt;<<<&gt;", 0},
+    {"{{ \"Use '\"|safe + name + \"'\\n\"|safe + f|tojson }}",
+     "{\"name\": \"a&b\", \"f\": {\"q\": \"\\\"x\\\"\"}}",
+     "Use 'a&amp;b'\n{&#34;q&#34;: &#34;\\&#34;x\\&#34;&#34;}", 0},
+    {"{{ 'a'|safe + 1 }}",
+     "{}",
+     "TypeError: unsupported operand type(s) for +: 'Markup' and 'int'", 1},
+};
+
+static const tcase blocks_cases[] = {
+    {"{% set a = 5 %}{% with a = 1, b = 2 %}{{ a }}{{ b }}{% set c = 3 %}{% endwith %}{{ a }}{{ b }}{{ c }}",
+     "{}",
+     "125", 0},
+    {"{% block body %}in block {{ 1 }}{% endblock %}|{% block b2 %}x{% endblock b2 %}",
+     "{}",
+     "in block 1|x", 0},
+    {"  {% block body %}\n  x\n  {% endblock %}\n",
+     "{}",
+     "  x\n", 0},
+    {"{% generation %}gen {{ 1 }}{% endgeneration %}",
+     "{}",
+     "gen 1", 0},
+    {"{% macro outer(x) %}<{{ caller() }}{{ x }}>{% endmacro %}{% call outer(2) %}in{% endcall %}",
+     "{}",
+     "<in2>", 0},
+};
+
 /* Runs a table; prints every mismatch, then fails if there was any. */
 static void run_cases(const char *group, const tcase *cases, size_t n) {
     int bad = 0;
@@ -678,6 +760,9 @@ CASES(python_repr)
 CASES(operators)
 CASES(undefined_errors)
 CASES(syntax_errors)
+CASES(generators)
+CASES(markup)
+CASES(blocks)
 
 /* ---- golden renders from HF transformers ---- */
 
@@ -926,6 +1011,58 @@ static void test_tmpl_render_chat_passes_tools_as_none(void **state) {
     tmpl_free(t);
 }
 
+/* One parsed template rendered from four threads at once gives the single-thread text
+ * every time (literals are shared, immutable, never ref-counted). */
+typedef struct {
+    const tmpl_template *t;
+    json_t *ctx;
+    const char *want;
+    int bad;
+} render_job;
+
+static void *render_worker(void *arg) {
+    render_job *j = arg;
+    for (int i = 0; i < 50; i++) {
+        char *out = NULL, err[256];
+        size_t len;
+        if (tmpl_render_at(j->t, j->ctx, 0, &out, &len, err, sizeof err) || strcmp(out, j->want))
+            j->bad++;
+        free(out);
+    }
+    return NULL;
+}
+
+static void test_tmpl_concurrent_renders_agree(void **state) {
+    (void)state;
+    json_t *g = fixture_json("chat-templates/golden.json");
+    assert_non_null(g);
+    size_t len;
+    char *src = read_all(fixture_path("chat-templates/templates/openai-gpt-oss-120b.jinja"), &len);
+    assert_non_null(src);
+    char err[512], *want = NULL;
+    tmpl_template *t = tmpl_parse(src, len, err, sizeof err);
+    assert_non_null(t);
+    json_t *ctx = tmpl_chat_context(json_object_get(json_object_get(g, "conversations"), "tool_calls"),
+                                    json_object_get(g, "tools"), 1, "<s>", "</s>", NULL);
+    assert_int_equal(tmpl_render_at(t, ctx, 0, &want, &len, err, sizeof err), 0);
+    assert_true(len > 500);
+    pthread_t th[4];
+    render_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (render_job){t, ctx, want, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, render_worker, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    free(want);
+    json_decref(ctx);
+    tmpl_free(t);
+    free(src);
+    json_decref(g);
+}
+
 /* ---- specd render ---- */
 
 /* Runs cmd_render with stdout/stderr captured into malloc'd strings. */
@@ -1047,6 +1184,10 @@ int main(void) {
         cmocka_unit_test(test_tmpl_operators),
         cmocka_unit_test(test_tmpl_undefined_errors),
         cmocka_unit_test(test_tmpl_syntax_errors),
+        cmocka_unit_test(test_tmpl_generators),
+        cmocka_unit_test(test_tmpl_markup),
+        cmocka_unit_test(test_tmpl_blocks),
+        cmocka_unit_test(test_tmpl_concurrent_renders_agree),
         cmocka_unit_test(test_tmpl_infinite_recursion_errors_out),
         cmocka_unit_test(test_tmpl_output_size_is_bounded),
         cmocka_unit_test(test_tmpl_endless_work_is_bounded),

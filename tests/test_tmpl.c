@@ -1162,6 +1162,14 @@ static void test_cmd_render_model_uses_checkpoint_template(void **state) {
                              "<|im_start|>assistant\n");
     free(out);
     free(eout);
+    /* a GGUF file: tokenizer.chat_template and the BOS token come from its metadata */
+    char gguf[4096];
+    snprintf(gguf, sizeof gguf, "%s", fixture_path("tokenizers/gguf/ggml-vocab-phi-3.gguf"));
+    char *b[] = {"render", "--model", gguf, "--messages", msgs};
+    assert_int_equal(run_render(b, 5, &out, &eout), 0);
+    assert_string_equal(out, "<s><|user|>\nU<|end|>\n<|assistant|>\n");   /* jinja2's render */
+    free(out);
+    free(eout);
     unlink(msgs);
 }
 

@@ -92,7 +92,7 @@ http: $(BUILD)/specd
 	@bash scripts/run-tests.sh http $(BUILD)
 
 test: setup fetch-model
-	$(MAKE) all $(TEST_BIN)
+	$(MAKE) -j$$(nproc) all $(TEST_BIN)
 	@bash scripts/run-tests.sh all $(BUILD)
 
 asan: setup

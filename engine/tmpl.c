@@ -382,6 +382,9 @@ static tv *eval(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
 
 static int write_value(tmpl_rt *rt, const tv *v) {
     tv_write_str(rt->out, v);
+    if (rt->out->oom == 3)
+        return tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded while getting the "
+                             "repr of an object"), -1;
     if (rt->out->oom)
         return tmpl_fail(rt, rt->out->oom == 2 ? "MemoryError: rendered output exceeds %u bytes"
                                                  : "MemoryError: out of memory", TMPL_MAX_OUTPUT), -1;
@@ -679,6 +682,18 @@ int tmpl_render_at(const tmpl_template *t, json_t *context, time_t now, char **o
     int rc = exec_body(&rt, &root, t->body);
     frame_clear(&root);
     tv_unref(rt.caller);
+    /* Namespaces are the only values mutated after creation, so the only way to build a
+     * reference cycle (set ns.me = [ns]); emptying them all breaks every cycle. */
+    for (size_t i = 0; rt.namespaces && i < rt.namespaces->u.list.n; i++) {
+        tv *ns = rt.namespaces->u.list.v[i];
+        tv *keep = tv_dict();   /* swap the contents out, then free them */
+        if (!keep) break;
+        tv tmp = *keep;
+        keep->u.dict = ns->u.dict;
+        ns->u.dict = tmp.u.dict;
+        tv_unref(keep);
+    }
+    tv_unref(rt.namespaces);
     if (rc == EX_ERR || rt.failed) {
         tv_buf_free(&buf);
         return SPECD_ETEMPLATE;

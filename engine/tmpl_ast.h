@@ -87,6 +87,7 @@ struct tnode {
     char **names;       /* for targets, macro params, kwarg names of N_CALL/N_FILTER */
     size_t nnames;
     int *ops;           /* N_COMPARE */
+    int depth;          /* height of the expression tree below (bounded by the parser) */
 };
 
 /* Parse a token list into a body (S_* statements). NULL + message on a syntax error. */

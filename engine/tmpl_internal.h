@@ -14,8 +14,8 @@
 #include "engine/tmpl_value.h"
 
 /* Bounds that keep a hostile template from hanging or exhausting memory. */
-#define TMPL_MAX_CALL_DEPTH 100            /* nested macro calls */
-#define TMPL_MAX_EVAL_DEPTH 400            /* nested expression / statement evaluation */
+#define TMPL_MAX_CALL_DEPTH 160            /* nested macro calls */
+#define TMPL_MAX_EVAL_DEPTH 3000           /* nested expression / statement evaluation */
 #define TMPL_MAX_OUTPUT (64u << 20)        /* bytes of rendered text, and of any string */
 #define TMPL_MAX_STEPS 10000000ull         /* statements + loop iterations per render */
 #define TMPL_MAX_RANGE 100000              /* jinja2's sandbox MAX_RANGE */
@@ -30,6 +30,7 @@ struct tmpl_rt {
     int call_depth, eval_depth;
     uint64_t steps;
     time_t now;             /* what strftime_now() reports */
+    tv *namespaces;         /* list of every namespace made, emptied at the end */
 };
 
 /* Record an error (first one wins). Returns NULL so callers can `return tmpl_fail(...)`. */

@@ -159,7 +159,11 @@ tv *tmpl_iter_list(tmpl_rt *rt, tv *v) {
     }
 }
 
-static int compare_sym(tmpl_rt *rt, const tv *a, const tv *b, const char *sym) {
+static int compare_sym(tmpl_rt *rt, const tv *a, const tv *b, const char *sym, int depth) {
+    if (depth > 500) {
+        tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded in comparison");
+        return -2;
+    }
     if (tv_is_number(a) && tv_is_number(b)) {
         if (a->kind != TV_FLOAT && b->kind != TV_FLOAT) {
             int64_t x = a->kind == TV_INT ? a->u.i : a->u.b, y = b->kind == TV_INT ? b->u.i : b->u.b;
@@ -178,7 +182,7 @@ static int compare_sym(tmpl_rt *rt, const tv *a, const tv *b, const char *sym) {
         !a->u.list.view && !b->u.list.view) {
         for (size_t i = 0; i < a->u.list.n && i < b->u.list.n; i++) {
             if (tv_equal(a->u.list.v[i], b->u.list.v[i])) continue;
-            return compare_sym(rt, a->u.list.v[i], b->u.list.v[i], sym);
+            return compare_sym(rt, a->u.list.v[i], b->u.list.v[i], sym, depth + 1);
         }
         return a->u.list.n < b->u.list.n ? -1 : a->u.list.n > b->u.list.n;
     }
@@ -189,7 +193,7 @@ static int compare_sym(tmpl_rt *rt, const tv *a, const tv *b, const char *sym) {
     return -2;
 }
 
-int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b) { return compare_sym(rt, a, b, "<"); }
+int tmpl_compare(tmpl_rt *rt, const tv *a, const tv *b) { return compare_sym(rt, a, b, "<", 0); }
 
 /* ---- operators ---- */
 
@@ -382,7 +386,7 @@ int tmpl_compare_op(tmpl_rt *rt, int op, tv *a, tv *b) {
     }
     default: {
         static const char *const sym[] = {"<", "<=", ">", ">="};
-        int c = compare_sym(rt, a, b, sym[op - OP_LT]);
+        int c = compare_sym(rt, a, b, sym[op - OP_LT], 0);
         if (c == -2) return -1;
         return op == OP_LT ? c < 0 : op == OP_LE ? c <= 0 : op == OP_GT ? c > 0 : c >= 0;
     }

@@ -85,6 +85,29 @@ static int expect_op(parser *P, const char *op) {
     return 0;
 }
 
+/* Operator, postfix and filter chains are built in loops, so their trees can grow deep
+ * without the parser recursing; every tree walk (evaluation, freeing) recurses, so the
+ * height is bounded here. Returns n, or NULL (n freed) when it is too deep. */
+#define MAX_TREE_DEPTH 400
+
+static tnode *deepen(parser *P, tnode *n) {
+    if (!n) return NULL;
+    int d = 0;
+    const tnode *kids[] = {n->a, n->b, n->c, n->d};
+    for (int i = 0; i < 4; i++)
+        if (kids[i] && kids[i]->depth > d) d = kids[i]->depth;
+    for (size_t i = 0; i < n->l1.n; i++)
+        if (n->l1.v[i] && n->l1.v[i]->depth > d) d = n->l1.v[i]->depth;
+    for (size_t i = 0; i < n->l2.n; i++)
+        if (n->l2.v[i] && n->l2.v[i]->depth > d) d = n->l2.v[i]->depth;
+    n->depth = d + 1;
+    if (n->depth > MAX_TREE_DEPTH) {
+        tmpl_node_free(n);
+        return fail(P, "%s", "expression nested too deeply");
+    }
+    return n;
+}
+
 static tnode *node_new(parser *P, node_type type) {
     tnode *n = calloc(1, sizeof *n);
     if (!n) return fail(P, "%s", "out of memory");
@@ -353,6 +376,7 @@ static tnode *parse_postfix(parser *P, tnode *n) {
         } else {
             break;
         }
+        n = deepen(P, n);
     }
     return n;
 }
@@ -377,7 +401,7 @@ static tnode *parse_filter(parser *P, tnode *operand) {
     f->a = operand;
     if (!(f->name = parse_dotted_name(P))) return tmpl_node_free(f), NULL;
     if (accept_op(P, "(") && parse_call_args(P, f)) return tmpl_node_free(f), NULL;
-    return f;
+    return deepen(P, f);
 }
 
 static tnode *parse_unary(parser *P, int with_filter);
@@ -398,7 +422,7 @@ static tnode *parse_test(parser *P, tnode *operand) {
         tnode *arg = parse_postfix(P, parse_primary(P));
         if (!arg || list_push(P, &t->l1, arg)) return tmpl_node_free(arg), tmpl_node_free(t), NULL;
     }
-    return t;
+    return deepen(P, t);
 }
 
 static tnode *parse_filter_expr(parser *P, tnode *n) {
@@ -411,6 +435,7 @@ static tnode *parse_filter_expr(parser *P, tnode *n) {
             c->a = n;
             n = c;
             if (parse_call_args(P, c)) return tmpl_node_free(n), NULL;
+            n = deepen(P, n);
         } else break;
     }
     return n;
@@ -421,7 +446,7 @@ static tnode *unary_node(parser *P, node_type type, tnode *a) {
     tnode *n = node_new(P, type);
     if (!n) return tmpl_node_free(a), NULL;
     n->a = a;
-    return n;
+    return deepen(P, n);
 }
 
 static tnode *parse_unary(parser *P, int with_filter) {
@@ -451,7 +476,7 @@ static tnode *bin(parser *P, node_type type, int op, tnode *l, tnode *r) {
     n->a = l;
     n->b = r;
     n->line = l->line;
-    return n;
+    return deepen(P, n);
 }
 
 static tnode *parse_pow(parser *P) {
@@ -516,7 +541,7 @@ static tnode *parse_compare(parser *P) {
         if (!r || list_push(P, &cmp->l1, r)) return tmpl_node_free(r), tmpl_node_free(cmp), NULL;
         cmp->ops[cmp->l1.n - 1] = op;
     }
-    return cmp ? cmp : n;
+    return cmp ? deepen(P, cmp) : n;
 }
 
 static tnode *parse_not(parser *P) {
@@ -551,6 +576,7 @@ static tnode *parse_expr(parser *P) {
         n = c;
         if (!(c->a = parse_or(P))) return tmpl_node_free(n), NULL;
         if (accept_name(P, "else") && !(c->c = parse_expr(P))) return tmpl_node_free(n), NULL;
+        n = deepen(P, n);
     }
     P->depth--;
     return n;

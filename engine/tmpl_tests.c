@@ -233,7 +233,13 @@ static tv *build_mapping(tmpl_rt *rt, tv *d, const tv_args *a) {
     return d;
 }
 static tv *g_dict(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return build_mapping(rt, tv_dict(), a); }
-static tv *g_namespace(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return build_mapping(rt, tv_ns(), a); }
+static tv *g_namespace(tmpl_rt *rt, tv *self, const tv_args *a) {
+    (void)self;
+    tv *ns = build_mapping(rt, tv_ns(), a);
+    if (ns && !rt->namespaces && !(rt->namespaces = tv_list())) return tv_unref(ns), tmpl_oom(rt);
+    if (ns && tv_list_push(rt->namespaces, ns)) return tv_unref(ns), tmpl_oom(rt);
+    return ns;
+}
 
 /* joiner(sep): a callable returning "" on its first call and sep afterwards; its state is
  * a one-element list [used] next to the separator, held as the bound receiver. */

@@ -123,31 +123,61 @@ tv *tv_ref(tv *v) {
     return v;
 }
 
+/* Drop one reference of child; if it was the last, queue the child for freeing. */
+typedef struct {
+    tv **v;
+    size_t n, cap;
+} free_stack;
+
+static void release(free_stack *fs, tv *c) {
+    if (!c || c->rc < 0 || --c->rc > 0) return;
+    if (fs->n == fs->cap) {
+        size_t cap = fs->cap ? fs->cap * 2 : 64;
+        tv **nv = realloc(fs->v, cap * sizeof *nv);
+        if (!nv) {   /* cannot queue: free it right here (recursing) */
+            c->rc = 1;
+            tv_unref(c);
+            return;
+        }
+        fs->v = nv;
+        fs->cap = cap;
+    }
+    fs->v[fs->n++] = c;
+}
+
+/* Frees iteratively with an explicit stack: a template can build lists nested 100k deep
+ * (set ns.x = [ns.x] in a loop), which recursive freeing would overflow the C stack on. */
 void tv_unref(tv *v) {
     if (!v || v->rc < 0) return;
     if (--v->rc > 0) return;
-    switch (v->kind) {
-    case TV_STR: free(v->u.str.s); break;
-    case TV_UNDEF: free(v->u.undef.hint); break;
-    case TV_LIST:
-        for (size_t i = 0; i < v->u.list.n; i++) tv_unref(v->u.list.v[i]);
-        free(v->u.list.v);
-        free(v->u.list.pending);
-        break;
-    case TV_DICT:
-    case TV_NS:
-        for (size_t i = 0; i < v->u.dict.n; i++) {
-            tv_unref(v->u.dict.k[i]);
-            tv_unref(v->u.dict.v[i]);
+    free_stack fs = {0};
+    for (;;) {
+        switch (v->kind) {
+        case TV_STR: free(v->u.str.s); break;
+        case TV_UNDEF: free(v->u.undef.hint); break;
+        case TV_LIST:
+            for (size_t i = 0; i < v->u.list.n; i++) release(&fs, v->u.list.v[i]);
+            free(v->u.list.v);
+            free(v->u.list.pending);
+            break;
+        case TV_DICT:
+        case TV_NS:
+            for (size_t i = 0; i < v->u.dict.n; i++) {
+                release(&fs, v->u.dict.k[i]);
+                release(&fs, v->u.dict.v[i]);
+            }
+            free(v->u.dict.k);
+            free(v->u.dict.v);
+            break;
+        case TV_FUNC: release(&fs, v->u.func.self); break;
+        case TV_LOOP: release(&fs, v->u.loop.items); break;
+        default: break;
         }
-        free(v->u.dict.k);
-        free(v->u.dict.v);
-        break;
-    case TV_FUNC: tv_unref(v->u.func.self); break;
-    case TV_LOOP: tv_unref(v->u.loop.items); break;
-    default: break;
+        free(v);
+        if (!fs.n) break;
+        v = fs.v[--fs.n];
     }
-    free(v);
+    free(fs.v);
 }
 
 void tv_make_literal(tv *v) {
@@ -258,8 +288,16 @@ double tv_num(const tv *v) {
     return 0;
 }
 
-int tv_equal(const tv *a, const tv *b) {
+static int equal_depth(const tv *a, const tv *b, int depth);
+
+int tv_equal(const tv *a, const tv *b) { return equal_depth(a, b, 0); }
+
+/* Deeper than MAX_EQ_DEPTH counts as unequal rather than overflowing the stack. */
+#define MAX_EQ_DEPTH 500
+
+static int equal_depth(const tv *a, const tv *b, int depth) {
     if (a == b) return 1;
+    if (depth > MAX_EQ_DEPTH) return 0;
     if (tv_is_number(a) && tv_is_number(b)) {
         if (a->kind != TV_FLOAT && b->kind != TV_FLOAT) {
             int64_t x = a->kind == TV_INT ? a->u.i : a->u.b;
@@ -282,13 +320,13 @@ int tv_equal(const tv *a, const tv *b) {
                 return 0;
         }
         for (size_t i = 0; i < a->u.list.n; i++)
-            if (!tv_equal(a->u.list.v[i], b->u.list.v[i])) return 0;
+            if (!equal_depth(a->u.list.v[i], b->u.list.v[i], depth + 1)) return 0;
         return 1;
     case TV_DICT:
         if (a->u.dict.n != b->u.dict.n) return 0;
         for (size_t i = 0; i < a->u.dict.n; i++) {
             const tv *o = tv_dict_get(b, a->u.dict.k[i]);
-            if (!o || !tv_equal(a->u.dict.v[i], o)) return 0;
+            if (!o || !equal_depth(a->u.dict.v[i], o, depth + 1)) return 0;
         }
         return 1;
     case TV_FUNC:
@@ -479,9 +517,13 @@ static void write_str_repr(tv_buf *b, const char *s, size_t len) {
     tv_buf_put(b, &q, 1);
 }
 
-static void write_any(tv_buf *b, const tv *v, int repr);
+/* Containers nested deeper than this print as an error (Python raises RecursionError);
+ * it also stops namespaces that contain themselves. */
+#define MAX_REPR_DEPTH 500
 
-static void write_list(tv_buf *b, const tv *v) {
+static void write_any(tv_buf *b, const tv *v, int repr, int depth);
+
+static void write_list(tv_buf *b, const tv *v, int depth) {
     const char *view = v->u.list.view;
     if (view && tv_is_iterator(v)) {
         tv_buf_printf(b, "<%s object>", view);
@@ -499,7 +541,7 @@ static void write_list(tv_buf *b, const tv *v) {
         tv_buf_printf(b, "%s(", view);
         tv plain = *v;
         plain.u.list.view = NULL;
-        write_list(b, &plain);
+        write_list(b, &plain, depth);
         tv_buf_put(b, ")", 1);
         return;
     }
@@ -507,24 +549,28 @@ static void write_list(tv_buf *b, const tv *v) {
     tv_buf_put(b, tup ? "(" : "[", 1);
     for (size_t i = 0; i < v->u.list.n; i++) {
         if (i) tv_buf_puts(b, ", ");
-        write_any(b, v->u.list.v[i], 1);
+        write_any(b, v->u.list.v[i], 1, depth + 1);
     }
     if (tup && v->u.list.n == 1) tv_buf_put(b, ",", 1);
     tv_buf_put(b, tup ? ")" : "]", 1);
 }
 
-static void write_dict(tv_buf *b, const tv *v) {
+static void write_dict(tv_buf *b, const tv *v, int depth) {
     tv_buf_put(b, "{", 1);
     for (size_t i = 0; i < v->u.dict.n; i++) {
         if (i) tv_buf_puts(b, ", ");
-        write_any(b, v->u.dict.k[i], 1);
+        write_any(b, v->u.dict.k[i], 1, depth + 1);
         tv_buf_puts(b, ": ");
-        write_any(b, v->u.dict.v[i], 1);
+        write_any(b, v->u.dict.v[i], 1, depth + 1);
     }
     tv_buf_put(b, "}", 1);
 }
 
-static void write_any(tv_buf *b, const tv *v, int repr) {
+static void write_any(tv_buf *b, const tv *v, int repr, int depth) {
+    if (depth > MAX_REPR_DEPTH) {
+        b->oom = 3;
+        return;
+    }
     switch (v->kind) {
     case TV_UNDEF:
         if (repr) tv_buf_puts(b, "Undefined");
@@ -537,11 +583,11 @@ static void write_any(tv_buf *b, const tv *v, int repr) {
         if (repr) write_str_repr(b, v->u.str.s, v->u.str.len);
         else tv_buf_put(b, v->u.str.s, v->u.str.len);
         break;
-    case TV_LIST: write_list(b, v); break;
-    case TV_DICT: write_dict(b, v); break;
+    case TV_LIST: write_list(b, v, depth); break;
+    case TV_DICT: write_dict(b, v, depth); break;
     case TV_NS:
         tv_buf_puts(b, "<Namespace ");
-        write_dict(b, v);
+        write_dict(b, v, depth);
         tv_buf_puts(b, ">");
         break;
     case TV_MACRO: tv_buf_puts(b, "<Macro>"); break;
@@ -553,8 +599,8 @@ static void write_any(tv_buf *b, const tv *v, int repr) {
     }
 }
 
-void tv_write_str(tv_buf *b, const tv *v) { write_any(b, v, 0); }
-void tv_write_repr(tv_buf *b, const tv *v) { write_any(b, v, 1); }
+void tv_write_str(tv_buf *b, const tv *v) { write_any(b, v, 0, 0); }
+void tv_write_repr(tv_buf *b, const tv *v) { write_any(b, v, 1, 0); }
 
 tv *tv_to_str(const tv *v) {
     if (v->kind == TV_STR) return tv_ref((tv *)v);

@@ -935,6 +935,58 @@ static void test_tmpl_deep_nesting_is_a_syntax_error(void **state) {
     free(src);
 }
 
+/* Chains built in loops (a + a + ..., x.a.a..., x|f|f...) would make trees deeper than any
+ * walk of them can recurse: the parser refuses them. */
+static void test_tmpl_long_chains_are_a_syntax_error(void **state) {
+    (void)state;
+    /* {{ <head> <unit> x 50000 <tail> }} */
+    static const char *head[] = {"", "x", "x", "1", "1"};
+    static const char *unit[] = {"1 + ", ".a", "|string", " if 1 else 2", " ~ 1"};
+    static const char *tail[] = {"1", "", "", "", ""};
+    for (int k = 0; k < 5; k++) {
+        size_t n = 50000, ul = strlen(unit[k]), p = 0;
+        char *src = malloc(n * ul + 32), err[256];
+        assert_non_null(src);
+        p += (size_t)sprintf(src, "{{ %s", head[k]);
+        for (size_t i = 0; i < n; i++, p += ul) memcpy(src + p, unit[k], ul);
+        sprintf(src + p, "%s }}", tail[k]);
+        tmpl_template *t = tmpl_parse(src, strlen(src), err, sizeof err);
+        assert_null(t);
+        assert_string_equal(err, "TemplateSyntaxError: expression nested too deeply (line 1)");
+        free(src);
+    }
+}
+
+/* Values nested 100k deep (built in a loop through a namespace) free without recursion,
+ * and printing, comparing or dumping them errors out instead of overflowing the stack; a
+ * namespace that contains itself is freed at the end of the render (ASan checks leaks). */
+static void test_tmpl_deep_values_and_cycles_are_safe(void **state) {
+    (void)state;
+    const char *build = "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}"
+                        "{% set ns.x = [ns.x] %}{% endfor %}";
+    static const struct { const char *tail, *want; int rc; } cases[] = {
+        {"{{ ns.x|length }}", "1", 0},
+        {"{{ ns.x }}", "RecursionError: maximum recursion depth exceeded while getting the repr "
+                       "of an object", SPECD_ETEMPLATE},
+        {"{{ ns.x|tojson }}", "RecursionError: maximum recursion depth exceeded", SPECD_ETEMPLATE},
+        {"{% set n2 = namespace(x=[ns.x]) %}{{ ns.x < n2.x }}",
+         "RecursionError: maximum recursion depth exceeded in comparison", SPECD_ETEMPLATE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char src[512], err[256] = "", *out = NULL;
+        snprintf(src, sizeof src, "%s%s", build, cases[i].tail);
+        int rc = render_src(src, NULL, &out, err, sizeof err);
+        assert_int_equal(rc, cases[i].rc);
+        assert_string_equal(rc ? err : out, cases[i].want);
+        free(out);
+    }
+    char err[256], *out = NULL;
+    assert_int_equal(render_src("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns.me|length }}"
+                                "{{ ns.me[0].me[0].me|length }}", NULL, &out, err, sizeof err), 0);
+    assert_string_equal(out, "11");
+    free(out);
+}
+
 /* Every prefix of every golden template, and copies with bytes flipped (fixed seed), must
  * parse or fail with a message; those that parse must render or fail with a message. */
 static void test_tmpl_mutated_templates_never_crash(void **state) {
@@ -1200,6 +1252,8 @@ int main(void) {
         cmocka_unit_test(test_tmpl_output_size_is_bounded),
         cmocka_unit_test(test_tmpl_endless_work_is_bounded),
         cmocka_unit_test(test_tmpl_deep_nesting_is_a_syntax_error),
+        cmocka_unit_test(test_tmpl_long_chains_are_a_syntax_error),
+        cmocka_unit_test(test_tmpl_deep_values_and_cycles_are_safe),
         cmocka_unit_test(test_tmpl_mutated_templates_never_crash),
         cmocka_unit_test(test_tmpl_render_chat_passes_tools_as_none),
         cmocka_unit_test(test_cmd_render_template_and_model_dir),

@@ -132,7 +132,7 @@ static tv *call_macro(tmpl_rt *rt, tv *m, const tv_args *a) {
     const char *mname = is_caller ? "caller" : node->name;
     size_t np = is_caller ? 0 : node->nnames;
     if (rt->call_depth >= TMPL_MAX_CALL_DEPTH)
-        return tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded (macro '%s')", mname);
+        return tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded");
     if (a->npos > np)
         return tmpl_fail(rt, "TypeError: macro '%s' takes not more than %zu argument(s)", mname, np);
     tmpl_frame fr = {rt->root, NULL};
@@ -370,7 +370,7 @@ static tv *eval(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
     if (rt->failed) return NULL;
     if (++rt->eval_depth > TMPL_MAX_EVAL_DEPTH) {
         rt->eval_depth--;
-        return tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded (line %d)", n->line);
+        return tmpl_fail(rt, "RecursionError: maximum recursion depth exceeded");
     }
     tv *r = eval_inner(rt, f, n);
     rt->eval_depth--;

@@ -102,6 +102,18 @@ typedef struct {
     cudaGraphExec_t graphs[64];
     size_t graph_bytes;
 
+    /* speculative step (engine/cuda_spec.c), allocated when a draft and k > 0 are given */
+    int sp_k;                      /* k the spec graphs were captured for (0: none) */
+    void *d_sp_in, *h_sp_in;       /* tokens[2MB] | slots[MB] | params[MB] */
+    void *d_sp_out, *h_sp_out;     /* tok[MB(k+1)] | n[MB] */
+    int32_t *d_sp_i32;             /* per-step and layout int arrays, see cuda_spec.c */
+    float *d_sp_tl;                /* MB(k+1), vocab: target logits / probabilities */
+    float *d_sp_q;                 /* k, MB, vocab: draft probabilities (sampled rows) */
+    int sp_n_graphs;
+    int sp_graph_sizes[64];
+    cudaGraphExec_t sp_graphs[64];
+    int sp_skip_dummy_reset;       /* debug knob SPECD_DEBUG_SKIP_DUMMY_RESET (read at capture) */
+
     /* Diagnostics (env SPECD_CUDA_NO_GEMV / SPECD_CUDA_FIXED_SPLITS): route decode-sized
      * GEMMs to cuBLAS / size decode attention splits on the host, to bisect numerics. */
     int no_gemv, fixed_splits;
@@ -154,6 +166,13 @@ int cuda_enqueue_decode(cuda_runner *r, int B);
 int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen);
 void cuda_destroy_graphs(cuda_runner *r);
 int cuda_decode(runner *base, const runner_decode_batch *b);
+int cuda_enqueue_logits_out(cuda_runner *r, int which, const int32_t *rows, int n, float *out);
+void cuda_graph_size_list(int max_batch, int *sizes, int *n);
+/* engine/cuda_spec.c: buffers (before capture), capture, the op, cleanup. */
+int cuda_spec_alloc(cuda_runner *r, int k);
+int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen);
+int cuda_spec_step(runner *base, const runner_spec_batch *b);
+void cuda_spec_free(cuda_runner *r);
 /* Tensor-parallel hook: sum a partial [n, hidden] fp32 across ranks (no-op at world 1). */
 int cuda_tp_allreduce(cuda_runner *r, float *buf, size_t n);
 

@@ -278,6 +278,7 @@ static void cuda_destroy(runner *base) {
     if (!r) return;
     if (r->stream) cudaStreamSynchronize(r->stream);
     cuda_destroy_graphs(r);
+    cuda_spec_free(r);
     cuda_model_free(&r->m[0]);
     cuda_model_free(&r->m[1]);
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
@@ -305,6 +306,19 @@ static const runner_ops cuda_ops = {
     .copy_block = cuda_copy_block,
     .decode = cuda_decode,
     .spec_step = NULL,
+    .destroy = cuda_destroy,
+};
+
+/* With a draft and k > 0: the same ops plus the captured speculative step. */
+static const runner_ops cuda_ops_spec = {
+    .name = "cuda",
+    .forward = cuda_forward,
+    .slot_write_blocks = cuda_slot_write_blocks,
+    .slot_set_len = cuda_slot_set_len,
+    .slot_get_len = cuda_slot_get_len,
+    .copy_block = cuda_copy_block,
+    .decode = cuda_decode,
+    .spec_step = cuda_spec_step,
     .destroy = cuda_destroy,
 };
 
@@ -465,6 +479,13 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->max_blocks = (c->max_seq_len + c->block_size - 1) / c->block_size;
     r->dummy = c->max_batch;
     r->T = c->max_tokens_per_step > c->max_batch ? c->max_tokens_per_step : c->max_batch;
+    /* The speculative step's verify pass feeds max_batch * (k + 1) tokens. */
+    int spec_k = draft && c->num_draft_tokens > 0 ? c->num_draft_tokens : 0;
+    if (spec_k > 16) {
+        specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: num_draft_tokens %d > 16", spec_k);
+        goto fail_free;
+    }
+    if (spec_k && r->T < c->max_batch * (spec_k + 1)) r->T = c->max_batch * (spec_k + 1);
     r->LR = c->max_batch > 256 ? c->max_batch : (r->T < 256 ? r->T : 256);
     r->dec_split_len = DEC_SPLIT_LEN;
     r->dec_splits = (c->max_seq_len + DEC_SPLIT_LEN - 1) / DEC_SPLIT_LEN;
@@ -472,6 +493,12 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* Decode uses about B + 2*SMs/KVH (token, split) pairs; eager passes fit under this. */
     r->ws_tok_splits = (size_t)4 * (c->max_batch > 64 ? c->max_batch : 64) + 2 * (size_t)r->n_sm;
     if (alloc_work(r)) goto cuda_err;
+    if (spec_k) {
+        int rc = cuda_spec_alloc(r, spec_k);
+        if (rc == SPECD_ENOMEM) goto oom;
+        if (rc) goto cuda_err;
+        r->base.ops = &cuda_ops_spec;
+    }
 
     /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot). */
     CU_CHECK(r, cudaMalloc((void **)&scratch, r->block_elems * 2));
@@ -481,6 +508,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     CU_CHECK(r, cudaDeviceSynchronize());
     CU_CHECK(r, cudaMemGetInfo(&free0, &total));
     if (!r->opts.no_graphs && cuda_capture_graphs(r, err, errlen)) goto fail_free;
+    if (!r->opts.no_graphs && r->sp_k && cuda_spec_capture(r, err, errlen)) goto fail_free;
     CU_CHECK(r, cudaMemGetInfo(&free1, &total));
     r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
     if (set_pool(r, NULL)) goto cuda_err;
@@ -508,10 +536,14 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     CU_CHECK(r, cudaDeviceSynchronize());
 
     if (!r->opts.quiet) {
-        char gs[256] = "";
+        char gs[512] = "";
         size_t n = 0;
         for (int i = 0; i < r->n_graphs && n + 8 < sizeof gs; i++)
             n += (size_t)snprintf(gs + n, sizeof gs - n, "%s%d", i ? "," : "", r->graph_sizes[i]);
+        if (r->sp_k)
+            n += (size_t)snprintf(gs + n, sizeof gs - n, "; speculative k=%d sizes ", r->sp_k);
+        for (int i = 0; i < r->sp_n_graphs && n + 8 < sizeof gs; i++)
+            n += (size_t)snprintf(gs + n, sizeof gs - n, "%s%d", i ? "," : "", r->sp_graph_sizes[i]);
         fprintf(stderr,
                 "cuda runner: %s, %d SMs: weights %.2f GiB, workspace %.2f GiB, graphs %.3f GiB, "
                 "KV %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "

@@ -95,14 +95,18 @@ fail:
     return SPECD_ECUDA;
 }
 
-int cuda_enqueue_logits(cuda_runner *r, int which, const int32_t *rows, int n) {
+int cuda_enqueue_logits_out(cuda_runner *r, int which, const int32_t *rows, int n, float *out) {
     cuda_model *cm = &r->m[which];
     const model_config *c = &cm->c;
     K_CHECK(r, k_rmsnorm(r->d_resid, rows, cm->out_norm, r->d_xb, n, c->hidden, c->rms_eps,
                          r->stream));
-    return gemm(r, cm->lm_head, c->vocab, c->hidden, r->d_xb, n, r->d_logits, 0.f);
+    return gemm(r, cm->lm_head, c->vocab, c->hidden, r->d_xb, n, out, 0.f);
 fail:
     return SPECD_ECUDA;
+}
+
+int cuda_enqueue_logits(cuda_runner *r, int which, const int32_t *rows, int n) {
+    return cuda_enqueue_logits_out(r, which, rows, n, r->d_logits);
 }
 
 /* Decode-step buffers: in = tokens[MB] | slots[MB] | params[MB]; out = tok[MB] | lp[MB]. */
@@ -183,7 +187,7 @@ static void fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B) {
     }
 }
 
-static void graph_size_list(int max_batch, int *sizes, int *n) {
+void cuda_graph_size_list(int max_batch, int *sizes, int *n) {
     int k = 0, v[64];
     for (int b = 1; b <= 8 && b <= max_batch; b *= 2) v[k++] = b;
     for (int b = 16; b <= max_batch && b <= 64; b += 8) v[k++] = b;
@@ -195,7 +199,7 @@ static void graph_size_list(int max_batch, int *sizes, int *n) {
 
 int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen) {
     int sizes[64], n = 0;
-    graph_size_list(r->base.cfg.max_batch, sizes, &n);
+    cuda_graph_size_list(r->base.cfg.max_batch, sizes, &n);
     for (int i = 0; i < n; i++) {
         int B = sizes[i], rc;
         cudaGraph_t g = NULL;

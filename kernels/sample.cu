@@ -175,3 +175,61 @@ extern "C" int k_sample(const float *logits, int n, int vocab, const k_sample_pa
     sample_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, vocab, p, out_tok, out_logprob);
     return K_LAUNCH_RESULT();
 }
+
+/* The distribution sample_kernel draws from, written out: probs[r, i] = exp((x_i -
+ * xmax) / T) / kept mass for kept tokens, else 0. Rows whose parameters are greedy are
+ * left untouched (the speculative step reads their logits with an argmax). probs may
+ * alias logits: each block reads its row fully before it writes. */
+__global__ void __launch_bounds__(SAMPLE_NT)
+probs_kernel(const float *logits, float *probs, int vocab, const k_sample_params *params,
+             int rows_per_param) {
+    __shared__ float hist[256];
+    __shared__ float red[32];
+    const int row = blockIdx.x, tid = threadIdx.x;
+    const k_sample_params p = params[row / rows_per_param];
+    if (!(p.temperature > 0.f) || p.top_k == 1) return;
+    const float *x = logits + (size_t)row * vocab;
+    float *y = probs + (size_t)row * vocab;
+    float m = -INFINITY;
+    for (int i = tid; i < vocab; i += SAMPLE_NT) m = fmaxf(m, x[i]);
+    m = k_warp_max(m);
+    __syncthreads();
+    if ((tid & 31) == 0) red[tid >> 5] = m;
+    __syncthreads();
+    m = (tid & 31) < SAMPLE_NT / 32 ? red[tid & 31] : -INFINITY;
+    const float xmax = k_warp_max(m);
+    __syncthreads();
+    const float invT = 1.f / p.temperature;
+    uint32_t thr = 0;
+    if (p.top_k > 0 && p.top_k < vocab)
+        thr = radix_select(x, vocab, 0, (float)p.top_k, 0, xmax, invT, hist);
+    if (p.top_p > 0.f && p.top_p < 1.f) {
+        float zk = 0.f;
+        for (int i = tid; i < vocab; i += SAMPLE_NT)
+            if (f2key(x[i]) >= thr) zk += __expf((x[i] - xmax) * invT);
+        zk = k_block_sum(zk, red);
+        uint32_t tp = radix_select(x, vocab, thr, p.top_p * zk, 1, xmax, invT, hist);
+        if (tp > thr) thr = tp;
+    }
+    const float zmin = p.min_p > 0.f ? logf(p.min_p) : -INFINITY;
+    float tot = 0.f;
+    for (int i = tid; i < vocab; i += SAMPLE_NT) {
+        float z = (x[i] - xmax) * invT;
+        if (f2key(x[i]) >= thr && z >= zmin) tot += __expf(z);
+    }
+    tot = k_block_sum(tot, red);
+    __syncthreads();
+    const float inv = 1.f / tot;
+    for (int i = tid; i < vocab; i += SAMPLE_NT) {
+        float xi = x[i], z = (xi - xmax) * invT;
+        y[i] = f2key(xi) >= thr && z >= zmin ? __expf(z) * inv : 0.f;
+    }
+}
+
+extern "C" int k_probs(const float *logits, float *probs, int n, int vocab,
+                       const k_sample_params *p, int rows_per_param, cudaStream_t s) {
+    if (n < 0 || vocab <= 0 || rows_per_param < 1) return -1;
+    if (n == 0) return 0;
+    probs_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, probs, vocab, p, rows_per_param);
+    return K_LAUNCH_RESULT();
+}

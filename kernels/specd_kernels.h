@@ -106,6 +106,39 @@ typedef struct {
 int k_sample(const float *logits, int n, int vocab, const k_sample_params *p,
              int32_t *out_tok, float *out_logprob, cudaStream_t s);
 
+/* The distribution k_sample draws from for each row of logits [n, vocab]: probs[r, :] =
+ * the renormalised softmax(logits / T) after top_k, top_p, min_p (0 outside). Row r uses
+ * p[r / rows_per_param]; rows whose parameters are greedy are not written. probs may be
+ * logits (in place). */
+int k_probs(const float *logits, float *probs, int n, int vocab, const k_sample_params *p,
+            int rows_per_param, cudaStream_t s);
+
+/* Speculative step (kernels/spec.cu), B rows, k drafts each; see engine/runner.h.
+ * k_spec_prep: for rows whose slot != dummy, lens[slot*2+1] = lens[slot*2] - 1; fills
+ * tok_slot2 [2B] and tok_slotv [B(k+1)] with each row's slot (token -> slot maps of the
+ * draft's 2-token pass and the verify pass). */
+int k_spec_prep(int32_t *lens, const int32_t *slots, int B, int k, int dummy,
+                int32_t *tok_slot2, int32_t *tok_slotv, cudaStream_t s);
+/* vtok [B(k+1)]: row i is in_tokens[2i+1] then drafts[j*ld + i] for j < k. */
+int k_spec_verify_tokens(const int32_t *in_tokens, const int32_t *drafts, int B, int k, int ld,
+                         int32_t *vtok, cudaStream_t s);
+/* Draft token j of each row: argmax of logits [B, vocab] for greedy rows, else a draw
+ * from q [B, vocab] (probabilities from k_probs) at philox(seed ^ salt_draft, counter + j). */
+int k_spec_draft_pick(const float *logits, const float *q, int B, int vocab,
+                      const k_sample_params *params, int j, uint64_t salt_draft, int32_t *out,
+                      cudaStream_t s);
+/* Acceptance, then the length advance. tl [B(k+1), vocab]: target logits (greedy rows)
+ * or probabilities (sampled rows); q [k][ldq][vocab] draft probabilities; drafts
+ * [k][ldd]. Greedy: longest prefix of drafts equal to the target's argmax, then the
+ * target's argmax. Sampled: rejection sampling (accept test j at philox(seed ^
+ * salt_accept, counter + j), the one final draw at philox(seed, 2 * counter)).
+ * out_tok [B, k+1], out_n [B] = accepted + 1. For rows whose slot != dummy, with L the
+ * target length before the step: target length = L + out_n, draft = min(L + k, that). */
+int k_spec_accept(const float *tl, const float *q, int B, int vocab, int k, int ldq,
+                  const int32_t *drafts, int ldd, const k_sample_params *params,
+                  const int32_t *slots, int dummy, uint64_t salt_accept, int32_t *lens,
+                  int32_t *out_tok, int32_t *out_n, cudaStream_t s);
+
 /* lens[row_slot[r]*2 + which] += row_n[r] for each row whose slot != dummy. Callers then
  * zero the dummy slot's lengths with a captured memset. */
 int k_advance_lens(int32_t *lens, const int32_t *row_slot, const int32_t *row_n, int n,

@@ -4,7 +4,8 @@
  * until the first step whose golden margin is below the logit tolerance, batched and
  * padded decode equal to the reference, chunked prefill, and the dummy slot: a captured
  * step with padding rows over a dirtied dummy slot leaves it at length 0 and changes no
- * live block. Fixtures come from $SPECD_FIXTURES (default ../shared/fixtures). */
+ * live block; the speculative graph: greedy output equal to plain decode, the same dummy
+ * reset, and draft == target accepting nearly every draft (greedy and sampled). Fixtures come from $SPECD_FIXTURES (default ../shared/fixtures). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -403,6 +404,196 @@ static void test_seeded_sampling_repeats_after_rollback(void **s) {
     fixture_close(&f);
 }
 
+/* ---- speculative step (engine/cuda_spec.c) ------------------------------------------ */
+
+#define SPK 4
+#define SPN 24   /* tokens compared per row */
+
+typedef struct {
+    model *t, *d;
+    runner *r;
+    golden g;
+} spec_fixture;
+
+static void spec_open(spec_fixture *f, const char *tname, const char *dname) {
+    char tp[1024], dp[1024], err[512];
+    snprintf(tp, sizeof tp, "%s/models/%s", fixtures(), tname);
+    snprintf(dp, sizeof dp, "%s/models/%s", fixtures(), dname);
+    f->t = model_load(tp, err, sizeof err);
+    if (!f->t) fail_msg("model_load %s: %s", tp, err);
+    f->d = model_load(dp, err, sizeof err);
+    if (!f->d) fail_msg("model_load %s: %s", dp, err);
+    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
+                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9,
+                         .num_draft_tokens = SPK, .rope_bf16_freqs = 1};
+    cuda_runner_opts o = {.world = 1, .quiet = 1};
+    f->r = runner_cuda_create_ex(f->t, f->d, &cfg, &o, err, sizeof err);
+    if (!f->r) fail_msg("runner_cuda_create %s+%s: %s", tname, dname, err);
+    assert_non_null(f->r->ops->spec_step);
+    golden_load(tname, &f->g);
+}
+
+static void spec_close(spec_fixture *f) {
+    runner_destroy(f->r);
+    model_free(f->t);
+    model_free(f->d);
+    golden_free(&f->g);
+}
+
+/* Slot s gets its blocks and n prompt tokens in the target (and the draft when asked). */
+static void spec_prefill(runner *r, int s, const int32_t *tok, int n, int draft_too) {
+    slot_reset(r, s);
+    assert_int_equal(r->ops->slot_set_len(r, s, RUNNER_DRAFT, 0), 0);
+    runner_row row = {.slot = s, .n_new = n};
+    for (int w = 0; w <= draft_too; w++) {
+        runner_batch b = {.which = w ? RUNNER_DRAFT : RUNNER_TARGET, .n_rows = 1, .rows = &row,
+                          .tokens = tok, .n_tokens = n};
+        int rc = runner_forward(r, &b);
+        if (rc) fail_msg("forward: %d %s", rc, cuda_runner_error(r));
+    }
+}
+
+/* n rows speculate until each emitted >= SPN tokens; hist[i] holds prompt + output. */
+static int spec_run(runner *r, const int *slots, int n, int32_t hist[][600], int *hl,
+                    const runner_sampling *sp, int *steps) {
+    int32_t tok[2 * MAXB], out[MAXB * (SPK + 1)];
+    int cnt[MAXB], emitted = 0, base[MAXB];
+    for (int i = 0; i < n; i++) base[i] = hl[i];
+    for (;;) {
+        int done = 1;
+        for (int i = 0; i < n; i++) done &= hl[i] - base[i] >= SPN;
+        if (done) break;
+        for (int i = 0; i < n; i++) {
+            tok[2 * i] = hist[i][hl[i] - 2];
+            tok[2 * i + 1] = hist[i][hl[i] - 1];
+        }
+        runner_spec_batch b = {.n = n, .k = SPK, .slots = slots, .tokens = tok, .sp = sp,
+                               .out_tokens = out, .out_n = cnt};
+        int rc = r->ops->spec_step(r, &b);
+        if (rc) fail_msg("spec_step: %d %s", rc, cuda_runner_error(r));
+        for (int i = 0; i < n; i++) {
+            assert_true(cnt[i] >= 1 && cnt[i] <= SPK + 1);
+            int L = hl[i] - 1;
+            assert_int_equal(r->ops->slot_get_len(r, slots[i], RUNNER_TARGET), L + cnt[i]);
+            assert_int_equal(r->ops->slot_get_len(r, slots[i], RUNNER_DRAFT),
+                             L + SPK < L + cnt[i] ? L + SPK : L + cnt[i]);
+            for (int j = 0; j < cnt[i]; j++) hist[i][hl[i]++] = out[i * (SPK + 1) + j];
+            emitted += cnt[i];
+        }
+        (*steps)++;
+    }
+    return emitted;
+}
+
+static void test_spec_graph_greedy_equals_decode_and_dummy_reset(void **s) {
+    (void)s;
+    spec_fixture f;
+    spec_open(&f, "llama-tiny", "llama-draft");
+    runner *r = f.r;
+    const int32_t *p = f.g.prompt[5];
+    int live[3] = {0, 2, 3}, twin[3] = {4, 5, 6}, plen[3] = {40, 33, 17};
+    static int32_t hist[3][600];
+    int hl[3];
+    assert_true(f.g.len[5] >= 40);
+    for (int i = 0; i < 3; i++) {
+        spec_prefill(r, live[i], p, plen[i] - 1, 1);
+        spec_prefill(r, twin[i], p, plen[i] - 1, 0);
+        memcpy(hist[i], p, sizeof(int32_t) * (size_t)plen[i]);
+        hl[i] = plen[i];
+    }
+    slot_reset(r, 1);
+    /* Reference: plain greedy decode of the twins (padded graph of 4). */
+    int32_t exp[3][SPN], cur[3], o[3];
+    runner_sampling sp[3] = {{0}};
+    for (int i = 0; i < 3; i++) cur[i] = p[plen[i] - 1];
+    for (int j = 0; j < SPN; j++) {
+        runner_decode_batch d = {.n = 3, .slots = twin, .tokens = cur, .sp = sp, .out_tokens = o};
+        assert_int_equal(r->ops->decode(r, &d), 0);
+        for (int i = 0; i < 3; i++) exp[i][j] = cur[i] = o[i];
+    }
+    /* Dirty the dummy slot, checksum slots 0..3, then one padded speculative step. */
+    assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 200), 0);
+    assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_DRAFT, 77), 0);
+    size_t bb = cuda_runner_block_bytes(r);
+    unsigned char *buf = malloc(bb);
+    uint64_t before[4][MAXBLK];
+    for (int sl = 0; sl < 4; sl++)
+        for (int b = 0; b < MAXBLK; b++) {
+            assert_int_equal(cuda_runner_read_block(r, 1 + sl * MAXBLK + b, buf), 0);
+            before[sl][b] = fnv(buf, bb);
+        }
+    int32_t tok[6], out[3 * (SPK + 1)];
+    int cnt[3];
+    for (int i = 0; i < 3; i++) {
+        tok[2 * i] = p[plen[i] - 2];
+        tok[2 * i + 1] = p[plen[i] - 1];
+    }
+    runner_spec_batch b = {.n = 3, .k = SPK, .slots = live, .tokens = tok, .sp = sp,
+                           .out_tokens = out, .out_n = cnt};
+    assert_int_equal(r->ops->spec_step(r, &b), 0);
+    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_DRAFT), 0);
+    for (int sl = 0; sl < 4; sl++) {
+        int li = sl == 0 ? 0 : sl - 1, L = plen[li] - 1;
+        /* a live row writes positions L-1 (draft) .. L+k (target) */
+        int lo = sl == 1 ? -1 : (L - 1) / BS, hi = sl == 1 ? -1 : (L + SPK) / BS;
+        for (int bl = 0; bl < MAXBLK; bl++) {
+            assert_int_equal(cuda_runner_read_block(r, 1 + sl * MAXBLK + bl, buf), 0);
+            if ((bl < lo || bl > hi) && fnv(buf, bb) != before[sl][bl])
+                fail_msg("slot %d block %d changed by a speculative step at L=%d", sl, bl, L);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        int L = plen[i] - 1;
+        assert_int_equal(r->ops->slot_get_len(r, live[i], RUNNER_TARGET), L + cnt[i]);
+        for (int j = 0; j < cnt[i]; j++) hist[i][hl[i]++] = out[i * (SPK + 1) + j];
+    }
+    /* Replays keep resetting it. */
+    assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 3), 0);
+    int steps = 1, emitted = cnt[0] + cnt[1] + cnt[2];
+    emitted += spec_run(r, live, 3, hist, hl, sp, &steps);
+    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < SPN; j++)
+            if (hist[i][plen[i] + j] != exp[i][j])
+                fail_msg("row %d token %d: speculative %d, plain decode %d", i, j,
+                         hist[i][plen[i] + j], exp[i][j]);
+    printf("    llama-tiny + llama-draft k=%d, 3 rows in a graph of 4: %d tokens = plain decode; "
+           "AL %.3f over %d steps; dummy slot reset, idle blocks unchanged\n", SPK, 3 * SPN,
+           (double)emitted / (3.0 * steps), steps);
+    free(buf);
+    spec_close(&f);
+}
+
+static void test_spec_graph_self_draft_accepts_nearly_all(void **s) {
+    (void)s;
+    spec_fixture f;
+    spec_open(&f, "llama-tiny", "llama-tiny");
+    runner *r = f.r;
+    const int32_t *p = f.g.prompt[5];
+    int live[5] = {0, 1, 2, 3, 4};
+    static int32_t hist[5][600];
+    int hl[5];
+    runner_sampling sp[5] = {{0}};
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0 greedy, pass 1 sampled (T 0.8, top_p 0.95): with q == p every draft stands. */
+        for (int i = 0; i < 5; i++) {
+            spec_prefill(r, live[i], p, 20 + i, 1);
+            memcpy(hist[i], p, sizeof(int32_t) * 21);
+            hl[i] = 21 + i;
+            memcpy(hist[i], p, sizeof(int32_t) * (size_t)hl[i]);
+            if (pass) sp[i] = (runner_sampling){.temperature = 0.8f, .top_p = 0.95f, .seed = 7 + i};
+        }
+        int steps = 0, emitted = 0;
+        for (int rep = 0; rep < 4; rep++) emitted += spec_run(r, live, 5, hist, hl, sp, &steps);
+        double al = (double)emitted / (5.0 * steps);
+        printf("    llama-tiny as its own draft, k=%d, 5 rows (graph of 8), %s: AL %.3f over %d steps\n",
+               SPK, pass ? "sampled" : "greedy", al, steps);
+        assert_true(al >= 0.9 * (SPK + 1));
+    }
+    spec_close(&f);
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -418,6 +609,8 @@ int main(void) {
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),
+        cmocka_unit_test(test_spec_graph_greedy_equals_decode_and_dummy_reset),
+        cmocka_unit_test(test_spec_graph_self_draft_accepts_nearly_all),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

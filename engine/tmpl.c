@@ -432,10 +432,10 @@ static int exec_for(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
         items = kept;
         if (rc) return tv_unref(items), EX_ERR;
     }
-    if (items->u.list.n == 0) {
-        tv_unref(items);
-        return exec_body(rt, f, &n->l2);
-    }
+    /* jinja2 runs the else block unless some iteration reached the end of the body: a loop
+     * whose every iteration ends in continue (or that breaks before one completes) also
+     * takes it. */
+    int completed = 0;
     tv *loop = tv_loop(items);
     if (!loop) return tv_unref(items), tmpl_oom(rt), EX_ERR;
     for (size_t i = 0; i < items->u.list.n; i++) {
@@ -451,6 +451,7 @@ static int exec_for(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
         if (!rc) rc = frame_set(rt, &fr, "loop", loop);
         if (!rc) rc = exec_body(rt, &fr, &n->l1);
         frame_clear(&fr);
+        if (rc == EX_OK) completed = 1;
         if (rc == EX_CONTINUE) rc = EX_OK;
         if (rc == EX_BREAK) {
             rc = EX_OK;
@@ -460,16 +461,24 @@ static int exec_for(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
     }
     tv_unref(loop);
     tv_unref(items);
+    if (rc == EX_OK && !completed && n->l2.n) {
+        tmpl_frame fr = {f, NULL};
+        rc = exec_body(rt, &fr, &n->l2);
+        frame_clear(&fr);
+    }
     return rc;
 }
 
-/* Render body into a fresh string (set blocks, filter blocks). */
+/* Render body into a fresh string (set blocks, filter blocks), in a scope of its own as
+ * jinja2 gives them (a set inside does not leak out). */
 static tv *capture(tmpl_rt *rt, tmpl_frame *f, const tnode_list *body) {
     tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
     tv_buf *saved = rt->out;
+    tmpl_frame fr = {f, NULL};
     rt->out = &buf;
-    int rc = exec_body(rt, f, body);
+    int rc = exec_body(rt, &fr, body);
     rt->out = saved;
+    frame_clear(&fr);
     if (rc == EX_ERR) return tv_buf_free(&buf), NULL;
     if (buf.oom) return tv_buf_free(&buf), tmpl_fail(rt, "MemoryError: rendered output too large");
     size_t len;

@@ -61,6 +61,14 @@ static tv *buf_str(tmpl_rt *rt, tv_buf *b) {
     return s ? oom_or(rt, tv_str_take(s, n)) : tmpl_oom(rt);
 }
 
+/* Filters that do arithmetic or int()/float() on the value itself raise on Undefined
+ * (its __int__, __add__, ... fail), unlike string filters which see "". */
+static int undef_raises(tmpl_rt *rt, const tv_args *a) {
+    if (arg0(a)->kind != TV_UNDEF) return 0;
+    tmpl_undef_raise(rt, arg0(a));
+    return 1;
+}
+
 /* ---- string filters ---- */
 
 /* String filters work on soft_str(value): a Markup stays a Markup through them. */
@@ -133,6 +141,12 @@ static tv *f_safe(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_indent(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
+    if (undef_raises(rt, a)) return NULL;
+    if (arg0(a)->kind == TV_LIST && !arg0(a)->u.list.view)   /* s += "\n" on the value itself */
+        return tmpl_fail(rt, "AttributeError: 'list' object has no attribute 'splitlines'");
+    if (arg0(a)->kind != TV_STR)
+        return tmpl_fail(rt, "TypeError: unsupported operand type(s) for +=: '%s' and 'str'",
+                         tv_type_name(arg0(a)));
     tv *w = tmpl_arg(a, 1, "width");
     int first = tmpl_arg(a, 2, "first") && tv_truthy(tmpl_arg(a, 2, "first"));
     int blank = tmpl_arg(a, 3, "blank") && tv_truthy(tmpl_arg(a, 3, "blank"));
@@ -186,8 +200,16 @@ static tv *f_center(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_truncate(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    if (arg0(a)->kind != TV_STR)   /* jinja2 takes len() of the value itself */
-        return tmpl_fail(rt, "TypeError: object of type '%s' has no len()", tv_type_name(arg0(a)));
+    tv *v0 = arg0(a);
+    if (v0->kind != TV_STR) {   /* jinja2 takes len() of the value itself, then slices it */
+        int64_t n0 = v0->kind == TV_LIST && !tv_is_iterator(v0) ? (int64_t)v0->u.list.n
+                   : v0->kind == TV_DICT ? (int64_t)v0->u.dict.n : v0->kind == TV_UNDEF ? 0 : -1;
+        if (n0 < 0)
+            return tmpl_fail(rt, "TypeError: object of type '%s' has no len()", tv_type_name(v0));
+        if (n0 <= int_or(tmpl_arg(a, 1, "length"), 255) + int_or(tmpl_arg(a, 4, "leeway"), 5))
+            return tv_ref(v0);
+        return tmpl_fail(rt, "AttributeError: '%s' object has no attribute 'rsplit'", tv_type_name(v0));
+    }
     tv *s = to_str(rt, arg0(a));
     if (!s) return NULL;
     int64_t length = int_or(tmpl_arg(a, 1, "length"), 255);
@@ -310,6 +332,7 @@ static int parse_float(const char *s, double *out) {
 
 static tv *f_int(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
+    if (undef_raises(rt, a)) return NULL;
     tv *v = arg0(a), *def = tmpl_arg(a, 1, "default");
     int64_t base = int_or(tmpl_arg(a, 2, "base"), 10);
     if (v->kind == TV_INT) return tv_ref(v);
@@ -326,6 +349,7 @@ static tv *f_int(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_float(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
+    if (undef_raises(rt, a)) return NULL;
     tv *v = arg0(a), *def = tmpl_arg(a, 1, "default");
     if (tv_is_number(v)) return oom_or(rt, tv_float(tv_num(v)));
     double d;
@@ -459,10 +483,14 @@ static tv *f_reverse(tmpl_rt *rt, tv *self, const tv_args *a) {
         tv_buf b = {0};
         for (size_t i = it->u.list.n; i-- > 0;) tv_buf_put(&b, it->u.list.v[i]->u.str.s, it->u.list.v[i]->u.str.len);
         r = buf_str(rt, &b);
+    } else if (v->kind == TV_UNDEF) {   /* reversed(Undefined) is a (empty) reversed object */
+        r = oom_or(rt, tv_view("reversed"));
     } else if ((r = tv_view(v->kind != TV_LIST || tv_is_iterator(v) ? NULL
                             : v->u.list.tuple ? "reversed" : "list_reverseiterator"))) {
         /* reversed(x) is an iterator; a generator cannot be reversed, so jinja2 makes a list */
         if (v->kind == TV_DICT) r->u.list.view = "dict_reversekeyiterator";
+        if (v->kind == TV_LIST && v->u.list.view && !strcmp(v->u.list.view, "range"))
+            r->u.list.view = "range_iterator";
         for (size_t i = it->u.list.n; i-- > 0;)
             if (tv_list_push(r, it->u.list.v[i])) {
                 tv_unref(r);
@@ -753,10 +781,14 @@ static tv *select_impl(tmpl_rt *rt, const tv_args *a, int by_attr, int want) {
 /* jinja2's map, select*, reject*, unique, batch and items are generators: their bodies run
  * only when the result is iterated. We compute eagerly, but an error on the way is kept in
  * the generator and raised when (if ever) it is consumed, as jinja2 would. */
-static tv *lazy(tmpl_rt *rt, tv *r) {
-    if (!rt->failed) return r;
+static tv *lazy(tmpl_rt *rt, tv *r, const char *origin) {
+    if (!rt->failed) {
+        if (r && tv_is_iterator(r)) r->u.list.origin = origin;
+        return r;
+    }
     tv_unref(r);
     tv *g = tv_view("generator");
+    if (g) g->u.list.origin = origin;
     if (!g || !(g->u.list.pending = strdup(rt->err ? rt->err : "error"))) {
         tv_unref(g);
         return NULL;   /* keeps the error as raised */
@@ -766,14 +798,14 @@ static tv *lazy(tmpl_rt *rt, tv *r) {
     return g;
 }
 
-static tv *f_select(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 0, 1)); }
-static tv *f_reject(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 0, 0)); }
-static tv *f_selectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 1, 1)); }
-static tv *f_rejectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 1, 0)); }
-static tv *f_map(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_map_now(rt, self, a)); }
-static tv *f_unique(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_unique_now(rt, self, a)); }
-static tv *f_batch(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_batch_now(rt, self, a)); }
-static tv *f_items(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_items_now(rt, self, a)); }
+static tv *f_select(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 0, 1), "select_or_reject"); }
+static tv *f_reject(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 0, 0), "select_or_reject"); }
+static tv *f_selectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 1, 1), "select_or_reject"); }
+static tv *f_rejectattr(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return lazy(rt, select_impl(rt, a, 1, 0), "select_or_reject"); }
+static tv *f_map(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_map_now(rt, self, a), "sync_do_map"); }
+static tv *f_unique(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_unique_now(rt, self, a), "sync_do_unique"); }
+static tv *f_batch(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_batch_now(rt, self, a), "do_batch"); }
+static tv *f_items(tmpl_rt *rt, tv *self, const tv_args *a) { return lazy(rt, f_items_now(rt, self, a), "do_items"); }
 
 static tv *f_attr(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;

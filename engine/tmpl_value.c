@@ -89,7 +89,8 @@ int tv_is_iterator(const tv *v) {
     return v->kind == TV_LIST && v->u.list.view &&
            (!strcmp(v->u.list.view, "generator") || !strcmp(v->u.list.view, "list_reverseiterator") ||
             !strcmp(v->u.list.view, "reversed") ||
-            !strcmp(v->u.list.view, "dict_reversekeyiterator"));
+            !strcmp(v->u.list.view, "dict_reversekeyiterator") ||
+            !strcmp(v->u.list.view, "range_iterator"));
 }
 
 tv *tv_dict(void) { return tv_alloc(TV_DICT); }
@@ -526,7 +527,9 @@ static void write_any(tv_buf *b, const tv *v, int repr, int depth);
 static void write_list(tv_buf *b, const tv *v, int depth) {
     const char *view = v->u.list.view;
     if (view && tv_is_iterator(v)) {
-        tv_buf_printf(b, "<%s object>", view);
+        /* CPython prints an address; print one of the usual width so that lengths agree */
+        if (v->u.list.origin) tv_buf_printf(b, "<%s object %s at 0x7f0000000000>", view, v->u.list.origin);
+        else tv_buf_printf(b, "<%s object at 0x7f0000000000>", view);
         return;
     }
     if (view && !strcmp(view, "range")) {
@@ -580,8 +583,10 @@ static void write_any(tv_buf *b, const tv *v, int repr, int depth) {
     case TV_INT: tv_buf_printf(b, "%lld", (long long)v->u.i); break;
     case TV_FLOAT: tv_write_float(b, v->u.f); break;
     case TV_STR:
+        if (repr && v->u.str.safe) tv_buf_puts(b, "Markup(");
         if (repr) write_str_repr(b, v->u.str.s, v->u.str.len);
         else tv_buf_put(b, v->u.str.s, v->u.str.len);
+        if (repr && v->u.str.safe) tv_buf_puts(b, ")");
         break;
     case TV_LIST: write_list(b, v, depth); break;
     case TV_DICT: write_dict(b, v, depth); break;

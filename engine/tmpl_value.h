@@ -49,7 +49,14 @@ struct tv {
          * len, emptied by iteration), "dict_items" / "dict_keys" / "dict_values",
          * "range". jinja2's map/select/... return generators, and templates that print,
          * measure or JSON-dump those fail in transformers; so must they here. */
-        struct { tv **v; size_t n, cap; int tuple; const char *view; char *pending; } list;
+        struct {
+            tv **v;
+            size_t n, cap;
+            int tuple;
+            const char *view;
+            const char *origin;   /* generators: the function that made it (for printing) */
+            char *pending;        /* generators: error raised when it is consumed */
+        } list;
         struct { tv **k; tv **v; size_t n, cap; } dict;     /* TV_DICT and TV_NS */
         struct { char *hint; } undef;   /* error text when used; NULL: generic */
         struct { const void *node; } macro;                 /* AST node, outlives render */

@@ -146,6 +146,9 @@ static const tcase loops_cases[] = {
     {"{% for x in [1, 2] %}{% endfor %}{{ x }}|{{ loop }}|",
      "{}",
      "||", 0},
+    {"{% for x in [1, 2] %}{{ x }}{% continue %}{% else %}E{% endfor %}|{% for x in [1, 2] %}{% if x == 2 %}{% continue %}{% endif %}{{ x }}{% else %}E{% endfor %}|{% for x in [1] %}{% break %}{% else %}E{% endfor %}",
+     "{}",
+     "12E|1|E", 0},
 };
 
 static const tcase set_namespace_cases[] = {
@@ -182,6 +185,9 @@ static const tcase set_namespace_cases[] = {
     {"{% set d = {} %}{% set _ = d.update({'a': 1}) %}{{ d }}",
      "{}",
      "SecurityError: access to attribute 'update' of 'dict' object is unsafe.", 1},
+    {"{% set n = 1 %}{% set blk %}{% set n = 2 %}{{ n }}{% endset %}{{ blk }}{{ n }}{% filter upper %}{% set n = 3 %}{% endfilter %}{{ n }}",
+     "{}",
+     "211", 0},
 };
 
 static const tcase macros_cases[] = {
@@ -251,6 +257,12 @@ static const tcase filters_text_cases[] = {
     {"{{ x|default('d') }}{{ ''|default('e') }}{{ ''|default('e', true) }}{{ none|d('n') }}{{ false|d('f', boolean=true) }}",
      "{}",
      "deNonef", 0},
+    {"{{ [1, 2]|truncate(3) }}{{ undef|truncate(3) }}|",
+     "{}",
+     "[1, 2]|", 0},
+    {"{{ 5|indent }}",
+     "{}",
+     "TypeError: unsupported operand type(s) for +=: 'int' and 'str'", 1},
 };
 
 static const tcase filters_json_cases[] = {
@@ -350,6 +362,15 @@ static const tcase numbers_cases[] = {
     {"{{ 1 // 0 }}",
      "{}",
      "ZeroDivisionError: integer division or modulo by zero", 1},
+    {"{{ undef|int }}",
+     "{}",
+     "UndefinedError: 'undef' is undefined", 1},
+    {"{{ undef|float }}",
+     "{}",
+     "UndefinedError: 'undef' is undefined", 1},
+    {"{{ none|int }}{{ none|float }}{{ undef|round is defined }}",
+     "{}",
+     "TypeError: type Undefined doesn't define __round__ method", 1},
 };
 
 static const tcase tests_cases[] = {
@@ -674,6 +695,9 @@ static const tcase markup_cases[] = {
     {"{{ 'a'|safe + 1 }}",
      "{}",
      "TypeError: unsupported operand type(s) for +: 'Markup' and 'int'", 1},
+    {"{{ {'abc': -1|safe} }}{{ ['<'|e] }}",
+     "{}",
+     "{'abc': Markup('-1')}[Markup('&lt;')]", 0},
 };
 
 static const tcase blocks_cases[] = {

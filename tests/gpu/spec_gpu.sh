@@ -8,7 +8,9 @@
 #   tests/gpu/spec_gpu.sh smol SMOL.gguf    SmolLM2: lossless / AL at 1/3/5/7 rows, the
 #                                           dummy-reset experiment, --draft-layers, then
 #                                           the benchmarks (8B shape, SmolLM2)
-# (two modes because the GGUF travels in two device calls)
+# (two modes because the GGUF travels in two device calls). Timing seen on one H200: unit
+# mode ~20 s; smol mode's checks ~2 min, then each 8B-shape bench run takes about a minute
+# (mostly start-up), so give smol mode ~7 minutes for everything.
 # Logs go to $OUT (or build/gpu/spec_logs); a summary table is printed last.
 set -u
 cd "$(dirname "$0")/../.."

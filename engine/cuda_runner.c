@@ -519,6 +519,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     size_t block_bytes = r->block_elems * 2;
     if (c->num_blocks == 0) {
         size_t nb = (size_t)floor(c->mem_fraction * (double)free1 / (double)block_bytes);
+        if (c->kv_bytes && nb > c->kv_bytes / block_bytes + 1) nb = c->kv_bytes / block_bytes + 1;
         if (nb > ((size_t)1 << 30)) nb = (size_t)1 << 30;
         c->num_blocks = (int)nb;
     }
@@ -526,7 +527,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         specd_errf(err, errlen, SPECD_ENOSPACE,
                    "cuda runner: KV pool of %d blocks (%zu bytes each, %.2f GiB free after "
                    "weights and graphs) cannot hold one sequence of max_seq_len %d (%d blocks + "
-                   "the null block): lower --max-seq-len or --max-batch, or raise --mem-fraction",
+                   "the null block): lower --max-seq-len or --max-batch, or raise --mem-fraction / --kv-cache-bytes",
                    c->num_blocks, block_bytes, (double)free1 / (1 << 30), c->max_seq_len, r->max_blocks);
         goto fail_free;
     }

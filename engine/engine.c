@@ -207,7 +207,8 @@ static int size_pool(engine *e, runner_config *rc, char *err, size_t errlen) {
     int bs = c->block_size;
     int min_blocks = (c->max_seq_len + e->k + bs - 1) / bs;
     if (c->device == ENGINE_DEVICE_CUDA) {
-        rc->num_blocks = 0;   /* the CUDA runner measures what is left after weights + graphs */
+        rc->num_blocks = 0;   /* the CUDA runner measures what is left after weights + graphs
+                               * (capped by kv_bytes when given) */
         return 0;
     }
     size_t bb = runner_cpu_block_bytes(e->target, e->draft_used, bs);
@@ -310,7 +311,8 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
 
     runner_config rc = {
         .block_size = c->block_size, .max_batch = c->max_batch, .max_seq_len = c->max_seq_len + e->k,
-        .threads = c->threads, .mem_fraction = c->mem_fraction, .num_draft_tokens = e->k,
+        .threads = c->threads, .mem_fraction = c->mem_fraction, .kv_bytes = c->kv_bytes,
+        .num_draft_tokens = e->k,
         .rope_bf16_freqs = c->rope_bf16_freqs,
     };
     rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);

@@ -37,6 +37,7 @@ typedef struct {
      * floor(mem_fraction * free_bytes_after_weights_workspace_graphs / block_bytes) and
      * writes the result back into runner.cfg.num_blocks. */
     double mem_fraction;
+    size_t kv_bytes;         /* CUDA runner: when > 0, caps that pool at this many bytes */
     int num_draft_tokens;    /* k, for capturing speculative steps (0: none) */
     /* Round the rotary frequencies to bf16 (see model_rope_inv_freq): reproduces a
      * reference whose rotary buffer was held in bf16, as the fixtures' was. Off by default,

@@ -26,6 +26,8 @@ typedef struct tmpl_frame {
 
 struct tmpl_template {
     tnode_list *body;
+    char **undef;       /* names that start Undefined at the top level (tmpl_scope.c) */
+    size_t nundef;
 };
 
 static tv *eval(tmpl_rt *rt, tmpl_frame *f, const tnode *n);
@@ -74,6 +76,17 @@ static tv *frame_lookup(tmpl_rt *rt, tmpl_frame *f, const char *name) {
     }
     tv *u = tv_undef_hint("UndefinedError: '%s' is undefined", name);
     return u ? u : tmpl_oom(rt);
+}
+
+/* Entering a frame: the names jinja2 would start as Undefined there (tmpl_scope.c). */
+static int frame_enter(tmpl_rt *rt, tmpl_frame *f, char *const *names, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        tv *u = tv_undef_hint("UndefinedError: '%s' is undefined", names[i]);
+        int rc = u ? frame_set(rt, f, names[i], u) : (tmpl_oom(rt), -1);
+        tv_unref(u);
+        if (rc) return -1;
+    }
+    return 0;
 }
 
 static void frame_clear(tmpl_frame *f) {
@@ -172,6 +185,7 @@ static tv *call_macro(tmpl_rt *rt, tv *m, const tv_args *a) {
         if (rc) goto done;
     }
     if (caller && frame_set(rt, &fr, "caller", caller)) goto done;
+    if (frame_enter(rt, &fr, node->undef, node->nundef)) goto done;
     rt->call_depth++;
     rt->out = &buf;
     int rc = exec_body(rt, &fr, is_caller ? &node->l1 : &node->l2);
@@ -449,6 +463,7 @@ static int exec_for(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
         tmpl_frame fr = {f, NULL};
         rc = assign_targets(rt, &fr, n->names, n->nnames, items->u.list.v[i]);
         if (!rc) rc = frame_set(rt, &fr, "loop", loop);
+        if (!rc) rc = frame_enter(rt, &fr, n->undef, n->nundef);
         if (!rc) rc = exec_body(rt, &fr, &n->l1);
         frame_clear(&fr);
         if (rc == EX_OK) completed = 1;
@@ -471,12 +486,12 @@ static int exec_for(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
 
 /* Render body into a fresh string (set blocks, filter blocks), in a scope of its own as
  * jinja2 gives them (a set inside does not leak out). */
-static tv *capture(tmpl_rt *rt, tmpl_frame *f, const tnode_list *body) {
+static tv *capture(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
     tv_buf buf = {.limit = TMPL_MAX_OUTPUT};
     tv_buf *saved = rt->out;
     tmpl_frame fr = {f, NULL};
     rt->out = &buf;
-    int rc = exec_body(rt, &fr, body);
+    int rc = frame_enter(rt, &fr, n->undef, n->nundef) ? EX_ERR : exec_body(rt, &fr, &n->l1);
     rt->out = saved;
     frame_clear(&fr);
     if (rc == EX_ERR) return tv_buf_free(&buf), NULL;
@@ -531,7 +546,7 @@ static int exec_stmt(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
         }
         break;
     case S_SETBLOCK:
-        if (!(v = apply_chain(rt, f, &n->l2, capture(rt, f, &n->l1)))) return EX_ERR;
+        if (!(v = apply_chain(rt, f, &n->l2, capture(rt, f, n)))) return EX_ERR;
         rc = frame_set(rt, f, n->names[0], v);
         break;
     case S_MACRO:
@@ -541,12 +556,13 @@ static int exec_stmt(tmpl_rt *rt, tmpl_frame *f, const tnode *n) {
     case S_BREAK: return EX_BREAK;
     case S_CONTINUE: return EX_CONTINUE;
     case S_FILTERBLOCK:
-        if (!(v = apply_chain(rt, f, &n->l2, capture(rt, f, &n->l1)))) return EX_ERR;
+        if (!(v = apply_chain(rt, f, &n->l2, capture(rt, f, n)))) return EX_ERR;
         rc = write_value(rt, v);
         break;
-    case S_BLOCK: return exec_body(rt, f, &n->l1);
-    case S_WITH: {
+    case S_BLOCK:
+    case S_WITH: {   /* blocks (and generation blocks, which are call blocks) are scopes */
         tmpl_frame fr = {f, NULL};
+        if (frame_enter(rt, &fr, n->undef, n->nundef)) rc = EX_ERR;
         for (size_t i = 0; rc == EX_OK && i < n->nnames; i++) {
             tv *x = eval(rt, &fr, n->l2.v[i]);
             rc = x ? frame_set(rt, &fr, n->names[i], x) : EX_ERR;
@@ -660,7 +676,9 @@ tmpl_template *tmpl_parse(const char *src, size_t len, char *err, size_t errlen)
         return NULL;
     }
     tmpl_template *t = calloc(1, sizeof *t);
-    if (!t) {
+    if (!t || tmpl_analyse_scopes(body, &t->undef, &t->nundef)) {
+        if (t) free(t->undef);
+        free(t);
         tmpl_body_free(body);
         specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
         return NULL;
@@ -671,6 +689,7 @@ tmpl_template *tmpl_parse(const char *src, size_t len, char *err, size_t errlen)
 
 void tmpl_free(tmpl_template *t) {
     if (!t) return;
+    free(t->undef);
     tmpl_body_free(t->body);
     free(t);
 }
@@ -688,7 +707,7 @@ int tmpl_render_at(const tmpl_template *t, json_t *context, time_t now, char **o
         root.vars = tv_from_json(context);
         if (!root.vars) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
     }
-    int rc = exec_body(&rt, &root, t->body);
+    int rc = frame_enter(&rt, &root, t->undef, t->nundef) ? EX_ERR : exec_body(&rt, &root, t->body);
     frame_clear(&root);
     tv_unref(rt.caller);
     /* Namespaces are the only values mutated after creation, so the only way to build a

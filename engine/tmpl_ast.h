@@ -88,11 +88,17 @@ struct tnode {
     size_t nnames;
     int *ops;           /* N_COMPARE */
     int depth;          /* height of the expression tree below (bounded by the parser) */
+    char **undef;       /* scope statements: names that start Undefined in the frame */
+    size_t nundef;      /* (tmpl_scope.c; the strings belong to names/name of nodes) */
 };
 
 /* Parse a token list into a body (S_* statements). NULL + message on a syntax error. */
 tnode_list *tmpl_parse_tokens(const tk_list *toks, char *err, size_t errlen);
 void tmpl_body_free(tnode_list *body);
 void tmpl_node_free(tnode *n);
+
+/* jinja2's compile-time scoping (tmpl_scope.c): fills each scope node's undef list and
+ * *root_undef (malloc'd array of borrowed names) for the template itself. 0 or ENOMEM. */
+int tmpl_analyse_scopes(tnode_list *body, char ***root_undef, size_t *nroot_undef);
 
 #endif

@@ -165,6 +165,7 @@ void tmpl_node_free(tnode *n) {
     for (size_t i = 0; i < n->nnames; i++) free(n->names[i]);
     free(n->names);
     free(n->ops);
+    free(n->undef);
     free(n);
 }
 

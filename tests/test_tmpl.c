@@ -718,6 +718,39 @@ static const tcase blocks_cases[] = {
      "<in2>", 0},
 };
 
+static const tcase scoping_cases[] = {
+    {"{{ s }}{% set s = \"x\" %}{{ s }}",
+     "{\"s\": \"ctx\"}",
+     "ctxx", 0},
+    {"{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = \"x\" %}{{ s }}",
+     "{\"s\": \"ctx\"}",
+     "[]x", 0},
+    {"{% set b %}[{{ s }}]{% endset %}{{ b }}{% set s = \"x\" %}{{ s }}",
+     "{\"s\": \"ctx\"}",
+     "[]x", 0},
+    {"{% macro m() %}[{{ s }}]{% endmacro %}{{ m() }}{% set s = \"x\" %}{{ m() }}",
+     "{\"s\": \"ctx\"}",
+     "[][x]", 0},
+    {"{% for i in [1,2] %}{{ s }}{% set s = i %}{{ s }}{% endfor %}{{ s }}",
+     "{\"s\": \"ctx\"}",
+     "ctx1ctx2ctx", 0},
+    {"{% for i in [1] %}{{ s }}{% endfor %}{% if false %}{% set s = \"x\" %}{% endif %}{{ s }}",
+     "{\"s\": \"ctx\"}",
+     "ctxctx", 0},
+    {"{% for i in [1] %}{% for j in [1] %}[{{ s }}]{% endfor %}{% set s = 2 %}{{ s }}{% endfor %}{{ s }}",
+     "{\"s\": \"ctx\"}",
+     "[ctx]2ctx", 0},
+    {"{% generation %}{% set g = 1 %}{{ g }}{% endgeneration %}[{{ g }}]",
+     "{}",
+     "1[]", 0},
+    {"{% macro m(a) %}{% for i in [1] %}{{ a }}[{{ z }}]{% endfor %}{% set z = 3 %}{% endmacro %}{{ m(1) }}",
+     "{\"z\": 9}",
+     "1[]", 0},
+    {"{% set x = x + 1 %}{{ x }}",
+     "{\"x\": 1}",
+     "2", 0},
+};
+
 /* Runs a table; prints every mismatch, then fails if there was any. */
 static void run_cases(const char *group, const tcase *cases, size_t n) {
     int bad = 0;
@@ -787,6 +820,7 @@ CASES(syntax_errors)
 CASES(generators)
 CASES(markup)
 CASES(blocks)
+CASES(scoping)
 
 /* ---- golden renders from HF transformers ---- */
 
@@ -1271,6 +1305,7 @@ int main(void) {
         cmocka_unit_test(test_tmpl_generators),
         cmocka_unit_test(test_tmpl_markup),
         cmocka_unit_test(test_tmpl_blocks),
+        cmocka_unit_test(test_tmpl_scoping),
         cmocka_unit_test(test_tmpl_concurrent_renders_agree),
         cmocka_unit_test(test_tmpl_infinite_recursion_errors_out),
         cmocka_unit_test(test_tmpl_output_size_is_bounded),

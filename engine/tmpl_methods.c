@@ -169,9 +169,11 @@ tv *tmpl_str_strip(tmpl_rt *rt, const tv *s, const tv *chars, int which) {
 #define SELF_STR(self) ((self)->u.str.s)
 #define SELF_LEN(self) ((self)->u.str.len)
 
+/* what: Python's wording before "must be str, not <type>" ("" for plain methods) */
 static tv *need_str(tmpl_rt *rt, tv *v, const char *what) {
     if (v && v->kind == TV_STR) return v;
-    return tmpl_fail(rt, "TypeError: %s must be str, not %s", what, v ? tv_type_name(v) : "nothing");
+    if (!v) return tmpl_fail(rt, "TypeError: %smissing required argument", what);
+    return tmpl_fail(rt, "TypeError: %smust be str, not %s", what, tv_type_name(v));
 }
 
 static tv *m_upper(tmpl_rt *rt, tv *self, const tv_args *a) { (void)a; return tmpl_str_case(rt, self, TMPL_UPPER); }
@@ -192,12 +194,16 @@ static tv *affix(tmpl_rt *rt, tv *self, const tv_args *a, int end) {
     tv *x = tmpl_arg(a, 0, NULL);
     if (x && x->kind == TV_LIST) {
         for (size_t i = 0; i < x->u.list.n; i++) {
-            if (!need_str(rt, x->u.list.v[i], "tuple item")) return NULL;
+            if (x->u.list.v[i]->kind != TV_STR)
+                return tmpl_fail(rt, "TypeError: tuple for %s must only contain str, not %s",
+                                 end ? "endswith" : "startswith", tv_type_name(x->u.list.v[i]));
             if (affix_match(self, x->u.list.v[i], end)) return tv_bool(1);
         }
         return tv_bool(0);
     }
-    if (!need_str(rt, x, end ? "endswith arg" : "startswith arg")) return NULL;
+    if (!x || x->kind != TV_STR)
+        return tmpl_fail(rt, "TypeError: %s first arg must be str or a tuple of str, not %s",
+                         end ? "endswith" : "startswith", x ? tv_type_name(x) : "nothing");
     return tv_bool(affix_match(self, x, end));
 }
 static tv *m_startswith(tmpl_rt *rt, tv *self, const tv_args *a) { return affix(rt, self, a, 0); }
@@ -218,7 +224,8 @@ static tv *split_impl(tmpl_rt *rt, tv *self, const tv_args *a, int from_right) {
     tv *sep = tmpl_arg(a, 0, "sep");
     int64_t maxsplit = int_arg(tmpl_arg(a, 1, "maxsplit"), -1);
     if (sep && sep->kind == TV_NONE) sep = NULL;
-    if (sep && !need_str(rt, sep, "separator")) return NULL;
+    if (sep && sep->kind != TV_STR)
+        return tmpl_fail(rt, "TypeError: must be str or None, not %s", tv_type_name(sep));
     if (sep && sep->u.str.len == 0) return tmpl_fail(rt, "ValueError: empty separator");
     tv *parts = tv_list();
     if (!parts) return tmpl_oom(rt);
@@ -332,7 +339,7 @@ static tv *m_splitlines(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *m_replace(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *old = tmpl_arg(a, 0, "old"), *new = tmpl_arg(a, 1, "new");
     int64_t count = int_arg(tmpl_arg(a, 2, "count"), -1);
-    if (!need_str(rt, old, "replace() argument 1") || !need_str(rt, new, "replace() argument 2"))
+    if (!need_str(rt, old, "replace() argument 1 ") || !need_str(rt, new, "replace() argument 2 "))
         return NULL;
     tv_buf b = {.limit = TMPL_MAX_OUTPUT};
     const char *s = SELF_STR(self);
@@ -364,7 +371,7 @@ static tv *m_replace(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *find_impl(tmpl_rt *rt, tv *self, const tv_args *a, int rev, int strict) {
     tv *sub = tmpl_arg(a, 0, NULL);
-    if (!need_str(rt, sub, "find() argument")) return NULL;
+    if (!need_str(rt, sub, "")) return NULL;
     const char *s = SELF_STR(self), *hit = NULL;
     size_t len = SELF_LEN(self), sl = sub->u.str.len;
     if (!rev) hit = memmem(s, len, sub->u.str.s, sl);
@@ -384,7 +391,7 @@ static tv *m_rindex(tmpl_rt *rt, tv *self, const tv_args *a) { return find_impl(
 
 static tv *m_scount(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *sub = tmpl_arg(a, 0, NULL);
-    if (!need_str(rt, sub, "count() argument")) return NULL;
+    if (!need_str(rt, sub, "")) return NULL;
     if (!sub->u.str.len) return tv_int((int64_t)tv_utf8_len(SELF_STR(self), SELF_LEN(self)) + 1);
     int64_t n = 0;
     const char *s = SELF_STR(self), *end = s + SELF_LEN(self);
@@ -444,7 +451,7 @@ static tv *m_islower(tmpl_rt *rt, tv *self, const tv_args *a) { (void)rt; (void)
 
 static tv *m_removeaffix(tmpl_rt *rt, tv *self, const tv_args *a, int end) {
     tv *x = tmpl_arg(a, 0, NULL);
-    if (!need_str(rt, x, "argument")) return NULL;
+    if (!need_str(rt, x, "")) return NULL;
     if (!affix_match(self, x, end)) return tv_ref(self);
     tv *r = tv_str(SELF_STR(self) + (end ? 0 : x->u.str.len), SELF_LEN(self) - x->u.str.len);
     return r ? r : tmpl_oom(rt);
@@ -573,6 +580,8 @@ tv *tmpl_percent_format(tmpl_rt *rt, const tv *fmt, tv **args, size_t nargs) {
     tv_buf b = {.limit = TMPL_MAX_OUTPUT};
     const char *s = fmt->u.str.s;
     size_t len = fmt->u.str.len, ai = 0;
+    /* one mapping argument: %(key)s takes from it, and it need not be used up */
+    tv *mapping = nargs == 1 && args[0]->kind == TV_DICT ? args[0] : NULL;
     for (size_t i = 0; i < len; i++) {
         if (s[i] != '%') {
             tv_buf_put(&b, s + i, 1);
@@ -581,6 +590,25 @@ tv *tmpl_percent_format(tmpl_rt *rt, const tv *fmt, tv **args, size_t nargs) {
         char spec[32] = "%";
         size_t k = 1;
         i++;
+        tv *keyed = NULL;
+        if (i < len && s[i] == '(') {
+            const char *close = memchr(s + i, ')', len - i);
+            if (!close || !mapping) {
+                tv_buf_free(&b);
+                return tmpl_fail(rt, close ? "TypeError: format requires a mapping"
+                                           : "ValueError: incomplete format key");
+            }
+            tv *key = tv_str(s + i + 1, (size_t)(close - s) - i - 1);
+            keyed = key ? tv_dict_get(mapping, key) : NULL;
+            if (!keyed) {
+                tmpl_fail(rt, "KeyError: '%s'", key ? key->u.str.s : "");
+                tv_unref(key);
+                tv_buf_free(&b);
+                return NULL;
+            }
+            tv_unref(key);
+            i = (size_t)(close - s) + 1;
+        }
         while (i < len && strchr("-+ #0", s[i]) && k < 8) spec[k++] = s[i++];
         while (i < len && ((s[i] >= '0' && s[i] <= '9') || s[i] == '.') && k < 24) spec[k++] = s[i++];
         if (i >= len) {
@@ -592,11 +620,11 @@ tv *tmpl_percent_format(tmpl_rt *rt, const tv *fmt, tv **args, size_t nargs) {
             tv_buf_put(&b, "%", 1);
             continue;
         }
-        if (ai >= nargs) {
+        if (!keyed && ai >= nargs) {
             tv_buf_free(&b);
             return tmpl_fail(rt, "TypeError: not enough arguments for format string");
         }
-        tv *v = args[ai++];
+        tv *v = keyed ? keyed : args[ai++];
         if (c == 's' || c == 'r' || c == 'a') {
             tv_buf t = {0};
             if (c == 's') tv_write_str(&t, v);
@@ -621,7 +649,7 @@ tv *tmpl_percent_format(tmpl_rt *rt, const tv *fmt, tv **args, size_t nargs) {
                              tv_type_name(v));
         }
     }
-    if (ai < nargs) {
+    if (ai < nargs && !mapping) {
         tv_buf_free(&b);
         return tmpl_fail(rt, "TypeError: not all arguments converted during string formatting");
     }

@@ -814,18 +814,29 @@ tv *tv_from_json(json_t *j) {
         return l;
     }
     case JSON_OBJECT: {
+        /* jansson keys are unique: append without the duplicate search (which would make
+         * a large object quadratic to load) */
+        size_t n = json_object_size(j);
         tv *d = tv_dict();
         if (!d) return NULL;
+        d->u.dict.k = calloc(n + 1, sizeof *d->u.dict.k);
+        d->u.dict.v = calloc(n + 1, sizeof *d->u.dict.v);
+        d->u.dict.cap = n + 1;
+        if (!d->u.dict.k || !d->u.dict.v) {
+            tv_unref(d);
+            return NULL;
+        }
         const char *k;
         json_t *x;
         json_object_foreach(j, k, x) {
-            tv *val = tv_from_json(x);
-            int rc = val ? tv_dict_set_str(d, k, val) : -1;
-            tv_unref(val);
-            if (rc) {
+            tv *key = tv_cstr(k), *val = key ? tv_from_json(x) : NULL;
+            if (!val) {
+                tv_unref(key);
                 tv_unref(d);
                 return NULL;
             }
+            d->u.dict.k[d->u.dict.n] = key;
+            d->u.dict.v[d->u.dict.n++] = val;
         }
         return d;
     }

@@ -263,6 +263,9 @@ static const tcase filters_text_cases[] = {
     {"{{ 5|indent }}",
      "{}",
      "TypeError: unsupported operand type(s) for +=: 'int' and 'str'", 1},
+    {"{{ 'b' % d }}{{ '%(k)s-%(a)d' % d }}{{ '%s' % d }}{{ '%s %s' % (1, 2) }}{{ '%5.1f|%-4d|%x' % (3.14159, 7, 255) }}",
+     "{\"d\": {\"k\": \"v\", \"a\": 1}}",
+     "bv-1{'k': 'v', 'a': 1}1 2  3.1|7   |ff", 0},
 };
 
 static const tcase filters_json_cases[] = {

@@ -252,6 +252,92 @@ static tv *repeat(tmpl_rt *rt, tv *seq, int64_t times) {
     return l;
 }
 
+/* Python float // and %: the quotient is floored and the remainder takes the divisor's
+ * sign (CPython's float_divmod). */
+static void float_divmod(double x, double y, double *div_out, double *mod_out) {
+    double mod = fmod(x, y), div = (x - mod) / y;
+    if (mod != 0) {
+        if ((y < 0) != (mod < 0)) {
+            mod += y;
+            div -= 1.0;
+        }
+    } else {
+        mod = copysign(0.0, y);
+    }
+    double fl;
+    if (div != 0) {
+        fl = floor(div);
+        if (div - fl > 0.5) fl += 1.0;
+    } else {
+        fl = copysign(0.0, x / y);
+    }
+    *div_out = fl;
+    *mod_out = mod;
+}
+
+/* Arithmetic on int/float/bool with Python's rules: ints stay ints (int64; a result that
+ * overflows becomes a float, where Python would grow a big int), / is always float. */
+static tv *num_binop(tmpl_rt *rt, int op, const tv *a, const tv *b) {
+    int ints = a->kind != TV_FLOAT && b->kind != TV_FLOAT;
+    int64_t x = a->kind == TV_INT ? a->u.i : a->kind == TV_BOOL ? a->u.b : 0;
+    int64_t y = b->kind == TV_INT ? b->u.i : b->kind == TV_BOOL ? b->u.b : 0;
+    double fx = tv_num(a), fy = tv_num(b);
+    int64_t r;
+    switch (op) {
+    case OP_ADD:
+        if (ints && !__builtin_add_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
+        return num_result(rt, 0, 0, fx + fy);
+    case OP_SUB:
+        if (ints && !__builtin_sub_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
+        return num_result(rt, 0, 0, fx - fy);
+    case OP_MUL:
+        if (ints && !__builtin_mul_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
+        return num_result(rt, 0, 0, fx * fy);
+    case OP_DIV:
+        if (fy == 0)
+            return tmpl_fail(rt, ints ? "ZeroDivisionError: division by zero"
+                                      : "ZeroDivisionError: float division by zero");
+        return num_result(rt, 0, 0, fx / fy);
+    case OP_FLOORDIV:
+    case OP_MOD:
+        if (ints) {
+            if (y == 0)
+                return tmpl_fail(rt, op == OP_MOD ? "ZeroDivisionError: integer modulo by zero"
+                                                  : "ZeroDivisionError: integer division or modulo by zero");
+            if (x == INT64_MIN && y == -1) return num_result(rt, 0, 0, op == OP_MOD ? 0 : -fx);
+            int64_t q = x / y, m = x % y;
+            if (m && ((m < 0) != (y < 0))) {
+                q--;
+                m += y;
+            }
+            return num_result(rt, 1, op == OP_MOD ? m : q, 0);
+        }
+        if (fy == 0)
+            return tmpl_fail(rt, op == OP_MOD ? "ZeroDivisionError: float modulo"
+                                              : "ZeroDivisionError: float floor division by zero");
+        {
+            double dv, md;
+            float_divmod(fx, fy, &dv, &md);
+            return num_result(rt, 0, 0, op == OP_MOD ? md : dv);
+        }
+    case OP_POW:
+        if (ints && y >= 0) {
+            int64_t acc = 1, base = x, e = y;
+            int ovf = 0;
+            while (e && !ovf) {
+                if (e & 1) ovf |= __builtin_mul_overflow(acc, base, &acc);
+                e >>= 1;
+                if (e) ovf |= __builtin_mul_overflow(base, base, &base);
+            }
+            if (!ovf) return num_result(rt, 1, acc, 0);
+        }
+        if (fx == 0 && fy < 0)
+            return tmpl_fail(rt, "ZeroDivisionError: 0.0 cannot be raised to a negative power");
+        return num_result(rt, 0, 0, pow(fx, fy));
+    default: return tmpl_fail(rt, "TemplateRuntimeError: bad operator");
+    }
+}
+
 tv *tmpl_binop(tmpl_rt *rt, int op, tv *a, tv *b) {
     if (op == OP_CONCAT) {
         tv_buf buf = {0};
@@ -264,65 +350,7 @@ tv *tmpl_binop(tmpl_rt *rt, int op, tv *a, tv *b) {
     }
     if (a->kind == TV_UNDEF) return tmpl_undef_raise(rt, a);
     if (b->kind == TV_UNDEF) return tmpl_undef_raise(rt, b);
-    if (tv_is_number(a) && tv_is_number(b)) {
-        int ints = a->kind != TV_FLOAT && b->kind != TV_FLOAT;
-        int64_t x = a->kind == TV_INT ? a->u.i : a->kind == TV_BOOL ? a->u.b : 0;
-        int64_t y = b->kind == TV_INT ? b->u.i : b->kind == TV_BOOL ? b->u.b : 0;
-        double fx = tv_num(a), fy = tv_num(b);
-        int64_t r;
-        switch (op) {
-        case OP_ADD:
-            if (ints && !__builtin_add_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
-            return num_result(rt, 0, 0, fx + fy);
-        case OP_SUB:
-            if (ints && !__builtin_sub_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
-            return num_result(rt, 0, 0, fx - fy);
-        case OP_MUL:
-            if (ints && !__builtin_mul_overflow(x, y, &r)) return num_result(rt, 1, r, 0);
-            return num_result(rt, 0, 0, fx * fy);
-        case OP_DIV:
-            if (fy == 0)
-                return tmpl_fail(rt, ints ? "ZeroDivisionError: division by zero"
-                                          : "ZeroDivisionError: float division by zero");
-            return num_result(rt, 0, 0, fx / fy);
-        case OP_FLOORDIV:
-        case OP_MOD:
-            if (ints) {
-                if (y == 0) return tmpl_fail(rt, "ZeroDivisionError: integer division or modulo by zero");
-                if (x == INT64_MIN && y == -1) return num_result(rt, 0, 0, op == OP_MOD ? 0 : -fx);
-                int64_t q = x / y, m = x % y;
-                if (m && ((m < 0) != (y < 0))) {
-                    q--;
-                    m += y;
-                }
-                return num_result(rt, 1, op == OP_MOD ? m : q, 0);
-            }
-            if (fy == 0)
-                return tmpl_fail(rt, op == OP_MOD ? "ZeroDivisionError: float modulo"
-                                                  : "ZeroDivisionError: float floor division by zero");
-            {
-                double m = fmod(fx, fy);
-                if (m != 0 && ((m < 0) != (fy < 0))) m += fy;
-                if (op == OP_MOD) return num_result(rt, 0, 0, m);
-                return num_result(rt, 0, 0, floor((fx - m) / fy + 0.5 - 0.5 * ((fx - m) / fy >= 0 ? 0 : 0)));
-            }
-        case OP_POW:
-            if (ints && y >= 0) {
-                int64_t acc = 1, base = x, e = y;
-                int ovf = 0;
-                while (e && !ovf) {
-                    if (e & 1) ovf |= __builtin_mul_overflow(acc, base, &acc);
-                    e >>= 1;
-                    if (e) ovf |= __builtin_mul_overflow(base, base, &base);
-                }
-                if (!ovf) return num_result(rt, 1, acc, 0);
-            }
-            if (fx == 0 && fy < 0)
-                return tmpl_fail(rt, "ZeroDivisionError: 0.0 cannot be raised to a negative power");
-            return num_result(rt, 0, 0, pow(fx, fy));
-        default: break;
-        }
-    }
+    if (tv_is_number(a) && tv_is_number(b)) return num_binop(rt, op, a, b);
     if (op == OP_ADD && a->kind == b->kind && a->kind == TV_STR) {
         /* Markup + str escapes the str (markupsafe), and the sum is Markup */
         int safe = a->u.str.safe || b->u.str.safe;
@@ -354,6 +382,12 @@ tv *tmpl_binop(tmpl_rt *rt, int op, tv *a, tv *b) {
     if (op == OP_MUL && (b->kind == TV_STR || (b->kind == TV_LIST && !b->u.list.view)) &&
         (a->kind == TV_INT || a->kind == TV_BOOL))
         return repeat(rt, b, a->kind == TV_INT ? a->u.i : a->u.b);
+    if (op == OP_MUL && ((a->kind == TV_STR || (a->kind == TV_LIST && !a->u.list.view)) ||
+                         (b->kind == TV_STR || (b->kind == TV_LIST && !b->u.list.view)))) {
+        const tv *other = a->kind == TV_STR || (a->kind == TV_LIST && !a->u.list.view) ? b : a;
+        return tmpl_fail(rt, "TypeError: can't multiply sequence by non-int of type '%s'",
+                         tv_type_name(other));
+    }
     if (op == OP_MOD && a->kind == TV_STR) {
         tv *fn = tv_func(tmpl_find_filter("format"), NULL, "format");
         if (!fn) return tmpl_oom(rt);

@@ -396,8 +396,8 @@ static tv *f_length(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_first_last(tmpl_rt *rt, const tv_args *a, int last) {
     tv *v = arg0(a);
-    if (last && tv_is_iterator(v))
-        return tmpl_fail(rt, "TypeError: '%s' object is not reversible", v->u.list.view);
+    if (last && (tv_is_iterator(v) || v->kind == TV_NONE || tv_is_number(v) || v->kind == TV_NS))
+        return tmpl_fail(rt, "TypeError: '%s' object is not reversible", tv_type_name(v));
     if (!last && tv_is_iterator(v) && v->u.list.n && !v->u.list.pending) {   /* next(): one item */
         tv *r = v->u.list.v[0];
         memmove(v->u.list.v, v->u.list.v + 1, (v->u.list.n - 1) * sizeof *v->u.list.v);
@@ -476,6 +476,8 @@ static tv *f_items_now(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *f_reverse(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *v = arg0(a);
+    if (v->kind != TV_LIST && v->kind != TV_STR && v->kind != TV_DICT && v->kind != TV_UNDEF)
+        return tmpl_fail(rt, "FilterArgumentError: argument must be iterable");
     tv *it = tmpl_iter_list(rt, v);
     if (!it) return NULL;
     tv *r = NULL;

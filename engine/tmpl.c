@@ -2,10 +2,15 @@
  * semantics as HF transformers configures it (ImmutableSandboxedEnvironment, default
  * Undefined, loop controls, trim_blocks + lstrip_blocks).
  *
- * Scoping follows jinja2: `if` shares its scope, each for-loop iteration gets a fresh
- * scope (a `set` inside a loop is invisible after it), a macro call gets a scope whose
- * parent is the template's top level. Statement executors return 0, -1 (error recorded
- * in rt), or EX_BREAK / EX_CONTINUE travelling up to the enclosing loop. */
+ * Scoping follows jinja2: `if` shares its scope; each for-loop iteration, set/filter/call
+ * block, with and block gets a fresh scope (a `set` inside is invisible after it); a
+ * macro call gets a scope whose parent is the template's top level. Names are looked up
+ * through enclosing frames at run time, and the one case where jinja2's compile-time
+ * scoping differs is precomputed by tmpl_scope.c. Statement executors return 0, -1
+ * (error recorded in rt), or EX_BREAK / EX_CONTINUE travelling up to the enclosing loop.
+ *
+ * Errors read as Python prints them, "<ExceptionClass>: <message>" (what transformers
+ * shows, e.g. "TemplateError: System role not supported"). */
 #include "engine/tmpl.h"
 
 #include <math.h>

@@ -25,7 +25,8 @@ void tmpl_free(tmpl_template *t);
  * {"messages": [...], "tools": [...], "add_generation_prompt": true,
  *  "bos_token": "<s>", "eos_token": "</s>"}.
  * On success returns 0 and sets *out (malloc'd, NUL-terminated) and *out_len.
- * If the template calls raise_exception(msg), returns SPECD_ETEMPLATE with msg in err;
+ * If the template calls raise_exception(msg), returns SPECD_ETEMPLATE with
+ * "TemplateError: msg" in err (the form HF's exception prints);
  * other render errors also return SPECD_ETEMPLATE with a message. */
 int tmpl_render(const tmpl_template *t, json_t *context, char **out, size_t *out_len,
                 char *err, size_t errlen);

@@ -84,8 +84,9 @@ static int load_gguf(const char *path, char **tmpl, char **bos, char **eos, char
     if (!ct) rc = specd_errf(err, errlen, SPECD_ENOTFOUND, "%s: no tokenizer.chat_template", path);
     else {
         *tmpl = strdup(ct);
-        *bos = strdup(tok_bos_token(t));
-        *eos = strdup(tok_eos_token(t));
+        /* absent special tokens stay undefined in the template, as in HF */
+        if (*tok_bos_token(t)) *bos = strdup(tok_bos_token(t));
+        if (*tok_eos_token(t)) *eos = strdup(tok_eos_token(t));
     }
     tok_free(t);
     return rc;

@@ -151,8 +151,11 @@ static int render_chat(http_server *s, json_t *messages, json_t *tools, json_t *
         return api_fail(e, 400, NULL, "messages", NULL,
                         "this model has no chat template; use /v1/completions");
     char err[512] = "";
-    int rc = tmpl_render_chat(s->tmpl, messages, tools, add_gen, tok_bos_token(s->tok),
-                              tok_eos_token(s->tok), kwargs, text, len, err, sizeof err);
+    /* A tokenizer without BOS/EOS leaves those variables undefined, as HF does, so a
+     * template's `bos_token is defined` stays false. */
+    const char *bos = tok_bos_token(s->tok), *eos = tok_eos_token(s->tok);
+    int rc = tmpl_render_chat(s->tmpl, messages, tools, add_gen, *bos ? bos : NULL, *eos ? eos : NULL,
+                              kwargs, text, len, err, sizeof err);
     if (rc) return api_fail(e, 400, NULL, "messages", NULL, "chat template error: %s", err);
     return 0;
 }

@@ -221,9 +221,8 @@ tv *tmpl_call(tmpl_rt *rt, tv *callee, const tv_args *a) {
     }
 }
 
-tv *tmpl_apply_filter(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra) {
-    tv_builtin_fn fn = tmpl_find_filter(name);
-    if (!fn) return tmpl_fail(rt, "TemplateAssertionError: No filter named '%s'.", name);
+/* Call a filter or test: the subject becomes the first positional argument. */
+static tv *apply_builtin(tmpl_rt *rt, tv_builtin_fn fn, tv *v, const tv_args *extra) {
     size_t np = 1 + (extra ? extra->npos : 0);
     tv **pos = calloc(np, sizeof *pos);
     if (!pos) return tmpl_oom(rt);
@@ -236,19 +235,16 @@ tv *tmpl_apply_filter(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra
     return r;
 }
 
+tv *tmpl_apply_filter(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra) {
+    tv_builtin_fn fn = tmpl_find_filter(name);
+    if (!fn) return tmpl_fail(rt, "TemplateAssertionError: No filter named '%s'.", name);
+    return apply_builtin(rt, fn, v, extra);
+}
+
 tv *tmpl_apply_test(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra) {
     tv_builtin_fn fn = tmpl_find_test(name);
     if (!fn) return tmpl_fail(rt, "TemplateAssertionError: No test named '%s'.", name);
-    size_t np = 1 + (extra ? extra->npos : 0);
-    tv **pos = calloc(np, sizeof *pos);
-    if (!pos) return tmpl_oom(rt);
-    pos[0] = v;
-    for (size_t i = 1; i < np; i++) pos[i] = extra->pos[i - 1];
-    tv_args a = {pos, np, extra ? extra->kwn : NULL, extra ? extra->kwv : NULL,
-                 extra ? extra->nkw : 0};
-    tv *r = fn(rt, NULL, &a);
-    free(pos);
-    return r;
+    return apply_builtin(rt, fn, v, extra);
 }
 
 /* ---- expressions ---- */

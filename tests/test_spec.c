@@ -279,6 +279,71 @@ static void test_spec_rejection_sampling_follows_target_distribution(void **st) 
     free(res);
 }
 
+/* The same property through the whole engine: a prompt whose first full block is in the
+ * prefix cache starts with one token left to compute, so its first output token comes out
+ * of a speculative step (draft proposal, target verify, rejection sampling). Over 20,000
+ * seeded requests that token must follow the target's softmax, and must not follow the
+ * draft's (the test can tell the two apart). */
+static void test_spec_engine_first_token_follows_target(void **st) {
+    (void)st;
+    enum { V = 1024, N = 20000, WAVE = 64 };
+    int32_t prompt[17];
+    for (int i = 0; i < 17; i++) prompt[i] = (int32_t)((i * 131 + 7) % V);
+    float *p = malloc(sizeof(float) * V), *q = malloc(sizeof(float) * V);
+    model_probs("llama-tiny", prompt, 17, p);
+    model_probs("llama-draft", prompt, 17, q);
+    engine *e = make_engine("llama-draft", 0, WAVE, 0);
+    assert_non_null(e);
+    char err[256];
+    engine_sampling sp;
+    engine_sampling_defaults(&sp);
+    sp.temperature = 1.0f;
+    sp.max_tokens = 2;
+    sp.ignore_eos = 1;
+    sp.has_seed = 1;
+    /* warm the prefix cache with the first 16 tokens */
+    assert_int_equal(engine_add(e, 1u << 30, prompt, 17, &sp, err, sizeof err), 0);
+    while (engine_has_work(e)) {
+        engine_output o;
+        assert_int_equal(engine_step(e, &o), 0);
+    }
+    engine_stats s0;
+    engine_get_stats(e, &s0);
+    long *counts = calloc(V, sizeof(long));
+    for (int base = 0; base < N; base += WAVE) {
+        for (int i = base; i < base + WAVE && i < N; i++) {
+            sp.seed = 1000003u * (uint64_t)i + 17;
+            assert_int_equal(engine_add(e, (uint64_t)i, prompt, 17, &sp, err, sizeof err), 0);
+        }
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            for (int k = 0; k < o.n_events; k++)
+                if (o.events[k].n_tokens > 0 && o.events[k].n_output_tokens == o.events[k].n_tokens)
+                    counts[o.events[k].tokens[0].id]++;   /* the request's first token */
+        }
+    }
+    engine_stats s1;
+    engine_get_stats(e, &s1);
+    /* every request's first token came from a speculative step after a prefix hit */
+    assert_true(s1.prefix_cache_hit_tokens - s0.prefix_cache_hit_tokens >= (uint64_t)N * 16);
+    assert_true(s1.spec_drafts - s0.spec_drafts >= (uint64_t)N);
+    long total = 0;
+    for (int v = 0; v < V; v++) total += counts[v];
+    assert_int_equal(total, N);
+    int df_p, df_q;
+    double chi_p = chi2_stat(counts, p, V, N, &df_p), chi_q = chi2_stat(counts, q, V, N, &df_q);
+    print_message("  engine, first token after a prefix hit: chi2 vs target %.1f (df %d, critical %.1f), "
+                  "vs draft %.1f (df %d, critical %.1f)\n",
+                  chi_p, df_p, chi2_crit_001(df_p), chi_q, df_q, chi2_crit_001(df_q));
+    assert_true(chi_p < chi2_crit_001(df_p));
+    assert_true(chi_q > chi2_crit_001(df_q));
+    free(counts);
+    free(p);
+    free(q);
+    engine_destroy(e);
+}
+
 /* Seeded sampling through the whole speculative engine is reproducible. */
 static void test_spec_seeded_sampling_is_reproducible(void **st) {
     (void)st;
@@ -357,6 +422,7 @@ int main(void) {
         cmocka_unit_test(test_spec_self_speculation_by_layers_is_lossless),
         cmocka_unit_test(test_spec_draft_model_and_draft_layers_are_exclusive),
         cmocka_unit_test(test_spec_rejection_sampling_follows_target_distribution),
+        cmocka_unit_test(test_spec_engine_first_token_follows_target),
         cmocka_unit_test(test_spec_seeded_sampling_is_reproducible),
         cmocka_unit_test(test_spec_kv_returns_to_baseline),
     };

@@ -21,6 +21,7 @@
 #include "engine/err.h"
 #include "engine/kv.h"
 #include "engine/runner.h"
+#include "engine/runner_tp.h"
 #include "engine/sample.h"
 #include "engine/sched.h"
 #include "engine/spec.h"
@@ -98,6 +99,11 @@ struct engine {
 
     int failed;
     engine_stats st;
+
+    /* tensor parallelism (cfg.tp.world_size > 1) */
+    tp_children *tp_ch;          /* ranks this process spawned */
+    tp_comm *tp;                 /* the group; run->ops is the TP wrapper on rank 0 */
+    tp_watchdog *tp_wd;
 };
 
 /* ---- configuration ------------------------------------------------------------------- */
@@ -264,6 +270,102 @@ static int alloc_buffers(engine *e) {
     return 0;
 }
 
+/* Checks, and for tensor parallelism the launch of this node's other ranks (before the
+ * model is loaded, so that they load it in parallel). */
+static int check_config(engine *e, char *err, size_t errlen) {
+    engine_config *c = &e->cfg;
+    engine_config_defaults(c);
+    if (!c->model_path && !c->random_shape)
+        return specd_errf(err, errlen, SPECD_EINVAL, "no model given (--model PATH)");
+    if (c->max_seq_len < 2 || c->max_batch < 1 || c->block_size < 1 || c->max_tokens_per_step < 1)
+        return specd_errf(err, errlen, SPECD_EINVAL, "invalid limits: max_seq_len %d, max_batch %d, block_size %d",
+                          c->max_seq_len, c->max_batch, c->block_size);
+#ifndef SPECD_HAVE_CUDA
+    if (c->device == ENGINE_DEVICE_CUDA)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "this build has no CUDA support (built without nvcc)");
+#endif
+    if (c->tp.world_size <= 1) return 0;
+    if (c->device == ENGINE_DEVICE_CUDA)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "--tensor-parallel-size runs on --device cpu only for now (the CUDA runner's "
+                          "NCCL integration is not done: docs/tensor-parallel.md)");
+    if (c->tp.nnodes < 1)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "--tensor-parallel-size: this command does not start tensor-parallel ranks yet "
+                          "(it must call cli_engine_tp; specd generate does)");
+    if (tp_config_check(&c->tp, err, errlen)) return SPECD_EINVAL;
+    if (c->tp_spawn_argv && tp_nproc_per_node(&c->tp) > 1 &&
+        !(e->tp_ch = tp_spawn_local(&c->tp, NULL, c->tp_spawn_argv, err, errlen)))
+        return SPECD_EIO;
+    /* Until the group is joined, watch the spawned ranks alone: one that dies while
+     * loading must not leave rank 0 waiting out the rendezvous timeout. */
+    if (e->tp_ch && c->tp.rank == 0 && c->tp_fail &&
+        !(e->tp_wd = tp_watchdog_start(NULL, e->tp_ch, 100, c->tp_fail, c->tp_fail_ctx, err, errlen)))
+        return SPECD_EIO;
+    return 0;
+}
+
+static int load_target(engine *e, char *err, size_t errlen) {
+    engine_config *c = &e->cfg;
+    if (c->random_shape) {
+        model_config mc;
+        if (model_shape_preset(c->random_shape, &mc))
+            return specd_errf(err, errlen, SPECD_ENOTFOUND, "unknown shape '%s' (llama-3.1-8b, llama-3.2-1b, "
+                              "qwen2.5-1.5b, qwen3-1.7b)", c->random_shape);
+        if (!(e->target = model_random(&mc, 1, err, errlen))) return SPECD_EINVAL;
+        c->model_path = c->random_shape;
+    } else if (!(e->target = model_load(c->model_path, err, errlen))) {
+        return SPECD_EINVAL;
+    }
+    e->vocab = e->target->cfg.vocab;
+    for (int i = 0; i < e->target->cfg.n_eos; i++) e->eos[e->n_eos++] = e->target->cfg.eos_ids[i];
+    /* The runtime context limit is ours; max_position_embeddings only caps it. */
+    if (e->target->cfg.max_pos > 0 && c->max_seq_len > e->target->cfg.max_pos)
+        c->max_seq_len = (int)e->target->cfg.max_pos;
+    if (c->max_tokens_per_step < c->max_batch) c->max_tokens_per_step = c->max_batch;
+    return load_draft(e, err, errlen);
+}
+
+static runner_config make_runner_config(const engine *e) {
+    const engine_config *c = &e->cfg;
+    runner_config rc = {
+        .block_size = c->block_size, .max_batch = c->max_batch, .max_seq_len = c->max_seq_len + e->k,
+        .threads = c->threads, .mem_fraction = c->mem_fraction, .kv_bytes = c->kv_bytes,
+        .num_draft_tokens = e->k,
+        .rope_bf16_freqs = c->rope_bf16_freqs,
+    };
+    rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);
+    return rc;
+}
+
+/* This rank's runner in the group; rank 0 also watches the other ranks. */
+static int join_tp(engine *e, runner_config *rc, char *err, size_t errlen) {
+    const engine_config *c = &e->cfg;
+    if (!(e->run = runner_tp_create(&c->tp, e->target, e->draft_used, rc, &e->tp, err, errlen))) return SPECD_EIO;
+    tp_watchdog_stop(e->tp_wd);   /* the start-up one; a death in between is still seen */
+    e->tp_wd = NULL;
+    if (c->tp.rank == 0 && c->tp_fail &&
+        !(e->tp_wd = tp_watchdog_start(e->tp, e->tp_ch, 100, c->tp_fail, c->tp_fail_ctx, err, errlen)))
+        return SPECD_EIO;
+    return 0;
+}
+
+int engine_tp_worker_run(const engine_config *cfg, char *err, size_t errlen) {
+    if (cfg->tp.world_size < 2 || cfg->tp.rank < 1)
+        return specd_errf(err, errlen, SPECD_EINVAL, "engine_tp_worker_run: rank %d of %d is not a worker",
+                          cfg->tp.rank, cfg->tp.world_size);
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    e->cfg = *cfg;
+    int rc = check_config(e, err, errlen);
+    if (!rc) rc = load_target(e, err, errlen);
+    runner_config r = make_runner_config(e);   /* sizes come from rank 0 */
+    if (!rc) rc = join_tp(e, &r, err, errlen);
+    if (!rc) rc = runner_tp_worker_run(e->run, e->tp, err, errlen);
+    engine_destroy(e);
+    return rc;
+}
+
 engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     engine *e = calloc(1, sizeof *e);
     if (!e) {
@@ -272,52 +374,19 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     }
     e->cfg = *cfg_in;
     engine_config *c = &e->cfg;
-    engine_config_defaults(c);
-    if (!c->model_path && !c->random_shape) {
-        specd_errf(err, errlen, SPECD_EINVAL, "no model given (--model PATH)");
+    if (c->tp.world_size > 1 && c->tp.rank != 0) {
+        specd_errf(err, errlen, SPECD_EINVAL, "tensor-parallel rank %d is a worker: engine_tp_worker_run",
+                   c->tp.rank);
         goto fail;
     }
-    if (c->max_seq_len < 2 || c->max_batch < 1 || c->block_size < 1 || c->max_tokens_per_step < 1) {
-        specd_errf(err, errlen, SPECD_EINVAL, "invalid limits: max_seq_len %d, max_batch %d, block_size %d",
-                   c->max_seq_len, c->max_batch, c->block_size);
-        goto fail;
-    }
-#ifndef SPECD_HAVE_CUDA
-    if (c->device == ENGINE_DEVICE_CUDA) {
-        specd_errf(err, errlen, SPECD_EUNSUPPORTED, "this build has no CUDA support (built without nvcc)");
-        goto fail;
-    }
-#endif
-    if (c->random_shape) {
-        model_config mc;
-        if (model_shape_preset(c->random_shape, &mc)) {
-            specd_errf(err, errlen, SPECD_ENOTFOUND, "unknown shape '%s' (llama-3.1-8b, llama-3.2-1b, "
-                       "qwen2.5-1.5b, qwen3-1.7b)", c->random_shape);
-            goto fail;
-        }
-        if (!(e->target = model_random(&mc, 1, err, errlen))) goto fail;
-        c->model_path = c->random_shape;
-    } else if (!(e->target = model_load(c->model_path, err, errlen))) {
-        goto fail;
-    }
-    e->vocab = e->target->cfg.vocab;
-    for (int i = 0; i < e->target->cfg.n_eos; i++) e->eos[e->n_eos++] = e->target->cfg.eos_ids[i];
-    /* The runtime context limit is ours; max_position_embeddings only caps it. */
-    if (e->target->cfg.max_pos > 0 && c->max_seq_len > e->target->cfg.max_pos)
-        c->max_seq_len = (int)e->target->cfg.max_pos;
-    if (c->max_tokens_per_step < c->max_batch) c->max_tokens_per_step = c->max_batch;
-    if (load_draft(e, err, errlen)) goto fail;
+    if (check_config(e, err, errlen) || load_target(e, err, errlen)) goto fail;
     if (load_tokenizer(e, err, errlen)) goto fail;
 
-    runner_config rc = {
-        .block_size = c->block_size, .max_batch = c->max_batch, .max_seq_len = c->max_seq_len + e->k,
-        .threads = c->threads, .mem_fraction = c->mem_fraction, .kv_bytes = c->kv_bytes,
-        .num_draft_tokens = e->k,
-        .rope_bf16_freqs = c->rope_bf16_freqs,
-    };
-    rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);
+    runner_config rc = make_runner_config(e);
     if (size_pool(e, &rc, err, errlen)) goto fail;
-    if (c->device == ENGINE_DEVICE_CUDA) {
+    if (c->tp.world_size > 1) {
+        if (join_tp(e, &rc, err, errlen)) goto fail;
+    } else if (c->device == ENGINE_DEVICE_CUDA) {
 #ifdef SPECD_HAVE_CUDA
         e->run = runner_cuda_create(e->target, e->draft_used, &rc, err, errlen);
 #endif
@@ -349,6 +418,9 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
                 m->head_dim, m->vocab, e->run->ops->name, e->run->cfg.num_blocks - 1, c->block_size,
                 (e->run->cfg.num_blocks - 1) * c->block_size, c->max_seq_len, c->max_batch,
                 e->k ? ", speculative" : "");
+        if (c->tp.world_size > 1)
+            fprintf(stderr, "specd: tensor parallel over %d CPU ranks (this is rank 0; draft replicated)\n",
+                    c->tp.world_size);
         if (e->k)
             fprintf(stderr, "specd: draft %s (%d layers), k = %d\n",
                     c->draft_path ? c->draft_path : "target prefix", e->draft_used->cfg.n_layers, e->k);
@@ -371,6 +443,8 @@ static void req_free(req *r) {
 
 void engine_destroy(engine *e) {
     if (!e) return;
+    /* Workers that exit after STOP must not look like failures to the watchdog. */
+    tp_watchdog_stop(e->tp_wd);
     for (int i = 0; i < e->n_reqs; i++) {
         if (e->sched) sched_remove(e->sched, &e->reqs[i]->seq);
         req_free(e->reqs[i]);
@@ -378,7 +452,13 @@ void engine_destroy(engine *e) {
     free(e->reqs);
     sched_destroy(e->sched);
     kv_pool_destroy(e->kv);
-    runner_destroy(e->run);
+    runner_destroy(e->run);   /* on rank 0 of a group: broadcasts STOP */
+    tp_comm_close(e->tp);
+    if (e->tp_ch) {
+        tp_children_wait(e->tp_ch, 5000);   /* they exit after STOP */
+        tp_children_stop(e->tp_ch, 2000);
+        tp_children_free(e->tp_ch);
+    }
     tmpl_free(e->tmpl);
     tok_free(e->tok);
     model_free(e->draft);

@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "engine/tmpl.h"
+#include "engine/tp.h"
 
 typedef enum { ENGINE_DEVICE_CPU = 0, ENGINE_DEVICE_CUDA = 1 } engine_device;
 
@@ -39,6 +40,15 @@ typedef struct {
     int disable_prefix_cache;     /* prefix caching is on unless set */
     int rope_bf16_freqs;          /* bf16-rounded rotary frequencies (runner_config) */
     int verbose;                  /* print start-up decisions to stderr */
+    /* Tensor parallelism (docs/tensor-parallel.md; CPU runner only so far): with
+     * tp.world_size > 1 the target is split over that many processes. Rank 0 calls
+     * engine_create; every other rank calls engine_tp_worker_run with the same options. */
+    tp_config tp;
+    char *const *tp_spawn_argv;   /* set: this process starts its node's other ranks by
+                                   * re-executing itself with these arguments (main's argv) */
+    tp_fail_fn tp_fail;           /* rank 0: called once from a watchdog thread when a rank
+                                   * or a spawned process dies (NULL: no watchdog) */
+    void *tp_fail_ctx;
 } engine_config;
 
 /* Fill defaults into every zero field. */
@@ -111,7 +121,12 @@ typedef struct {
 typedef struct engine engine;
 
 engine *engine_create(const engine_config *cfg, char *err, size_t errlen);
+/* Destroying a tensor-parallel rank 0 stops its workers (STOP, then reaps the spawned). */
 void engine_destroy(engine *e);
+
+/* A tensor-parallel worker (cfg->tp.rank > 0): load the model, join rank 0, and apply its
+ * steps until it stops them (0) or fails / goes away (< 0, with a message). */
+int engine_tp_worker_run(const engine_config *cfg, char *err, size_t errlen);
 
 const model_config *engine_model_config(const engine *e);
 const tok_tokenizer *engine_tokenizer(const engine *e);  /* NULL if none */

@@ -8,7 +8,12 @@
  * by (token, head). Numbers match HF transformers' fp32 forward to ~1e-5.
  *
  * KV layout: per pool layer, K and V are [num_blocks][block_size][n_kv_heads*head_dim]
- * floats; target layers come first, then the draft's (pool layer L_target + i). */
+ * floats; target layers come first, then the draft's (pool layer L_target + i).
+ *
+ * Tensor parallelism (cfg.tp_world > 1): the target is loaded from shard_model(), so
+ * n_heads, n_kv_heads and ffn below are this rank's share; the O and down projections
+ * then give partial sums, which cfg.allreduce adds up over the ranks before the residual
+ * add. The draft stays whole (replicated). */
 #include "engine/runner.h"
 
 #include <math.h>
@@ -22,6 +27,7 @@
 
 #include "engine/err.h"
 #include "engine/sample.h"
+#include "engine/shard.h"
 #include "engine/spec.h"
 #include "engine/threadpool.h"
 
@@ -392,6 +398,13 @@ static int check_batch(cpu_runner *r, const cpu_model *m, const runner_batch *b)
     return seen_tokens <= b->n_tokens ? 0 : SPECD_EINVAL;
 }
 
+/* Sum a row-parallel partial output over the ranks (target only; the draft is whole). */
+static int reduce(const cpu_runner *r, const runner_batch *b, float *buf, size_t n) {
+    const runner_config *cfg = &r->base.cfg;
+    if (cfg->tp_world <= 1 || b->which != RUNNER_TARGET) return 0;
+    return cfg->allreduce(cfg->allreduce_ctx, buf, n);
+}
+
 static int cpu_forward(runner *base, const runner_batch *b) {
     cpu_runner *r = (cpu_runner *)base;
     const cpu_model *m = &r->m[b->which == RUNNER_DRAFT];
@@ -446,6 +459,7 @@ static int cpu_forward(runner *base, const runner_batch *b) {
         attn_job aj = {r, m, pl, T};
         tp_run(r->pool, attn_task, &aj, T * c->n_heads);
         matmul(r, r->o, r->att, L->wo, NULL, T, qd, D);
+        if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
         for (size_t i = 0; i < (size_t)T * D; i++) r->x[i] += r->o[i];
 
         for (int t = 0; t < T; t++)
@@ -457,6 +471,7 @@ static int cpu_forward(runner *base, const runner_batch *b) {
             r->g[i] = g / (1.0f + expf(-g)) * r->u[i];
         }
         matmul(r, r->o, r->g, L->w_down, NULL, T, c->ffn, D);
+        if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
         for (size_t i = 0; i < (size_t)T * D; i++) r->x[i] += r->o[i];
     }
 
@@ -684,7 +699,21 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     int threads = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     r->base.cfg.threads = threads;
     if (!(r->pool = tp_create(threads))) goto oom;
-    if (load_model(&r->m[0], target, 0, cfg->rope_bf16_freqs, err, errlen)) goto fail;
+    if (cfg->tp_world > 1) {
+        if (!cfg->allreduce || cfg->tp_rank < 0 || cfg->tp_rank >= cfg->tp_world) {
+            specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: tensor parallel rank %d of %d needs an all-reduce",
+                       cfg->tp_rank, cfg->tp_world);
+            goto fail;
+        }
+        /* The fp32 copies are owned by the runner, so the shard's views can go at once. */
+        model *shard = shard_model(target, cfg->tp_rank, cfg->tp_world, err, errlen);
+        if (!shard) goto fail;
+        int rc = load_model(&r->m[0], shard, 0, cfg->rope_bf16_freqs, err, errlen);
+        shard_free(shard);
+        if (rc) goto fail;
+    } else if (load_model(&r->m[0], target, 0, cfg->rope_bf16_freqs, err, errlen)) {
+        goto fail;
+    }
     if (draft && load_model(&r->m[1], draft, target->cfg.n_layers, cfg->rope_bf16_freqs, err, errlen))
         goto fail;
 

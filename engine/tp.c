@@ -32,6 +32,7 @@ extern char **environ;
 
 #define TP_MAGIC 0x50545053u   /* "SPTP" */
 #define TP_BC_MAGIC 0x43425053u /* "SPBC" */
+#define TP_AR_MAGIC 0x52415053u /* "SPAR" */
 #define TP_VERSION 1u
 #define HELLO_BYTES 20
 #define MSG_BYTES 116
@@ -270,6 +271,31 @@ int tp_children_stop(tp_children *ch, int grace_ms) {
     return bad;
 }
 
+int tp_children_wait(tp_children *ch, int timeout_ms) {
+    if (!ch) return 0;
+    int64_t deadline = now_ms() + timeout_ms;
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < ch->n; i++) {
+            if (ch->done[i]) continue;
+            int st;
+            pid_t p = waitpid(ch->pid[i], &st, WNOHANG);
+            if (p == ch->pid[i] || (p < 0 && errno == ECHILD)) {
+                ch->done[i] = 1;
+                ch->status[i] = p == ch->pid[i] ? st : 0;
+            } else {
+                left++;
+            }
+        }
+        if (!left) break;
+        if (now_ms() >= deadline) return SPECD_ETIMEOUT;
+        usleep(5000);
+    }
+    for (int i = 0; i < ch->n; i++)
+        if (!(WIFEXITED(ch->status[i]) && WEXITSTATUS(ch->status[i]) == 0)) return 1;
+    return 0;
+}
+
 void tp_children_free(tp_children *ch) {
     if (!ch) return;
     tp_children_stop(ch, 2000);
@@ -282,6 +308,8 @@ struct tp_comm {
     int rank, world;
     int fd[TP_MAX_WORLD];  /* rank 0: fd[k] is rank k's socket; others: fd[0] is rank 0 */
     uint32_t seq;
+    float *ar;             /* rank 0: one peer's partial during tp_allreduce_sum_f32 */
+    size_t ar_cap;
     char err[256];
 };
 
@@ -539,6 +567,7 @@ void tp_comm_close(tp_comm *t) {
     if (!t) return;
     for (int i = 0; i < TP_MAX_WORLD; i++)
         if (t->fd[i] >= 0) close(t->fd[i]);
+    free(t->ar);
     free(t);
 }
 
@@ -573,6 +602,67 @@ int tp_bcast(tp_comm *t, void *buf, size_t n, int timeout_ms) {
     if ((rc = recv_all(t->fd[0], buf, n, deadline)))
         return specd_errf(t->err, sizeof t->err, rc, "rank %d: broadcast %u payload: connection lost",
                           t->rank, seq);
+    return 0;
+}
+
+static void put_hdr(uint8_t *h, uint32_t magic, uint32_t seq, size_t n) {
+    put32(h, magic);
+    put32(h + 4, seq);
+    put32(h + 8, (uint32_t)n);
+    put32(h + 12, (uint32_t)((uint64_t)n >> 32));
+}
+
+/* Receive a header and n floats from fd, checking magic, sequence and size. */
+static int recv_floats(tp_comm *t, int fd, int peer, uint32_t seq, float *buf, size_t n, int64_t deadline) {
+    uint8_t h[16];
+    int rc = recv_all(fd, h, sizeof h, deadline);
+    if (rc)
+        return specd_errf(t->err, sizeof t->err, rc, "rank %d: all-reduce %u with rank %d: %s", t->rank, seq,
+                          peer, rc == SPECD_ETIMEOUT ? "timed out" : "connection closed (rank exited?)");
+    uint64_t len = get32(h + 8) | (uint64_t)get32(h + 12) << 32;
+    if (get32(h) != TP_AR_MAGIC || get32(h + 4) != seq || len != n)
+        return specd_errf(t->err, sizeof t->err, SPECD_EFORMAT,
+                          "rank %d: all-reduce out of step with rank %d (seq %u len %llu, expected %u / %zu)",
+                          t->rank, peer, get32(h + 4), (unsigned long long)len, seq, n);
+    if ((rc = recv_all(fd, buf, n * sizeof(float), deadline)))
+        return specd_errf(t->err, sizeof t->err, rc, "rank %d: all-reduce %u payload from rank %d: connection lost",
+                          t->rank, seq, peer);
+    return 0;
+}
+
+static int send_floats(tp_comm *t, int fd, int peer, uint32_t seq, const float *buf, size_t n, int64_t deadline) {
+    uint8_t h[16];
+    put_hdr(h, TP_AR_MAGIC, seq, n);
+    int rc = send_all(fd, h, sizeof h, deadline);
+    if (!rc) rc = send_all(fd, buf, n * sizeof(float), deadline);
+    if (rc)
+        return specd_errf(t->err, sizeof t->err, rc, "rank %d: all-reduce %u to rank %d: %s", t->rank, seq, peer,
+                          rc == SPECD_ETIMEOUT ? "timed out" : "connection closed (rank exited?)");
+    return 0;
+}
+
+int tp_allreduce_sum_f32(tp_comm *t, float *buf, size_t n, int timeout_ms) {
+    if (!t || (!buf && n)) return SPECD_EINVAL;
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    uint32_t seq = t->seq++;
+    int rc;
+    if (t->rank != 0) {
+        if ((rc = send_floats(t, t->fd[0], 0, seq, buf, n, deadline))) return rc;
+        return recv_floats(t, t->fd[0], 0, seq, buf, n, deadline);
+    }
+    if (n > t->ar_cap) {
+        float *p = realloc(t->ar, n * sizeof(float));
+        if (!p) return specd_errf(t->err, sizeof t->err, SPECD_ENOMEM, "all-reduce: out of memory");
+        t->ar = p;
+        t->ar_cap = n;
+    }
+    /* Fixed order (rank 0's partial, then 1, 2, ...): the sum is the same on every rank. */
+    for (int k = 1; k < t->world; k++) {
+        if ((rc = recv_floats(t, t->fd[k], k, seq, t->ar, n, deadline))) return rc;
+        for (size_t i = 0; i < n; i++) buf[i] += t->ar[i];
+    }
+    for (int k = 1; k < t->world; k++)
+        if ((rc = send_floats(t, t->fd[k], k, seq, buf, n, deadline))) return rc;
     return 0;
 }
 

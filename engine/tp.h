@@ -87,6 +87,9 @@ int tp_children_poll(tp_children *ch, int *rank, char *why, size_t whylen);
 /* SIGTERM the ones still running, SIGKILL after grace_ms, reap all. Returns 0 when every
  * child exited 0 (before this call or after SIGTERM), else 1. */
 int tp_children_stop(tp_children *ch, int grace_ms);
+/* Wait up to timeout_ms for every child to exit on its own (after a STOP): 0 when all
+ * exited 0, 1 when one did not, SPECD_ETIMEOUT when some still run (tp_children_stop). */
+int tp_children_wait(tp_children *ch, int timeout_ms);
 void tp_children_free(tp_children *ch);  /* stops them first if still running */
 
 /* ---- rendezvous and broadcast -------------------------------------------------------- */
@@ -104,6 +107,11 @@ int tp_comm_world(const tp_comm *t);
  * step). Each message carries a sequence number, checked on receipt. A closed peer is
  * SPECD_EIO with a message in the comm (tp_comm_error). */
 int tp_bcast(tp_comm *t, void *buf, size_t n, int timeout_ms);
+/* In-place sum of n floats over all ranks (the CPU all-reduce): every rank sends its
+ * buffer to rank 0, which adds the partials in rank order and sends the sum back, so all
+ * ranks end with the same bits. Correctness over speed: 2 (W-1) n floats cross rank 0's
+ * sockets. Shares tp_bcast's sequence numbers; errors as tp_bcast. */
+int tp_allreduce_sum_f32(tp_comm *t, float *buf, size_t n, int timeout_ms);
 const char *tp_comm_error(const tp_comm *t);
 void tp_comm_close(tp_comm *t);
 

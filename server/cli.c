@@ -109,7 +109,8 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     }
     static const char *const with_value[] = {"--model", "--tokenizer", "--draft-model",
         "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch",
-        "--kv-cache-bytes", "--threads", "--block-size"};
+        "--kv-cache-bytes", "--threads", "--block-size", "--tensor-parallel-size", "--nnodes",
+        "--node-rank", "--master-addr", "--master-port"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
     if (!known) return 0;
@@ -129,6 +130,14 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--max-batch")) bad = cli_int(v, 1, 4096, &c->max_batch);
     else if (!strcmp(a, "--threads")) bad = cli_int(v, 1, 1024, &c->threads);
     else if (!strcmp(a, "--block-size")) bad = cli_int(v, 1, 1024, &c->block_size);
+    else if (!strcmp(a, "--tensor-parallel-size")) bad = cli_int(v, 1, TP_MAX_WORLD, &c->tp.world_size);
+    else if (!strcmp(a, "--nnodes")) bad = cli_int(v, 1, TP_MAX_WORLD, &c->tp.nnodes);
+    else if (!strcmp(a, "--node-rank")) bad = cli_int(v, 0, TP_MAX_WORLD - 1, &c->tp.node_rank);
+    else if (!strcmp(a, "--master-port")) bad = cli_int(v, 1, 65535, &c->tp.master_port);
+    else if (!strcmp(a, "--master-addr")) {
+        if (!*v || strlen(v) >= sizeof c->tp.master_addr) bad = -1;
+        else snprintf(c->tp.master_addr, sizeof c->tp.master_addr, "%s", v);
+    }
     else if (!strcmp(a, "--kv-cache-bytes")) {
         bad = cli_u64(v, &u);
         c->kv_bytes = (size_t)u;
@@ -142,4 +151,22 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
         return -1;
     }
     return 1;
+}
+
+int cli_engine_tp(engine_config *c, char **main_argv) {
+    char err[512] = "";
+    int worker = tp_config_from_env(&c->tp, err, sizeof err);
+    if (worker < 0) {
+        fprintf(stderr, "specd: %s\n", err);
+        return -1;
+    }
+    tp_config_defaults(&c->tp);
+    if (c->tp.world_size <= 1) return 0;
+    if (tp_config_check(&c->tp, err, sizeof err)) {
+        fprintf(stderr, "specd: %s\n", err);
+        return -1;
+    }
+    /* A process started by hand (not spawned) starts its node's other ranks. */
+    if (!worker) c->tp_spawn_argv = main_argv;
+    return c->tp.rank != 0;
 }

@@ -22,6 +22,12 @@ char *cli_read_file(const char *path, size_t *len);
  * option (and its value: *i advances) and returns 1; 0 if not an engine option; -1 on
  * a bad value (message printed). */
 int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
+/* After parsing: complete the tensor-parallel options (c->tp) from the flags and, in a
+ * spawned worker, from SPECD_TP_*; a process started by hand with
+ * --tensor-parallel-size N > 1 gets tp_spawn_argv = main_argv (it starts its node's other
+ * ranks). Returns 1 when this process is a worker rank (run engine_tp_worker_run instead
+ * of the command), 0 otherwise, -1 on a bad value (message printed). */
+int cli_engine_tp(engine_config *c, char **main_argv);
 #define CLI_ENGINE_HELP \
     "  --model PATH            HF checkpoint directory or .gguf file (required)\n" \
     "  --tokenizer PATH        tokenizer.json / directory / .gguf (default: from --model)\n" \
@@ -36,6 +42,11 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
     "  --block-size N          tokens per KV block (default 16)\n" \
     "  --no-prefix-cache       disable prefix caching\n" \
     "  --rope-bf16-freqs       round rotary frequencies to bf16 (reproduces references whose\n" \
-    "                          rotary buffer was cast to bf16, like the test fixtures)\n"
+    "                          rotary buffer was cast to bf16, like the test fixtures)\n" \
+    "  --tensor-parallel-size N  split the model over N processes (generate only so far,\n" \
+    "                          --device cpu; this one is rank 0 and starts the others)\n" \
+    "  --nnodes M, --node-rank K, --master-addr A, --master-port P\n" \
+    "                          several hosts: run the same command on each (default 1, 0,\n" \
+    "                          127.0.0.1, 29533)\n"
 
 #endif

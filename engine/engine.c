@@ -292,7 +292,7 @@ static int check_config(engine *e, char *err, size_t errlen) {
     if (c->tp.nnodes < 1)
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
                           "--tensor-parallel-size: this command does not start tensor-parallel ranks yet "
-                          "(it must call cli_engine_tp; specd generate does)");
+                          "(it must call cli_engine_tp, as specd generate and specd bench do)");
     if (tp_config_check(&c->tp, err, errlen)) return SPECD_EINVAL;
     if (c->tp_spawn_argv && tp_nproc_per_node(&c->tp) > 1 &&
         !(e->tp_ch = tp_spawn_local(&c->tp, NULL, c->tp_spawn_argv, err, errlen)))

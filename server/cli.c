@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int cli_parse_ids(const char *s, int32_t **out) {
     size_t cap = 16, n = 0;
@@ -169,4 +170,30 @@ int cli_engine_tp(engine_config *c, char **main_argv) {
     /* A process started by hand (not spawned) starts its node's other ranks. */
     if (!worker) c->tp_spawn_argv = main_argv;
     return c->tp.rank != 0;
+}
+
+/* Rank 0's watchdog saw a rank die. The main thread usually fails on its own at once
+ * (a closed socket in the next broadcast or all-reduce); if it is stuck, leave anyway. */
+static void on_tp_fail(void *ctx, const char *why) {
+    (void)ctx;
+    fprintf(stderr, "specd: tensor parallel: %s\n", why);
+    sleep(2);
+    _exit(1);
+}
+
+int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code) {
+    int worker = cli_engine_tp(c, main_argv);
+    if (worker < 0) {
+        *exit_code = 2;
+        return 1;
+    }
+    if (worker) {
+        char err[1024] = "";
+        int rc = engine_tp_worker_run(c, err, sizeof err);
+        if (rc) fprintf(stderr, "specd: tensor-parallel rank %d: %s\n", c->tp.rank, err);
+        *exit_code = rc ? 1 : 0;
+        return 1;
+    }
+    c->tp_fail = on_tp_fail;
+    return 0;
 }

@@ -28,6 +28,12 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
  * ranks). Returns 1 when this process is a worker rank (run engine_tp_worker_run instead
  * of the command), 0 otherwise, -1 on a bad value (message printed). */
 int cli_engine_tp(engine_config *c, char **main_argv);
+/* The tensor-parallel start of a subcommand, after its options are parsed: on a worker
+ * rank, runs the worker loop to its end and returns 1 with the process exit code in
+ * *exit_code (also on a usage error: exit code 2); on rank 0 (or without TP) installs the
+ * rank-failure handler (message, then exit 1 within 2 s) and returns 0. main_argv is
+ * main()'s argv, which spawned workers re-execute. */
+int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
 #define CLI_ENGINE_HELP \
     "  --model PATH            HF checkpoint directory or .gguf file (required)\n" \
     "  --tokenizer PATH        tokenizer.json / directory / .gguf (default: from --model)\n" \

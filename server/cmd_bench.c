@@ -150,6 +150,11 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < nb; i++) maxb = bs[i] > maxb ? bs[i] : maxb;
     if (!ec.max_batch) ec.max_batch = maxb;
     if (!ec.max_seq_len) ec.max_seq_len = plen + gen + 16;
+    int tp_exit;   /* argv - 1 is main()'s argv, which spawned worker ranks re-execute */
+    if (cli_tp_enter(&ec, argv - 1, &tp_exit)) {
+        free(bs);
+        return tp_exit;
+    }
     char err[1024];
     engine *e = engine_create(&ec, err, sizeof err);
     if (!e) {

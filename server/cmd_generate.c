@@ -32,14 +32,6 @@ static void usage(FILE *f) {
             "  -v, --verbose           print start-up decisions and speed to stderr\n");
 }
 
-/* Rank 0's watchdog saw a rank die. The main thread usually fails on its own at once
- * (a closed socket in the next broadcast or all-reduce); if it is stuck, leave anyway. */
-static void on_tp_fail(void *ctx, const char *why) {
-    (void)ctx;
-    fprintf(stderr, "specd generate: tensor parallel: %s\n", why);
-    sleep(2);
-    _exit(1);
-}
 
 typedef struct {
     int32_t *ids;
@@ -106,14 +98,8 @@ int cmd_generate(int argc, char **argv) {
 
     char err[1024] = "";
     /* main() hands us argv + 1: argv - 1 is main's argv, which the workers re-execute. */
-    int tp_worker = cli_engine_tp(&ec, argv - 1);
-    if (tp_worker < 0) return 2;
-    if (tp_worker) {
-        int wrc = engine_tp_worker_run(&ec, err, sizeof err);
-        if (wrc) fprintf(stderr, "specd generate: tensor-parallel rank %d: %s\n", ec.tp.rank, err);
-        return wrc ? 1 : 0;
-    }
-    ec.tp_fail = on_tp_fail;
+    int tp_exit;
+    if (cli_tp_enter(&ec, argv - 1, &tp_exit)) return tp_exit;
     int32_t *ids = NULL;
     float *logits = NULL;
     seq_out *outs = NULL;

@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "engine/engine.h"
+#include "server/cli.h"
 #include "server/cmd.h"
 #include "server/config.h"
 #include "server/http.h"
@@ -65,6 +66,11 @@ static void fill_engine_config(const srv_config *c, engine_config *ec) {
     ec->mem_fraction = c->mem_fraction;
     ec->kv_bytes = (size_t)c->kv_cache_bytes;
     ec->threads = c->threads;
+    ec->tp.world_size = c->tensor_parallel_size;
+    ec->tp.nnodes = c->nnodes;
+    ec->tp.node_rank = c->node_rank;
+    snprintf(ec->tp.master_addr, sizeof ec->tp.master_addr, "%s", c->master_addr);
+    ec->tp.master_port = c->master_port;
     /* The engine prints its start-up decisions as plain stderr lines: keep them out of a
      * JSON log (the "loaded" line below carries the essentials). */
     ec->verbose = log_enabled(LOG_INFO) && !c->log_json;
@@ -100,6 +106,12 @@ int cmd_serve(int argc, char **argv) {
     }
     log_configure((log_level)log_level_parse(cfg.log_level), cfg.log_json);
     signal(SIGPIPE, SIG_IGN);
+    /* Tensor parallelism: worker ranks (started by rank 0 with the same argv) run the
+     * runner ops rank 0 sends and never serve HTTP. */
+    engine_config ec;
+    fill_engine_config(&cfg, &ec);
+    int tp_exit;   /* argv - 1 is main()'s argv, which spawned worker ranks re-execute */
+    if (cli_tp_enter(&ec, argv - 1, &tp_exit)) return tp_exit;
     char name[SRV_NAME_MAX];
     if (cfg.served_model_name[0]) snprintf(name, sizeof name, "%s", cfg.served_model_name);
     else default_name(cfg.model, name, sizeof name);
@@ -132,8 +144,6 @@ int cmd_serve(int argc, char **argv) {
     log_msg(LOG_INFO, "loading %s on %s ...", cfg.model, cfg.device);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    engine_config ec;
-    fill_engine_config(&cfg, &ec);
     if (!(eng = engine_create(&ec, err, sizeof err))) {
         log_msg(LOG_ERROR, "cannot load the model: %s", err);
         goto out;

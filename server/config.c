@@ -33,6 +33,11 @@ static const cfg_key keys[] = {
     {"draft_model", STR(draft_model), 0, 0, "draft model for speculative decoding"},
     {"num_draft_tokens", K_INT, OFF(num_draft_tokens), 0, 0, 15, "draft tokens per step k (0 = engine default)"},
     {"draft_layers", K_INT, OFF(draft_layers), 0, 0, 1e6, "self-speculation with the target's first N layers"},
+    {"tensor_parallel_size", K_INT, OFF(tensor_parallel_size), 0, 1, 256, "ranks (processes) the model is sharded over; rank 0 serves HTTP"},
+    {"nnodes", K_INT, OFF(nnodes), 0, 1, 256, "hosts taking part in tensor parallelism"},
+    {"node_rank", K_INT, OFF(node_rank), 0, 0, 255, "this host's index among nnodes"},
+    {"master_addr", STR(master_addr), 0, 0, "rank 0's address for the tensor-parallel rendezvous"},
+    {"master_port", K_INT, OFF(master_port), 0, 1, 65535, "rank 0's port for the tensor-parallel rendezvous"},
     {"host", STR(host), 0, 0, "address to listen on"},
     {"port", K_INT, OFF(port), 0, 0, 65535, "TCP port (0 = any free port)"},
     {"served_model_name", STR(served_model_name), 0, 0, "model name clients must send (default: model file/dir name)"},
@@ -62,6 +67,10 @@ void srv_config_defaults(srv_config *c) {
     c->max_batch = 64;
     c->mem_fraction = 0.9;
     snprintf(c->device, sizeof c->device, "cpu");
+    c->tensor_parallel_size = 1;
+    c->nnodes = 1;
+    snprintf(c->master_addr, sizeof c->master_addr, "127.0.0.1");
+    c->master_port = 29533;
     c->max_body_bytes = 4 << 20;
     c->max_queued = 1024;
     c->request_timeout = 600;

@@ -22,6 +22,11 @@ typedef struct {
     char draft_model[SRV_PATH_MAX];     /* "" = no draft */
     int num_draft_tokens;               /* 0 = engine default (4) */
     int draft_layers;                   /* 0 = off */
+    int tensor_parallel_size;           /* ranks over all nodes (1 = off) */
+    int nnodes;                         /* hosts taking part */
+    int node_rank;                      /* this host's index */
+    char master_addr[SRV_NAME_MAX];     /* rank 0's address for the rendezvous */
+    int master_port;
     char host[SRV_NAME_MAX];
     int port;
     char served_model_name[SRV_NAME_MAX]; /* "" = basename of model */

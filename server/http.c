@@ -547,6 +547,11 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, int 
     return 0;
 }
 
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    log_vmsg(LOG_DEBUG, fmt, ap);
+}
+
 http_server *http_start(const srv_config *cfg, const char *model_name, loop *l, metrics *m,
                         char *err, size_t errlen) {
     http_server *s = calloc(1, sizeof *s);
@@ -559,12 +564,15 @@ http_server *http_start(const srv_config *cfg, const char *model_name, loop *l, 
     struct sockaddr_storage ss;
     int family = AF_INET;
     if (resolve(cfg->host, cfg->port, &ss, &family, err, errlen)) goto fail;
+    /* MHD's own messages (mostly clients that went away mid-response, which the loop
+     * already handles) go to our log at debug level, not raw to stderr. */
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
                             MHD_OPTION_END);

@@ -63,12 +63,18 @@ static void emit_json(json_t *o) {
 }
 
 void log_msg(log_level level, const char *fmt, ...) {
-    if (!log_enabled(level)) return;
-    char msg[2048], ts[40];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    log_vmsg(level, fmt, ap);
     va_end(ap);
+}
+
+void log_vmsg(log_level level, const char *fmt, va_list ap) {
+    if (!log_enabled(level)) return;
+    char msg[2048], ts[40];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t len = strlen(msg);
+    while (len && msg[len - 1] == '\n') msg[--len] = 0;   /* MHD's messages end in a newline */
     timestamp(ts, sizeof ts);
     if (g_json) {
         emit_json(json_pack("{s:s, s:s, s:s}", "ts", ts, "level", log_level_name(level),

@@ -19,6 +19,8 @@ int log_enabled(log_level level);
 
 /* printf-style message at a level. */
 void log_msg(log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#include <stdarg.h>
+void log_vmsg(log_level level, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 /* The one line per finished request. Times in seconds; ttft < 0 when no token came. */
 typedef struct {

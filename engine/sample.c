@@ -56,19 +56,63 @@ int sample_argmax(const float *logits, int vocab) {
     return best;
 }
 
+/* Candidates are ordered by probability, descending, ties by id: a strict total order,
+ * so "the first c" is well defined and partial selection agrees with a full sort. */
+static int better(const float *v, int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+
 static int cmp_desc(const void *a, const void *b, void *ctx) {
-    const float *vals = ctx;
-    float x = vals[*(const int *)a], y = vals[*(const int *)b];
-    if (x > y) return -1;
-    if (x < y) return 1;
-    return *(const int *)a - *(const int *)b;
+    const float *v = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    return better(v, x, y) ? -1 : better(v, y, x) ? 1 : 0;
 }
 
-/* Sort candidate ids by probability, descending. A full sort: vocabularies are ~1e5
- * and this runs once per sampled token on the host path, where the forward pass costs
- * far more. */
-static void sort_desc(const float *vals, int *idx, int m) {
-    qsort_r(idx, (size_t)m, sizeof(int), cmp_desc, (void *)vals);
+/* Rearrange idx[0..n) so that idx[0..k) are its k best (in any order): quickselect, O(n).
+ * Vocabularies are ~1e5 and a full sort per sampled token would cost milliseconds. */
+static void select_top(const float *v, int *idx, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi && want >= lo && want <= hi) {
+        int pv = idx[lo + (hi - lo) / 2], i = lo, j = hi;
+        while (i <= j) {
+            while (better(v, idx[i], pv)) i++;
+            while (better(v, pv, idx[j])) j--;
+            if (i <= j) {
+                int t = idx[i];
+                idx[i++] = idx[j];
+                idx[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+}
+
+/* top-k then top-p over the probability vector p (vocab entries; ids with p > 0 are the
+ * candidates): zeroes every token outside the kept set. idx: vocab ints of scratch. */
+static void filter_top_k_p(float *p, int vocab, int top_k, float top_p, int *idx) {
+    int m = 0;
+    for (int i = 0; i < vocab; i++)
+        if (p[i] > 0) idx[m++] = i;
+    int keep = top_k > 0 && top_k < m ? top_k : m;
+    if (keep < m) select_top(p, idx, m, keep);
+    if (top_p > 0 && top_p < 1.0f) {
+        double tot = 0;
+        for (int i = 0; i < keep; i++) tot += p[idx[i]];
+        /* the smallest prefix whose mass reaches top_p (at least one token): sort a few
+         * best candidates, widen only while the mass is not reached */
+        for (int c = keep < 64 ? keep : 64;; c = c * 4 < keep ? c * 4 : keep) {
+            select_top(p, idx, keep, c);
+            qsort_r(idx, (size_t)c, sizeof(int), cmp_desc, p);
+            double cum = 0;
+            int j = 0;
+            while (j < c && cum < top_p) cum += p[idx[j++]] / tot;
+            if (cum >= top_p || c == keep) {
+                keep = j < 1 ? 1 : j;
+                break;
+            }
+        }
+    }
+    for (int i = keep; i < m; i++) p[idx[i]] = 0;
 }
 
 void sample_probs(float *logits, int vocab, const sample_params *p, int *scratch) {
@@ -85,33 +129,15 @@ void sample_probs(float *logits, int vocab, const sample_params *p, int *scratch
         sum += e;
     }
     for (int i = 0; i < vocab; i++) logits[i] = (float)(logits[i] / sum);
-    int filt_k = p->top_k > 0 && p->top_k < vocab;
-    int filt_p = p->top_p > 0 && p->top_p < 1.0f;
+    /* HF's order: temperature, top-k, top-p (over the top-k set), min-p */
+    if ((p->top_k > 0 && p->top_k < vocab) || (p->top_p > 0 && p->top_p < 1.0f))
+        filter_top_k_p(logits, vocab, p->top_k, p->top_p, scratch);
     if (p->min_p > 0) {
         float pmax = 0;
         for (int i = 0; i < vocab; i++) pmax = logits[i] > pmax ? logits[i] : pmax;
         float th = p->min_p * pmax;
         for (int i = 0; i < vocab; i++)
             if (logits[i] < th) logits[i] = 0;
-    }
-    if (filt_k || filt_p) {
-        int m = 0;
-        for (int i = 0; i < vocab; i++)
-            if (logits[i] > 0) scratch[m++] = i;
-        sort_desc(logits, scratch, m);
-        int keep = filt_k && p->top_k < m ? p->top_k : m;
-        if (filt_p) {
-            double tot = 0, cum = 0;
-            for (int i = 0; i < keep; i++) tot += logits[scratch[i]];
-            int j = 0;
-            /* keep the smallest prefix whose mass reaches top_p (at least one token) */
-            for (; j < keep; j++) {
-                cum += logits[scratch[j]] / tot;
-                if (cum >= p->top_p) { j++; break; }
-            }
-            keep = j < 1 ? 1 : j;
-        }
-        for (int i = keep; i < m; i++) logits[scratch[i]] = 0;
     }
     double s = 0;
     for (int i = 0; i < vocab; i++) s += logits[i];

@@ -270,7 +270,9 @@ static void test_tp_spawn_local_env_and_child_exit(void **st) {
     fprintf(stderr, "  watchdog: %s\n", f.why);
     assert_true(atomic_load(&f.fired));
     assert_non_null(strstr(f.why, "ended: exit 3"));
-    assert_int_equal(tp_children_stop(ch, 1000), 1);   /* they exited non-zero */
+    /* the watchdog fired on the first exit; let the other finish its file on its own */
+    assert_int_equal(tp_children_wait(ch, 5000), 1);   /* all exited, non-zero */
+    assert_int_equal(tp_children_stop(ch, 1000), 1);
     tp_children_free(ch);
     for (int r = 1; r <= 2; r++) {
         char p[600], line[256] = "", want[256];
@@ -350,6 +352,24 @@ static void test_tp_workers_die_with_launcher(void **st) {
     pid_t kids[2];
     assert_int_equal(read(pfd[0], kids, sizeof kids), (ssize_t)sizeof kids);
     close(pfd[0]);
+    /* Kill the launcher only once both workers run /bin/sleep: they set PR_SET_PDEATHSIG
+     * before exec, so from then on their death must come by SIGKILL (earlier, a worker
+     * that finds its parent gone exits 126 instead - also correct, but not this path). */
+    for (int i = 0; i < 2; i++) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)kids[i]);
+        int64_t end = ms() + 5000;
+        while (ms() < end) {
+            FILE *f = fopen(path, "r");
+            if (f) {
+                if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+                fclose(f);
+            }
+            if (!strncmp(comm, "sleep", 5)) break;
+            usleep(2000);
+        }
+        assert_string_equal(comm, "sleep\n");
+    }
     kill(pid, SIGKILL);
     int status;
     assert_int_equal(wait_exit(pid, 5000, &status), 0);

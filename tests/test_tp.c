@@ -26,38 +26,13 @@
 
 #include "engine/err.h"
 #include "engine/tp.h"
-
-static int64_t ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &l), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
+#include "tests/proc_util.h"
 
 static tp_config cfg(int world, int rank, int port, int timeout_ms) {
     tp_config c = {.world_size = world, .nnodes = 1, .rank = rank, .local_rank = rank,
                    .master_port = port, .timeout_ms = timeout_ms};
     snprintf(c.master_addr, sizeof c.master_addr, "127.0.0.1");
     return c;
-}
-
-/* Exit status of pid, waiting at most timeout_ms (-1 if it did not end). */
-static int wait_exit(pid_t pid, int timeout_ms, int *status) {
-    int64_t end = ms() + timeout_ms;
-    while (ms() < end) {
-        if (waitpid(pid, status, WNOHANG) == pid) return 0;
-        usleep(5000);
-    }
-    return -1;
 }
 
 static void fill_uid(uint8_t *u, unsigned seed) {

@@ -38,38 +38,13 @@
 #include "engine/err.h"
 #include "server/cli.h"
 #include "tests/fixtures.h"
+#include "tests/proc_util.h"
 
 #define STEPS 32
 #define N_PROMPTS 2
 #define LOGIT_TOL 1e-5
 
 static pid_t g_pid = -1;  /* the process a test started (worker or specd), for teardown */
-
-static int64_t ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &l), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-/* Exit status of pid, waiting at most timeout_ms (-1 if it did not end). */
-static int wait_exit(pid_t pid, int timeout_ms, int *status) {
-    int64_t end = ms() + timeout_ms;
-    while (ms() < end) {
-        if (waitpid(pid, status, WNOHANG) == pid) return 0;
-        usleep(5000);
-    }
-    return -1;
-}
 
 /* Kill and reap whatever the test left: its process and any orphans reparented to us. */
 static int teardown(void **st) {

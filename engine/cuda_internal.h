@@ -58,6 +58,7 @@ enum { META_TOKENS, META_TOK_SLOT, META_TOK_J, META_ROW_SLOT, META_ROW_TOK_OFF,
 typedef struct {
     runner base;
     cuda_runner_opts opts;
+    int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
     cuda_model m[2];
     int device, n_sm;
     cudaStream_t stream;
@@ -173,7 +174,12 @@ int cuda_spec_alloc(cuda_runner *r, int k);
 int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen);
 int cuda_spec_step(runner *base, const runner_spec_batch *b);
 void cuda_spec_free(cuda_runner *r);
-/* Tensor-parallel hook: sum a partial [n, hidden] fp32 across ranks (no-op at world 1). */
-int cuda_tp_allreduce(cuda_runner *r, float *buf, size_t n);
+/* Tensor-parallel hook: sum a partial [n, hidden] fp32 across ranks (no-op at world 1 and
+ * for the replicated draft). Enqueued on r->stream, so captured with the pass. */
+int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n);
+/* Wait for r->stream after a step: cudaStreamSynchronize at world 1; with a communicator a
+ * wait with a deadline that also watches NCCL's asynchronous errors (a dead or hung peer
+ * becomes an error, never a hang). Returns 0 or SPECD_ECUDA / SPECD_ETIMEOUT. */
+int cuda_step_sync(cuda_runner *r);
 
 #endif

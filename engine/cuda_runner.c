@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/cuda_internal.h"
+#include "engine/cuda_tp.h"
 #include "engine/err.h"
 
 #define DEC_SPLIT_LEN 64   /* max decode splits = ceil(max_seq_len / 64), capped at 64 */
@@ -150,7 +151,8 @@ static int cuda_forward(runner *base, const runner_batch *b) {
                                   which, r->dummy, s));
         CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * r->dummy, 0, 2 * sizeof(int32_t), s));
     }
-    CU_CHECK(r, cudaStreamSynchronize(s));
+    int rc_sync = cuda_step_sync(r);
+    if (rc_sync) return rc_sync;
     for (int i = 0; i < nr; i++)
         if (row_slot[i] != r->dummy) r->h_len[row_slot[i] * 2 + which] += row_n[i];
     r->h_len[r->dummy * 2] = r->h_len[r->dummy * 2 + 1] = 0;
@@ -276,6 +278,8 @@ void cuda_runner_memory(runner *base, size_t *weights, size_t *graphs, size_t *k
 static void cuda_destroy(runner *base) {
     cuda_runner *r = (cuda_runner *)base;
     if (!r) return;
+    /* A failed group's stream may wait on a dead peer forever: abort NCCL first. */
+    if (r->opts.tp && r->failed) cuda_tp_abort(r->opts.tp);
     if (r->stream) cudaStreamSynchronize(r->stream);
     cuda_destroy_graphs(r);
     cuda_spec_free(r);
@@ -294,6 +298,7 @@ static void cuda_destroy(runner *base) {
     free(r->h_bt);
     free(r->h_len);
     free(r->layer_off);
+    cuda_tp_destroy(r->opts.tp);
     free(r);
 }
 
@@ -401,6 +406,25 @@ fail:
     return SPECD_ECUDA;
 }
 
+/* The minimum of *v over the ranks (an NCCL min all-reduce, then a wait with a deadline). */
+static int agree_min(cuda_runner *r, int *v) {
+    int32_t *d = NULL, h = *v;
+    int rc = SPECD_ECUDA;
+    CU_CHECK(r, cudaMalloc((void **)&d, sizeof h));
+    CU_CHECK(r, cudaMemcpy(d, &h, sizeof h, cudaMemcpyHostToDevice));
+    if (cuda_tp_all_reduce_min_i32(r->opts.tp, d, 1, r->stream)) {
+        cuda_fail(r, __FILE__, __LINE__, "agreeing on the KV pool size", cuda_tp_error(r->opts.tp));
+        goto fail;
+    }
+    if (cuda_step_sync(r)) goto fail;
+    CU_CHECK(r, cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+    *v = h;
+    rc = 0;
+fail:
+    if (d) cudaFree(d);
+    return rc;
+}
+
 runner *runner_cuda_create_ex(const model *target, const model *draft, const runner_config *cfg,
                               const cuda_runner_opts *opts, char *err, size_t errlen) {
     cuda_runner *r = calloc(1, sizeof *r);
@@ -430,12 +454,22 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
                    draft->cfg.vocab, target->cfg.vocab);
         goto fail_free;
     }
-    if (r->opts.world > 1) {
-        specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                   "cuda runner: tensor parallelism (world %d) needs NCCL, not built yet", r->opts.world);
+    if (r->opts.world > 1 && (!r->opts.tp || cuda_tp_world(r->opts.tp) != r->opts.world ||
+                              cuda_tp_rank(r->opts.tp) != r->opts.rank)) {
+        specd_errf(err, errlen, SPECD_EINVAL, "cuda runner: rank %d of %d needs that rank's NCCL communicator",
+                   r->opts.rank, r->opts.world);
         goto fail_free;
     }
+    if (c->random_weights_seed) {
+        r->opts.random_weights = 1;
+        r->opts.seed = c->random_weights_seed;
+    }
     if (c->mem_fraction <= 0 || c->mem_fraction > 1) c->mem_fraction = 0.9;
+    if (r->opts.world > 1 && getenv("SPECD_DEBUG_TP_SKIP_ALLREDUCE") && atoi(getenv("SPECD_DEBUG_TP_SKIP_ALLREDUCE"))) {
+        r->tp_skip_allreduce = 1;
+        fprintf(stderr, "cuda runner: SPECD_DEBUG_TP_SKIP_ALLREDUCE: the all-reduces are left out, results are "
+                        "WRONG (only for timing what the rest of a step costs)\n");
+    }
     r->no_gemv = getenv("SPECD_CUDA_NO_GEMV") && atoi(getenv("SPECD_CUDA_NO_GEMV"));
     r->fixed_splits = getenv("SPECD_CUDA_FIXED_SPLITS") && atoi(getenv("SPECD_CUDA_FIXED_SPLITS"));
     if (c->max_batch > 1024) {
@@ -460,7 +494,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->m[0].pool_layer0 = 0;
     if (draft) {
         r->m[1].pool_layer0 = target->cfg.n_layers;
-        if (cuda_model_load(r, &r->m[1], draft, r->opts.rank, r->opts.world, err, errlen)) goto fail_free;
+        /* The draft is replicated on every rank (docs/tensor-parallel.md): its passes need
+         * no collectives, and small drafts often do not split (llama-draft: 1 KV head). */
+        if (cuda_model_load(r, &r->m[1], draft, 0, 1, err, errlen)) goto fail_free;
         r->m[1].pool_layer0 = target->cfg.n_layers;
     }
 
@@ -522,6 +558,8 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         if (c->kv_bytes && nb > c->kv_bytes / block_bytes + 1) nb = c->kv_bytes / block_bytes + 1;
         if (nb > ((size_t)1 << 30)) nb = (size_t)1 << 30;
         c->num_blocks = (int)nb;
+        /* Block ids are global: every rank takes the smallest count any rank can hold. */
+        if (r->opts.world > 1 && agree_min(r, &c->num_blocks)) goto cuda_err;
     }
     if (c->num_blocks < r->max_blocks + 1) {
         specd_errf(err, errlen, SPECD_ENOSPACE,
@@ -573,3 +611,21 @@ runner *runner_cuda_create(const model *target, const model *draft, const runner
                            char *err, size_t errlen) {
     return runner_cuda_create_ex(target, draft, cfg, NULL, err, errlen);
 }
+
+/* ---- tensor parallelism (runner_tp_create's backend) --------------------------------- */
+
+static int tp_unique_id(uint8_t uid[TP_UID_BYTES], char *err, size_t errlen) {
+    return cuda_tp_get_unique_id(uid, err, errlen);
+}
+
+static runner *tp_create(const tp_config *tp, const uint8_t uid[TP_UID_BYTES], const model *target,
+                         const model *draft, const runner_config *rc, char *err, size_t errlen) {
+    runner_config c = *rc;
+    c.device = tp->local_rank;   /* one GPU per process: local rank k drives GPU k */
+    cuda_tp *t = cuda_tp_create(uid, tp->rank, tp->world_size, c.device, tp->timeout_ms, err, errlen);
+    if (!t) return NULL;
+    cuda_runner_opts o = {.rank = tp->rank, .world = tp->world_size, .tp = t, .quiet = tp->rank != 0};
+    return runner_cuda_create_ex(target, draft, &c, &o, err, errlen);
+}
+
+const runner_tp_backend runner_cuda_tp_backend = {.name = "cuda", .unique_id = tp_unique_id, .create = tp_create};

@@ -10,9 +10,14 @@
 #include <stdint.h>
 
 #include "engine/runner.h"
+#include "engine/runner_tp.h"
+
+struct cuda_tp;
 
 typedef struct {
-    int rank, world;          /* tensor-parallel position; only world == 1 runs today */
+    int rank, world;          /* tensor-parallel position (the target's shard) */
+    struct cuda_tp *tp;       /* world > 1: the NCCL communicator (engine/cuda_tp.h); the
+                                 runner owns it from here on, also when creation fails */
     int random_weights;       /* fill weights on the device from `seed` (benchmarks of
                                  real shapes without host weights; views are ignored) */
     uint64_t seed;
@@ -22,6 +27,12 @@ typedef struct {
 
 runner *runner_cuda_create_ex(const model *target, const model *draft, const runner_config *cfg,
                               const cuda_runner_opts *opts, char *err, size_t errlen);
+
+/* Tensor parallelism on CUDA (runner_tp_create's backend): rank 0 makes the NCCL unique
+ * id, every rank joins the communicator on GPU tp->local_rank and builds a runner on its
+ * shard of the target (draft replicated) whose graphs hold the all-reduces; ranks agree
+ * on the smallest KV pool any of them can hold. */
+extern const runner_tp_backend runner_cuda_tp_backend;
 
 /* Bytes of one KV block (all target + draft layers) in the CUDA runner's bf16 storage. */
 size_t runner_cuda_block_bytes(const model *target, const model *draft, int block_size);

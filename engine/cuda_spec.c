@@ -237,7 +237,7 @@ int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen) {
         fill_in(r, NULL, B);
         /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
         if ((rc = spec_enqueue(r, B))) goto fail;
-        CU_CHECK(r, cudaStreamSynchronize(r->stream));
+        if ((rc = cuda_step_sync(r))) goto fail;
         CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
         rc = spec_enqueue(r, B);
         cudaError_t e = cudaStreamEndCapture(r->stream, &g);
@@ -248,7 +248,7 @@ int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen) {
         CU_CHECK(r, e);
         r->sp_graph_sizes[r->sp_n_graphs++] = B;
         CU_CHECK(r, cudaGraphLaunch(r->sp_graphs[r->sp_n_graphs - 1], r->stream));
-        CU_CHECK(r, cudaStreamSynchronize(r->stream));
+        if ((rc = cuda_step_sync(r))) goto fail;
     }
     return 0;
 fail:
@@ -284,7 +284,8 @@ int cuda_spec_step(runner *base, const runner_spec_batch *b) {
     } else if (spec_enqueue(r, B)) {
         goto fail;
     }
-    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    int rc = cuda_step_sync(r);
+    if (rc) return rc;
     const int32_t *tok = r->h_sp_out, *cnt = tok + (size_t)MB * K1;
     for (int i = 0; i < b->n; i++) {
         int m = cnt[i], s = b->slots[i], L = r->h_len[s * 2];

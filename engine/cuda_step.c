@@ -12,7 +12,9 @@
 #include <string.h>
 
 #include "engine/cuda_internal.h"
+#include "engine/cuda_tp.h"
 #include "engine/err.h"
+#include "engine/runner_tp.h"
 
 #define CUDA_GEMV_MAX_ROWS 2
 
@@ -36,13 +38,25 @@ fail:
     return SPECD_ECUDA;
 }
 
-int cuda_tp_allreduce(cuda_runner *r, float *buf, size_t n) {
-    (void)buf;
-    (void)n;
-    /* world == 1: nothing to sum. An NCCL all-reduce of the residual goes here; rank 0
-     * accumulates its partial into the residual and the others start from zero, so the
-     * sum over ranks is exactly the new residual. */
-    return r->opts.world > 1 ? SPECD_EUNSUPPORTED : 0;
+int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n) {
+    /* Rank 0 accumulated its partial into the residual and the others started from zero,
+     * so the sum over ranks is exactly the new residual, the same bits on every rank. */
+    if (r->opts.world <= 1 || which != RUNNER_TARGET || r->tp_skip_allreduce) return 0;
+    int rc = cuda_tp_all_reduce_f32(r->opts.tp, buf, n, r->stream);
+    if (rc) cuda_fail(r, __FILE__, __LINE__, "all-reduce", cuda_tp_error(r->opts.tp));
+    return rc ? SPECD_ECUDA : 0;
+}
+
+int cuda_step_sync(cuda_runner *r) {
+    if (r->opts.world <= 1) {
+        CU_CHECK(r, cudaStreamSynchronize(r->stream));
+        return 0;
+    }
+    int rc = cuda_tp_wait(r->opts.tp, r->stream, RUNNER_TP_STEP_TIMEOUT_MS);
+    if (rc) cuda_fail(r, __FILE__, __LINE__, "tensor-parallel step", cuda_tp_error(r->opts.tp));
+    return rc;
+fail:
+    return SPECD_ECUDA;
 }
 
 static k_kv_geom kv_geom(const cuda_runner *r, int which, const int32_t *tok_slot,
@@ -61,7 +75,8 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const model_config *c = &cm->c;
     const int n = p->n_tok, hidden = c->hidden, H = cm->H, KVH = cm->KVH, D = cm->D;
     const int qd = H * D, qkvd = (H + 2 * KVH) * D, F = cm->ffn;
-    const float beta_res = r->opts.rank == 0 ? 1.f : 0.f;
+    /* the target's row-parallel partials: only rank 0 adds the residual (see cuda_tp_allreduce) */
+    const float beta_res = r->opts.rank == 0 || p->which != RUNNER_TARGET ? 1.f : 0.f;
     const float scale = 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
@@ -82,13 +97,13 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                                  c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if ((rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res))) return rc;
-        if ((rc = cuda_tp_allreduce(r, r->d_resid, (size_t)n * hidden))) return rc;
+        if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
 
         K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
         K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         if ((rc = gemm(r, L->wdown, hidden, F, r->d_xb, n, r->d_resid, beta_res))) return rc;
-        if ((rc = cuda_tp_allreduce(r, r->d_resid, (size_t)n * hidden))) return rc;
+        if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
     }
     return 0;
 fail:
@@ -206,7 +221,7 @@ int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen) {
         fill_dec_in(r, NULL, B);
         /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
         if ((rc = cuda_enqueue_decode(r, B))) goto fail_rc;
-        CU_CHECK(r, cudaStreamSynchronize(r->stream));
+        if ((rc = cuda_step_sync(r))) goto fail_rc;
         CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
         rc = cuda_enqueue_decode(r, B);
         cudaError_t e = cudaStreamEndCapture(r->stream, &g);
@@ -217,7 +232,7 @@ int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen) {
         CU_CHECK(r, e);
         r->graph_sizes[r->n_graphs++] = B;
         CU_CHECK(r, cudaGraphLaunch(r->graphs[r->n_graphs - 1], r->stream));
-        CU_CHECK(r, cudaStreamSynchronize(r->stream));
+        if ((rc = cuda_step_sync(r))) goto fail_rc;
     }
     return 0;
 fail:
@@ -254,7 +269,8 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     } else if (cuda_enqueue_decode(r, B)) {
         goto fail;
     }
-    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    int rc = cuda_step_sync(r);
+    if (rc) return rc;
     const int32_t *tok = r->h_dec_out;
     const float *lp = (const float *)(tok + MB);
     for (int i = 0; i < b->n; i++) {

@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,9 @@ static pthread_once_t n_once = PTHREAD_ONCE_INIT;
 static void nccl_load(void) {
     /* NCCL reads its environment once, at its first call: NVLink SHARP (multicast) off. */
     setenv("NCCL_NVLS_ENABLE", "0", 1);
+    /* Connect every channel at init rather than at a collective's first use, which may be
+     * inside a CUDA graph capture (a user's setting wins). */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     const char *names[] = {getenv("SPECD_NCCL_LIB"), "libnccl.so.2", "libnccl.so"};
     for (size_t i = 0; i < 3 && !N.lib; i++)
         if (names[i] && *names[i]) N.lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
@@ -183,19 +187,23 @@ const char *cuda_tp_error(const cuda_tp *t) { return t ? t->err : ""; }
  * proxy setup on a first use. */
 #define ENQUEUE_TIMEOUT_MS 60000
 
-static int all_reduce(cuda_tp *t, void *buf, size_t count, ncclDataType_t dt, void *stream) {
+static int all_reduce(cuda_tp *t, void *buf, size_t count, ncclDataType_t dt, ncclRedOp_t op, void *stream) {
     if (!t || (!buf && count)) return SPECD_EINVAL;
     if (atomic_load(&t->aborted)) return SPECD_ESTATE;
-    ncclResult_t r = N.AllReduce(buf, buf, count, dt, ncclSum, t->comm, (cudaStream_t)stream);
+    ncclResult_t r = N.AllReduce(buf, buf, count, dt, op, t->comm, (cudaStream_t)stream);
     return settle(t, r, "ncclAllReduce", ENQUEUE_TIMEOUT_MS);
 }
 
 int cuda_tp_all_reduce_bf16(cuda_tp *t, void *buf, size_t count, void *stream) {
-    return all_reduce(t, buf, count, ncclBfloat16, stream);
+    return all_reduce(t, buf, count, ncclBfloat16, ncclSum, stream);
 }
 
 int cuda_tp_all_reduce_f32(cuda_tp *t, void *buf, size_t count, void *stream) {
-    return all_reduce(t, buf, count, ncclFloat32, stream);
+    return all_reduce(t, buf, count, ncclFloat32, ncclSum, stream);
+}
+
+int cuda_tp_all_reduce_min_i32(cuda_tp *t, void *buf, size_t count, void *stream) {
+    return all_reduce(t, buf, count, ncclInt32, ncclMin, stream);
 }
 
 int cuda_tp_bcast(cuda_tp *t, void *buf, size_t bytes, int root, void *stream) {
@@ -216,7 +224,7 @@ int cuda_tp_check(cuda_tp *t) {
 
 int cuda_tp_wait(cuda_tp *t, void *stream, int timeout_ms) {
     if (!t) return SPECD_EINVAL;
-    int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 60000);
+    int64_t start = now_ms(), deadline = start + (timeout_ms > 0 ? timeout_ms : 60000), last_check = start;
     for (;;) {
         cudaError_t ce = cudaStreamQuery((cudaStream_t)stream);
         if (ce == cudaSuccess) return cuda_tp_check(t);
@@ -225,10 +233,18 @@ int cuda_tp_wait(cuda_tp *t, void *stream, int timeout_ms) {
             cuda_tp_abort(t);
             return SPECD_ECUDA;
         }
-        int rc = cuda_tp_check(t);
-        if (rc) return rc;
-        if (now_ms() > deadline) return fail(t, SPECD_ETIMEOUT, "step did not finish (a peer rank hung?)", ncclSuccess);
-        usleep(50);
+        /* A decode step takes milliseconds: spin (yielding) for the first 20 ms so the
+         * step's end is seen at once, then sleep between polls; look at NCCL's async error
+         * state once a millisecond. */
+        int64_t now = now_ms();
+        if (now != last_check) {
+            last_check = now;
+            int rc = cuda_tp_check(t);
+            if (rc) return rc;
+            if (now > deadline) return fail(t, SPECD_ETIMEOUT, "step did not finish (a peer rank hung?)", ncclSuccess);
+        }
+        if (now - start < 20) sched_yield();
+        else usleep(100);
     }
 }
 

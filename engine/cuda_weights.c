@@ -2,11 +2,12 @@
  * (tensor_to_bf16 also dequantizes GGUF and undoes its Q/K permutation), fuses Q|K|V and
  * gate|up into one matrix each so one GEMM serves them, and copies this rank's slice to
  * the device. Tensor parallelism (rank of world) splits Q/K/V/gate/up by output rows
- * (heads / intermediate) and O/down by input columns; only world == 1 runs today, and
- * the split is here so a multi-GPU runner needs no new loader.
+ * (heads / intermediate) and O/down by input columns (the same offsets as shard.c, which
+ * tests/test_shard.c checks on the CPU); embedding, lm_head and norms are replicated.
  *
  * With opts.random_weights the views are ignored and weights are filled on the device
- * (uniform, std 0.02; norms near 1), so benchmarks of 8B shapes need no host weights. */
+ * (uniform, std 0.02; norms near 1), so benchmarks of 8B shapes need no host weights;
+ * a shard's fill is its slice of the unsharded fill. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,29 +90,43 @@ static uint64_t mix_seed(uint64_t seed, uint64_t tag) {
 }
 
 /* Random device weights: std 0.02 for matrices (uniform +-0.02*sqrt(3)), norms in
- * [0.9, 1.1], biases +-0.02. */
-static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed) {
+ * [0.9, 1.1], biases +-0.02. Each logical tensor (q, k, v, o, gate, up, down, ...) has its
+ * own stream indexed by its unsharded element index, so rank `rank` of a group holds
+ * exactly its slice of what one GPU holds: TP 2 and TP 1 run the same model. */
+static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank) {
     const model_config *c = &cm->c;
-    int hidden = c->hidden, D = cm->D, qkv = (cm->H + 2 * cm->KVH) * D;
+    const size_t hidden = (size_t)c->hidden, D = (size_t)cm->D, H = (size_t)cm->H, KVH = (size_t)cm->KVH;
+    const size_t F = (size_t)cm->ffn, qd = H * D, kd = KVH * D, rk = (size_t)rank;
+    const size_t full_qd = (size_t)c->n_heads * D, full_F = (size_t)c->ffn;
     float a = 0.02f * sqrtf(3.f);
     uint64_t tag = 0;
-    K_CHECK(r, k_fill_uniform_bf16(cm->embed, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, r->stream));
+    cudaStream_t st = r->stream;
+    K_CHECK(r, k_fill_uniform_bf16(cm->embed, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, st));
     if (cm->lm_head != cm->embed)
-        K_CHECK(r, k_fill_uniform_bf16(cm->lm_head, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, r->stream));
-    K_CHECK(r, k_fill_uniform_f32(cm->out_norm, (size_t)hidden, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
+        K_CHECK(r, k_fill_uniform_bf16(cm->lm_head, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, st));
+    K_CHECK(r, k_fill_uniform_f32(cm->out_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &cm->layers[l];
-        K_CHECK(r, k_fill_uniform_bf16(L->wqkv, (size_t)qkv * hidden, mix_seed(seed, tag++), a, r->stream));
-        K_CHECK(r, k_fill_uniform_bf16(L->wo, (size_t)hidden * cm->H * D, mix_seed(seed, tag++), a, r->stream));
-        K_CHECK(r, k_fill_uniform_bf16(L->wgu, (size_t)2 * cm->ffn * hidden, mix_seed(seed, tag++), a, r->stream));
-        K_CHECK(r, k_fill_uniform_bf16(L->wdown, (size_t)hidden * cm->ffn, mix_seed(seed, tag++), a, r->stream));
-        K_CHECK(r, k_fill_uniform_f32(L->attn_norm, (size_t)hidden, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
-        K_CHECK(r, k_fill_uniform_f32(L->ffn_norm, (size_t)hidden, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
-        if (L->bqkv) K_CHECK(r, k_fill_uniform_f32(L->bqkv, (size_t)qkv, mix_seed(seed, tag++), -0.02f, 0.02f, r->stream));
-        if (L->q_norm) K_CHECK(r, k_fill_uniform_f32(L->q_norm, (size_t)D, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
-        if (L->k_norm) K_CHECK(r, k_fill_uniform_f32(L->k_norm, (size_t)D, mix_seed(seed, tag++), 0.9f, 1.1f, r->stream));
+        uint16_t *q = L->wqkv, *k = q + qd * hidden, *v = k + kd * hidden;
+        K_CHECK(r, k_fill_uniform_bf16_slice(q, qd, hidden, rk * qd, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(k, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(v, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wo, hidden, qd, 0, rk * qd, full_qd, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu, F, hidden, rk * F, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu + F * hidden, F, hidden, rk * F, 0, hidden,
+                                             mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wdown, hidden, F, 0, rk * F, full_F, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_f32(L->attn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        K_CHECK(r, k_fill_uniform_f32(L->ffn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        if (L->bqkv) {
+            K_CHECK(r, k_fill_uniform_f32_at(L->bqkv, qd, rk * qd, mix_seed(seed, tag++), -0.02f, 0.02f, st));
+            K_CHECK(r, k_fill_uniform_f32_at(L->bqkv + qd, kd, rk * kd, mix_seed(seed, tag++), -0.02f, 0.02f, st));
+            K_CHECK(r, k_fill_uniform_f32_at(L->bqkv + qd + kd, kd, rk * kd, mix_seed(seed, tag++), -0.02f, 0.02f, st));
+        }
+        if (L->q_norm) K_CHECK(r, k_fill_uniform_f32(L->q_norm, D, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        if (L->k_norm) K_CHECK(r, k_fill_uniform_f32(L->k_norm, D, mix_seed(seed, tag++), 0.9f, 1.1f, st));
     }
-    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    CU_CHECK(r, cudaStreamSynchronize(st));
     return 0;
 fail:
     return SPECD_ECUDA;
@@ -217,7 +232,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     CU_CHECK(r, cudaMemcpy(cm->inv_freq, inv, D / 2 * 4, cudaMemcpyHostToDevice));
 
     if (r->opts.random_weights) {
-        if ((rc = fill_random(r, cm, mix_seed(r->opts.seed, (uint64_t)cm->pool_layer0))))
+        if ((rc = fill_random(r, cm, mix_seed(r->opts.seed, (uint64_t)cm->pool_layer0), rank)))
             goto cuda_err;
     } else {
         if ((rc = check_view(&m->tok_embd, c->vocab, c->hidden, "embed_tokens", -1, err, errlen)) ||

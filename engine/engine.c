@@ -11,6 +11,9 @@
 
 #include "engine/engine_internal.h"
 #include "engine/err.h"
+#ifdef SPECD_HAVE_CUDA
+#include "engine/cuda_runner.h"
+#endif
 
 /* ---- configuration ------------------------------------------------------------------- */
 
@@ -53,19 +56,33 @@ static size_t weight_bytes_f32(const model *m) {
 
 /* ---- creation ------------------------------------------------------------------------ */
 
+/* A random model of a named real shape: made on the device by the CUDA runner, here on
+ * the CPU. */
+static model *shape_model(const engine_config *c, const char *name, uint64_t seed, char *err, size_t errlen) {
+    model_config mc;
+    if (model_shape_preset(name, &mc)) {
+        specd_errf(err, errlen, SPECD_ENOTFOUND, "unknown shape '%s' (llama-3.1-8b, llama-3.2-1b, "
+                   "qwen2.5-1.5b, qwen3-1.7b)", name);
+        return NULL;
+    }
+    return c->device == ENGINE_DEVICE_CUDA ? model_shape(&mc, err, errlen) : model_random(&mc, seed, err, errlen);
+}
+
 static int load_draft(engine *e, char *err, size_t errlen) {
     const engine_config *c = &e->cfg;
-    if (c->draft_path && c->draft_layers > 0)
+    if (!!c->draft_path + !!c->draft_random_shape + (c->draft_layers > 0) > 1)
         return specd_errf(err, errlen, SPECD_EINVAL,
-                          "--draft-model and --draft-layers are exclusive: pick one");
-    if (c->draft_path) {
-        e->draft = model_load(c->draft_path, err, errlen);
+                          "--draft-model, --draft-shape and --draft-layers are exclusive: pick one");
+    if (c->draft_path || c->draft_random_shape) {
+        e->draft = c->draft_path ? model_load(c->draft_path, err, errlen)
+                                 : shape_model(c, c->draft_random_shape, 2, err, errlen);
         if (!e->draft) return SPECD_EINVAL;
         if (e->draft->cfg.vocab != e->target->cfg.vocab)
             return specd_errf(err, errlen, SPECD_EINVAL,
                               "draft model %s has a vocabulary of %d tokens, target %d: the draft "
                               "must share the target's tokenizer",
-                              c->draft_path, e->draft->cfg.vocab, e->target->cfg.vocab);
+                              c->draft_path ? c->draft_path : c->draft_random_shape, e->draft->cfg.vocab,
+                              e->target->cfg.vocab);
         e->draft_used = e->draft;
     } else if (c->draft_layers > 0) {
         if (c->draft_layers >= e->target->cfg.n_layers)
@@ -89,6 +106,7 @@ static int load_draft(engine *e, char *err, size_t errlen) {
 static int load_tokenizer(engine *e, char *err, size_t errlen) {
     const char *tp = e->cfg.tokenizer_path ? e->cfg.tokenizer_path : e->cfg.model_path;
     char terr[512] = "";
+    if (e->cfg.random_shape && !e->cfg.tokenizer_path) return 0;   /* token ids only */
     e->tok = tok_load(tp, terr, sizeof terr);
     if (!e->tok) {
         if (e->cfg.tokenizer_path)
@@ -191,10 +209,6 @@ static int check_config(engine *e, char *err, size_t errlen) {
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "this build has no CUDA support (built without nvcc)");
 #endif
     if (c->tp.world_size <= 1) return 0;
-    if (c->device == ENGINE_DEVICE_CUDA)
-        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                          "--tensor-parallel-size runs on --device cpu only for now (the CUDA runner's "
-                          "NCCL integration is not done: docs/tensor-parallel.md)");
     if (c->tp.nnodes < 1)
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
                           "--tensor-parallel-size: this command does not start tensor-parallel ranks yet "
@@ -214,11 +228,9 @@ static int check_config(engine *e, char *err, size_t errlen) {
 static int load_target(engine *e, char *err, size_t errlen) {
     engine_config *c = &e->cfg;
     if (c->random_shape) {
-        model_config mc;
-        if (model_shape_preset(c->random_shape, &mc))
-            return specd_errf(err, errlen, SPECD_ENOTFOUND, "unknown shape '%s' (llama-3.1-8b, llama-3.2-1b, "
-                              "qwen2.5-1.5b, qwen3-1.7b)", c->random_shape);
-        if (!(e->target = model_random(&mc, 1, err, errlen))) return SPECD_EINVAL;
+        /* On CUDA the runner fills the weights on the device (no host copy of an 8B shape);
+         * on the CPU they are made here. Both are deterministic from the seed. */
+        if (!(e->target = shape_model(c, c->random_shape, 1, err, errlen))) return SPECD_EINVAL;
         c->model_path = c->random_shape;
     } else if (!(e->target = model_load(c->model_path, err, errlen))) {
         return SPECD_EINVAL;
@@ -239,6 +251,7 @@ static runner_config make_runner_config(const engine *e) {
         .threads = c->threads, .mem_fraction = c->mem_fraction, .kv_bytes = c->kv_bytes,
         .num_draft_tokens = e->k,
         .rope_bf16_freqs = c->rope_bf16_freqs,
+        .random_weights_seed = c->random_shape && c->device == ENGINE_DEVICE_CUDA ? 1 : 0,
     };
     rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);
     return rc;
@@ -247,7 +260,12 @@ static runner_config make_runner_config(const engine *e) {
 /* This rank's runner in the group; rank 0 also watches the other ranks. */
 static int join_tp(engine *e, runner_config *rc, char *err, size_t errlen) {
     const engine_config *c = &e->cfg;
-    if (!(e->run = runner_tp_create(&c->tp, e->target, e->draft_used, rc, &e->tp, err, errlen))) return SPECD_EIO;
+    const runner_tp_backend *be = NULL;   /* the CPU runner */
+#ifdef SPECD_HAVE_CUDA
+    if (c->device == ENGINE_DEVICE_CUDA) be = &runner_cuda_tp_backend;
+#endif
+    if (!(e->run = runner_tp_create(&c->tp, be, e->target, e->draft_used, rc, &e->tp, err, errlen)))
+        return SPECD_EIO;
     tp_watchdog_stop(e->tp_wd);   /* the start-up one; a death in between is still seen */
     e->tp_wd = NULL;
     if (c->tp.rank == 0 && c->tp_fail &&
@@ -325,11 +343,12 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
                 (e->run->cfg.num_blocks - 1) * c->block_size, c->max_seq_len, c->max_batch,
                 e->k ? ", speculative" : "");
         if (c->tp.world_size > 1)
-            fprintf(stderr, "specd: tensor parallel over %d CPU ranks (this is rank 0; draft replicated)\n",
-                    c->tp.world_size);
+            fprintf(stderr, "specd: tensor parallel over %d %s ranks (this is rank 0; draft replicated)\n",
+                    c->tp.world_size, c->device == ENGINE_DEVICE_CUDA ? "GPU" : "CPU");
         if (e->k)
             fprintf(stderr, "specd: draft %s (%d layers), k = %d\n",
-                    c->draft_path ? c->draft_path : "target prefix", e->draft_used->cfg.n_layers, e->k);
+                    c->draft_path ? c->draft_path : c->draft_random_shape ? c->draft_random_shape : "target prefix",
+                    e->draft_used->cfg.n_layers, e->k);
     }
     return e;
 fail:

@@ -27,6 +27,7 @@ typedef struct {
                                    * shape (model_shape_preset), for benchmarks */
     const char *tokenizer_path;   /* NULL: from model_path */
     const char *draft_path;       /* NULL: no draft model */
+    const char *draft_random_shape; /* instead of draft_path: random weights of a named shape */
     int draft_layers;             /* > 0: self-speculation with the target's first N layers */
     int num_draft_tokens;         /* k (default 4 when a draft is given) */
     engine_device device;

@@ -881,6 +881,28 @@ static uint64_t rand_all(rand_ctx *r, const model_config *c) {
     return total;
 }
 
+model *model_shape(const model_config *cfg, char *err, size_t errlen) {
+    if (!cfg) {
+        specd_errf(err, errlen, SPECD_EINVAL, "model_shape: no config");
+        return NULL;
+    }
+    if (check_config(cfg, "model shape", err, errlen)) return NULL;
+    model *m = calloc(1, sizeof *m);
+    model_priv *p = calloc(1, sizeof *p);
+    if (m) m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    if (!m || !p || !m->layers) {
+        if (m) free(m->layers);
+        free(m);
+        free(p);
+        specd_errf(err, errlen, SPECD_ENOMEM, "model_shape: out of memory");
+        return NULL;
+    }
+    m->priv = p;
+    m->cfg = *cfg;
+    snprintf(m->path, sizeof m->path, "shape:%s", cfg->arch_name);
+    return m;
+}
+
 model *model_random(const model_config *cfg, uint64_t seed, char *err, size_t errlen) {
     model *m = NULL;
     model_priv *p = NULL;

@@ -92,6 +92,10 @@ void model_free(model *m);
 /* Build a model with random weights in memory (fp32 views owned by the model), for
  * tests and benchmarks of real shapes. Config fields not needed are zero. */
 model *model_random(const model_config *cfg, uint64_t seed, char *err, size_t errlen);
+/* A model of `cfg`'s shape with no tensors (every view empty): for runners that make
+ * their own weights (runner_config.random_weights_seed on the CUDA runner), so that an
+ * 8B shape costs no host memory. Free with model_free. */
+model *model_shape(const model_config *cfg, char *err, size_t errlen);
 
 /* Elements of a view (rows*cols or n). */
 int64_t tensor_numel(const tensor_view *t);

@@ -43,13 +43,19 @@ typedef struct {
      * reference whose rotary buffer was held in bf16, as the fixtures' was. Off by default,
      * as in transformers' own bf16 inference and vLLM. */
     int rope_bf16_freqs;
-    /* Tensor parallelism (CPU runner; see docs/tensor-parallel.md). With tp_world > 1 the
+    /* CUDA runner: when nonzero the model's tensors are not read (it may be a model_shape)
+     * and the weights are filled on the device with uniform random values from this seed:
+     * benchmarks of real shapes without host weights. The CPU runner refuses it. */
+    uint64_t random_weights_seed;
+    /* Tensor parallelism (see docs/tensor-parallel.md). With tp_world > 1 the
      * runner holds shard tp_rank of the TARGET (shard_model: its Q/KV heads and ffn rows,
      * so its pool holds n_kv_heads / tp_world heads per target layer) and calls
      * allreduce(allreduce_ctx, buf, n) -- an in-place sum over all ranks that leaves the
      * same bits on every rank -- on the [n_tokens, hidden] partial outputs of the O and
      * down projections. Embedding, lm_head and the draft are replicated: every rank
-     * computes the same full logits and the same draft tokens. 0 / 1: no parallelism. */
+     * computes the same full logits and the same draft tokens. 0 / 1: no parallelism.
+     * The CPU runner calls the hook; the CUDA runner ignores it and all-reduces with the
+     * NCCL communicator it is given (runner_cuda_tp_backend, engine/cuda_runner.h). */
     int tp_rank, tp_world;
     int (*allreduce)(void *ctx, float *buf, size_t n);
     void *allreduce_ctx;

@@ -682,6 +682,11 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
                    draft->cfg.vocab, target->cfg.vocab);
         return NULL;
     }
+    if (cfg->random_weights_seed) {
+        specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                   "cpu runner: weights filled on the device (random_weights_seed) are a CUDA runner option");
+        return NULL;
+    }
 #if defined(__x86_64__)
     __builtin_cpu_init();
     g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

@@ -42,6 +42,7 @@ typedef struct {
     runner_ops ops;          /* local's optional ops decide which of ours exist */
     runner *local;
     tp_comm *t;
+    char name[48];
     uint8_t *buf;            /* encoded payload */
     size_t cap;
     int failed;              /* a broadcast failed: the group is broken for good */
@@ -192,8 +193,9 @@ runner *runner_tp_wrap(runner *local, tp_comm *t, char *err, size_t errlen) {
         specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
         return NULL;
     }
+    snprintf(r->name, sizeof r->name, "tp%d(%s)", tp_comm_world(t), local->ops->name);
     r->ops = (runner_ops){
-        .name = "tp",
+        .name = r->name,
         .forward = tpr_forward,
         .slot_write_blocks = tpr_slot_write_blocks,
         .slot_set_len = tpr_slot_set_len,
@@ -384,12 +386,13 @@ static int model_sig(const model *target, const model *draft, int32_t *s) {
     return n;
 }
 
-runner *runner_tp_create(const tp_config *tp, const model *target, const model *draft, runner_config *rc,
-                         tp_comm **comm, char *err, size_t errlen) {
+runner *runner_tp_create(const tp_config *tp, const runner_tp_backend *be, const model *target,
+                         const model *draft, runner_config *rc, tp_comm **comm, char *err, size_t errlen) {
     uint8_t uid[TP_UID_BYTES] = {0};   /* no NCCL on the CPU: the id is unused */
     int32_t sig[16];
     *comm = NULL;
     if (shard_check(&target->cfg, tp->world_size, err, errlen)) return NULL;
+    if (be && be->unique_id && tp->rank == 0 && be->unique_id(uid, err, errlen)) return NULL;
     tp_comm *t = tp_rendezvous(tp, uid, err, errlen);
     if (!t) return NULL;
     if (runner_tp_share_config(t, rc, sig, model_sig(target, draft, sig), tp->timeout_ms, err, errlen)) {
@@ -398,9 +401,15 @@ runner *runner_tp_create(const tp_config *tp, const model *target, const model *
     }
     rc->tp_rank = tp->rank;
     rc->tp_world = tp->world_size;
-    rc->allreduce = runner_tp_allreduce;
-    rc->allreduce_ctx = t;
-    runner *local = runner_cpu_create(target, draft, rc, err, errlen), *r = local;
+    runner *local;
+    if (be) {
+        local = be->create(tp, uid, target, draft, rc, err, errlen);
+    } else {
+        rc->allreduce = runner_tp_allreduce;
+        rc->allreduce_ctx = t;
+        local = runner_cpu_create(target, draft, rc, err, errlen);
+    }
+    runner *r = local;
     if (local && tp->rank == 0 && !(r = runner_tp_wrap(local, t, err, errlen))) runner_destroy(local);
     if (!r) {
         tp_comm_close(t);   /* the other ranks see us go and fail too */

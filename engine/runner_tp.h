@@ -22,6 +22,7 @@
 #define SPECD_RUNNER_TP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/runner.h"
 #include "engine/tp.h"
@@ -49,12 +50,28 @@ int runner_tp_allreduce(void *ctx, float *buf, size_t n);
 int runner_tp_share_config(tp_comm *t, runner_config *rc, const int32_t *model_sig, int n_sig,
                            int timeout_ms, char *err, size_t errlen);
 
+/* How a rank builds its local runner. The CPU one (NULL backend) shards the target with
+ * shard_model and all-reduces over TCP; the CUDA one (runner_cuda_tp_backend, in
+ * engine/cuda_runner.c) makes an NCCL communicator from the unique id rank 0 shares at the
+ * rendezvous and all-reduces inside the CUDA graphs. */
+typedef struct {
+    const char *name;
+    /* rank 0, before the rendezvous: the id every rank joins with (NULL: zeros) */
+    int (*unique_id)(uint8_t uid[TP_UID_BYTES], char *err, size_t errlen);
+    /* every rank, after the start-up agreement: this rank's runner. rc's sizes are rank 0's;
+     * rc->num_blocks == 0 means "size from free memory", and the backend must then make
+     * every rank agree on one count (block ids are global). */
+    runner *(*create)(const tp_config *tp, const uint8_t uid[TP_UID_BYTES], const model *target,
+                      const model *draft, const runner_config *rc, char *err, size_t errlen);
+} runner_tp_backend;
+
 /* Join the group described by `tp` and create this rank's runner: checks that the target
  * splits over tp->world_size ranks (shard_check), rendezvous, start-up agreement (rank 0's
- * sizes win), then a CPU runner on this rank's shard with the TCP all-reduce; on rank 0
- * wrapped by runner_tp_wrap. *comm receives the group (close it after destroying the
- * runner). On a worker, run runner_tp_worker_run(result, *comm) next. */
-runner *runner_tp_create(const tp_config *tp, const model *target, const model *draft, runner_config *rc,
-                         tp_comm **comm, char *err, size_t errlen);
+ * sizes win), then the backend's runner on this rank's shard (NULL backend: a CPU runner
+ * with the TCP all-reduce); on rank 0 wrapped by runner_tp_wrap. *comm receives the group
+ * (close it after destroying the runner). On a worker, run runner_tp_worker_run(result,
+ * *comm) next. */
+runner *runner_tp_create(const tp_config *tp, const runner_tp_backend *be, const model *target,
+                         const model *draft, runner_config *rc, tp_comm **comm, char *err, size_t errlen);
 
 #endif

@@ -85,28 +85,46 @@ extern "C" float k_philox_uniform_host(uint64_t seed, uint64_t counter) {
     return k_philox_u01(seed, counter);
 }
 
-__global__ void fill_bf16_kernel(uint16_t *dst, size_t n, uint64_t seed, float scale) {
+/* Element (i, j) of a rows x cols slice at (row0, col0) of a matrix with full_cols columns
+ * takes the value of element (row0 + i) * full_cols + col0 + j of the whole matrix: a
+ * tensor-parallel shard filled this way holds exactly its slice of the unsharded tensor. */
+__global__ void fill_bf16_kernel(uint16_t *dst, size_t rows, size_t cols, uint64_t seed, float scale,
+                                 size_t row0, size_t col0, size_t full_cols) {
+    size_t n = rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = k_f2bf((2.f * k_philox_u01(seed, i) - 1.f) * scale);
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / cols, c = i - r * cols;
+        dst[i] = k_f2bf((2.f * k_philox_u01(seed, (row0 + r) * full_cols + col0 + c) - 1.f) * scale);
+    }
 }
 
-__global__ void fill_f32_kernel(float *dst, size_t n, uint64_t seed, float lo, float hi) {
+__global__ void fill_f32_kernel(float *dst, size_t n, uint64_t seed, float lo, float hi, size_t offset) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = lo + (hi - lo) * k_philox_u01(seed, i);
+        dst[i] = lo + (hi - lo) * k_philox_u01(seed, offset + i);
+}
+
+extern "C" int k_fill_uniform_bf16_slice(uint16_t *dst, size_t rows, size_t cols, size_t row0, size_t col0,
+                                         size_t full_cols, uint64_t seed, float scale, cudaStream_t s) {
+    if (rows == 0 || cols == 0) return 0;
+    if (col0 + cols > full_cols) return -1;
+    fill_bf16_kernel<<<4096, 256, 0, s>>>(dst, rows, cols, seed, scale, row0, col0, full_cols);
+    return K_LAUNCH_RESULT();
 }
 
 extern "C" int k_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale,
                                    cudaStream_t s) {
+    return k_fill_uniform_bf16_slice(dst, 1, n, 0, 0, n, seed, scale, s);
+}
+
+extern "C" int k_fill_uniform_f32_at(float *dst, size_t n, size_t offset, uint64_t seed, float lo, float hi,
+                                     cudaStream_t s) {
     if (n == 0) return 0;
-    fill_bf16_kernel<<<4096, 256, 0, s>>>(dst, n, seed, scale);
+    fill_f32_kernel<<<4096, 256, 0, s>>>(dst, n, seed, lo, hi, offset);
     return K_LAUNCH_RESULT();
 }
 
 extern "C" int k_fill_uniform_f32(float *dst, size_t n, uint64_t seed, float lo, float hi,
                                   cudaStream_t s) {
-    if (n == 0) return 0;
-    fill_f32_kernel<<<4096, 256, 0, s>>>(dst, n, seed, lo, hi);
-    return K_LAUNCH_RESULT();
+    return k_fill_uniform_f32_at(dst, n, 0, seed, lo, hi, s);
 }

@@ -151,6 +151,14 @@ float k_philox_uniform_host(uint64_t seed, uint64_t counter);
 int k_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale, cudaStream_t s);
 int k_fill_uniform_f32(float *dst, size_t n, uint64_t seed, float lo, float hi,
                        cudaStream_t s);
+/* Slices of one random tensor: the rows x cols block at (row0, col0) of a matrix with
+ * full_cols columns gets the values the whole matrix's fill gives there (so a tensor-
+ * parallel shard holds its slice of the unsharded tensor); f32: elements offset.. of a
+ * vector. */
+int k_fill_uniform_bf16_slice(uint16_t *dst, size_t rows, size_t cols, size_t row0, size_t col0,
+                              size_t full_cols, uint64_t seed, float scale, cudaStream_t s);
+int k_fill_uniform_f32_at(float *dst, size_t n, size_t offset, uint64_t seed, float lo, float hi,
+                          cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -111,7 +111,7 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     static const char *const with_value[] = {"--model", "--tokenizer", "--draft-model",
         "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch",
         "--kv-cache-bytes", "--threads", "--block-size", "--tensor-parallel-size", "--nnodes",
-        "--node-rank", "--master-addr", "--master-port"};
+        "--node-rank", "--master-addr", "--master-port", "--shape", "--draft-shape"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
     if (!known) return 0;
@@ -123,6 +123,8 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     int bad = 0;
     uint64_t u;
     if (!strcmp(a, "--model")) c->model_path = v;
+    else if (!strcmp(a, "--shape")) c->random_shape = v;
+    else if (!strcmp(a, "--draft-shape")) c->draft_random_shape = v;
     else if (!strcmp(a, "--tokenizer")) c->tokenizer_path = v;
     else if (!strcmp(a, "--draft-model")) c->draft_path = v;
     else if (!strcmp(a, "--draft-layers")) bad = cli_int(v, 1, 1000, &c->draft_layers);

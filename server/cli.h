@@ -49,8 +49,12 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --no-prefix-cache       disable prefix caching\n" \
     "  --rope-bf16-freqs       round rotary frequencies to bf16 (reproduces references whose\n" \
     "                          rotary buffer was cast to bf16, like the test fixtures)\n" \
-    "  --tensor-parallel-size N  split the model over N processes (generate only so far,\n" \
-    "                          --device cpu; this one is rank 0 and starts the others)\n" \
+    "  --tensor-parallel-size N  split the model over N processes, one per GPU with --device\n" \
+    "                          cuda (NCCL); this one is rank 0 and starts the others\n" \
+    "  --shape NAME            random weights of a real shape instead of --model:\n" \
+    "                          llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, qwen3-1.7b (seeded; with\n" \
+    "                          --device cuda made on the GPU, a TP shard is its slice)\n" \
+    "  --draft-shape NAME      a random draft of a real shape (same vocabulary as the target)\n" \
     "  --nnodes M, --node-rank K, --master-addr A, --master-port P\n" \
     "                          several hosts: run the same command on each (default 1, 0,\n" \
     "                          127.0.0.1, 29533)\n"

@@ -17,8 +17,6 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: specd bench (--model PATH | --shape NAME) [options]\n\n"
             "options:\n" CLI_ENGINE_HELP
-            "  --shape NAME            random weights of a real shape: llama-3.1-8b, llama-3.2-1b,\n"
-            "                          qwen2.5-1.5b, qwen3-1.7b\n"
             "  --batch LIST            batch sizes, comma separated (default 1,16)\n"
             "  --prompt-len N          prompt tokens per sequence (default 64)\n"
             "  --gen N                 tokens generated per sequence (default 64)\n"
@@ -125,8 +123,7 @@ int cmd_bench(int argc, char **argv) {
         }
         const char *v = argv[++i];
         int bad = 0;
-        if (!strcmp(a, "--shape")) ec.random_shape = v;
-        else if (!strcmp(a, "--batch")) batches = v;
+        if (!strcmp(a, "--batch")) batches = v;
         else if (!strcmp(a, "--prompt-len")) bad = cli_int(v, 1, 1 << 20, &plen);
         else if (!strcmp(a, "--gen")) bad = cli_int(v, 2, 1 << 20, &gen);
         else if (!strcmp(a, "--seed")) bad = cli_u64(v, &seed);

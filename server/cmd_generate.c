@@ -1,6 +1,7 @@
 /* `specd generate`: run one prompt (or N concurrent copies) through the engine without
  * HTTP, for shells and tests. With --json prints
- * {"prompt_ids":[...],"output_ids":[...],"text":...,"last_logits":[...],"finish_reason":...}. */
+ * {"prompt_ids":[...],"output_ids":[...],"text":...,"last_logits":[...],"finish_reason":...}
+ * (+ "top_logprobs": [[[id, logprob], ...] per output token] with --top-logprobs N). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,8 @@ static void usage(FILE *f) {
             "  --ignore-eos            do not stop at EOS\n"
             "  --n-seqs N              run N copies of the prompt concurrently (default 1)\n"
             "  --logits                include the logits that chose the first output token\n"
+            "  --top-logprobs N        with --json: the N most likely tokens and their logprobs at\n"
+            "                          every output position (first sequence)\n"
             "  --json                  print JSON\n"
             "  -v, --verbose           print start-up decisions and speed to stderr\n");
 }
@@ -36,6 +39,7 @@ static void usage(FILE *f) {
 typedef struct {
     int32_t *ids;
     int n, cap;
+    json_t *top;             /* --top-logprobs: one [[id, logprob], ...] per token */
     const char *finish;
     int verify_steps, draft_tokens, accepted;
 } seq_out;
@@ -48,7 +52,7 @@ int cmd_generate(int argc, char **argv) {
     sp.temperature = 0;
     sp.max_tokens = 32;
     const char *prompt = NULL, *prompt_ids = NULL;
-    int want_logits = 0, json = 0, n_seqs = 1, rc = 1;
+    int want_logits = 0, json = 0, n_seqs = 1, rc = 1, top_lp = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int m = cli_engine_opt(&ec, argc, argv, &i);
@@ -76,6 +80,7 @@ int cmd_generate(int argc, char **argv) {
             else if (!strcmp(a, "--top-k")) bad = cli_int(v, 0, 1 << 24, &sp.top_k);
             else if (!strcmp(a, "--min-p")) bad = cli_float(v, 0, 1, &sp.min_p);
             else if (!strcmp(a, "--n-seqs")) bad = cli_int(v, 1, 4096, &n_seqs);
+            else if (!strcmp(a, "--top-logprobs")) bad = cli_int(v, 1, ENGINE_MAX_TOP_LOGPROBS, &top_lp);
             else if (!strcmp(a, "--seed")) {
                 bad = cli_u64(v, &sp.seed);
                 sp.has_seed = 1;
@@ -89,12 +94,13 @@ int cmd_generate(int argc, char **argv) {
             }
         }
     }
-    if (!ec.model_path || (!prompt == !prompt_ids)) {
-        fprintf(stderr, "specd generate: need --model and exactly one of --prompt / --prompt-ids\n");
+    if ((!ec.model_path && !ec.random_shape) || (!prompt == !prompt_ids)) {
+        fprintf(stderr, "specd generate: need --model (or --shape) and exactly one of --prompt / --prompt-ids\n");
         usage(stderr);
         return 2;
     }
     if (!ec.max_batch && n_seqs > 64) ec.max_batch = n_seqs;
+    if (top_lp) sp.logprobs = top_lp;
 
     char err[1024] = "";
     /* main() hands us argv + 1: argv - 1 is main's argv, which the workers re-execute. */
@@ -156,7 +162,17 @@ int cmd_generate(int argc, char **argv) {
                 so->ids = realloc(so->ids, (size_t)so->cap * sizeof(int32_t));
                 if (!so->ids) goto out;
             }
-            for (int t = 0; t < ev->n_tokens; t++) so->ids[so->n++] = ev->tokens[t].id;
+            for (int t = 0; t < ev->n_tokens; t++) {
+                const engine_token *et = &ev->tokens[t];
+                so->ids[so->n++] = et->id;
+                if (top_lp && ev->req_id == 0) {
+                    if (!so->top) so->top = json_array();
+                    json_t *row = json_array();
+                    for (int j = 0; j < et->n_top; j++)
+                        json_array_append_new(row, json_pack("[if]", (int)et->top_ids[j], (double)et->top_logprobs[j]));
+                    json_array_append_new(so->top, row);
+                }
+            }
             if (ev->finish != ENGINE_RUNNING) {
                 so->finish = api_finish_reason(ev->finish);
                 so->verify_steps = ev->spec_verify_steps;
@@ -208,6 +224,7 @@ int cmd_generate(int argc, char **argv) {
                 json_array_append_new(la, json_real(logits[i]));
             json_object_set_new(o, "last_logits", la);
         }
+        if (outs[0].top) json_object_set(o, "top_logprobs", outs[0].top);
         if (n_seqs > 1) {
             json_t *all = json_array();
             for (int s = 0; s < n_seqs; s++) {
@@ -232,7 +249,10 @@ int cmd_generate(int argc, char **argv) {
     rc = 0;
 out:
     if (outs)
-        for (int s = 0; s < n_seqs; s++) free(outs[s].ids);
+        for (int s = 0; s < n_seqs; s++) {
+            free(outs[s].ids);
+            json_decref(outs[s].top);
+        }
     free(outs);
     free(logits);
     free(ids);

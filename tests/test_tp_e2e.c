@@ -223,7 +223,7 @@ static void check_model(const char *name) {
     engine_config c = base_config(name, NULL);
     run_out one = run_tp1(c, &p, 1), two = run_tp2(c, &p, 1);
     assert_string_equal(one.device, "cpu");
-    assert_string_equal(two.device, "tp");
+    assert_string_equal(two.device, "tp2(cpu)");
     assert_same_tokens(&one, &two);
     int V = 1024;
     for (int k = 0; k < N_PROMPTS; k++) {

@@ -58,6 +58,7 @@ enum { META_TOKENS, META_TOK_SLOT, META_TOK_J, META_ROW_SLOT, META_ROW_TOK_OFF,
 typedef struct {
     runner base;
     cuda_runner_opts opts;
+    int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: separate norm / SiLU kernels at batch 1-2 */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
     cuda_model m[2];
     int device, n_sm;

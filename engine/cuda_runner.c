@@ -275,6 +275,11 @@ void cuda_runner_memory(runner *base, size_t *weights, size_t *graphs, size_t *k
 
 /* ---- life cycle ---------------------------------------------------------------------- */
 
+static void cuda_abort_group(runner *base) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->opts.tp) cuda_tp_abort(r->opts.tp);
+}
+
 static void cuda_destroy(runner *base) {
     cuda_runner *r = (cuda_runner *)base;
     if (!r) return;
@@ -311,6 +316,7 @@ static const runner_ops cuda_ops = {
     .copy_block = cuda_copy_block,
     .decode = cuda_decode,
     .spec_step = NULL,
+    .abort_group = cuda_abort_group,
     .destroy = cuda_destroy,
 };
 
@@ -324,6 +330,7 @@ static const runner_ops cuda_ops_spec = {
     .copy_block = cuda_copy_block,
     .decode = cuda_decode,
     .spec_step = cuda_spec_step,
+    .abort_group = cuda_abort_group,
     .destroy = cuda_destroy,
 };
 
@@ -470,6 +477,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         fprintf(stderr, "cuda runner: SPECD_DEBUG_TP_SKIP_ALLREDUCE: the all-reduces are left out, results are "
                         "WRONG (only for timing what the rest of a step costs)\n");
     }
+    r->no_fuse = getenv("SPECD_CUDA_NO_FUSE") && atoi(getenv("SPECD_CUDA_NO_FUSE"));
     r->no_gemv = getenv("SPECD_CUDA_NO_GEMV") && atoi(getenv("SPECD_CUDA_NO_GEMV"));
     r->fixed_splits = getenv("SPECD_CUDA_FIXED_SPLITS") && atoi(getenv("SPECD_CUDA_FIXED_SPLITS"));
     if (c->max_batch > 1024) {

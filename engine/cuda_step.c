@@ -80,6 +80,9 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const float scale = 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
+    /* Batch 1-2: the norms fold into the GEMVs that read them (kernels/gemv.cu). */
+    const int fuse = n <= K_GEMV_NORM_MAX_N && !r->no_gemv && !r->no_fuse && hidden % 8 == 0 &&
+                     (size_t)n * hidden * 2 <= 96 * 1024;
 
     K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
     for (int l = 0; l < c->n_layers; l++) {
@@ -91,17 +94,26 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             .n_tok = n, .n_splits = p->n_splits, .split_len = p->split_len,
             .ws_o = r->d_ws_o, .ws_ml = r->d_ws_ml,
         };
-        K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
-        if ((rc = gemm(r, L->wqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+        if (fuse) {   /* norm + QKV in one kernel */
+            K_CHECK(r, k_gemv_norm_bf16(L->wqkv, r->d_resid, L->attn_norm, c->rms_eps, r->d_f32, NULL, qkvd,
+                                        hidden, n, s));
+        } else {
+            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+            if ((rc = gemm(r, L->wqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+        }
         K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
                                  c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if ((rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res))) return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
 
-        K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
-        if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
-        K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
+        if (fuse) {   /* norm + gate|up + SiLU-and-mul in one kernel */
+            K_CHECK(r, k_gemv_norm_bf16(L->wgu, r->d_resid, L->ffn_norm, c->rms_eps, NULL, r->d_xb, F, hidden, n, s));
+        } else {
+            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+            if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
+        }
         if ((rc = gemm(r, L->wdown, hidden, F, r->d_xb, n, r->d_resid, beta_res))) return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
     }

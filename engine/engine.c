@@ -257,6 +257,15 @@ static runner_config make_runner_config(const engine *e) {
     return rc;
 }
 
+/* Rank 0's watchdog saw a rank die: release a step stuck in a collective (NCCL abort, so
+ * the step fails and the requests get their errors), then the caller's handler. */
+static void on_group_fail(void *ctx, const char *why) {
+    engine *e = ctx;
+    /* the caller's handler first: the abort may block (ncclCommAbort) */
+    if (e->cfg.tp_fail) e->cfg.tp_fail(e->cfg.tp_fail_ctx, why);
+    if (e->run && e->run->ops->abort_group) e->run->ops->abort_group(e->run);
+}
+
 /* This rank's runner in the group; rank 0 also watches the other ranks. */
 static int join_tp(engine *e, runner_config *rc, char *err, size_t errlen) {
     const engine_config *c = &e->cfg;
@@ -269,7 +278,7 @@ static int join_tp(engine *e, runner_config *rc, char *err, size_t errlen) {
     tp_watchdog_stop(e->tp_wd);   /* the start-up one; a death in between is still seen */
     e->tp_wd = NULL;
     if (c->tp.rank == 0 && c->tp_fail &&
-        !(e->tp_wd = tp_watchdog_start(e->tp, e->tp_ch, 100, c->tp_fail, c->tp_fail_ctx, err, errlen)))
+        !(e->tp_wd = tp_watchdog_start(e->tp, e->tp_ch, 100, on_group_fail, e, err, errlen)))
         return SPECD_EIO;
     return 0;
 }

@@ -48,7 +48,9 @@ typedef struct {
     char *const *tp_spawn_argv;   /* set: this process starts its node's other ranks by
                                    * re-executing itself with these arguments (main's argv) */
     tp_fail_fn tp_fail;           /* rank 0: called once from a watchdog thread when a rank
-                                   * or a spawned process dies (NULL: no watchdog) */
+                                   * or a spawned process dies (NULL: no watchdog); it should
+                                   * return promptly: the engine then aborts the group's
+                                   * collectives so a stuck step fails */
     void *tp_fail_ctx;
 } engine_config;
 

@@ -138,6 +138,9 @@ typedef struct {
      * from forward + host sampling). */
     int (*decode)(runner *r, const runner_decode_batch *b);
     int (*spec_step)(runner *r, const runner_spec_batch *b);
+    /* Optional, callable from any thread: a peer rank of a tensor-parallel group died, so
+     * make the collective a step may be waiting in (and every later one) fail at once. */
+    void (*abort_group)(runner *r);
     void (*destroy)(runner *r);
 } runner_ops;
 

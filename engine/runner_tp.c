@@ -183,6 +183,11 @@ static void tpr_destroy(runner *base) {
     free(r);
 }
 
+static void tpr_abort_group(runner *base) {
+    tp_runner *r = (tp_runner *)base;
+    r->local->ops->abort_group(r->local);
+}
+
 runner *runner_tp_wrap(runner *local, tp_comm *t, char *err, size_t errlen) {
     if (!local || !t || tp_comm_rank(t) != 0) {
         specd_errf(err, errlen, SPECD_EINVAL, "runner_tp_wrap: needs a local runner and rank 0's group");
@@ -203,6 +208,7 @@ runner *runner_tp_wrap(runner *local, tp_comm *t, char *err, size_t errlen) {
         .copy_block = tpr_copy_block,
         .decode = local->ops->decode ? tpr_decode : NULL,
         .spec_step = local->ops->spec_step ? tpr_spec_step : NULL,
+        .abort_group = local->ops->abort_group ? tpr_abort_group : NULL,
         .destroy = tpr_destroy,
     };
     r->base = *local;

@@ -2,11 +2,24 @@
  * residual add happens in the GEMM epilogue with beta = 1, so the norm only reads the
  * fp32 residual stream), SiLU-and-mul, the context-length advance, and device-side
  * random fills used by tests and benchmarks. */
+#include <stdlib.h>
+
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 
+int k_pdl_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("SPECD_CUDA_PDL");
+        on = !(e && *e == '0');
+    }
+    return on;
+}
+
 __global__ void embed_kernel(const uint16_t *table, const int32_t *tokens, float *out,
                              int hidden, int vocab) {
+    k_pdl_trigger();
+    k_pdl_wait();
     int t = blockIdx.x;
     int id = tokens[t];
     if (id < 0 || id >= vocab) id = 0;
@@ -18,21 +31,39 @@ __global__ void embed_kernel(const uint16_t *table, const int32_t *tokens, float
 extern "C" int k_embed(const uint16_t *table, const int32_t *tokens, float *out, int n,
                        int hidden, int vocab, cudaStream_t s) {
     if (n <= 0 || hidden <= 0 || vocab <= 0) return n == 0 ? 0 : -1;
-    embed_kernel<<<n, 256, 0, s>>>(table, tokens, out, hidden, vocab);
-    return K_LAUNCH_RESULT();
+    return k_launch(embed_kernel, dim3(n), dim3(256), 0, s, table, tokens, out, hidden, vocab);
 }
 
 __global__ void rmsnorm_kernel(const float *x, const int32_t *rows, const float *w,
                                uint16_t *out, int hidden, float eps) {
     __shared__ float red[32];
+    k_pdl_trigger();
+    k_pdl_wait();
     int i = blockIdx.x;
     int r = rows ? rows[i] : i;
     const float *xr = x + (size_t)r * hidden;
+    uint16_t *o = out + (size_t)i * hidden;
     float ss = 0.f;
+    if ((hidden & 3) == 0) {   /* 16-byte loads: one or two per thread at common sizes */
+        const float4 *x4 = (const float4 *)xr, *w4 = (const float4 *)w;
+        for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
+            float4 v = x4[j];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = k_block_sum(ss, red);
+        float inv = rsqrtf(ss / (float)hidden + eps);
+        for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
+            float4 v = x4[j], g = w4[j];
+            uint2 p;
+            p.x = (uint32_t)k_f2bf(v.x * inv * g.x) | ((uint32_t)k_f2bf(v.y * inv * g.y) << 16);
+            p.y = (uint32_t)k_f2bf(v.z * inv * g.z) | ((uint32_t)k_f2bf(v.w * inv * g.w) << 16);
+            ((uint2 *)o)[j] = p;
+        }
+        return;
+    }
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss += xr[j] * xr[j];
     ss = k_block_sum(ss, red);
     float inv = rsqrtf(ss / (float)hidden + eps);
-    uint16_t *o = out + (size_t)i * hidden;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) o[j] = k_f2bf(xr[j] * inv * w[j]);
 }
 
@@ -40,11 +71,14 @@ extern "C" int k_rmsnorm(const float *x, const int32_t *rows, const float *w, ui
                          int n, int hidden, float eps, cudaStream_t s) {
     if (n < 0 || hidden <= 0) return -1;
     if (n == 0) return 0;
-    rmsnorm_kernel<<<n, 256, 0, s>>>(x, rows, w, out, hidden, eps);
-    return K_LAUNCH_RESULT();
+    int nt = hidden >= 4096 ? 1024 : hidden >= 2048 ? 512 : 256;
+    if ((uintptr_t)x % 16 || (uintptr_t)w % 16 || (uintptr_t)out % 8) nt = 256;
+    return k_launch(rmsnorm_kernel, dim3(n), dim3(nt), 0, s, x, rows, w, out, hidden, eps);
 }
 
 __global__ void silu_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t total) {
+    k_pdl_trigger();
+    k_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / ffn, j = i % ffn;
@@ -59,8 +93,7 @@ extern "C" int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaSt
     size_t total = (size_t)n * ffn;
     size_t blocks = (total + 255) / 256;
     if (blocks > 65535) blocks = 65535;
-    silu_mul_kernel<<<(unsigned)blocks, 256, 0, s>>>(gu, out, ffn, total);
-    return K_LAUNCH_RESULT();
+    return k_launch(silu_mul_kernel, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
 }
 
 __global__ void advance_kernel(int32_t *lens, const int32_t *row_slot, const int32_t *row_n,

@@ -1,9 +1,20 @@
 /* Skinny GEMM for decode (n <= 8 rows of activations): Y[t, o] (+)= sum_k W[o, k] X[t, k],
  * W [out, in] bf16, X [n, in] bf16, Y [n, out] fp32, fp32 accumulation. At batch 1-8 a
- * decode step is a stream over every weight once, so this kernel is written for memory
+ * decode step is a stream over every weight once, so these kernels are written for memory
  * bandwidth: one warp per output row, 16-byte weight loads marked streaming (they are
- * read once per step and must not evict the activations from L1), four loads in flight
- * per lane before any arithmetic, and the n activation rows re-read from L1. */
+ * read once per step and must not evict the activations), four loads in flight per lane
+ * before any arithmetic, and the first of them issued before the programmatic-launch
+ * wait, so a GEMV starts pulling its weights while the kernel before it finishes.
+ *
+ * Two fused forms for the batch-1/2 path (k_gemv_norm_bf16):
+ *   - the RMSNorm that feeds a projection is done in the GEMV's prologue: each block
+ *     normalises the fp32 residual rows into shared memory as bf16 (the same rounding the
+ *     separate k_rmsnorm does), so no norm kernel runs and no normalised copy is stored;
+ *   - gated: W is the fused [2F, in] gate|up matrix and a warp computes gate row o and up
+ *     row F + o together, writing bf16 silu(gate) * up -- the SiLU-and-mul kernel and the
+ *     fp32 [n, 2F] intermediate disappear. */
+#include <stdlib.h>
+
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 
@@ -21,38 +32,139 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
     return s;
 }
 
+/* acc[b] += W[row, :] . X[b, :] for one warp; w0 holds the first GEMV_UNROLL loads
+ * (issued by the caller, possibly before the PDL wait). X may be global or shared. */
 template <int NB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, float *__restrict__ Y,
-            int out, int in8, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= out) return;
-    const uint4 *w = W + (size_t)row * in8;
-    float acc[NB];
-#pragma unroll
-    for (int b = 0; b < NB; b++) acc[b] = 0.f;
+__device__ __forceinline__ void warp_row_dot(const uint4 *__restrict__ w, const uint4 *X, int in8, int lane,
+                                             uint4 (&w0)[GEMV_UNROLL], float (&acc)[NB]) {
     int k = lane;
+    bool first = true;
     for (; k + 32 * (GEMV_UNROLL - 1) < in8; k += 32 * GEMV_UNROLL) {
         uint4 wv[GEMV_UNROLL];
+        if (first) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = __ldcs(w + k + 32 * u);
+            for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = w0[u];
+            first = false;
+        } else {
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = __ldcs(w + k + 32 * u);
+        }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
-            for (int b = 0; b < NB; b++) acc[b] += dot8(wv[u], __ldg(X + (size_t)b * in8 + k + 32 * u));
+            for (int b = 0; b < NB; b++) acc[b] += dot8(wv[u], X[(size_t)b * in8 + k + 32 * u]);
     }
     for (; k < in8; k += 32) {
         uint4 wv = __ldcs(w + k);
 #pragma unroll
-        for (int b = 0; b < NB; b++) acc[b] += dot8(wv, __ldg(X + (size_t)b * in8 + k));
+        for (int b = 0; b < NB; b++) acc[b] += dot8(wv, X[(size_t)b * in8 + k]);
     }
+}
+
+/* The first GEMV_UNROLL loads of a row (only when the row has a full first group). */
+__device__ __forceinline__ void prefetch_row(const uint4 *__restrict__ w, int in8, int lane, uint4 (&w0)[GEMV_UNROLL]) {
+    if (lane + 32 * (GEMV_UNROLL - 1) < in8) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) w0[u] = __ldcs(w + lane + 32 * u);
+    }
+}
+
+template <int NB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, float *__restrict__ Y,
+            int out, int in8, int accumulate) {
+    k_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    uint4 w0[GEMV_UNROLL];
+    if (row < out) prefetch_row(W + (size_t)row * in8, in8, lane, w0);
+    k_pdl_wait();
+    if (row >= out) return;
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0.f;
+    warp_row_dot<NB>(W + (size_t)row * in8, X, in8, lane, w0, acc);
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         float v = k_warp_sum(acc[b]);
         if (lane == 0) {
             float *y = Y + (size_t)b * out + row;
             *y = accumulate ? *y + v : v;
+        }
+    }
+}
+
+/* Normalise NB fp32 rows of length in (= in8 * 8) into shared bf16 (RMSNorm with weight
+ * nw), block-wide. */
+template <int NB>
+__device__ __forceinline__ void norm_to_smem(const float *__restrict__ x, const float *__restrict__ nw, float eps,
+                                             int in8, uint16_t *xs, float *red) {
+    const int in = in8 * 8;
+    for (int b = 0; b < NB; b++) {
+        const float4 *xr = (const float4 *)(x + (size_t)b * in);
+        float ss = 0.f;
+        for (int j = threadIdx.x; j < in / 4; j += blockDim.x) {
+            float4 v = xr[j];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = k_block_sum(ss, red);
+        const float inv = rsqrtf(ss / (float)in + eps);
+        const float4 *w4 = (const float4 *)nw;
+        for (int j = threadIdx.x; j < in / 4; j += blockDim.x) {
+            float4 v = xr[j], w = w4[j];
+            uint2 o;
+            o.x = (uint32_t)k_f2bf(v.x * inv * w.x) | ((uint32_t)k_f2bf(v.y * inv * w.y) << 16);
+            o.y = (uint32_t)k_f2bf(v.z * inv * w.z) | ((uint32_t)k_f2bf(v.w * inv * w.w) << 16);
+            ((uint2 *)(xs + (size_t)b * in))[j] = o;
+        }
+    }
+    __syncthreads();
+}
+
+/* rows = out (plain: Y fp32 [NB, out] = W . norm(x)) or F (gated: W has 2F rows, act
+ * [NB, F] bf16 = silu(W[o] . xn) * (W[F + o] . xn)). Grid-stride over rows so the norm
+ * prologue runs once per block, not once per 8 rows. */
+template <int NB, bool GATED>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_norm_kernel(const uint4 *__restrict__ W, const float *__restrict__ x, const float *__restrict__ nw, float eps,
+                 float *__restrict__ Y, uint16_t *__restrict__ act, int rows, int in8) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ float red[32];
+    uint16_t *xs = (uint16_t *)smem_raw;
+    k_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int row = blockIdx.x * GEMV_WARPS + warp;
+    const int stride = gridDim.x * GEMV_WARPS;
+    uint4 wg0[GEMV_UNROLL], wu0[GEMV_UNROLL];
+    if (row < rows) {
+        prefetch_row(W + (size_t)row * in8, in8, lane, wg0);
+        if (GATED) prefetch_row(W + (size_t)(rows + row) * in8, in8, lane, wu0);
+    }
+    k_pdl_wait();
+    norm_to_smem<NB>(x, nw, eps, in8, xs, red);
+    const uint4 *X = (const uint4 *)xs;
+    bool first = true;
+    for (; row < rows; row += stride) {
+        const uint4 *wg = W + (size_t)row * in8, *wu = W + (size_t)(rows + row) * in8;
+        if (!first) {
+            prefetch_row(wg, in8, lane, wg0);
+            if (GATED) prefetch_row(wu, in8, lane, wu0);
+        }
+        first = false;
+        float g[NB], u[NB];
+#pragma unroll
+        for (int b = 0; b < NB; b++) g[b] = u[b] = 0.f;
+        warp_row_dot<NB>(wg, X, in8, lane, wg0, g);
+        if (GATED) warp_row_dot<NB>(wu, X, in8, lane, wu0, u);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float gv = k_warp_sum(g[b]);
+            if (GATED) {
+                float uv = k_warp_sum(u[b]);
+                if (lane == 0) act[(size_t)b * rows + row] = k_f2bf(gv / (1.f + expf(-gv)) * uv);
+            } else if (lane == 0) {
+                Y[(size_t)b * rows + row] = gv;
+            }
         }
     }
 }
@@ -66,14 +178,57 @@ extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int o
     const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
     int in8 = in / 8;
     switch (n) {
-    case 1: gemv_kernel<1><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
-    case 2: gemv_kernel<2><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
-    case 3: gemv_kernel<3><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
-    case 4: gemv_kernel<4><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
-    case 5: gemv_kernel<5><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
-    case 6: gemv_kernel<6><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
-    case 7: gemv_kernel<7><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
-    default: gemv_kernel<8><<<grid, block, 0, s>>>(w, x, Y, out, in8, accumulate); break;
+    case 1: return k_launch(gemv_kernel<1>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 2: return k_launch(gemv_kernel<2>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 3: return k_launch(gemv_kernel<3>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 4: return k_launch(gemv_kernel<4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 5: return k_launch(gemv_kernel<5>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 6: return k_launch(gemv_kernel<6>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 7: return k_launch(gemv_kernel<7>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    default: return k_launch(gemv_kernel<8>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
     }
-    return K_LAUNCH_RESULT();
+}
+
+static int n_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+            n = v;
+        else
+            n = 132;
+    }
+    return n;
+}
+
+extern "C" int k_gemv_norm_bf16(const uint16_t *W, const float *x, const float *norm_w, float eps, float *Y,
+                                uint16_t *act, int rows, int in, int n, cudaStream_t s) {
+    if (rows <= 0 || in <= 0 || in % 8 || n < 1 || n > K_GEMV_NORM_MAX_N || (!Y == !act) ||
+        ((uintptr_t)W | (uintptr_t)x | (uintptr_t)norm_w) % 16)
+        return -1;
+    size_t smem = (size_t)n * in * 2;
+    if (smem > 96 * 1024) return -1;
+    static int attr_set = 0;
+    if (!attr_set) {   /* room for hidden sizes up to 24576 at n = 2 */
+        cudaFuncSetAttribute(gemv_norm_kernel<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
+        cudaFuncSetAttribute(gemv_norm_kernel<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
+        cudaFuncSetAttribute(gemv_norm_kernel<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
+        cudaFuncSetAttribute(gemv_norm_kernel<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
+        attr_set = 1;
+    }
+    /* one row per warp (full grid), or a grid of 4 blocks per SM striding over the rows so
+     * the norm prologue runs fewer times (SPECD_GEMV_NORM_STRIDE=1; measured slower) */
+    static int stride = -1;
+    if (stride < 0) stride = getenv("SPECD_GEMV_NORM_STRIDE") && *getenv("SPECD_GEMV_NORM_STRIDE") == '1';
+    int blocks = (rows + GEMV_WARPS - 1) / GEMV_WARPS, cap = stride ? 4 * n_sms() : blocks;
+    dim3 grid(blocks < cap ? blocks : cap), block(GEMV_WARPS * 32);
+    const uint4 *w = (const uint4 *)W;
+    int in8 = in / 8;
+    if (act) {
+        return n == 1 ? k_launch(gemv_norm_kernel<1, true>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8)
+                      : k_launch(gemv_norm_kernel<2, true>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8);
+    }
+    return n == 1 ? k_launch(gemv_norm_kernel<1, false>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8)
+                  : k_launch(gemv_norm_kernel<2, false>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8);
 }

@@ -10,6 +10,35 @@
 
 #define K_LAUNCH_RESULT() ((int)cudaGetLastError())
 
+/* Programmatic dependent launch (Hopper): a kernel launched with k_launch may start while
+ * the kernel before it on the stream is still running, once every block of that one has
+ * started (each calls k_pdl_trigger first). Until k_pdl_wait returns -- the previous grid
+ * has completed and its writes are visible -- a kernel may only read data no earlier
+ * kernel writes (weights) and must write nothing. Every kernel launched with k_launch
+ * calls k_pdl_wait before its first activation read or any write, and always before it
+ * ends, so the order of the whole chain is kept. Both are no-ops without the launch
+ * attribute. SPECD_CUDA_PDL=0 launches everything normally (to time the difference). */
+__device__ __forceinline__ void k_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void k_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
+int k_pdl_enabled(void);
+
+template <typename... KArgs, typename... Args>
+static inline int k_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                           Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = k_pdl_enabled();
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
+}
+
 __device__ __forceinline__ float k_bf2f(uint16_t b) {
     return __uint_as_float(((uint32_t)b) << 16);
 }

@@ -11,8 +11,12 @@
 __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const float *q_norm,
                                    const float *k_norm, const float *inv_freq, float eps,
                                    float *q_out, int H, int KVH, int D, k_kv_geom g) {
+    k_pdl_trigger();
+    k_pdl_wait();
     int t = blockIdx.x;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    int warp = blockIdx.y * nwarps + (threadIdx.x >> 5);   /* heads spread over gridDim.y blocks */
+    nwarps *= gridDim.y;
     int width = (H + 2 * KVH) * D, half = D / 2;
     int slot = g.tok_slot[t];
     int pos = g.lens[slot * 2 + g.which] + g.tok_j[t];
@@ -90,7 +94,9 @@ extern "C" int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q
     if (n < 0 || H <= 0 || KVH <= 0 || D <= 0 || (D & 1) || D > 64 * ROPE_MAX_PAIRS_PER_LANE)
         return -1;
     if (n == 0) return 0;
-    qkv_rope_kv_kernel<<<n, 256, 0, s>>>(qkv, bias, q_norm, k_norm, inv_freq, eps, q_out, H,
-                                         KVH, D, *g);
-    return K_LAUNCH_RESULT();
+    /* one warp per head: small batches get a block per 8 heads, so one token still spreads
+     * over several multiprocessors */
+    int heads = H + 2 * KVH, by = n >= 64 ? 1 : (heads + 7) / 8;
+    return k_launch(qkv_rope_kv_kernel, dim3(n, by), dim3(256), 0, s, qkv, bias, q_norm, k_norm, inv_freq, eps,
+                    q_out, H, KVH, D, *g);
 }

@@ -90,6 +90,17 @@ int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scal
 int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n,
                 int accumulate, cudaStream_t s);
 
+/* The batch-1/2 GEMV with the RMSNorm that feeds it fused in: xn = bf16(rmsnorm(x) * norm_w)
+ * per row of x [n, in] fp32 (as k_rmsnorm computes it), then either
+ *   Y [n, rows] fp32 = W [rows, in] . xn            (act == NULL), or
+ *   act [n, rows] bf16 = silu(W[o] . xn) * (W[rows + o] . xn)  (Y == NULL; W is the fused
+ *   [2 * rows, in] gate|up matrix: SiLU-and-mul fused too).
+ * n <= K_GEMV_NORM_MAX_N, in % 8 == 0, 16-byte aligned pointers, n * in * 2 <= 96 KiB;
+ * else -1 (use k_rmsnorm + cuBLAS). */
+#define K_GEMV_NORM_MAX_N 2
+int k_gemv_norm_bf16(const uint16_t *W, const float *x, const float *norm_w, float eps, float *Y,
+                     uint16_t *act, int rows, int in, int n, cudaStream_t s);
+
 /* Per-row sampling parameters (same meaning as runner_sampling). */
 typedef struct {
     float temperature;     /* <= 0: greedy argmax */

@@ -21,7 +21,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     echo "gpu tests: $(count_tests) skipped (no GPU)"
     exit 0
 fi
-for b in test_gpu_kernels test_gpu_runner; do
+for b in test_gpu_kernels test_gpu_gemv test_gpu_runner; do
     if [ ! -x "$G/$b" ]; then
         echo "gpu tests: $G/$b missing: build with 'make -f tests/gpu/Makefile'" >&2
         exit 1
@@ -54,12 +54,16 @@ run() {   # name, command...
 
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
     run kernels "$G/test_gpu_kernels"
+    run gemv "$G/test_gpu_gemv"
     run runner "$G/test_gpu_runner"
 fi
 if [ "$mode" = sanitize ] || [ "$mode" = all ]; then
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     run memcheck_kernels "$CS" --tool memcheck --error-exitcode 9 "$G/test_gpu_kernels"
     run racecheck_kernels "$CS" --tool racecheck --error-exitcode 9 "$G/test_gpu_kernels"
+    run memcheck_gemv "$CS" --tool memcheck --error-exitcode 9 "$G/test_gpu_gemv"
+    run racecheck_gemv "$CS" --tool racecheck --error-exitcode 9 "$G/test_gpu_gemv"
+    run racecheck_runner "$CS" --tool racecheck --error-exitcode 9 "$G/test_gpu_runner"
     run memcheck_runner "$CS" --tool memcheck --error-exitcode 9 "$G/test_gpu_runner"
 fi
 if [ "$mode" = hf ] || [ "$mode" = all ]; then

@@ -2,6 +2,7 @@
 #include "server/cli.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,13 +175,23 @@ int cli_engine_tp(engine_config *c, char **main_argv) {
     return c->tp.rank != 0;
 }
 
-/* Rank 0's watchdog saw a rank die. The main thread usually fails on its own at once
- * (a closed socket in the next broadcast or all-reduce); if it is stuck, leave anyway. */
+/* Rank 0's watchdog saw a rank die. The engine has already been told to abort the
+ * group's collectives, so a step stuck in one fails and the requests get their errors;
+ * give that two seconds to reach the clients, then leave non-zero whatever is still
+ * blocked (a thread, because the watchdog's own call may block in the NCCL abort). */
+static void *exit_later(void *arg) {
+    (void)arg;
+    sleep(2);
+    _exit(1);
+    return NULL;
+}
+
 static void on_tp_fail(void *ctx, const char *why) {
     (void)ctx;
     fprintf(stderr, "specd: tensor parallel: %s\n", why);
-    sleep(2);
-    _exit(1);
+    pthread_t t;
+    if (pthread_create(&t, NULL, exit_later, NULL) != 0) _exit(1);
+    pthread_detach(t);
 }
 
 int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code) {

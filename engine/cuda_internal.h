@@ -58,7 +58,7 @@ enum { META_TOKENS, META_TOK_SLOT, META_TOK_J, META_ROW_SLOT, META_ROW_TOK_OFF,
 typedef struct {
     runner base;
     cuda_runner_opts opts;
-    int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: separate norm / SiLU kernels at batch 1-2 */
+    int fuse_norm;           /* SPECD_CUDA_FUSE_NORM=1: norm (+ SiLU) folded into the batch-1/2 GEMVs */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
     cuda_model m[2];
     int device, n_sm;

@@ -80,8 +80,8 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const float scale = 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
-    /* Batch 1-2: the norms fold into the GEMVs that read them (kernels/gemv.cu). */
-    const int fuse = n <= K_GEMV_NORM_MAX_N && !r->no_gemv && !r->no_fuse && hidden % 8 == 0 &&
+    /* Batch 1-2, when asked: the norms fold into the GEMVs that read them (kernels/gemv.cu). */
+    const int fuse = n <= K_GEMV_NORM_MAX_N && !r->no_gemv && r->fuse_norm && hidden % 8 == 0 &&
                      (size_t)n * hidden * 2 <= 96 * 1024;
 
     K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));

@@ -6,7 +6,9 @@
  * before any arithmetic, and the first of them issued before the programmatic-launch
  * wait, so a GEMV starts pulling its weights while the kernel before it finishes.
  *
- * Two fused forms for the batch-1/2 path (k_gemv_norm_bf16):
+ * Two fused forms for the batch-1/2 path (k_gemv_norm_bf16; the runner uses them only with
+ * SPECD_CUDA_FUSE_NORM=1: on an H200 they were slower than the separate norm kernel, as the
+ * norm prologue delays every block's weight stream):
  *   - the RMSNorm that feeds a projection is done in the GEMV's prologue: each block
  *     normalises the fp32 residual rows into shared memory as bf16 (the same rounding the
  *     separate k_rmsnorm does), so no norm kernel runs and no normalised copy is stored;

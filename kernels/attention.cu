@@ -7,8 +7,14 @@
  * kernel merges them by their (max, sum) pairs.
  *
  * Causality: query j of a row sits at position len + q0 + j and sees keys <= that
- * position; len is read from device memory (lens) so graphs replay correctly. */
+ * position; len is read from device memory (lens) so graphs replay correctly.
+ *
+ * k_attention sends calls with at least 16 rows per block (qt * G >= 16) and D = 64 or
+ * 128 to the tensor-core version of this kernel (attention_tc.cu); SPECD_ATTN_SIMT=1
+ * keeps them here. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
@@ -225,6 +231,12 @@ __global__ void attention_combine_kernel(uint16_t *out, int H, int D, k_attn_wor
     out[(size_t)th * D + d] = k_f2bf(den > 0.f ? num / den : 0.f);
 }
 
+/* Shared with the tensor-core path (attention_tc.cu): merge the n_splits partials. */
+int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, cudaStream_t s) {
+    attention_combine_kernel<<<w->n_tok * H, D, 0, s>>>(out, H, D, *w);
+    return K_LAUNCH_RESULT();
+}
+
 template <int D, int R>
 static int launch_attention(const float *q, uint16_t *out, int H, int KVH, float scale,
                             const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
@@ -239,8 +251,7 @@ static int launch_attention(const float *q, uint16_t *out, int H, int KVH, float
     attention_kernel<D, R><<<grid, ATT_NT, smem, s>>>(q, out, H, KVH, scale, *g, *w);
     int rc = K_LAUNCH_RESULT();
     if (rc || w->n_splits == 1) return rc;
-    attention_combine_kernel<<<w->n_tok * H, D, 0, s>>>(out, H, D, *w);
-    return K_LAUNCH_RESULT();
+    return attention_combine_launch(out, H, D, w, s);
 }
 
 template <int D>
@@ -250,6 +261,16 @@ static int dispatch_rows(int rows, const float *q, uint16_t *out, int H, int KVH
     if (rows <= 16) return launch_attention<D, 16>(q, out, H, KVH, scale, g, w, s);
     if (rows <= 32) return launch_attention<D, 32>(q, out, H, KVH, scale, g, w, s);
     return launch_attention<D, 64>(q, out, H, KVH, scale, g, w, s);
+}
+
+/* SPECD_ATTN_SIMT=1 keeps every call on attention_kernel (to time the two against each
+ * other); read once. */
+static bool attention_force_simt(void) {
+    static const bool force = [] {
+        const char *e = getenv("SPECD_ATTN_SIMT");
+        return e && strcmp(e, "1") == 0;
+    }();
+    return force;
 }
 
 extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
@@ -262,6 +283,10 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
     if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
     if (w->split_len % ATT_TILE) return -1;
     if (w->n_items == 0) return 0;
+    /* Enough rows for 16-row mma tiles (prefill chunks, verify): tensor cores. Decode
+     * rows (a few query heads) stay on the SIMT kernel. */
+    if ((D == 64 || D == 128) && rows >= 16 && !attention_force_simt())
+        return k_attention_tc(q, out, H, KVH, D, scale, g, w, s);
     if (D == 32) return dispatch_rows<32>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 64) return dispatch_rows<64>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 128) return dispatch_rows<128>(rows, q, out, H, KVH, scale, g, w, s);

@@ -82,6 +82,11 @@ typedef struct {
 } k_attn_work;
 int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
                 const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
+/* The same attention on tensor cores (bf16 mma, fp32 softmax and accumulators; q is
+ * rounded to bf16). k_attention calls it itself when D is 64 or 128 and qt * G >= 16
+ * (unless SPECD_ATTN_SIMT=1); exposed for tests. D must be 64 or 128 (else -1). */
+int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
+                   const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
 
 /* Skinny GEMM for decode: Y[t, o] = (accumulate ? Y[t, o] : 0) + sum_k W[o, k] X[t, k] for
  * t < n <= K_GEMV_MAX_N. W [out, in] bf16, X [n, in] bf16, Y [n, out] fp32; in % 8 == 0

@@ -353,6 +353,238 @@ static void test_attention_prefill_chunks_match_reference(void **state) {
     run_attention_case(2, 1, 32, nn, 3, 2, 192);
 }
 
+/* ---- tensor-core attention (k_attention_tc) ---------------------------------------- */
+
+typedef int (*attn_fn)(const float *, uint16_t *, int, int, int, float, const k_kv_geom *,
+                       const k_attn_work *, cudaStream_t);
+
+/* One call: rows with n_new[r] new tokens on len[r] cached ones (-1: random), items of qt =
+ * min(cap_rows / G, max n_new) tokens; skip_row >= 0 gets no items and must stay poisoned.
+ * out sits between two poisoned guard zones that must stay poisoned too. */
+typedef struct {
+    int H, KVH, D, bs, max_blocks;
+    int nrow, n_new[MAXB], len[MAXB];
+    int cap_rows, n_splits, split_len, skip_row;
+} tc_case;
+
+#define TC_GUARD 4096   /* bf16 elements of poison on each side of out */
+
+static void run_tc_case(attn_fn fn, const tc_case *c) {
+    kvfix f;
+    kv_setup(&f, c->H, c->KVH, c->D, c->bs, c->max_blocks);
+    const int H = c->H, KVH = c->KVH, D = c->D, G = H / KVH, cap = c->max_blocks * c->bs;
+    int slots[MAXB] = {1, 3, 0, 2};
+    int32_t row_slot[MAXB], row_off[MAXB], row_n[MAXB], item_row[1024], item_q0[1024];
+    int n = 0, ni = 0, max_new = 0;
+    for (int r = 0; r < c->nrow; r++) if (c->n_new[r] > max_new) max_new = c->n_new[r];
+    int qt = c->cap_rows / G < 1 ? 1 : c->cap_rows / G;
+    if (qt > max_new) qt = max_new;
+    for (int r = 0; r < c->nrow; r++) {
+        int len = c->len[r];
+        if (len < 0) {
+            int room = cap - c->n_new[r];
+            len = (int)(gu_next(&g_rng) % (uint64_t)(room < 400 ? room : 400));
+        }
+        row_slot[r] = slots[r];
+        row_off[r] = n;
+        row_n[r] = c->n_new[r];
+        f.lens[slots[r] * 2] = len;
+        if (r != c->skip_row)
+            for (int q0 = 0; q0 < c->n_new[r]; q0 += qt) { item_row[ni] = r; item_q0[ni] = q0; ni++; }
+        n += c->n_new[r];
+    }
+    assert_true(ni <= 1024);
+    kv_upload(&f);
+    size_t nel = (size_t)n * H * D;
+    float *q = malloc(nel * 4);
+    for (size_t i = 0; i < nel; i++) q[i] = gu_uniform(&g_rng, -1.5f, 1.5f);
+    float *d_q = gu_upload(q, nel * 4);
+    uint16_t *d_buf = gu_dev((nel + 2 * TC_GUARD) * 2), *d_out = d_buf + TC_GUARD;
+    int32_t *d_rs = gu_upload(row_slot, sizeof row_slot), *d_ro = gu_upload(row_off, sizeof row_off);
+    int32_t *d_rn = gu_upload(row_n, sizeof row_n), *d_ir = gu_upload(item_row, (size_t)ni * 4);
+    int32_t *d_iq = gu_upload(item_q0, (size_t)ni * 4);
+    float *d_wo = gu_dev((size_t)c->n_splits * nel * 4);
+    float *d_wml = gu_dev((size_t)c->n_splits * n * H * 2 * 4);
+    k_kv_geom g = kv_geom_of(&f, NULL, NULL);
+    k_attn_work w = {.row_slot = d_rs, .row_tok_off = d_ro, .row_n_new = d_rn, .item_row = d_ir,
+                     .item_q0 = d_iq, .n_items = ni, .qt = qt, .n_tok = n, .n_splits = c->n_splits,
+                     .split_len = c->split_len, .ws_o = d_wo, .ws_ml = d_wml};
+    float scale = 1.f / sqrtf((float)D);
+    assert_int_equal(fn(d_q, d_out, H, KVH, D, scale, &g, &w, 0), 0);
+    uint16_t *buf = malloc((nel + 2 * TC_GUARD) * 2), *o = buf + TC_GUARD;
+    gu_download(buf, d_buf, (nel + 2 * TC_GUARD) * 2);
+
+    size_t guard_hit = 0, stray = 0;
+    for (int i = 0; i < TC_GUARD; i++) {
+        guard_hit += buf[i] != 0xffff;
+        guard_hit += o[nel + i] != 0xffff;
+    }
+    /* Reference in double over the row's keys (copied out of the pool once per KV head);
+     * queries past the pool's capacity see keys up to the capacity, like the kernel. */
+    double *ref = malloc(nel * 8), *p = malloc((size_t)cap * 8);
+    float *got = malloc(nel * 4), *kf = malloc((size_t)cap * D * 4), *vf = malloc((size_t)cap * D * 4);
+    size_t nref = 0;
+    for (int r = 0; r < c->nrow; r++) {
+        int len = f.lens[row_slot[r] * 2];
+        int kmax = len + row_n[r] - 1 < cap - 1 ? len + row_n[r] - 1 : cap - 1;
+        for (int kvh = 0; kvh < KVH; kvh++) {
+            for (int k = 0; k <= kmax; k++)
+                for (int d = 0; d < D; d++) {
+                    kf[(size_t)k * D + d] = gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 0)]);
+                    vf[(size_t)k * D + d] = gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 1)]);
+                }
+            for (int j = 0; j < row_n[r]; j++) {
+                int t = row_off[r] + j, last = len + j < kmax ? len + j : kmax;
+                for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+                    size_t base = ((size_t)t * H + h) * D;
+                    if (r == c->skip_row) {
+                        for (int d = 0; d < D; d++) stray += o[base + d] != 0xffff;
+                        continue;
+                    }
+                    const float *qr = q + base;
+                    double mx = -INFINITY, sum = 0;
+                    for (int k = 0; k <= last; k++) {
+                        double s = 0;
+                        for (int d = 0; d < D; d++) s += (double)qr[d] * kf[(size_t)k * D + d];
+                        p[k] = s * scale;
+                        if (p[k] > mx) mx = p[k];
+                    }
+                    for (int k = 0; k <= last; k++) { p[k] = exp(p[k] - mx); sum += p[k]; }
+                    for (int d = 0; d < D; d++) {
+                        double acc = 0;
+                        for (int k = 0; k <= last; k++) acc += p[k] * vf[(size_t)k * D + d];
+                        ref[nref] = acc / sum;
+                        got[nref++] = gu_bf2f(o[base + d]);   /* NaN (unwritten) -> inf error */
+                    }
+                }
+            }
+        }
+    }
+    char name[128];
+    snprintf(name, sizeof name, "attn_tc H%d KVH%d D%d new%d%s qt%d splits%d", H, KVH, D,
+             c->n_new[0], c->nrow > 1 ? "+" : "", qt, c->n_splits);
+    double e = gu_rel_err(got, ref, nref);
+    report(name, e);
+    assert_true(e < 1e-2);
+    assert_int_equal(guard_hit, 0);
+    assert_int_equal(stray, 0);
+    cudaFree(d_q); cudaFree(d_buf); cudaFree(d_rs); cudaFree(d_ro); cudaFree(d_rn);
+    cudaFree(d_ir); cudaFree(d_iq); cudaFree(d_wo); cudaFree(d_wml);
+    free(q); free(buf); free(ref); free(p); free(got); free(kf); free(vf);
+    kv_free(&f);
+}
+
+/* G = 1, 4, 8: H / KVH = 8 / 8, 32 / 8, 16 / 2. */
+static const int tc_shapes[3][2] = {{8, 8}, {32, 8}, {16, 2}};
+
+static void test_attention_tc_prefill_from_empty_context_matches_reference(void **state) {
+    (void)state;
+    const int lens[4] = {1, 15, 64, 200};
+    for (int li = 0; li < 4; li++)
+        for (int s = 0; s < 3; s++)
+            for (int D = 64; D <= 128; D += 64) {
+                tc_case c = {.H = tc_shapes[s][0], .KVH = tc_shapes[s][1], .D = D, .bs = 16,
+                             .max_blocks = 16, .nrow = 1, .n_new = {lens[li]}, .len = {0},
+                             .cap_rows = 64, .n_splits = (li + s) % 2 ? 3 : 1, .split_len = 0,
+                             .skip_row = -1};
+                run_tc_case(k_attention_tc, &c);
+            }
+    /* A long prompt: many items per row, the engine's 32-row items for D = 128. */
+    tc_case c = {.H = 32, .KVH = 8, .D = 128, .bs = 16, .max_blocks = 64, .nrow = 1,
+                 .n_new = {777}, .len = {0}, .cap_rows = 32, .n_splits = 1, .split_len = 0,
+                 .skip_row = -1};
+    run_tc_case(k_attention_tc, &c);
+    c = (tc_case){.H = 16, .KVH = 2, .D = 64, .bs = 16, .max_blocks = 64, .nrow = 1,
+                  .n_new = {777}, .len = {0}, .cap_rows = 64, .n_splits = 3, .split_len = 0,
+                  .skip_row = -1};
+    run_tc_case(k_attention_tc, &c);
+    c = (tc_case){.H = 8, .KVH = 8, .D = 128, .bs = 16, .max_blocks = 64, .nrow = 1,
+                  .n_new = {777}, .len = {0}, .cap_rows = 64, .n_splits = 3, .split_len = 256,
+                  .skip_row = -1};
+    run_tc_case(k_attention_tc, &c);
+}
+
+static void test_attention_tc_chunk_on_existing_context_matches_reference(void **state) {
+    (void)state;
+    for (int s = 0; s < 3; s++)
+        for (int D = 64; D <= 128; D += 64)
+            for (int sp = 0; sp < 2; sp++) {
+                tc_case c = {.H = tc_shapes[s][0], .KVH = tc_shapes[s][1], .D = D, .bs = 16,
+                             .max_blocks = 32, .nrow = 1, .n_new = {100}, .len = {300},
+                             .cap_rows = sp ? 32 : 64, .n_splits = sp ? 3 : 1,
+                             .split_len = sp && D == 64 ? 128 : 0, .skip_row = -1};
+                run_tc_case(k_attention_tc, &c);
+            }
+}
+
+static void test_attention_tc_rows_of_different_lengths_match_reference(void **state) {
+    (void)state;
+    for (int s = 0; s < 3; s++)
+        for (int D = 64; D <= 128; D += 64)
+            for (int sp = 0; sp < 2; sp++) {
+                tc_case c = {.H = tc_shapes[s][0], .KVH = tc_shapes[s][1], .D = D, .bs = 16,
+                             .max_blocks = 40, .nrow = 4, .n_new = {37, 3, 70, 130},
+                             .len = {-1, -1, 0, -1}, .cap_rows = 64, .n_splits = sp ? 3 : 1,
+                             .split_len = 0, .skip_row = -1};
+                run_tc_case(k_attention_tc, &c);
+            }
+}
+
+static void test_attention_tc_verify_rows_match_reference(void **state) {
+    (void)state;
+    for (int s = 0; s < 3; s++)
+        for (int D = 64; D <= 128; D += 64)
+            for (int sp = 0; sp < 2; sp++) {
+                tc_case c = {.H = tc_shapes[s][0], .KVH = tc_shapes[s][1], .D = D, .bs = 16,
+                             .max_blocks = 40, .nrow = 4, .n_new = {5, 5, 5, 5},
+                             .len = {500, 499, 3, 240}, .cap_rows = 64, .n_splits = sp ? 3 : 1,
+                             .split_len = 0, .skip_row = -1};
+                run_tc_case(k_attention_tc, &c);
+            }
+}
+
+/* Items of rows 0 and 2 only: row 1's outputs (and everything around out) stay poisoned,
+ * so padding rows of a partial item write nothing into the next row's tokens. */
+static void test_attention_tc_writes_only_its_items(void **state) {
+    (void)state;
+    for (int s = 0; s < 3; s++)
+        for (int D = 64; D <= 128; D += 64) {
+            tc_case c = {.H = tc_shapes[s][0], .KVH = tc_shapes[s][1], .D = D, .bs = 16,
+                         .max_blocks = 24, .nrow = 3, .n_new = {37, 21, 70}, .len = {-1, -1, -1},
+                         .cap_rows = 64, .n_splits = 1, .split_len = 0, .skip_row = 1};
+            run_tc_case(k_attention_tc, &c);
+        }
+}
+
+/* Rows that run past max_blocks * block_size: keys are clamped to the pool like the SIMT
+ * kernel (and qkv_rope_kv, which does not write there). */
+static void test_attention_tc_clamps_keys_at_pool_capacity(void **state) {
+    (void)state;
+    for (int sp = 0; sp < 2; sp++) {
+        tc_case c = {.H = 32, .KVH = 8, .D = 128, .bs = 32, .max_blocks = 4, .nrow = 2,
+                     .n_new = {20, 30}, .len = {118, 100}, .cap_rows = 64,
+                     .n_splits = sp ? 2 : 1, .split_len = sp ? 64 : 0, .skip_row = -1};
+        run_tc_case(k_attention_tc, &c);
+    }
+}
+
+static void test_attention_tc_rejects_unsupported_shapes(void **state) {
+    (void)state;
+    k_kv_geom g;
+    memset(&g, 0, sizeof g);
+    k_attn_work w = {.n_items = 1, .qt = 4, .n_tok = 4, .n_splits = 1};
+    assert_int_equal(k_attention_tc(NULL, NULL, 8, 2, 32, 1.f, &g, &w, 0), -1);
+    assert_int_equal(k_attention_tc(NULL, NULL, 8, 2, 96, 1.f, &g, &w, 0), -1);
+    w.qt = 17;   /* 17 * 4 rows > 64 */
+    assert_int_equal(k_attention_tc(NULL, NULL, 8, 2, 128, 1.f, &g, &w, 0), -1);
+    w.qt = 4;
+    w.split_len = 100;   /* not a multiple of the 64-key tile */
+    assert_int_equal(k_attention_tc(NULL, NULL, 8, 2, 128, 1.f, &g, &w, 0), -1);
+    w.split_len = 0;
+    w.n_splits = 2;      /* splits need the partial workspace */
+    assert_int_equal(k_attention_tc(NULL, NULL, 8, 2, 128, 1.f, &g, &w, 0), -1);
+}
+
 static void run_gemv_case(int out, int in, int n, int accumulate) {
     uint16_t *w = malloc((size_t)out * in * 2), *x = malloc((size_t)n * in * 2);
     float *y0 = malloc((size_t)n * out * 4);
@@ -565,6 +797,13 @@ int main(void) {
         cmocka_unit_test(test_attention_decode_rows_match_reference),
         cmocka_unit_test(test_attention_verify_rows_are_causal_among_new_tokens),
         cmocka_unit_test(test_attention_prefill_chunks_match_reference),
+        cmocka_unit_test(test_attention_tc_prefill_from_empty_context_matches_reference),
+        cmocka_unit_test(test_attention_tc_chunk_on_existing_context_matches_reference),
+        cmocka_unit_test(test_attention_tc_rows_of_different_lengths_match_reference),
+        cmocka_unit_test(test_attention_tc_verify_rows_match_reference),
+        cmocka_unit_test(test_attention_tc_writes_only_its_items),
+        cmocka_unit_test(test_attention_tc_clamps_keys_at_pool_capacity),
+        cmocka_unit_test(test_attention_tc_rejects_unsupported_shapes),
         cmocka_unit_test(test_gemv_matches_reference),
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),

@@ -35,7 +35,9 @@ typedef struct {
     int H, KVH, D, ffn;  /* this rank's share of heads / intermediate */
     int pool_layer0;     /* first pool layer of this model */
     uint16_t *embed;     /* vocab, hidden */
-    uint16_t *lm_head;   /* vocab, hidden; == embed when tied */
+    uint16_t *lm_head;   /* vocab_rows, hidden; == embed when tied and not split */
+    int vocab_parts;     /* set before loading: 1, or world to split lm_head by vocabulary */
+    int vocab_rows, vocab_row0;   /* this rank's lm_head rows: [vocab_row0, + vocab_rows) */
     float *out_norm;     /* hidden */
     float *inv_freq;     /* D/2 */
     cuda_layer *layers;  /* n_layers (host array of device pointers) */
@@ -59,7 +61,9 @@ typedef struct {
     runner base;
     cuda_runner_opts opts;
     int fuse_norm;           /* SPECD_CUDA_FUSE_NORM=1: norm (+ SiLU) folded into the batch-1/2 GEMVs */
-    int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
+    int tp_skip_allreduce;
+    int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
+    float *d_lpart, *d_lgather;   /* vocabulary-split lm_head: [LR, V/world], [world, LR, V/world] */   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
     cuda_model m[2];
     int device, n_sm;
     cudaStream_t stream;

@@ -102,8 +102,9 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         int ctx = r->h_len[row->slot * 2 + which] + row->n_new;
         if (ctx > max_ctx) max_ctx = ctx;
     }
-    /* Items: up to qt query tokens of one row share a block (qt * G rows of Q). */
-    int G = cm->H / cm->KVH, cap_rows = cm->D == 128 ? 32 : 64;
+    /* Items: up to qt query tokens of one row share a block (qt * G <= 64 rows of Q: the
+     * tensor-core kernel's four 16-row warp tiles, so each K/V tile serves all of them). */
+    int G = cm->H / cm->KVH, cap_rows = 64;
     int qt = cap_rows / G < 1 ? 1 : cap_rows / G;
     if (qt > max_new) qt = max_new > 0 ? max_new : 1;
     int ni = 0;
@@ -291,7 +292,7 @@ static void cuda_destroy(runner *base) {
     cuda_model_free(&r->m[0]);
     cuda_model_free(&r->m[1]);
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
-                   r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_meta, r->d_iota, r->d_zeros,
+                   r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
@@ -371,6 +372,8 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_ws_o, r->ws_tok_splits * qd * 4) ||
         dmalloc(r, &r->d_ws_ml, r->ws_tok_splits * heads * 2 * 4) ||
         dmalloc(r, &r->d_logits, (size_t)r->LR * vocab * 4) ||
+        (r->m[0].vocab_parts > 1 && (dmalloc(r, &r->d_lpart, (size_t)r->LR * r->m[0].vocab_rows * 4) ||
+                                     dmalloc(r, &r->d_lgather, (size_t)r->LR * vocab * 4))) ||
         dmalloc(r, &r->d_meta, (size_t)META_N * T * 4) || dmalloc(r, &r->d_iota, (size_t)T * 4) ||
         dmalloc(r, &r->d_zeros, (size_t)T * 4) || dmalloc(r, &r->d_ones, (size_t)T * 4) ||
         dmalloc(r, &r->d_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))) ||
@@ -499,13 +502,23 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     BLAS_CHECK(r, cublasSetWorkspace(r->blas, r->blas_ws, r->blas_ws_bytes));
 
     r->m[0].pool_layer0 = 0;
+    /* lm_head split by vocabulary across the ranks unless SPECD_TP_VOCAB_SPLIT=0 (then
+     * replicated); the draft replicated unless SPECD_TP_SHARD_DRAFT=1. Both measured:
+     * docs/tensor-parallel.md. */
+    if (r->opts.world > 1) {
+        const char *vs = getenv("SPECD_TP_VOCAB_SPLIT"), *sd = getenv("SPECD_TP_SHARD_DRAFT");
+        r->m[0].vocab_parts = vs && *vs == '0' ? 1 : r->opts.world;
+        r->tp_shard_draft = sd && *sd == '1';
+    }
     if (cuda_model_load(r, &r->m[0], target, r->opts.rank, r->opts.world, err, errlen)) goto fail_free;
     r->m[0].pool_layer0 = 0;
     if (draft) {
         r->m[1].pool_layer0 = target->cfg.n_layers;
         /* The draft is replicated on every rank (docs/tensor-parallel.md): its passes need
          * no collectives, and small drafts often do not split (llama-draft: 1 KV head). */
-        if (cuda_model_load(r, &r->m[1], draft, 0, 1, err, errlen)) goto fail_free;
+        if (cuda_model_load(r, &r->m[1], draft, r->tp_shard_draft ? r->opts.rank : 0, r->tp_shard_draft ? r->opts.world : 1,
+                            err, errlen))
+            goto fail_free;
         r->m[1].pool_layer0 = target->cfg.n_layers;
     }
 

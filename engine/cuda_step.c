@@ -41,7 +41,7 @@ fail:
 int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n) {
     /* Rank 0 accumulated its partial into the residual and the others started from zero,
      * so the sum over ranks is exactly the new residual, the same bits on every rank. */
-    if (r->opts.world <= 1 || which != RUNNER_TARGET || r->tp_skip_allreduce) return 0;
+    if (r->opts.world <= 1 || (which != RUNNER_TARGET && !r->tp_shard_draft) || r->tp_skip_allreduce) return 0;
     int rc = cuda_tp_all_reduce_f32(r->opts.tp, buf, n, r->stream);
     if (rc) cuda_fail(r, __FILE__, __LINE__, "all-reduce", cuda_tp_error(r->opts.tp));
     return rc ? SPECD_ECUDA : 0;
@@ -76,7 +76,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const int n = p->n_tok, hidden = c->hidden, H = cm->H, KVH = cm->KVH, D = cm->D;
     const int qd = H * D, qkvd = (H + 2 * KVH) * D, F = cm->ffn;
     /* the target's row-parallel partials: only rank 0 adds the residual (see cuda_tp_allreduce) */
-    const float beta_res = r->opts.rank == 0 || p->which != RUNNER_TARGET ? 1.f : 0.f;
+    const float beta_res = r->opts.rank == 0 || (p->which != RUNNER_TARGET && !r->tp_shard_draft) ? 1.f : 0.f;
     const float scale = 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
@@ -127,7 +127,23 @@ int cuda_enqueue_logits_out(cuda_runner *r, int which, const int32_t *rows, int 
     const model_config *c = &cm->c;
     K_CHECK(r, k_rmsnorm(r->d_resid, rows, cm->out_norm, r->d_xb, n, c->hidden, c->rms_eps,
                          r->stream));
-    return gemm(r, cm->lm_head, c->vocab, c->hidden, r->d_xb, n, out, 0.f);
+    if (cm->vocab_parts <= 1) return gemm(r, cm->lm_head, c->vocab, c->hidden, r->d_xb, n, out, 0.f);
+    /* Vocabulary-split lm_head: this rank's [n, V/W] slice, an all-gather of the slices
+     * ([W][n][V/W], rank order), then each slice into its columns of out [n, V]: every
+     * rank ends with the same full logits, so sampling agrees without another collective. */
+    const int vp = cm->vocab_rows, W = cm->vocab_parts;
+    int rc = gemm(r, cm->lm_head, vp, c->hidden, r->d_xb, n, r->d_lpart, 0.f);
+    if (rc) return rc;
+    if (!r->tp_skip_allreduce) {
+        if (cuda_tp_all_gather_f32(r->opts.tp, r->d_lpart, r->d_lgather, (size_t)n * vp, r->stream)) {
+            cuda_fail(r, __FILE__, __LINE__, "all-gather of the logits", cuda_tp_error(r->opts.tp));
+            return SPECD_ECUDA;
+        }
+    }
+    for (int p = 0; p < W; p++)
+        CU_CHECK(r, cudaMemcpy2DAsync(out + (size_t)p * vp, (size_t)c->vocab * 4, r->d_lgather + (size_t)p * n * vp,
+                                      (size_t)vp * 4, (size_t)vp * 4, (size_t)n, cudaMemcpyDeviceToDevice, r->stream));
+    return 0;
 fail:
     return SPECD_ECUDA;
 }

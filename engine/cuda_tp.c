@@ -37,6 +37,7 @@ static struct {
     ncclResult_t (*CommDestroy)(ncclComm_t);
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     const char *(*GetErrorString)(ncclResult_t);
     const char *(*GetLastError)(ncclComm_t);
     ncclResult_t (*GetVersion)(int *);
@@ -66,6 +67,7 @@ static void nccl_load(void) {
         {(void **)&N.CommDestroy, "ncclCommDestroy"},
         {(void **)&N.AllReduce, "ncclAllReduce"},
         {(void **)&N.Broadcast, "ncclBroadcast"},
+        {(void **)&N.AllGather, "ncclAllGather"},
         {(void **)&N.GetErrorString, "ncclGetErrorString"},
         {(void **)&N.GetLastError, "ncclGetLastError"},
         {(void **)&N.GetVersion, "ncclGetVersion"},
@@ -204,6 +206,13 @@ int cuda_tp_all_reduce_f32(cuda_tp *t, void *buf, size_t count, void *stream) {
 
 int cuda_tp_all_reduce_min_i32(cuda_tp *t, void *buf, size_t count, void *stream) {
     return all_reduce(t, buf, count, ncclInt32, ncclMin, stream);
+}
+
+int cuda_tp_all_gather_f32(cuda_tp *t, const void *send, void *recv, size_t count, void *stream) {
+    if (!t || ((!send || !recv) && count)) return SPECD_EINVAL;
+    if (atomic_load(&t->aborted)) return SPECD_ESTATE;
+    ncclResult_t r = N.AllGather(send, recv, count, ncclFloat32, t->comm, (cudaStream_t)stream);
+    return settle(t, r, "ncclAllGather", ENQUEUE_TIMEOUT_MS);
 }
 
 int cuda_tp_bcast(cuda_tp *t, void *buf, size_t bytes, int root, void *stream) {

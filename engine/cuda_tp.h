@@ -43,6 +43,8 @@ int cuda_tp_all_reduce_bf16(cuda_tp *t, void *buf, size_t count, void *stream);
 int cuda_tp_all_reduce_f32(cuda_tp *t, void *buf, size_t count, void *stream);
 /* In-place minimum over ranks of count int32 (start-up agreements, e.g. the KV pool size). */
 int cuda_tp_all_reduce_min_i32(cuda_tp *t, void *buf, size_t count, void *stream);
+/* recv [world][count] = every rank's send [count] in rank order (capturable). */
+int cuda_tp_all_gather_f32(cuda_tp *t, const void *send, void *recv, size_t count, void *stream);
 /* bytes of device memory buf from `root` to every rank, in place, on stream. */
 int cuda_tp_bcast(cuda_tp *t, void *buf, size_t bytes, int root, void *stream);
 

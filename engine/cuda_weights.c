@@ -101,9 +101,11 @@ static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank) 
     float a = 0.02f * sqrtf(3.f);
     uint64_t tag = 0;
     cudaStream_t st = r->stream;
-    K_CHECK(r, k_fill_uniform_bf16(cm->embed, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, st));
-    if (cm->lm_head != cm->embed)
-        K_CHECK(r, k_fill_uniform_bf16(cm->lm_head, (size_t)c->vocab * hidden, mix_seed(seed, tag++), a, st));
+    const uint64_t embed_seed = mix_seed(seed, tag++);
+    K_CHECK(r, k_fill_uniform_bf16(cm->embed, (size_t)c->vocab * hidden, embed_seed, a, st));
+    if (cm->lm_head != cm->embed)   /* its own tensor, or a vocabulary slice of the tied one */
+        K_CHECK(r, k_fill_uniform_bf16_slice(cm->lm_head, (size_t)cm->vocab_rows, hidden, (size_t)cm->vocab_row0, 0,
+                                             hidden, c->tied_embeddings ? embed_seed : mix_seed(seed, tag++), a, st));
     K_CHECK(r, k_fill_uniform_f32(cm->out_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &cm->layers[l];
@@ -209,8 +211,14 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     if (!cm->layers) return specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of host memory");
 
     if (!(cm->embed = dalloc(r, cm, (size_t)c->vocab * hidden * 2))) goto oom;
+    /* lm_head: all rows, or this rank's 1/world of the vocabulary (tensor parallelism) */
+    int parts = cm->vocab_parts > 1 && c->vocab % cm->vocab_parts == 0 ? cm->vocab_parts : 1;
+    cm->vocab_parts = parts;
+    cm->vocab_rows = c->vocab / parts;
+    cm->vocab_row0 = parts > 1 ? rank * cm->vocab_rows : 0;
     cm->lm_head = cm->embed;
-    if (!c->tied_embeddings && !(cm->lm_head = dalloc(r, cm, (size_t)c->vocab * hidden * 2))) goto oom;
+    if ((!c->tied_embeddings || parts > 1) && !(cm->lm_head = dalloc(r, cm, (size_t)cm->vocab_rows * hidden * 2)))
+        goto oom;
     if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
     if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
@@ -243,8 +251,9 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
             (rc = upload_f32(r, &s, &m->out_norm, 0, c->hidden, cm->out_norm)))
             goto cuda_err;
         if (cm->lm_head != cm->embed) {
-            if ((rc = check_view(&m->lm_head, c->vocab, c->hidden, "lm_head", -1, err, errlen))) goto out;
-            if ((rc = upload_bf16(r, &s, &m->lm_head, c->vocab, c->hidden, 0, c->vocab, 0, c->hidden,
+            const tensor_view *lv = c->tied_embeddings ? &m->tok_embd : &m->lm_head;
+            if ((rc = check_view(lv, c->vocab, c->hidden, "lm_head", -1, err, errlen))) goto out;
+            if ((rc = upload_bf16(r, &s, lv, c->vocab, c->hidden, cm->vocab_row0, cm->vocab_rows, 0, c->hidden,
                                   cm->lm_head)))
                 goto cuda_err;
         }

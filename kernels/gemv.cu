@@ -36,23 +36,23 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
 
 /* acc[b] += W[row, :] . X[b, :] for one warp; w0 holds the first GEMV_UNROLL loads
  * (issued by the caller, possibly before the PDL wait). X may be global or shared. */
-template <int NB>
+template <int NB, int U = GEMV_UNROLL>
 __device__ __forceinline__ void warp_row_dot(const uint4 *__restrict__ w, const uint4 *X, int in8, int lane,
-                                             uint4 (&w0)[GEMV_UNROLL], float (&acc)[NB]) {
+                                             uint4 (&w0)[U], float (&acc)[NB]) {
     int k = lane;
     bool first = true;
-    for (; k + 32 * (GEMV_UNROLL - 1) < in8; k += 32 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL];
+    for (; k + 32 * (U - 1) < in8; k += 32 * U) {
+        uint4 wv[U];
         if (first) {
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = w0[u];
+            for (int u = 0; u < U; u++) wv[u] = w0[u];
             first = false;
         } else {
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = __ldcs(w + k + 32 * u);
+            for (int u = 0; u < U; u++) wv[u] = __ldcs(w + k + 32 * u);
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < U; u++)
 #pragma unroll
             for (int b = 0; b < NB; b++) acc[b] += dot8(wv[u], X[(size_t)b * in8 + k + 32 * u]);
     }
@@ -64,28 +64,29 @@ __device__ __forceinline__ void warp_row_dot(const uint4 *__restrict__ w, const 
 }
 
 /* The first GEMV_UNROLL loads of a row (only when the row has a full first group). */
-__device__ __forceinline__ void prefetch_row(const uint4 *__restrict__ w, int in8, int lane, uint4 (&w0)[GEMV_UNROLL]) {
-    if (lane + 32 * (GEMV_UNROLL - 1) < in8) {
+template <int U = GEMV_UNROLL>
+__device__ __forceinline__ void prefetch_row(const uint4 *__restrict__ w, int in8, int lane, uint4 (&w0)[U]) {
+    if (lane + 32 * (U - 1) < in8) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) w0[u] = __ldcs(w + lane + 32 * u);
+        for (int u = 0; u < U; u++) w0[u] = __ldcs(w + lane + 32 * u);
     }
 }
 
-template <int NB>
+template <int NB, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, float *__restrict__ Y,
             int out, int in8, int accumulate) {
     k_pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    uint4 w0[GEMV_UNROLL];
-    if (row < out) prefetch_row(W + (size_t)row * in8, in8, lane, w0);
+    uint4 w0[U];
+    if (row < out) prefetch_row<U>(W + (size_t)row * in8, in8, lane, w0);
     k_pdl_wait();
     if (row >= out) return;
     float acc[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[b] = 0.f;
-    warp_row_dot<NB>(W + (size_t)row * in8, X, in8, lane, w0, acc);
+    warp_row_dot<NB, U>(W + (size_t)row * in8, X, in8, lane, w0, acc);
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         float v = k_warp_sum(acc[b]);
@@ -179,15 +180,21 @@ extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int o
     dim3 grid((out + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
     const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
     int in8 = in / 8;
+    /* SPECD_GEMV_UNROLL=8: eight 16-byte loads in flight per lane instead of four (A/B) */
+    static int u8 = -1;
+    if (u8 < 0) u8 = getenv("SPECD_GEMV_UNROLL") && atoi(getenv("SPECD_GEMV_UNROLL")) == 8;
+    if (u8 && n <= 2)
+        return n == 1 ? k_launch(gemv_kernel<1, 8>, grid, block, 0, s, w, x, Y, out, in8, accumulate)
+                      : k_launch(gemv_kernel<2, 8>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
     switch (n) {
-    case 1: return k_launch(gemv_kernel<1>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 2: return k_launch(gemv_kernel<2>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 3: return k_launch(gemv_kernel<3>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 4: return k_launch(gemv_kernel<4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 5: return k_launch(gemv_kernel<5>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 6: return k_launch(gemv_kernel<6>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 7: return k_launch(gemv_kernel<7>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    default: return k_launch(gemv_kernel<8>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 1: return k_launch(gemv_kernel<1, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 2: return k_launch(gemv_kernel<2, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 3: return k_launch(gemv_kernel<3, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 4: return k_launch(gemv_kernel<4, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 5: return k_launch(gemv_kernel<5, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 6: return k_launch(gemv_kernel<6, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    case 7: return k_launch(gemv_kernel<7, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
+    default: return k_launch(gemv_kernel<8, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
     }
 }
 

@@ -6,8 +6,9 @@
 #     qwen3-1.7b, llama-3.1-8b; filled on the GPU, each rank its slice), a 512-token
 #     prompt and 64 steps, compared up to the first low-margin step (TP 1's top-2 logprob
 #     gap < $TP_MARGIN): a difference before it fails;
-#  3. speculative decoding under TP 2 (llama-tiny + llama-draft, k = 4) gives TP 1's
-#     plain greedy tokens;
+#  3. speculative decoding under TP 2 (llama-tiny + llama-draft replicated, k = 4; llama-tiny
+#     as a sharded draft) gives TP 1's plain greedy tokens; so does TP 2 with the lm_head
+#     replicated instead of split by vocabulary;
 #  4. `specd serve --tensor-parallel-size 2`: a stream in flight when rank 1 is SIGKILLed
 #     ends with an error, and the server exits non-zero within 30 s.
 #
@@ -95,6 +96,16 @@ gen "$LOG/tp_spec.tp2.json" --model "$FIX/models/llama-tiny" --draft-model "$FIX
     --num-draft-tokens 4 --prompt-ids "$p" --max-tokens 48 --max-seq-len 512 --tensor-parallel-size 2 &&
 compare "$LOG/tp_spec.tp1.json" "$LOG/tp_spec.tp2.json" "speculative TP2 (llama-draft, k=4) vs plain TP1" || fail=1
 python3 -c 'import json,sys; print("  spec_decode:", json.load(open(sys.argv[1])).get("spec_decode"))' "$LOG/tp_spec.tp2.json" 2>/dev/null
+# ... and with the draft sharded like the target (SPECD_TP_SHARD_DRAFT=1; llama-tiny as its own draft,
+# since llama-draft's single KV head does not split), and with the lm_head replicated
+SPECD_TP_SHARD_DRAFT=1 gen "$LOG/tp_spec_sharded.tp2.json" --model "$FIX/models/llama-tiny" \
+    --draft-model "$FIX/models/llama-tiny" --num-draft-tokens 4 --prompt-ids "$p" --max-tokens 48 --max-seq-len 512 \
+    --tensor-parallel-size 2 &&
+compare "$LOG/tp_spec.tp1.json" "$LOG/tp_spec_sharded.tp2.json" "speculative TP2, sharded draft (llama-tiny, k=4) vs plain TP1" || fail=1
+python3 -c 'import json,sys; print("  spec_decode:", json.load(open(sys.argv[1])).get("spec_decode"))' "$LOG/tp_spec_sharded.tp2.json" 2>/dev/null
+SPECD_TP_VOCAB_SPLIT=0 gen "$LOG/tp_novsplit.tp2.json" --model "$FIX/models/llama-tiny" --prompt-ids "$p" --max-tokens 48 \
+    --max-seq-len 512 --tensor-parallel-size 2 &&
+compare "$LOG/tp_spec.tp1.json" "$LOG/tp_novsplit.tp2.json" "TP2 with the lm_head replicated vs TP1" || fail=1
 
 # 4. a rank that dies mid-stream takes the server down non-zero, the client gets an error
 pt=$(port); mp=$(port)

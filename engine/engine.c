@@ -389,8 +389,9 @@ void engine_destroy(engine *e) {
     runner_destroy(e->run);   /* on rank 0 of a group: broadcasts STOP */
     tp_comm_close(e->tp);
     if (e->tp_ch) {
-        tp_children_wait(e->tp_ch, 5000);   /* they exit after STOP */
-        tp_children_stop(e->tp_ch, 2000);
+        /* After STOP healthy workers exit; a failed group's may be dead or hung: no wait */
+        if (!e->failed) tp_children_wait(e->tp_ch, 5000);
+        tp_children_stop(e->tp_ch, e->failed ? 200 : 2000);
         tp_children_free(e->tp_ch);
     }
     tmpl_free(e->tmpl);

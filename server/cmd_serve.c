@@ -25,8 +25,22 @@ typedef struct {
     double drain_timeout;
     int signals;
     int hard_exit;
+    int group_failed;            /* tensor parallelism: the group broke, exit non-zero */
     uv_signal_t sigterm, sigint;
+    uv_timer_t group_watch;
 } serve_state;
+
+/* A tensor-parallel group that failed (a rank hung past the step timeout, or a collective
+ * failed) cannot recover: leave non-zero so the orchestrator restarts every rank. A rank
+ * that dies is also caught by the watchdog (cli.c), which exits on its own. */
+static void on_group_watch(uv_timer_t *t) {
+    serve_state *s = t->data;
+    if (s->group_failed || !loop_engine_failed(s->lp)) return;
+    s->group_failed = 1;
+    log_msg(LOG_ERROR, "tensor-parallel group failed: exiting");
+    uv_timer_stop(t);
+    loop_drain(s->lp, 0);
+}
 
 static void on_signal(uv_signal_t *h, int signum) {
     serve_state *s = h->data;
@@ -168,6 +182,9 @@ int cmd_serve(int argc, char **argv) {
     st.sigterm.data = st.sigint.data = &st;
     uv_signal_start(&st.sigterm, on_signal, SIGTERM);
     uv_signal_start(&st.sigint, on_signal, SIGINT);
+    uv_timer_init(&uv, &st.group_watch);
+    st.group_watch.data = &st;
+    if (ec.tp.world_size > 1) uv_timer_start(&st.group_watch, on_group_watch, 200, 200);
     log_msg(LOG_INFO, "ready");
     uv_run(&uv, UV_RUN_DEFAULT);
     if (st.hard_exit) return 1;  /* suspended connections and a running step: no teardown */
@@ -177,13 +194,14 @@ int cmd_serve(int argc, char **argv) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    rc = 0;
+    rc = st.group_failed ? 1 : 0;
     log_msg(LOG_INFO, "stopped");
 out:
     http_stop(http);
     if (st.lp) {
         uv_close((uv_handle_t *)&st.sigterm, close_cb);
         uv_close((uv_handle_t *)&st.sigint, close_cb);
+        uv_close((uv_handle_t *)&st.group_watch, close_cb);
     }
     if (lp && loop_get_state(lp) != LOOP_STOPPED) loop_drain(lp, 0);
     uv_run(&uv, UV_RUN_DEFAULT);  /* run the close callbacks */

@@ -333,12 +333,20 @@ static const char *specd_bin(void) {
     return b && *b ? b : "build/specd";
 }
 
-/* Run specd generate in the background with stdout / stderr to files; returns its pid. */
-static pid_t spawn_generate(const char *ids, int max_tokens, int tp, int port, const char *out, const char *errf) {
+/* Run specd generate in the background with stdout / stderr to files; returns its pid.
+ * extra: more arguments (NULL-terminated, may be NULL); env: "NAME=value" or NULL. */
+static pid_t spawn_generate_ex(const char *ids, int max_tokens, int tp, int port, const char *out, const char *errf,
+                               const char *const *extra, const char *env) {
     char mt[16], ps[16], tps[16];
     snprintf(mt, sizeof mt, "%d", max_tokens);
     snprintf(ps, sizeof ps, "%d", port);
     snprintf(tps, sizeof tps, "%d", tp);
+    const char *argv[40] = {"specd", "generate", "--model", model_path("llama-tiny"), "--prompt-ids", ids,
+                            "--max-tokens", mt, "--ignore-eos", "--threads", "1", "--max-seq-len", "4096",
+                            "--max-batch", "2", "--tensor-parallel-size", tps, "--master-port", ps};
+    int n = 19;
+    for (int i = 0; extra && extra[i] && n < 39; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -346,13 +354,16 @@ static pid_t spawn_generate(const char *ids, int max_tokens, int tp, int port, c
         if (fo < 0 || fe < 0) _exit(120);
         dup2(fo, 1);
         dup2(fe, 2);
-        execl(specd_bin(), "specd", "generate", "--model", model_path("llama-tiny"), "--prompt-ids", ids,
-              "--max-tokens", mt, "--ignore-eos", "--threads", "1", "--max-seq-len", "4096", "--max-batch", "2",
-              "--tensor-parallel-size", tps, "--master-port", ps, (char *)NULL);
+        if (env) putenv((char *)env);
+        execv(specd_bin(), (char *const *)argv);
         _exit(121);
     }
     g_pid = pid;
     return pid;
+}
+
+static pid_t spawn_generate(const char *ids, int max_tokens, int tp, int port, const char *out, const char *errf) {
+    return spawn_generate_ex(ids, max_tokens, tp, port, out, errf, NULL, NULL);
 }
 
 static char *slurp(const char *path) { return cli_read_file(path, NULL); }
@@ -451,7 +462,76 @@ static void test_cli_generate_tp2_matches_tp1_and_fails_cleanly(void **st) {
     assert_false(alive(w));
     waitpid(w, NULL, WNOHANG);
 
+    /* 4. a worker that hangs (SIGSTOP: alive, socket open, no keepalive failure): rank 0's
+     * step fails at the step timeout and it exits non-zero; the stopped worker dies with it */
+    r0 = spawn_generate_ex(ids, 4000, 2, free_port(), o2, e2, NULL, "SPECD_TP_STEP_TIMEOUT_MS=1500");
+    w = child_of(r0, 10000);
+    assert_true(w > 0);
+    usleep(300000);
+    kill(w, SIGSTOP);
+    t0 = ms();
+    assert_int_equal(wait_exit(r0, 10000, &status), 0);
+    g_pid = -1;
+    took = ms() - t0;
+    e = slurp(e2);
+    assert_non_null(e);
+    print_message("  worker stopped: rank 0 exited %d after %lld ms: %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                  (long long)took, e);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    assert_true(took >= 1000 && took < 6000);   /* the 1.5 s step timeout, not a hang */
+    assert_non_null(strstr(e, "tensor parallel"));
+    free(e);
+    t0 = ms();
+    while (alive(w) && ms() - t0 < 3000) usleep(5000);
+    assert_false(alive(w));
+    waitpid(w, NULL, WNOHANG);
+
     unlink(o1), unlink(o2), unlink(e1), unlink(e2);
+    rmdir(dir);
+}
+
+/* Two "hosts" on one machine: `--nnodes 2 --node-rank 0|1` with one rank per node, rank 0
+ * on node 0 listening at --master-addr: node 0 prints TP 1's tokens, node 1 (a worker)
+ * prints nothing, both exit 0. The multi-host path is the same code with another address. */
+static void test_cli_generate_two_nodes_matches_tp1(void **st) {
+    (void)st;
+    if (access(specd_bin(), X_OK)) {
+        print_message("  %s not built: skipped\n", specd_bin());
+        skip();
+    }
+    char dir[] = "/tmp/specd_tp_nodes_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char o1[128], o2[128], o3[128], e1[128], e2[128], e3[128];
+    snprintf(o1, sizeof o1, "%s/tp1.out", dir), snprintf(e1, sizeof e1, "%s/tp1.err", dir);
+    snprintf(o2, sizeof o2, "%s/n0.out", dir), snprintf(e2, sizeof e2, "%s/n0.err", dir);
+    snprintf(o3, sizeof o3, "%s/n1.out", dir), snprintf(e3, sizeof e3, "%s/n1.err", dir);
+    const char *ids = "182,586,348,919,673,445,384,409,889,648,902,497,797,811,250,472";
+    int status, port = free_port();
+    pid_t a = spawn_generate(ids, STEPS, 1, free_port(), o1, e1);
+    assert_int_equal(wait_exit(a, 20000, &status), 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    const char *n1[] = {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", NULL};
+    const char *n0[] = {"--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", NULL};
+    pid_t b = spawn_generate_ex(ids, STEPS, 2, port, o3, e3, n1, NULL);   /* the "other host" first */
+    pid_t c = spawn_generate_ex(ids, STEPS, 2, port, o2, e2, n0, NULL);
+    int sb, sc;
+    assert_int_equal(wait_exit(c, 30000, &sc), 0);
+    assert_int_equal(wait_exit(b, 10000, &sb), 0);
+    g_pid = -1;
+    char *s1 = slurp(o1), *s0 = slurp(o2), *s_1 = slurp(o3), *err0 = slurp(e2), *err1 = slurp(e3);
+    print_message("  TP 1: %s  node 0: %s  node 1 printed %zu bytes; exits %d / %d\n", s1, s0, s_1 ? strlen(s_1) : 0,
+                  WIFEXITED(sc) ? WEXITSTATUS(sc) : -1, WIFEXITED(sb) ? WEXITSTATUS(sb) : -1);
+    if (!WIFEXITED(sc) || WEXITSTATUS(sc)) print_message("  node 0 stderr: %s\n", err0);
+    if (!WIFEXITED(sb) || WEXITSTATUS(sb)) print_message("  node 1 stderr: %s\n", err1);
+    assert_true(WIFEXITED(sc) && WEXITSTATUS(sc) == 0);
+    assert_true(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
+    assert_non_null(s1);
+    assert_non_null(s0);
+    assert_true(strlen(s1) > 2 * STEPS);
+    assert_string_equal(s1, s0);
+    assert_true(!s_1 || !*s_1);
+    free(s1), free(s0), free(s_1), free(err0), free(err1);
+    unlink(o1), unlink(o2), unlink(o3), unlink(e1), unlink(e2), unlink(e3);
     rmdir(dir);
 }
 
@@ -466,6 +546,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_tp2_spec_draft_equals_target_is_lossless, teardown),
         cmocka_unit_test_teardown(test_tp2_killed_worker_fails_rank0_in_bounded_time, teardown),
         cmocka_unit_test_teardown(test_cli_generate_tp2_matches_tp1_and_fails_cleanly, teardown),
+        cmocka_unit_test_teardown(test_cli_generate_two_nodes_matches_tp1, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -57,3 +57,37 @@ def test_tp2_worker_killed_mid_stream(server_factory):
     assert srv.proc.returncode != 0
     assert time.time() - t0 < 15
     assert "tensor parallel" in srv.log_text()
+
+
+def test_tp2_worker_hung_mid_stream(server_factory):
+    # A worker that hangs (SIGSTOP: alive, its socket open, so no watchdog failure): the step
+    # fails at the step timeout, the client gets an error event, the server exits non-zero.
+    srv = server_factory(TINY, "--tensor-parallel-size", "2", "--master-port", str(free_port()),
+                         env={"SPECD_TP_STEP_TIMEOUT_MS": "1500"}, name="tphang")
+    workers = children_of(srv.proc.pid)
+    assert len(workers) == 1
+    r = requests.post(srv.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 900,
+                      "ignore_eos": True, "temperature": 0, "stream": True}, stream=True, timeout=60)
+    assert r.status_code == 200
+    lines = r.iter_lines()
+    first = next(l for l in lines if l)
+    assert first.startswith(b"data: {")
+    t0 = time.time()
+    os.kill(workers[0], signal.SIGSTOP)
+    try:
+        events = [l for l in lines if l]
+        assert events[-1] == b"data: [DONE]"
+        err = json.loads(events[-2][len(b"data: "):])
+        assert "error" in err and err["error"]["type"] == "server_error"
+        srv.proc.wait(timeout=20)
+        took = time.time() - t0
+        assert srv.proc.returncode != 0
+        assert 1.0 < took < 20, took                       # the 1.5 s step timeout, not a hang
+        log = srv.log_text()
+        assert "timed out" in log or "connection lost" in log
+        assert "tensor-parallel group failed: exiting" in log
+    finally:
+        try:
+            os.kill(workers[0], signal.SIGKILL)
+        except ProcessLookupError:
+            pass

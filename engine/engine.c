@@ -352,8 +352,10 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
                 (e->run->cfg.num_blocks - 1) * c->block_size, c->max_seq_len, c->max_batch,
                 e->k ? ", speculative" : "");
         if (c->tp.world_size > 1)
-            fprintf(stderr, "specd: tensor parallel over %d %s ranks (this is rank 0; draft replicated)\n",
-                    c->tp.world_size, c->device == ENGINE_DEVICE_CUDA ? "GPU" : "CPU");
+            fprintf(stderr, "specd: tensor parallel over %d %s ranks (this is rank 0; draft %s)\n",
+                    c->tp.world_size, c->device == ENGINE_DEVICE_CUDA ? "GPU" : "CPU",
+                    c->device == ENGINE_DEVICE_CUDA && getenv("SPECD_TP_SHARD_DRAFT") &&
+                            *getenv("SPECD_TP_SHARD_DRAFT") == '1' ? "sharded" : "replicated");
         if (e->k)
             fprintf(stderr, "specd: draft %s (%d layers), k = %d\n",
                     c->draft_path ? c->draft_path : c->draft_random_shape ? c->draft_random_shape : "target prefix",

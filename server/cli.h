@@ -35,7 +35,7 @@ int cli_engine_tp(engine_config *c, char **main_argv);
  * main()'s argv, which spawned workers re-execute. */
 int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
 #define CLI_ENGINE_HELP \
-    "  --model PATH            HF checkpoint directory or .gguf file (required)\n" \
+    "  --model PATH            HF checkpoint directory or .gguf file (or --shape)\n" \
     "  --tokenizer PATH        tokenizer.json / directory / .gguf (default: from --model)\n" \
     "  --draft-model PATH      draft model for speculative decoding\n" \
     "  --draft-layers N        self-speculation: draft = target's first N layers\n" \

@@ -17,7 +17,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: specd generate --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
+            "usage: specd generate (--model PATH | --shape NAME) (--prompt TEXT | --prompt-ids 1,2,3) [options]\n\n"
             "Generates a continuation and prints it. No BOS is added to --prompt-ids; --prompt\n"
             "is tokenized as the model's tokenizer says (BOS included if it adds one).\n\n"
             "options:\n" CLI_ENGINE_HELP

@@ -27,6 +27,19 @@ def children_of(pid):
     return [int(p) for p in out]
 
 
+def start_stream(srv):
+    """The server's one worker and the lines of a long stream that has started."""
+    workers = children_of(srv.proc.pid)
+    assert len(workers) == 1
+    r = requests.post(srv.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 900,
+                      "ignore_eos": True, "temperature": 0, "stream": True}, stream=True, timeout=60)
+    assert r.status_code == 200
+    lines = r.iter_lines()
+    first = next(l for l in lines if l)                 # the stream is running
+    assert first.startswith(b"data: {")
+    return workers, lines
+
+
 def test_tp2_serves_the_same_tokens_as_tp1(server_factory):
     one = server_factory(TINY, name="tp1")
     two = server_factory(TINY, "--tensor-parallel-size", "2", "--master-port", str(free_port()), name="tp2")
@@ -39,14 +52,7 @@ def test_tp2_serves_the_same_tokens_as_tp1(server_factory):
 
 def test_tp2_worker_killed_mid_stream(server_factory):
     srv = server_factory(TINY, "--tensor-parallel-size", "2", "--master-port", str(free_port()), name="tpkill")
-    workers = children_of(srv.proc.pid)
-    assert len(workers) == 1
-    r = requests.post(srv.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 900,
-                      "ignore_eos": True, "temperature": 0, "stream": True}, stream=True, timeout=60)
-    assert r.status_code == 200
-    lines = r.iter_lines()
-    first = next(l for l in lines if l)                 # the stream is running
-    assert first.startswith(b"data: {")
+    workers, lines = start_stream(srv)
     t0 = time.time()
     os.kill(workers[0], signal.SIGKILL)
     events = [l for l in lines if l]
@@ -64,14 +70,7 @@ def test_tp2_worker_hung_mid_stream(server_factory):
     # fails at the step timeout, the client gets an error event, the server exits non-zero.
     srv = server_factory(TINY, "--tensor-parallel-size", "2", "--master-port", str(free_port()),
                          env={"SPECD_TP_STEP_TIMEOUT_MS": "1500"}, name="tphang")
-    workers = children_of(srv.proc.pid)
-    assert len(workers) == 1
-    r = requests.post(srv.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 900,
-                      "ignore_eos": True, "temperature": 0, "stream": True}, stream=True, timeout=60)
-    assert r.status_code == 200
-    lines = r.iter_lines()
-    first = next(l for l in lines if l)
-    assert first.startswith(b"data: {")
+    workers, lines = start_stream(srv)
     t0 = time.time()
     os.kill(workers[0], signal.SIGSTOP)
     try:

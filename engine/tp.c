@@ -211,18 +211,22 @@ fail:
     return NULL;
 }
 
+/* Child i has ended (reaped now; one someone else reaped counts as a clean exit)? */
+static int reap_one(tp_children *ch, int i) {
+    int st;
+    pid_t p = waitpid(ch->pid[i], &st, WNOHANG);
+    if (p != ch->pid[i] && !(p < 0 && errno == ECHILD)) return 0;
+    ch->done[i] = 1;
+    ch->status[i] = p == ch->pid[i] ? st : 0;
+    return 1;
+}
+
 int tp_children_poll(tp_children *ch, int *rank, char *why, size_t whylen) {
     for (int i = 0; ch && i < ch->n; i++) {
-        if (ch->done[i]) continue;
-        int st;
-        pid_t p = waitpid(ch->pid[i], &st, WNOHANG);
-        if (p == ch->pid[i] || (p < 0 && errno == ECHILD)) {
-            ch->done[i] = 1;
-            ch->status[i] = p == ch->pid[i] ? st : 0;
-            if (rank) *rank = ch->rank[i];
-            if (why) describe(ch->status[i], why, whylen);
-            return 1;
-        }
+        if (ch->done[i] || !reap_one(ch, i)) continue;
+        if (rank) *rank = ch->rank[i];
+        if (why) describe(ch->status[i], why, whylen);
+        return 1;
     }
     return 0;
 }
@@ -233,67 +237,50 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Reap the children that have ended; returns how many still run. */
+static int reap(tp_children *ch) {
+    int left = 0;
+    for (int i = 0; i < ch->n; i++) left += !ch->done[i] && !reap_one(ch, i);
+    return left;
+}
+
+/* 1 if any ended child did not exit with status 0. */
+static int any_unclean(const tp_children *ch) {
+    for (int i = 0; i < ch->n; i++)
+        if (ch->done[i] && !(WIFEXITED(ch->status[i]) && WEXITSTATUS(ch->status[i]) == 0)) return 1;
+    return 0;
+}
+
 int tp_children_stop(tp_children *ch, int grace_ms) {
     if (!ch) return 0;
-    int bad = 0;
-    for (int i = 0; i < ch->n; i++)
-        if (ch->done[i] && !(WIFEXITED(ch->status[i]) && WEXITSTATUS(ch->status[i]) == 0)) bad = 1;
     for (int i = 0; i < ch->n; i++)
         if (!ch->done[i]) kill(ch->pid[i], SIGTERM);
     int64_t deadline = now_ms() + (grace_ms > 0 ? grace_ms : 0);
-    for (;;) {
-        int left = 0;
-        for (int i = 0; i < ch->n; i++) {
-            if (ch->done[i]) continue;
-            int st;
-            pid_t p = waitpid(ch->pid[i], &st, WNOHANG);
-            if (p == ch->pid[i] || (p < 0 && errno == ECHILD)) {
-                ch->done[i] = 1;
-                ch->status[i] = p == ch->pid[i] ? st : 0;
-                if (p == ch->pid[i] && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) bad = 1;
-            } else {
-                left++;
-            }
-        }
-        if (!left) break;
+    int killed = 0;   /* a child that needed SIGKILL never counts as a clean exit */
+    while (reap(ch)) {
         if (now_ms() >= deadline) {
             for (int i = 0; i < ch->n; i++)
                 if (!ch->done[i]) {
                     kill(ch->pid[i], SIGKILL);
-                    waitpid(ch->pid[i], NULL, 0);
+                    waitpid(ch->pid[i], &ch->status[i], 0);
                     ch->done[i] = 1;
-                    bad = 1;
+                    killed = 1;
                 }
             break;
         }
         usleep(10000);
     }
-    return bad;
+    return killed || any_unclean(ch);
 }
 
 int tp_children_wait(tp_children *ch, int timeout_ms) {
     if (!ch) return 0;
     int64_t deadline = now_ms() + timeout_ms;
-    for (;;) {
-        int left = 0;
-        for (int i = 0; i < ch->n; i++) {
-            if (ch->done[i]) continue;
-            int st;
-            pid_t p = waitpid(ch->pid[i], &st, WNOHANG);
-            if (p == ch->pid[i] || (p < 0 && errno == ECHILD)) {
-                ch->done[i] = 1;
-                ch->status[i] = p == ch->pid[i] ? st : 0;
-            } else {
-                left++;
-            }
-        }
-        if (!left) break;
+    while (reap(ch)) {
         if (now_ms() >= deadline) return SPECD_ETIMEOUT;
         usleep(5000);
     }
-    for (int i = 0; i < ch->n; i++)
-        if (!(WIFEXITED(ch->status[i]) && WEXITSTATUS(ch->status[i]) == 0)) return 1;
-    return 0;
+    return any_unclean(ch);
 }
 
 void tp_children_free(tp_children *ch) {

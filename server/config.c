@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/err.h"
+#include "server/cli.h"
 
 typedef enum { K_STR, K_INT, K_I64, K_DBL, K_BOOL, K_KEYS } key_type;
 
@@ -270,26 +271,9 @@ done:
 }
 
 static int read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return specd_errf(err, errlen, SPECD_EIO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); return SPECD_ENOMEM; }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return specd_errf(err, errlen, SPECD_EIO, "%s: read error", path); }
-    *out = buf;
-    *len = n;
+    errno = 0;
+    if (!(*out = cli_read_file(path, len)))
+        return specd_errf(err, errlen, SPECD_EIO, "%s: %s", path, errno ? strerror(errno) : "read error");
     return 0;
 }
 

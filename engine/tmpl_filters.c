@@ -11,20 +11,6 @@
 
 #include "engine/tmpl_internal.h"
 
-static tv *oom_or(tmpl_rt *rt, tv *v) { return v ? v : tmpl_oom(rt); }
-
-static tv *to_str(tmpl_rt *rt, const tv *v) { return oom_or(rt, tv_to_str(v)); }
-
-static tv *arg0(const tv_args *a) { return a->npos ? a->pos[0] : tv_undef(); }
-
-static int64_t int_or(const tv *v, int64_t def) {
-    if (!v || v->kind == TV_NONE) return def;
-    if (v->kind == TV_INT) return v->u.i;
-    if (v->kind == TV_BOOL) return v->u.b;
-    if (v->kind == TV_FLOAT) return (int64_t)v->u.f;
-    return def;
-}
-
 /* jinja2's make_attrgetter: "a.b.0" walks getitem per part (digits become ints). */
 static tv *attr_path(tmpl_rt *rt, tv *item, const tv *attr, tv *def) {
     if (attr->kind != TV_STR) return tmpl_getitem(rt, item, (tv *)attr);
@@ -58,14 +44,14 @@ static tv *buf_str(tmpl_rt *rt, tv_buf *b) {
     }
     size_t n;
     char *s = tv_buf_take(b, &n);
-    return s ? oom_or(rt, tv_str_take(s, n)) : tmpl_oom(rt);
+    return s ? tmpl_oom_or(rt, tv_str_take(s, n)) : tmpl_oom(rt);
 }
 
 /* Filters that do arithmetic or int()/float() on the value itself raise on Undefined
  * (its __int__, __add__, ... fail), unlike string filters which see "". */
 static int undef_raises(tmpl_rt *rt, const tv_args *a) {
-    if (arg0(a)->kind != TV_UNDEF) return 0;
-    tmpl_undef_raise(rt, arg0(a));
+    if (tmpl_arg0(a)->kind != TV_UNDEF) return 0;
+    tmpl_undef_raise(rt, tmpl_arg0(a));
     return 1;
 }
 
@@ -75,11 +61,11 @@ static int undef_raises(tmpl_rt *rt, const tv_args *a) {
 static int is_markup(const tv *v) { return v->kind == TV_STR && v->u.str.safe; }
 
 static tv *f_case(tmpl_rt *rt, const tv_args *a, int mode) {
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
     tv *r = tmpl_str_case(rt, s, mode);
     tv_unref(s);
-    return tmpl_with_safe(rt, r, is_markup(arg0(a)));
+    return tmpl_with_safe(rt, r, is_markup(tmpl_arg0(a)));
 }
 static tv *f_upper(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return f_case(rt, a, TMPL_UPPER); }
 static tv *f_lower(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return f_case(rt, a, TMPL_LOWER); }
@@ -88,14 +74,14 @@ static tv *f_capitalize(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; r
 
 static tv *f_trim(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
     tv *r = tmpl_str_strip(rt, s, tmpl_arg(a, 1, "chars"), 3);
     tv_unref(s);
-    return tmpl_with_safe(rt, r, is_markup(arg0(a)));
+    return tmpl_with_safe(rt, r, is_markup(tmpl_arg0(a)));
 }
 
-static tv *f_string(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return to_str(rt, arg0(a)); }
+static tv *f_string(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return tmpl_to_str(rt, tmpl_arg0(a)); }
 
 static tv *call_method(tmpl_rt *rt, tv *obj, const char *name, tv **pos, size_t np) {
     int unsafe;
@@ -106,14 +92,14 @@ static tv *call_method(tmpl_rt *rt, tv *obj, const char *name, tv **pos, size_t 
 
 static tv *f_replace(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
     tv *pos[3] = {tmpl_arg(a, 1, "old"), tmpl_arg(a, 2, "new"), tmpl_arg(a, 3, "count")};
     tv *r = NULL;
     if (!pos[0] || !pos[1]) tmpl_fail(rt, "TypeError: replace() missing required arguments");
     else {
         /* without autoescape jinja2 replaces on str(s): the result is never Markup */
-        tv *o = to_str(rt, pos[0]), *n = o ? to_str(rt, pos[1]) : NULL;
+        tv *o = tmpl_to_str(rt, pos[0]), *n = o ? tmpl_to_str(rt, pos[1]) : NULL;
         tv *p2[3] = {o, n, pos[2]};
         if (n) r = tmpl_with_safe(rt, call_method(rt, s, "replace", p2, pos[2] ? 3 : 2), 0);
         tv_unref(o);
@@ -123,11 +109,11 @@ static tv *f_replace(tmpl_rt *rt, tv *self, const tv_args *a) {
     return r;
 }
 
-static tv *f_escape(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return tmpl_escape(rt, arg0(a)); }
+static tv *f_escape(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return tmpl_escape(rt, tmpl_arg0(a)); }
 
 static tv *f_forceescape(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!(s = tmpl_with_safe(rt, s, 0))) return NULL;
     tv *r = tmpl_escape(rt, s);
     tv_unref(s);
@@ -136,27 +122,27 @@ static tv *f_forceescape(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_safe(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    return tmpl_with_safe(rt, to_str(rt, arg0(a)), 1);
+    return tmpl_with_safe(rt, tmpl_to_str(rt, tmpl_arg0(a)), 1);
 }
 
 static tv *f_indent(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     if (undef_raises(rt, a)) return NULL;
-    if (arg0(a)->kind == TV_LIST && !arg0(a)->u.list.view)   /* s += "\n" on the value itself */
+    if (tmpl_arg0(a)->kind == TV_LIST && !tmpl_arg0(a)->u.list.view)   /* s += "\n" on the value itself */
         return tmpl_fail(rt, "AttributeError: 'list' object has no attribute 'splitlines'");
-    if (arg0(a)->kind != TV_STR)
+    if (tmpl_arg0(a)->kind != TV_STR)
         return tmpl_fail(rt, "TypeError: unsupported operand type(s) for +=: '%s' and 'str'",
-                         tv_type_name(arg0(a)));
+                         tv_type_name(tmpl_arg0(a)));
     tv *w = tmpl_arg(a, 1, "width");
     int first = tmpl_arg(a, 2, "first") && tv_truthy(tmpl_arg(a, 2, "first"));
     int blank = tmpl_arg(a, 3, "blank") && tv_truthy(tmpl_arg(a, 3, "blank"));
     tv_buf ind = {0};
     if (w && w->kind == TV_STR) tv_buf_put(&ind, w->u.str.s, w->u.str.len);
     else
-        for (int64_t i = 0; i < int_or(w, 4); i++) tv_buf_put(&ind, " ", 1);
+        for (int64_t i = 0; i < tmpl_int_or(w, 4); i++) tv_buf_put(&ind, " ", 1);
     tv_buf_put(&ind, "", 0);
     tv_buf src = {0};
-    tv_write_str(&src, arg0(a));
+    tv_write_str(&src, tmpl_arg0(a));
     tv_buf_put(&src, "\n", 1);   /* jinja2 appends a newline before splitlines */
     tv *s = src.oom ? NULL : tv_str_take(src.s, src.len);
     if (!s) {
@@ -184,9 +170,9 @@ static tv *f_indent(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_center(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
-    int64_t width = int_or(tmpl_arg(a, 1, "width"), 80);
+    int64_t width = tmpl_int_or(tmpl_arg(a, 1, "width"), 80);
     int64_t n = (int64_t)tv_utf8_len(s->u.str.s, s->u.str.len);
     if (width <= n) return s;
     int64_t marg = width - n, left = marg / 2 + (marg & width & 1);
@@ -200,22 +186,22 @@ static tv *f_center(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_truncate(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *v0 = arg0(a);
+    tv *v0 = tmpl_arg0(a);
     if (v0->kind != TV_STR) {   /* jinja2 takes len() of the value itself, then slices it */
         int64_t n0 = v0->kind == TV_LIST && !tv_is_iterator(v0) ? (int64_t)v0->u.list.n
                    : v0->kind == TV_DICT ? (int64_t)v0->u.dict.n : v0->kind == TV_UNDEF ? 0 : -1;
         if (n0 < 0)
             return tmpl_fail(rt, "TypeError: object of type '%s' has no len()", tv_type_name(v0));
-        if (n0 <= int_or(tmpl_arg(a, 1, "length"), 255) + int_or(tmpl_arg(a, 4, "leeway"), 5))
+        if (n0 <= tmpl_int_or(tmpl_arg(a, 1, "length"), 255) + tmpl_int_or(tmpl_arg(a, 4, "leeway"), 5))
             return tv_ref(v0);
         return tmpl_fail(rt, "AttributeError: '%s' object has no attribute 'rsplit'", tv_type_name(v0));
     }
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
-    int64_t length = int_or(tmpl_arg(a, 1, "length"), 255);
+    int64_t length = tmpl_int_or(tmpl_arg(a, 1, "length"), 255);
     int kill = tmpl_arg(a, 2, "killwords") && tv_truthy(tmpl_arg(a, 2, "killwords"));
     tv *endv = tmpl_arg(a, 3, "end");
-    int64_t leeway = int_or(tmpl_arg(a, 4, "leeway"), 5);
+    int64_t leeway = tmpl_int_or(tmpl_arg(a, 4, "leeway"), 5);
     const char *end = endv && endv->kind == TV_STR ? endv->u.str.s : "...";
     size_t endlen = strlen(end);
     int64_t n = (int64_t)tv_utf8_len(s->u.str.s, s->u.str.len);
@@ -237,7 +223,7 @@ static tv *f_truncate(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_wordcount(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
     int64_t n = 0;
     int in_word = 0;
@@ -251,12 +237,12 @@ static tv *f_wordcount(tmpl_rt *rt, tv *self, const tv_args *a) {
         in_word = w;
     }
     tv_unref(s);
-    return oom_or(rt, tv_int(n));
+    return tmpl_oom_or(rt, tv_int(n));
 }
 
 static tv *f_format(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
     tv *r = tmpl_percent_format(rt, s, a->pos + 1, a->npos ? a->npos - 1 : 0);
     tv_unref(s);
@@ -271,7 +257,7 @@ static tv *f_tojson(tmpl_rt *rt, tv *self, const tv_args *a) {
     if (ind && ind->kind != TV_NONE) {
         if (ind->kind != TV_INT && ind->kind != TV_BOOL)
             return tmpl_fail(rt, "TypeError: tojson indent must be an integer");
-        indent = (int)int_or(ind, 0);
+        indent = (int)tmpl_int_or(ind, 0);
         if (indent < 0) indent = 0;
     }
     char isep[64] = "", ksep[64] = "";
@@ -282,7 +268,7 @@ static tv *f_tojson(tmpl_rt *rt, tv *self, const tv_args *a) {
     }
     tv_buf b = {.limit = TMPL_MAX_OUTPUT};
     char err[256] = "";
-    if (tv_write_json(&b, arg0(a), indent, *isep || *ksep ? isep : NULL, *ksep ? ksep : NULL,
+    if (tv_write_json(&b, tmpl_arg0(a), indent, *isep || *ksep ? isep : NULL, *ksep ? ksep : NULL,
                       sk && tv_truthy(sk), asc && tv_truthy(asc), err, sizeof err)) {
         tv_buf_free(&b);
         return tmpl_fail(rt, "%s", err);
@@ -294,10 +280,10 @@ static tv *f_tojson(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_abs(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *v = arg0(a);
-    if (v->kind == TV_INT) return oom_or(rt, tv_int(v->u.i < 0 ? -v->u.i : v->u.i));
-    if (v->kind == TV_BOOL) return oom_or(rt, tv_int(v->u.b));
-    if (v->kind == TV_FLOAT) return oom_or(rt, tv_float(fabs(v->u.f)));
+    tv *v = tmpl_arg0(a);
+    if (v->kind == TV_INT) return tmpl_oom_or(rt, tv_int(v->u.i < 0 ? -v->u.i : v->u.i));
+    if (v->kind == TV_BOOL) return tmpl_oom_or(rt, tv_int(v->u.b));
+    if (v->kind == TV_FLOAT) return tmpl_oom_or(rt, tv_float(fabs(v->u.f)));
     return tmpl_fail(rt, "TypeError: bad operand type for abs(): '%s'", tv_type_name(v));
 }
 
@@ -333,46 +319,46 @@ static int parse_float(const char *s, double *out) {
 static tv *f_int(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     if (undef_raises(rt, a)) return NULL;
-    tv *v = arg0(a), *def = tmpl_arg(a, 1, "default");
-    int64_t base = int_or(tmpl_arg(a, 2, "base"), 10);
+    tv *v = tmpl_arg0(a), *def = tmpl_arg(a, 1, "default");
+    int64_t base = tmpl_int_or(tmpl_arg(a, 2, "base"), 10);
     if (v->kind == TV_INT) return tv_ref(v);
-    if (v->kind == TV_BOOL) return oom_or(rt, tv_int(v->u.b));
-    if (v->kind == TV_FLOAT && isfinite(v->u.f)) return oom_or(rt, tv_int((int64_t)v->u.f));
+    if (v->kind == TV_BOOL) return tmpl_oom_or(rt, tv_int(v->u.b));
+    if (v->kind == TV_FLOAT && isfinite(v->u.f)) return tmpl_oom_or(rt, tv_int((int64_t)v->u.f));
     if (v->kind == TV_STR) {
         int64_t i;
         double d;
-        if (!parse_int(v->u.str.s, (int)base, &i)) return oom_or(rt, tv_int(i));
-        if (!parse_float(v->u.str.s, &d) && isfinite(d)) return oom_or(rt, tv_int((int64_t)d));
+        if (!parse_int(v->u.str.s, (int)base, &i)) return tmpl_oom_or(rt, tv_int(i));
+        if (!parse_float(v->u.str.s, &d) && isfinite(d)) return tmpl_oom_or(rt, tv_int((int64_t)d));
     }
-    return def ? tv_ref(def) : oom_or(rt, tv_int(0));
+    return def ? tv_ref(def) : tmpl_oom_or(rt, tv_int(0));
 }
 
 static tv *f_float(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     if (undef_raises(rt, a)) return NULL;
-    tv *v = arg0(a), *def = tmpl_arg(a, 1, "default");
-    if (tv_is_number(v)) return oom_or(rt, tv_float(tv_num(v)));
+    tv *v = tmpl_arg0(a), *def = tmpl_arg(a, 1, "default");
+    if (tv_is_number(v)) return tmpl_oom_or(rt, tv_float(tv_num(v)));
     double d;
-    if (v->kind == TV_STR && !parse_float(v->u.str.s, &d)) return oom_or(rt, tv_float(d));
-    return def ? tv_ref(def) : oom_or(rt, tv_float(0.0));
+    if (v->kind == TV_STR && !parse_float(v->u.str.s, &d)) return tmpl_oom_or(rt, tv_float(d));
+    return def ? tv_ref(def) : tmpl_oom_or(rt, tv_float(0.0));
 }
 
 static tv *f_round(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *v = arg0(a), *m = tmpl_arg(a, 2, "method");
-    int64_t prec = int_or(tmpl_arg(a, 1, "precision"), 0);
+    tv *v = tmpl_arg0(a), *m = tmpl_arg(a, 2, "method");
+    int64_t prec = tmpl_int_or(tmpl_arg(a, 1, "precision"), 0);
     if (!tv_is_number(v)) return tmpl_fail(rt, "TypeError: type %s doesn't define __round__ method", tv_type_name(v));
     double x = tv_num(v), p = pow(10, (double)prec);
     const char *method = m && m->kind == TV_STR ? m->u.str.s : "common";
     if (!strcmp(method, "common")) {
-        if (v->kind != TV_FLOAT) return oom_or(rt, tv_int((int64_t)x));   /* round(int) stays int */
-        if (prec < 0 || prec > 30) return oom_or(rt, tv_float(rint(x * p) / p));
+        if (v->kind != TV_FLOAT) return tmpl_oom_or(rt, tv_int((int64_t)x));   /* round(int) stays int */
+        if (prec < 0 || prec > 30) return tmpl_oom_or(rt, tv_float(rint(x * p) / p));
         char tmp[512];
         snprintf(tmp, sizeof tmp, "%.*f", (int)prec, x);   /* correctly rounded, ties to even */
-        return oom_or(rt, tv_float(strtod(tmp, NULL)));
+        return tmpl_oom_or(rt, tv_float(strtod(tmp, NULL)));
     }
-    if (!strcmp(method, "floor")) return oom_or(rt, tv_float(floor(x * p) / p));
-    if (!strcmp(method, "ceil")) return oom_or(rt, tv_float(ceil(x * p) / p));
+    if (!strcmp(method, "floor")) return tmpl_oom_or(rt, tv_float(floor(x * p) / p));
+    if (!strcmp(method, "ceil")) return tmpl_oom_or(rt, tv_float(ceil(x * p) / p));
     return tmpl_fail(rt, "FilterArgumentError: method must be common, ceil or floor");
 }
 
@@ -380,22 +366,22 @@ static tv *f_round(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_length(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *v = arg0(a);
+    tv *v = tmpl_arg0(a);
     switch (v->kind) {
-    case TV_STR: return oom_or(rt, tv_int((int64_t)tv_utf8_len(v->u.str.s, v->u.str.len)));
+    case TV_STR: return tmpl_oom_or(rt, tv_int((int64_t)tv_utf8_len(v->u.str.s, v->u.str.len)));
     case TV_LIST:
         if (tv_is_iterator(v))
             return tmpl_fail(rt, "TypeError: object of type '%s' has no len()", v->u.list.view);
-        return oom_or(rt, tv_int((int64_t)v->u.list.n));
+        return tmpl_oom_or(rt, tv_int((int64_t)v->u.list.n));
     case TV_DICT:
-    case TV_NS: return oom_or(rt, tv_int((int64_t)v->u.dict.n));
-    case TV_UNDEF: return oom_or(rt, tv_int(0));
+    case TV_NS: return tmpl_oom_or(rt, tv_int((int64_t)v->u.dict.n));
+    case TV_UNDEF: return tmpl_oom_or(rt, tv_int(0));
     default: return tmpl_fail(rt, "TypeError: object of type '%s' has no len()", tv_type_name(v));
     }
 }
 
 static tv *f_first_last(tmpl_rt *rt, const tv_args *a, int last) {
-    tv *v = arg0(a);
+    tv *v = tmpl_arg0(a);
     if (last && (tv_is_iterator(v) || v->kind == TV_NONE || tv_is_number(v) || v->kind == TV_NS))
         return tmpl_fail(rt, "TypeError: '%s' object is not reversible", tv_type_name(v));
     if (!last && tv_is_iterator(v) && v->u.list.n && !v->u.list.pending) {   /* next(): one item */
@@ -408,7 +394,7 @@ static tv *f_first_last(tmpl_rt *rt, const tv_args *a, int last) {
     if (!l) return NULL;
     tv *r;
     if (l->u.list.n) r = tv_ref(l->u.list.v[last ? l->u.list.n - 1 : 0]);
-    else r = oom_or(rt, tv_undef_hint("UndefinedError: No %s item, sequence was empty.",
+    else r = tmpl_oom_or(rt, tv_undef_hint("UndefinedError: No %s item, sequence was empty.",
                                       last ? "last" : "first"));
     tv_unref(l);
     return r;
@@ -426,7 +412,7 @@ static tv *copy_list(tmpl_rt *rt, tv *src) {
 
 static tv *f_list(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *it = tmpl_iter_list(rt, arg0(a));
+    tv *it = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!it) return NULL;
     tv *l = copy_list(rt, it);
     tv_unref(it);
@@ -436,7 +422,7 @@ static tv *f_list(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *f_join(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *sep = tmpl_arg(a, 1, "d"), *attr = tmpl_arg(a, 2, "attribute");
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
     tv_buf b = {.limit = TMPL_MAX_OUTPUT};
     for (size_t i = 0; i < items->u.list.n; i++) {
@@ -457,16 +443,16 @@ static tv *f_join(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *f_default(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     (void)rt;
-    tv *v = arg0(a), *def = tmpl_arg(a, 1, "default_value"), *boolean = tmpl_arg(a, 2, "boolean");
+    tv *v = tmpl_arg0(a), *def = tmpl_arg(a, 1, "default_value"), *boolean = tmpl_arg(a, 2, "boolean");
     int use_def = v->kind == TV_UNDEF || (boolean && tv_truthy(boolean) && !tv_truthy(v));
     if (!use_def) return tv_ref(v);
-    return def ? tv_ref(def) : oom_or(rt, tv_str("", 0));
+    return def ? tv_ref(def) : tmpl_oom_or(rt, tv_str("", 0));
 }
 
 static tv *f_items_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *v = arg0(a);
-    if (v->kind == TV_UNDEF) return oom_or(rt, tv_view("generator"));
+    tv *v = tmpl_arg0(a);
+    if (v->kind == TV_UNDEF) return tmpl_oom_or(rt, tv_view("generator"));
     if (v->kind != TV_DICT) return tmpl_fail(rt, "TypeError: Can only get item pairs from a mapping.");
     tv *r = call_method(rt, v, "items", NULL, 0);
     if (r) r->u.list.view = "generator";   /* jinja2's items filter yields the pairs */
@@ -475,7 +461,7 @@ static tv *f_items_now(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_reverse(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *v = arg0(a);
+    tv *v = tmpl_arg0(a);
     if (v->kind != TV_LIST && v->kind != TV_STR && v->kind != TV_DICT && v->kind != TV_UNDEF)
         return tmpl_fail(rt, "FilterArgumentError: argument must be iterable");
     tv *it = tmpl_iter_list(rt, v);
@@ -486,7 +472,7 @@ static tv *f_reverse(tmpl_rt *rt, tv *self, const tv_args *a) {
         for (size_t i = it->u.list.n; i-- > 0;) tv_buf_put(&b, it->u.list.v[i]->u.str.s, it->u.list.v[i]->u.str.len);
         r = buf_str(rt, &b);
     } else if (v->kind == TV_UNDEF) {   /* reversed(Undefined) is a (empty) reversed object */
-        r = oom_or(rt, tv_view("reversed"));
+        r = tmpl_oom_or(rt, tv_view("reversed"));
     } else if ((r = tv_view(v->kind != TV_LIST || tv_is_iterator(v) ? NULL
                             : v->u.list.tuple ? "reversed" : "list_reverseiterator"))) {
         /* reversed(x) is an iterator; a generator cannot be reversed, so jinja2 makes a list */
@@ -572,7 +558,7 @@ static tv *f_sort(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *rev = tmpl_arg(a, 1, "reverse"), *cs = tmpl_arg(a, 2, "case_sensitive");
     tv *attr = tmpl_arg(a, 3, "attribute");
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
     tv *r = sorted(rt, items, attr, cs && tv_truthy(cs), rev && tv_truthy(rev), sort_key);
     tv_unref(items);
@@ -586,9 +572,9 @@ static tv *pair_key(tmpl_rt *rt, tv *pair, tv *by, int cs) {
 static tv *f_dictsort(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *cs = tmpl_arg(a, 1, "case_sensitive"), *by = tmpl_arg(a, 2, "by"), *rev = tmpl_arg(a, 3, "reverse");
-    if (arg0(a)->kind != TV_DICT)
-        return tmpl_fail(rt, "AttributeError: '%s' object has no attribute 'items'", tv_type_name(arg0(a)));
-    tv *items = call_method(rt, arg0(a), "items", NULL, 0);
+    if (tmpl_arg0(a)->kind != TV_DICT)
+        return tmpl_fail(rt, "AttributeError: '%s' object has no attribute 'items'", tv_type_name(tmpl_arg0(a)));
+    tv *items = call_method(rt, tmpl_arg0(a), "items", NULL, 0);
     if (!items) return NULL;
     int by_value = by && by->kind == TV_STR && !strcmp(by->u.str.s, "value");
     tv *pos = tv_int(by_value);
@@ -601,7 +587,7 @@ static tv *f_dictsort(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *f_unique_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *cs = tmpl_arg(a, 1, "case_sensitive"), *attr = tmpl_arg(a, 2, "attribute");
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
     tv *r = tv_view("generator"), *seen = tv_list();
     for (size_t i = 0; r && seen && i < items->u.list.n; i++) {
@@ -630,11 +616,11 @@ static tv *f_unique_now(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_minmax(tmpl_rt *rt, const tv_args *a, int want_max) {
     tv *cs = tmpl_arg(a, 1, "case_sensitive"), *attr = tmpl_arg(a, 2, "attribute");
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
     if (!items->u.list.n) {
         tv_unref(items);
-        return oom_or(rt, tv_undef_hint("UndefinedError: No aggregated item, sequence was empty."));
+        return tmpl_oom_or(rt, tv_undef_hint("UndefinedError: No aggregated item, sequence was empty."));
     }
     tv *best = NULL, *bestk = NULL;
     for (size_t i = 0; i < items->u.list.n; i++) {
@@ -668,9 +654,9 @@ static tv *f_min(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return f
 static tv *f_sum(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *attr = tmpl_arg(a, 1, "attribute"), *start = tmpl_arg(a, 2, "start");
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
-    tv *acc = start ? tv_ref(start) : oom_or(rt, tv_int(0));
+    tv *acc = start ? tv_ref(start) : tmpl_oom_or(rt, tv_int(0));
     for (size_t i = 0; acc && i < items->u.list.n; i++) {
         tv *x = attr ? attr_path(rt, items->u.list.v[i], attr, NULL) : tv_ref(items->u.list.v[i]);
         if (!x) {
@@ -682,8 +668,8 @@ static tv *f_sum(tmpl_rt *rt, tv *self, const tv_args *a) {
         if (!tv_is_number(acc) || !tv_is_number(x))
             tmpl_fail(rt, "TypeError: unsupported operand type(s) for +: '%s' and '%s'",
                       tv_type_name(acc), tv_type_name(x));
-        else if (acc->kind == TV_FLOAT || x->kind == TV_FLOAT) nacc = oom_or(rt, tv_float(tv_num(acc) + tv_num(x)));
-        else nacc = oom_or(rt, tv_int((int64_t)tv_num(acc) + (int64_t)tv_num(x)));
+        else if (acc->kind == TV_FLOAT || x->kind == TV_FLOAT) nacc = tmpl_oom_or(rt, tv_float(tv_num(acc) + tv_num(x)));
+        else nacc = tmpl_oom_or(rt, tv_int((int64_t)tv_num(acc) + (int64_t)tv_num(x)));
         tv_unref(x);
         tv_unref(acc);
         acc = nacc;
@@ -694,10 +680,10 @@ static tv *f_sum(tmpl_rt *rt, tv *self, const tv_args *a) {
 
 static tv *f_batch_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    int64_t n = int_or(tmpl_arg(a, 1, "linecount"), 0);
+    int64_t n = tmpl_int_or(tmpl_arg(a, 1, "linecount"), 0);
     tv *fill = tmpl_arg(a, 2, "fill_with");
     if (n <= 0) return tmpl_fail(rt, "ValueError: batch size must be positive");
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
     tv *r = tv_view("generator"), *cur = NULL;
     for (size_t i = 0; r && i < items->u.list.n; i++) {
@@ -716,7 +702,7 @@ static tv *f_batch_now(tmpl_rt *rt, tv *self, const tv_args *a) {
         tv_list_push_steal(r, cur);
     }
     tv_unref(items);
-    return oom_or(rt, r);
+    return tmpl_oom_or(rt, r);
 }
 
 /* ---- map / select ---- */
@@ -727,8 +713,8 @@ static tv *f_map_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     tv *fname = a->npos > 1 ? a->pos[1] : NULL;
     if (!attr && (!fname || fname->kind != TV_STR))
         return tmpl_fail(rt, "FilterArgumentError: map requires a filter name or attribute=");
-    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_view("generator"));   /* jinja2: `if value:` */
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    if (!tv_truthy(tmpl_arg0(a))) return tmpl_oom_or(rt, tv_view("generator"));   /* jinja2: `if value:` */
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
     tv *r = tv_view("generator");
     tv_args extra = {a->npos > 2 ? a->pos + 2 : NULL, a->npos > 2 ? a->npos - 2 : 0, a->kwn, a->kwv, a->nkw};
@@ -755,8 +741,8 @@ static tv *select_impl(tmpl_rt *rt, const tv_args *a, int by_attr, int want) {
     if (test && test->kind != TV_STR) return tmpl_fail(rt, "TypeError: test name must be a string");
     tv_args extra = {a->npos > ti + 1 ? a->pos + ti + 1 : NULL, a->npos > ti + 1 ? a->npos - ti - 1 : 0,
                      NULL, NULL, 0};
-    if (!tv_truthy(arg0(a))) return oom_or(rt, tv_view("generator"));   /* jinja2: `if value:` */
-    tv *items = tmpl_iter_list(rt, arg0(a));
+    if (!tv_truthy(tmpl_arg0(a))) return tmpl_oom_or(rt, tv_view("generator"));   /* jinja2: `if value:` */
+    tv *items = tmpl_iter_list(rt, tmpl_arg0(a));
     if (!items) return NULL;
     tv *r = tv_view("generator");
     for (size_t i = 0; r && i < items->u.list.n; i++) {
@@ -813,12 +799,12 @@ static tv *f_attr(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv *name = tmpl_arg(a, 1, "name");
     if (!name || name->kind != TV_STR) return tmpl_fail(rt, "TypeError: attr name must be a string");
-    tv *v = arg0(a);
+    tv *v = tmpl_arg0(a);
     if (v->kind == TV_DICT) {   /* sandboxed getattr: methods only, never keys */
         int unsafe;
         tv_builtin_fn m = tmpl_find_method(v, name->u.str.s, &unsafe);
-        if (m) return oom_or(rt, tv_func(m, v, "method"));
-        return oom_or(rt, tv_undef_hint("UndefinedError: 'dict object' has no attribute '%s'", name->u.str.s));
+        if (m) return tmpl_oom_or(rt, tv_func(m, v, "method"));
+        return tmpl_oom_or(rt, tv_undef_hint("UndefinedError: 'dict object' has no attribute '%s'", name->u.str.s));
     }
     return tmpl_getattr(rt, v, name->u.str.s);
 }
@@ -826,7 +812,7 @@ static tv *f_attr(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *f_pprint(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     tv_buf b = {0};
-    tv_write_repr(&b, arg0(a));
+    tv_write_repr(&b, tmpl_arg0(a));
     return buf_str(rt, &b);
 }
 

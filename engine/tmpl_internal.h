@@ -75,6 +75,20 @@ tv *tmpl_loop_attr(tmpl_rt *rt, tv *loop, const char *name);
 /* Argument helpers for builtins: positional i or keyword name, else NULL (borrowed). */
 tv *tmpl_arg(const tv_args *a, size_t i, const char *name);
 
+/* Small helpers of the builtin filters and tests: v, or the out-of-memory error when NULL;
+ * str(v); the first positional argument (undefined if none); v as an integer (bools and
+ * floats too), def for None / missing / other kinds. */
+static inline tv *tmpl_oom_or(tmpl_rt *rt, tv *v) { return v ? v : (tv *)tmpl_oom(rt); }
+static inline tv *tmpl_to_str(tmpl_rt *rt, const tv *v) { return tmpl_oom_or(rt, tv_to_str(v)); }
+static inline tv *tmpl_arg0(const tv_args *a) { return a->npos ? a->pos[0] : tv_undef(); }
+static inline int64_t tmpl_int_or(const tv *v, int64_t def) {
+    if (!v || v->kind == TV_NONE) return def;
+    if (v->kind == TV_INT) return v->u.i;
+    if (v->kind == TV_BOOL) return v->u.b;
+    if (v->kind == TV_FLOAT) return (int64_t)v->u.f;
+    return def;
+}
+
 /* Apply a filter by name to v with extra args (used by map / filter blocks). */
 tv *tmpl_apply_filter(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra);
 tv *tmpl_apply_test(tmpl_rt *rt, const char *name, tv *v, const tv_args *extra);

@@ -10,18 +10,6 @@
 
 #include "engine/tmpl_internal.h"
 
-static tv *oom_or(tmpl_rt *rt, tv *v) { return v ? v : tmpl_oom(rt); }
-static tv *to_str(tmpl_rt *rt, const tv *v) { return oom_or(rt, tv_to_str(v)); }
-static tv *arg0(const tv_args *a) { return a->npos ? a->pos[0] : tv_undef(); }
-
-static int64_t int_or(const tv *v, int64_t def) {
-    if (!v || v->kind == TV_NONE) return def;
-    if (v->kind == TV_INT) return v->u.i;
-    if (v->kind == TV_BOOL) return v->u.b;
-    if (v->kind == TV_FLOAT) return (int64_t)v->u.f;
-    return def;
-}
-
 static tv *call_method(tmpl_rt *rt, tv *obj, const char *name, tv **pos, size_t np) {
     int unsafe;
     tv_builtin_fn m = tmpl_find_method(obj, name, &unsafe);
@@ -33,7 +21,7 @@ static tv *call_method(tmpl_rt *rt, tv *obj, const char *name, tv **pos, size_t 
 
 #define TEST(name, expr) \
     static tv *name(tmpl_rt *rt, tv *self, const tv_args *a) { \
-        (void)rt; (void)self; tv *v = arg0(a); (void)v; return tv_bool(expr); }
+        (void)rt; (void)self; tv *v = tmpl_arg0(a); (void)v; return tv_bool(expr); }
 
 TEST(t_defined, v->kind != TV_UNDEF)
 TEST(t_undefined, v->kind == TV_UNDEF)
@@ -55,7 +43,7 @@ TEST(t_escaped, 0)
 static tv *t_sameas(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)rt;
     (void)self;
-    tv *v = arg0(a), *o = tmpl_arg(a, 1, "other");
+    tv *v = tmpl_arg0(a), *o = tmpl_arg(a, 1, "other");
     if (!o) return tv_bool(0);
     if (v == o) return tv_bool(1);
     if (v->kind == TV_NONE || v->kind == TV_BOOL) return tv_bool(v->kind == o->kind && tv_equal(v, o));
@@ -63,7 +51,7 @@ static tv *t_sameas(tmpl_rt *rt, tv *self, const tv_args *a) {
 }
 
 static tv *case_test(tmpl_rt *rt, const tv_args *a, int upper) {
-    tv *s = to_str(rt, arg0(a));
+    tv *s = tmpl_to_str(rt, tmpl_arg0(a));
     if (!s) return NULL;
     tv *r = call_method(rt, s, upper ? "isupper" : "islower", NULL, 0);
     tv_unref(s);
@@ -97,25 +85,25 @@ static tv *t_divisibleby(tmpl_rt *rt, tv *self, const tv_args *a) {
     int r;
     tv *n = tmpl_arg(a, 1, "num");
     if (!n || !tv_is_number(n)) return tmpl_fail(rt, "TypeError: divisibleby needs a number");
-    return int_mod(rt, arg0(a), int_or(n, 1), &r) ? tv_bool(r == 0) : NULL;
+    return int_mod(rt, tmpl_arg0(a), tmpl_int_or(n, 1), &r) ? tv_bool(r == 0) : NULL;
 }
 static tv *t_even(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     int r;
-    return int_mod(rt, arg0(a), 2, &r) ? tv_bool(r == 0) : NULL;
+    return int_mod(rt, tmpl_arg0(a), 2, &r) ? tv_bool(r == 0) : NULL;
 }
 static tv *t_odd(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
     int r;
-    return int_mod(rt, arg0(a), 2, &r) ? tv_bool(r == 1) : NULL;
+    return int_mod(rt, tmpl_arg0(a), 2, &r) ? tv_bool(r == 1) : NULL;
 }
 
 static tv *cmp_test(tmpl_rt *rt, const tv_args *a, int op) {
     tv *o = tmpl_arg(a, 1, "other");
     if (!o) return tmpl_fail(rt, "TypeError: test requires an argument");
-    if (op == 0) return tv_bool(tv_equal(arg0(a), o));
-    if (op == 1) return tv_bool(!tv_equal(arg0(a), o));
-    int c = tmpl_compare(rt, arg0(a), o);
+    if (op == 0) return tv_bool(tv_equal(tmpl_arg0(a), o));
+    if (op == 1) return tv_bool(!tv_equal(tmpl_arg0(a), o));
+    int c = tmpl_compare(rt, tmpl_arg0(a), o);
     if (c == -2) return NULL;
     return tv_bool(op == 2 ? c < 0 : op == 3 ? c <= 0 : op == 4 ? c > 0 : c >= 0);
 }
@@ -128,7 +116,7 @@ static tv *t_ge(tmpl_rt *rt, tv *self, const tv_args *a) { (void)self; return cm
 
 static tv *t_in(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)self;
-    tv *seq = tmpl_arg(a, 1, "seq"), *v = arg0(a);
+    tv *seq = tmpl_arg(a, 1, "seq"), *v = tmpl_arg0(a);
     if (!seq) return tmpl_fail(rt, "TypeError: in test requires a sequence");
     if (seq->kind == TV_STR) {
         if (v->kind != TV_STR) return tmpl_fail(rt, "TypeError: 'in <string>' requires string as left operand, not %s", tv_type_name(v));
@@ -147,13 +135,13 @@ static tv *t_in(tmpl_rt *rt, tv *self, const tv_args *a) {
 static tv *t_filter(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)rt;
     (void)self;
-    tv *v = arg0(a);
+    tv *v = tmpl_arg0(a);
     return tv_bool(v->kind == TV_STR && tmpl_find_filter(v->u.str.s) != NULL);
 }
 static tv *t_test(tmpl_rt *rt, tv *self, const tv_args *a) {
     (void)rt;
     (void)self;
-    tv *v = arg0(a);
+    tv *v = tmpl_arg0(a);
     return tv_bool(v->kind == TV_STR && tmpl_find_test(v->u.str.s) != NULL);
 }
 
@@ -176,7 +164,7 @@ static tv *g_strftime_now(tmpl_rt *rt, tv *self, const tv_args *a) {
     localtime_r(&rt->now, &tm);
     char out[1024];
     size_t n = fmt->u.str.len ? strftime(out, sizeof out, fmt->u.str.s, &tm) : 0;
-    return oom_or(rt, tv_str(out, n));
+    return tmpl_oom_or(rt, tv_str(out, n));
 }
 
 static tv *g_range(tmpl_rt *rt, tv *self, const tv_args *a) {
@@ -188,11 +176,11 @@ static tv *g_range(tmpl_rt *rt, tv *self, const tv_args *a) {
     if (a->npos < 1 || a->npos > 3)
         return tmpl_fail(rt, "TypeError: range expected 1 to 3 arguments, got %zu", a->npos);
     int64_t start = 0, stop, step = 1;
-    if (a->npos == 1) stop = int_or(a->pos[0], 0);
+    if (a->npos == 1) stop = tmpl_int_or(a->pos[0], 0);
     else {
-        start = int_or(a->pos[0], 0);
-        stop = int_or(a->pos[1], 0);
-        if (a->npos == 3) step = int_or(a->pos[2], 1);
+        start = tmpl_int_or(a->pos[0], 0);
+        stop = tmpl_int_or(a->pos[1], 0);
+        if (a->npos == 3) step = tmpl_int_or(a->pos[2], 1);
     }
     if (step == 0) return tmpl_fail(rt, "ValueError: range() arg 3 must not be zero");
     double count = step > 0 ? ceil(((double)stop - (double)start) / (double)step)
@@ -206,7 +194,7 @@ static tv *g_range(tmpl_rt *rt, tv *self, const tv_args *a) {
             tv_unref(l);
             l = NULL;
         }
-    return oom_or(rt, l);
+    return tmpl_oom_or(rt, l);
 }
 
 static tv *build_mapping(tmpl_rt *rt, tv *d, const tv_args *a) {
@@ -249,7 +237,7 @@ static tv *joiner_call(tmpl_rt *rt, tv *self, const tv_args *a) {
     if (!tv_truthy(used)) {
         tv_unref(self->u.list.v[1]);
         self->u.list.v[1] = tv_bool(1);
-        return oom_or(rt, tv_str("", 0));
+        return tmpl_oom_or(rt, tv_str("", 0));
     }
     return tv_ref(self->u.list.v[0]);
 }
@@ -261,7 +249,7 @@ static tv *g_joiner(tmpl_rt *rt, tv *self, const tv_args *a) {
         return tv_unref(st), tmpl_oom(rt);
     tv *f = tv_func(joiner_call, st, "joiner");
     tv_unref(st);
-    return oom_or(rt, f);
+    return tmpl_oom_or(rt, f);
 }
 
 typedef struct {

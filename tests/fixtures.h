@@ -27,6 +27,25 @@ static inline json_t *fixture_json(const char *rel) {
     return j;
 }
 
+/* A whole file, NUL-terminated (malloc'd; NULL if unreadable); *len its size if len. */
+static inline char *read_all(const char *path, size_t *len) {
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    if (p) p[n] = 0;
+    if (len) *len = (size_t)n;
+    return p;
+}
+
 /* JSON array of ints -> malloc'd int32 array. */
 static inline int32_t *json_ids(const json_t *a, int *n) {
     *n = (int)json_array_size(a);

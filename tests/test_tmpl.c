@@ -827,23 +827,6 @@ CASES(scoping)
 
 /* ---- golden renders from HF transformers ---- */
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s) s[n] = 0;
-    if (len) *len = (size_t)n;
-    fclose(f);
-    return s;
-}
-
 /* The golden was rendered on one day; templates print it through strftime_now. Find it in
  * gpt-oss's "Current date: YYYY-MM-DD" line and pin the clock to noon that day. */
 static time_t golden_day(json_t *renders) {

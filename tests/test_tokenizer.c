@@ -22,23 +22,6 @@
 
 /* ---- helpers ---- */
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    if (p) p[n] = 0;
-    if (len) *len = (size_t)n;
-    return p;
-}
-
 static tok_tokenizer *load_fixture(const char *rel) {
     char err[512] = "";
     tok_tokenizer *t = tok_load(fixture_path(rel), err, sizeof err);

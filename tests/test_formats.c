@@ -19,29 +19,18 @@
 
 #include "engine/err.h"
 #include "engine/model.h"
+#include "tests/fixtures.h"
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
-static const char *fixtures(void) {
-    const char *e = getenv("SPECD_FIXTURES");
-    return e && *e ? e : "../shared/fixtures";
-}
-
 static void fixture_model(char *buf, size_t n, const char *name) {
-    snprintf(buf, n, "%s/models/%s", fixtures(), name);
+    snprintf(buf, n, "%s/models/%s", fixtures_dir(), name);
 }
 
-static unsigned char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
+/* The whole file; the test fails if it cannot be read. */
+static unsigned char *read_file(const char *path, size_t *len) {
+    unsigned char *b = (unsigned char *)read_all(path, len);
     assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
     return b;
 }
 
@@ -54,7 +43,7 @@ static void write_all(const char *path, const void *buf, size_t len) {
 
 static void copy_file(const char *from, const char *to) {
     size_t n;
-    unsigned char *b = read_all(from, &n);
+    unsigned char *b = read_file(from, &n);
     write_all(to, b, n);
     free(b);
 }
@@ -115,7 +104,7 @@ typedef struct {
 
 static void raw_st_load(raw_st *r, const char *path) {
     uint64_t hl;
-    r->bytes = read_all(path, &r->len);
+    r->bytes = read_file(path, &r->len);
     memcpy(&hl, r->bytes, 8);
     json_error_t je;
     r->header = json_loadb((const char *)r->bytes + 8, (size_t)hl, 0, &je);
@@ -543,7 +532,7 @@ static void test_truncated_safetensors_fail_cleanly(void **state) {
     fixture_model(m, sizeof m, "qwen3-tiny");
     snprintf(src, sizeof src, "%s/model.safetensors", m);
     size_t len;
-    unsigned char *b = read_all(src, &len);
+    unsigned char *b = read_file(src, &len);
     uint64_t hl;
     memcpy(&hl, b, 8);
     size_t cuts[] = {0, 1, 7, 8, 9, 100, 8 + (size_t)hl - 1, 8 + (size_t)hl, 8 + (size_t)hl + 1,
@@ -616,7 +605,7 @@ static void test_bad_header_length_and_json(void **state) {
     size_t len;
     fixture_model(m, sizeof m, "llama-draft");
     snprintf(src, sizeof src, "%s/model.safetensors", m);
-    unsigned char *b = read_all(src, &len);
+    unsigned char *b = read_file(src, &len);
     make_tmpdir(dir);
     copy_fixture("llama-draft", dir);
     snprintf(st, sizeof st, "%s/model.safetensors", dir);

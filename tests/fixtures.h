@@ -54,6 +54,19 @@ static inline int32_t *json_ids(const json_t *a, int *n) {
     return ids;
 }
 
+/* max |a - ref| / max |ref| over n floats. */
+static inline double rel_err(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i], r = ref[i];
+        if (d < 0) d = -d;
+        if (r < 0) r = -r;
+        if (d > num) num = d;
+        if (r > den) den = r;
+    }
+    return den > 0 ? num / den : num;
+}
+
 /* max |a - ref| / max |ref| over n floats, ref a JSON array. */
 static inline double rel_err_json(const float *a, const json_t *ref, int n) {
     double num = 0, den = 0;

@@ -61,16 +61,6 @@ static void mm(float *y, const float *x, int ldx, const float *w, const float *b
         }
 }
 
-/* max |a - ref| / max |ref| */
-static double rel_err(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        num = fmax(num, fabs((double)a[i] - ref[i]));
-        den = fmax(den, fabs((double)ref[i]));
-    }
-    return den > 0 ? num / den : num;
-}
-
 static model *load(const char *name) {
     char rel[256], err[1024] = "";
     snprintf(rel, sizeof rel, "models/%s", name);

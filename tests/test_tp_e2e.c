@@ -199,15 +199,6 @@ static run_out run_tp2(engine_config c, const prompts *p, int record) {
     return o;
 }
 
-static double rel_err(const float *a, const float *ref, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        num = fmax(num, fabs((double)a[i] - ref[i]));
-        den = fmax(den, fabs((double)ref[i]));
-    }
-    return den > 0 ? num / den : num;
-}
-
 static void assert_same_tokens(const run_out *a, const run_out *b) {
     for (int k = 0; k < N_PROMPTS; k++) {
         assert_int_equal(a->n[k], STEPS);

@@ -98,6 +98,15 @@ static float dot_generic(const float *a, const float *b, int n) {
 }
 
 #if defined(__x86_64__)
+/* The sum of a vector's eight lanes. */
+__attribute__((target("avx2,fma")))
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+
 /* Four dot products sharing one x: the weight rows stream once, x stays in L1. */
 __attribute__((target("avx2,fma")))
 static void dot4_avx2(const float *x, const float *w, size_t ldw, int n, float *out) {
@@ -113,11 +122,7 @@ static void dot4_avx2(const float *x, const float *w, size_t ldw, int n, float *
     }
     __m256 acc[4] = {a0, a1, a2, a3};
     for (int r = 0; r < 4; r++) {
-        __m128 lo = _mm256_castps256_ps128(acc[r]), hi = _mm256_extractf128_ps(acc[r], 1);
-        lo = _mm_add_ps(lo, hi);
-        lo = _mm_hadd_ps(lo, lo);
-        lo = _mm_hadd_ps(lo, lo);
-        float s = _mm_cvtss_f32(lo);
+        float s = hsum8(acc[r]);
         const float *wr = w + (size_t)r * ldw;
         for (int j = i; j < n; j++) s += x[j] * wr[j];
         out[r] = s;
@@ -149,11 +154,7 @@ static void dot4x2_avx2(const float *x0, const float *x1, const float *w, size_t
     }
     __m256 acc[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
     for (int r = 0; r < 8; r++) {
-        __m128 lo = _mm256_castps256_ps128(acc[r]), hi = _mm256_extractf128_ps(acc[r], 1);
-        lo = _mm_add_ps(lo, hi);
-        lo = _mm_hadd_ps(lo, lo);
-        lo = _mm_hadd_ps(lo, lo);
-        float s = _mm_cvtss_f32(lo);
+        float s = hsum8(acc[r]);
         const float *x = r < 4 ? x0 : x1, *wr = w + (size_t)(r & 3) * ldw;
         for (int j = i; j < n; j++) s += x[j] * wr[j];
         (r < 4 ? out0 : out1)[r & 3] = s;
@@ -170,11 +171,7 @@ static float dot_avx2(const float *a, const float *b, int n) {
     }
     for (; i + 8 <= n; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    acc = _mm256_add_ps(acc, acc2);
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    float s = _mm_cvtss_f32(lo);
+    float s = hsum8(_mm256_add_ps(acc, acc2));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }

@@ -63,16 +63,6 @@ static int is_transport_error(int rc) {
     return rc == SPECD_EIO || rc == SPECD_ETIMEOUT || rc == SPECD_EFORMAT;
 }
 
-int runner_tp_step_timeout_ms(void) {
-    static int v = 0;   /* benign race: every thread computes the same value */
-    if (!v) {
-        const char *e = getenv("SPECD_TP_STEP_TIMEOUT_MS");
-        long t = e && *e ? strtol(e, NULL, 10) : 60000;
-        v = t < 100 ? 100 : t > 86400000 ? 86400000 : (int)t;
-    }
-    return v;
-}
-
 /* ---- rank 0 --------------------------------------------------------------------------- */
 
 /* Broadcast the header, then the first payload_bytes of r->buf. */

@@ -30,8 +30,7 @@
 /* Longest time a rank waits on another inside a step (broadcast, all-reduce, the GPU
  * step's collectives): a rank that hangs fails the step after this long. 60 s unless
  * SPECD_TP_STEP_TIMEOUT_MS says otherwise (read once; at least 100). */
-#define RUNNER_TP_STEP_TIMEOUT_MS runner_tp_step_timeout_ms()
-int runner_tp_step_timeout_ms(void);
+#define RUNNER_TP_STEP_TIMEOUT_MS tp_step_timeout_ms()
 
 /* Rank 0: the wrapper owns `local` (destroyed with it) but not `t`. Destroying it
  * broadcasts STOP (best effort: dead workers are not waited for). NULL on error. */

@@ -653,6 +653,16 @@ int tp_allreduce_sum_f32(tp_comm *t, float *buf, size_t n, int timeout_ms) {
     return 0;
 }
 
+int tp_step_timeout_ms(void) {
+    static int v = 0;   /* benign race: every thread computes the same value */
+    if (!v) {
+        const char *e = getenv("SPECD_TP_STEP_TIMEOUT_MS");
+        long t = e && *e ? strtol(e, NULL, 10) : 60000;
+        v = t < 100 ? 100 : t > 86400000 ? 86400000 : (int)t;
+    }
+    return v;
+}
+
 /* ---- watchdog ------------------------------------------------------------------------ */
 
 struct tp_watchdog {

@@ -127,4 +127,8 @@ tp_watchdog *tp_watchdog_start(tp_comm *t, tp_children *ch, int poll_ms, tp_fail
 int tp_watchdog_failed(const tp_watchdog *w);   /* 1 after a failure was seen */
 void tp_watchdog_stop(tp_watchdog *w);          /* joins the thread */
 
+/* Longest wait on another rank inside a step (engine/runner_tp.h's
+ * RUNNER_TP_STEP_TIMEOUT_MS): SPECD_TP_STEP_TIMEOUT_MS, else 60000; read once, >= 100. */
+int tp_step_timeout_ms(void);
+
 #endif

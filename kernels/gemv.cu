@@ -15,8 +15,6 @@
  *   - gated: W is the fused [2F, in] gate|up matrix and a warp computes gate row o and up
  *     row F + o together, writing bf16 silu(gate) * up -- the SiLU-and-mul kernel and the
  *     fp32 [n, 2F] intermediate disappear. */
-#include <stdlib.h>
-
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 
@@ -180,12 +178,6 @@ extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int o
     dim3 grid((out + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
     const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
     int in8 = in / 8;
-    /* SPECD_GEMV_UNROLL=8: eight 16-byte loads in flight per lane instead of four (A/B) */
-    static int u8 = -1;
-    if (u8 < 0) u8 = getenv("SPECD_GEMV_UNROLL") && atoi(getenv("SPECD_GEMV_UNROLL")) == 8;
-    if (u8 && n <= 2)
-        return n == 1 ? k_launch(gemv_kernel<1, 8>, grid, block, 0, s, w, x, Y, out, in8, accumulate)
-                      : k_launch(gemv_kernel<2, 8>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
     switch (n) {
     case 1: return k_launch(gemv_kernel<1, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
     case 2: return k_launch(gemv_kernel<2, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
@@ -196,19 +188,6 @@ extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int o
     case 7: return k_launch(gemv_kernel<7, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
     default: return k_launch(gemv_kernel<8, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
     }
-}
-
-static int n_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
-            n = v;
-        else
-            n = 132;
-    }
-    return n;
 }
 
 extern "C" int k_gemv_norm_bf16(const uint16_t *W, const float *x, const float *norm_w, float eps, float *Y,
@@ -226,12 +205,9 @@ extern "C" int k_gemv_norm_bf16(const uint16_t *W, const float *x, const float *
         cudaFuncSetAttribute(gemv_norm_kernel<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
         attr_set = 1;
     }
-    /* one row per warp (full grid), or a grid of 4 blocks per SM striding over the rows so
-     * the norm prologue runs fewer times (SPECD_GEMV_NORM_STRIDE=1; measured slower) */
-    static int stride = -1;
-    if (stride < 0) stride = getenv("SPECD_GEMV_NORM_STRIDE") && *getenv("SPECD_GEMV_NORM_STRIDE") == '1';
-    int blocks = (rows + GEMV_WARPS - 1) / GEMV_WARPS, cap = stride ? 4 * n_sms() : blocks;
-    dim3 grid(blocks < cap ? blocks : cap), block(GEMV_WARPS * 32);
+    /* one row per warp (a grid of 4 blocks per SM striding over the rows, so the norm
+     * prologue ran fewer times, measured slower on an H200) */
+    dim3 grid((rows + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
     const uint4 *w = (const uint4 *)W;
     int in8 = in / 8;
     if (act) {

@@ -44,6 +44,10 @@ typedef struct {
     size_t weight_bytes;
 } cuda_model;
 
+/* Decode batches up to this many rows run their projections on kernels/gemv.cu's GEMV (and
+ * its fused epilogues); larger ones on cuBLAS. */
+#define CUDA_GEMV_MAX_ROWS 2
+
 /* Device arrays describing one forward pass (all device pointers). */
 typedef struct {
     int which, n_tok, n_rows;
@@ -60,7 +64,8 @@ enum { META_TOKENS, META_TOK_SLOT, META_TOK_J, META_ROW_SLOT, META_ROW_TOK_OFF,
 typedef struct {
     runner base;
     cuda_runner_opts opts;
-    int fuse_norm;           /* SPECD_CUDA_FUSE_NORM=1: norm (+ SiLU) folded into the batch-1/2 GEMVs */
+    int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: the batch-1/2 path without its fused epilogues */
+    int dbg_skip;            /* SPECD_DEBUG_SKIP bits (norm, qkv, attn, o, gu, down): timing only */
     int tp_skip_allreduce;
     int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
     float *d_lpart, *d_lgather;   /* vocabulary-split lm_head: [LR, V/world], [world, LR, V/world] */   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
@@ -93,6 +98,9 @@ typedef struct {
     float *d_f32;        /* T, max((H+2KVH)*D, 2*ffn) */
     float *d_q;          /* T, H*D (fp32) */
     float *d_ws_o, *d_ws_ml; /* attention partials: ws_tok_splits * H*D, * H*2 */
+    uint16_t *d_act;     /* CUDA_GEMV_MAX_ROWS, ffn: SiLU(gate) * up from the gated GEMV */
+    unsigned *d_counts;  /* T * KVH zeroed counters, one per attention (item, KV head):
+                            the last split block merges; kernels leave them zero */
     size_t ws_tok_splits;
     float *d_logits;     /* LR, vocab */
     int32_t *d_meta, *h_meta;  /* META_N * T int32, pinned host copy */

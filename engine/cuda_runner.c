@@ -293,7 +293,7 @@ static void cuda_destroy(runner *base) {
     cuda_model_free(&r->m[1]);
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
-                   r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws};
+                   r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (r->h_meta) cudaFreeHost(r->h_meta);
@@ -348,7 +348,7 @@ fail:
 static int alloc_work(cuda_runner *r) {
     const runner_config *cfg = &r->base.cfg;
     const int MB = cfg->max_batch, T = r->T;
-    size_t hid = 0, xbw = 0, f32w = 0, qd = 0, vocab = 0, heads = 0;
+    size_t hid = 0, xbw = 0, f32w = 0, qd = 0, vocab = 0, heads = 0, ffn = 0, kvh = 0;
     for (int i = 0; i < 2; i++) {
         const cuda_model *cm = &r->m[i];
         if (!cm->loaded) continue;
@@ -363,7 +363,10 @@ static int alloc_work(cuda_runner *r) {
         f32w = f > f32w ? f : f32w;
         vocab = (size_t)cm->c.vocab > vocab ? (size_t)cm->c.vocab : vocab;
         heads = (size_t)cm->H > heads ? (size_t)cm->H : heads;
+        ffn = F > ffn ? F : ffn;
+        kvh = (size_t)cm->KVH > kvh ? (size_t)cm->KVH : kvh;
     }
+    const size_t n_counts = (size_t)T * kvh;
     size_t slots = (size_t)MB + 1;
     if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||
         dmalloc(r, &r->d_pool_pp, sizeof(void *)) ||
@@ -377,8 +380,11 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_meta, (size_t)META_N * T * 4) || dmalloc(r, &r->d_iota, (size_t)T * 4) ||
         dmalloc(r, &r->d_zeros, (size_t)T * 4) || dmalloc(r, &r->d_ones, (size_t)T * 4) ||
         dmalloc(r, &r->d_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))) ||
-        dmalloc(r, &r->d_dec_out, (size_t)MB * 8))
+        dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
+        dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
+        dmalloc(r, &r->d_counts, n_counts * sizeof(unsigned)))
         return SPECD_ECUDA;
+    CU_CHECK(r, cudaMemset(r->d_counts, 0, n_counts * sizeof(unsigned)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_meta, (size_t)META_N * T * 4));
     CU_CHECK(r, cudaMallocHost(&r->h_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))));
     CU_CHECK(r, cudaMallocHost(&r->h_dec_out, (size_t)MB * 8));
@@ -480,8 +486,19 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         fprintf(stderr, "cuda runner: SPECD_DEBUG_TP_SKIP_ALLREDUCE: the all-reduces are left out, results are "
                         "WRONG (only for timing what the rest of a step costs)\n");
     }
-    /* Off by default: measured slower than norm kernel + GEMV (see kernels/gemv.cu). */
-    r->fuse_norm = getenv("SPECD_CUDA_FUSE_NORM") && atoi(getenv("SPECD_CUDA_FUSE_NORM"));
+    r->no_fuse = getenv("SPECD_CUDA_NO_FUSE") && atoi(getenv("SPECD_CUDA_NO_FUSE"));
+    {   /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down leaves those stages of every layer out:
+         * wrong results, only to time what each stage costs inside the captured step */
+        const char *e = getenv("SPECD_DEBUG_SKIP");
+        const char *names[] = {"norm", "qkv", "attn", "o", "gu", "down"};
+        for (int i = 0; e && i < 6; i++) {
+            size_t n = strlen(names[i]);
+            for (const char *p = e; (p = strstr(p, names[i])); p += n)
+                if ((p == e || p[-1] == ',') && (p[n] == ',' || !p[n])) r->dbg_skip |= 1 << i;
+        }
+        if (r->dbg_skip)
+            fprintf(stderr, "cuda runner: SPECD_DEBUG_SKIP=%s: results are WRONG (only for timing the stages)\n", e);
+    }
     r->no_gemv = getenv("SPECD_CUDA_NO_GEMV") && atoi(getenv("SPECD_CUDA_NO_GEMV"));
     r->fixed_splits = getenv("SPECD_CUDA_FIXED_SPLITS") && atoi(getenv("SPECD_CUDA_FIXED_SPLITS"));
     if (c->max_batch > 1024) {
@@ -547,7 +564,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->LR = c->max_batch > 256 ? c->max_batch : (r->T < 256 ? r->T : 256);
     r->dec_split_len = DEC_SPLIT_LEN;
     r->dec_splits = (c->max_seq_len + DEC_SPLIT_LEN - 1) / DEC_SPLIT_LEN;
-    if (r->dec_splits > 64) r->dec_splits = 64;
+    if (r->dec_splits > 32) r->dec_splits = 32;   /* the attention's in-kernel merge stages <= 32 */
     /* Decode uses about B + 2*SMs/KVH (token, split) pairs; eager passes fit under this. */
     r->ws_tok_splits = (size_t)4 * (c->max_batch > 64 ? c->max_batch : 64) + 2 * (size_t)r->n_sm;
     if (alloc_work(r)) goto cuda_err;

@@ -16,8 +16,6 @@
 #include "engine/err.h"
 #include "engine/runner_tp.h"
 
-#define CUDA_GEMV_MAX_ROWS 2
-
 static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n,
                 float *Y, float beta) {
     const float alpha = 1.f;
@@ -76,13 +74,18 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const int n = p->n_tok, hidden = c->hidden, H = cm->H, KVH = cm->KVH, D = cm->D;
     const int qd = H * D, qkvd = (H + 2 * KVH) * D, F = cm->ffn;
     /* the target's row-parallel partials: only rank 0 adds the residual (see cuda_tp_allreduce) */
-    const float beta_res = r->opts.rank == 0 || (p->which != RUNNER_TARGET && !r->tp_shard_draft) ? 1.f : 0.f;
+    const int partial = r->opts.world > 1 && (p->which == RUNNER_TARGET || r->tp_shard_draft);
+    const float beta_res = !partial || r->opts.rank == 0 ? 1.f : 0.f;
     const float scale = 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
-    /* Batch 1-2, when asked: the norms fold into the GEMVs that read them (kernels/gemv.cu). */
-    const int fuse = n <= K_GEMV_NORM_MAX_N && !r->no_gemv && r->fuse_norm && hidden % 8 == 0 &&
-                     (size_t)n * hidden * 2 <= 96 * 1024;
+    /* Batch 1-2 on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
+     * without q/k norm, rotary + KV write into the QKV GEMV (kernels/gemv.cu). Decode
+     * attention merges its splits itself (no combine kernel). SPECD_CUDA_NO_FUSE=1 runs
+     * the separate kernels. */
+    const int fused = n <= K_GEMV_FUSED_MAX_N && n <= CUDA_GEMV_MAX_ROWS && !r->no_gemv && !r->no_fuse &&
+                      hidden % 8 == 0 && F % 8 == 0;
+    const int fuse_rope = fused && !cm->layers[0].q_norm;
 
     K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
     for (int l = 0; l < c->n_layers; l++) {
@@ -92,29 +95,33 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             .row_slot = p->row_slot, .row_tok_off = p->row_tok_off, .row_n_new = p->row_n_new,
             .item_row = p->item_row, .item_q0 = p->item_q0, .n_items = p->n_items, .qt = p->qt,
             .n_tok = n, .n_splits = p->n_splits, .split_len = p->split_len,
-            .ws_o = r->d_ws_o, .ws_ml = r->d_ws_ml,
+            .ws_o = r->d_ws_o, .ws_ml = r->d_ws_ml, .counters = r->no_fuse ? NULL : r->d_counts,
         };
-        if (fuse) {   /* norm + QKV in one kernel */
-            K_CHECK(r, k_gemv_norm_bf16(L->wqkv, r->d_resid, L->attn_norm, c->rms_eps, r->d_f32, NULL, qkvd,
-                                        hidden, n, s));
+        if (!(r->dbg_skip & 1)) K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+        if (r->dbg_skip & 2) {
+            /* SPECD_DEBUG_SKIP: stage left out (timing only) */
+        } else if (fuse_rope) {
+            K_CHECK(r, k_gemv_qkv_rope(L->wqkv, r->d_xb, L->bqkv, cm->inv_freq, r->d_q, n, H, KVH, D, hidden, &g, s));
         } else {
-            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
             if ((rc = gemm(r, L->wqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
+                                     c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
-        K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
-                                 c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
-        K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
-        if ((rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res))) return rc;
+        if (!(r->dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
+        if (!(r->dbg_skip & 8) && (rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res))) return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
-
-        if (fuse) {   /* norm + gate|up + SiLU-and-mul in one kernel */
-            K_CHECK(r, k_gemv_norm_bf16(L->wgu, r->d_resid, L->ffn_norm, c->rms_eps, NULL, r->d_xb, F, hidden, n, s));
+        if (!(r->dbg_skip & 1)) K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+        const uint16_t *act = r->d_xb;
+        if (r->dbg_skip & 16) {
+            /* SPECD_DEBUG_SKIP: stage left out (timing only) */
+        } else if (fused) {
+            K_CHECK(r, k_gemv_gated_bf16(L->wgu, r->d_xb, r->d_act, F, hidden, n, s));
+            act = r->d_act;
         } else {
-            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
             if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
-        if ((rc = gemm(r, L->wdown, hidden, F, r->d_xb, n, r->d_resid, beta_res))) return rc;
+        if (!(r->dbg_skip & 32) && (rc = gemm(r, L->wdown, hidden, F, act, n, r->d_resid, beta_res))) return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
     }
     return 0;

@@ -4,17 +4,23 @@
  * one split of the keys; keys are staged through shared memory in tiles of 64 with an
  * online softmax (flash attention). With several splits (flash-decoding, so one long
  * sequence still fills the GPU) each block writes an unnormalised partial and a combine
- * kernel merges them by their (max, sum) pairs.
+ * kernel merges them by their (max, sum) pairs -- or, given counters, the last split
+ * block of each item does, and no combine kernel runs.
  *
  * Causality: query j of a row sits at position len + q0 + j and sees keys <= that
  * position; len is read from device memory (lens) so graphs replay correctly.
  *
- * k_attention sends calls with at least 16 rows per block (qt * G >= 16) and D = 64 or
- * 128 to the tensor-core version of this kernel (attention_tc.cu); SPECD_ATTN_SIMT=1
- * keeps them here. */
+ * k_attention picks the kernel: one query token per item with G <= 8 and D = 64 or 128
+ * (decode) goes to attention_decode_kernel below, built for latency rather than tiles
+ * (SPECD_ATTN_TILED=1 keeps it on the tiled kernel); at least 16 rows per block (qt * G
+ * >= 16, prefill and verify) with D = 64 or 128 to the tensor-core kernel
+ * (attention_tc.cu; SPECD_ATTN_SIMT=1 keeps them here); the rest to attention_kernel.
+ * None of them is a programmatic-dependent launch: letting the O-projection GEMV start
+ * during attention made the 8B batch-1 step slower on an H200 (4.77 vs 4.64 ms). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
@@ -31,6 +37,81 @@ struct att_smem {
     static constexpr size_t p_bytes = (size_t)R * ATT_TILE * 4;
     static constexpr size_t total = q_bytes + k_bytes + v_bytes + p_bytes + 3 * R * 4;
 };
+
+/* Output element d of (token, head) th merged from the n_splits partials by their
+ * (max, sum) pairs; the partials are read through L2 (written by other blocks). */
+__device__ __forceinline__ float combine_one(const k_attn_work &w, int H, int D, size_t th, int d) {
+    const size_t stride = (size_t)w.n_tok * H;
+    float M = -INFINITY;
+    for (int s = 0; s < w.n_splits; s++) {
+        const float *ml = w.ws_ml + ((size_t)s * stride + th) * 2;
+        if (__ldcg(ml + 1) > 0.f) M = fmaxf(M, __ldcg(ml));
+    }
+    float num = 0.f, den = 0.f;
+    for (int s = 0; s < w.n_splits; s++) {
+        const float *ml = w.ws_ml + ((size_t)s * stride + th) * 2;
+        const float l = __ldcg(ml + 1);
+        if (!(l > 0.f)) continue;
+        const float f = __expf(__ldcg(ml) - M);
+        num += f * __ldcg(w.ws_o + ((size_t)s * stride + th) * D + d);
+        den += f * l;
+    }
+    return den > 0.f ? num / den : 0.f;
+}
+
+/* In-kernel combine: each split block of (item, KV head) counts itself done after its
+ * partials are written and fenced; the last one merges the item's rows (query tokens
+ * tok0.., heads head0 .. head0 + G - 1) over the ns splits that hold keys and re-zeroes
+ * the counter for the next launch. The merge weights go through shared memory (ps: rows
+ * x 64 floats, ns <= 32), so each output element is one pass of independent loads. */
+__device__ __noinline__ void combine_if_last(uint16_t *out, int H, int D, const k_attn_work &w, int ctr, int tok0, int head0,
+                                int G, int rows, int ns, float *ps, float *den_s) {
+    __shared__ unsigned last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(w.counters + ctr, 1u) == (unsigned)w.n_splits - 1;
+    __syncthreads();
+    if (!last) return;
+    const size_t stride = (size_t)w.n_tok * H;
+    if (ns > 32) {   /* more splits than the staging holds: the plain merge */
+        for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+            const int r = i / D, d = i % D;
+            const size_t th = (size_t)(tok0 + r / G) * H + head0 + r % G;
+            out[th * D + d] = k_f2bf(combine_one(w, H, D, th, d));
+        }
+    } else {
+        for (int i = threadIdx.x; i < rows * ns; i += blockDim.x) {   /* (max, sum) of every split */
+            const int r = i / ns, sp = i % ns;
+            const size_t th = (size_t)(tok0 + r / G) * H + head0 + r % G;
+            const float *ml = w.ws_ml + ((size_t)sp * stride + th) * 2;
+            ps[r * 64 + sp] = __ldcg(ml);
+            ps[r * 64 + 32 + sp] = __ldcg(ml + 1);
+        }
+        __syncthreads();
+        for (int r = threadIdx.x; r < rows; r += blockDim.x) {   /* weights exp(m - M), denominator */
+            float M = -INFINITY, den = 0.f;
+            for (int sp = 0; sp < ns; sp++)
+                if (ps[r * 64 + 32 + sp] > 0.f) M = fmaxf(M, ps[r * 64 + sp]);
+            for (int sp = 0; sp < ns; sp++) {
+                const float l = ps[r * 64 + 32 + sp], f = l > 0.f ? __expf(ps[r * 64 + sp] - M) : 0.f;
+                ps[r * 64 + sp] = f;
+                den += f * l;
+            }
+            den_s[r] = den;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+            const int r = i / D, d = i % D;
+            const size_t th = (size_t)(tok0 + r / G) * H + head0 + r % G;
+            const float *o = w.ws_o + th * D + d;
+            float num = 0.f;
+#pragma unroll 8
+            for (int sp = 0; sp < ns; sp++) num += ps[r * 64 + sp] * __ldcg(o + (size_t)sp * stride * D);
+            out[th * D + d] = k_f2bf(den_s[r] > 0.f ? num / den_s[r] : 0.f);
+        }
+    }
+    if (threadIdx.x == 0) w.counters[ctr] = 0u;
+}
 
 template <int D, int R>
 __global__ void __launch_bounds__(ATT_NT)
@@ -64,6 +145,7 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
     /* The last split takes every remaining key, so a split count sized from a stale host
      * view of the lengths costs speed, never keys. */
     const int ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
+    const int ns_keys = min(w.n_splits, (kend + split_len - 1) / split_len);   /* splits holding keys */
     const int *bt = g.bt + (size_t)slot * g.max_blocks;
     const uint16_t *pool = *g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;
@@ -77,6 +159,7 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
                 ml[0] = -INFINITY;
                 ml[1] = 0.f;
             }
+        if (w.n_splits > 1 && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, l_s);
         return;
     }
 
@@ -102,20 +185,32 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
 
     for (int kt0 = ks0; kt0 < ke; kt0 += ATT_TILE) {
         __syncthreads();
-        /* Stage K and V of keys kt0 .. kt0+63 (16-byte global loads). */
-        for (int i = tid; i < ATT_TILE * D / 8; i += ATT_NT) {
-            int k = i / (D / 8), c = i % (D / 8), key = kt0 + k;
-            uint4 kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (key < ke) {
-                int b = bt[key / g.block_size];
-                const uint16_t *kp = pool + (size_t)b * g.block_elems + g.layer_off +
-                                     ((size_t)kvh * g.block_size + key % g.block_size) * D + c * 8;
-                kk = *(const uint4 *)kp;
-                vv = *(const uint4 *)(kp + v_off);
+        /* Stage K and V of keys kt0 .. kt0+63 (16-byte global loads), ST groups of loads
+         * in flight per thread before the first shared store: one memory latency per group,
+         * not per load (a short context is a single tile, so this latency is the kernel). */
+        constexpr int PER = ATT_TILE * D / 8 / ATT_NT, ST0 = R >= 32 ? 2 : 4, ST = PER < ST0 ? PER : ST0;
+#pragma unroll
+        for (int j0 = 0; j0 < PER; j0 += ST) {
+            uint4 kk[ST], vv[ST];
+#pragma unroll
+            for (int j = 0; j < ST; j++) {
+                const int i = tid + (j0 + j) * ATT_NT, k = i / (D / 8), c = i % (D / 8), key = kt0 + k;
+                kk[j] = vv[j] = make_uint4(0, 0, 0, 0);
+                if (key < ke) {
+                    const int b = bt[key / g.block_size];
+                    const uint16_t *kp = pool + (size_t)b * g.block_elems + g.layer_off +
+                                         ((size_t)kvh * g.block_size + key % g.block_size) * D + c * 8;
+                    kk[j] = *(const uint4 *)kp;
+                    vv[j] = *(const uint4 *)(kp + v_off);
+                }
             }
-            *(uint4 *)(vs + k * D + c * 8) = vv;
-            uint32_t *kd = (uint32_t *)(ks + k * SM::KS + c * 8);
-            kd[0] = kk.x; kd[1] = kk.y; kd[2] = kk.z; kd[3] = kk.w;
+#pragma unroll
+            for (int j = 0; j < ST; j++) {
+                const int i = tid + (j0 + j) * ATT_NT, k = i / (D / 8), c = i % (D / 8);
+                *(uint4 *)(vs + k * D + c * 8) = vv[j];
+                uint32_t *kd = (uint32_t *)(ks + k * SM::KS + c * 8);
+                kd[0] = kk[j].x; kd[1] = kk[j].y; kd[2] = kk[j].z; kd[3] = kk[j].w;
+            }
         }
         __syncthreads();
 
@@ -209,32 +304,241 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
             }
         }
     }
+    if (w.n_splits > 1 && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, l_s);
 }
 
 /* One block per (token, head); thread d merges the splits' partials. */
 __global__ void attention_combine_kernel(uint16_t *out, int H, int D, k_attn_work w) {
-    int th = blockIdx.x, d = threadIdx.x;
-    size_t stride = (size_t)w.n_tok * H;
-    float M = -INFINITY;
-    for (int s = 0; s < w.n_splits; s++) {
-        const float *ml = w.ws_ml + ((size_t)s * stride + th) * 2;
-        if (ml[1] > 0.f) M = fmaxf(M, ml[0]);
-    }
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < w.n_splits; s++) {
-        const float *ml = w.ws_ml + ((size_t)s * stride + th) * 2;
-        if (!(ml[1] > 0.f)) continue;
-        float f = __expf(ml[0] - M);
-        num += f * w.ws_o[((size_t)s * stride + th) * D + d];
-        den += f * ml[1];
-    }
-    out[(size_t)th * D + d] = k_f2bf(den > 0.f ? num / den : 0.f);
+    const size_t th = blockIdx.x;
+    out[th * D + threadIdx.x] = k_f2bf(combine_one(w, H, D, th, threadIdx.x));
 }
 
 /* Shared with the tensor-core path (attention_tc.cu): merge the n_splits partials. */
 int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, cudaStream_t s) {
     attention_combine_kernel<<<w->n_tok * H, D, 0, s>>>(out, H, D, *w);
     return K_LAUNCH_RESULT();
+}
+
+/* Decode (one query token per row, G = H / KVH <= 8 query heads per KV head). At batch 1
+ * a split is a handful of memory round trips and a short dependent chain of arithmetic,
+ * so the kernel spreads keys thin: a warp takes 8 keys at a time, 4 lanes per key, each
+ * lane a quarter of the head dimension. A lane computes its key's pool address once and
+ * requests its quarter of the K row and the V values of its own head dims for the warp's
+ * 8 keys (addresses shuffled from the key's lanes) together, before the q staging
+ * barrier. Scores against the G query heads (q from shared memory, quarter rows padded
+ * apart so the four quarters hit different banks) are summed over the 4 lanes by
+ * shuffle, an online softmax per head runs over the warp, P.V from registers, then the
+ * block's warps merge through shared memory. A context that fits one split is written
+ * out directly; longer ones merge their splits as attention_kernel does. */
+template <int D, int GM, int DEC_LPK, int DEC_WARPS>
+__global__ void __launch_bounds__(DEC_WARPS * 32, 1)
+attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
+                        k_kv_geom g, k_attn_work w) {
+    constexpr int DEC_KPW = 32 / DEC_LPK;   /* keys per warp and chunk */
+    constexpr int DL = D / 32;             /* P.V dims per lane */
+    constexpr int DS = D / DEC_LPK;        /* q.k dims per lane */
+    constexpr int QP = DS + 4;             /* padded quarter row */
+    constexpr int KS8 = DS / 8;
+    typedef typename std::conditional<DL == 4, uint2, uint32_t>::type vraw_t;   /* DL bf16 */
+    __shared__ __align__(16) float qs[GM][DEC_LPK][QP];
+    __shared__ __align__(16) float wacc[DEC_WARPS][GM][D];
+    __shared__ float wm[DEC_WARPS][GM], wl[DEC_WARPS][GM];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kl = lane / DEC_LPK, sub = lane % DEC_LPK;
+    const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
+    const int G = H / KVH;
+    const int row = w.item_row[item], q0 = w.item_q0[item];
+    const int slot = w.row_slot[row];
+    const int tok0 = w.row_tok_off[row] + q0;
+    const int rows = w.row_n_new[row] > q0 ? G : 0;
+    const int len = g.lens[slot * 2 + g.which];
+    const int kend = min(len + q0 + 1, g.max_blocks * g.block_size);   /* keys <= the query's position */
+    int split_len = w.split_len;
+    if (split_len <= 0) {
+        int per = (kend + w.n_splits - 1) / w.n_splits;
+        split_len = max(DEC_KPW * DEC_WARPS, (per + DEC_KPW - 1) / DEC_KPW * DEC_KPW);
+    }
+    const int ks0 = split * split_len;
+    const int ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
+    const int ns_keys = min(w.n_splits, (kend + split_len - 1) / split_len);
+    /* one split holds every key (and the splits merge in-kernel): no partials at all */
+    const bool direct = w.n_splits == 1 || (ns_keys == 1 && w.counters);
+    float *ps = &wacc[0][0][0], *den_s = &wl[0][0];   /* combine staging, after the merge */
+
+    if (ks0 >= ke || rows <= 0) {
+        if (direct) return;
+        for (int r = tid; r < rows; r += blockDim.x) {
+            float *ml = w.ws_ml + (((size_t)split * w.n_tok + tok0) * H + kvh * G + r) * 2;
+            ml[0] = -INFINITY;
+            ml[1] = 0.f;
+        }
+        if (w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, den_s);
+        return;
+    }
+
+    const int *bt = g.bt + (size_t)slot * g.max_blocks;
+    const uint16_t *pool = *g.pool_pp;
+    const size_t v_off = (size_t)KVH * g.block_size * D;
+    uint4 kr[KS8];
+    vraw_t vr[DEC_KPW];
+    const uint16_t *kp = NULL;
+    auto load_chunk = [&](int c) {
+        const int key = c + kl;
+        kp = key < ke ? pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
+                            ((size_t)kvh * g.block_size + key % g.block_size) * D
+                      : NULL;
+#pragma unroll
+        for (int j = 0; j < KS8; j++) kr[j] = kp ? ((const uint4 *)(kp + sub * DS))[j] : make_uint4(0, 0, 0, 0);
+        const unsigned long long vaddr = kp ? (unsigned long long)(kp + v_off) : 0ull;
+#pragma unroll
+        for (int j = 0; j < DEC_KPW; j++) {
+            const unsigned long long va = __shfl_sync(0xffffffffu, vaddr, j * DEC_LPK);
+            vr[j] = va ? *(const vraw_t *)((const uint16_t *)va + lane * DL) : vraw_t{};
+        }
+    };
+    const int c0 = ks0 + warp * DEC_KPW;
+    if (c0 < ke) load_chunk(c0);
+    for (int i = tid; i < GM * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        qs[r][d / DS][d % DS] = r < rows ? q[((size_t)tok0 * H + kvh * G + r) * D + d] : 0.f;
+    }
+    __syncthreads();
+
+    float m[GM], l[GM], acc[GM][DL];
+#pragma unroll
+    for (int r = 0; r < GM; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < DL; e++) acc[r][e] = 0.f;
+    }
+    for (int c = c0; c < ke; c += DEC_WARPS * DEC_KPW) {
+        if (c != c0) load_chunk(c);
+        float sc[GM];
+#pragma unroll
+        for (int r = 0; r < GM; r++) sc[r] = 0.f;
+#pragma unroll
+        for (int j = 0; j < KS8; j++) {
+            const uint32_t kw[4] = {kr[j].x, kr[j].y, kr[j].z, kr[j].w};
+#pragma unroll
+            for (int r = 0; r < GM; r++) {
+                const float4 qa = *(const float4 *)&qs[r][sub][j * 8], qb = *(const float4 *)&qs[r][sub][j * 8 + 4];
+                float t = sc[r];
+                t = fmaf(qa.x, __uint_as_float(kw[0] << 16), t);
+                t = fmaf(qa.y, __uint_as_float(kw[0] & 0xffff0000u), t);
+                t = fmaf(qa.z, __uint_as_float(kw[1] << 16), t);
+                t = fmaf(qa.w, __uint_as_float(kw[1] & 0xffff0000u), t);
+                t = fmaf(qb.x, __uint_as_float(kw[2] << 16), t);
+                t = fmaf(qb.y, __uint_as_float(kw[2] & 0xffff0000u), t);
+                t = fmaf(qb.z, __uint_as_float(kw[3] << 16), t);
+                t = fmaf(qb.w, __uint_as_float(kw[3] & 0xffff0000u), t);
+                sc[r] = t;
+            }
+        }
+        /* the key's DEC_LPK partial dots, then an online softmax per head over the warp's
+         * keys (the xor reductions from DEC_LPK up visit each key once); sc becomes p */
+#pragma unroll
+        for (int r = 0; r < GM; r++) {
+            float t = sc[r];
+#pragma unroll
+            for (int o = 1; o < DEC_LPK; o <<= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            const float sv = kp ? t * scale : -INFINITY;
+            float cm = sv;
+            for (int o = DEC_LPK; o < 32; o <<= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+            const float mn = fmaxf(m[r], cm);
+            const float corr = mn == -INFINITY ? 1.f : __expf(m[r] - mn);
+            const float p = mn == -INFINITY ? 0.f : __expf(sv - mn);
+            float ls = p;
+            for (int o = DEC_LPK; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+            l[r] = l[r] * corr + ls;
+            m[r] = mn;
+#pragma unroll
+            for (int e = 0; e < DL; e++) acc[r][e] *= corr;
+            sc[r] = p;
+        }
+        /* P.V: lane owns dims lane * DL ..; a key past the end has p = 0 and V = 0 */
+#pragma unroll
+        for (int j = 0; j < DEC_KPW; j++) {
+            float v[DL];
+            if constexpr (DL == 4) {
+                const uint2 x = (const uint2 &)vr[j];
+                v[0] = __uint_as_float(x.x << 16);
+                v[1 % DL] = __uint_as_float(x.x & 0xffff0000u);
+                v[2 % DL] = __uint_as_float(x.y << 16);
+                v[3 % DL] = __uint_as_float(x.y & 0xffff0000u);
+            } else {
+                const uint32_t x = (const uint32_t &)vr[j];
+                v[0] = __uint_as_float(x << 16);
+                v[1 % DL] = __uint_as_float(x & 0xffff0000u);
+            }
+#pragma unroll
+            for (int r = 0; r < GM; r++) {
+                const float pj = __shfl_sync(0xffffffffu, sc[r], j * DEC_LPK);
+#pragma unroll
+                for (int e = 0; e < DL; e++) acc[r][e] = fmaf(pj, v[e], acc[r][e]);
+            }
+        }
+    }
+    /* merge the warps */
+#pragma unroll
+    for (int r = 0; r < GM; r++) {
+        if (lane == 0) {
+            wm[warp][r] = m[r];
+            wl[warp][r] = l[r];
+        }
+#pragma unroll
+        for (int e = 0; e < DL; e++) wacc[warp][r][lane * DL + e] = acc[r][e];
+    }
+    __syncthreads();
+    for (int i = tid; i < rows * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int v = 0; v < DEC_WARPS; v++)
+            if (wl[v][r] > 0.f) M = fmaxf(M, wm[v][r]);
+        float num = 0.f, den = 0.f;
+#pragma unroll
+        for (int v = 0; v < DEC_WARPS; v++) {
+            if (!(wl[v][r] > 0.f)) continue;
+            const float f = __expf(wm[v][r] - M);
+            num += f * wacc[v][r][d];
+            den += f * wl[v][r];
+        }
+        const size_t th = (size_t)tok0 * H + kvh * G + r;
+        if (direct) {
+            out[th * D + d] = k_f2bf(den > 0.f ? num / den : 0.f);
+        } else {
+            const size_t base = (size_t)split * w.n_tok * H + th;
+            w.ws_o[base * D + d] = num;
+            if (d == 0) {
+                w.ws_ml[base * 2] = M;
+                w.ws_ml[base * 2 + 1] = den;
+            }
+        }
+    }
+    if (!direct && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, den_s);
+}
+
+/* Few (row, KV head) pairs (batch 1-2): 4 lanes per key, 8 keys per warp, so a short
+ * context still spreads over many warps. Enough pairs to fill the GPU: a lane per key and
+ * 4 warps per block, fewer and longer chunks. */
+template <int D, int GM>
+static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
+                                   const k_attn_work *w, cudaStream_t s) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms = 132;
+    }
+    dim3 grid(w->n_splits, KVH, w->n_items);
+    if ((long)w->n_items * KVH < sms)
+        attention_decode_kernel<D, GM, 4, 8><<<grid, 8 * 32, 0, s>>>(q, out, H, KVH, scale, *g, *w);
+    else
+        attention_decode_kernel<D, GM, 1, 4><<<grid, 4 * 32, 0, s>>>(q, out, H, KVH, scale, *g, *w);
+    int rc = K_LAUNCH_RESULT();
+    if (rc || w->n_splits == 1 || w->counters) return rc;
+    return attention_combine_launch(out, H, D, w, s);
 }
 
 template <int D, int R>
@@ -250,7 +554,7 @@ static int launch_attention(const float *q, uint16_t *out, int H, int KVH, float
     dim3 grid(w->n_splits, KVH, w->n_items);
     attention_kernel<D, R><<<grid, ATT_NT, smem, s>>>(q, out, H, KVH, scale, *g, *w);
     int rc = K_LAUNCH_RESULT();
-    if (rc || w->n_splits == 1) return rc;
+    if (rc || w->n_splits == 1 || w->counters) return rc;
     return attention_combine_launch(out, H, D, w, s);
 }
 
@@ -273,6 +577,16 @@ static bool attention_force_simt(void) {
     return force;
 }
 
+/* SPECD_ATTN_TILED=1 keeps decode rows on attention_kernel too (to time and test the
+ * two against each other); read once. */
+static bool attention_force_tiled(void) {
+    static const bool force = [] {
+        const char *e = getenv("SPECD_ATTN_TILED");
+        return e && strcmp(e, "1") == 0;
+    }();
+    return force;
+}
+
 extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
                            float scale, const k_kv_geom *g, const k_attn_work *w,
                            cudaStream_t s) {
@@ -283,10 +597,16 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
     if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
     if (w->split_len % ATT_TILE) return -1;
     if (w->n_items == 0) return 0;
-    /* Enough rows for 16-row mma tiles (prefill chunks, verify): tensor cores. Decode
-     * rows (a few query heads) stay on the SIMT kernel. */
+    /* Enough rows for 16-row mma tiles (prefill chunks, verify): tensor cores. */
     if ((D == 64 || D == 128) && rows >= 16 && !attention_force_simt())
         return k_attention_tc(q, out, H, KVH, D, scale, g, w, s);
+    /* one query token per item and at most 8 query heads per KV head: the decode kernel */
+    if (w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && !attention_force_tiled()) {
+        if (D == 128) return rows <= 4 ? launch_attention_decode<128, 4>(q, out, H, KVH, scale, g, w, s)
+                                       : launch_attention_decode<128, 8>(q, out, H, KVH, scale, g, w, s);
+        return rows <= 4 ? launch_attention_decode<64, 4>(q, out, H, KVH, scale, g, w, s)
+                         : launch_attention_decode<64, 8>(q, out, H, KVH, scale, g, w, s);
+    }
     if (D == 32) return dispatch_rows<32>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 64) return dispatch_rows<64>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 128) return dispatch_rows<128>(rows, q, out, H, KVH, scale, g, w, s);

@@ -83,7 +83,7 @@ __global__ void silu_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t 
          i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / ffn, j = i % ffn;
         float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-        out[i] = k_f2bf(g / (1.f + expf(-g)) * u);
+        out[i] = k_f2bf(k_silu(g) * u);
     }
 }
 

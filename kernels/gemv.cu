@@ -6,17 +6,17 @@
  * before any arithmetic, and the first of them issued before the programmatic-launch
  * wait, so a GEMV starts pulling its weights while the kernel before it finishes.
  *
- * Two fused forms for the batch-1/2 path (k_gemv_norm_bf16; the runner uses them only with
- * SPECD_CUDA_FUSE_NORM=1: on an H200 they were slower than the separate norm kernel, as the
- * norm prologue delays every block's weight stream):
- *   - the RMSNorm that feeds a projection is done in the GEMV's prologue: each block
- *     normalises the fp32 residual rows into shared memory as bf16 (the same rounding the
- *     separate k_rmsnorm does), so no norm kernel runs and no normalised copy is stored;
- *   - gated: W is the fused [2F, in] gate|up matrix and a warp computes gate row o and up
- *     row F + o together, writing bf16 silu(gate) * up -- the SiLU-and-mul kernel and the
- *     fp32 [n, 2F] intermediate disappear. */
+ * At batch 1 the kernels between the GEMVs cost about as much as their own work (a launch,
+ * a ramp and a drain each), so the batch-1/2 path folds two of them into GEMV epilogues:
+ *   - gated: a warp computes gate row o and up row F + o and writes silu(gate) * up;
+ *   - rope: a warp computes the rotate_half pair (i, i + D/2) of a q/k/v head, adds the
+ *     bias, rotates and writes q (fp32) and k, v (into the paged pool).
+ * The RMSNorms stay separate kernels: normalising inside every block of the consuming GEMV
+ * (each block re-reads and re-reduces the residual) and in the last block of the producing
+ * one (a serial tail of a few microseconds) were both measured slower on an H200. */
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
+#include "kernels/rope.cuh"
 
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 4
@@ -32,14 +32,14 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
     return s;
 }
 
-/* acc[b] += W[row, :] . X[b, :] for one warp; w0 holds the first GEMV_UNROLL loads
- * (issued by the caller, possibly before the PDL wait). X may be global or shared. */
+/* acc[b] += W[row, 0:len8) . X[b, 0:len8) for one warp (X rows xs8 uint4 apart); w0 holds
+ * the first GEMV_UNROLL loads (issued by the caller, possibly before the PDL wait). */
 template <int NB, int U = GEMV_UNROLL>
-__device__ __forceinline__ void warp_row_dot(const uint4 *__restrict__ w, const uint4 *X, int in8, int lane,
-                                             uint4 (&w0)[U], float (&acc)[NB]) {
+__device__ __forceinline__ void warp_row_dot(const uint4 *__restrict__ w, const uint4 *X, int len8, int xs8,
+                                             int lane, uint4 (&w0)[U], float (&acc)[NB]) {
     int k = lane;
     bool first = true;
-    for (; k + 32 * (U - 1) < in8; k += 32 * U) {
+    for (; k + 32 * (U - 1) < len8; k += 32 * U) {
         uint4 wv[U];
         if (first) {
 #pragma unroll
@@ -52,12 +52,12 @@ __device__ __forceinline__ void warp_row_dot(const uint4 *__restrict__ w, const 
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int b = 0; b < NB; b++) acc[b] += dot8(wv[u], X[(size_t)b * in8 + k + 32 * u]);
+            for (int b = 0; b < NB; b++) acc[b] += dot8(wv[u], X[(size_t)b * xs8 + k + 32 * u]);
     }
-    for (; k < in8; k += 32) {
+    for (; k < len8; k += 32) {
         uint4 wv = __ldcs(w + k);
 #pragma unroll
-        for (int b = 0; b < NB; b++) acc[b] += dot8(wv, X[(size_t)b * in8 + k]);
+        for (int b = 0; b < NB; b++) acc[b] += dot8(wv, X[(size_t)b * xs8 + k]);
     }
 }
 
@@ -70,150 +70,201 @@ __device__ __forceinline__ void prefetch_row(const uint4 *__restrict__ w, int in
     }
 }
 
-template <int NB, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, float *__restrict__ Y,
-            int out, int in8, int accumulate) {
-    k_pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    uint4 w0[U];
-    if (row < out) prefetch_row<U>(W + (size_t)row * in8, in8, lane, w0);
-    k_pdl_wait();
-    if (row >= out) return;
-    float acc[NB];
-#pragma unroll
-    for (int b = 0; b < NB; b++) acc[b] = 0.f;
-    warp_row_dot<NB, U>(W + (size_t)row * in8, X, in8, lane, w0, acc);
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-        float v = k_warp_sum(acc[b]);
-        if (lane == 0) {
-            float *y = Y + (size_t)b * out + row;
-            *y = accumulate ? *y + v : v;
-        }
+enum { EPI_PLAIN, EPI_GATED, EPI_ROPE };
+
+/* Everything an epilogue may need (passed by value; unused fields are zero). */
+typedef struct {
+    float *Y;
+    int out, accumulate;
+    /* EPI_GATED */
+    uint16_t *act;
+    /* EPI_ROPE */
+    const float *bias, *inv_freq;
+    float *q_out;
+    int H, KVH, D;
+    k_kv_geom g;
+} gemv_epi;
+
+/* Output rows of unit u: plain u; gated (u, F + u); rope: the pair (i, i + D/2) of head
+ * u / (D/2). */
+template <int MODE>
+__device__ __forceinline__ void unit_rows(const gemv_epi &e, int u, int &r1, int &r2) {
+    if (MODE == EPI_GATED) {
+        r1 = u;
+        r2 = e.out + u;
+    } else if (MODE == EPI_ROPE) {
+        int half = e.D / 2;
+        r1 = (u / half) * e.D + u % half;
+        r2 = r1 + half;
+    } else {
+        r1 = r2 = u;
     }
 }
 
-/* Normalise NB fp32 rows of length in (= in8 * 8) into shared bf16 (RMSNorm with weight
- * nw), block-wide. */
-template <int NB>
-__device__ __forceinline__ void norm_to_smem(const float *__restrict__ x, const float *__restrict__ nw, float eps,
-                                             int in8, uint16_t *xs, float *red) {
-    const int in = in8 * 8;
-    for (int b = 0; b < NB; b++) {
-        const float4 *xr = (const float4 *)(x + (size_t)b * in);
-        float ss = 0.f;
-        for (int j = threadIdx.x; j < in / 4; j += blockDim.x) {
-            float4 v = xr[j];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        ss = k_block_sum(ss, red);
-        const float inv = rsqrtf(ss / (float)in + eps);
-        const float4 *w4 = (const float4 *)nw;
-        for (int j = threadIdx.x; j < in / 4; j += blockDim.x) {
-            float4 v = xr[j], w = w4[j];
-            uint2 o;
-            o.x = (uint32_t)k_f2bf(v.x * inv * w.x) | ((uint32_t)k_f2bf(v.y * inv * w.y) << 16);
-            o.y = (uint32_t)k_f2bf(v.z * inv * w.z) | ((uint32_t)k_f2bf(v.w * inv * w.w) << 16);
-            ((uint2 *)(xs + (size_t)b * in))[j] = o;
-        }
-    }
-    __syncthreads();
-}
-
-/* rows = out (plain: Y fp32 [NB, out] = W . norm(x)) or F (gated: W has 2F rows, act
- * [NB, F] bf16 = silu(W[o] . xn) * (W[F + o] . xn)). Grid-stride over rows so the norm
- * prologue runs once per block, not once per 8 rows. */
-template <int NB, bool GATED>
+/* n_units = out (plain), F (gated), (H + 2KVH) * D / 2 (rope). KS warps share a unit,
+ * each dotting one contiguous KS-th of the input (split-K inside the block, summed through
+ * shared memory): a projection with few rows (O, down, QKV at batch 1) still puts enough
+ * warps -- and loads -- in flight to stream at full bandwidth. */
+template <int NB, int MODE, int KS>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_norm_kernel(const uint4 *__restrict__ W, const float *__restrict__ x, const float *__restrict__ nw, float eps,
-                 float *__restrict__ Y, uint16_t *__restrict__ act, int rows, int in8) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    __shared__ float red[32];
-    uint16_t *xs = (uint16_t *)smem_raw;
+gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_units, int in8, gemv_epi e) {
+    constexpr bool TWO = MODE != EPI_PLAIN;
+    constexpr int UPB = GEMV_WARPS / KS;   /* units per block */
     k_pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int row = blockIdx.x * GEMV_WARPS + warp;
-    const int stride = gridDim.x * GEMV_WARPS;
-    uint4 wg0[GEMV_UNROLL], wu0[GEMV_UNROLL];
-    if (row < rows) {
-        prefetch_row(W + (size_t)row * in8, in8, lane, wg0);
-        if (GATED) prefetch_row(W + (size_t)(rows + row) * in8, in8, lane, wu0);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
+    const int u = blockIdx.x * UPB + warp / KS;
+    const bool live = u < n_units;
+    const int len8 = in8 / KS, k0 = ks * len8;
+    int r1 = 0, r2 = 0;
+    if (live) unit_rows<MODE>(e, u, r1, r2);
+    const uint4 *w1p = W + (size_t)r1 * in8 + k0, *w2p = W + (size_t)r2 * in8 + k0;
+    uint4 w1[GEMV_UNROLL], w2[GEMV_UNROLL];
+    if (live) {
+        prefetch_row(w1p, len8, lane, w1);
+        if (TWO) prefetch_row(w2p, len8, lane, w2);
     }
     k_pdl_wait();
-    norm_to_smem<NB>(x, nw, eps, in8, xs, red);
-    const uint4 *X = (const uint4 *)xs;
-    bool first = true;
-    for (; row < rows; row += stride) {
-        const uint4 *wg = W + (size_t)row * in8, *wu = W + (size_t)(rows + row) * in8;
-        if (!first) {
-            prefetch_row(wg, in8, lane, wg0);
-            if (GATED) prefetch_row(wu, in8, lane, wu0);
-        }
-        first = false;
-        float g[NB], u[NB];
+    float a1[NB], a2[NB];
 #pragma unroll
-        for (int b = 0; b < NB; b++) g[b] = u[b] = 0.f;
-        warp_row_dot<NB>(wg, X, in8, lane, wg0, g);
-        if (GATED) warp_row_dot<NB>(wu, X, in8, lane, wu0, u);
+    for (int b = 0; b < NB; b++) a1[b] = a2[b] = 0.f;
+    if (live) {
+        warp_row_dot<NB>(w1p, X + k0, len8, in8, lane, w1, a1);
+        if (TWO) warp_row_dot<NB>(w2p, X + k0, len8, in8, lane, w2, a2);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            float gv = k_warp_sum(g[b]);
-            if (GATED) {
-                float uv = k_warp_sum(u[b]);
-                if (lane == 0) act[(size_t)b * rows + row] = k_f2bf(gv / (1.f + expf(-gv)) * uv);
-            } else if (lane == 0) {
-                Y[(size_t)b * rows + row] = gv;
+            a1[b] = k_warp_sum(a1[b]);
+            if (TWO) a2[b] = k_warp_sum(a2[b]);
+        }
+    }
+    if (KS > 1) {   /* the unit's first warp gathers the other slices' sums */
+        __shared__ float part[GEMV_WARPS][NB][2];
+        if (lane == 0)
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                part[warp][b][0] = a1[b];
+                part[warp][b][1] = a2[b];
+            }
+        __syncthreads();
+        if (ks == 0)
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+#pragma unroll
+                for (int j = 1; j < KS; j++) {
+                    a1[b] += part[warp + j][b][0];
+                    a2[b] += part[warp + j][b][1];
+                }
+    }
+    if (live && ks == 0) {
+        /* lane b writes token b's results */
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            if (lane != b) continue;
+            if (MODE == EPI_PLAIN) {
+                float *y = e.Y + (size_t)b * e.out + r1;
+                *y = e.accumulate ? *y + a1[b] : a1[b];
+            } else if (MODE == EPI_GATED) {
+                e.act[(size_t)b * e.out + u] = k_f2bf(k_silu(a1[b]) * a2[b]);
+            } else {
+                rope_store_pair(e.g, e.bias, e.inv_freq, e.q_out, e.H, e.KVH, e.D, b, r1 / e.D, r1 % e.D,
+                                a1[b], a2[b]);
             }
         }
     }
 }
 
-extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
-                           int n, int accumulate, cudaStream_t s) {
-    if (out <= 0 || in <= 0 || in % 8 || n < 1 || n > K_GEMV_MAX_N ||
-        ((uintptr_t)W | (uintptr_t)X) % 16)
-        return -1;
-    dim3 grid((out + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
-    const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
-    int in8 = in / 8;
-    switch (n) {
-    case 1: return k_launch(gemv_kernel<1, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 2: return k_launch(gemv_kernel<2, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 3: return k_launch(gemv_kernel<3, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 4: return k_launch(gemv_kernel<4, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 5: return k_launch(gemv_kernel<5, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 6: return k_launch(gemv_kernel<6, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    case 7: return k_launch(gemv_kernel<7, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    default: return k_launch(gemv_kernel<8, 4>, grid, block, 0, s, w, x, Y, out, in8, accumulate);
-    }
+static int gemv_shape_ok(const uint16_t *W, const uint16_t *X, int in, int n, int max_n) {
+    return in > 0 && in % 8 == 0 && n >= 1 && n <= max_n && ((uintptr_t)W | (uintptr_t)X) % 16 == 0;
 }
 
-extern "C" int k_gemv_norm_bf16(const uint16_t *W, const float *x, const float *norm_w, float eps, float *Y,
-                                uint16_t *act, int rows, int in, int n, cudaStream_t s) {
-    if (rows <= 0 || in <= 0 || in % 8 || n < 1 || n > K_GEMV_NORM_MAX_N || (!Y == !act) ||
-        ((uintptr_t)W | (uintptr_t)x | (uintptr_t)norm_w) % 16)
+/* Warps per unit: split K until there are about 32 warps per multiprocessor, as long as
+ * each warp keeps a full group of GEMV_UNROLL loads per lane. Measured on an H200 (batch
+ * 1, `specd bench`): no split 4.62 / 1.02 ms per 8B / 1B token, 32 warps per SM 4.45 /
+ * 0.955, 96 warps per SM 4.55 / 0.99. */
+static int gemv_ksplit(int n_units, int in8) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms = 132;
+    }
+    const long want = (long)sms * 32;
+    int ks = 1;
+    while (ks < 8 && (long)n_units * ks < want && in8 % (2 * ks) == 0 && in8 / (2 * ks) >= 32 * GEMV_UNROLL) ks *= 2;
+    return ks;
+}
+
+template <int NB, int MODE>
+static int gemv_launch_ks(const uint4 *w, const uint4 *x, int n_units, int in8, const gemv_epi &e, cudaStream_t s) {
+    const dim3 block(GEMV_WARPS * 32);
+#define GEMV_KS_CASE(K)                                                                                 \
+    case K:                                                                                             \
+        return k_launch(gemv_kernel<NB, MODE, K>, dim3((n_units + GEMV_WARPS / K - 1) / (GEMV_WARPS / K)), \
+                        block, 0, s, w, x, n_units, in8, e)
+    switch (gemv_ksplit(n_units, in8)) {
+        GEMV_KS_CASE(8);
+        GEMV_KS_CASE(4);
+        GEMV_KS_CASE(2);
+    default:
+        return k_launch(gemv_kernel<NB, MODE, 1>, dim3((n_units + GEMV_WARPS - 1) / GEMV_WARPS), block, 0, s, w, x,
+                        n_units, in8, e);
+    }
+#undef GEMV_KS_CASE
+}
+
+template <int MODE>
+static int gemv_launch(const uint16_t *W, const uint16_t *X, int n_units, int in, int n, const gemv_epi &e,
+                       cudaStream_t s) {
+    const dim3 grid((n_units + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
+    const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
+    const int in8 = in / 8;
+    /* batch 1-2 (the fused forms serve only these) may split K; 3-8 rows keep a warp per row */
+    if (n == 1) return gemv_launch_ks<1, MODE>(w, x, n_units, in8, e, s);
+    if (n == 2) return gemv_launch_ks<2, MODE>(w, x, n_units, in8, e, s);
+    if constexpr (MODE == EPI_PLAIN) {
+        switch (n) {
+        case 3: return k_launch(gemv_kernel<3, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
+        case 4: return k_launch(gemv_kernel<4, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
+        case 5: return k_launch(gemv_kernel<5, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
+        case 6: return k_launch(gemv_kernel<6, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
+        case 7: return k_launch(gemv_kernel<7, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
+        default: return k_launch(gemv_kernel<8, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
+        }
+    }
+    return -1;
+}
+
+extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
+                           int n, int accumulate, cudaStream_t s) {
+    if (out <= 0 || !gemv_shape_ok(W, X, in, n, K_GEMV_MAX_N)) return -1;
+    gemv_epi e = {};
+    e.Y = Y;
+    e.out = out;
+    e.accumulate = accumulate;
+    return gemv_launch<EPI_PLAIN>(W, X, out, in, n, e, s);
+}
+
+extern "C" int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t *act, int F, int in, int n,
+                                 cudaStream_t s) {
+    if (F <= 0 || !act || !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N)) return -1;
+    gemv_epi e = {};
+    e.out = F;
+    e.act = act;
+    return gemv_launch<EPI_GATED>(W, X, F, in, n, e, s);
+}
+
+extern "C" int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, const float *inv_freq,
+                               float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
+                               cudaStream_t s) {
+    if (H <= 0 || KVH <= 0 || D <= 0 || (D & 1) || !inv_freq || !q_out || !g ||
+        !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N))
         return -1;
-    size_t smem = (size_t)n * in * 2;
-    if (smem > 96 * 1024) return -1;
-    static int attr_set = 0;
-    if (!attr_set) {   /* room for hidden sizes up to 24576 at n = 2 */
-        cudaFuncSetAttribute(gemv_norm_kernel<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-        cudaFuncSetAttribute(gemv_norm_kernel<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-        cudaFuncSetAttribute(gemv_norm_kernel<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-        cudaFuncSetAttribute(gemv_norm_kernel<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-        attr_set = 1;
-    }
-    /* one row per warp (a grid of 4 blocks per SM striding over the rows, so the norm
-     * prologue ran fewer times, measured slower on an H200) */
-    dim3 grid((rows + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
-    const uint4 *w = (const uint4 *)W;
-    int in8 = in / 8;
-    if (act) {
-        return n == 1 ? k_launch(gemv_norm_kernel<1, true>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8)
-                      : k_launch(gemv_norm_kernel<2, true>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8);
-    }
-    return n == 1 ? k_launch(gemv_norm_kernel<1, false>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8)
-                  : k_launch(gemv_norm_kernel<2, false>, grid, block, smem, s, w, x, norm_w, eps, Y, act, rows, in8);
+    gemv_epi e = {};
+    e.bias = bias;
+    e.inv_freq = inv_freq;
+    e.q_out = q_out;
+    e.H = H;
+    e.KVH = KVH;
+    e.D = D;
+    e.g = *g;
+    return gemv_launch<EPI_ROPE>(W, X, (H + 2 * KVH) * D / 2, in, n, e, s);
 }

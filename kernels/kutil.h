@@ -69,6 +69,8 @@ __device__ __forceinline__ float k_block_sum(float v, float *red) {
     return k_warp_sum(v);
 }
 
+__device__ __forceinline__ float k_silu(float g) { return g / (1.f + expf(-g)); }
+
 /* Philox4x32-10 (Salmon et al., SC'11): key = seed, counter = (counter, 0, 0). */
 __host__ __device__ __forceinline__ void k_philox(uint64_t seed, uint64_t counter, uint32_t out[4]) {
     uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;

@@ -5,6 +5,7 @@
  * token's index in its row, so the same launch works inside a replayed graph. */
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
+#include "kernels/rope.cuh"
 
 #define ROPE_MAX_PAIRS_PER_LANE 4   /* D <= 256 */
 
@@ -18,15 +19,8 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const fl
     int warp = blockIdx.y * nwarps + (threadIdx.x >> 5);   /* heads spread over gridDim.y blocks */
     nwarps *= gridDim.y;
     int width = (H + 2 * KVH) * D, half = D / 2;
-    int slot = g.tok_slot[t];
-    int pos = g.lens[slot * 2 + g.which] + g.tok_j[t];
-    int cap = g.max_blocks * g.block_size;
-    uint16_t *blk = NULL;
-    if (pos >= 0 && pos < cap) {
-        int b = g.bt[(size_t)slot * g.max_blocks + pos / g.block_size];
-        blk = *g.pool_pp + (size_t)b * g.block_elems + g.layer_off;
-    }
-    int off_in_blk = pos % g.block_size;
+    int pos;
+    uint16_t *blk = rope_kv_block(g, t, pos);
     const float *row = qkv + (size_t)t * width;
 
     for (int hh = warp; hh < H + 2 * KVH; hh += nwarps) {
@@ -55,10 +49,7 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const fl
                 if (i >= half) continue;
                 float a = x1[p], c = x2[p];
                 if (nw) { a = a * inv * nw[i]; c = c * inv * nw[i + half]; }
-                float sn, cs;
-                sincosf((float)pos * inv_freq[i], &sn, &cs);
-                x1[p] = a * cs - c * sn;
-                x2[p] = c * cs + a * sn;
+                rope_rotate(a, c, pos, inv_freq[i], x1[p], x2[p]);
             }
         }
         if (is_q) {
@@ -73,10 +64,7 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const fl
             continue;
         }
         if (!blk) continue;
-        int kvh = is_k ? hh - H : hh - H - KVH;
-        size_t o = ((size_t)kvh * g.block_size + off_in_blk) * D;
-        if (!is_k) o += (size_t)KVH * g.block_size * D;
-        uint16_t *dst = blk + o;
+        uint16_t *dst = blk + rope_kv_off(g, KVH, D, is_k ? hh - H : hh - H - KVH, !is_k, pos);
 #pragma unroll
         for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
             int i = lane + 32 * p;

@@ -79,6 +79,10 @@ typedef struct {
     int n_items, qt, n_tok;
     int n_splits, split_len;
     float *ws_o, *ws_ml;
+    /* Optional (may be NULL): n_items * KVH zeroed counters. With them the SIMT kernel
+     * merges the splits itself (the last split block of an item and KV head to finish
+     * does the combine and re-zeroes its counter), so no combine kernel runs. */
+    unsigned *counters;
 } k_attn_work;
 int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
                 const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
@@ -95,16 +99,24 @@ int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int D, float s
 int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n,
                 int accumulate, cudaStream_t s);
 
-/* The batch-1/2 GEMV with the RMSNorm that feeds it fused in: xn = bf16(rmsnorm(x) * norm_w)
- * per row of x [n, in] fp32 (as k_rmsnorm computes it), then either
- *   Y [n, rows] fp32 = W [rows, in] . xn            (act == NULL), or
- *   act [n, rows] bf16 = silu(W[o] . xn) * (W[rows + o] . xn)  (Y == NULL; W is the fused
- *   [2 * rows, in] gate|up matrix: SiLU-and-mul fused too).
- * n <= K_GEMV_NORM_MAX_N, in % 8 == 0, 16-byte aligned pointers, n * in * 2 <= 96 KiB;
- * else -1 (use k_rmsnorm + cuBLAS). */
-#define K_GEMV_NORM_MAX_N 2
-int k_gemv_norm_bf16(const uint16_t *W, const float *x, const float *norm_w, float eps, float *Y,
-                     uint16_t *act, int rows, int in, int n, cudaStream_t s);
+/* Fused forms of the decode GEMV for n <= K_GEMV_FUSED_MAX_N rows (the batch-1/2 decode
+ * path: they take kernels off the per-token chain). Same shape rules as k_gemv_bf16
+ * (in % 8 == 0, W and X 16-byte aligned); -1 when they do not hold.
+ *
+ * k_gemv_gated_bf16: W [2F, in] is the fused gate|up matrix; act [n, F] bf16 =
+ *   bf16(silu(W[o] . x) * (W[F + o] . x)) -- gate|up and SiLU-and-mul in one pass.
+ *   act must not alias X.
+ * k_gemv_qkv_rope: W [(H + 2KVH) * D, in], the fused QKV GEMV with k_qkv_rope_kv's work
+ *   done in its epilogue (no q/k norm): a warp computes the rotate_half pair (i, i + D/2)
+ *   of a head, adds bias (may be NULL), rotates q and k, writes q to q_out [n, H, D] fp32
+ *   and k, v into the paged pool (token t at slot g->tok_slot[t], position
+ *   lens + g->tok_j[t]). */
+#define K_GEMV_FUSED_MAX_N 2
+int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t *act, int F, int in, int n,
+                      cudaStream_t s);
+int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, const float *inv_freq,
+                    float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
+                    cudaStream_t s);
 
 /* Per-row sampling parameters (same meaning as runner_sampling). */
 typedef struct {

@@ -1,10 +1,13 @@
-/* The fused batch-1/2 GEMVs (kernels/gemv.cu) against a host reference built the way the
- * unfused path computes: bf16(rmsnorm(x) * w) as the activation, fp32 dot products with
- * the bf16 weights, then (gated) bf16(silu(gate) * up). Random inputs fresh each run
- * (SPECD_TEST_SEED replays), outputs poisoned with NaN so an unwritten element fails, and
- * a guard zone after the output that must stay poisoned. Shapes cover rows that are not
- * a multiple of 8 and more rows than the grid has warps (the grid-stride loop). Also the
- * plain GEMV (PDL launch path) for n = 1..8. */
+/* The decode GEMVs of kernels/gemv.cu. Random inputs fresh each run (SPECD_TEST_SEED
+ * replays), outputs poisoned with NaN (0xff bytes) so an unwritten element fails, and a
+ * guard zone after each output that must stay poisoned.
+ * - k_gemv_gated_bf16: bf16(silu(gate) * up) against a double reference.
+ * - k_gemv_qkv_rope: against the unfused path it replaces (k_gemv_bf16 into fp32, then
+ *   k_qkv_rope_kv) on a copy of the same paged pool: q must match, the two pools must
+ *   agree everywhere within 1 bf16 ulp (so no stray writes and no missed ones).
+ * - the rejections the header promises (n > 2, in % 8, misaligned pointers, odd D).
+ * - the plain GEMV (PDL launch path) for n = 1..8, and at batch 1-2 on projection shapes
+ *   whose rows are split over several warps (split-K), accumulating and not. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,20 +16,16 @@
 #include "kernels/specd_kernels.h"
 #include "tests/gpu/gpu_util.h"
 
+#define GUARD 64   /* poisoned elements after every output */
+
 static uint64_t g_seed;
 
 static void fill(float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = gu_uniform(&g_seed, lo, hi);
 }
 
-/* Reference activation: bf16(x * inv_rms * w) as k_rmsnorm writes it. */
-static void ref_norm(const float *x, const float *w, int n, int in, float eps, float *xn) {
-    for (int b = 0; b < n; b++) {
-        double ss = 0;
-        for (int j = 0; j < in; j++) ss += (double)x[(size_t)b * in + j] * x[(size_t)b * in + j];
-        float inv = 1.f / sqrtf((float)(ss / in) + eps);
-        for (int j = 0; j < in; j++) xn[(size_t)b * in + j] = gu_round_bf(x[(size_t)b * in + j] * inv * w[j]);
-    }
+static void fill_bf(uint16_t *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) x[i] = gu_f2bf(gu_uniform(&g_seed, lo, hi));
 }
 
 static double dot(const uint16_t *w, const float *x, int in) {
@@ -35,87 +34,221 @@ static double dot(const uint16_t *w, const float *x, int in) {
     return s;
 }
 
-static void check_norm_gemv(int rows, int in, int n, int gated) {
-    const float eps = 1e-5f;
-    int wrows = gated ? 2 * rows : rows;
-    size_t nw = (size_t)wrows * in;
-    uint16_t *W = malloc(nw * 2);
-    float *x = malloc(sizeof(float) * (size_t)n * in), *g = malloc(sizeof(float) * (size_t)in);
-    float *xn = malloc(sizeof(float) * (size_t)n * in);
-    for (size_t i = 0; i < nw; i++) W[i] = gu_f2bf(gu_uniform(&g_seed, -0.05f, 0.05f));
-    fill(x, (size_t)n * in, -2.f, 2.f);
-    fill(g, (size_t)in, 0.5f, 1.5f);
-    ref_norm(x, g, n, in, eps, xn);
+static double dot_bf(const uint16_t *w, const uint16_t *x, int in) {
+    double s = 0;
+    for (int j = 0; j < in; j++) s += (double)gu_bf2f(w[j]) * gu_bf2f(x[j]);
+    return s;
+}
 
-    const size_t guard = 64, outn = (size_t)n * rows;
-    void *dW = gu_upload(W, nw * 2), *dx = gu_upload(x, sizeof(float) * (size_t)n * in);
-    void *dg = gu_upload(g, sizeof(float) * (size_t)in);
-    void *dout = gu_dev((outn + guard) * (gated ? 2 : 4));   /* NaN-poisoned */
-    int rc = k_gemv_norm_bf16(dW, dx, dg, eps, gated ? NULL : dout, gated ? dout : NULL, rows, in, n, 0);
-    assert_int_equal(rc, 0);
-    double max_err = 0, max_ref = 0;
-    int bad = 0;
-    if (gated) {
-        uint16_t *o = malloc((outn + guard) * 2);
-        gu_download(o, dout, (outn + guard) * 2);
-        for (int b = 0; b < n; b++)
-            for (int r = 0; r < rows; r++) {
-                double gv = dot(W + (size_t)r * in, xn + (size_t)b * in, in);
-                double uv = dot(W + (size_t)(rows + r) * in, xn + (size_t)b * in, in);
-                double ref = gv / (1.0 + exp(-gv)) * uv, got = gu_bf2f(o[(size_t)b * rows + r]);
-                if (isnan(got)) bad++;
-                max_err = fmax(max_err, fabs(got - ref));
-                max_ref = fmax(max_ref, fabs(ref));
-            }
-        for (size_t i = outn; i < outn + guard; i++) assert_int_equal(o[i], 0xffff);
-        free(o);
-    } else {
-        float *o = malloc((outn + guard) * 4);
-        gu_download(o, dout, (outn + guard) * 4);
-        for (int b = 0; b < n; b++)
-            for (int r = 0; r < rows; r++) {
-                double ref = dot(W + (size_t)r * in, xn + (size_t)b * in, in), got = o[(size_t)b * rows + r];
-                if (isnan(got)) bad++;
-                max_err = fmax(max_err, fabs(got - ref));
-                max_ref = fmax(max_ref, fabs(ref));
-            }
-        for (size_t i = outn; i < outn + guard; i++) assert_true(isnan(o[i]));
-        free(o);
-    }
-    double rel = max_err / (max_ref > 0 ? max_ref : 1);
-    printf("  norm gemv rows %d in %d n %d %s: rel err %.2e, unwritten %d\n", rows, in, n, gated ? "gated" : "plain",
-           rel, bad);
+/* Distance in bf16 ulps between two bit patterns (sign-magnitude to a monotone integer). */
+static int bf_ulps(uint16_t a, uint16_t b) {
+    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
+    int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
+    return abs(ia - ib);
+}
+
+/* ---- k_gemv_gated_bf16 --------------------------------------------------------------- */
+
+static void check_gated(int F, int in, int n) {
+    const size_t nw = (size_t)2 * F * in, na = (size_t)n * F;
+    uint16_t *W = malloc(nw * 2), *X = malloc((size_t)n * in * 2), *A = malloc((na + GUARD) * 2);
+    fill_bf(W, nw, -0.05f, 0.05f);
+    fill_bf(X, (size_t)n * in, -1.f, 1.f);
+    uint16_t *dW = gu_upload(W, nw * 2), *dX = gu_upload(X, (size_t)n * in * 2);
+    uint16_t *dA = gu_dev((na + GUARD) * 2);
+    assert_int_equal(k_gemv_gated_bf16(dW, dX, dA, F, in, n, 0), 0);
+    gu_download(A, dA, (na + GUARD) * 2);
+    double me = 0, mr = 0;
+    int bad = 0, guard = 0;
+    for (int b = 0; b < n; b++)
+        for (int o = 0; o < F; o++) {
+            double g = dot_bf(W + (size_t)o * in, X + (size_t)b * in, in);
+            double u = dot_bf(W + (size_t)(F + o) * in, X + (size_t)b * in, in);
+            double ref = g / (1.0 + exp(-g)) * u, got = gu_bf2f(A[(size_t)b * F + o]);
+            if (isnan(got)) bad++;
+            me = fmax(me, fabs(got - ref));
+            mr = fmax(mr, fabs(ref));
+        }
+    for (size_t i = na; i < na + GUARD; i++) guard += A[i] != 0xffff;
+    double rel = bad ? INFINITY : me / (mr > 0 ? mr : 1);
+    printf("  gemv_gated F %d in %d n %d: rel err %.2e, unwritten %d, guard hits %d\n", F, in, n, rel, bad, guard);
     assert_int_equal(bad, 0);
-    /* fp32 accumulation in a different order; gated output is rounded to bf16 */
-    assert_true(rel < (gated ? 8e-3 : 2e-4));
-    cudaFree(dW), cudaFree(dx), cudaFree(dg), cudaFree(dout);
-    free(W), free(x), free(g), free(xn);
+    assert_true(rel < 8e-3);   /* output rounded to bf16 */
+    assert_int_equal(guard, 0);
+    cudaFree(dW), cudaFree(dX), cudaFree(dA);
+    free(W), free(X), free(A);
 }
 
-static void test_norm_gemv_plain_matches_rmsnorm_then_gemv(void **state) {
+static void test_gemv_gated_matches_silu_of_gate_times_up(void **state) {
     (void)state;
-    check_norm_gemv(6144, 4096, 1, 0);   /* Llama-3.1-8B QKV */
-    check_norm_gemv(2560, 2048, 2, 0);   /* Llama-3.2-1B QKV, two rows */
-    check_norm_gemv(37, 64, 1, 0);       /* rows not a multiple of 8, in < 32 * 4 * 8 */
-    check_norm_gemv(8 * 4 * 132 * 3 + 5, 256, 2, 0);   /* more rows than the grid's warps */
+    check_gated(14336, 4096, 1);   /* Llama-3.1-8B gate|up */
+    check_gated(8192, 2048, 2);    /* Llama-3.2-1B gate|up, two rows */
+    check_gated(172, 128, 1);      /* a tiny model's ffn, F not a multiple of 8 */
+    check_gated(172, 128, 2);
 }
 
-static void test_norm_gemv_gated_matches_silu_of_gate_times_up(void **state) {
-    (void)state;
-    check_norm_gemv(14336, 4096, 1, 1);   /* Llama-3.1-8B gate|up */
-    check_norm_gemv(8192, 2048, 2, 1);    /* Llama-3.2-1B gate|up, two rows */
-    check_norm_gemv(172, 128, 1, 1);      /* a tiny model's ffn */
+/* ---- k_gemv_qkv_rope ----------------------------------------------------------------- */
+
+#define NSLOT 4     /* live slots; slot NSLOT is the dummy */
+#define MAXBLK 48   /* blocks per slot: 768 positions with 16-token blocks */
+
+/* A paged pool (one layer of several, shuffled block tables) in two identical device
+ * copies: [0] for the fused kernel, [1] for the unfused path. */
+typedef struct {
+    int KVH, D, bs, max_blocks, nblocks, n;
+    size_t block_elems, layer_off, pool_n;
+    int32_t bt[(NSLOT + 1) * MAXBLK], lens[(NSLOT + 1) * 2];
+    uint16_t *init;
+    uint16_t *d_pool[2], **d_pp[2];
+    int32_t *d_bt, *d_lens, *d_ts, *d_tj;
+} kvpool;
+
+static void pool_setup(kvpool *p, int KVH, int D, int n, const int32_t *slots, const int32_t *tok_j) {
+    memset(p, 0, sizeof *p);
+    p->KVH = KVH, p->D = D, p->bs = 16, p->max_blocks = MAXBLK, p->n = n;
+    p->nblocks = 1 + NSLOT * MAXBLK;
+    const int n_layers = 3, layer = 2;
+    p->block_elems = (size_t)n_layers * 2 * KVH * p->bs * D;
+    p->layer_off = (size_t)layer * 2 * KVH * p->bs * D;
+    p->pool_n = (size_t)p->nblocks * p->block_elems;
+    int ids[NSLOT * MAXBLK];
+    for (int i = 0; i < NSLOT * MAXBLK; i++) ids[i] = i + 1;
+    for (int i = NSLOT * MAXBLK - 1; i > 0; i--) {
+        int j = (int)(gu_next(&g_seed) % (uint64_t)(i + 1)), t = ids[i];
+        ids[i] = ids[j], ids[j] = t;
+    }
+    for (int s = 0; s < NSLOT; s++) {
+        for (int b = 0; b < MAXBLK; b++) p->bt[s * MAXBLK + b] = ids[s * MAXBLK + b];
+        /* positions ~500-700 so the rotation matters; draft lengths differ from target */
+        p->lens[s * 2] = 500 + (int)(gu_next(&g_seed) % 200);
+        p->lens[s * 2 + 1] = 450 + (int)(gu_next(&g_seed) % 200);
+    }
+    for (int b = 0; b < MAXBLK; b++) p->bt[NSLOT * MAXBLK + b] = 0;
+    p->lens[NSLOT * 2] = p->lens[NSLOT * 2 + 1] = 0;
+    p->init = malloc(p->pool_n * 2);
+    fill_bf(p->init, p->pool_n, -1.5f, 1.5f);   /* a live pool: other tokens' K/V */
+    for (int i = 0; i < 2; i++) {
+        p->d_pool[i] = gu_upload(p->init, p->pool_n * 2);
+        p->d_pp[i] = gu_upload(&p->d_pool[i], sizeof(void *));
+    }
+    p->d_bt = gu_upload(p->bt, sizeof p->bt);
+    p->d_lens = gu_upload(p->lens, sizeof p->lens);
+    p->d_ts = gu_upload(slots, sizeof(int32_t) * n);
+    p->d_tj = gu_upload(tok_j, sizeof(int32_t) * n);
 }
 
-static void test_norm_gemv_rejects_what_it_cannot_do(void **state) {
-    (void)state;
-    void *d = gu_dev(1 << 20);
-    assert_int_equal(k_gemv_norm_bf16(d, d, d, 1e-5f, d, NULL, 8, 100, 1, 0), -1);   /* in % 8 */
-    assert_int_equal(k_gemv_norm_bf16(d, d, d, 1e-5f, d, NULL, 8, 64, 3, 0), -1);    /* n > 2 */
-    assert_int_equal(k_gemv_norm_bf16(d, d, d, 1e-5f, d, d, 8, 64, 1, 0), -1);       /* both outputs */
-    assert_int_equal(k_gemv_norm_bf16(d, d, d, 1e-5f, NULL, NULL, 8, 64, 1, 0), -1); /* none */
-    cudaFree(d);
+static k_kv_geom pool_geom(const kvpool *p, int i, int which) {
+    k_kv_geom g = {.tok_slot = p->d_ts, .tok_j = p->d_tj, .lens = p->d_lens, .which = which,
+                   .bt = p->d_bt, .max_blocks = p->max_blocks, .block_size = p->bs,
+                   .pool_pp = p->d_pp[i], .block_elems = p->block_elems, .layer_off = p->layer_off};
+    return g;
 }
+
+static void pool_free(kvpool *p) {
+    for (int i = 0; i < 2; i++) cudaFree(p->d_pool[i]), cudaFree(p->d_pp[i]);
+    cudaFree(p->d_bt), cudaFree(p->d_lens), cudaFree(p->d_ts), cudaFree(p->d_tj);
+    free(p->init);
+}
+
+static void check_qkv_rope(int H, int KVH, int D, int in, int n, int with_bias, float theta, int which,
+                           const int32_t *slots, const int32_t *tok_j) {
+    kvpool p;
+    pool_setup(&p, KVH, D, n, slots, tok_j);
+    const int rows = (H + 2 * KVH) * D;
+    const size_t nq = (size_t)n * H * D;
+    uint16_t *W = malloc((size_t)rows * in * 2), *X = malloc((size_t)n * in * 2);
+    float *bias = malloc(sizeof(float) * rows), *inv = malloc(sizeof(float) * (D / 2));
+    fill_bf(W, (size_t)rows * in, -0.05f, 0.05f);
+    fill_bf(X, (size_t)n * in, -1.f, 1.f);
+    fill(bias, rows, -0.5f, 0.5f);
+    for (int i = 0; i < D / 2; i++) inv[i] = powf(theta, -2.f * i / D);
+    uint16_t *dW = gu_upload(W, (size_t)rows * in * 2), *dX = gu_upload(X, (size_t)n * in * 2);
+    float *dB = with_bias ? gu_upload(bias, sizeof(float) * rows) : NULL;
+    float *dI = gu_upload(inv, sizeof(float) * (D / 2));
+    float *dQ[2] = {gu_dev(sizeof(float) * (nq + GUARD)), gu_dev(sizeof(float) * (nq + GUARD))};
+    float *dQKV = gu_dev(sizeof(float) * (size_t)n * rows);
+    k_kv_geom g0 = pool_geom(&p, 0, which), g1 = pool_geom(&p, 1, which);
+
+    assert_int_equal(k_gemv_qkv_rope(dW, dX, dB, dI, dQ[0], n, H, KVH, D, in, &g0, 0), 0);
+    assert_int_equal(k_gemv_bf16(dW, dX, dQKV, rows, in, n, 0, 0), 0);
+    assert_int_equal(k_qkv_rope_kv(dQKV, dB, NULL, NULL, dI, 1e-6f, dQ[1], n, H, KVH, D, &g1, 0), 0);
+
+    float *q[2];
+    uint16_t *pool[2];
+    for (int i = 0; i < 2; i++) {
+        q[i] = malloc(sizeof(float) * (nq + GUARD));
+        pool[i] = malloc(p.pool_n * 2);
+        gu_download(q[i], dQ[i], sizeof(float) * (nq + GUARD));
+        gu_download(pool[i], p.d_pool[i], p.pool_n * 2);
+    }
+    double me = 0, mr = 0;
+    int nan_q = 0, guard = 0;
+    for (size_t i = 0; i < nq; i++) {
+        if (isnan(q[0][i]) || isnan(q[1][i])) nan_q++;
+        me = fmax(me, fabs((double)q[0][i] - q[1][i]));
+        mr = fmax(mr, fabs((double)q[1][i]));
+    }
+    for (size_t i = nq; i < nq + GUARD; i++) guard += !isnan(q[0][i]);
+    double rel = nan_q ? INFINITY : me / (mr > 0 ? mr : 1);
+    /* Pools: equal everywhere up to 1 ulp; the unfused path wrote n * KVH * D * 2. */
+    size_t far = 0, one_ulp = 0, written = 0;
+    for (size_t i = 0; i < p.pool_n; i++) {
+        int u = bf_ulps(pool[0][i], pool[1][i]);
+        far += u > 1;
+        one_ulp += u == 1;
+        written += pool[1][i] != p.init[i];
+    }
+    printf("  qkv_rope H %d KVH %d D %d in %d n %d bias %d which %d: q rel err %.2e, pool: %zu at 1 ulp, "
+           "%zu beyond (reference wrote %zu of %zu)\n", H, KVH, D, in, n, with_bias, which, rel, one_ulp, far,
+           written, (size_t)n * KVH * D * 2);
+    assert_int_equal(nan_q, 0);
+    assert_true(rel < 1e-4);   /* same fp32 products, maybe summed in another order */
+    assert_int_equal(guard, 0);
+    assert_int_equal(far, 0);
+    assert_true(written > (size_t)n * KVH * D);   /* the comparison covered real writes */
+    cudaFree(dW), cudaFree(dX), cudaFree(dB), cudaFree(dI), cudaFree(dQ[0]), cudaFree(dQ[1]), cudaFree(dQKV);
+    for (int i = 0; i < 2; i++) free(q[i]), free(pool[i]);
+    free(W), free(X), free(bias), free(inv);
+    pool_free(&p);
+}
+
+static void test_gemv_qkv_rope_matches_gemv_then_qkv_rope_kv(void **state) {
+    (void)state;
+    const int32_t s1[1] = {2}, j1[1] = {0};
+    const int32_t s2[2] = {3, 0}, j2[2] = {0, 1};
+    const int32_t ss[2] = {1, 1}, js[2] = {0, 1};
+    check_qkv_rope(32, 8, 64, 2048, 1, 0, 500000.f, 0, s1, j1);    /* Llama-3.2-1B, batch 1 */
+    check_qkv_rope(12, 2, 128, 1536, 2, 1, 1000000.f, 0, s2, j2);  /* Qwen2.5-1.5B, two slots */
+    check_qkv_rope(32, 8, 64, 2048, 2, 1, 500000.f, 1, ss, js);    /* one slot's two draft tokens */
+    check_qkv_rope(12, 2, 128, 1536, 1, 1, 1000000.f, 1, s1, j1);
+}
+
+/* ---- rejections ---------------------------------------------------------------------- */
+
+static void test_fused_gemvs_reject_what_they_cannot_do(void **state) {
+    (void)state;
+    uint16_t *d = gu_dev(1 << 22);
+    float *f = gu_dev(1 << 22);
+    /* k_gemv_gated_bf16 */
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, 3, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 100, 1, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d + 1, d + 65536, d + 131072, 64, 64, 1, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65537, d + 131072, 64, 64, 1, 0), -1);
+    /* k_gemv_qkv_rope, on a valid pool so that a launch that should not happen is harmless */
+    kvpool p;
+    const int32_t sl[3] = {0, 1, 2}, tj[3] = {0, 0, 0};
+    pool_setup(&p, 2, 64, 3, sl, tj);
+    k_kv_geom g = pool_geom(&p, 0, 0);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 3, 4, 2, 64, 64, &g, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 100, &g, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 63, 64, &g, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d + 1, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 64, &g, 0), -1);
+    GPU_CHECK(cudaDeviceSynchronize());
+    pool_free(&p);
+    cudaFree(d), cudaFree(f);
+}
+
+/* ---- plain GEMV ---------------------------------------------------------------------- */
 
 static void test_plain_gemv_all_row_counts(void **state) {
     (void)state;
@@ -146,14 +279,57 @@ static void test_plain_gemv_all_row_counts(void **state) {
     free(W), free(X), free(xf), free(Y);
 }
 
+/* Batch 1-2 on projection shapes (8B O / down, 1B O / down, an odd row count): the launcher
+ * splits each row over 2-8 warps here, whose partial sums must add up exactly once, in
+ * both the overwrite and the accumulate forms. */
+static void check_plain_split(int out, int in, int n, int accumulate) {
+    uint16_t *W = malloc((size_t)out * in * 2), *X = malloc((size_t)n * in * 2);
+    fill_bf(W, (size_t)out * in, -0.05f, 0.05f);
+    fill_bf(X, (size_t)n * in, -1.f, 1.f);
+    const size_t guard = 64, outn = (size_t)n * out;
+    float *y0 = malloc(sizeof(float) * (outn + guard)), *Y = malloc(sizeof(float) * (outn + guard));
+    void *dW = gu_upload(W, (size_t)out * in * 2), *dX = gu_upload(X, (size_t)n * in * 2);
+    void *dY = gu_dev(sizeof(float) * (outn + guard));   /* NaN-poisoned */
+    if (accumulate) {
+        fill(y0, outn, -1.f, 1.f);
+        GPU_CHECK(cudaMemcpy(dY, y0, sizeof(float) * outn, cudaMemcpyHostToDevice));
+    }
+    assert_int_equal(k_gemv_bf16(dW, dX, dY, out, in, n, accumulate, 0), 0);
+    gu_download(Y, dY, sizeof(float) * (outn + guard));
+    double me = 0, mr = 0;
+    for (int b = 0; b < n; b++)
+        for (int o = 0; o < out; o++) {
+            double ref = dot_bf(W + (size_t)o * in, X + (size_t)b * in, in) + (accumulate ? y0[(size_t)b * out + o] : 0.0);
+            double got = Y[(size_t)b * out + o];
+            assert_false(isnan(got));
+            me = fmax(me, fabs(got - ref));
+            mr = fmax(mr, fabs(ref));
+        }
+    for (size_t i = outn; i < outn + guard; i++) assert_true(isnan(Y[i]));
+    printf("  split gemv out %d in %d n %d acc %d: rel err %.2e\n", out, in, n, accumulate, me / mr);
+    assert_true(me / mr < 2e-4);
+    cudaFree(dW), cudaFree(dX), cudaFree(dY);
+    free(W), free(X), free(y0), free(Y);
+}
+
+static void test_plain_gemv_split_k_projection_shapes(void **state) {
+    (void)state;
+    check_plain_split(4096, 4096, 1, 1);    /* Llama-3.1-8B O projection into the residual */
+    check_plain_split(4096, 14336, 1, 1);   /* 8B down */
+    check_plain_split(2048, 2048, 2, 0);    /* Llama-3.2-1B O, two rows */
+    check_plain_split(2048, 8192, 2, 1);    /* 1B down */
+    check_plain_split(299, 2048, 1, 0);     /* rows not a multiple of the units per block */
+}
+
 int main(void) {
     g_seed = gu_seed();
     printf("test_gpu_gemv: seed %llu (SPECD_TEST_SEED replays)\n", (unsigned long long)g_seed);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_norm_gemv_plain_matches_rmsnorm_then_gemv),
-        cmocka_unit_test(test_norm_gemv_gated_matches_silu_of_gate_times_up),
-        cmocka_unit_test(test_norm_gemv_rejects_what_it_cannot_do),
+        cmocka_unit_test(test_gemv_gated_matches_silu_of_gate_times_up),
+        cmocka_unit_test(test_gemv_qkv_rope_matches_gemv_then_qkv_rope_kv),
+        cmocka_unit_test(test_fused_gemvs_reject_what_they_cannot_do),
         cmocka_unit_test(test_plain_gemv_all_row_counts),
+        cmocka_unit_test(test_plain_gemv_split_k_projection_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

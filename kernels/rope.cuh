@@ -1,0 +1,59 @@
+/* Device helpers shared by the rotary / KV-write epilogues: the separate kernel
+ * (rope_kv.cu, any batch, with q/k norm) and the fused QKV GEMV (gemv.cu, batch 1-2). */
+#ifndef SPECD_ROPE_CUH
+#define SPECD_ROPE_CUH
+
+#include "kernels/specd_kernels.h"
+#include "kernels/kutil.h"
+
+/* Token t's position and the start of the current layer's K/V inside its pool block
+ * (NULL when the position is past the slot's capacity: such tokens are not written). */
+__device__ __forceinline__ uint16_t *rope_kv_block(const k_kv_geom &g, int t, int &pos) {
+    const int slot = g.tok_slot[t];
+    pos = g.lens[slot * 2 + g.which] + g.tok_j[t];
+    if (pos < 0 || pos >= g.max_blocks * g.block_size) return NULL;
+    const int b = g.bt[(size_t)slot * g.max_blocks + pos / g.block_size];
+    return *g.pool_pp + (size_t)b * g.block_elems + g.layer_off;
+}
+
+/* Element offset of head kvh's row at pos inside a layer's block: K heads, then V heads. */
+__device__ __forceinline__ size_t rope_kv_off(const k_kv_geom &g, int KVH, int D, int kvh, bool is_v, int pos) {
+    size_t o = ((size_t)kvh * g.block_size + pos % g.block_size) * D;
+    return is_v ? o + (size_t)KVH * g.block_size * D : o;
+}
+
+/* HF rotate_half on the pair (a, c) = (x[i], x[i + D/2]) at angle pos * f. */
+__device__ __forceinline__ void rope_rotate(float a, float c, int pos, float f, float &o1, float &o2) {
+    float sn, cs;
+    sincosf((float)pos * f, &sn, &cs);
+    o1 = a * cs - c * sn;
+    o2 = c * cs + a * sn;
+}
+
+/* The whole epilogue for one pair (i, i + D/2) of head hh (q heads, then k, then v) of
+ * token t, from the projection outputs v1, v2 (no q/k norm). */
+__device__ __forceinline__ void rope_store_pair(const k_kv_geom &g, const float *bias, const float *inv_freq,
+                                                float *q_out, int H, int KVH, int D, int t, int hh, int i,
+                                                float v1, float v2) {
+    const int half = D / 2;
+    if (bias) {
+        v1 += bias[(size_t)hh * D + i];
+        v2 += bias[(size_t)hh * D + i + half];
+    }
+    int pos;
+    uint16_t *blk = rope_kv_block(g, t, pos);
+    if (hh < H + KVH) rope_rotate(v1, v2, pos, inv_freq[i], v1, v2);
+    if (hh < H) {
+        float *qd = q_out + ((size_t)t * H + hh) * D;
+        qd[i] = v1;
+        qd[i + half] = v2;
+        return;
+    }
+    if (!blk) return;
+    const bool is_v = hh >= H + KVH;
+    uint16_t *dst = blk + rope_kv_off(g, KVH, D, is_v ? hh - H - KVH : hh - H, is_v, pos);
+    dst[i] = k_f2bf(v1);
+    dst[i + half] = k_f2bf(v2);
+}
+
+#endif

@@ -38,17 +38,17 @@ struct att_smem {
     static constexpr size_t total = q_bytes + k_bytes + v_bytes + p_bytes + 3 * R * 4;
 };
 
-/* Output element d of (token, head) th merged from the n_splits partials by their
+/* Output element d of (token, head) th merged from the first ns partials by their
  * (max, sum) pairs; the partials are read through L2 (written by other blocks). */
-__device__ __forceinline__ float combine_one(const k_attn_work &w, int H, int D, size_t th, int d) {
+__device__ __forceinline__ float combine_one(const k_attn_work &w, int H, int D, size_t th, int d, int ns) {
     const size_t stride = (size_t)w.n_tok * H;
     float M = -INFINITY;
-    for (int s = 0; s < w.n_splits; s++) {
+    for (int s = 0; s < ns; s++) {
         const float *ml = w.ws_ml + ((size_t)s * stride + th) * 2;
         if (__ldcg(ml + 1) > 0.f) M = fmaxf(M, __ldcg(ml));
     }
     float num = 0.f, den = 0.f;
-    for (int s = 0; s < w.n_splits; s++) {
+    for (int s = 0; s < ns; s++) {
         const float *ml = w.ws_ml + ((size_t)s * stride + th) * 2;
         const float l = __ldcg(ml + 1);
         if (!(l > 0.f)) continue;
@@ -59,17 +59,17 @@ __device__ __forceinline__ float combine_one(const k_attn_work &w, int H, int D,
     return den > 0.f ? num / den : 0.f;
 }
 
-/* In-kernel combine: each split block of (item, KV head) counts itself done after its
+/* In-kernel combine: each of the ns split blocks of (item, KV head) that hold keys (the
+ * first ns; the others write nothing and do not count) counts itself done after its
  * partials are written and fenced; the last one merges the item's rows (query tokens
- * tok0.., heads head0 .. head0 + G - 1) over the ns splits that hold keys and re-zeroes
- * the counter for the next launch. The merge weights go through shared memory (ps: rows
+ * tok0.., heads head0 .. head0 + G - 1) and re-zeroes the counter for the next launch. The merge weights go through shared memory (ps: rows
  * x 64 floats, ns <= 32), so each output element is one pass of independent loads. */
 __device__ __noinline__ void combine_if_last(uint16_t *out, int H, int D, const k_attn_work &w, int ctr, int tok0, int head0,
                                 int G, int rows, int ns, float *ps, float *den_s) {
     __shared__ unsigned last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(w.counters + ctr, 1u) == (unsigned)w.n_splits - 1;
+    if (threadIdx.x == 0) last = atomicAdd(w.counters + ctr, 1u) == (unsigned)ns - 1;
     __syncthreads();
     if (!last) return;
     const size_t stride = (size_t)w.n_tok * H;
@@ -77,7 +77,7 @@ __device__ __noinline__ void combine_if_last(uint16_t *out, int H, int D, const 
         for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
             const int r = i / D, d = i % D;
             const size_t th = (size_t)(tok0 + r / G) * H + head0 + r % G;
-            out[th * D + d] = k_f2bf(combine_one(w, H, D, th, d));
+            out[th * D + d] = k_f2bf(combine_one(w, H, D, th, d, ns));
         }
     } else {
         for (int i = threadIdx.x; i < rows * ns; i += blockDim.x) {   /* (max, sum) of every split */
@@ -151,15 +151,15 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
     const size_t v_off = (size_t)KVH * g.block_size * D;
 
     if (ks0 >= ke || rows <= 0) {
-        /* This split holds no key for this item: mark its partials empty. */
-        if (w.n_splits > 1)
+        /* This split holds no key for this item: mark its partials empty for the combine
+         * kernel (the in-kernel merge reads only the splits that hold keys). */
+        if (w.n_splits > 1 && !w.counters)
             for (int r = tid; r < rows; r += ATT_NT) {
                 int tok = tok0 + r / G, head = kvh * G + r % G;
                 float *ml = w.ws_ml + (((size_t)split * w.n_tok + tok) * H + head) * 2;
                 ml[0] = -INFINITY;
                 ml[1] = 0.f;
             }
-        if (w.n_splits > 1 && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, l_s);
         return;
     }
 
@@ -310,7 +310,7 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
 /* One block per (token, head); thread d merges the splits' partials. */
 __global__ void attention_combine_kernel(uint16_t *out, int H, int D, k_attn_work w) {
     const size_t th = blockIdx.x;
-    out[th * D + threadIdx.x] = k_f2bf(combine_one(w, H, D, th, threadIdx.x));
+    out[th * D + threadIdx.x] = k_f2bf(combine_one(w, H, D, th, threadIdx.x, w.n_splits));
 }
 
 /* Shared with the tensor-core path (attention_tc.cu): merge the n_splits partials. */
@@ -364,14 +364,13 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     const bool direct = w.n_splits == 1 || (ns_keys == 1 && w.counters);
     float *ps = &wacc[0][0][0], *den_s = &wl[0][0];   /* combine staging, after the merge */
 
-    if (ks0 >= ke || rows <= 0) {
-        if (direct) return;
+    if (ks0 >= ke || rows <= 0) {   /* no key here: only the combine kernel reads empty partials */
+        if (direct || w.counters) return;
         for (int r = tid; r < rows; r += blockDim.x) {
             float *ml = w.ws_ml + (((size_t)split * w.n_tok + tok0) * H + kvh * G + r) * 2;
             ml[0] = -INFINITY;
             ml[1] = 0.f;
         }
-        if (w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, den_s);
         return;
     }
 

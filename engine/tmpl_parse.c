@@ -84,6 +84,13 @@ static int expect_op(parser *P, const char *op) {
     fail(P, msg, tok_desc(cur(P)));
     return 0;
 }
+/* The current token's name (consumed), or NULL after reporting that a name was expected. */
+static const char *expect_name(parser *P) {
+    tk_token *t = cur(P);
+    if (t->type != TK_NAME) return fail(P, "expected a name, got '%s'", tok_desc(t));
+    P->i++;
+    return t->s;
+}
 
 /* Operator, postfix and filter chains are built in loops, so their trees can grow deep
  * without the parser recursing; every tree walk (evaluation, freeing) recurses, so the
@@ -384,10 +391,10 @@ static tnode *parse_postfix(parser *P, tnode *n) {
 
 /* name or dotted.name after | or is */
 static char *parse_dotted_name(parser *P) {
-    if (cur(P)->type != TK_NAME) return fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
+    const char *first = expect_name(P);
+    if (!first) return NULL;
     tv_buf b = {0};
-    tv_buf_puts(&b, cur(P)->s);
-    P->i++;
+    tv_buf_puts(&b, first);
     while (is_op(P, ".") && peek(P, 1)->type == TK_NAME) {
         tv_buf_puts(&b, ".");
         tv_buf_puts(&b, peek(P, 1)->s);
@@ -612,12 +619,8 @@ static int expect_block_end(parser *P) {
 /* for/set targets: name or name, name, ... */
 static int parse_targets(parser *P, tnode *n) {
     do {
-        if (cur(P)->type != TK_NAME) {
-            fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
-            return -1;
-        }
-        if (names_push(P, n, cur(P)->s)) return -1;
-        P->i++;
+        const char *name = expect_name(P);
+        if (!name || names_push(P, n, name)) return -1;
     } while (accept_op(P, ","));
     return 0;
 }
@@ -719,12 +722,8 @@ static tnode *parse_set(parser *P) {
         n->a = t;
         if (!(t->a = parse_primary(P))) goto bad;
         P->i++;
-        if (cur(P)->type != TK_NAME) {
-            fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
-            goto bad;
-        }
-        if (!(t->name = strdup(cur(P)->s))) goto bad;
-        P->i++;
+        const char *name = expect_name(P);
+        if (!name || !(t->name = strdup(name))) goto bad;
     } else if (parse_targets(P, n)) {
         goto bad;
     }
@@ -750,22 +749,14 @@ bad:
 static tnode *parse_macro(parser *P) {
     tnode *n = node_new(P, S_MACRO);
     if (!n) return NULL;
-    if (cur(P)->type != TK_NAME) {
-        fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
-        goto bad;
-    }
-    if (!(n->name = strdup(cur(P)->s))) goto bad;
-    P->i++;
+    const char *name = expect_name(P);
+    if (!name || !(n->name = strdup(name))) goto bad;
     if (!expect_op(P, "(")) goto bad;
     while (!accept_op(P, ")")) {
         if (n->nnames && !expect_op(P, ",")) goto bad;
         if (accept_op(P, ")")) break;
-        if (cur(P)->type != TK_NAME) {
-            fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
-            goto bad;
-        }
-        if (names_push(P, n, cur(P)->s)) goto bad;
-        P->i++;
+        const char *arg = expect_name(P);
+        if (!arg || names_push(P, n, arg)) goto bad;
         tnode *def = NULL;
         if (accept_op(P, "=") && !(def = parse_expr(P))) goto bad;
         if (!def && n->l1.n && n->l1.v[n->l1.n - 1]) {
@@ -818,12 +809,8 @@ static tnode *parse_with(parser *P) {
     if (!n) return NULL;
     while (cur(P)->type != TK_BLOCK_END) {
         if (n->nnames && !expect_op(P, ",")) goto bad;
-        if (cur(P)->type != TK_NAME) {
-            fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
-            goto bad;
-        }
-        if (names_push(P, n, cur(P)->s)) goto bad;
-        P->i++;
+        const char *name = expect_name(P);
+        if (!name || names_push(P, n, name)) goto bad;
         if (!expect_op(P, "=")) goto bad;
         tnode *v = parse_expr(P);
         if (!v || list_push(P, &n->l2, v)) {
@@ -843,8 +830,7 @@ bad:
 
 /* {% block name %} ... {% endblock [name] %}: without inheritance it renders in place */
 static tnode *parse_block(parser *P) {
-    if (cur(P)->type != TK_NAME) return fail(P, "expected a name, got '%s'", tok_desc(cur(P)));
-    P->i++;
+    if (!expect_name(P)) return NULL;
     accept_name(P, "scoped");
     accept_name(P, "required");
     tnode *n = node_new(P, S_BLOCK);

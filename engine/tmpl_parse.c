@@ -138,6 +138,16 @@ static int list_push(parser *P, tnode_list *l, tnode *n) {
     return 0;
 }
 
+/* Parse an expression onto l; -1 (nothing pushed, the expression freed) on failure. */
+static int push_expr(parser *P, tnode_list *l) {
+    tnode *v = parse_expr(P);
+    if (!v || list_push(P, l, v)) {
+        tmpl_node_free(v);
+        return -1;
+    }
+    return 0;
+}
+
 static int names_push(parser *P, tnode *n, const char *s) {
     char **nv = realloc(n->names, (n->nnames + 1) * sizeof *nv);
     if (!nv) {
@@ -202,15 +212,13 @@ static int parse_call_args(parser *P, tnode *n) {
         if (cur(P)->type == TK_NAME && peek(P, 1)->type == TK_OP && !strcmp(peek(P, 1)->s, "=")) {
             if (names_push(P, n, cur(P)->s)) return -1;
             P->i += 2;
-            tnode *v = parse_expr(P);
-            if (!v || list_push(P, &n->l2, v)) return tmpl_node_free(v), -1;
+            if (push_expr(P, &n->l2)) return -1;
         } else {
             if (n->l2.n) {
                 fail(P, "%s", "positional argument follows keyword argument");
                 return -1;
             }
-            tnode *v = parse_expr(P);
-            if (!v || list_push(P, &n->l1, v)) return tmpl_node_free(v), -1;
+            if (push_expr(P, &n->l1)) return -1;
         }
     }
     P->i++;
@@ -267,11 +275,7 @@ static tnode *parse_primary(parser *P) {
         while (n && !is_op(P, "]")) {
             if (n->l1.n && !expect_op(P, ",")) goto bad;
             if (is_op(P, "]")) break;
-            tnode *v = parse_expr(P);
-            if (!v || list_push(P, &n->l1, v)) {
-                tmpl_node_free(v);
-                goto bad;
-            }
+            if (push_expr(P, &n->l1)) goto bad;
         }
         if (n) P->i++;
         return n;
@@ -284,17 +288,9 @@ static tnode *parse_primary(parser *P) {
         while (n && !is_op(P, "}")) {
             if (n->l1.n && !expect_op(P, ",")) goto bad2;
             if (is_op(P, "}")) break;
-            tnode *k = parse_expr(P);
-            if (!k || list_push(P, &n->l1, k)) {
-                tmpl_node_free(k);
-                goto bad2;
-            }
+            if (push_expr(P, &n->l1)) goto bad2;
             if (!expect_op(P, ":")) goto bad2;
-            tnode *v = parse_expr(P);
-            if (!v || list_push(P, &n->l2, v)) {
-                tmpl_node_free(v);
-                goto bad2;
-            }
+            if (push_expr(P, &n->l2)) goto bad2;
         }
         if (n) P->i++;
         return n;
@@ -326,11 +322,7 @@ static tnode *parse_subscript(parser *P, tnode *obj) {
             goto bad;
         }
         while (accept_op(P, ",") && !is_op(P, "]")) {
-            tnode *v = parse_expr(P);
-            if (!v || list_push(P, &t->l1, v)) {
-                tmpl_node_free(v);
-                goto bad;
-            }
+            if (push_expr(P, &t->l1)) goto bad;
         }
     } else if (accept_op(P, ":")) {
         n->type = N_SLICE;
@@ -599,8 +591,7 @@ static tnode *parse_tuple(parser *P, int allow_empty) {
     if (!t || list_push(P, &t->l1, first)) return tmpl_node_free(first), tmpl_node_free(t), NULL;
     while (accept_op(P, ",")) {
         if (is_op(P, ")") || cur(P)->type == TK_VAR_END || cur(P)->type == TK_BLOCK_END) break;
-        tnode *v = parse_expr(P);
-        if (!v || list_push(P, &t->l1, v)) return tmpl_node_free(v), tmpl_node_free(t), NULL;
+        if (push_expr(P, &t->l1)) return tmpl_node_free(t), NULL;
     }
     return t;
 }
@@ -812,11 +803,7 @@ static tnode *parse_with(parser *P) {
         const char *name = expect_name(P);
         if (!name || names_push(P, n, name)) goto bad;
         if (!expect_op(P, "=")) goto bad;
-        tnode *v = parse_expr(P);
-        if (!v || list_push(P, &n->l2, v)) {
-            tmpl_node_free(v);
-            goto bad;
-        }
+        if (push_expr(P, &n->l2)) goto bad;
     }
     P->i++;
     static const char *const ends[] = {"endwith", NULL};

@@ -65,10 +65,11 @@ typedef struct {
     runner base;
     cuda_runner_opts opts;
     int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: the batch-1/2 path without its fused epilogues */
+    int no_fuse_norm;        /* SPECD_CUDA_NO_FUSE_NORM=1: ... with its RMSNorm kernels (the rest fused) */
     int dbg_skip;            /* SPECD_DEBUG_SKIP bits (norm, qkv, attn, o, gu, down): timing only */
-    int tp_skip_allreduce;
+    int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
     int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
-    float *d_lpart, *d_lgather;   /* vocabulary-split lm_head: [LR, V/world], [world, LR, V/world] */   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE: wrong results; times the rest */
+    float *d_lpart, *d_lgather;   /* vocabulary-split lm_head: [LR, V/world], [world, LR, V/world] */
     cuda_model m[2];
     int device, n_sm;
     cudaStream_t stream;
@@ -99,6 +100,9 @@ typedef struct {
     float *d_q;          /* T, H*D (fp32) */
     float *d_ws_o, *d_ws_ml; /* attention partials: ws_tok_splits * H*D, * H*2 */
     uint16_t *d_act;     /* CUDA_GEMV_MAX_ROWS, ffn: SiLU(gate) * up from the gated GEMV */
+    uint16_t *d_xg;      /* CUDA_GEMV_MAX_ROWS, hidden: bf16(h * g), the folded norm's input */
+    float *d_ss;         /* 2 * layers * CUDA_GEMV_MAX_ROWS: sums of h^2 per folded norm, per pass */
+    int ss_layers;       /* layers d_ss holds (the deeper model) */
     unsigned *d_counts;  /* T * KVH zeroed counters, one per attention (item, KV head):
                             the last split block merges; kernels leave them zero */
     size_t ws_tok_splits;

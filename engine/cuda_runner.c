@@ -293,7 +293,7 @@ static void cuda_destroy(runner *base) {
     cuda_model_free(&r->m[1]);
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
-                   r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts};
+                   r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (r->h_meta) cudaFreeHost(r->h_meta);
@@ -365,6 +365,7 @@ static int alloc_work(cuda_runner *r) {
         heads = (size_t)cm->H > heads ? (size_t)cm->H : heads;
         ffn = F > ffn ? F : ffn;
         kvh = (size_t)cm->KVH > kvh ? (size_t)cm->KVH : kvh;
+        if (cm->c.n_layers > r->ss_layers) r->ss_layers = cm->c.n_layers;
     }
     const size_t n_counts = (size_t)T * kvh;
     size_t slots = (size_t)MB + 1;
@@ -382,6 +383,8 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))) ||
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
         dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
+        dmalloc(r, &r->d_xg, (size_t)CUDA_GEMV_MAX_ROWS * hid * 2) ||
+        dmalloc(r, &r->d_ss, (size_t)2 * r->ss_layers * CUDA_GEMV_MAX_ROWS * 4) ||
         dmalloc(r, &r->d_counts, n_counts * sizeof(unsigned)))
         return SPECD_ECUDA;
     CU_CHECK(r, cudaMemset(r->d_counts, 0, n_counts * sizeof(unsigned)));
@@ -487,6 +490,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
                         "WRONG (only for timing what the rest of a step costs)\n");
     }
     r->no_fuse = getenv("SPECD_CUDA_NO_FUSE") && atoi(getenv("SPECD_CUDA_NO_FUSE"));
+    r->no_fuse_norm = getenv("SPECD_CUDA_NO_FUSE_NORM") && atoi(getenv("SPECD_CUDA_NO_FUSE_NORM"));
     {   /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down leaves those stages of every layer out:
          * wrong results, only to time what each stage costs inside the captured step */
         const char *e = getenv("SPECD_DEBUG_SKIP");

@@ -4,7 +4,8 @@
  *
  * A pass, per layer: RMSNorm -> fused QKV GEMM -> bias / q,k-norm / rotary / KV write ->
  * paged attention -> O GEMM accumulated into the fp32 residual (beta = 1) -> RMSNorm ->
- * fused gate|up GEMM -> SiLU * up -> down GEMM accumulated into the residual.
+ * fused gate|up GEMM -> SiLU * up -> down GEMM accumulated into the residual. At batch
+ * 1-2 the GEMVs absorb most of the small kernels (see cuda_enqueue_pass).
  * Everything that changes per step (tokens, slots, sampling parameters, lengths) lives in
  * device buffers at fixed addresses, so a captured step replays with fresh inputs. */
 #include <math.h>
@@ -86,8 +87,17 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const int fused = n <= K_GEMV_FUSED_MAX_N && n <= CUDA_GEMV_MAX_ROWS && !r->no_gemv && !r->no_fuse &&
                       hidden % 8 == 0 && F % 8 == 0;
     const int fuse_rope = fused && !cm->layers[0].q_norm;
+    /* ... and, on one GPU, every RMSNorm but the first folds into the GEMVs around it: O
+     * and down add into the residual and write bf16(h * g_next) with the row's sum of
+     * h^2, QKV and gate|up scale their dots by rsqrt(mean + eps) (kernels/gemv.cu).
+     * d_ss holds one sum per (layer, norm, row), zeroed at the start of the pass. */
+    const int fuse_norm = fused && !partial && !r->no_fuse_norm && !r->dbg_skip && qd % 8 == 0 &&
+                          c->n_layers <= r->ss_layers;
+    k_norm_in nin_attn = {0}, nin_ffn = {0};
+    k_norm_out nout_ffn = {0}, nout_attn = {0};
 
     K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
+    if (fuse_norm) CU_CHECK(r, cudaMemsetAsync(r->d_ss, 0, (size_t)2 * c->n_layers * CUDA_GEMV_MAX_ROWS * 4, s));
     for (int l = 0; l < c->n_layers; l++) {
         const cuda_layer *L = &cm->layers[l];
         k_kv_geom g = kv_geom(r, p->which, p->tok_slot, p->tok_j, cm->pool_layer0 + l);
@@ -97,31 +107,58 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             .n_tok = n, .n_splits = p->n_splits, .split_len = p->split_len,
             .ws_o = r->d_ws_o, .ws_ml = r->d_ws_ml, .counters = r->no_fuse ? NULL : r->d_counts,
         };
-        if (!(r->dbg_skip & 1)) K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+        /* the norms folded into this layer's GEMVs: sums of squares [l][0] (attention input,
+         * written by the previous layer's down GEMV) and [l][1] (MLP input, by O) */
+        float *ss_l = r->d_ss + (size_t)l * 2 * CUDA_GEMV_MAX_ROWS;
+        const k_norm_in *qkv_nin = fuse_norm && l > 0 ? &nin_attn : NULL;
+        const uint16_t *qkv_x = qkv_nin ? r->d_xg : r->d_xb;
+        if (fuse_norm) {
+            nin_attn = (k_norm_in){.ss = ss_l, .eps = c->rms_eps};
+            nin_ffn = (k_norm_in){.ss = ss_l + CUDA_GEMV_MAX_ROWS, .eps = c->rms_eps};
+            nout_ffn = (k_norm_out){.g = L->ffn_norm, .xg = r->d_xg, .ss = ss_l + CUDA_GEMV_MAX_ROWS};
+            if (l + 1 < c->n_layers)
+                nout_attn = (k_norm_out){.g = cm->layers[l + 1].attn_norm, .xg = r->d_xg,
+                                         .ss = ss_l + 2 * CUDA_GEMV_MAX_ROWS};
+        }
+        if (!(r->dbg_skip & 1) && !qkv_nin)
+            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         if (r->dbg_skip & 2) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fuse_rope) {
-            K_CHECK(r, k_gemv_qkv_rope(L->wqkv, r->d_xb, L->bqkv, cm->inv_freq, r->d_q, n, H, KVH, D, hidden, &g, s));
+            K_CHECK(r, k_gemv_qkv_rope(L->wqkv, qkv_x, L->bqkv, cm->inv_freq, r->d_q, n, H, KVH, D, hidden, &g,
+                                       qkv_nin, s));
+        } else if (qkv_nin) {
+            K_CHECK(r, k_gemv_norm_bf16(L->wqkv, qkv_x, r->d_f32, qkvd, hidden, n, 0, qkv_nin, NULL, s));
+            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
+                                     c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         } else {
             if ((rc = gemm(r, L->wqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
         if (!(r->dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
-        if (!(r->dbg_skip & 8) && (rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res))) return rc;
+        if (fuse_norm)
+            K_CHECK(r, k_gemv_norm_bf16(L->wo, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
+        else if (!(r->dbg_skip & 8) && (rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
+            return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
-        if (!(r->dbg_skip & 1)) K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+        if (!(r->dbg_skip & 1) && !fuse_norm)
+            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         const uint16_t *act = r->d_xb;
         if (r->dbg_skip & 16) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fused) {
-            K_CHECK(r, k_gemv_gated_bf16(L->wgu, r->d_xb, r->d_act, F, hidden, n, s));
+            K_CHECK(r, k_gemv_gated_bf16(L->wgu, fuse_norm ? r->d_xg : r->d_xb, r->d_act, F, hidden, n,
+                                         fuse_norm ? &nin_ffn : NULL, s));
             act = r->d_act;
         } else {
             if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
-        if (!(r->dbg_skip & 32) && (rc = gemm(r, L->wdown, hidden, F, act, n, r->d_resid, beta_res))) return rc;
+        if (fuse_norm && l + 1 < c->n_layers)
+            K_CHECK(r, k_gemv_norm_bf16(L->wdown, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
+        else if (!(r->dbg_skip & 32) && (rc = gemm(r, L->wdown, hidden, F, act, n, r->d_resid, beta_res)))
+            return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
     }
     return 0;

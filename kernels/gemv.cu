@@ -11,9 +11,12 @@
  *   - gated: a warp computes gate row o and up row F + o and writes silu(gate) * up;
  *   - rope: a warp computes the rotate_half pair (i, i + D/2) of a q/k/v head, adds the
  *     bias, rotates and writes q (fp32) and k, v (into the paged pool).
- * The RMSNorms stay separate kernels: normalising inside every block of the consuming GEMV
- * (each block re-reads and re-reduces the residual) and in the last block of the producing
- * one (a serial tail of a few microseconds) were both measured slower on an H200. */
+ *   - norm (k_norm_out / k_norm_in, see specd_kernels.h): the GEMV that adds into the
+ *     residual writes bf16(h * g) and atomically sums h^2 per row; the GEMV after it
+ *     scales its dots by rsqrt(mean + eps), so no RMSNorm kernel runs between them.
+ *     Two earlier forms were slower on an H200: normalising inside every block of the
+ *     consuming GEMV before its loads (each block re-reads and re-reduces the residual)
+ *     and in the last block of the producing one (a serial tail of a few microseconds). */
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 #include "kernels/rope.cuh"
@@ -76,6 +79,12 @@ enum { EPI_PLAIN, EPI_GATED, EPI_ROPE };
 typedef struct {
     float *Y;
     int out, accumulate;
+    /* norm fold: consumer (ss_in: scale the dots) and producer (EPI_PLAIN + accumulate) */
+    const float *ss_in;
+    float eps, inv_in;
+    const float *g_out;
+    uint16_t *xg;
+    float *ss_out;
     /* EPI_GATED */
     uint16_t *act;
     /* EPI_ROPE */
@@ -119,11 +128,20 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
     if (live) unit_rows<MODE>(e, u, r1, r2);
     const uint4 *w1p = W + (size_t)r1 * in8 + k0, *w2p = W + (size_t)r2 * in8 + k0;
     uint4 w1[GEMV_UNROLL], w2[GEMV_UNROLL];
+    /* what the epilogue of lane b < NB of the unit's first warp reads, loaded early so
+     * the tail does not wait on L2: the next norm's weight (a weight: before the wait),
+     * the residual row and the sum of squares (after it) */
+    const bool writer = live && ks == 0 && lane < NB;
+    const int b_own = lane < NB ? lane : 0;
+    float g_own = 0.f, y_own = 0.f, rs_own = 1.f;
     if (live) {
         prefetch_row(w1p, len8, lane, w1);
         if (TWO) prefetch_row(w2p, len8, lane, w2);
     }
+    if (MODE == EPI_PLAIN && e.xg && writer) g_own = e.g_out[r1];
     k_pdl_wait();
+    if (MODE == EPI_PLAIN && e.accumulate && writer) y_own = e.Y[(size_t)b_own * e.out + r1];
+    if (e.ss_in && writer) rs_own = rsqrtf(e.ss_in[b_own] * e.inv_in + e.eps);
     float a1[NB], a2[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) a1[b] = a2[b] = 0.f;
@@ -154,20 +172,38 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
                     a2[b] += part[warp + j][b][1];
                 }
     }
-    if (live && ks == 0) {
+    float hh = 0.f;   /* h^2 of this lane's updated residual element (norm fold) */
+    if (writer) {
         /* lane b writes token b's results */
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             if (lane != b) continue;
+            a1[b] *= rs_own;
+            a2[b] *= rs_own;
             if (MODE == EPI_PLAIN) {
-                float *y = e.Y + (size_t)b * e.out + r1;
-                *y = e.accumulate ? *y + a1[b] : a1[b];
+                const float h = y_own + a1[b];
+                e.Y[(size_t)b * e.out + r1] = h;
+                if (e.xg) {
+                    e.xg[(size_t)b * e.out + r1] = k_f2bf(h * g_own);
+                    hh = h * h;
+                }
             } else if (MODE == EPI_GATED) {
                 e.act[(size_t)b * e.out + u] = k_f2bf(k_silu(a1[b]) * a2[b]);
             } else {
                 rope_store_pair(e.g, e.bias, e.inv_freq, e.q_out, e.H, e.KVH, e.D, b, r1 / e.D, r1 % e.D,
                                 a1[b], a2[b]);
             }
+        }
+    }
+    if (MODE == EPI_PLAIN && e.xg) {   /* the block's sums of h^2, one atomic per row */
+        __shared__ float hs[GEMV_WARPS][NB];
+        if (lane < NB) hs[warp][lane] = hh;
+        __syncthreads();
+        if (threadIdx.x < NB) {
+            float t = 0.f;
+#pragma unroll
+            for (int j = 0; j < GEMV_WARPS; j++) t += hs[j][threadIdx.x];
+            atomicAdd(e.ss_out + threadIdx.x, t);
         }
     }
 }
@@ -233,32 +269,55 @@ static int gemv_launch(const uint16_t *W, const uint16_t *X, int n_units, int in
     return -1;
 }
 
-extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
-                           int n, int accumulate, cudaStream_t s) {
-    if (out <= 0 || !gemv_shape_ok(W, X, in, n, K_GEMV_MAX_N)) return -1;
+/* The consumer half of the norm fold (nin may be NULL). */
+static void set_norm_in(gemv_epi &e, const k_norm_in *nin, int in) {
+    if (!nin) return;
+    e.ss_in = nin->ss;
+    e.eps = nin->eps;
+    e.inv_in = 1.f / (float)in;
+}
+
+extern "C" int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                                int accumulate, const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s) {
+    const int fold = nin || nout;
+    if (out <= 0 || !gemv_shape_ok(W, X, in, n, fold ? K_GEMV_FUSED_MAX_N : K_GEMV_MAX_N)) return -1;
+    if ((nin && !nin->ss) || (nout && (!accumulate || !nout->g || !nout->xg || !nout->ss))) return -1;
     gemv_epi e = {};
     e.Y = Y;
     e.out = out;
     e.accumulate = accumulate;
+    set_norm_in(e, nin, in);
+    if (nout) {
+        e.g_out = nout->g;
+        e.xg = nout->xg;
+        e.ss_out = nout->ss;
+    }
     return gemv_launch<EPI_PLAIN>(W, X, out, in, n, e, s);
 }
 
+extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
+                           int n, int accumulate, cudaStream_t s) {
+    return k_gemv_norm_bf16(W, X, Y, out, in, n, accumulate, NULL, NULL, s);
+}
+
 extern "C" int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t *act, int F, int in, int n,
-                                 cudaStream_t s) {
-    if (F <= 0 || !act || !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N)) return -1;
+                                 const k_norm_in *nin, cudaStream_t s) {
+    if (F <= 0 || !act || !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N) || (nin && !nin->ss)) return -1;
     gemv_epi e = {};
     e.out = F;
     e.act = act;
+    set_norm_in(e, nin, in);
     return gemv_launch<EPI_GATED>(W, X, F, in, n, e, s);
 }
 
 extern "C" int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, const float *inv_freq,
                                float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
-                               cudaStream_t s) {
+                               const k_norm_in *nin, cudaStream_t s) {
     if (H <= 0 || KVH <= 0 || D <= 0 || (D & 1) || !inv_freq || !q_out || !g ||
-        !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N))
+        !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N) || (nin && !nin->ss))
         return -1;
     gemv_epi e = {};
+    set_norm_in(e, nin, in);
     e.bias = bias;
     e.inv_freq = inv_freq;
     e.q_out = q_out;

@@ -99,9 +99,34 @@ int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int D, float s
 int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n,
                 int accumulate, cudaStream_t s);
 
+/* RMSNorm folded into the decode GEMVs (batch 1-2 on one GPU). Since
+ *   W . rmsnorm(h, g) = rsqrt(mean(h^2) + eps) * (W . (h * g)),
+ * the GEMV that adds into the residual h (O, down) also writes xg = bf16(h * g) for the
+ * next norm's weight g and adds each row's sum of h^2 into ss (block sums, one atomic per
+ * block and row), and the GEMV that consumes the norm (QKV, gate|up) reads xg and scales
+ * its dot products by rsqrt(ss / in + eps). No norm kernel runs between them.
+ * k_norm_out: g [out] fp32, xg [n, out] bf16 (must not alias X), ss [n] fp32, zeroed
+ *   before the launch. k_norm_in: ss [n] as left by that launch, eps; NULL = X is
+ *   already normalised. */
+typedef struct {
+    const float *g;
+    uint16_t *xg;
+    float *ss;
+} k_norm_out;
+typedef struct {
+    const float *ss;
+    float eps;
+} k_norm_in;
+
+/* k_gemv_bf16 with the fold: nin scales the dots, nout (only with accumulate) writes
+ * xg and ss from the updated rows of Y. n <= K_GEMV_FUSED_MAX_N when either is given. */
+int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+                     const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s);
+
 /* Fused forms of the decode GEMV for n <= K_GEMV_FUSED_MAX_N rows (the batch-1/2 decode
  * path: they take kernels off the per-token chain). Same shape rules as k_gemv_bf16
- * (in % 8 == 0, W and X 16-byte aligned); -1 when they do not hold.
+ * (in % 8 == 0, W and X 16-byte aligned); -1 when they do not hold. nin as above (NULL:
+ * X is the normalised input).
  *
  * k_gemv_gated_bf16: W [2F, in] is the fused gate|up matrix; act [n, F] bf16 =
  *   bf16(silu(W[o] . x) * (W[F + o] . x)) -- gate|up and SiLU-and-mul in one pass.
@@ -113,10 +138,10 @@ int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
  *   lens + g->tok_j[t]). */
 #define K_GEMV_FUSED_MAX_N 2
 int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t *act, int F, int in, int n,
-                      cudaStream_t s);
+                      const k_norm_in *nin, cudaStream_t s);
 int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, const float *inv_freq,
                     float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
-                    cudaStream_t s);
+                    const k_norm_in *nin, cudaStream_t s);
 
 /* Per-row sampling parameters (same meaning as runner_sampling). */
 typedef struct {

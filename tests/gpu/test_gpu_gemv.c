@@ -7,7 +7,10 @@
  *   agree everywhere within 1 bf16 ulp (so no stray writes and no missed ones).
  * - the rejections the header promises (n > 2, in % 8, misaligned pointers, odd D).
  * - the plain GEMV (PDL launch path) for n = 1..8, and at batch 1-2 on projection shapes
- *   whose rows are split over several warps (split-K), accumulating and not. */
+ *   whose rows are split over several warps (split-K), accumulating and not.
+ * - the RMSNorm fold: a producer GEMV's residual, bf16(h * g) and sum of h^2 against the
+ *   host; consumers (plain, gated, rope) scaling by rsqrt(mean + eps) against the host and
+ *   against the unfused path. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,7 +59,7 @@ static void check_gated(int F, int in, int n) {
     fill_bf(X, (size_t)n * in, -1.f, 1.f);
     uint16_t *dW = gu_upload(W, nw * 2), *dX = gu_upload(X, (size_t)n * in * 2);
     uint16_t *dA = gu_dev((na + GUARD) * 2);
-    assert_int_equal(k_gemv_gated_bf16(dW, dX, dA, F, in, n, 0), 0);
+    assert_int_equal(k_gemv_gated_bf16(dW, dX, dA, F, in, n, NULL, 0), 0);
     gu_download(A, dA, (na + GUARD) * 2);
     double me = 0, mr = 0;
     int bad = 0, guard = 0;
@@ -150,8 +153,9 @@ static void pool_free(kvpool *p) {
     free(p->init);
 }
 
+/* nin_ss: device sums of squares for the norm fold (both paths scale by them), or NULL. */
 static void check_qkv_rope(int H, int KVH, int D, int in, int n, int with_bias, float theta, int which,
-                           const int32_t *slots, const int32_t *tok_j) {
+                           const int32_t *slots, const int32_t *tok_j, const float *nin_ss) {
     kvpool p;
     pool_setup(&p, KVH, D, n, slots, tok_j);
     const int rows = (H + 2 * KVH) * D;
@@ -169,8 +173,9 @@ static void check_qkv_rope(int H, int KVH, int D, int in, int n, int with_bias, 
     float *dQKV = gu_dev(sizeof(float) * (size_t)n * rows);
     k_kv_geom g0 = pool_geom(&p, 0, which), g1 = pool_geom(&p, 1, which);
 
-    assert_int_equal(k_gemv_qkv_rope(dW, dX, dB, dI, dQ[0], n, H, KVH, D, in, &g0, 0), 0);
-    assert_int_equal(k_gemv_bf16(dW, dX, dQKV, rows, in, n, 0, 0), 0);
+    const k_norm_in nin = {.ss = nin_ss, .eps = 1e-5f};
+    assert_int_equal(k_gemv_qkv_rope(dW, dX, dB, dI, dQ[0], n, H, KVH, D, in, &g0, nin_ss ? &nin : NULL, 0), 0);
+    assert_int_equal(k_gemv_norm_bf16(dW, dX, dQKV, rows, in, n, 0, nin_ss ? &nin : NULL, NULL, 0), 0);
     assert_int_equal(k_qkv_rope_kv(dQKV, dB, NULL, NULL, dI, 1e-6f, dQ[1], n, H, KVH, D, &g1, 0), 0);
 
     float *q[2];
@@ -198,9 +203,9 @@ static void check_qkv_rope(int H, int KVH, int D, int in, int n, int with_bias, 
         one_ulp += u == 1;
         written += pool[1][i] != p.init[i];
     }
-    printf("  qkv_rope H %d KVH %d D %d in %d n %d bias %d which %d: q rel err %.2e, pool: %zu at 1 ulp, "
-           "%zu beyond (reference wrote %zu of %zu)\n", H, KVH, D, in, n, with_bias, which, rel, one_ulp, far,
-           written, (size_t)n * KVH * D * 2);
+    printf("  qkv_rope H %d KVH %d D %d in %d n %d bias %d which %d norm %d: q rel err %.2e, pool: %zu at "
+           "1 ulp, %zu beyond (reference wrote %zu of %zu)\n", H, KVH, D, in, n, with_bias, which, nin_ss != NULL,
+           rel, one_ulp, far, written, (size_t)n * KVH * D * 2);
     assert_int_equal(nan_q, 0);
     assert_true(rel < 1e-4);   /* same fp32 products, maybe summed in another order */
     assert_int_equal(guard, 0);
@@ -217,10 +222,16 @@ static void test_gemv_qkv_rope_matches_gemv_then_qkv_rope_kv(void **state) {
     const int32_t s1[1] = {2}, j1[1] = {0};
     const int32_t s2[2] = {3, 0}, j2[2] = {0, 1};
     const int32_t ss[2] = {1, 1}, js[2] = {0, 1};
-    check_qkv_rope(32, 8, 64, 2048, 1, 0, 500000.f, 0, s1, j1);    /* Llama-3.2-1B, batch 1 */
-    check_qkv_rope(12, 2, 128, 1536, 2, 1, 1000000.f, 0, s2, j2);  /* Qwen2.5-1.5B, two slots */
-    check_qkv_rope(32, 8, 64, 2048, 2, 1, 500000.f, 1, ss, js);    /* one slot's two draft tokens */
-    check_qkv_rope(12, 2, 128, 1536, 1, 1, 1000000.f, 1, s1, j1);
+    check_qkv_rope(32, 8, 64, 2048, 1, 0, 500000.f, 0, s1, j1, NULL);    /* Llama-3.2-1B, batch 1 */
+    check_qkv_rope(12, 2, 128, 1536, 2, 1, 1000000.f, 0, s2, j2, NULL);  /* Qwen2.5-1.5B, two slots */
+    check_qkv_rope(32, 8, 64, 2048, 2, 1, 500000.f, 1, ss, js, NULL);    /* one slot's two draft tokens */
+    check_qkv_rope(12, 2, 128, 1536, 1, 1, 1000000.f, 1, s1, j1, NULL);
+    /* with the norm fold: sums of squares far from 1 so a missing or wrong scale shows */
+    const float hss[2] = {2048.f * 37.f, 1536.f * 0.02f};
+    float *d_ss = gu_upload(hss, sizeof hss);
+    check_qkv_rope(32, 8, 64, 2048, 1, 0, 500000.f, 0, s1, j1, d_ss);
+    check_qkv_rope(12, 2, 128, 1536, 2, 1, 1000000.f, 0, s2, j2, d_ss);
+    cudaFree(d_ss);
 }
 
 /* ---- rejections ---------------------------------------------------------------------- */
@@ -230,19 +241,28 @@ static void test_fused_gemvs_reject_what_they_cannot_do(void **state) {
     uint16_t *d = gu_dev(1 << 22);
     float *f = gu_dev(1 << 22);
     /* k_gemv_gated_bf16 */
-    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, 3, 0), -1);
-    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 100, 1, 0), -1);
-    assert_int_equal(k_gemv_gated_bf16(d + 1, d + 65536, d + 131072, 64, 64, 1, 0), -1);
-    assert_int_equal(k_gemv_gated_bf16(d, d + 65537, d + 131072, 64, 64, 1, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, 3, NULL, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 100, 1, NULL, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d + 1, d + 65536, d + 131072, 64, 64, 1, NULL, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65537, d + 131072, 64, 64, 1, NULL, 0), -1);
+    const k_norm_in no_ss = {.ss = NULL, .eps = 1e-5f};
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, 1, &no_ss, 0), -1);
+    /* k_gemv_norm_bf16: the fold needs n <= 2, accumulate, and every pointer */
+    const k_norm_out nout = {.g = f, .xg = d + 131072, .ss = f + 65536}, nout_nog = {.xg = d + 131072, .ss = f + 65536};
+    assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 3, 1, NULL, &nout, 0), -1);
+    assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 0, NULL, &nout, 0), -1);
+    assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 1, NULL, &nout_nog, 0), -1);
+    assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 0, &no_ss, NULL, 0), -1);
     /* k_gemv_qkv_rope, on a valid pool so that a launch that should not happen is harmless */
     kvpool p;
     const int32_t sl[3] = {0, 1, 2}, tj[3] = {0, 0, 0};
     pool_setup(&p, 2, 64, 3, sl, tj);
     k_kv_geom g = pool_geom(&p, 0, 0);
-    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 3, 4, 2, 64, 64, &g, 0), -1);
-    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 100, &g, 0), -1);
-    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 63, 64, &g, 0), -1);
-    assert_int_equal(k_gemv_qkv_rope(d + 1, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 64, &g, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 3, 4, 2, 64, 64, &g, NULL, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 100, &g, NULL, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 63, 64, &g, NULL, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d + 1, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 64, &g, NULL, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 64, &g, &no_ss, 0), -1);
     GPU_CHECK(cudaDeviceSynchronize());
     pool_free(&p);
     cudaFree(d), cudaFree(f);
@@ -321,6 +341,101 @@ static void test_plain_gemv_split_k_projection_shapes(void **state) {
     check_plain_split(299, 2048, 1, 0);     /* rows not a multiple of the units per block */
 }
 
+/* ---- the RMSNorm fold -------------------------------------------------------------- */
+
+/* Producer: h = h0 + Wp . xp (n rows of `hidden`), xg = bf16(h * g), ss += sum h^2; then
+ * consumers on xg with rsqrt(ss / hidden + eps): the plain GEMV (the Qwen3 QKV) against
+ * rs * (Wc . xg), the gated one against silu(rs * gate) * (rs * up), both from the device's
+ * own xg and a double sum of the device's h (xg itself is checked bit for bit). */
+static void check_norm_fold(int hidden, int in_p, int F, int n) {
+    const float eps = 1e-5f;
+    const size_t nh = (size_t)n * hidden;
+    uint16_t *Wp = malloc((size_t)hidden * in_p * 2), *Xp = malloc((size_t)n * in_p * 2);
+    uint16_t *Wc = malloc((size_t)2 * F * hidden * 2), *xg = malloc((nh + GUARD) * 2);
+    uint16_t *A = malloc(((size_t)n * F + GUARD) * 2);
+    float *h0 = malloc(sizeof(float) * nh), *h = malloc(sizeof(float) * nh), *g = malloc(sizeof(float) * hidden);
+    float *Y = malloc(sizeof(float) * ((size_t)n * F + GUARD)), ss[4];
+    fill_bf(Wp, (size_t)hidden * in_p, -0.05f, 0.05f);
+    fill_bf(Xp, (size_t)n * in_p, -1.f, 1.f);
+    fill_bf(Wc, (size_t)2 * F * hidden, -0.05f, 0.05f);
+    fill(h0, nh, -3.f, 3.f);
+    fill(g, hidden, 0.5f, 1.5f);
+    uint16_t *dWp = gu_upload(Wp, (size_t)hidden * in_p * 2), *dXp = gu_upload(Xp, (size_t)n * in_p * 2);
+    uint16_t *dWc = gu_upload(Wc, (size_t)2 * F * hidden * 2), *dxg = gu_dev((nh + GUARD) * 2);
+    uint16_t *dA = gu_dev(((size_t)n * F + GUARD) * 2);
+    float *dh = gu_upload(h0, sizeof(float) * nh), *dg = gu_upload(g, sizeof(float) * hidden);
+    float *dY = gu_dev(sizeof(float) * ((size_t)n * F + GUARD)), *dss = gu_dev(sizeof ss);
+    GPU_CHECK(cudaMemset(dss, 0, sizeof ss));
+
+    const k_norm_out nout = {.g = dg, .xg = dxg, .ss = dss};
+    assert_int_equal(k_gemv_norm_bf16(dWp, dXp, dh, hidden, in_p, n, 1, NULL, &nout, 0), 0);
+    gu_download(h, dh, sizeof(float) * nh);
+    gu_download(xg, dxg, (nh + GUARD) * 2);
+    gu_download(ss, dss, sizeof ss);
+    double me = 0, mr = 0;
+    int xg_bad = 0, guard = 0;
+    for (int b = 0; b < n; b++) {
+        double sq = 0;
+        for (int o = 0; o < hidden; o++) {
+            const size_t i = (size_t)b * hidden + o;
+            const double ref = h0[i] + dot_bf(Wp + (size_t)o * in_p, Xp + (size_t)b * in_p, in_p);
+            assert_false(isnan(h[i]));
+            me = fmax(me, fabs(h[i] - ref));
+            mr = fmax(mr, fabs(ref));
+            xg_bad += xg[i] != gu_f2bf(h[i] * g[o]);
+            sq += (double)h[i] * h[i];
+        }
+        const double ss_rel = fabs(ss[b] - sq) / sq;
+        printf("  norm fold hidden %d in %d n %d row %d: sum h^2 %.6e vs %.6e (rel %.1e)\n", hidden, in_p, n, b,
+               ss[b], sq, ss_rel);
+        assert_true(ss_rel < 1e-5);
+    }
+    for (int b = n; b < 4; b++) assert_true(ss[b] == 0.f);   /* rows past n untouched */
+    for (size_t i = nh; i < nh + GUARD; i++) guard += xg[i] != 0xffff;
+    printf("  norm fold producer: residual rel err %.2e, xg mismatches %d, guard hits %d\n", me / mr, xg_bad, guard);
+    assert_true(me / mr < 2e-4);
+    assert_int_equal(xg_bad, 0);
+    assert_int_equal(guard, 0);
+
+    const k_norm_in nin = {.ss = dss, .eps = eps};
+    assert_int_equal(k_gemv_norm_bf16(dWc, dxg, dY, F, hidden, n, 0, &nin, NULL, 0), 0);
+    assert_int_equal(k_gemv_gated_bf16(dWc, dxg, dA, F, hidden, n, &nin, 0), 0);
+    gu_download(Y, dY, sizeof(float) * ((size_t)n * F + GUARD));
+    gu_download(A, dA, ((size_t)n * F + GUARD) * 2);
+    double pe = 0, pr = 0, ge = 0, gr = 0;
+    for (int b = 0; b < n; b++) {
+        double sq = 0;
+        for (int o = 0; o < hidden; o++) sq += (double)h[(size_t)b * hidden + o] * h[(size_t)b * hidden + o];
+        const double rs = 1.0 / sqrt(sq / hidden + eps);
+        for (int o = 0; o < F; o++) {
+            const double gate = rs * dot_bf(Wc + (size_t)o * hidden, xg + (size_t)b * hidden, hidden);
+            const double up = rs * dot_bf(Wc + (size_t)(F + o) * hidden, xg + (size_t)b * hidden, hidden);
+            const double act = gate / (1.0 + exp(-gate)) * up;
+            const double py = Y[(size_t)b * F + o], ga = gu_bf2f(A[(size_t)b * F + o]);
+            assert_false(isnan(py) || isnan(ga));
+            pe = fmax(pe, fabs(py - gate)), pr = fmax(pr, fabs(gate));
+            ge = fmax(ge, fabs(ga - act)), gr = fmax(gr, fabs(act));
+        }
+    }
+    guard = 0;
+    for (size_t i = (size_t)n * F; i < (size_t)n * F + GUARD; i++) guard += !isnan(Y[i]) + (A[i] != 0xffff);
+    printf("  norm fold consumers F %d: plain rel err %.2e, gated rel err %.2e, guard hits %d\n", F, pe / pr, ge / gr,
+           guard);
+    assert_true(pe / pr < 2e-4);
+    assert_true(ge / gr < 8e-3);   /* output rounded to bf16 */
+    assert_int_equal(guard, 0);
+    cudaFree(dWp), cudaFree(dXp), cudaFree(dWc), cudaFree(dxg), cudaFree(dA), cudaFree(dh), cudaFree(dg);
+    cudaFree(dY), cudaFree(dss);
+    free(Wp), free(Xp), free(Wc), free(xg), free(A), free(h0), free(h), free(g), free(Y);
+}
+
+static void test_norm_fold_matches_rmsnorm_then_gemv(void **state) {
+    (void)state;
+    check_norm_fold(4096, 4096, 1536, 1);   /* 8B O into the residual, then a gate|up slice */
+    check_norm_fold(2048, 8192, 1024, 2);   /* 1B down, two rows */
+    check_norm_fold(296, 128, 172, 1);      /* rows not a multiple of the units per block */
+}
+
 int main(void) {
     g_seed = gu_seed();
     printf("test_gpu_gemv: seed %llu (SPECD_TEST_SEED replays)\n", (unsigned long long)g_seed);
@@ -330,6 +445,7 @@ int main(void) {
         cmocka_unit_test(test_fused_gemvs_reject_what_they_cannot_do),
         cmocka_unit_test(test_plain_gemv_all_row_counts),
         cmocka_unit_test(test_plain_gemv_split_k_projection_shapes),
+        cmocka_unit_test(test_norm_fold_matches_rmsnorm_then_gemv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,8 +15,12 @@
  * (SPECD_ATTN_TILED=1 keeps it on the tiled kernel); at least 16 rows per block (qt * G
  * >= 16, prefill and verify) with D = 64 or 128 to the tensor-core kernel
  * (attention_tc.cu; SPECD_ATTN_SIMT=1 keeps them here); the rest to attention_kernel.
- * None of them is a programmatic-dependent launch: letting the O-projection GEMV start
- * during attention made the 8B batch-1 step slower on an H200 (4.77 vs 4.64 ms). */
+ * Only the decode kernel is a programmatic-dependent launch: it computes its geometry and
+ * requests its first K/V chunk while the QKV GEMV before it still runs, and lets the O
+ * GEMV launch once its key loop is done (SPECD_ATTN_PDL=0/1 to compare). Letting the O
+ * GEMV in at the start of attention made the 8B batch-1 step slower on an H200 (4.77 vs
+ * 4.64 ms): its weight prefetch competes with attention's dependent loads. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,7 +337,7 @@ int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, 
 template <int D, int GM, int DEC_LPK, int DEC_WARPS>
 __global__ void __launch_bounds__(DEC_WARPS * 32, 1)
 attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
-                        k_kv_geom g, k_attn_work w) {
+                        k_kv_geom g, k_attn_work w, int trigger_early) {
     constexpr int DEC_KPW = 32 / DEC_LPK;   /* keys per warp and chunk */
     constexpr int DL = D / 32;             /* P.V dims per lane */
     constexpr int DS = D / DEC_LPK;        /* q.k dims per lane */
@@ -346,20 +350,79 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kl = lane / DEC_LPK, sub = lane % DEC_LPK;
     const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
     const int G = H / KVH;
+    /* Before the programmatic-launch wait (the QKV GEMV before this kernel may still be
+     * running) only what no kernel of this pass writes is read: the step's metadata and
+     * block tables (copied from the host), the lengths (advanced by the last step), and
+     * the K/V of the keys before this pass's tokens; the first chunk of those is requested
+     * here. After the wait the length is read again (a kernel that changed it would
+     * only cost a reload) and the chunk that holds the new key is loaded in full. */
     const int row = w.item_row[item], q0 = w.item_q0[item];
     const int slot = w.row_slot[row];
     const int tok0 = w.row_tok_off[row] + q0;
     const int rows = w.row_n_new[row] > q0 ? G : 0;
-    const int len = g.lens[slot * 2 + g.which];
-    const int kend = min(len + q0 + 1, g.max_blocks * g.block_size);   /* keys <= the query's position */
-    int split_len = w.split_len;
-    if (split_len <= 0) {
-        int per = (kend + w.n_splits - 1) / w.n_splits;
-        split_len = max(DEC_KPW * DEC_WARPS, (per + DEC_KPW - 1) / DEC_KPW * DEC_KPW);
+    const int *bt = g.bt + (size_t)slot * g.max_blocks;
+    const uint16_t *pool = *g.pool_pp;
+    const size_t v_off = (size_t)KVH * g.block_size * D;
+    int len = g.lens[slot * 2 + g.which], kend, ks0, ke, ns_keys;
+    auto geometry = [&]() {
+        kend = min(len + q0 + 1, g.max_blocks * g.block_size);   /* keys <= the query's position */
+        int split_len = w.split_len;
+        if (split_len <= 0) {
+            int per = (kend + w.n_splits - 1) / w.n_splits;
+            split_len = max(DEC_KPW * DEC_WARPS, (per + DEC_KPW - 1) / DEC_KPW * DEC_KPW);
+        }
+        ks0 = split * split_len;
+        ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
+        ns_keys = min(w.n_splits, (kend + split_len - 1) / split_len);
+    };
+    geometry();
+    uint4 kr[KS8];
+    vraw_t vr[DEC_KPW];
+    const uint16_t *kp = NULL;
+    /* Keys c .. c + DEC_KPW - 1 of the chunk: the lane's key row (kp, NULL past ke), then
+     * the K quarters and V values of the keys in [lo, hi) (the rest zero when lo == 0,
+     * else left as they are). */
+    auto chunk_addr = [&](int c) {
+        const int key = c + kl;
+        kp = key < ke ? pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
+                            ((size_t)kvh * g.block_size + key % g.block_size) * D
+                      : NULL;
+    };
+    auto load_range = [&](int c, int lo, int hi) {
+        const int key = c + kl;
+        if (kp && key >= lo && key < hi) {
+#pragma unroll
+            for (int j = 0; j < KS8; j++) kr[j] = ((const uint4 *)(kp + sub * DS))[j];
+        } else if (lo == 0) {
+#pragma unroll
+            for (int j = 0; j < KS8; j++) kr[j] = make_uint4(0, 0, 0, 0);
+        }
+        const unsigned long long vaddr = kp ? (unsigned long long)(kp + v_off) : 0ull;
+#pragma unroll
+        for (int j = 0; j < DEC_KPW; j++) {
+            const unsigned long long va = __shfl_sync(0xffffffffu, vaddr, j * DEC_LPK);
+            if (va && c + j >= lo && c + j < hi) vr[j] = *(const vraw_t *)((const uint16_t *)va + lane * DL);
+            else if (lo == 0) vr[j] = vraw_t{};
+        }
+    };
+    int c0 = ks0 + warp * DEC_KPW;
+    const bool has_chunk = rows > 0 && c0 < ke;
+    if (has_chunk) {
+        chunk_addr(c0);
+        load_range(c0, 0, len);
     }
-    const int ks0 = split * split_len;
-    const int ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
-    const int ns_keys = min(w.n_splits, (kend + split_len - 1) / split_len);
+    k_pdl_wait();
+    const int len_now = g.lens[slot * 2 + g.which];
+    if (has_chunk && c0 + DEC_KPW > len) load_range(c0, len, INT_MAX);   /* keys of this pass */
+    if (len_now != len) {   /* not in a pass as built: start over */
+        len = len_now;
+        geometry();
+        c0 = ks0 + warp * DEC_KPW;
+        if (rows > 0 && c0 < ke) {
+            chunk_addr(c0);
+            load_range(c0, 0, INT_MAX);
+        }
+    }
     /* one split holds every key (and the splits merge in-kernel): no partials at all */
     const bool direct = w.n_splits == 1 || (ns_keys == 1 && w.counters);
     float *ps = &wacc[0][0][0], *den_s = &wl[0][0];   /* combine staging, after the merge */
@@ -374,28 +437,6 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         return;
     }
 
-    const int *bt = g.bt + (size_t)slot * g.max_blocks;
-    const uint16_t *pool = *g.pool_pp;
-    const size_t v_off = (size_t)KVH * g.block_size * D;
-    uint4 kr[KS8];
-    vraw_t vr[DEC_KPW];
-    const uint16_t *kp = NULL;
-    auto load_chunk = [&](int c) {
-        const int key = c + kl;
-        kp = key < ke ? pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
-                            ((size_t)kvh * g.block_size + key % g.block_size) * D
-                      : NULL;
-#pragma unroll
-        for (int j = 0; j < KS8; j++) kr[j] = kp ? ((const uint4 *)(kp + sub * DS))[j] : make_uint4(0, 0, 0, 0);
-        const unsigned long long vaddr = kp ? (unsigned long long)(kp + v_off) : 0ull;
-#pragma unroll
-        for (int j = 0; j < DEC_KPW; j++) {
-            const unsigned long long va = __shfl_sync(0xffffffffu, vaddr, j * DEC_LPK);
-            vr[j] = va ? *(const vraw_t *)((const uint16_t *)va + lane * DL) : vraw_t{};
-        }
-    };
-    const int c0 = ks0 + warp * DEC_KPW;
-    if (c0 < ke) load_chunk(c0);
     for (int i = tid; i < GM * D; i += blockDim.x) {
         const int r = i / D, d = i % D;
         qs[r][d / DS][d % DS] = r < rows ? q[((size_t)tok0 * H + kvh * G + r) * D + d] : 0.f;
@@ -411,7 +452,10 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         for (int e = 0; e < DL; e++) acc[r][e] = 0.f;
     }
     for (int c = c0; c < ke; c += DEC_WARPS * DEC_KPW) {
-        if (c != c0) load_chunk(c);
+        if (c != c0) {
+            chunk_addr(c);
+            load_range(c, 0, INT_MAX);
+        }
         float sc[GM];
 #pragma unroll
         for (int r = 0; r < GM; r++) sc[r] = 0.f;
@@ -477,6 +521,8 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
             }
         }
     }
+    /* the O GEMV may launch now and start pulling its weights during the merge */
+    if (trigger_early) k_pdl_trigger();
     /* merge the warps */
 #pragma unroll
     for (int r = 0; r < GM; r++) {
@@ -530,12 +576,21 @@ static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH
             cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             sms = 132;
     }
+    /* SPECD_ATTN_PDL: 0 an ordinary launch, 1 a programmatic-dependent one, 2 (default)
+     * that and the O GEMV let in after the key loop */
+    static int pdl = -1;
+    if (pdl < 0) {
+        const char *e = getenv("SPECD_ATTN_PDL");
+        pdl = e && (*e == '0' || *e == '1') ? *e - '0' : 2;
+    }
     dim3 grid(w->n_splits, KVH, w->n_items);
+    int rc;
     if ((long)w->n_items * KVH < sms)
-        attention_decode_kernel<D, GM, 4, 8><<<grid, 8 * 32, 0, s>>>(q, out, H, KVH, scale, *g, *w);
+        rc = k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, 4, 8>, grid, dim3(8 * 32), 0, s, q, out, H, KVH,
+                          scale, *g, *w, pdl == 2);
     else
-        attention_decode_kernel<D, GM, 1, 4><<<grid, 4 * 32, 0, s>>>(q, out, H, KVH, scale, *g, *w);
-    int rc = K_LAUNCH_RESULT();
+        rc = k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, 1, 4>, grid, dim3(4 * 32), 0, s, q, out, H, KVH,
+                          scale, *g, *w, pdl == 2);
     if (rc || w->n_splits == 1 || w->counters) return rc;
     return attention_combine_launch(out, H, D, w, s);
 }

@@ -130,7 +130,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
     uint4 w1[GEMV_UNROLL], w2[GEMV_UNROLL];
     /* what the epilogue of lane b < NB of the unit's first warp reads, loaded early so
      * the tail does not wait on L2: the next norm's weight (a weight: before the wait),
-     * the residual row and the sum of squares (after it) */
+     * the residual row, the sum of squares and the rotary / KV-write inputs (after it) */
     const bool writer = live && ks == 0 && lane < NB;
     const int b_own = lane < NB ? lane : 0;
     float g_own = 0.f, y_own = 0.f, rs_own = 1.f;
@@ -142,6 +142,9 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
     k_pdl_wait();
     if (MODE == EPI_PLAIN && e.accumulate && writer) y_own = e.Y[(size_t)b_own * e.out + r1];
     if (e.ss_in && writer) rs_own = rsqrtf(e.ss_in[b_own] * e.inv_in + e.eps);
+    rope_pair_pre rp;
+    if (MODE == EPI_ROPE && writer)
+        rope_pair_prepare(e.g, e.bias, e.inv_freq, e.H, e.KVH, e.D, b_own, r1 / e.D, r1 % e.D, rp);
     float a1[NB], a2[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) a1[b] = a2[b] = 0.f;
@@ -190,8 +193,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
             } else if (MODE == EPI_GATED) {
                 e.act[(size_t)b * e.out + u] = k_f2bf(k_silu(a1[b]) * a2[b]);
             } else {
-                rope_store_pair(e.g, e.bias, e.inv_freq, e.q_out, e.H, e.KVH, e.D, b, r1 / e.D, r1 % e.D,
-                                a1[b], a2[b]);
+                rope_store_pair(rp, e.q_out, e.H, e.D, b, r1 / e.D, r1 % e.D, a1[b], a2[b]);
             }
         }
     }

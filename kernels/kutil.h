@@ -24,8 +24,8 @@ __device__ __forceinline__ void k_pdl_trigger() { asm volatile("griddepcontrol.l
 int k_pdl_enabled(void);
 
 template <typename... KArgs, typename... Args>
-static inline int k_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                           Args... args) {
+static inline int k_launch_pdl(bool pdl, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                               Args... args) {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
     cfg.gridDim = grid;
@@ -33,10 +33,16 @@ static inline int k_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = k_pdl_enabled();
+    at[0].val.programmaticStreamSerializationAllowed = pdl && k_pdl_enabled();
     cfg.attrs = at;
     cfg.numAttrs = 1;
     return (int)cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+static inline int k_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                           Args... args) {
+    return k_launch_pdl(true, kern, grid, block, smem, s, args...);
 }
 
 __device__ __forceinline__ float k_bf2f(uint16_t b) {

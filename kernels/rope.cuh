@@ -30,30 +30,49 @@ __device__ __forceinline__ void rope_rotate(float a, float c, int pos, float f, 
     o2 = c * cs + a * sn;
 }
 
-/* The whole epilogue for one pair (i, i + D/2) of head hh (q heads, then k, then v) of
- * token t, from the projection outputs v1, v2 (no q/k norm). */
-__device__ __forceinline__ void rope_store_pair(const k_kv_geom &g, const float *bias, const float *inv_freq,
-                                                float *q_out, int H, int KVH, int D, int t, int hh, int i,
-                                                float v1, float v2) {
+/* What the epilogue for pair (i, i + D/2) of head hh (q heads, then k, then v) of token
+ * t reads besides the projection, gathered early so a GEMV's tail does not wait on its
+ * chain of loads (slot -> length -> block table) or on sincosf. */
+typedef struct {
+    uint16_t *dst;   /* the pair's K or V row in the pool (NULL: q, or past the capacity) */
+    float b1, b2;    /* bias (0 without) */
+    float sn, cs;    /* rotation (q and k) */
+} rope_pair_pre;
+
+__device__ __forceinline__ void rope_pair_prepare(const k_kv_geom &g, const float *bias, const float *inv_freq,
+                                                  int H, int KVH, int D, int t, int hh, int i, rope_pair_pre &pr) {
     const int half = D / 2;
-    if (bias) {
-        v1 += bias[(size_t)hh * D + i];
-        v2 += bias[(size_t)hh * D + i + half];
-    }
+    pr.b1 = bias ? bias[(size_t)hh * D + i] : 0.f;
+    pr.b2 = bias ? bias[(size_t)hh * D + i + half] : 0.f;
     int pos;
     uint16_t *blk = rope_kv_block(g, t, pos);
-    if (hh < H + KVH) rope_rotate(v1, v2, pos, inv_freq[i], v1, v2);
+    pr.sn = 0.f;
+    pr.cs = 1.f;
+    if (hh < H + KVH) sincosf((float)pos * inv_freq[i], &pr.sn, &pr.cs);
+    pr.dst = NULL;
+    if (hh >= H && blk) {
+        const bool is_v = hh >= H + KVH;
+        pr.dst = blk + rope_kv_off(g, KVH, D, is_v ? hh - H - KVH : hh - H, is_v, pos);
+    }
+}
+
+/* The epilogue for that pair from the projection outputs v1, v2 (no q/k norm): bias,
+ * rotation of q and k, q to q_out [t, hh, :] fp32, k and v into the pool. */
+__device__ __forceinline__ void rope_store_pair(const rope_pair_pre &pr, float *q_out, int H, int D, int t, int hh,
+                                                int i, float v1, float v2) {
+    const int half = D / 2;
+    v1 += pr.b1;
+    v2 += pr.b2;
+    const float o1 = v1 * pr.cs - v2 * pr.sn, o2 = v2 * pr.cs + v1 * pr.sn;   /* HF rotate_half */
     if (hh < H) {
         float *qd = q_out + ((size_t)t * H + hh) * D;
-        qd[i] = v1;
-        qd[i + half] = v2;
+        qd[i] = o1;
+        qd[i + half] = o2;
         return;
     }
-    if (!blk) return;
-    const bool is_v = hh >= H + KVH;
-    uint16_t *dst = blk + rope_kv_off(g, KVH, D, is_v ? hh - H - KVH : hh - H, is_v, pos);
-    dst[i] = k_f2bf(v1);
-    dst[i + half] = k_f2bf(v2);
+    if (!pr.dst) return;
+    pr.dst[i] = k_f2bf(o1);   /* V: sn = 0, cs = 1 */
+    pr.dst[i + half] = k_f2bf(o2);
 }
 
 #endif

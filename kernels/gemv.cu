@@ -24,43 +24,71 @@
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 4
 
-__device__ __forceinline__ float dot8(uint4 w, uint4 x) {
-    float s = 0.f;
-    uint32_t wa[4] = {w.x, w.y, w.z, w.w}, xa[4] = {x.x, x.y, x.z, x.w};
+/* The 8 bf16 of a 16-byte load as fp32 (a shift or a mask each). */
+__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
+    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        s = fmaf(__uint_as_float(wa[i] << 16), __uint_as_float(xa[i] << 16), s);
-        s = fmaf(__uint_as_float(wa[i] & 0xffff0000u), __uint_as_float(xa[i] & 0xffff0000u), s);
+        f[2 * i] = __uint_as_float(a[i] << 16);
+        f[2 * i + 1] = __uint_as_float(a[i] & 0xffff0000u);
     }
-    return s;
 }
 
-/* acc[b] += W[row, 0:len8) . X[b, 0:len8) for one warp (X rows xs8 uint4 apart); w0 holds
- * the first GEMV_UNROLL loads (issued by the caller, possibly before the PDL wait). */
-template <int NB, int U = GEMV_UNROLL>
-__device__ __forceinline__ void warp_row_dot(const uint4 *__restrict__ w, const uint4 *X, int len8, int xs8,
-                                             int lane, uint4 (&w0)[U], float (&acc)[NB]) {
+/* acc += (8 weights, unpacked) . (8 activations, packed) for the NB activation rows. */
+template <int NB, bool TWO>
+__device__ __forceinline__ void fma8(const float (&w1)[8], const float (&w2)[8], const uint4 *X, size_t xs8,
+                                     float (&a1)[NB], float (&a2)[NB]) {
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        float x[8];
+        unpack8(X[b * xs8], x);   /* once per row of X, for both weight rows */
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            a1[b] = fmaf(w1[e], x[e], a1[b]);
+            if (TWO) a2[b] = fmaf(w2[e], x[e], a2[b]);
+        }
+    }
+}
+
+/* a1[b] += W1[0:len8) . X[b, 0:len8) (and a2 with W2 when TWO) for one warp (X rows xs8
+ * uint4 apart). Both weight rows stream in the same loop, so each activation load and
+ * its unpacking serve both (at batch 2 the unpacking, not the memory, was the limit).
+ * p1 / p2 hold the first GEMV_UNROLL loads (issued by the caller, possibly before the
+ * PDL wait). */
+template <int NB, bool TWO, int U = GEMV_UNROLL>
+__device__ __forceinline__ void warp_rows_dot(const uint4 *__restrict__ w1, const uint4 *__restrict__ w2,
+                                              const uint4 *X, int len8, int xs8, int lane, uint4 (&p1)[U],
+                                              uint4 (&p2)[U], float (&a1)[NB], float (&a2)[NB]) {
     int k = lane;
     bool first = true;
+    float f1[8], f2[8];
     for (; k + 32 * (U - 1) < len8; k += 32 * U) {
-        uint4 wv[U];
+        uint4 v1[U], v2[U];
         if (first) {
 #pragma unroll
-            for (int u = 0; u < U; u++) wv[u] = w0[u];
+            for (int u = 0; u < U; u++) {
+                v1[u] = p1[u];
+                if (TWO) v2[u] = p2[u];
+            }
             first = false;
         } else {
 #pragma unroll
-            for (int u = 0; u < U; u++) wv[u] = __ldcs(w + k + 32 * u);
+            for (int u = 0; u < U; u++) {
+                v1[u] = __ldcs(w1 + k + 32 * u);
+                if (TWO) v2[u] = __ldcs(w2 + k + 32 * u);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int b = 0; b < NB; b++) acc[b] += dot8(wv[u], X[(size_t)b * xs8 + k + 32 * u]);
+        for (int u = 0; u < U; u++) {
+            unpack8(v1[u], f1);
+            if (TWO) unpack8(v2[u], f2);
+            fma8<NB, TWO>(f1, f2, X + k + 32 * u, xs8, a1, a2);
+        }
     }
     for (; k < len8; k += 32) {
-        uint4 wv = __ldcs(w + k);
-#pragma unroll
-        for (int b = 0; b < NB; b++) acc[b] += dot8(wv, X[(size_t)b * xs8 + k]);
+        unpack8(__ldcs(w1 + k), f1);
+        if (TWO) unpack8(__ldcs(w2 + k), f2);
+        fma8<NB, TWO>(f1, f2, X + k, xs8, a1, a2);
     }
 }
 
@@ -149,8 +177,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
 #pragma unroll
     for (int b = 0; b < NB; b++) a1[b] = a2[b] = 0.f;
     if (live) {
-        warp_row_dot<NB>(w1p, X + k0, len8, in8, lane, w1, a1);
-        if (TWO) warp_row_dot<NB>(w2p, X + k0, len8, in8, lane, w2, a2);
+        warp_rows_dot<NB, TWO>(w1p, w2p, X + k0, len8, in8, lane, w1, w2, a1, a2);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             a1[b] = k_warp_sum(a1[b]);

@@ -101,7 +101,7 @@ typedef struct {
     float *d_ws_o, *d_ws_ml; /* attention partials: ws_tok_splits * H*D, * H*2 */
     uint16_t *d_act;     /* CUDA_GEMV_MAX_ROWS, ffn: SiLU(gate) * up from the gated GEMV */
     uint16_t *d_xg;      /* CUDA_GEMV_MAX_ROWS, hidden: bf16(h * g), the folded norm's input */
-    float *d_ss;         /* 2 * layers * CUDA_GEMV_MAX_ROWS: sums of h^2 per folded norm, per pass */
+    unsigned long long *d_ss;   /* 2 * layers * CUDA_GEMV_MAX_ROWS: fixed-point sums of h^2 per folded norm, per pass */
     int ss_layers;       /* layers d_ss holds (the deeper model) */
     unsigned *d_counts;  /* T * KVH zeroed counters, one per attention (item, KV head):
                             the last split block merges; kernels leave them zero */

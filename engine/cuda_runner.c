@@ -384,7 +384,7 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
         dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
         dmalloc(r, &r->d_xg, (size_t)CUDA_GEMV_MAX_ROWS * hid * 2) ||
-        dmalloc(r, &r->d_ss, (size_t)2 * r->ss_layers * CUDA_GEMV_MAX_ROWS * 4) ||
+        dmalloc(r, &r->d_ss, (size_t)2 * r->ss_layers * CUDA_GEMV_MAX_ROWS * sizeof(unsigned long long)) ||
         dmalloc(r, &r->d_counts, n_counts * sizeof(unsigned)))
         return SPECD_ECUDA;
     CU_CHECK(r, cudaMemset(r->d_counts, 0, n_counts * sizeof(unsigned)));

@@ -97,7 +97,8 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     k_norm_out nout_ffn = {0}, nout_attn = {0};
 
     K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
-    if (fuse_norm) CU_CHECK(r, cudaMemsetAsync(r->d_ss, 0, (size_t)2 * c->n_layers * CUDA_GEMV_MAX_ROWS * 4, s));
+    if (fuse_norm)
+        CU_CHECK(r, cudaMemsetAsync(r->d_ss, 0, (size_t)2 * c->n_layers * CUDA_GEMV_MAX_ROWS * sizeof *r->d_ss, s));
     for (int l = 0; l < c->n_layers; l++) {
         const cuda_layer *L = &cm->layers[l];
         k_kv_geom g = kv_geom(r, p->which, p->tok_slot, p->tok_j, cm->pool_layer0 + l);
@@ -109,7 +110,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         };
         /* the norms folded into this layer's GEMVs: sums of squares [l][0] (attention input,
          * written by the previous layer's down GEMV) and [l][1] (MLP input, by O) */
-        float *ss_l = r->d_ss + (size_t)l * 2 * CUDA_GEMV_MAX_ROWS;
+        unsigned long long *ss_l = r->d_ss + (size_t)l * 2 * CUDA_GEMV_MAX_ROWS;
         const k_norm_in *qkv_nin = fuse_norm && l > 0 ? &nin_attn : NULL;
         const uint16_t *qkv_x = qkv_nin ? r->d_xg : r->d_xb;
         if (fuse_norm) {

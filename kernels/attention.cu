@@ -28,6 +28,7 @@
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
+#include "kernels/attention.cuh"
 
 #define ATT_NT 128
 #define ATT_TILE 64
@@ -132,38 +133,16 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
     const int G = H / KVH;
-    const int row = w.item_row[item], q0 = w.item_q0[item];
-    const int slot = w.row_slot[row];
-    const int tok0 = w.row_tok_off[row] + q0;
-    const int nq = min(w.qt, w.row_n_new[row] - q0);
-    const int rows = nq * G;
-    const int len = g.lens[slot * 2 + g.which];
-    const int cap = g.max_blocks * g.block_size;
-    const int kend = min(len + q0 + nq, cap);
-    int split_len = w.split_len;
-    if (split_len <= 0) {
-        int per = (kend + w.n_splits - 1) / w.n_splits;
-        split_len = max(ATT_TILE, (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
-    }
-    const int ks0 = split * split_len;
-    /* The last split takes every remaining key, so a split count sized from a stale host
-     * view of the lengths costs speed, never keys. */
-    const int ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
-    const int ns_keys = min(w.n_splits, (kend + split_len - 1) / split_len);   /* splits holding keys */
-    const int *bt = g.bt + (size_t)slot * g.max_blocks;
+    const att_split sp = att_split_geom<ATT_TILE>(g, w, G, split, item);
+    const int q0 = sp.q0, tok0 = sp.tok0, rows = sp.rows, len = sp.len, ks0 = sp.ks0, ke = sp.ke;
+    const int *bt = g.bt + (size_t)sp.slot * g.max_blocks;
     const uint16_t *pool = *g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;
 
     if (ks0 >= ke || rows <= 0) {
-        /* This split holds no key for this item: mark its partials empty for the combine
-         * kernel (the in-kernel merge reads only the splits that hold keys). */
-        if (w.n_splits > 1 && !w.counters)
-            for (int r = tid; r < rows; r += ATT_NT) {
-                int tok = tok0 + r / G, head = kvh * G + r % G;
-                float *ml = w.ws_ml + (((size_t)split * w.n_tok + tok) * H + head) * 2;
-                ml[0] = -INFINITY;
-                ml[1] = 0.f;
-            }
+        /* No key here: the combine kernel reads every split's partials, the in-kernel
+         * merge (counters) only those of the splits that hold keys. */
+        if (w.n_splits > 1 && !w.counters) att_mark_empty(w, H, G, kvh, split, tok0, rows, ATT_NT);
         return;
     }
 
@@ -308,7 +287,7 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
             }
         }
     }
-    if (w.n_splits > 1 && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, l_s);
+    if (w.n_splits > 1 && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, sp.ns_keys, ps, l_s);
 }
 
 /* One block per (token, head); thread d merges the splits' partials. */
@@ -569,13 +548,7 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 template <int D, int GM>
 static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
                                    const k_attn_work *w, cudaStream_t s) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            sms = 132;
-    }
+    const int sms = k_sm_count();
     /* SPECD_ATTN_PDL: 0 an ordinary launch, 1 a programmatic-dependent one, 2 (default)
      * that and the O GEMV let in after the key loop */
     static int pdl = -1;

@@ -22,6 +22,7 @@
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
+#include "kernels/attention.cuh"
 
 #define TC_NT 128     /* 4 warps x 16 query rows = 64 rows at most */
 #define TC_TILE 64    /* keys per shared-memory tile */
@@ -111,36 +112,17 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
     const int gid = lane >> 2, tig = lane & 3;
     const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
     const int G = H / KVH;
-    const int row = w.item_row[item], q0 = w.item_q0[item];
-    const int slot = w.row_slot[row];
-    const int tok0 = w.row_tok_off[row] + q0;
-    const int nq = min(w.qt, w.row_n_new[row] - q0);
-    const int rows = nq * G;
-    const int len = g.lens[slot * 2 + g.which];
-    const int cap = g.max_blocks * g.block_size;
-    const int kend = min(len + q0 + nq, cap);
-    int split_len = w.split_len;
-    if (split_len <= 0) {
-        int per = (kend + w.n_splits - 1) / w.n_splits;
-        split_len = max(TC_TILE, (per + TC_TILE - 1) / TC_TILE * TC_TILE);
-    }
-    const int ks0 = split * split_len;
-    /* The last split takes every remaining key (as in attention_kernel). */
-    const int ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
+    const att_split sp = att_split_geom<TC_TILE>(g, w, G, split, item);
+    const int q0 = sp.q0, tok0 = sp.tok0, rows = sp.rows, len = sp.len, ks0 = sp.ks0, ke = sp.ke;
 
     if (ks0 >= ke || rows <= 0) {
-        /* This split holds no key for this item: mark its partials empty. */
-        if (w.n_splits > 1)
-            for (int r = tid; r < rows; r += TC_NT) {
-                int tok = tok0 + r / G, head = kvh * G + r % G;
-                float *ml = w.ws_ml + (((size_t)split * w.n_tok + tok) * H + head) * 2;
-                ml[0] = -INFINITY;
-                ml[1] = 0.f;
-            }
+        /* No key here; this kernel never merges in-kernel, so with several splits the
+         * combine kernel reads these partials. */
+        if (w.n_splits > 1) att_mark_empty(w, H, G, kvh, split, tok0, rows, TC_NT);
         return;
     }
 
-    const int *bt = g.bt + (size_t)slot * g.max_blocks;
+    const int *bt = g.bt + (size_t)sp.slot * g.max_blocks;
     const uint16_t *pool = *g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;
     const uint32_t k_sm = tc_smem_addr(smem);            /* K tiles: [2][TILE][LD] */

@@ -13,7 +13,9 @@
  *     bias, rotates and writes q (fp32) and k, v (into the paged pool).
  *   - norm (k_norm_out / k_norm_in, see specd_kernels.h): the GEMV that adds into the
  *     residual writes bf16(h * g) and atomically sums h^2 per row; the GEMV after it
- *     scales its dots by rsqrt(mean + eps), so no RMSNorm kernel runs between them.
+ *     scales its dots by rsqrt(mean + eps), so no RMSNorm kernel runs between them. The
+ *     sums are integers (fixed point): added in any order they give the same bits, so a
+ *     step stays deterministic (float atomics made greedy runs differ after ~100 tokens).
  *     Two earlier forms were slower on an H200: normalising inside every block of the
  *     consuming GEMV before its loads (each block re-reads and re-reduces the residual)
  *     and in the last block of the producing one (a serial tail of a few microseconds). */
@@ -108,11 +110,11 @@ typedef struct {
     float *Y;
     int out, accumulate;
     /* norm fold: consumer (ss_in: scale the dots) and producer (EPI_PLAIN + accumulate) */
-    const float *ss_in;
+    const unsigned long long *ss_in;
     float eps, inv_in;
     const float *g_out;
     uint16_t *xg;
-    float *ss_out;
+    unsigned long long *ss_out;
     /* EPI_GATED */
     uint16_t *act;
     /* EPI_ROPE */
@@ -169,7 +171,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
     if (MODE == EPI_PLAIN && e.xg && writer) g_own = e.g_out[r1];
     k_pdl_wait();
     if (MODE == EPI_PLAIN && e.accumulate && writer) y_own = e.Y[(size_t)b_own * e.out + r1];
-    if (e.ss_in && writer) rs_own = rsqrtf(e.ss_in[b_own] * e.inv_in + e.eps);
+    if (e.ss_in && writer) rs_own = rsqrtf(k_ss_value(e.ss_in[b_own]) * e.inv_in + e.eps);
     rope_pair_pre rp;
     if (MODE == EPI_ROPE && writer)
         rope_pair_prepare(e.g, e.bias, e.inv_freq, e.H, e.KVH, e.D, b_own, r1 / e.D, r1 % e.D, rp);
@@ -224,7 +226,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
             }
         }
     }
-    if (MODE == EPI_PLAIN && e.xg) {   /* the block's sums of h^2, one atomic per row */
+    if (MODE == EPI_PLAIN && e.xg) {   /* the block's sums of h^2, one atomic per row (fixed point) */
         __shared__ float hs[GEMV_WARPS][NB];
         if (lane < NB) hs[warp][lane] = hh;
         __syncthreads();
@@ -232,7 +234,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
             float t = 0.f;
 #pragma unroll
             for (int j = 0; j < GEMV_WARPS; j++) t += hs[j][threadIdx.x];
-            atomicAdd(e.ss_out + threadIdx.x, t);
+            atomicAdd(e.ss_out + threadIdx.x, k_ss_units(t));
         }
     }
 }
@@ -246,13 +248,7 @@ static int gemv_shape_ok(const uint16_t *W, const uint16_t *X, int in, int n, in
  * 1, `specd bench`): no split 4.62 / 1.02 ms per 8B / 1B token, 32 warps per SM 4.45 /
  * 0.955, 96 warps per SM 4.55 / 0.99. */
 static int gemv_ksplit(int n_units, int in8) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            sms = 132;
-    }
-    const long want = (long)sms * 32;
+    const long want = (long)k_sm_count() * 32;
     int ks = 1;
     while (ks < 8 && (long)n_units * ks < want && in8 % (2 * ks) == 0 && in8 / (2 * ks) >= 32 * GEMV_UNROLL) ks *= 2;
     return ks;

@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/specd_kernels.h"
+
 #define K_LAUNCH_RESULT() ((int)cudaGetLastError())
 
 /* Programmatic dependent launch (Hopper): a kernel launched with k_launch may start while
@@ -45,6 +47,19 @@ static inline int k_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t
     return k_launch_pdl(true, kern, grid, block, smem, s, args...);
 }
 
+/* Multiprocessors of the current device, for launch sizing; queried once (132 when the
+ * query fails). */
+static inline int k_sm_count(void) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms = 132;
+    }
+    return sms;
+}
+
 __device__ __forceinline__ float k_bf2f(uint16_t b) {
     return __uint_as_float(((uint32_t)b) << 16);
 }
@@ -74,6 +89,12 @@ __device__ __forceinline__ float k_block_sum(float v, float *red) {
     v = lane < nw ? red[lane] : 0.f;
     return k_warp_sum(v);
 }
+
+/* Fixed-point sums of squares for the norm fold (specd_kernels.h, K_SS_FRAC_BITS). */
+__device__ __forceinline__ unsigned long long k_ss_units(float v) {
+    return __double2ull_rn((double)v * (double)(1ull << K_SS_FRAC_BITS));
+}
+__device__ __forceinline__ float k_ss_value(unsigned long long u) { return (float)K_SS_VALUE(u); }
 
 __device__ __forceinline__ float k_silu(float g) { return g / (1.f + expf(-g)); }
 

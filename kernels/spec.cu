@@ -10,10 +10,10 @@
  * accept test j philox(seed ^ salt_accept, counter + j), the final draw philox(seed,
  * 2 * counter). A row is greedy when temperature <= 0 or top_k == 1 (as in k_sample). */
 #include <math.h>
-#include <cub/block/block_scan.cuh>
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
+#include "kernels/sample.cuh"
 
 #define SPEC_NT 512
 
@@ -55,36 +55,10 @@ extern "C" int k_spec_verify_tokens(const int32_t *in_tokens, const int32_t *dra
     return K_LAUNCH_RESULT();
 }
 
-/* Block-wide argmax (lowest index on ties, as k_sample and sample_argmax). */
+/* Block-wide argmax (lowest index on ties, as k_sample and sample_argmax); an all-NaN
+ * row gives token 0. */
 __device__ int block_argmax(const float *x, int vocab, float *wv, int *wi) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float best = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = tid; i < vocab; i += SPEC_NT) {
-        float v = x[i];
-        if (v > best) { best = v; bi = i; }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
-    __syncthreads();
-    if (lane == 0) { wv[warp] = best; wi[warp] = bi; }
-    __syncthreads();
-    if (warp == 0) {
-        best = lane < SPEC_NT / 32 ? wv[lane] : -INFINITY;
-        bi = lane < SPEC_NT / 32 ? wi[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        }
-        if (lane == 0) wi[0] = bi;
-    }
-    __syncthreads();
-    int r = wi[0];
-    __syncthreads();
+    int r = sample_block_argmax<SPEC_NT>(x, vocab, wv, wi, NULL);
     return r < vocab ? r : 0;
 }
 
@@ -95,56 +69,23 @@ __device__ __forceinline__ float spec_w(const float *p, const float *q, int v, i
     return r > 0.f ? r : 0.f;
 }
 
+/* The weights of a draw as sample_block_draw takes them: a token is in the draw when its
+ * weight is positive. */
+struct spec_weight {
+    const float *p, *q;
+    int mode;
+    __device__ __forceinline__ bool operator()(int v, float &w) const {
+        w = spec_w(p, q, v, mode);
+        return w > 0.f;
+    }
+};
+
 /* Draw one token from the weights (unnormalised) in index order at u * total; returns
  * the token and the total mass through *total_out (every thread). */
 __device__ int block_draw(const float *p, const float *q, int vocab, int mode, float u,
                           float *total_out) {
-    typedef cub::BlockScan<float, SPEC_NT> Scan;
-    __shared__ typename Scan::TempStorage scan_tmp;
-    __shared__ int pick_s;
-    __shared__ int lk_s[SPEC_NT / 32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int chunk = (vocab + SPEC_NT - 1) / SPEC_NT;
-    const int i0 = tid * chunk, i1 = min(vocab, i0 + chunk);
-    float local = 0.f;
-    int last = -1;
-    for (int i = i0; i < i1; i++) {
-        float w = spec_w(p, q, i, mode);
-        if (w > 0.f) { local += w; last = i; }
-    }
-    float excl, total;
-    __syncthreads();
-    Scan(scan_tmp).ExclusiveSum(local, excl, total);
-    if (tid == 0) pick_s = -1;
-    __syncthreads();
-    *total_out = total;
-    const float ut = u * total;
-    if (local > 0.f && ut >= excl && ut < excl + local) {
-        float c = excl;
-        int pick = last;
-        for (int i = i0; i < i1; i++) {
-            c += spec_w(p, q, i, mode);
-            if (ut < c) { pick = i; break; }
-        }
-        pick_s = pick;
-    }
-    __syncthreads();
-    if (pick_s < 0) {
-        /* u * total fell past the float sum by rounding: the last token with mass. */
-        int lk = last;
-        for (int o = 16; o > 0; o >>= 1) lk = max(lk, __shfl_xor_sync(0xffffffffu, lk, o));
-        if (lane == 0) lk_s[warp] = lk;
-        __syncthreads();
-        if (tid == 0) {
-            int m = -1;
-            for (int w = 0; w < SPEC_NT / 32; w++) m = max(m, lk_s[w]);
-            pick_s = m >= 0 ? m : 0;
-        }
-    }
-    __syncthreads();
-    int r = pick_s;
-    __syncthreads();
-    return r;
+    const spec_weight wt = {p, q, mode};
+    return sample_block_draw<SPEC_NT>(vocab, wt, u, 0, total_out);
 }
 
 __global__ void __launch_bounds__(SPEC_NT)

@@ -105,16 +105,19 @@ int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
  * next norm's weight g and adds each row's sum of h^2 into ss (block sums, one atomic per
  * block and row), and the GEMV that consumes the norm (QKV, gate|up) reads xg and scales
  * its dot products by rsqrt(ss / in + eps). No norm kernel runs between them.
- * k_norm_out: g [out] fp32, xg [n, out] bf16 (must not alias X), ss [n] fp32, zeroed
- *   before the launch. k_norm_in: ss [n] as left by that launch, eps; NULL = X is
- *   already normalised. */
+ * k_norm_out: g [out] fp32, xg [n, out] bf16 (must not alias X), ss [n] zeroed before
+ *   the launch. k_norm_in: ss [n] as left by that launch, eps; NULL = X is already
+ *   normalised. The sums are fixed point, K_SS_FRAC_BITS fractional bits (integer
+ *   atomics: the same bits whatever order the blocks add in); K_SS_VALUE converts. */
+#define K_SS_FRAC_BITS 28
+#define K_SS_VALUE(u) ((double)(u) * (1.0 / (double)(1ull << K_SS_FRAC_BITS)))
 typedef struct {
     const float *g;
     uint16_t *xg;
-    float *ss;
+    unsigned long long *ss;
 } k_norm_out;
 typedef struct {
-    const float *ss;
+    const unsigned long long *ss;
     float eps;
 } k_norm_in;
 

@@ -155,7 +155,7 @@ static void pool_free(kvpool *p) {
 
 /* nin_ss: device sums of squares for the norm fold (both paths scale by them), or NULL. */
 static void check_qkv_rope(int H, int KVH, int D, int in, int n, int with_bias, float theta, int which,
-                           const int32_t *slots, const int32_t *tok_j, const float *nin_ss) {
+                           const int32_t *slots, const int32_t *tok_j, const unsigned long long *nin_ss) {
     kvpool p;
     pool_setup(&p, KVH, D, n, slots, tok_j);
     const int rows = (H + 2 * KVH) * D;
@@ -227,8 +227,9 @@ static void test_gemv_qkv_rope_matches_gemv_then_qkv_rope_kv(void **state) {
     check_qkv_rope(32, 8, 64, 2048, 2, 1, 500000.f, 1, ss, js, NULL);    /* one slot's two draft tokens */
     check_qkv_rope(12, 2, 128, 1536, 1, 1, 1000000.f, 1, s1, j1, NULL);
     /* with the norm fold: sums of squares far from 1 so a missing or wrong scale shows */
-    const float hss[2] = {2048.f * 37.f, 1536.f * 0.02f};
-    float *d_ss = gu_upload(hss, sizeof hss);
+    const unsigned long long hss[2] = {(unsigned long long)(2048.0 * 37.0 * (1ull << K_SS_FRAC_BITS)),
+                                       (unsigned long long)(1536.0 * 0.02 * (1ull << K_SS_FRAC_BITS))};
+    unsigned long long *d_ss = gu_upload(hss, sizeof hss);
     check_qkv_rope(32, 8, 64, 2048, 1, 0, 500000.f, 0, s1, j1, d_ss);
     check_qkv_rope(12, 2, 128, 1536, 2, 1, 1000000.f, 0, s2, j2, d_ss);
     cudaFree(d_ss);
@@ -248,7 +249,8 @@ static void test_fused_gemvs_reject_what_they_cannot_do(void **state) {
     const k_norm_in no_ss = {.ss = NULL, .eps = 1e-5f};
     assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, 1, &no_ss, 0), -1);
     /* k_gemv_norm_bf16: the fold needs n <= 2, accumulate, and every pointer */
-    const k_norm_out nout = {.g = f, .xg = d + 131072, .ss = f + 65536}, nout_nog = {.xg = d + 131072, .ss = f + 65536};
+    unsigned long long *u = (unsigned long long *)(f + 65536);
+    const k_norm_out nout = {.g = f, .xg = d + 131072, .ss = u}, nout_nog = {.xg = d + 131072, .ss = u};
     assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 3, 1, NULL, &nout, 0), -1);
     assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 0, NULL, &nout, 0), -1);
     assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 1, NULL, &nout_nog, 0), -1);
@@ -354,7 +356,8 @@ static void check_norm_fold(int hidden, int in_p, int F, int n) {
     uint16_t *Wc = malloc((size_t)2 * F * hidden * 2), *xg = malloc((nh + GUARD) * 2);
     uint16_t *A = malloc(((size_t)n * F + GUARD) * 2);
     float *h0 = malloc(sizeof(float) * nh), *h = malloc(sizeof(float) * nh), *g = malloc(sizeof(float) * hidden);
-    float *Y = malloc(sizeof(float) * ((size_t)n * F + GUARD)), ss[4];
+    float *Y = malloc(sizeof(float) * ((size_t)n * F + GUARD));
+    unsigned long long ss[4], ss2[4];
     fill_bf(Wp, (size_t)hidden * in_p, -0.05f, 0.05f);
     fill_bf(Xp, (size_t)n * in_p, -1.f, 1.f);
     fill_bf(Wc, (size_t)2 * F * hidden, -0.05f, 0.05f);
@@ -364,7 +367,8 @@ static void check_norm_fold(int hidden, int in_p, int F, int n) {
     uint16_t *dWc = gu_upload(Wc, (size_t)2 * F * hidden * 2), *dxg = gu_dev((nh + GUARD) * 2);
     uint16_t *dA = gu_dev(((size_t)n * F + GUARD) * 2);
     float *dh = gu_upload(h0, sizeof(float) * nh), *dg = gu_upload(g, sizeof(float) * hidden);
-    float *dY = gu_dev(sizeof(float) * ((size_t)n * F + GUARD)), *dss = gu_dev(sizeof ss);
+    float *dY = gu_dev(sizeof(float) * ((size_t)n * F + GUARD));
+    unsigned long long *dss = gu_dev(sizeof ss);
     GPU_CHECK(cudaMemset(dss, 0, sizeof ss));
 
     const k_norm_out nout = {.g = dg, .xg = dxg, .ss = dss};
@@ -385,12 +389,24 @@ static void check_norm_fold(int hidden, int in_p, int F, int n) {
             xg_bad += xg[i] != gu_f2bf(h[i] * g[o]);
             sq += (double)h[i] * h[i];
         }
-        const double ss_rel = fabs(ss[b] - sq) / sq;
+        const double ss_rel = fabs(K_SS_VALUE(ss[b]) - sq) / sq;
         printf("  norm fold hidden %d in %d n %d row %d: sum h^2 %.6e vs %.6e (rel %.1e)\n", hidden, in_p, n, b,
-               ss[b], sq, ss_rel);
+               K_SS_VALUE(ss[b]), sq, ss_rel);
         assert_true(ss_rel < 1e-5);
     }
-    for (int b = n; b < 4; b++) assert_true(ss[b] == 0.f);   /* rows past n untouched */
+    for (int b = n; b < 4; b++) assert_true(ss[b] == 0);   /* rows past n untouched */
+    /* The sums must not depend on the order the blocks finish in: the same launch again
+     * (from the same residual) gives the same bits, every time. */
+    int differ = 0;
+    for (int rep = 0; rep < 20; rep++) {
+        GPU_CHECK(cudaMemcpy(dh, h0, sizeof(float) * nh, cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemset(dss, 0, sizeof ss2));
+        assert_int_equal(k_gemv_norm_bf16(dWp, dXp, dh, hidden, in_p, n, 1, NULL, &nout, 0), 0);
+        gu_download(ss2, dss, sizeof ss2);
+        differ += memcmp(ss, ss2, sizeof ss) != 0;
+    }
+    printf("  norm fold: %d of 20 repeats changed the sums\n", differ);
+    assert_int_equal(differ, 0);
     for (size_t i = nh; i < nh + GUARD; i++) guard += xg[i] != 0xffff;
     printf("  norm fold producer: residual rel err %.2e, xg mismatches %d, guard hits %d\n", me / mr, xg_bad, guard);
     assert_true(me / mr < 2e-4);

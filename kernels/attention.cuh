@@ -1,0 +1,60 @@
+/* What the tiled attention kernels (attention_kernel in attention.cu, attention_tc_kernel
+ * in attention_tc.cu) share so that k_attention can pick either per call: the keys one
+ * block covers (work item, split) and the empty partials of a split without keys. The
+ * decode kernel keeps its own copy of the geometry: it computes it twice around its
+ * programmatic-launch wait, with its own chunk size. */
+#ifndef SPECD_ATTENTION_CUH
+#define SPECD_ATTENTION_CUH
+
+#include <math.h>
+
+#include "kernels/specd_kernels.h"
+
+/* One block's share of the work: query tokens tok0 .. tok0 + nq - 1 of row `row` (q0 ..
+ * of its new tokens, rows = nq * G query rows), whose keys end at kend, and of those the
+ * keys [ks0, ke) of this split. */
+struct att_split {
+    int row, q0, slot, tok0, nq, rows, len, kend, split_len, ks0, ke, ns_keys;
+};
+
+/* The geometry of split `split` of work item `item`; a split length computed here (w
+ * gives none) is rounded up to whole tiles of TILE keys. */
+template <int TILE>
+__device__ __forceinline__ att_split att_split_geom(const k_kv_geom &g, const k_attn_work &w, int G, int split,
+                                                    int item) {
+    att_split s;
+    s.row = w.item_row[item];
+    s.q0 = w.item_q0[item];
+    s.slot = w.row_slot[s.row];
+    s.tok0 = w.row_tok_off[s.row] + s.q0;
+    s.nq = min(w.qt, w.row_n_new[s.row] - s.q0);
+    s.rows = s.nq * G;
+    s.len = g.lens[s.slot * 2 + g.which];
+    const int cap = g.max_blocks * g.block_size;
+    s.kend = min(s.len + s.q0 + s.nq, cap);
+    s.split_len = w.split_len;
+    if (s.split_len <= 0) {
+        int per = (s.kend + w.n_splits - 1) / w.n_splits;
+        s.split_len = max(TILE, (per + TILE - 1) / TILE * TILE);
+    }
+    s.ks0 = split * s.split_len;
+    /* The last split takes every remaining key, so a split count sized from a stale host
+     * view of the lengths costs speed, never keys. */
+    s.ke = split == w.n_splits - 1 ? s.kend : min(s.ks0 + s.split_len, s.kend);
+    s.ns_keys = min(w.n_splits, (s.kend + s.split_len - 1) / s.split_len);   /* splits holding keys */
+    return s;
+}
+
+/* A split that holds no key for its item: its partials of rows tok0.. (heads kvh * G ..)
+ * marked empty, (max, sum) = (-inf, 0), for the combine kernel. nt: threads per block. */
+__device__ __forceinline__ void att_mark_empty(const k_attn_work &w, int H, int G, int kvh, int split, int tok0,
+                                               int rows, int nt) {
+    for (int r = threadIdx.x; r < rows; r += nt) {
+        int tok = tok0 + r / G, head = kvh * G + r % G;
+        float *ml = w.ws_ml + (((size_t)split * w.n_tok + tok) * H + head) * 2;
+        ml[0] = -INFINITY;
+        ml[1] = 0.f;
+    }
+}
+
+#endif

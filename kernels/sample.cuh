@@ -1,0 +1,213 @@
+/* Block-wide pieces of token selection shared by sample.cu (k_sample, k_probs) and
+ * spec.cu (the draft's pick and the acceptance kernel): the argmax, the kept set of a
+ * sampled row (top-k / top-p key threshold by radix select, min-p bound), and the draw
+ * in index order. One copy, so a seeded draw is the same arithmetic in every kernel.
+ * The block-wide ones (argmax, radix select, threshold, kept set, draw) hold barriers:
+ * every thread of the block calls them, with the same arguments. */
+#ifndef SPECD_SAMPLE_CUH
+#define SPECD_SAMPLE_CUH
+
+#include <math.h>
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/specd_kernels.h"
+#include "kernels/kutil.h"
+
+/* Order-preserving integer key of an fp32 value (larger float, larger key). */
+__device__ __forceinline__ uint32_t f2key(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Radix select over keys of x (restricted to keys >= floor_key): with by_mass == 0 the
+ * key of the target-th largest element; with by_mass == 1 the largest key whose
+ * descending cumulative mass exp((x - xmax) * invT) reaches target. */
+static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floor_key, float target,
+                                        int by_mass, float xmax, float invT, float *hist) {
+    uint32_t prefix = 0, mask = 0;
+    __shared__ uint32_t digit_s;
+    __shared__ float remain_s;
+    if (threadIdx.x == 0) remain_s = target;
+    for (int pass = 0; pass < 4; pass++) {
+        int shift = 24 - 8 * pass;
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0.f;
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            uint32_t key = f2key(x[i]);
+            if (key < floor_key || (key & mask) != prefix) continue;
+            float v = by_mass ? __expf((x[i] - xmax) * invT) : 1.f;
+            atomicAdd(&hist[(key >> shift) & 255u], v);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float cum = 0.f, rem = remain_s;
+            int d = 255;
+            for (; d > 0; d--) {
+                if (cum + hist[d] >= rem) break;
+                cum += hist[d];
+            }
+            remain_s = rem - cum;
+            digit_s = (uint32_t)d;
+        }
+        __syncthreads();
+        prefix |= digit_s << shift;
+        mask |= 255u << shift;
+    }
+    return prefix;
+}
+
+/* Block-wide argmax of x (lowest index on ties, as engine/sample.c's sample_argmax),
+ * and the max through *xmax unless it is NULL. wv and wi hold >= 32 entries of shared
+ * memory; the leading barrier lets a caller reuse them in a loop. An all-NaN row returns
+ * 0x7fffffff. */
+template <int NT>
+__device__ __forceinline__ int sample_block_argmax(const float *x, int vocab, float *wv, int *wi, float *xmax) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = tid; i < vocab; i += NT) {
+        float v = x[i];
+        if (v > best) { best = v; bi = i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    __syncthreads();
+    if (lane == 0) { wv[warp] = best; wi[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < NT / 32 ? wv[lane] : -INFINITY;
+        bi = lane < NT / 32 ? wi[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if (lane == 0) {
+            if (xmax) wv[0] = best;
+            wi[0] = bi;
+        }
+    }
+    __syncthreads();
+    if (xmax) *xmax = wv[0];
+    const int r = wi[0];
+    __syncthreads();
+    return r;
+}
+
+/* Key threshold of the top-k and top-p filters (0: neither applies): the key of the
+ * top_k-th largest logit, raised to the key where the descending mass of the tokens
+ * that top-k keeps crosses top_p of their total. hist: 256 floats, red: 32 floats of
+ * shared memory. */
+template <int NT>
+__device__ __forceinline__ uint32_t sample_threshold(const float *x, int vocab, const k_sample_params &p,
+                                                     float xmax, float invT, float *hist, float *red) {
+    uint32_t thr = 0;
+    if (p.top_k > 0 && p.top_k < vocab)
+        thr = radix_select(x, vocab, 0, (float)p.top_k, 0, xmax, invT, hist);
+    if (p.top_p > 0.f && p.top_p < 1.f) {
+        float zk = 0.f;
+        for (int i = threadIdx.x; i < vocab; i += NT)
+            if (f2key(x[i]) >= thr) zk += __expf((x[i] - xmax) * invT);
+        zk = k_block_sum(zk, red);
+        uint32_t tp = radix_select(x, vocab, thr, p.top_p * zk, 1, xmax, invT, hist);
+        if (tp > thr) thr = tp;
+    }
+    return thr;
+}
+
+/* The kept set of a sampled row: token i is kept when its key reaches thr and z = (x_i -
+ * xmax) / T reaches the min-p bound zmin; its unnormalised weight is exp(z). */
+struct sample_keep {
+    const float *x;
+    float xmax, invT, zmin;
+    uint32_t thr;
+    __device__ __forceinline__ float z(float xi) const { return (xi - xmax) * invT; }
+    __device__ __forceinline__ bool kept(float xi, float z) const { return f2key(xi) >= thr && z >= zmin; }
+    /* As sample_block_draw takes it: whether token i is kept; w is its weight, 0 when it
+     * is not. */
+    __device__ __forceinline__ bool operator()(int i, float &w) const {
+        const float xi = x[i], zi = z(xi);
+        if (kept(xi, zi)) {
+            w = __expf(zi);
+            return true;
+        }
+        w = 0.f;
+        return false;
+    }
+};
+
+/* The kept set of row x (max xmax) under p, which samples (temperature > 0). */
+template <int NT>
+__device__ __forceinline__ sample_keep sample_kept_set(const float *x, int vocab, const k_sample_params &p,
+                                                       float xmax, float *hist, float *red) {
+    sample_keep k;
+    k.x = x;
+    k.xmax = xmax;
+    k.invT = 1.f / p.temperature;
+    k.thr = sample_threshold<NT>(x, vocab, p, xmax, k.invT, hist, red);
+    /* min_p: p_i >= min_p * p_max  <=>  (x_i - xmax) / T >= log(min_p). */
+    k.zmin = p.min_p > 0.f ? logf(p.min_p) : -INFINITY;
+    return k;
+}
+
+/* Draw one index of [0, n) at u * (total weight), u in [0, 1), locating it by a
+ * block-wide prefix sum in index order over contiguous chunks. weight(i, w) says whether
+ * i is kept and sets its weight w, which is 0 for an index not kept: the locating pass
+ * adds the weight of every index of its chunk. The total goes to *total_out. */
+template <int NT, typename W>
+__device__ __forceinline__ int sample_block_draw(int n, const W &weight, float u, int none, float *total_out) {
+    typedef cub::BlockScan<float, NT> Scan;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    __shared__ int pick_s;
+    __shared__ int lk_s[NT / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int chunk = (n + NT - 1) / NT;
+    const int i0 = tid * chunk, i1 = min(n, i0 + chunk);
+    float local = 0.f;
+    int last = -1;
+    for (int i = i0; i < i1; i++) {
+        float w;
+        if (weight(i, w)) { local += w; last = i; }
+    }
+    float excl, total;
+    __syncthreads();   /* scan_tmp and pick_s may still be read by a previous call */
+    Scan(scan_tmp).ExclusiveSum(local, excl, total);
+    if (tid == 0) pick_s = -1;
+    __syncthreads();
+    *total_out = total;
+    const float ut = u * total;
+    if (local > 0.f && ut >= excl && ut < excl + local) {
+        float c = excl;
+        int pick = last;
+        for (int i = i0; i < i1; i++) {
+            float w;
+            weight(i, w);
+            c += w;
+            if (ut < c) { pick = i; break; }
+        }
+        pick_s = pick;
+    }
+    __syncthreads();
+    if (pick_s < 0) {
+        /* u * total fell past the float sum by rounding: the last kept index, or `none`
+         * when nothing is kept. */
+        int lk = last;
+        for (int o = 16; o > 0; o >>= 1) lk = max(lk, __shfl_xor_sync(0xffffffffu, lk, o));
+        if (lane == 0) lk_s[warp] = lk;
+        __syncthreads();
+        if (tid == 0) {
+            int m = -1;
+            for (int v = 0; v < NT / 32; v++) m = max(m, lk_s[v]);
+            pick_s = m >= 0 ? m : none;
+        }
+    }
+    __syncthreads();
+    const int r = pick_s;
+    __syncthreads();
+    return r;
+}
+
+#endif

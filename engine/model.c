@@ -881,12 +881,9 @@ static uint64_t rand_all(rand_ctx *r, const model_config *c) {
     return total;
 }
 
-model *model_shape(const model_config *cfg, char *err, size_t errlen) {
-    if (!cfg) {
-        specd_errf(err, errlen, SPECD_EINVAL, "model_shape: no config");
-        return NULL;
-    }
-    if (check_config(cfg, "model shape", err, errlen)) return NULL;
+/* An empty model of cfg's shape (views all empty, layers allocated), path
+ * "<prefix>:<arch>"; NULL when out of memory. */
+static model *model_blank(const model_config *cfg, const char *prefix) {
     model *m = calloc(1, sizeof *m);
     model_priv *p = calloc(1, sizeof *p);
     if (m) m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
@@ -894,46 +891,46 @@ model *model_shape(const model_config *cfg, char *err, size_t errlen) {
         if (m) free(m->layers);
         free(m);
         free(p);
-        specd_errf(err, errlen, SPECD_ENOMEM, "model_shape: out of memory");
         return NULL;
     }
     m->priv = p;
     m->cfg = *cfg;
-    snprintf(m->path, sizeof m->path, "shape:%s", cfg->arch_name);
+    snprintf(m->path, sizeof m->path, "%s:%s", prefix, cfg->arch_name);
+    return m;
+}
+
+model *model_shape(const model_config *cfg, char *err, size_t errlen) {
+    if (!cfg) {
+        specd_errf(err, errlen, SPECD_EINVAL, "model_shape: no config");
+        return NULL;
+    }
+    if (check_config(cfg, "model shape", err, errlen)) return NULL;
+    model *m = model_blank(cfg, "shape");
+    if (!m) specd_errf(err, errlen, SPECD_ENOMEM, "model_shape: out of memory");
     return m;
 }
 
 model *model_random(const model_config *cfg, uint64_t seed, char *err, size_t errlen) {
-    model *m = NULL;
-    model_priv *p = NULL;
     if (!cfg) {
         specd_errf(err, errlen, SPECD_EINVAL, "model_random: no config");
         return NULL;
     }
     if (check_config(cfg, "random model config", err, errlen)) return NULL;
-    m = calloc(1, sizeof *m);
-    p = calloc(1, sizeof *p);
-    if (!m || !p) goto oom;
-    m->priv = p;
-    m->cfg = *cfg;
-    snprintf(m->path, sizeof m->path, "random:%s", cfg->arch_name);
-    rand_ctx r = { m, NULL, seed, 0 };
     /* check_config bounds every dimension by 2^24, so the count cannot overflow 64 bits. */
+    rand_ctx r = { NULL, NULL, seed, 0 };
     uint64_t n = rand_all(&r, cfg);
-    if (n > SIZE_MAX / sizeof(float)) goto oom;
-    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
-    p->arena = malloc((size_t)n * sizeof(float));
-    if (!m->layers || !p->arena) goto oom;
+    model *m = n > SIZE_MAX / sizeof(float) ? NULL : model_blank(cfg, "random");
+    model_priv *p = m ? m->priv : NULL;
+    if (!p || !(p->arena = malloc((size_t)n * sizeof(float)))) {
+        specd_errf(err, errlen, SPECD_ENOMEM, "model_random: out of memory for %s", cfg->arch_name);
+        model_free(m);
+        return NULL;
+    }
+    r.m = m;
     r.next = p->arena;
     r.count = 0;
     rand_all(&r, cfg);
     return m;
-oom:
-    specd_errf(err, errlen, SPECD_ENOMEM, "model_random: out of memory for %s", cfg->arch_name);
-    if (m) m->priv = p;
-    model_free(m);
-    if (!m) free(p);
-    return NULL;
 }
 
 size_t model_kv_bytes_per_token(const model_config *c, size_t elem_size) {

@@ -170,14 +170,19 @@ static run_out generate(engine *e, const prompts *p, int record) {
     return o;
 }
 
-static run_out run_tp1(engine_config c, const prompts *p, int record) {
+/* An engine made from c (who names it in a failure), its run of p, then destroyed. */
+static run_out create_and_generate(const engine_config *c, const prompts *p, int record, const char *who) {
     char err[1024] = "";
-    engine *e = engine_create(&c, err, sizeof err);
-    if (!e) fprintf(stderr, "engine_create: %s\n", err);
+    engine *e = engine_create(c, err, sizeof err);
+    if (!e) fprintf(stderr, "%s: %s\n", who, err);
     assert_non_null(e);
     run_out o = generate(e, p, record);
     engine_destroy(e);
     return o;
+}
+
+static run_out run_tp1(engine_config c, const prompts *p, int record) {
+    return create_and_generate(&c, p, record, "engine_create");
 }
 
 /* Rank 0 here, rank 1 forked; checks the worker exits 0 after rank 0's STOP. */
@@ -185,12 +190,7 @@ static run_out run_tp2(engine_config c, const prompts *p, int record) {
     int port = free_port();
     pid_t w = start_worker(c, port);
     c.tp = tp_rank(0, port);
-    char err[1024] = "";
-    engine *e = engine_create(&c, err, sizeof err);
-    if (!e) fprintf(stderr, "engine_create (rank 0): %s\n", err);
-    assert_non_null(e);
-    run_out o = generate(e, p, record);
-    engine_destroy(e);
+    run_out o = create_and_generate(&c, p, record, "engine_create (rank 0)");
     int status;
     assert_int_equal(wait_exit(w, 10000, &status), 0);
     g_pid = -1;

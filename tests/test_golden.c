@@ -23,9 +23,9 @@ static const char *const models[] = {"llama-tiny", "qwen2-tiny", "qwen3-tiny", "
 static engine *open_engine(const char *name, int max_batch) {
     char path[4096], err[1024] = "";
     snprintf(path, sizeof path, "%s/models/%s", fixtures_dir(), name);
-    /* the fixtures' reference held its rotary buffer in bf16 (see model_rope_inv_freq) */
+    /* specd's default path: fp32 rotary frequencies, as the fixtures' reference */
     engine_config c = {.model_path = path, .max_seq_len = 512, .max_batch = max_batch,
-                       .kv_bytes = 64u << 20, .threads = 2, .rope_bf16_freqs = 1};
+                       .kv_bytes = 64u << 20, .threads = 2};
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fprintf(stderr, "engine_create(%s): %s\n", name, err);
     return e;
@@ -131,7 +131,7 @@ static void check_all_logits(const char *name, int chunk) {
     model *m = model_load(path, err, sizeof err);
     assert_non_null(m);
     runner_config rc = {.num_blocks = 8, .block_size = 16, .max_batch = 1, .max_seq_len = 64,
-                        .max_tokens_per_step = 64, .threads = 2, .rope_bf16_freqs = 1};
+                        .max_tokens_per_step = 64, .threads = 2};
     runner *r = runner_cpu_create(m, NULL, &rc, err, sizeof err);
     assert_non_null(r);
     int32_t blocks[3] = {5, 2, 7};  /* scattered on purpose: the block table must be used */

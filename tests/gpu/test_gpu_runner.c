@@ -134,8 +134,7 @@ static void fixture_open(fixture *f, const char *name, int no_graphs) {
     f->m = model_load(path, err, sizeof err);
     if (!f->m) fail_msg("model_load %s: %s", path, err);
     runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
-                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9,
-                         .rope_bf16_freqs = 1 /* as the fixtures' reference */};
+                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9};
     cuda_runner_opts o = {.world = 1, .no_graphs = no_graphs, .quiet = 1};
     f->r = runner_cuda_create_ex(f->m, NULL, &cfg, &o, err, sizeof err);
     if (!f->r) fail_msg("runner_cuda_create %s: %s", name, err);
@@ -425,7 +424,7 @@ static void spec_open(spec_fixture *f, const char *tname, const char *dname) {
     if (!f->d) fail_msg("model_load %s: %s", dp, err);
     runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
                          .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9,
-                         .num_draft_tokens = SPK, .rope_bf16_freqs = 1};
+                         .num_draft_tokens = SPK};
     cuda_runner_opts o = {.world = 1, .quiet = 1};
     f->r = runner_cuda_create_ex(f->t, f->d, &cfg, &o, err, sizeof err);
     if (!f->r) fail_msg("runner_cuda_create %s+%s: %s", tname, dname, err);

@@ -184,12 +184,14 @@ static int alloc_buffers(engine *e) {
     e->spec_n = malloc((size_t)B * sizeof(int));
     if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_sp || !e->spec_out || !e->spec_n)
         return SPECD_ENOMEM;
-    e->cap_events = B * 3 + 8;
-    e->events = calloc((size_t)e->cap_events, sizeof *e->events);
+    for (int i = 0; i < 2; i++) {
+        e->cap_events[i] = B * 3 + 8;
+        e->events[i] = calloc((size_t)e->cap_events[i], sizeof *e->events[i]);
+    }
     e->cap_reqs = 64;
     e->reqs = malloc((size_t)e->cap_reqs * sizeof *e->reqs);
     if (!e->plan || !e->rows || !e->tokens || !e->logits || (K && (!e->dlogits || !e->dprobs)) ||
-        !e->pprobs || !e->work || !e->scratch || !e->hist || !e->events || !e->reqs)
+        !e->pprobs || !e->work || !e->scratch || !e->hist || !e->events[0] || !e->events[1] || !e->reqs)
         return SPECD_ENOMEM;
     return 0;
 }
@@ -416,7 +418,8 @@ void engine_destroy(engine *e) {
     free(e->dec_sp);
     free(e->spec_out);
     free(e->spec_n);
-    free(e->events);
+    free(e->events[0]);
+    free(e->events[1]);
     for (int i = 0; i < e->n_rec; i++) free(e->rec[i].logits);
     free(e);
 }

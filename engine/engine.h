@@ -103,7 +103,9 @@ typedef struct {
 
 typedef struct {
     int n_events;
-    engine_event *events;          /* engine-owned, valid until the next engine_step */
+    engine_event *events;          /* engine-owned; valid until the second engine_step after
+                                    * the one that filled it (two buffers alternate, so a
+                                    * caller may read step N's events while step N+1 runs) */
     int n_scheduled_tokens;
 } engine_output;
 

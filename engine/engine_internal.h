@@ -74,8 +74,9 @@ struct engine {
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
     int *spec_n;                 /* (max_batch) */
     runner_sampling *dec_sp;
-    engine_event *events;
-    int cap_events;
+    engine_event *events[2];     /* double-buffered: step N's events stay valid while */
+    int cap_events[2];           /* step N+1 runs (the server processes them meanwhile) */
+    int ev_cur;                  /* the buffer this step writes */
     int max_step_tokens;
 
     /* first-token logits of finished requests added with record=1, until read */

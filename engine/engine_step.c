@@ -48,16 +48,17 @@ static int sync_slot(engine *e, req *r) {
     return 0;
 }
 
-/* The array holds 3 * max_batch + 8 events; only mass rejection or failure can exceed
- * that, and then it grows (callers hold an event pointer only until the next call). */
+/* Each buffer holds 3 * max_batch + 8 events; only mass rejection or failure can exceed
+ * that, and then it grows (a caller holds a buffer only until the second call after). */
 static engine_event *new_event(engine *e, engine_output *out, req *r) {
-    if (out->n_events == e->cap_events) {
-        engine_event *n = realloc(e->events, sizeof *n * (size_t)e->cap_events * 2);
+    int b = e->ev_cur;
+    if (out->n_events == e->cap_events[b]) {
+        engine_event *n = realloc(e->events[b], sizeof *n * (size_t)e->cap_events[b] * 2);
         if (!n) abort();
-        e->events = out->events = n;
-        e->cap_events *= 2;
+        e->events[b] = out->events = n;
+        e->cap_events[b] *= 2;
     }
-    engine_event *ev = &e->events[out->n_events++];
+    engine_event *ev = &e->events[b][out->n_events++];
     memset(ev, 0, sizeof *ev);
     ev->req_id = r->id;
     return ev;
@@ -341,7 +342,8 @@ static void record_finished_logits(engine *e, req *r) {
 
 int engine_step(engine *e, engine_output *out) {
     out->n_events = 0;
-    out->events = e->events;
+    e->ev_cur ^= 1;
+    out->events = e->events[e->ev_cur];
     out->n_scheduled_tokens = 0;
     if (e->failed) return SPECD_ESTATE;
     sched_batch sb;

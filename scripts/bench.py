@@ -9,6 +9,12 @@ carry tokens) at p50/p90/p99, and the speculative acceptance length (AL) when th
 reports usage.spec_decode (specd does). Results go to <out>/bench.json, <out>/bench.md
 and <out>/bench.png.
 
+One client process saturates at some tens of thousands of streamed tokens/s; --processes N
+splits every level's streams and requests over N processes and merges their results into
+one report (run the top level with N and 2N: when the figure does not move, the server is
+the limit, not the client). Against specd it also prints the server's host cost per
+generated token of output processing (from /metrics, host_output_seconds_total).
+
 Prompts are random (seeded): words from a fixed list, or random token ids for servers
 without a tokenizer (--prompt-kind tokens, completions endpoint only). Lengths are fixed
 or sampled uniformly in [len*(1-r), len*(1+r)] with --range-ratio r.
@@ -125,7 +131,9 @@ async def one(client, args, prompt, max_tokens):
     return res
 
 
-async def level(args, concurrency, reqs):
+async def share(args, concurrency, reqs):
+    """Run reqs with `concurrency` streams in flight; returns (results, start, end) with
+    wall-clock times comparable across processes."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     results = []
@@ -136,9 +144,58 @@ async def level(args, concurrency, reqs):
                 prompt, n_out = queue.pop(0)
                 results.append(await one(client, args, prompt, n_out))
 
-        t0 = time.perf_counter()
+        t0 = time.time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
+        t1 = time.time()
+    return results, t0, t1
+
+
+def share_in_process(job):
+    args, concurrency, reqs, barrier_at = job
+    while time.time() < barrier_at:   # every process starts its streams at the same moment
+        time.sleep(0.001)
+    return asyncio.run(share(args, concurrency, reqs))
+
+
+def run_level(args, concurrency, reqs):
+    """All processes' results and the wall time from the first start to the last end."""
+    n = max(1, min(args.processes, concurrency))
+    if n == 1:
+        results, t0, t1 = asyncio.run(share(args, concurrency, reqs))
+        return results, t1 - t0
+    import multiprocessing
+    jobs = []
+    start = time.time() + 1.0 + 0.05 * n
+    for p in range(n):
+        conc = concurrency // n + (1 if p < concurrency % n else 0)
+        jobs.append((args, conc, reqs[p::n], start))
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        parts = pool.map(share_in_process, jobs)
+    results = [r for part in parts for r in part[0]]
+    return results, max(p[2] for p in parts) - min(p[1] for p in parts)
+
+
+def host_output(args):
+    """specd's (seconds, tokens) of output processing so far, or None for other servers."""
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        text = httpx.get(args.base_url + "/metrics", headers=headers, timeout=10).text
+    except httpx.HTTPError:
+        return None
+    vals = {}
+    for line in text.splitlines():
+        for name in ("host_output_seconds_total", "host_output_tokens_total"):
+            if line.startswith(f"specd:{name}{{"):
+                vals[name] = float(line.rsplit(" ", 1)[1])
+    if len(vals) != 2:
+        return None
+    return vals["host_output_seconds_total"], vals["host_output_tokens_total"]
+
+
+def level(args, concurrency, reqs):
+    h0 = host_output(args)
+    results, wall = run_level(args, concurrency, reqs)
+    h1 = host_output(args)
     ok = [r for r in results if r["ok"]]
     gaps = [g for r in ok for g in r["gaps"]]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
@@ -156,6 +213,9 @@ async def level(args, concurrency, reqs):
         acc = sum(s["accepted_tokens"] for s in spec)
         steps = sum(s["verify_steps"] for s in spec)
         row["acceptance_length"] = 1 + acc / steps if steps else None
+    if h0 and h1 and h1[1] > h0[1]:
+        row["host_us_per_token"] = 1e6 * (h1[0] - h0[0]) / (h1[1] - h0[1])
+    row["processes"] = max(1, min(args.processes, concurrency))
     errors = [r["error"] for r in results if not r["ok"]]
     if errors:
         row["first_error"] = errors[0]
@@ -170,13 +230,15 @@ def markdown(rows, args):
     lines = [f"Server {args.base_url}, model `{args.model}`, endpoint {args.endpoint}, input {args.input_len} / output "
              f"{args.output_len} tokens (range ratio {args.range_ratio}), {args.num_prompts} requests per level, "
              f"seed {args.seed}.", "",
-             "| conc | req/s | out tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | TPOT p50 ms | AL | failed |",
-             "|---:|---:|---:|---|---|---:|---:|---:|"]
+             "| conc | req/s | out tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | TPOT p50 ms | AL | host us/tok "
+             "| procs | failed |",
+             "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['concurrency']} | {fmt(r['requests_per_s'], 2)} | {fmt(r['output_tokens_per_s'])} | "
                      f"{fmt(r['ttft_p50_ms'])} / {fmt(r['ttft_p90_ms'])} / {fmt(r['ttft_p99_ms'])} | "
                      f"{fmt(r['itl_p50_ms'])} / {fmt(r['itl_p90_ms'])} / {fmt(r['itl_p99_ms'])} | "
-                     f"{fmt(r['tpot_p50_ms'])} | {fmt(r.get('acceptance_length'), 2)} | {r['failed']} |")
+                     f"{fmt(r['tpot_p50_ms'])} | {fmt(r.get('acceptance_length'), 2)} | "
+                     f"{fmt(r.get('host_us_per_token'), 2)} | {r['processes']} | {r['failed']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -221,6 +283,9 @@ def main():
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                     help="let EOS end outputs early (by default outputs run to their length)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="client processes per level (streams and requests split evenly; one merged report)")
+    ap.add_argument("--no-plot", action="store_true", help="skip bench.png (no matplotlib needed)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args()
@@ -232,18 +297,19 @@ def main():
     reqs = make_requests(args)
     rows = []
     for c in [int(x) for x in args.concurrency.split(",")]:
-        row = asyncio.run(level(args, c, reqs))
+        row = level(args, c, reqs)
         rows.append(row)
         print(f"concurrency {c}: {row['requests_per_s']:.2f} req/s, {row['output_tokens_per_s']:.1f} tok/s, "
-              f"TTFT p50 {fmt(row['ttft_p50_ms'])} ms, ITL p50 {fmt(row['itl_p50_ms'])} ms, failed {row['failed']}",
-              file=sys.stderr)
+              f"TTFT p50 {fmt(row['ttft_p50_ms'])} ms, ITL p50/p99 {fmt(row['itl_p50_ms'])}/{fmt(row['itl_p99_ms'])} ms, "
+              f"host {fmt(row.get('host_us_per_token'), 2)} us/tok, failed {row['failed']}", file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump({"args": vars(args), "results": rows}, f, indent=2)
     md = markdown(rows, args)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(md)
-    plot(rows, os.path.join(args.out, "bench.png"))
+    if not args.no_plot:
+        plot(rows, os.path.join(args.out, "bench.png"))
     print(md)
     return 1 if any(r["failed"] for r in rows) else 0
 

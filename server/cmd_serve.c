@@ -142,7 +142,14 @@ int cmd_serve(int argc, char **argv) {
         metrics_destroy(m);
         return 1;
     }
-    loop_config lc = {cfg.max_seq_len, cfg.max_batch, cfg.max_queued, cfg.request_timeout, name};
+    int out_threads = cfg.output_threads;
+    if (!out_threads) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        out_threads = cores >= 16 ? 8 : cores >= 2 ? (int)cores / 2 : 1;
+    }
+    loop_config lc = {.max_seq_len = cfg.max_seq_len, .max_batch = cfg.max_batch, .max_queued = cfg.max_queued,
+                      .request_timeout = cfg.request_timeout, .model_name = name, .overlap = cfg.overlap,
+                      .output_threads = out_threads};
     if (!(lp = loop_create(&uv, &lc, m, err, sizeof err))) {
         log_msg(LOG_ERROR, "%s", err[0] ? err : "cannot create the serving loop");
         goto out;

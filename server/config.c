@@ -57,6 +57,8 @@ static const cfg_key keys[] = {
     {"log_json", K_BOOL, OFF(log_json), 0, 0, 1, "log JSON lines instead of text"},
     {"http_threads", K_INT, OFF(http_threads), 0, 1, 256, "HTTP worker threads"},
     {"max_n", K_INT, OFF(max_n), 0, 1, 128, "largest n (choices per prompt) accepted"},
+    {"overlap", K_BOOL, OFF(overlap), 0, 0, 1, "queue the next engine step before processing the last one's outputs"},
+    {"output_threads", K_INT, OFF(output_threads), 0, 0, 256, "threads turning tokens into text and SSE chunks (0 = half the cores, at most 8)"},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -79,6 +81,7 @@ void srv_config_defaults(srv_config *c) {
     snprintf(c->log_level, sizeof c->log_level, "info");
     c->http_threads = 4;
     c->max_n = 16;
+    c->overlap = 1;
 }
 
 static const cfg_key *find_key(const char *name) {
@@ -382,6 +385,7 @@ void srv_config_usage(FILE *f) {
             for (size_t i = 0; keys[k].name[i]; i++) flag[j++] = keys[k].name[i] == '_' ? '-' : keys[k].name[i];
             flag[j] = 0;
             if (keys[k].type != K_BOOL) snprintf(flag + j, sizeof flag - j, " V");
+            else if (!is_switch(flag)) snprintf(flag + j, sizeof flag - j, " 0|1");
         }
         env_name(&keys[k], env, sizeof env);
         const char *p = (const char *)&d + keys[k].off;

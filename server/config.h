@@ -46,6 +46,8 @@ typedef struct {
     int log_json;
     int http_threads;
     int max_n;                          /* largest n accepted */
+    int overlap;                        /* 1: host work overlaps the next step */
+    int output_threads;                 /* 0 = auto */
 } srv_config;
 
 void srv_config_defaults(srv_config *c);

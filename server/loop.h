@@ -4,9 +4,12 @@
  * MHD threads build a loop_job (validated request + token ids + response channel) and
  * hand it over with loop_submit; a client that goes away is reported with loop_cancel.
  * Both only take the queue lock and uv_async_send. The loop thread admits jobs
- * (engine_add per choice), runs engine_step on the libuv thread pool (never overlapping
- * add/abort/stats), and fans out results: incremental detokenization, stop strings with
- * hold-back, logprobs, usage, SSE chunks or the final JSON body into the job's sse_chan.
+ * (engine_add per choice) and runs engine_step on the libuv thread pool (never overlapping
+ * add/abort/stats). With overlap on, step N+1 is queued before step N's outputs are
+ * processed, so host work hides under the step; output processing (incremental
+ * detokenization, stop strings with hold-back, logprobs, usage, SSE chunks or the final
+ * JSON body into the job's sse_chan) runs per job on a pool of output threads. A choice
+ * ended by a stop string is known one step late: the token of that extra step is dropped.
  *
  * Ownership: loop_submit takes the job (and its request, prompts and channel reference)
  * whether it succeeds or not. */
@@ -59,6 +62,9 @@ typedef struct {
     int max_queued;              /* sequences allowed to wait beyond max_batch */
     double request_timeout;      /* 0 = none */
     const char *model_name;
+    int overlap;                 /* queue step N+1 before processing step N's outputs */
+    int output_threads;          /* threads for output processing (>= 1; the loop's own
+                                  * thread is one of them) */
 } loop_config;
 
 /* Monotonic seconds. */

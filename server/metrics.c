@@ -36,6 +36,8 @@ struct metrics {
     histogram ttft, itl, e2e;
     unsigned long long finished[N_REASONS];
     unsigned long long http_errors[N_STATUSES];
+    double host_output_s;
+    unsigned long long host_output_tokens;
 };
 
 metrics *metrics_create(const char *model_name) {
@@ -66,19 +68,26 @@ void metrics_set_engine(metrics *m, const engine_stats *st) {
     pthread_mutex_unlock(&m->mu);
 }
 
-static void observe(metrics *m, histogram *h, double v) {
+/* n observations of the same value under one lock */
+static void observe(metrics *m, histogram *h, double v, int n) {
     pthread_mutex_lock(&m->mu);
     int i = 0;
     while (i < h->n && v > h->le[i]) i++;
-    if (i < h->n) h->counts[i]++;
-    h->count++;
-    h->sum += v;
+    if (i < h->n) h->counts[i] += (unsigned long long)n;
+    h->count += (unsigned long long)n;
+    h->sum += v * n;
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_observe_ttft(metrics *m, double s) { observe(m, &m->ttft, s); }
-void metrics_observe_itl(metrics *m, double s) { observe(m, &m->itl, s); }
-void metrics_observe_e2e(metrics *m, double s) { observe(m, &m->e2e, s); }
+void metrics_observe_ttft(metrics *m, double s) { observe(m, &m->ttft, s, 1); }
+void metrics_observe_itl_n(metrics *m, double s, int n) { observe(m, &m->itl, s, n); }
+void metrics_set_host_output(metrics *m, double seconds, unsigned long long tokens) {
+    pthread_mutex_lock(&m->mu);
+    m->host_output_s = seconds;
+    m->host_output_tokens = tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+void metrics_observe_e2e(metrics *m, double s) { observe(m, &m->e2e, s, 1); }
 
 void metrics_request_finished(metrics *m, const char *reason) {
     pthread_mutex_lock(&m->mu);
@@ -174,6 +183,11 @@ char *metrics_render(metrics *m) {
     hist(&b, mo, "time_to_first_token_seconds", "Time to first token.", &m->ttft);
     hist(&b, mo, "inter_token_latency_seconds", "Time between output tokens.", &m->itl);
     hist(&b, mo, "e2e_request_latency_seconds", "Request latency, arrival to finish.", &m->e2e);
+    head(&b, "host_output_seconds_total", "counter",
+         "Wall time the serving loop spent turning engine events into text and chunks.");
+    sb_printf(&b, "specd:host_output_seconds_total{model_name=\"%s\"} %.9f\n", mo, m->host_output_s);
+    counter(&b, mo, "host_output_tokens_total", "Generated tokens that output processing handled.",
+            m->host_output_tokens);
     counter(&b, mo, "spec_decode_num_drafts_total", "Speculative verify steps.", st->spec_drafts);
     counter(&b, mo, "spec_decode_num_draft_tokens_total", "Draft tokens proposed.", st->spec_draft_tokens);
     counter(&b, mo, "spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", st->spec_accepted_tokens);

@@ -19,7 +19,10 @@ void metrics_destroy(metrics *m);
 /* Latest engine counters / gauges (called by the loop after steps, adds and aborts). */
 void metrics_set_engine(metrics *m, const engine_stats *st);
 void metrics_observe_ttft(metrics *m, double seconds);
-void metrics_observe_itl(metrics *m, double seconds);
+/* n tokens that arrived together, each `seconds` after the one before */
+void metrics_observe_itl_n(metrics *m, double seconds, int n);
+/* Output processing so far: wall seconds and tokens (host cost per token = s / tokens). */
+void metrics_set_host_output(metrics *m, double seconds, unsigned long long tokens);
 void metrics_observe_e2e(metrics *m, double seconds);
 /* reason: "stop", "length", "abort", "error" */
 void metrics_request_finished(metrics *m, const char *reason);

@@ -1,0 +1,91 @@
+/* Client liveness and deadlines of the serving loop (see loop_internal.h): cancels posted
+ * by MHD threads, clients that hung up while their job waits, request timeouts and the
+ * drain deadline. Loop thread only; engine aborts go through loop_abort_req, so these may
+ * run while a step is in flight. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/loop_internal.h"
+
+static void end_unanswered(loop *l, loop_job *job) {
+    job->cancelled = 1;
+    loop_abort_choices(l, job);
+    for (int k = 0; k < job->n_choices; k++)
+        if (!job->choices[k].done) metrics_request_finished(l->m, "abort");
+    loop_log_job(l, job, 499);  /* nginx's "client closed request" */
+}
+
+void loop_process_cancels(loop *l) {
+    for (int i = 0; i < l->n_cancels; i++) {
+        uint64_t id = l->cancels[i];
+        loop_job *job = loop_find_job(l, id);
+        if (!job) {  /* maybe still waiting for admission */
+            loop_job **pp = &l->wait_head, *prev = NULL;
+            while (*pp && (*pp)->id != id) prev = *pp, pp = &(*pp)->next;
+            if (!*pp) continue;
+            job = *pp;
+            *pp = job->next;
+            if (l->wait_tail == job) l->wait_tail = prev;
+            atomic_fetch_sub(&l->inflight, job->n_prompts * job->req->n);
+            loop_job_free(job);
+            continue;
+        }
+        end_unanswered(l, job);
+        loop_release_job(l, job);
+    }
+    l->n_cancels = 0;
+}
+
+/* The client of a job is gone: end it without a reply. */
+static void client_gone(loop *l, loop_job *job) {
+    end_unanswered(l, job);
+    sse_chan_close(job->chan, 499);  /* resumes a parked connection so MHD can clean it up */
+    loop_release_job(l, job);
+}
+
+/* MHD does not watch a suspended connection, so a client that hangs up while its request
+ * waits (queued, or a non-streaming reply) would go unnoticed until the reply. One poll()
+ * over the sockets of all in-flight jobs, every LOOP_TICK_MS, finds them. A socket stays
+ * open while its job is in the table: MHD never closes a suspended connection, and the
+ * handler that submitted the job has not returned before it suspends. */
+static void check_clients(loop *l) {
+    if (!l->n_jobs) return;
+    if (l->n_jobs > l->cap_pfd) {
+        int cap = l->n_jobs * 2;
+        struct pollfd *p = realloc(l->pfd, (size_t)cap * sizeof *p);
+        loop_job **j = realloc(l->pfd_job, (size_t)cap * sizeof *j);
+        if (p) l->pfd = p;
+        if (j) l->pfd_job = j;
+        if (!p || !j) return;
+        l->cap_pfd = cap;
+    }
+    int n = 0;
+    for (int b = 0; b < LOOP_N_BUCKETS; b++)
+        for (loop_job *j = l->buckets[b]; j; j = j->hnext)
+            if (j->fd >= 0 && n < l->cap_pfd) {
+                l->pfd[n] = (struct pollfd){.fd = j->fd, .events = POLLRDHUP};
+                l->pfd_job[n++] = j;
+            }
+    if (poll(l->pfd, (nfds_t)n, 0) <= 0) return;
+    for (int i = 0; i < n; i++)
+        if (l->pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) client_gone(l, l->pfd_job[i]);
+}
+
+/* Request timeouts and the drain deadline, at most every LOOP_TICK_MS. */
+void loop_check_deadlines(loop *l) {
+    double now = loop_now();
+    if (now - l->last_deadline_check < LOOP_TICK_MS * 1e-3) return;
+    l->last_deadline_check = now;
+    check_clients(l);
+    int past_drain = atomic_load(&l->state) == LOOP_DRAINING && now > l->drain_deadline;
+    if (l->cfg.request_timeout <= 0 && !past_drain) return;
+    for (int b = 0; b < LOOP_N_BUCKETS; b++) {
+        for (loop_job *j = l->buckets[b], *n; j; j = n) {
+            n = j->hnext;
+            if (past_drain)
+                loop_fail_job(l, j, 503, "server_error", "server is shutting down (drain timeout)");
+            else if (now - j->t_arrival > l->cfg.request_timeout)
+                loop_fail_job(l, j, 504, "timeout", "request exceeded the server's request_timeout");
+        }
+    }
+}

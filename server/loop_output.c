@@ -1,0 +1,377 @@
+/* Output processing of the serving loop (see loop_internal.h): one step's engine events
+ * become text (incremental detokenization that never splits a character), stop-string
+ * matching with hold-back, logprobs, and SSE chunks or a final JSON body.
+ *
+ * Two phases per step:
+ *   1. in parallel on the output pool: each partition takes the events of its jobs (job id
+ *      modulo the partition count, so one job's choices stay on one thread) and does all
+ *      the text work, pushing chunks into the jobs' channels; it only records what ended
+ *      (a verdict per event);
+ *   2. on the loop thread, in event order: verdicts are applied (finish chunks, final
+ *      bodies, job release, engine aborts - deferred while a step runs).
+ * Host time of both phases is summed per generated token (loop_host_us_per_token). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/err.h"
+#include "server/log.h"
+#include "server/loop_internal.h"
+
+static void push_json(loop_job *job, json_t *v) {
+    size_t len;
+    char *ev = api_sse_event(v, &len);
+    json_decref(v);
+    if (ev) sse_chan_push(job->chan, ev, len);
+    free(ev);
+}
+
+static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 256;
+        while (nc < *len + n + 1) nc *= 2;
+        char *nb = realloc(*buf, nc);
+        if (!nb) return SPECD_ENOMEM;
+        *buf = nb;
+        *cap = nc;
+    }
+    if (n) memcpy(*buf + *len, s, n);  /* s may be NULL when n is 0 */
+    *len += n;
+    (*buf)[*len] = 0;
+    return 0;
+}
+
+int loop_output_init(loop *l, int threads) {
+    if (threads < 1) threads = 1;
+    l->pool = tp_create(threads);
+    l->n_parts = threads > 1 ? threads * 4 : 1;  /* several per thread: uneven jobs balance */
+    l->detok = calloc((size_t)l->n_parts, sizeof *l->detok);
+    if (!l->pool || !l->detok) return SPECD_ENOMEM;
+    for (int i = 0; i < l->n_parts; i++)
+        if (!(l->detok[i] = malloc(LOOP_DETOK_CAP))) return SPECD_ENOMEM;
+    return 0;
+}
+
+void loop_output_free(loop *l) {
+    if (l->pool) tp_destroy(l->pool);
+    for (int i = 0; l->detok && i < l->n_parts; i++) free(l->detok[i]);
+    free(l->detok);
+    free(l->items);
+}
+
+/* Send text (and this step's logprobs, stolen) of a choice to the client. A stream gets a
+ * chunk for every step that produced tokens, even when their text is empty (held back,
+ * partial character, no tokenizer): the write is also how a vanished client is noticed
+ * (a parked MHD connection sees no disconnects), so it must happen per step. */
+static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp, int had_tokens) {
+    loop_job *job = c->job;
+    api_request *r = job->req;
+    if (r->stream) {
+        if (!n && !lp && !had_tokens) return;
+        push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 0, s,
+                                      n, NULL, lp, r->include_usage));
+        return;
+    }
+    json_decref(lp);
+    buf_append(&c->text, &c->tlen, &c->tcap, s, n);
+}
+
+static api_usage job_usage(loop *l, loop_job *job) {
+    api_usage u = {0, 0, l->spec, 0, 0, 0};
+    for (int p = 0; p < job->n_prompts; p++) u.prompt_tokens += job->n_prompt_ids[p];
+    for (int i = 0; i < job->n_choices; i++) {
+        loop_choice *c = &job->choices[i];
+        u.completion_tokens += c->n_out;
+        u.draft_tokens += c->spec_draft;
+        u.accepted_tokens += c->spec_accept;
+        u.verify_steps += c->spec_verify;
+    }
+    return u;
+}
+
+static void send_error_body(loop_job *job) {
+    api_error e;
+    api_fail(&e, job->error_status, job->error_type, NULL, NULL, "%s", job->error_msg);
+    json_t *v = api_error_json(&e);
+    if (job->req->stream) {
+        push_json(job, v);
+        sse_chan_push(job->chan, API_SSE_DONE, strlen(API_SSE_DONE));
+        sse_chan_close(job->chan, 200);
+        return;
+    }
+    char *s = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    sse_chan_push_close(job->chan, s ? s : "", s ? strlen(s) : 0, job->error_status);
+    free(s);
+}
+
+static void send_success(loop *l, loop_job *job) {
+    api_request *r = job->req;
+    api_usage u = job_usage(l, job);
+    if (r->stream) {
+        if (r->include_usage) push_json(job, api_usage_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, &u));
+        sse_chan_push(job->chan, API_SSE_DONE, strlen(API_SSE_DONE));
+        sse_chan_close(job->chan, 200);
+        return;
+    }
+    json_t *choices = json_array();
+    for (int i = 0; i < job->n_choices; i++) {
+        loop_choice *c = &job->choices[i];
+        json_t *lp = c->lp;
+        c->lp = NULL;
+        json_array_append_new(choices, r->kind == API_CHAT
+                                            ? api_chat_choice(c->index, c->text, c->tlen, c->finish, lp)
+                                            : api_completion_choice(c->index, c->text, c->tlen, c->finish, lp));
+    }
+    json_t *v = api_response_json(r->kind, job->rid, job->created, l->cfg.model_name, choices, &u);
+    char *s = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (!s) {
+        job->error_status = 500;
+        snprintf(job->error_msg, sizeof job->error_msg, "could not serialise the response");
+        send_error_body(job);
+        return;
+    }
+    sse_chan_push_close(job->chan, s, strlen(s), 200);
+    free(s);
+}
+
+void loop_log_job(loop *l, loop_job *job, int status) {
+    api_usage u = job_usage(l, job);
+    const char *finish = job->error_status ? "error" : job->cancelled ? "abort"
+                                                      : job->n_choices ? job->choices[0].finish : NULL;
+    log_request_line line = {job->rid, "POST", job->path, status, u.prompt_tokens, u.completion_tokens,
+                             job->t_first > 0 ? job->t_first - job->t_arrival : -1.0,
+                             loop_now() - job->t_arrival, finish};
+    log_request(&line);
+}
+
+static void finish_job(loop *l, loop_job *job) {
+    loop_abort_choices(l, job);
+    if (job->error_status) send_error_body(job);
+    else send_success(l, job);
+    metrics_observe_e2e(l->m, loop_now() - job->t_arrival);
+    loop_log_job(l, job, job->error_status ? job->error_status : 200);
+    loop_release_job(l, job);
+}
+
+static void finish_choice(loop *l, loop_choice *c, const char *reason) {
+    if (c->done) return;
+    c->done = 1;
+    c->finish = reason;
+    loop_job *job = c->job;
+    if (job->req->stream && !job->error_status)
+        push_json(job, api_chunk_json(job->req->kind, job->rid, job->created, l->cfg.model_name, c->index,
+                                      0, NULL, 0, reason, NULL, job->req->include_usage));
+    metrics_request_finished(l->m, reason);
+    if (++job->n_done == job->n_choices) finish_job(l, job);
+}
+
+void loop_fail_job(loop *l, loop_job *job, int status, const char *type, const char *msg) {
+    if (!job->error_status) {
+        job->error_status = status;
+        job->error_type = type;
+        snprintf(job->error_msg, sizeof job->error_msg, "%s", msg);
+    }
+    loop_abort_choices(l, job);
+    for (int i = 0; i < job->n_choices; i++)
+        if (!job->choices[i].done) {
+            job->choices[i].done = 1;
+            job->choices[i].finish = "error";
+            metrics_request_finished(l->m, "error");
+        }
+    job->n_done = job->n_choices;
+    finish_job(l, job);
+}
+
+void loop_output_start(loop *l, loop_job *job) {
+    api_request *r = job->req;
+    for (int i = 0; i < job->n_choices; i++) {
+        loop_choice *c = &job->choices[i];
+        const char *echo = job->echo_text ? job->echo_text[c->prompt] : NULL;
+        size_t elen = echo ? job->echo_len[c->prompt] : 0;
+        if (r->stream && r->kind == API_CHAT)
+            push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 1, "", 0,
+                                          NULL, NULL, r->include_usage));
+        if (echo && r->echo) {
+            c->offset = (long long)elen;
+            if (r->stream)
+                push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 0,
+                                              echo, elen, NULL, NULL, r->include_usage));
+            else buf_append(&c->text, &c->tlen, &c->tcap, echo, elen);
+        }
+    }
+}
+
+/* Text of one token for logprobs (not the streamed text: that comes from tok_stream). */
+static void token_text(loop *l, int32_t id, char *buf, size_t cap, size_t *len) {
+    char *t = NULL;
+    size_t n = 0;
+    if (l->tok && !tok_decode(l->tok, &id, 1, 0, &t, &n) && t && n < cap) {
+        memcpy(buf, t, n);
+        *len = n;
+    } else {
+        *len = (size_t)snprintf(buf, cap, "token_id:%d", (int)id);
+    }
+    free(t);
+}
+
+static void add_logprobs(loop *l, loop_choice *c, json_t *lp, const engine_token *t) {
+    char tok[256], tops[ENGINE_MAX_TOP_LOGPROBS][256];
+    const char *top_ptr[ENGINE_MAX_TOP_LOGPROBS];
+    size_t tok_len, top_len[ENGINE_MAX_TOP_LOGPROBS];
+    token_text(l, t->id, tok, sizeof tok, &tok_len);
+    int n_top = t->n_top < ENGINE_MAX_TOP_LOGPROBS ? t->n_top : ENGINE_MAX_TOP_LOGPROBS;
+    for (int i = 0; i < n_top; i++) {
+        token_text(l, t->top_ids[i], tops[i], sizeof tops[i], &top_len[i]);
+        top_ptr[i] = tops[i];
+    }
+    api_logprobs_add(lp, c->job->req->kind, tok, tok_len, t->logprob, n_top, top_ptr, top_len,
+                     t->top_logprobs, c->offset + (long long)c->plen);
+}
+
+/* Emit what the stop strings allow; returns 1 when a stop string ended the choice. With
+ * final set, nothing more will come, so nothing is held back. */
+static int drain_pending(loop *l, loop_choice *c, json_t *lp, int final, int had_tokens) {
+    api_request *r = c->job->req;
+    size_t n = 0;
+    int hit = api_stop_scan(c->pending, c->plen, r->stop, r->n_stop, &n);
+    if (final && !hit) n = c->plen;
+    if (n || lp || had_tokens) emit(l, c, c->pending, n, lp, had_tokens);
+    c->offset += (long long)n;
+    if (c->plen > n) memmove(c->pending, c->pending + n, c->plen - n);
+    c->plen -= n;
+    if (hit) c->plen = 0;
+    return hit;
+}
+
+/* Phase 1 for one event: everything but ending the choice. detok is the partition's
+ * scratch. Returns the verdict. */
+static out_verdict process_event(loop *l, loop_choice *c, const engine_event *ev, char *detok, double now) {
+    loop_job *job = c->job;
+    api_request *r = job->req;
+    c->spec_verify = ev->spec_verify_steps;
+    c->spec_draft = ev->spec_draft_tokens;
+    c->spec_accept = ev->spec_accepted_tokens;
+    if (ev->n_tokens > 0) {
+        if (job->t_first <= 0) {
+            job->t_first = now;
+            metrics_observe_ttft(l->m, now - job->t_arrival);
+        } else if (c->n_out > 0) {
+            metrics_observe_itl_n(l->m, (now - c->t_last) / ev->n_tokens, ev->n_tokens);
+        }
+        c->t_last = now;
+    }
+    json_t *lp = r->logprobs >= 0 ? (r->stream ? api_logprobs_new(r->kind) : json_incref(c->lp)) : NULL;
+    int stopped = 0;
+    for (int i = 0; i < ev->n_tokens && !stopped; i++) {
+        const engine_token *t = &ev->tokens[i];
+        c->n_out++;
+        if (lp) add_logprobs(l, c, lp, t);
+        if (c->ts) {
+            int w = tok_stream_push(c->ts, t->id, detok, LOOP_DETOK_CAP);
+            if (w > 0 && buf_append(&c->pending, &c->plen, &c->pcap, detok, (size_t)w)) w = -1;
+            if (w < 0) {
+                json_decref(lp);
+                return OUT_FAIL;
+            }
+        }
+        /* Check after every token so tokens past a stop string are not counted. */
+        if (r->n_stop && c->plen) {
+            size_t dummy;
+            stopped = api_stop_scan(c->pending, c->plen, r->stop, r->n_stop, &dummy);
+        }
+    }
+    int final = ev->finish != ENGINE_RUNNING;
+    if (final && c->ts && !stopped) {
+        int w = tok_stream_flush(c->ts, detok, LOOP_DETOK_CAP);
+        if (w > 0) buf_append(&c->pending, &c->plen, &c->pcap, detok, (size_t)w);
+    }
+    if (drain_pending(l, c, r->stream ? lp : (json_decref(lp), NULL), final, ev->n_tokens > 0 && !final))
+        return OUT_STOP;
+    return final ? OUT_FINAL : OUT_NONE;
+}
+
+typedef struct {
+    loop *l;
+    int n;
+    double now;
+} part_ctx;
+
+static void process_part(void *arg, int part) {
+    part_ctx *x = arg;
+    loop *l = x->l;
+    for (int i = 0; i < x->n; i++) {
+        out_item *it = &l->items[i];
+        if (it->c && (int)(it->c->job->id % (uint64_t)l->n_parts) == part)
+            it->verdict = process_event(l, it->c, it->ev, l->detok[part], x->now);
+    }
+}
+
+static double mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+void loop_output_process(loop *l, const engine_output *out) {
+    if (!out->n_events) return;
+    double t0 = mono_ns();
+    if (out->n_events > l->cap_items) {
+        int cap = out->n_events * 2;
+        out_item *n = realloc(l->items, (size_t)cap * sizeof *n);
+        if (!n) {  /* cannot track them: fail the jobs rather than lose their tokens */
+            for (int i = 0; i < out->n_events; i++) {
+                loop_job *job = loop_find_job(l, out->events[i].req_id >> 8);
+                if (job) loop_fail_job(l, job, 500, "server_error", "out of memory");
+            }
+            return;
+        }
+        l->items = n;
+        l->cap_items = cap;
+    }
+    /* Resolve events to live choices; engine errors end their jobs at once. */
+    long long tokens = 0;
+    for (int i = 0; i < out->n_events; i++) {
+        const engine_event *ev = &out->events[i];
+        out_item *it = &l->items[i];
+        *it = (out_item){.ev = ev};
+        loop_job *job = loop_find_job(l, ev->req_id >> 8);
+        int idx = (int)(ev->req_id & 0xff);
+        if (!job || idx >= job->n_choices) continue;  /* cancelled, or ended one step ago */
+        loop_choice *c = &job->choices[idx];
+        if (c->done) continue;                         /* its extra token: dropped */
+        if (ev->finish != ENGINE_RUNNING) c->in_engine = 0;
+        if (ev->finish == ENGINE_FINISH_ERROR) {
+            loop_fail_job(l, job, 500, "server_error", "the engine failed while running this request");
+            continue;
+        }
+        it->c = c;
+        tokens += ev->n_tokens;
+    }
+    part_ctx x = {l, out->n_events, loop_now()};
+    tp_run(l->pool, process_part, &x, l->n_parts);
+    /* Apply verdicts in event order (a job may end here; later items of it are skipped). */
+    for (int i = 0; i < out->n_events; i++) {
+        out_item *it = &l->items[i];
+        if (!it->c || it->verdict == OUT_NONE) continue;
+        /* job ids are never reused: a job found is live, so its choice pointer is too */
+        loop_job *job = loop_find_job(l, it->ev->req_id >> 8);
+        if (!job) continue;  /* released by an earlier item */
+        loop_choice *c = it->c;
+        if (it->verdict == OUT_FAIL) {
+            loop_fail_job(l, job, 500, "server_error", "detokenization failed");
+        } else if (it->verdict == OUT_STOP) {
+            if (c->in_engine) {
+                loop_abort_req(l, c->req_id);
+                c->in_engine = 0;
+            }
+            finish_choice(l, c, "stop");
+        } else {
+            finish_choice(l, c, api_finish_reason(it->ev->finish));
+        }
+    }
+    atomic_fetch_add(&l->host_ns, (long long)(mono_ns() - t0));
+    atomic_fetch_add(&l->host_tokens, tokens);
+}

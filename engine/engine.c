@@ -450,9 +450,8 @@ int engine_add(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
     return engine_add_ex(e, req_id, prompt, n_prompt, sp, 0, err, errlen);
 }
 
-int engine_add_ex(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
-                  const engine_sampling *sp, int record, char *err, size_t errlen) {
-    if (e->failed) return specd_errf(err, errlen, SPECD_ESTATE, "engine failed; restart the server");
+static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                   const engine_sampling *sp, int record, req **out, char *err, size_t errlen) {
     if (n_prompt < 1) return specd_errf(err, errlen, SPECD_ERANGE, "prompt is empty");
     if (n_prompt + 1 > e->cfg.max_seq_len)
         return specd_errf(err, errlen, SPECD_ERANGE,
@@ -466,9 +465,6 @@ int engine_add_ex(engine *e, uint64_t req_id, const int32_t *prompt, int n_promp
         sp->min_p > 1 || sp->repetition_penalty <= 0 || sp->max_tokens < 0 ||
         sp->logprobs > ENGINE_MAX_TOP_LOGPROBS || sp->n_logit_bias < 0)
         return specd_errf(err, errlen, SPECD_EINVAL, "invalid sampling parameters");
-    if (find_req(e, req_id) >= 0)
-        return specd_errf(err, errlen, SPECD_EINVAL, "request id %llu already exists",
-                          (unsigned long long)req_id);
     req *r = calloc(1, sizeof *r);
     if (!r) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
     r->id = req_id;
@@ -487,15 +483,6 @@ int engine_add_ex(engine *e, uint64_t req_id, const int32_t *prompt, int n_promp
         (record && !r->first_logits) || kv_seq_init(&r->seq.kv, max_blocks)) {
         req_free(r);
         return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
-    }
-    if (e->n_reqs == e->cap_reqs) {
-        req **n = realloc(e->reqs, (size_t)e->cap_reqs * 2 * sizeof *n);
-        if (!n) {
-            req_free(r);
-            return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
-        }
-        e->reqs = n;
-        e->cap_reqs *= 2;
     }
     memcpy(r->seq.tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
     if (sp->n_logit_bias) {
@@ -518,14 +505,57 @@ int engine_add_ex(engine *e, uint64_t req_id, const int32_t *prompt, int n_promp
         .logit_bias_ids = r->lb_ids, .logit_bias_vals = r->lb_vals, .eos_ids = e->eos,
         .n_eos = e->n_eos,
     };
-    int rc = sched_add(e->sched, &r->seq);
-    if (rc) {
-        req_free(r);
-        return specd_errf(err, errlen, rc, "scheduler refused the request: %s", specd_strerror(rc));
+    *out = r;
+    return 0;
+}
+
+static int submit(engine *e, req *r, char *err, size_t errlen) {
+    int rc = SPECD_ENOMEM;
+    if (e->failed) {
+        rc = specd_errf(err, errlen, SPECD_ESTATE, "engine failed; restart the server");
+        goto fail;
+    }
+    if (find_req(e, r->id) >= 0) {
+        rc = specd_errf(err, errlen, SPECD_EINVAL, "request id %llu already exists", (unsigned long long)r->id);
+        goto fail;
+    }
+    if (e->n_reqs == e->cap_reqs) {
+        req **n = realloc(e->reqs, (size_t)e->cap_reqs * 2 * sizeof *n);
+        if (!n) {
+            rc = specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+            goto fail;
+        }
+        e->reqs = n;
+        e->cap_reqs *= 2;
+    }
+    if ((rc = sched_add(e->sched, &r->seq))) {
+        rc = specd_errf(err, errlen, rc, "scheduler refused the request: %s", specd_strerror(rc));
+        goto fail;
     }
     e->reqs[e->n_reqs++] = r;
-    e->st.prompt_tokens += (uint64_t)n_prompt;
+    e->st.prompt_tokens += (uint64_t)r->seq.n_prompt;
     return 0;
+fail:
+    req_free(r);
+    return rc;
+}
+
+int engine_add_ex(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                  const engine_sampling *sp, int record, char *err, size_t errlen) {
+    req *r;
+    int rc = prepare(e, req_id, prompt, n_prompt, sp, record, &r, err, errlen);
+    return rc ? rc : submit(e, r, err, errlen);
+}
+
+int engine_prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                   const engine_sampling *sp, engine_pending **out, char *err, size_t errlen) {
+    return prepare(e, req_id, prompt, n_prompt, sp, 0, out, err, errlen);
+}
+
+int engine_submit(engine *e, engine_pending *p, char *err, size_t errlen) { return submit(e, p, err, errlen); }
+
+void engine_pending_free(engine_pending *p) {
+    if (p) req_free(p);
 }
 
 int engine_abort(engine *e, uint64_t req_id) {

@@ -1,9 +1,9 @@
 /* The engine (prefix engine_): model(s) + tokenizer + chat template + KV block manager +
  * scheduler + runner, and one step = schedule -> run -> postprocess.
  *
- * Threading: an engine is NOT thread safe. The server's loop thread calls engine_add /
- * engine_abort / engine_stats between steps and hands engine_step to a worker thread
- * (uv_queue_work), never overlapping the two. engine_model_config, engine_tokenizer and
+ * Threading: an engine is NOT thread safe. The server's engine thread runs steps back to
+ * back and applies engine_submit / engine_abort between them; only engine_prepare may run
+ * on another thread during a step. engine_model_config, engine_tokenizer and
  * engine_template return immutable objects any thread may use.
  *
  * Requests are identified by a caller-chosen uint64 id. Generated tokens come back in
@@ -143,6 +143,19 @@ const char *engine_device_name(const engine *e);
  * engine). */
 int engine_add(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
                const engine_sampling *sp, char *err, size_t errlen);
+/* engine_add in two halves, so a caller can check and build a request on one thread while
+ * another runs a step: engine_prepare validates (the same errors as engine_add, except the
+ * duplicate id) and copies everything into a new pending request, reading only what
+ * engine_create fixed, so it may run concurrently with engine_step; engine_submit queues
+ * it (not concurrently with a step) and owns it from then on, also when it fails
+ * (SPECD_EINVAL duplicate id, SPECD_ESTATE failed engine, SPECD_ENOMEM). A pending request
+ * never submitted is freed with engine_pending_free. */
+typedef struct req engine_pending;
+int engine_prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                   const engine_sampling *sp, engine_pending **out, char *err, size_t errlen);
+int engine_submit(engine *e, engine_pending *p, char *err, size_t errlen);
+void engine_pending_free(engine_pending *p);
+
 /* Cancel: frees its KV at once. Emits no event. Returns SPECD_ENOTFOUND if unknown. */
 int engine_abort(engine *e, uint64_t req_id);
 int engine_has_work(const engine *e);

@@ -48,7 +48,7 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --block-size N          tokens per KV block (default 16)\n" \
     "  --no-prefix-cache       disable prefix caching\n" \
     "  --rope-bf16-freqs       round rotary frequencies to bf16 (reproduces references whose\n" \
-    "                          rotary buffer was cast to bf16, like the test fixtures)\n" \
+    "                          rotary buffer was cast to bf16; off by default, as HF computes them)\n" \
     "  --tensor-parallel-size N  split the model over N processes, one per GPU with --device\n" \
     "                          cuda (NCCL); this one is rank 0 and starts the others\n" \
     "  --shape NAME            random weights of a real shape instead of --model:\n" \

@@ -69,7 +69,8 @@ static void default_name(const char *path, char *out, size_t cap) {
 
 static void fill_engine_config(const srv_config *c, engine_config *ec) {
     memset(ec, 0, sizeof *ec);
-    ec->model_path = c->model;
+    ec->model_path = c->model[0] ? c->model : NULL;
+    ec->random_shape = c->shape[0] ? c->shape : NULL;
     ec->tokenizer_path = c->tokenizer[0] ? c->tokenizer : NULL;
     ec->draft_path = c->draft_model[0] ? c->draft_model : NULL;
     ec->draft_layers = c->draft_layers;
@@ -114,8 +115,9 @@ int cmd_serve(int argc, char **argv) {
         free(s);
         return 0;
     }
-    if (!cfg.model[0]) {
-        fprintf(stderr, "specd serve: --model is required (or SPECD_MODEL, or \"model\" in --config)\n");
+    if (!cfg.model[0] == !cfg.shape[0]) {
+        fprintf(stderr, "specd serve: give --model (or SPECD_MODEL, or \"model\" in --config), or --shape for "
+                        "random weights, not both\n");
         return 2;
     }
     log_configure((log_level)log_level_parse(cfg.log_level), cfg.log_json);
@@ -128,7 +130,7 @@ int cmd_serve(int argc, char **argv) {
     if (cli_tp_enter(&ec, argv - 1, &tp_exit)) return tp_exit;
     char name[SRV_NAME_MAX];
     if (cfg.served_model_name[0]) snprintf(name, sizeof name, "%s", cfg.served_model_name);
-    else default_name(cfg.model, name, sizeof name);
+    else default_name(cfg.model[0] ? cfg.model : cfg.shape, name, sizeof name);
 
     int rc = 1;
     engine *eng = NULL;
@@ -162,7 +164,7 @@ int cmd_serve(int argc, char **argv) {
             http_port(http), name);
     /* Load on this thread: the uv loop is not running yet and SIGTERM keeps its default
      * action, so a signal during a long load ends the process at once. */
-    log_msg(LOG_INFO, "loading %s on %s ...", cfg.model, cfg.device);
+    log_msg(LOG_INFO, "loading %s on %s ...", cfg.model[0] ? cfg.model : cfg.shape, cfg.device);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (!(eng = engine_create(&ec, err, sizeof err))) {

@@ -18,6 +18,7 @@
 
 typedef struct {
     char model[SRV_PATH_MAX];
+    char shape[SRV_NAME_MAX];           /* "" = none; else random weights of this shape */
     char tokenizer[SRV_PATH_MAX];       /* "" = from the model */
     char draft_model[SRV_PATH_MAX];     /* "" = no draft */
     int num_draft_tokens;               /* 0 = engine default (4) */

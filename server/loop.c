@@ -6,13 +6,13 @@
  * inflight) and each job's sse_chan (which has its own lock). Engine request ids are
  * (job id << 8) | choice index, so an event finds its choice through the job table.
  *
- * Overlap (cfg.overlap): when step N returns, the loop applies what it decided about step
- * N-1's outputs (aborts, admissions, cancels, deadlines), queues step N+1, and only then
- * processes step N's events, while step N+1 runs (engine events are double-buffered). A
- * choice that a stop string or a vanished client ends in step N is therefore still in
- * step N+1: its abort waits in l->deferred until step N+1 returns, and the token step N+1
- * made for it is dropped (its choice is done or its job gone), never sent. max_tokens and
- * stop tokens end a request inside the engine, so they are exact either way. */
+ * Steps run on the engine thread (loop_engine.c), back to back. With overlap on, step N+1
+ * runs while this thread processes step N's events. A choice that a stop string or a
+ * vanished client ends in step N is therefore still in step N+1: its abort is applied when
+ * step N+1 returns, and the token step N+1 made for it is dropped (its choice is done or
+ * its job gone), never sent. max_tokens and stop tokens end a request inside the engine,
+ * so they are exact either way. Admission validates and copies a request here
+ * (engine_prepare: a bad prompt is a 400 at once) and the engine thread submits it. */
 #include "server/loop_internal.h"
 
 #include <stdio.h>
@@ -31,6 +31,7 @@ double loop_now(void) {
 
 static void on_async(uv_async_t *h);
 static void on_timer(uv_timer_t *h);
+static void on_step(uv_async_t *h);
 
 loop *loop_create(uv_loop_t *uv, const loop_config *cfg, metrics *m, char *err, size_t errlen) {
     loop *l = calloc(1, sizeof *l);
@@ -40,27 +41,33 @@ loop *loop_create(uv_loop_t *uv, const loop_config *cfg, metrics *m, char *err, 
     l->m = m;
     atomic_store(&l->next_id, 1);
     pthread_mutex_init(&l->mu, NULL);
+    pthread_mutex_init(&l->emu, NULL);
+    pthread_cond_init(&l->ecv, NULL);
     if (loop_output_init(l, cfg->output_threads)) {
         specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for the output pool");
         goto fail;
     }
-    if (uv_async_init(uv, &l->async, on_async) || uv_timer_init(uv, &l->timer)) {
+    if (uv_async_init(uv, &l->async, on_async) || uv_async_init(uv, &l->step_async, on_step) ||
+        uv_timer_init(uv, &l->timer)) {
         specd_errf(err, errlen, SPECD_EIO, "libuv: cannot create loop handles");
         goto fail;
     }
-    l->async.data = l->timer.data = l;
+    l->async.data = l->step_async.data = l->timer.data = l;
     l->handles_open = 1;
     uv_timer_start(&l->timer, on_timer, LOOP_TICK_MS, LOOP_TICK_MS);
     return l;
 fail:
     loop_output_free(l);
     pthread_mutex_destroy(&l->mu);
+    pthread_mutex_destroy(&l->emu);
+    pthread_cond_destroy(&l->ecv);
     free(l);
     return NULL;
 }
 
 void loop_destroy(loop *l) {
     if (!l) return;
+    loop_engine_stop(l);
     for (loop_job *j = l->in_head, *n; j; j = n) n = j->next, loop_job_free(j);
     for (loop_job *j = l->wait_head, *n; j; j = n) n = j->next, loop_job_free(j);
     for (int b = 0; b < LOOP_N_BUCKETS; b++)
@@ -70,7 +77,10 @@ void loop_destroy(loop *l) {
     free(l->cancels);
     free(l->pfd);
     free(l->pfd_job);
-    free(l->deferred);
+    free(l->cmds);
+    free(l->add_failed);
+    pthread_mutex_destroy(&l->emu);
+    pthread_cond_destroy(&l->ecv);
     loop_output_free(l);
     free(l);
 }
@@ -82,6 +92,11 @@ void loop_set_engine(loop *l, engine *e) {
     engine_get_stats(e, &st);
     l->spec = st.num_draft_tokens > 0;
     metrics_set_engine(l->m, &st);
+    l->snap = st;
+    if (loop_engine_start(l)) {
+        log_msg(LOG_ERROR, "cannot start the engine thread");
+        atomic_store(&l->failed, 1);
+    }
     atomic_store(&l->state, LOOP_READY);
 }
 
@@ -175,29 +190,6 @@ void loop_release_job(loop *l, loop_job *job) {
     loop_job_free(job);
 }
 
-void loop_abort_req(loop *l, uint64_t req_id) {
-    if (!l->stepping) {
-        engine_abort(l->eng, req_id);
-        return;
-    }
-    if (l->n_deferred == l->cap_deferred) {
-        int cap = l->cap_deferred ? l->cap_deferred * 2 : 256;
-        uint64_t *n = realloc(l->deferred, (size_t)cap * sizeof *n);
-        if (!n) {  /* the request runs to its own end; its tokens are dropped meanwhile */
-            log_msg(LOG_ERROR, "out of memory: request %llu is not aborted early", (unsigned long long)req_id);
-            return;
-        }
-        l->deferred = n;
-        l->cap_deferred = cap;
-    }
-    l->deferred[l->n_deferred++] = req_id;
-}
-
-static void flush_deferred(loop *l) {
-    for (int i = 0; i < l->n_deferred; i++) engine_abort(l->eng, l->deferred[i]);
-    l->n_deferred = 0;
-}
-
 void loop_abort_choices(loop *l, loop_job *job) {
     for (int i = 0; i < job->n_choices; i++)
         if (job->choices[i].in_engine) {
@@ -206,11 +198,18 @@ void loop_abort_choices(loop *l, loop_job *job) {
         }
 }
 
-/* Engine counters into the metrics; only while no step runs (the engine is the step's). */
+/* Engine counters into the metrics (the engine thread's latest snapshot); jobs whose
+ * request the engine could not take are failed. */
 static void refresh_stats(loop *l) {
-    if (!l->eng || l->stepping) return;
+    if (!l->eng) return;
     engine_stats st;
-    engine_get_stats(l->eng, &st);
+    uint64_t failed[64];
+    int n;
+    while ((n = loop_engine_snapshot(l, &st, failed, 64)) > 0)
+        for (int i = 0; i < n; i++) {
+            loop_job *job = loop_find_job(l, failed[i] >> 8);
+            if (job) loop_fail_job(l, job, 503, "server_error", "the engine could not take the request");
+        }
     if (st.failed) atomic_store(&l->failed, 1);
     metrics_set_engine(l->m, &st);
     metrics_set_host_output(l->m, (double)atomic_load(&l->host_ns) * 1e-9,
@@ -249,7 +248,9 @@ static void admit(loop *l, loop_job *job) {
         sp.max_tokens = r->max_tokens > 0 ? r->max_tokens : api_default_max_tokens(r->kind, np, l->cfg.max_seq_len);
         if (sp.has_seed) sp.seed += (uint64_t)(i % r->n);
         char err[256] = "";
-        int rc = engine_add(l->eng, c->req_id, job->prompt_ids[c->prompt], np, &sp, err, sizeof err);
+        engine_pending *p;
+        int rc = engine_prepare(l->eng, c->req_id, job->prompt_ids[c->prompt], np, &sp, &p, err, sizeof err);
+        if (!rc && (rc = loop_engine_add(l, c->req_id, p))) snprintf(err, sizeof err, "out of memory");
         if (rc) {
             int status = rc == SPECD_ERANGE || rc == SPECD_EINVAL ? 400 : rc == SPECD_ESTATE ? 503 : 500;
             loop_fail_job(l, job, status, status == 400 ? "invalid_request_error" : "server_error", err);
@@ -266,35 +267,33 @@ static void stop_loop(loop *l) {
     if (!l->handles_open) return;
     l->handles_open = 0;
     atomic_store(&l->state, LOOP_STOPPED);
+    loop_engine_stop(l);
     uv_close((uv_handle_t *)&l->async, NULL);
+    uv_close((uv_handle_t *)&l->step_async, NULL);
     uv_close((uv_handle_t *)&l->timer, NULL);
     uv_stop(l->uv);
 }
 
 /* ---- steps ------------------------------------------------------------------------------ */
 
-static void work_cb(uv_work_t *w) {
-    loop *l = w->data;
-    l->step_rc = engine_step(l->eng, &l->out);
-}
-
-static void after_work_cb(uv_work_t *w, int status) {
-    loop *l = w->data;
-    (void)status;
-    l->stepping = 0;
-    if (l->step_rc < 0 && l->step_rc != SPECD_ESTATE) {
-        log_msg(LOG_ERROR, "engine step failed: %s; failing all requests", specd_strerror(l->step_rc));
-        atomic_store(&l->failed, 1);
+/* Published steps, oldest first: their events become text while the next step runs. */
+static void on_step(uv_async_t *h) {
+    loop *l = h->data;
+    loop_step st;
+    while (loop_engine_next(l, &st)) {
+        if (st.rc < 0 && st.rc != SPECD_ESTATE) {
+            log_msg(LOG_ERROR, "engine step failed: %s; failing all requests", specd_strerror(st.rc));
+            atomic_store(&l->failed, 1);
+        }
+        loop_output_process(l, &st.out);
+        loop_engine_done(l);
     }
-    engine_output done = l->out;   /* its events stay valid through the next step */
-    if (l->cfg.overlap) loop_pump(l);  /* the next step runs while this one's outputs are processed */
-    loop_output_process(l, &done);
-    if (!l->stepping) loop_pump(l);
+    loop_pump(l);
 }
 
+/* Between and beside steps: cancels, admission, deadlines, metrics, the end of a drain. */
 void loop_pump(loop *l) {
-    if (l->stepping || !l->eng) return;
-    flush_deferred(l);
+    if (!l->eng || !l->handles_open) return;
     loop_process_cancels(l);
     while (l->wait_head) {
         loop_job *job = l->wait_head;
@@ -305,18 +304,7 @@ void loop_pump(loop *l) {
     }
     loop_check_deadlines(l);
     refresh_stats(l);
-    if (atomic_load(&l->state) == LOOP_DRAINING && !l->n_jobs) {
-        stop_loop(l);
-        return;
-    }
-    if (engine_has_work(l->eng)) {
-        l->stepping = 1;
-        l->work.data = l;
-        if (uv_queue_work(l->uv, &l->work, work_cb, after_work_cb)) {
-            l->stepping = 0;
-            log_msg(LOG_ERROR, "cannot queue an engine step");
-        }
-    }
+    if (atomic_load(&l->state) == LOOP_DRAINING && !l->n_jobs) stop_loop(l);
 }
 
 static void on_async(uv_async_t *h) {
@@ -345,10 +333,7 @@ static void on_async(uv_async_t *h) {
     loop_pump(l);
 }
 
-static void on_timer(uv_timer_t *h) {
-    /* Deadlines are checked in pump, between steps (the engine is busy during one). */
-    loop_pump(h->data);
-}
+static void on_timer(uv_timer_t *h) { loop_pump(h->data); }
 
 void loop_drain(loop *l, double timeout) {
     if (atomic_load(&l->state) == LOOP_STOPPED) return;

@@ -1,5 +1,6 @@
 /* The serving loop's private state, shared by its three parts (see loop.h):
- *   loop.c          inbound queue, admission, engine steps and their overlap, drain;
+ *   loop.c          inbound queue, admission, processing published steps, drain;
+ *   loop_engine.c   the engine thread: steps back to back, commands applied between;
  *   loop_output.c   output processing: tokens -> text, stop strings, logprobs, SSE chunks,
  *                   final bodies (per stream, in parallel on the output pool);
  *   loop_clients.c  client liveness, cancels, request and drain deadlines.
@@ -7,8 +8,8 @@
  * Threads: everything here belongs to the loop thread, except that during output
  * processing the pool's threads work on disjoint sets of jobs (a job's choices all go to
  * one partition) and touch only those jobs' choices and channels, the metrics (locked) and
- * their partition's scratch. While a step runs (l->stepping) the engine belongs to the step
- * thread: the loop calls no engine function then; aborts wait in l->deferred. */
+ * their partition's scratch. The engine belongs to the engine thread: the loop thread only
+ * calls engine_prepare and posts commands (loop_engine_add, loop_abort_req) under emu. */
 #ifndef SPECD_LOOP_INTERNAL_H
 #define SPECD_LOOP_INTERNAL_H
 
@@ -22,6 +23,7 @@
 #define LOOP_N_BUCKETS 1024
 #define LOOP_DETOK_CAP 65536
 #define LOOP_TICK_MS 100
+#define LOOP_PARALLEL_EVENTS 16   /* fewer events in a step: processed on the loop thread */
 
 struct loop_choice {
     loop_job *job;
@@ -50,6 +52,18 @@ typedef struct {
     out_verdict verdict;
 } out_item;
 
+/* A command for the engine thread: submit a prepared request (add set) or abort req_id. */
+typedef struct {
+    engine_pending *add;
+    uint64_t req_id;
+} loop_cmd;
+
+/* One published step. */
+typedef struct {
+    engine_output out;
+    int rc;
+} loop_step;
+
 struct loop {
     uv_loop_t *uv;
     uv_async_t async;
@@ -73,11 +87,22 @@ struct loop {
     int n_jobs;
     uint64_t *cancels;
     int n_cancels, cap_cancels;
-    uint64_t *deferred;                /* engine requests to abort once no step runs */
-    int n_deferred, cap_deferred;
-    int stepping, step_rc, handles_open;
-    engine_output out;                 /* filled by the running step */
+    int handles_open;
     double drain_deadline, last_deadline_check;
+    /* engine thread; emu guards everything in this group */
+    uv_async_t step_async;             /* a step was published */
+    pthread_t eng_thread;
+    int eng_started;
+    pthread_mutex_t emu;
+    pthread_cond_t ecv;                /* commands, a processed step, or quit */
+    loop_cmd *cmds;
+    int n_cmds, cap_cmds;
+    loop_step pub[2];                  /* published, not yet processed (oldest at pub_head) */
+    int pub_head, n_pub;
+    int quit;
+    engine_stats snap;                 /* after the last step or command batch */
+    uint64_t *add_failed;              /* requests whose submit failed */
+    int n_add_failed, cap_add_failed;
     struct pollfd *pfd;
     loop_job **pfd_job;
     int cap_pfd;
@@ -94,9 +119,20 @@ struct loop {
 loop_job *loop_find_job(loop *l, uint64_t id);
 void loop_release_job(loop *l, loop_job *job);
 void loop_abort_choices(loop *l, loop_job *job);
-/* Abort one engine request now, or once the running step has returned. */
-void loop_abort_req(loop *l, uint64_t req_id);
 void loop_pump(loop *l);
+
+/* loop_engine.c (loop thread side) */
+int loop_engine_start(loop *l);
+void loop_engine_stop(loop *l);      /* joins the engine thread; idempotent */
+/* Queue a prepared request (consumed, also on failure) / an abort, for the next gap
+ * between steps. */
+int loop_engine_add(loop *l, uint64_t req_id, engine_pending *p);
+void loop_abort_req(loop *l, uint64_t req_id);
+/* The oldest published step (1) or none (0); loop_engine_done once it is processed. */
+int loop_engine_next(loop *l, loop_step *s);
+void loop_engine_done(loop *l);
+/* Latest engine stats and up to cap request ids whose submit failed (taken). */
+int loop_engine_snapshot(loop *l, engine_stats *st, uint64_t *failed, int cap);
 
 /* loop_output.c */
 int loop_output_init(loop *l, int threads);

@@ -8,7 +8,9 @@
  *      the text work, pushing chunks into the jobs' channels; it only records what ended
  *      (a verdict per event);
  *   2. on the loop thread, in event order: verdicts are applied (finish chunks, final
- *      bodies, job release, engine aborts - deferred while a step runs).
+ *      bodies, job release, engine aborts - applied when the running step returns).
+ * A step with few events is processed on the loop thread alone (waking the pool would
+ * cost more than it saves).
  * Host time of both phases is summed per generated token (loop_host_us_per_token). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -351,7 +353,9 @@ void loop_output_process(loop *l, const engine_output *out) {
         tokens += ev->n_tokens;
     }
     part_ctx x = {l, out->n_events, loop_now()};
-    tp_run(l->pool, process_part, &x, l->n_parts);
+    if (out->n_events >= LOOP_PARALLEL_EVENTS) tp_run(l->pool, process_part, &x, l->n_parts);
+    else
+        for (int p = 0; p < l->n_parts; p++) process_part(&x, p);
     /* Apply verdicts in event order (a job may end here; later items of it are skipped). */
     for (int i = 0; i < out->n_events; i++) {
         out_item *it = &l->items[i];

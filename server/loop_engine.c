@@ -1,0 +1,137 @@
+/* The engine thread of the serving loop (see loop_internal.h): it owns the engine, runs
+ * steps back to back, and between two steps applies the loop's commands (submit prepared
+ * requests, abort requests) in the order they were given. Each step's output is published
+ * to the loop thread (l->pub, then step_async); the loop hands it back once processed.
+ *
+ * Overlap: a step may start while at most one earlier output is unprocessed (cfg.overlap)
+ * or none (serial). The engine double-buffers events, so the output the loop is reading
+ * is never the one the running step writes. No thread hop lies between two steps: the
+ * next one starts as soon as the last returns, unless the loop is a whole step behind. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+#include "server/log.h"
+#include "server/loop_internal.h"
+
+static int push_cmd(loop *l, loop_cmd c) {
+    if (l->n_cmds == l->cap_cmds) {
+        int cap = l->cap_cmds ? l->cap_cmds * 2 : 256;
+        loop_cmd *n = realloc(l->cmds, (size_t)cap * sizeof *n);
+        if (!n) return SPECD_ENOMEM;
+        l->cmds = n;
+        l->cap_cmds = cap;
+    }
+    l->cmds[l->n_cmds++] = c;
+    pthread_cond_signal(&l->ecv);
+    return 0;
+}
+
+int loop_engine_add(loop *l, uint64_t req_id, engine_pending *p) {
+    pthread_mutex_lock(&l->emu);
+    int rc = push_cmd(l, (loop_cmd){.add = p, .req_id = req_id});
+    pthread_mutex_unlock(&l->emu);
+    if (rc) engine_pending_free(p);
+    return rc;
+}
+
+void loop_abort_req(loop *l, uint64_t req_id) {
+    pthread_mutex_lock(&l->emu);
+    int rc = push_cmd(l, (loop_cmd){.req_id = req_id});
+    pthread_mutex_unlock(&l->emu);
+    if (rc)  /* the request runs to its own end; its tokens are dropped meanwhile */
+        log_msg(LOG_ERROR, "out of memory: request %llu is not aborted early", (unsigned long long)req_id);
+}
+
+/* Engine thread, emu held. A submit that fails is reported back through add_failed. */
+static void apply_cmds(loop *l) {
+    for (int i = 0; i < l->n_cmds; i++) {
+        loop_cmd *c = &l->cmds[i];
+        if (!c->add) {
+            engine_abort(l->eng, c->req_id);
+            continue;
+        }
+        char err[256];
+        if (!engine_submit(l->eng, c->add, err, sizeof err)) continue;
+        log_msg(LOG_ERROR, "request %llu not queued: %s", (unsigned long long)c->req_id, err);
+        if (l->n_add_failed == l->cap_add_failed) {
+            int cap = l->cap_add_failed ? l->cap_add_failed * 2 : 64;
+            uint64_t *n = realloc(l->add_failed, (size_t)cap * sizeof *n);
+            if (!n) continue;  /* its job ends at its request timeout */
+            l->add_failed = n;
+            l->cap_add_failed = cap;
+        }
+        l->add_failed[l->n_add_failed++] = c->req_id;
+    }
+    l->n_cmds = 0;
+}
+
+static void *engine_main(void *arg) {
+    loop *l = arg;
+    pthread_mutex_lock(&l->emu);
+    for (;;) {
+        apply_cmds(l);
+        engine_get_stats(l->eng, &l->snap);
+        if (l->quit) break;
+        if (!engine_has_work(l->eng) || l->n_pub > (l->cfg.overlap ? 1 : 0)) {
+            pthread_cond_wait(&l->ecv, &l->emu);
+            continue;
+        }
+        pthread_mutex_unlock(&l->emu);
+        engine_output out;
+        int rc = engine_step(l->eng, &out);
+        pthread_mutex_lock(&l->emu);
+        l->pub[(l->pub_head + l->n_pub) % 2] = (loop_step){out, rc};
+        l->n_pub++;
+        uv_async_send(&l->step_async);
+    }
+    pthread_mutex_unlock(&l->emu);
+    return NULL;
+}
+
+int loop_engine_start(loop *l) {
+    if (pthread_create(&l->eng_thread, NULL, engine_main, l)) return SPECD_ENOMEM;
+    l->eng_started = 1;
+    return 0;
+}
+
+void loop_engine_stop(loop *l) {
+    if (!l->eng_started) return;
+    pthread_mutex_lock(&l->emu);
+    l->quit = 1;
+    pthread_cond_signal(&l->ecv);
+    pthread_mutex_unlock(&l->emu);
+    pthread_join(l->eng_thread, NULL);
+    l->eng_started = 0;
+    for (int i = 0; i < l->n_cmds; i++) engine_pending_free(l->cmds[i].add);
+    l->n_cmds = 0;
+}
+
+int loop_engine_next(loop *l, loop_step *s) {
+    pthread_mutex_lock(&l->emu);
+    int have = l->n_pub > 0;
+    if (have) *s = l->pub[l->pub_head];
+    pthread_mutex_unlock(&l->emu);
+    return have;
+}
+
+void loop_engine_done(loop *l) {
+    pthread_mutex_lock(&l->emu);
+    l->pub_head = (l->pub_head + 1) % 2;
+    l->n_pub--;
+    pthread_cond_signal(&l->ecv);
+    pthread_mutex_unlock(&l->emu);
+}
+
+int loop_engine_snapshot(loop *l, engine_stats *st, uint64_t *failed, int cap) {
+    pthread_mutex_lock(&l->emu);
+    *st = l->snap;
+    int n = l->n_add_failed < cap ? l->n_add_failed : cap;
+    if (n) {
+        memcpy(failed, l->add_failed, (size_t)n * sizeof *failed);
+        memmove(l->add_failed, l->add_failed + n, (size_t)(l->n_add_failed - n) * sizeof *failed);
+        l->n_add_failed -= n;
+    }
+    pthread_mutex_unlock(&l->emu);
+    return n;
+}

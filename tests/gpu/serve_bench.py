@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""HTTP serving throughput against the engine's own decode rate, on one GPU.
+
+For each model: `specd bench` gives the engine's decode tok/s at each batch (128 prompt,
+128 generated tokens); then `specd serve` runs under scripts/bench.py (streaming, the
+same lengths, ignore_eos) at the same numbers of streams, for each server variant:
+  new      this build, default settings (overlapped steps, parallel output processing)
+  serial   this build with --overlap 0 --output-threads 1 (the old serving path's shape)
+  base     an earlier binary (--base-bin), when given; only for file models (--model)
+  http8    this build with 8 HTTP threads instead of 4
+and prints HTTP out tok/s beside the engine figure, their ratio, ITL p99 against the
+step time, TTFT p50/p99 and the host cost per generated token. At the top level it also
+runs the client with twice the processes, to show the client is not the limit.
+
+  python3 tests/gpu/serve_bench.py --bin build/specd --smol M.gguf [--base-bin B] --out DIR
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(HERE, "..", "..", "scripts", "bench.py")
+
+
+DEVICE = "cuda"
+
+
+def engine_rates(bin_, model_args, batches, out):
+    cmd = [bin_, "bench", "--device", DEVICE, *model_args, "--batch", ",".join(map(str, batches)),
+           "--prompt-len", "128", "--gen", "128", "--max-batch", str(max(batches)), "--max-seq-len", "512",
+           "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    with open(out, "w") as f:
+        f.write(p.stdout + p.stderr)
+    rates = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("{"):
+            j = json.loads(line)
+            rates[j["batch"]] = j
+    return rates
+
+
+def serve(bin_, model_args, extra, port, log):
+    cmd = [bin_, "serve", "--device", DEVICE, *model_args, "--port", str(port), "--max-batch", "256",
+           "--max-seq-len", "512", "--max-queued", "4096", "--log-level", "warn", *extra]
+    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    for _ in range(1200):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return p
+        except httpx.HTTPError:
+            pass
+        if p.poll() is not None:
+            raise RuntimeError(f"server exited: {open(log).read()[-2000:]}")
+        time.sleep(0.25)
+    raise RuntimeError("server not ready")
+
+
+def client(port, endpoint, kind, conc, n, procs, out):
+    cmd = [sys.executable, BENCH, "--base-url", f"http://127.0.0.1:{port}", "--endpoint", endpoint,
+           "--concurrency", str(conc), "--num-prompts", str(n), "--input-len", "128", "--output-len", "128",
+           "--processes", str(procs), "--no-plot", "--out", out]
+    if kind == "tokens":
+        cmd += ["--prompt-kind", "tokens", "--token-low", "100", "--token-high", "30000"]
+    subprocess.run(cmd, capture_output=True, timeout=600)
+    return json.load(open(os.path.join(out, "bench.json")))["results"][0]
+
+
+def requests_for(conc):
+    return {1: 24, 16: 64}.get(conc, 256)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/specd")
+    ap.add_argument("--base-bin")
+    ap.add_argument("--smol")
+    ap.add_argument("--models", default="smol,1b,8b")
+    ap.add_argument("--variants", default="new,serial,base")
+    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--out", default="serve-bench")
+    ap.add_argument("--levels", help="streams, comma separated (default: per model)")
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    global DEVICE
+    DEVICE = a.device
+    os.makedirs(a.out, exist_ok=True)
+    configs = {"smol": (["--model", a.smol or ""], "chat", "words", [1, 16, 64, 256]),
+               "1b": (["--shape", "llama-3.2-1b"], "completions", "tokens", [1, 16, 64, 256]),
+               "8b": (["--shape", "llama-3.1-8b"], "completions", "tokens", [64, 256])}
+    rows = []
+    port = 8300
+    for name in a.models.split(","):
+        model_args, endpoint, kind, levels = configs[name]
+        if a.levels:
+            levels = [int(x) for x in a.levels.split(",")]
+        rates = engine_rates(a.bin, model_args, levels, os.path.join(a.out, f"engine_{name}.txt"))
+        for variant in a.variants.split(","):
+            bin_, extra = a.bin, []
+            if variant == "serial":
+                extra = ["--overlap", "0", "--output-threads", "1"]
+            elif variant == "http8":
+                extra = ["--http-threads", "8"]
+            elif variant == "base":
+                if not a.base_bin or model_args[0] != "--model":
+                    continue
+                bin_ = a.base_bin
+            port += 1
+            srv = serve(bin_, model_args, extra, port, os.path.join(a.out, f"serve_{name}_{variant}.log"))
+            try:
+                runs = [(c, a.procs if c >= 64 else 1) for c in levels]
+                if variant == "new":
+                    runs.append((levels[-1], 2 * a.procs))
+                for conc, procs in runs:
+                    r = client(port, endpoint, kind, conc, requests_for(conc), procs,
+                               os.path.join(a.out, f"b_{name}_{variant}_{conc}_{procs}"))
+                    e = rates.get(conc, {})
+                    eng = e.get("decode_tok_s")
+                    step = e.get("ms_per_step")
+                    row = {"model": name, "variant": variant, "streams": conc, "procs": procs,
+                           "http_tok_s": r["output_tokens_per_s"], "engine_tok_s": eng,
+                           "ratio": r["output_tokens_per_s"] / eng if eng else None, "step_ms": step,
+                           "itl_p50_ms": r["itl_p50_ms"], "itl_p99_ms": r["itl_p99_ms"],
+                           "ttft_p50_ms": r["ttft_p50_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
+                           "host_us_per_token": r.get("host_us_per_token"), "failed": r["failed"]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                srv.send_signal(signal.SIGTERM)
+                try:
+                    srv.wait(30)
+                except subprocess.TimeoutExpired:
+                    srv.kill()
+    with open(os.path.join(a.out, "serve_bench.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    f = lambda v, nd=1: "-" if v is None else f"{v:.{nd}f}"
+    print("\n| model | variant | streams | procs | HTTP out tok/s | engine tok/s | ratio | step ms | ITL p50/p99 ms "
+          "| TTFT p50/p99 ms | host us/tok | failed |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['variant']} | {r['streams']} | {r['procs']} | {f(r['http_tok_s'])} | "
+              f"{f(r['engine_tok_s'])} | {f(r['ratio'], 3)} | {f(r['step_ms'], 2)} | {f(r['itl_p50_ms'], 2)} / "
+              f"{f(r['itl_p99_ms'], 2)} | {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} | "
+              f"{f(r['host_us_per_token'], 2)} | {r['failed']} |")
+
+
+if __name__ == "__main__":
+    main()

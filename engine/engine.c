@@ -428,7 +428,7 @@ const model_config *engine_model_config(const engine *e) { return &e->target->cf
 const tok_tokenizer *engine_tokenizer(const engine *e) { return e->tok; }
 const tmpl_template *engine_template(const engine *e) { return e->tmpl; }
 const char *engine_device_name(const engine *e) { return e->run->ops->name; }
-int engine_has_work(const engine *e) { return e->n_reqs > 0; }
+int engine_has_work(const engine *e) { return e->n_reqs > e->n_paused; }
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -440,6 +440,7 @@ static int find_req(const engine *e, uint64_t id) {
 
 void engine_req_drop(engine *e, req *r) {
     int i = find_req(e, r->id);
+    if (r->seq.paused) e->n_paused--;
     sched_remove(e->sched, &r->seq);
     if (i >= 0) e->reqs[i] = e->reqs[--e->n_reqs];
     req_free(r);
@@ -558,6 +559,16 @@ void engine_pending_free(engine_pending *p) {
     if (p) req_free(p);
 }
 
+int engine_pause(engine *e, uint64_t req_id, int paused) {
+    int i = find_req(e, req_id);
+    if (i < 0) return SPECD_ENOTFOUND;
+    req *r = e->reqs[i];
+    paused = !!paused;
+    if (r->seq.paused != paused) e->n_paused += paused ? 1 : -1;
+    r->seq.paused = paused;
+    return 0;
+}
+
 int engine_abort(engine *e, uint64_t req_id) {
     int i = find_req(e, req_id);
     if (i < 0) return SPECD_ENOTFOUND;
@@ -583,6 +594,7 @@ void engine_get_stats(const engine *e, engine_stats *st) {
     *st = e->st;
     st->running = sched_num_running(e->sched);
     st->waiting = sched_num_waiting(e->sched);
+    st->paused = e->n_paused;
     st->kv_blocks_total = kv_num_blocks(e->kv) - 1;
     st->kv_blocks_used = kv_num_used(e->kv);
     st->kv_blocks_free = kv_num_free(e->kv);

@@ -110,7 +110,7 @@ typedef struct {
 } engine_output;
 
 typedef struct {
-    int running, waiting;
+    int running, waiting, paused;
     int kv_blocks_total, kv_blocks_used, kv_blocks_free;
     int max_seq_len, max_batch;
     uint64_t prompt_tokens, generation_tokens, preemptions, prefix_cache_hit_tokens;
@@ -158,6 +158,9 @@ void engine_pending_free(engine_pending *p);
 
 /* Cancel: frees its KV at once. Emits no event. Returns SPECD_ENOTFOUND if unknown. */
 int engine_abort(engine *e, uint64_t req_id);
+/* Pause (1) or resume (0) a request: paused, it keeps its KV (unless preempted) but gets
+ * no steps, and engine_has_work does not count it. SPECD_ENOTFOUND if unknown. */
+int engine_pause(engine *e, uint64_t req_id, int paused);
 int engine_has_work(const engine *e);
 
 /* One step. Fills out with an event for each request that produced tokens or finished.

@@ -57,6 +57,7 @@ struct engine {
 
     req **reqs;                  /* live requests (unordered) */
     int n_reqs, cap_reqs;
+    int n_paused;                /* requests of reqs with seq.paused set */
 
     /* step buffers, sized at creation: no allocation per token */
     row_plan *plan;

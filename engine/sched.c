@@ -204,7 +204,7 @@ static int schedule_running(sched *s, sched_batch *out, int budget) {
     sched_seq *q = s->running.head;
     while (q && budget > 0) {
         int remaining = q->n_tokens - q->n_computed;
-        if (remaining <= 0) { q = q->next; continue; }   /* waits for the engine's token */
+        if (remaining <= 0 || q->paused) { q = q->next; continue; }   /* waits for its token / client */
         int n_new = remaining < budget ? remaining : budget, target = 0;
         int rc = target_tokens(s, q, q->n_computed, n_new, &target);
         if (rc) {

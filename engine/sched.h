@@ -23,7 +23,8 @@
  * is listed in sched_batch.rejected: the engine fails that request, then sched_remove.
  *
  * One step (sched_schedule):
- *   1. running sequences in order: n_new = min(n_tokens - n_computed, budget left);
+ *   1. running sequences in order (paused ones skipped): n_new = min(n_tokens -
+ *      n_computed, budget left);
  *      reserve KV for n_computed + n_new (+ lookahead once the prompt is computed);
  *      on SPECD_ENOSPACE preempt the newest running sequence (possibly itself) and retry.
  *      The budget counts fed tokens (n_new), not the draft's lookahead tokens.
@@ -59,6 +60,9 @@ typedef struct sched_seq {
     kv_seq kv;
     sched_state state;
     uint64_t arrival;        /* set by sched_add: FCFS order */
+    int paused;              /* set by the engine: a running sequence that keeps its KV and
+                              * slot but is not scheduled (its client stopped reading); it
+                              * can still be preempted */
     void *user;              /* engine's request */
     struct sched_seq *prev, *next; /* intrusive queue links (scheduler-owned) */
 } sched_seq;

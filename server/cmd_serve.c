@@ -151,7 +151,8 @@ int cmd_serve(int argc, char **argv) {
     }
     loop_config lc = {.max_seq_len = cfg.max_seq_len, .max_batch = cfg.max_batch, .max_queued = cfg.max_queued,
                       .request_timeout = cfg.request_timeout, .model_name = name, .overlap = cfg.overlap,
-                      .output_threads = out_threads};
+                      .output_threads = out_threads, .stream_buffer_bytes = (size_t)cfg.stream_buffer_bytes,
+                      .total_buffer_bytes = (size_t)cfg.total_buffer_bytes, .stall_timeout = cfg.stall_timeout};
     if (!(lp = loop_create(&uv, &lc, m, err, sizeof err))) {
         log_msg(LOG_ERROR, "%s", err[0] ? err : "cannot create the serving loop");
         goto out;

@@ -59,6 +59,9 @@ static const cfg_key keys[] = {
     {"http_threads", K_INT, OFF(http_threads), 0, 1, 256, "HTTP worker threads"},
     {"max_n", K_INT, OFF(max_n), 0, 1, 128, "largest n (choices per prompt) accepted"},
     {"overlap", K_BOOL, OFF(overlap), 0, 0, 1, "queue the next engine step before processing the last one's outputs"},
+    {"stream_buffer_bytes", K_I64, OFF(stream_buffer_bytes), 0, 4096, 1.0e12, "unread bytes a stream may hold before its sequence pauses (resumes at half)"},
+    {"total_buffer_bytes", K_I64, OFF(total_buffer_bytes), 0, 65536, 1.0e13, "unread bytes over all streams before streams with a backlog pause"},
+    {"stall_timeout", K_DBL, OFF(stall_timeout), 0, 0, 1e9, "seconds a paused stream may stay paused before it is ended and its KV freed (0 = never)"},
     {"output_threads", K_INT, OFF(output_threads), 0, 0, 256, "threads turning tokens into text and SSE chunks (0 = half the cores, at most 8)"},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -83,6 +86,9 @@ void srv_config_defaults(srv_config *c) {
     c->http_threads = 4;
     c->max_n = 16;
     c->overlap = 1;
+    c->stream_buffer_bytes = 256 << 10;
+    c->total_buffer_bytes = 256LL << 20;
+    c->stall_timeout = 60;
 }
 
 static const cfg_key *find_key(const char *name) {

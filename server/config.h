@@ -49,6 +49,9 @@ typedef struct {
     int max_n;                          /* largest n accepted */
     int overlap;                        /* 1: host work overlaps the next step */
     int output_threads;                 /* 0 = auto */
+    long long stream_buffer_bytes;      /* backpressure: per stream */
+    long long total_buffer_bytes;       /* backpressure: all streams */
+    double stall_timeout;               /* seconds paused before a stream is ended */
 } srv_config;
 
 void srv_config_defaults(srv_config *c);

@@ -186,6 +186,7 @@ static void unlink_job(loop *l, loop_job *job) {
 
 void loop_release_job(loop *l, loop_job *job) {
     unlink_job(l, job);
+    if (job->paused) l->n_paused--;
     atomic_fetch_sub(&l->inflight, job->n_prompts * job->req->n);
     loop_job_free(job);
 }
@@ -303,6 +304,7 @@ void loop_pump(loop *l) {
         admit(l, job);
     }
     loop_check_deadlines(l);
+    loop_check_paused(l);
     refresh_stats(l);
     if (atomic_load(&l->state) == LOOP_DRAINING && !l->n_jobs) stop_loop(l);
 }

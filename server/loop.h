@@ -54,6 +54,8 @@ typedef struct loop_job {
     const char *error_type;
     double t_first;
     int cancelled;
+    int paused;                  /* backpressure: its sequences get no steps */
+    double t_paused;
 } loop_job;
 
 typedef struct {
@@ -65,6 +67,13 @@ typedef struct {
     int overlap;                 /* queue step N+1 before processing step N's outputs */
     int output_threads;          /* threads for output processing (>= 1; the loop's own
                                   * thread is one of them) */
+    /* Backpressure: a stream with more than stream_buffer_bytes unread (or with a backlog
+     * while all streams together hold more than total_buffer_bytes) pauses its sequences
+     * (KV kept, no steps) until it drains to half; paused longer than stall_timeout
+     * seconds (0 = never), it is ended and its KV freed. */
+    size_t stream_buffer_bytes;
+    size_t total_buffer_bytes;
+    double stall_timeout;
 } loop_config;
 
 /* Monotonic seconds. */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/log.h"
 #include "server/loop_internal.h"
 
 static void end_unanswered(loop *l, loop_job *job) {
@@ -86,6 +87,51 @@ void loop_check_deadlines(loop *l) {
                 loop_fail_job(l, j, 503, "server_error", "server is shutting down (drain timeout)");
             else if (now - j->t_arrival > l->cfg.request_timeout)
                 loop_fail_job(l, j, 504, "timeout", "request exceeded the server's request_timeout");
+        }
+    }
+}
+
+/* ---- backpressure --------------------------------------------------------------------- */
+
+static void set_paused(loop *l, loop_job *job, int paused) {
+    job->paused = paused;
+    l->n_paused += paused ? 1 : -1;
+    job->t_paused = loop_now();
+    for (int i = 0; i < job->n_choices; i++)
+        if (job->choices[i].in_engine) loop_pause_req(l, job->choices[i].req_id, paused);
+}
+
+void loop_check_backlog(loop *l, loop_job *job) {
+    if (job->paused || !job->req->stream) return;
+    size_t unread = sse_chan_unread(job->chan);
+    if (unread > l->cfg.stream_buffer_bytes ||
+        (unread > LOOP_BACKLOG_MIN && sse_total_unread() > l->cfg.total_buffer_bytes)) {
+        log_msg(LOG_DEBUG, "%s: %zu bytes unread by the client; paused", job->rid, unread);
+        set_paused(l, job, 1);
+    }
+}
+
+/* Paused jobs whose client caught up (down to half the cap) resume; those paused for
+ * longer than stall_timeout end: the client gets nothing more, the KV is freed. */
+void loop_check_paused(loop *l) {
+    if (!l->n_paused) return;
+    double now = loop_now();
+    size_t total = sse_total_unread();
+    for (int b = 0; b < LOOP_N_BUCKETS; b++) {
+        for (loop_job *j = l->buckets[b], *n; j; j = n) {
+            n = j->hnext;
+            if (!j->paused) continue;
+            size_t unread = sse_chan_unread(j->chan);
+            if (unread <= l->cfg.stream_buffer_bytes / 2 && total <= l->cfg.total_buffer_bytes / 10 * 9) {
+                set_paused(l, j, 0);
+            } else if (l->cfg.stall_timeout > 0 && now - j->t_paused > l->cfg.stall_timeout) {
+                log_msg(LOG_WARN, "%s: the client read nothing for %.0fs (%zu bytes unread); request ended",
+                        j->rid, now - j->t_paused, unread);
+                end_unanswered(l, j);
+                sse_chan_discard(j->chan);
+                sse_chan_close(j->chan, 200);
+                loop_release_job(l, j);
+            }
         }
     }
 }

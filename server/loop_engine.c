@@ -29,26 +29,30 @@ static int push_cmd(loop *l, loop_cmd c) {
 
 int loop_engine_add(loop *l, uint64_t req_id, engine_pending *p) {
     pthread_mutex_lock(&l->emu);
-    int rc = push_cmd(l, (loop_cmd){.add = p, .req_id = req_id});
+    int rc = push_cmd(l, (loop_cmd){.op = CMD_ADD, .add = p, .req_id = req_id});
     pthread_mutex_unlock(&l->emu);
     if (rc) engine_pending_free(p);
     return rc;
 }
 
-void loop_abort_req(loop *l, uint64_t req_id) {
+static void post(loop *l, loop_cmd_op op, uint64_t req_id) {
     pthread_mutex_lock(&l->emu);
-    int rc = push_cmd(l, (loop_cmd){.req_id = req_id});
+    int rc = push_cmd(l, (loop_cmd){.op = op, .req_id = req_id});
     pthread_mutex_unlock(&l->emu);
-    if (rc)  /* the request runs to its own end; its tokens are dropped meanwhile */
-        log_msg(LOG_ERROR, "out of memory: request %llu is not aborted early", (unsigned long long)req_id);
+    if (rc)  /* an abort: the request runs to its end, its tokens dropped; a pause: it runs on */
+        log_msg(LOG_ERROR, "out of memory: command %d for request %llu lost", (int)op, (unsigned long long)req_id);
 }
+
+void loop_abort_req(loop *l, uint64_t req_id) { post(l, CMD_ABORT, req_id); }
+void loop_pause_req(loop *l, uint64_t req_id, int paused) { post(l, paused ? CMD_PAUSE : CMD_RESUME, req_id); }
 
 /* Engine thread, emu held. A submit that fails is reported back through add_failed. */
 static void apply_cmds(loop *l) {
     for (int i = 0; i < l->n_cmds; i++) {
         loop_cmd *c = &l->cmds[i];
-        if (!c->add) {
-            engine_abort(l->eng, c->req_id);
+        if (c->op != CMD_ADD) {   /* the request may have ended meanwhile: not found is fine */
+            if (c->op == CMD_ABORT) engine_abort(l->eng, c->req_id);
+            else engine_pause(l->eng, c->req_id, c->op == CMD_PAUSE);
             continue;
         }
         char err[256];
@@ -103,7 +107,8 @@ void loop_engine_stop(loop *l) {
     pthread_mutex_unlock(&l->emu);
     pthread_join(l->eng_thread, NULL);
     l->eng_started = 0;
-    for (int i = 0; i < l->n_cmds; i++) engine_pending_free(l->cmds[i].add);
+    for (int i = 0; i < l->n_cmds; i++)
+        if (l->cmds[i].op == CMD_ADD) engine_pending_free(l->cmds[i].add);
     l->n_cmds = 0;
 }
 

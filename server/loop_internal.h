@@ -24,6 +24,7 @@
 #define LOOP_DETOK_CAP 65536
 #define LOOP_TICK_MS 100
 #define LOOP_PARALLEL_EVENTS 16   /* fewer events in a step: processed on the loop thread */
+#define LOOP_BACKLOG_MIN 16384    /* over the total cap, streams with more unread than this pause */
 
 struct loop_choice {
     loop_job *job;
@@ -52,9 +53,11 @@ typedef struct {
     out_verdict verdict;
 } out_item;
 
-/* A command for the engine thread: submit a prepared request (add set) or abort req_id. */
+/* A command for the engine thread, applied between steps in the order given. */
+typedef enum { CMD_ADD = 0, CMD_ABORT, CMD_PAUSE, CMD_RESUME } loop_cmd_op;
 typedef struct {
-    engine_pending *add;
+    loop_cmd_op op;
+    engine_pending *add;               /* CMD_ADD */
     uint64_t req_id;
 } loop_cmd;
 
@@ -85,6 +88,7 @@ struct loop {
     loop_job *wait_head, *wait_tail;   /* submitted, not yet admitted */
     loop_job *buckets[LOOP_N_BUCKETS];
     int n_jobs;
+    int n_paused;                      /* jobs paused by backpressure */
     uint64_t *cancels;
     int n_cancels, cap_cancels;
     int handles_open;
@@ -128,6 +132,7 @@ void loop_engine_stop(loop *l);      /* joins the engine thread; idempotent */
  * between steps. */
 int loop_engine_add(loop *l, uint64_t req_id, engine_pending *p);
 void loop_abort_req(loop *l, uint64_t req_id);
+void loop_pause_req(loop *l, uint64_t req_id, int paused);
 /* The oldest published step (1) or none (0); loop_engine_done once it is processed. */
 int loop_engine_next(loop *l, loop_step *s);
 void loop_engine_done(loop *l);
@@ -147,5 +152,9 @@ void loop_log_job(loop *l, loop_job *job, int status);
 /* loop_clients.c */
 void loop_process_cancels(loop *l);
 void loop_check_deadlines(loop *l);
+/* Backpressure: pause a job whose stream's unread output is over its cap (after output
+ * was pushed); resume or end paused jobs (from pump). */
+void loop_check_backlog(loop *l, loop_job *job);
+void loop_check_paused(loop *l);
 
 #endif

@@ -359,10 +359,14 @@ void loop_output_process(loop *l, const engine_output *out) {
     /* Apply verdicts in event order (a job may end here; later items of it are skipped). */
     for (int i = 0; i < out->n_events; i++) {
         out_item *it = &l->items[i];
-        if (!it->c || it->verdict == OUT_NONE) continue;
+        if (!it->c) continue;
         /* job ids are never reused: a job found is live, so its choice pointer is too */
         loop_job *job = loop_find_job(l, it->ev->req_id >> 8);
         if (!job) continue;  /* released by an earlier item */
+        if (it->verdict == OUT_NONE) {
+            loop_check_backlog(l, job);
+            continue;
+        }
         loop_choice *c = it->c;
         if (it->verdict == OUT_FAIL) {
             loop_fail_job(l, job, 500, "server_error", "detokenization failed");

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/sse.h"
+
 static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
                                       0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
 static const double itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -162,6 +164,9 @@ char *metrics_render(metrics *m) {
     const char *mo = m->model;
     gauge(&b, mo, "num_requests_running", "Sequences running in the engine.", st->running);
     gauge(&b, mo, "num_requests_waiting", "Sequences waiting for admission.", st->waiting);
+    gauge(&b, mo, "num_requests_paused", "Sequences paused because their client stopped reading.", st->paused);
+    gauge(&b, mo, "stream_unread_bytes", "Output bytes pushed to streams and not yet taken by clients.",
+          (double)sse_total_unread());
     gauge(&b, mo, "kv_cache_usage_perc", "KV cache usage (1 = full).",
           st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
     gauge(&b, mo, "kv_blocks_used", "KV blocks held by requests or the prefix cache.", st->kv_blocks_used);

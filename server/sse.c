@@ -2,10 +2,14 @@
 #include "server/sse.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/err.h"
+
+/* unread bytes over all channels (for the server's total output-buffer cap) */
+static _Atomic long long total_unread;
 
 struct sse_chan {
     pthread_mutex_t mu;
@@ -39,6 +43,7 @@ void sse_chan_unref(sse_chan *c) {
     int last = --c->refs == 0;
     pthread_mutex_unlock(&c->mu);
     if (!last) return;
+    atomic_fetch_sub(&total_unread, (long long)c->len);
     pthread_mutex_destroy(&c->mu);
     free(c->buf);
     free(c);
@@ -84,6 +89,7 @@ static int push_locked(sse_chan *c, const void *data, size_t len, int wake) {
     }
     memcpy(c->buf + c->head + c->len, data, len);
     c->len += len;
+    atomic_fetch_add(&total_unread, (long long)len);
     if (wake) wake_locked(c);
 out:
     return rc;
@@ -126,6 +132,7 @@ ssize_t sse_chan_pull(sse_chan *c, void *buf, size_t max) {
         memcpy(buf, c->buf + c->head, (size_t)n);
         c->head += (size_t)n;
         c->len -= (size_t)n;
+        atomic_fetch_sub(&total_unread, (long long)n);
         if (!c->len) c->head = 0;
     } else if (c->closed) {
         n = -1;
@@ -148,6 +155,7 @@ int sse_chan_take_if_closed(sse_chan *c, char **data, size_t *len, int *status) 
         *status = c->status;
         *len = c->len;
         *data = NULL;
+        atomic_fetch_sub(&total_unread, (long long)c->len);
         if (c->len) {
             if (c->head) memmove(c->buf, c->buf + c->head, c->len);
             *data = c->buf;
@@ -181,4 +189,25 @@ int sse_chan_closed(sse_chan *c) {
     int d = c->closed;
     pthread_mutex_unlock(&c->mu);
     return d;
+}
+
+size_t sse_chan_unread(sse_chan *c) {
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->len;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+size_t sse_total_unread(void) {
+    long long n = atomic_load(&total_unread);
+    return n > 0 ? (size_t)n : 0;
+}
+
+void sse_chan_discard(sse_chan *c) {
+    pthread_mutex_lock(&c->mu);
+    atomic_fetch_sub(&total_unread, (long long)c->len);
+    free(c->buf);
+    c->buf = NULL;
+    c->head = c->len = c->cap = 0;
+    pthread_mutex_unlock(&c->mu);
 }

@@ -43,6 +43,12 @@ ssize_t sse_chan_pull(sse_chan *c, void *buf, size_t max);
 int sse_chan_take_if_closed(sse_chan *c, char **data, size_t *len, int *status);
 /* The reader is gone: drop future pushes, never wake again. */
 void sse_chan_detach(sse_chan *c);
+/* Bytes pushed and not yet pulled: of one channel, and of all channels together (the
+ * output memory that clients which read slowly pin). */
+size_t sse_chan_unread(sse_chan *c);
+/* Drop the unread bytes (a client that stopped reading gets none of them). */
+void sse_chan_discard(sse_chan *c);
+size_t sse_total_unread(void);
 int sse_chan_detached(sse_chan *c);
 int sse_chan_closed(sse_chan *c);
 

@@ -18,7 +18,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 # nvcc is on PATH in the devel image, so the Makefile also builds kernels/*.cu and
-# engine/cuda_*.c (sm_90a / sm_90 + compute_90 PTX). libmicrohttpd, libuv and utf8proc
+# engine/cuda/*.c (sm_90a / sm_90 + compute_90 PTX). libmicrohttpd, libuv and utf8proc
 # are linked statically; jansson, pcre2, gnutls and the CUDA libraries stay shared.
 RUN make -j"$(nproc)" build/specd
 

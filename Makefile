@@ -2,7 +2,9 @@
 # runs every test; `make run` also fetches the default model and serves it.
 #
 # Layout rules the build enforces: server/ and engine/ are C11 (no CUDA headers in
-# server/); kernels/*.cu and engine/cuda_*.c are built only when nvcc is present.
+# server/); kernels/*.cu and engine/cuda/*.c are built only when nvcc is present.
+# engine/ has one folder per part: core (engine, step, scheduler, KV, speculation,
+# sampling), text (tokenizer, chat templates), model (formats), cpu, cuda, tp.
 # Every tests/test_*.c is one cmocka binary linked against all engine objects.
 
 CC      ?= cc
@@ -17,6 +19,11 @@ LDFLAGS += -pthread $(EXTRA_LDFLAGS)
 # that lack them (the GPU machine); jansson, pcre2 and gnutls stay shared.
 STATIC_LIBS = -Wl,-Bstatic -lmicrohttpd -luv_a -lutf8proc -Wl,-Bdynamic
 SHARED_LIBS = -ljansson -lpcre2-8 -lgnutls -lm -ldl
+ifeq ($(DEBUG),1)
+  # Debug knobs that make results wrong (SPECD_DEBUG_SKIP, ...) exist only in this build.
+  CFLAGS += -DSPECD_DEBUG=1
+  BUILD   = build/debug
+endif
 ifeq ($(SANITIZE),1)
   # ASan cannot be mixed with some static archives' symbols; link everything shared.
   STATIC_LIBS = -lmicrohttpd -luv -lutf8proc
@@ -26,7 +33,7 @@ ifeq ($(SANITIZE),1)
 endif
 LIBS = $(STATIC_LIBS) $(SHARED_LIBS)
 
-ENGINE_SRC = $(filter-out engine/cuda_%.c,$(wildcard engine/*.c))
+ENGINE_SRC = $(filter-out engine/cuda/%.c,$(wildcard engine/*/*.c))
 SERVER_SRC = $(filter-out server/main.c,$(wildcard server/*.c))
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o)
@@ -50,14 +57,14 @@ ifeq ($(HAVE_CUDA),1)
                -gencode=arch=compute_90,code=compute_90
   NVCCFLAGS  = -O3 -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall,-Werror -lineinfo \
                --expt-relaxed-constexpr
-  CUDA_C_SRC = $(wildcard engine/cuda_*.c)
+  CUDA_C_SRC = $(wildcard engine/cuda/*.c)
   CUDA_CU    = $(wildcard kernels/*.cu)
   CUDA_OBJ   = $(CUDA_C_SRC:%.c=$(BUILD)/%.o) $(CUDA_CU:%.cu=$(BUILD)/%.o)
   CFLAGS    += -DSPECD_HAVE_CUDA=1
   CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
                -lcublas -lcublasLt -lcudart_static -lrt -lstdc++ \
                $(shell test -e $(CUDA_HOME)/lib64/libnccl.so -o -e /usr/lib/x86_64-linux-gnu/libnccl.so && echo -lnccl)
-  $(BUILD)/engine/cuda_%.o: CFLAGS += -I$(CUDA_HOME)/include
+  $(BUILD)/engine/cuda/%.o: CFLAGS += -I$(CUDA_HOME)/include
 endif
 
 .PHONY: all test unit http asan tests-asan run clean setup fetch-model gpu-test

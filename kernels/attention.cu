@@ -549,13 +549,9 @@ template <int D, int GM>
 static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
                                    const k_attn_work *w, cudaStream_t s) {
     const int sms = k_sm_count();
-    /* SPECD_ATTN_PDL: 0 an ordinary launch, 1 a programmatic-dependent one, 2 (default)
-     * that and the O GEMV let in after the key loop */
-    static int pdl = -1;
-    if (pdl < 0) {
-        const char *e = getenv("SPECD_ATTN_PDL");
-        pdl = e && (*e == '0' || *e == '1') ? *e - '0' : 2;
-    }
+    /* k_tuning.attn_pdl: 0 an ordinary launch, 1 a programmatic-dependent one, 2 that and
+     * the O GEMV let in after the key loop */
+    const int pdl = k_tuning_get()->attn_pdl;
     dim3 grid(w->n_splits, KVH, w->n_items);
     int rc;
     if ((long)w->n_items * KVH < sms)
@@ -594,25 +590,10 @@ static int dispatch_rows(int rows, const float *q, uint16_t *out, int H, int KVH
     return launch_attention<D, 64>(q, out, H, KVH, scale, g, w, s);
 }
 
-/* SPECD_ATTN_SIMT=1 keeps every call on attention_kernel (to time the two against each
- * other); read once. */
-static bool attention_force_simt(void) {
-    static const bool force = [] {
-        const char *e = getenv("SPECD_ATTN_SIMT");
-        return e && strcmp(e, "1") == 0;
-    }();
-    return force;
-}
-
-/* SPECD_ATTN_TILED=1 keeps decode rows on attention_kernel too (to time and test the
- * two against each other); read once. */
-static bool attention_force_tiled(void) {
-    static const bool force = [] {
-        const char *e = getenv("SPECD_ATTN_TILED");
-        return e && strcmp(e, "1") == 0;
-    }();
-    return force;
-}
+/* k_tuning.attn_simt keeps every call on attention_kernel (to time the two against each
+ * other); attn_tiled keeps decode rows on it too (to time and test the two). */
+static bool attention_force_simt(void) { return k_tuning_get()->attn_simt != 0; }
+static bool attention_force_tiled(void) { return k_tuning_get()->attn_tiled != 0; }
 
 extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
                            float scale, const k_kv_geom *g, const k_attn_work *w,

@@ -7,14 +7,11 @@
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 
-int k_pdl_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("SPECD_CUDA_PDL");
-        on = !(e && *e == '0');
-    }
-    return on;
-}
+extern "C" const k_tuning k_tuning_default = {1, 2, 0, 0};  /* pdl, attn_pdl, attn_simt, attn_tiled */
+static k_tuning tuning = k_tuning_default;
+
+extern "C" void k_set_tuning(const k_tuning *t) { tuning = *t; }
+const k_tuning *k_tuning_get(void) { return &tuning; }
 
 __global__ void embed_kernel(const uint16_t *table, const int32_t *tokens, float *out,
                              int hidden, int vocab) {

@@ -23,7 +23,8 @@
 __device__ __forceinline__ void k_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void k_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
-int k_pdl_enabled(void);
+/* The launch choices in force (k_set_tuning; defaults until then). */
+const k_tuning *k_tuning_get(void);
 
 template <typename... KArgs, typename... Args>
 static inline int k_launch_pdl(bool pdl, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
@@ -35,7 +36,7 @@ static inline int k_launch_pdl(bool pdl, void (*kern)(KArgs...), dim3 grid, dim3
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = pdl && k_pdl_enabled();
+    at[0].val.programmaticStreamSerializationAllowed = pdl && k_tuning_get()->pdl;
     cfg.attrs = at;
     cfg.numAttrs = 1;
     return (int)cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);

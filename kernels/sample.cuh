@@ -56,7 +56,7 @@ static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floo
     return prefix;
 }
 
-/* Block-wide argmax of x (lowest index on ties, as engine/sample.c's sample_argmax),
+/* Block-wide argmax of x (lowest index on ties, as engine/core/sample.c's sample_argmax),
  * and the max through *xmax unless it is NULL. wv and wi hold >= 32 entries of shared
  * memory; the leading barrier lets a caller reuse them in a loop. An all-NaN row returns
  * 0x7fffffff. */

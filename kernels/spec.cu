@@ -1,11 +1,11 @@
-/* Device side of the speculative step (engine/cuda_spec.c captures it in one graph):
+/* Device side of the speculative step (engine/cuda/cuda_spec.c captures it in one graph):
  * the per-step layout kernels (draft length = target length - 1, token -> slot maps,
  * the verify pass's tokens), the draft's pick (argmax, or a draw from its filtered
  * distribution q), and the acceptance kernel that decides the emitted tokens and then
  * advances both models' lengths, all from device memory so nothing per step is baked
  * into a graph.
  *
- * Random streams (same salts as engine/spec.h, passed in by the caller since kernels/
+ * Random streams (same salts as engine/core/spec.h, passed in by the caller since kernels/
  * includes no engine header): draft draw j uses philox(seed ^ salt_draft, counter + j),
  * accept test j philox(seed ^ salt_accept, counter + j), the final draw philox(seed,
  * 2 * counter). A row is greedy when temperature <= 0 or top_k == 1 (as in k_sample). */

@@ -25,6 +25,20 @@
 extern "C" {
 #endif
 
+/* Launch choices the caller may switch for A/B timing and bisecting (kernels/ reads no
+ * environment: the runner reads its switches once and hands them over here). The
+ * defaults are the measured-fastest paths; k_set_tuning copies *t for every later launch
+ * in the process (call it before capturing graphs). */
+typedef struct {
+    int pdl;          /* programmatic dependent launches (default 1) */
+    int attn_pdl;     /* decode attention: 0 ordinary launch, 1 PDL, 2 PDL that lets the O
+                       * GEMV in after the key loop (default 2) */
+    int attn_simt;    /* 1: prefill/verify attention on the SIMT kernel, not tensor cores */
+    int attn_tiled;   /* 1: decode rows on the tiled kernel, not the decode kernel */
+} k_tuning;
+extern const k_tuning k_tuning_default;
+void k_set_tuning(const k_tuning *t);
+
 /* out[t, :] = fp32(table[tokens[t], :]).  table [vocab, hidden] bf16, out [n, hidden].
  * Token ids outside [0, vocab) read row 0 (a bad id must not fault the device). */
 int k_embed(const uint16_t *table, const int32_t *tokens, float *out, int n, int hidden,
@@ -171,7 +185,7 @@ int k_sample(const float *logits, int n, int vocab, const k_sample_params *p,
 int k_probs(const float *logits, float *probs, int n, int vocab, const k_sample_params *p,
             int rows_per_param, cudaStream_t s);
 
-/* Speculative step (kernels/spec.cu), B rows, k drafts each; see engine/runner.h.
+/* Speculative step (kernels/spec.cu), B rows, k drafts each; see engine/core/runner.h.
  * k_spec_prep: for rows whose slot != dummy, lens[slot*2+1] = lens[slot*2] - 1; fills
  * tok_slot2 [2B] and tok_slotv [B(k+1)] with each row's slot (token -> slot maps of the
  * draft's 2-token pass and the verify pass). */

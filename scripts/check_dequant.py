@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-off cross-check of specd's ggml dequantizers (engine/gguf.c) against an independent
+"""One-off cross-check of specd's ggml dequantizers (engine/model/gguf.c) against an independent
 reference: the numpy dequantizers of the `gguf` Python package (gguf.quants).
 
 Not part of `make test` (it needs numpy + gguf from PyPI). Run by hand:
@@ -13,7 +13,7 @@ What it does:
  2. writes ref.gguf: F32 tensors with gguf.quants.dequantize of each of those, and of the
     tensors of blocks 0 and last of the given model file (default SmolLM2), with the
     model's tensor names;
- 3. compiles a small C program against engine/gguf.c that dequantizes each tensor of the
+ 3. compiles a small C program against engine/model/gguf.c that dequantizes each tensor of the
     source file with ggml_dequantize and compares it with the reference element by
     element; prints the max abs difference per tensor and exits non-zero on mismatch.
 """
@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208]}
 
 C_CHECK = r'''
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +126,7 @@ def main():
     with open(csrc, "w") as f:
         f.write(C_CHECK)
     subprocess.check_call(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O1", "-I", ROOT, csrc,
-                           os.path.join(ROOT, "engine/gguf.c"), os.path.join(ROOT, "engine/err.c"),
+                           os.path.join(ROOT, "engine/model/gguf.c"), os.path.join(ROOT, "engine/core/err.c"),
                            "-lm", "-o", exe])
     rc = subprocess.call([exe, rand_path, ref_path])
     if os.path.exists(model):

@@ -23,9 +23,9 @@ LIBS="-ljansson -lpcre2-8 -lutf8proc -lm -ldl -pthread"
 
 build_one() {  # target
     local t=$1 objs=() src
-    mkdir -p "$OUT/obj/server" "$OUT/obj/engine" "$OUT/artifacts/$t"
+    mkdir -p "$OUT/obj/server" "$OUT/artifacts/$t"
     # The code under test gets coverage instrumentation; the engine objects it links
-    # against (api.c needs engine_sampling_defaults from engine/engine.c, which pulls in
+    # against (api.c needs engine_sampling_defaults from engine/core/engine.c, which pulls in
     # the rest of the engine) get only the sanitizers.
     for src in server/api.c server/sse.c; do
         local o="$OUT/obj/${src%.c}.fuzz.o"
@@ -34,9 +34,10 @@ build_one() {  # target
         fi
         objs+=("$o")
     done
-    for src in engine/*.c; do
-        [[ $src == engine/cuda_* ]] && continue
+    for src in engine/*/*.c; do
+        [[ $src == engine/cuda/* ]] && continue
         local o="$OUT/obj/${src%.c}.o"
+        mkdir -p "$(dirname "$o")"
         if [[ ! -f $o || $src -nt $o ]]; then
             $CC $CFLAGS $SAN -c "$src" -o "$o" &
         fi

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 
 #define API_MAX_STOP 4
 #define API_MAX_STOP_LEN 256

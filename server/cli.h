@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 
 /* Parse "1,2,3" into a malloc'd int32 array; returns count or -1 on a malformed list. */
 int cli_parse_ids(const char *s, int32_t **out);

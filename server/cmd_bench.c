@@ -8,8 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/engine.h"
-#include "engine/sample.h"
+#include "engine/core/engine.h"
+#include "engine/core/sample.h"
 #include "server/cli.h"
 #include "server/cmd.h"
 

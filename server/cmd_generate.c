@@ -9,8 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
+#include "engine/core/engine.h"
+#include "engine/core/err.h"
 #include "server/api.h"
 #include "server/cli.h"
 #include "server/cmd.h"

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/err.h"
-#include "engine/tmpl.h"
-#include "engine/tokenizer.h"
+#include "engine/core/err.h"
+#include "engine/text/tmpl.h"
+#include "engine/text/tokenizer.h"
 #include "server/cli.h"
 #include "server/cmd.h"
 

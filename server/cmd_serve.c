@@ -11,7 +11,7 @@
 #include <time.h>
 #include <uv.h>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "server/cli.h"
 #include "server/cmd.h"
 #include "server/config.h"

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/err.h"
-#include "engine/tokenizer.h"
+#include "engine/core/err.h"
+#include "engine/text/tokenizer.h"
 #include "server/cli.h"
 #include "server/cmd.h"
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 #include "server/cli.h"
 
 typedef enum { K_STR, K_INT, K_I64, K_DBL, K_BOOL, K_KEYS } key_type;

@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 #include "server/api.h"
 #include "server/log.h"
 #include "server/sse.h"

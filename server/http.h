@@ -16,7 +16,7 @@
 
 #include <stddef.h>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "server/config.h"
 #include "server/loop.h"
 #include "server/metrics.h"

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 #include "server/log.h"
 
 double loop_now(void) {

@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "server/api.h"
 #include "server/metrics.h"
 #include "server/sse.h"

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 #include "server/log.h"
 #include "server/loop_internal.h"
 

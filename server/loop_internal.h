@@ -17,7 +17,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "engine/threadpool.h"
+#include "engine/core/threadpool.h"
 #include "server/loop.h"
 
 #define LOOP_N_BUCKETS 1024

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 #include "server/log.h"
 #include "server/loop_internal.h"
 

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 
 typedef struct metrics metrics;
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 
 /* unread bytes over all channels (for the server's total output-buffer cap) */
 static _Atomic long long total_unread;

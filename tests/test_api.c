@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 #include "server/api.h"
 #include "server/config.h"
 #include "server/metrics.h"

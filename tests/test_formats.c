@@ -17,8 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/err.h"
-#include "engine/model.h"
+#include "engine/core/err.h"
+#include "engine/model/model.h"
 #include "tests/fixtures.h"
 
 /* ---- helpers -------------------------------------------------------------------------- */
@@ -95,7 +95,7 @@ static int64_t jint(json_t *o, const char *k) {
     return json_integer_value(v);
 }
 
-/* A parsed safetensors file, independent of engine/safetensors.c. */
+/* A parsed safetensors file, independent of engine/model/safetensors.c. */
 typedef struct {
     unsigned char *bytes;
     size_t len, data_start;

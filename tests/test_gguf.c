@@ -18,9 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "engine/core/err.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model.h"
 
 /* ---- a GGUF writer -------------------------------------------------------------------- */
 

@@ -11,9 +11,9 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/runner.h"
+#include "engine/core/engine.h"
+#include "engine/core/err.h"
+#include "engine/core/runner.h"
 #include "tests/fixtures.h"
 
 #define LOGIT_TOL 1e-4

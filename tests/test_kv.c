@@ -1,4 +1,4 @@
-/* cmocka tests for the KV block manager (engine/kv.c): null block, LRU order, prefix
+/* cmocka tests for the KV block manager (engine/core/kv.c): null block, LRU order, prefix
  * hits, collision confirmation, eviction, all-or-nothing reserve, fork, the invariant
  * checker itself, sizing, and a seeded random walk that runs kv_check after every op. */
 #include <setjmp.h>
@@ -10,8 +10,8 @@
 
 #include <cmocka.h>
 
-#include "engine/err.h"
-#include "engine/kv.h"
+#include "engine/core/err.h"
+#include "engine/core/kv.h"
 
 static kv_pool *make_pool(int num_blocks, int block_size, int cache) {
     char err[256] = "";

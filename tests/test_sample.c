@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "engine/sample.h"
+#include "engine/core/sample.h"
 
 static uint64_t g_seed;
 

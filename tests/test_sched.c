@@ -1,4 +1,4 @@
-/* cmocka tests for the continuous-batching scheduler (engine/sched.c) on top of the real
+/* cmocka tests for the continuous-batching scheduler (engine/core/sched.c) on top of the real
  * block manager. A tiny simulated engine plays the other side of a step: it advances
  * n_computed by what was fed, commits the KV, and appends "sampled" tokens that depend
  * only on (request, position), so runs with and without preemption must end identical. */
@@ -11,9 +11,9 @@
 
 #include <cmocka.h>
 
-#include "engine/err.h"
-#include "engine/kv.h"
-#include "engine/sched.h"
+#include "engine/core/err.h"
+#include "engine/core/kv.h"
+#include "engine/core/sched.h"
 
 enum { H_MAX_SEQS = 1500, H_MAX_TOK = 256 };
 

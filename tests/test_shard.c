@@ -21,10 +21,10 @@
 
 #include <cmocka.h>
 
-#include "engine/err.h"
-#include "engine/model.h"
-#include "engine/runner.h"
-#include "engine/shard.h"
+#include "engine/core/err.h"
+#include "engine/model/model.h"
+#include "engine/core/runner.h"
+#include "engine/tp/shard.h"
 #include "tests/fixtures.h"
 
 #define W 2

@@ -10,11 +10,11 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/runner.h"
-#include "engine/sample.h"
-#include "engine/spec.h"
+#include "engine/core/engine.h"
+#include "engine/core/err.h"
+#include "engine/core/runner.h"
+#include "engine/core/sample.h"
+#include "engine/core/spec.h"
 #include "tests/fixtures.h"
 
 #define MAXP 8

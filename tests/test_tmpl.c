@@ -23,8 +23,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "engine/err.h"
-#include "engine/tmpl.h"
+#include "engine/core/err.h"
+#include "engine/text/tmpl.h"
 #include "server/cmd.h"
 #include "tests/fixtures.h"
 

@@ -15,9 +15,9 @@
 
 #include <utf8proc.h>
 
-#include "engine/err.h"
-#include "engine/tok_internal.h"
-#include "engine/tokenizer.h"
+#include "engine/core/err.h"
+#include "engine/text/tok_internal.h"
+#include "engine/text/tokenizer.h"
 #include "tests/fixtures.h"
 
 /* ---- helpers ---- */

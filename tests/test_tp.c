@@ -24,8 +24,8 @@
 
 #include <cmocka.h>
 
-#include "engine/err.h"
-#include "engine/tp.h"
+#include "engine/core/err.h"
+#include "engine/tp/tp.h"
 #include "tests/proc_util.h"
 
 static tp_config cfg(int world, int rank, int port, int timeout_ms) {

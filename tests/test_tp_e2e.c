@@ -34,8 +34,8 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
+#include "engine/core/engine.h"
+#include "engine/core/err.h"
 #include "server/cli.h"
 #include "tests/fixtures.h"
 #include "tests/proc_util.h"

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "engine/core/err.h"
 #include "server/api.h"
 #include "server/sse.h"
 

@@ -1,6 +1,6 @@
 /* libFuzzer target for the tokenizer. Build and run (from the repo root):
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. \
- *     tests/fuzz/fuzz_tokenizer.c engine/tokenizer.c engine/tok_*.c engine/gguf.c engine/err.c \
+ *     tests/fuzz/fuzz_tokenizer.c engine/text/tokenizer.c engine/tok_*.c engine/model/gguf.c engine/core/err.c \
  *     -ljansson -lpcre2-8 -lutf8proc -lm -o build/fuzz_tokenizer
  *   build/fuzz_tokenizer -max_total_time=300 tests/fuzz/corpus_tokenizer
  * The first input byte picks a tokenizer from the fixtures; the rest is the text. Checks:
@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
-#include "engine/tok_internal.h"
-#include "engine/tokenizer.h"
+#include "engine/core/err.h"
+#include "engine/text/tok_internal.h"
+#include "engine/text/tokenizer.h"
 
 static const char *const NAMES[] = {
     "tokenizers/gguf/ggml-vocab-gpt-2.gguf",  "tokenizers/gguf/ggml-vocab-llama-spm.gguf",

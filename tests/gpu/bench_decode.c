@@ -12,8 +12,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/cuda_runner.h"
-#include "engine/model.h"
+#include "engine/cuda/cuda_runner.h"
+#include "engine/model/model.h"
 #include "tests/gpu/gpu_util.h"
 
 #define BS 16

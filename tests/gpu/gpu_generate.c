@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/cuda_runner.h"
-#include "engine/model.h"
+#include "engine/cuda/cuda_runner.h"
+#include "engine/model/model.h"
 
 #define BS 16
 

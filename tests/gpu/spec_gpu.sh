@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Speculative decoding on one GPU (the captured spec graph of engine/cuda_spec.c): checks and
+# Speculative decoding on one GPU (the captured spec graph of engine/cuda/cuda_spec.c): checks and
 # benchmarks in one go, since device time is scarce. Runs binaries built elsewhere and
 # carried (build/specd, build/gpu/test_gpu_runner) against the fixture models in
 # .gpu/fixtures/models and, when given, the SmolLM2 GGUF.
@@ -8,7 +8,9 @@
 #   tests/gpu/spec_gpu.sh smol SMOL.gguf    SmolLM2: lossless / AL at 1/3/5/7 rows, the
 #                                           dummy-reset experiment, --draft-layers, then
 #                                           the benchmarks (8B shape, SmolLM2)
-# (two modes because the GGUF travels in two device calls). Timing seen on one H200: unit
+# (two modes because the GGUF travels in two device calls). The dummy-reset experiment needs
+# a debug build (make DEBUG=1 -> build/debug/specd, or SPECD_DEBUG_BIN): the knob exists
+# only there. Timing seen on one H200: unit
 # mode ~20 s; smol mode's checks ~2 min, then each 8B-shape bench run takes about a minute
 # (mostly start-up), so give smol mode ~7 minutes for everything.
 # Logs go to $OUT (or build/gpu/spec_logs); a summary table is printed last.
@@ -94,7 +96,7 @@ if [ -n "$SMOL" ]; then
     row "smol draft==target k=4 n=$n (AL>=4.5)" "$(info "$L/smol_spec_$n.json") | vs plain: $(cmpj "$L/smol_plain_$n.json" "$L/smol_spec_$n.json")"
   done
   for n in 3 5; do
-    SPECD_DEBUG_SKIP_DUMMY_RESET=1 SG --max-tokens 1100 --n-seqs $n --draft-model "$SMOL" --num-draft-tokens 4 > "$L/smol_noreset_$n.json" 2>>"$L/err.log"
+    SPECD_DEBUG_SKIP_DUMMY_RESET=1 S=${SPECD_DEBUG_BIN:-build/debug/specd} SG --max-tokens 1100 --n-seqs $n --draft-model "$SMOL" --num-draft-tokens 4 > "$L/smol_noreset_$n.json" 2>>"$L/err.log"
     row "smol k=4 n=$n WITHOUT dummy reset (debug)" "$(info "$L/smol_noreset_$n.json") | vs plain: $(cmpj "$L/smol_plain_$n.json" "$L/smol_noreset_$n.json")"
   done
   for dl in 4 8 15; do

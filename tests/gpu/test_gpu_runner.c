@@ -13,8 +13,8 @@
 
 #include <jansson.h>
 
-#include "engine/cuda_runner.h"
-#include "engine/model.h"
+#include "engine/cuda/cuda_runner.h"
+#include "engine/model/model.h"
 #include "tests/gpu/gpu_util.h"
 
 /* bf16 tolerance on logits (max abs error / max abs logit). The fixtures README says
@@ -403,7 +403,7 @@ static void test_seeded_sampling_repeats_after_rollback(void **s) {
     fixture_close(&f);
 }
 
-/* ---- speculative step (engine/cuda_spec.c) ------------------------------------------ */
+/* ---- speculative step (engine/cuda/cuda_spec.c) ------------------------------------------ */
 
 #define SPK 4
 #define SPN 24   /* tokens compared per row */

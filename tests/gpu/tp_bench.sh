@@ -5,7 +5,8 @@
 #   - TP 1, TP 2 (lm_head split by vocabulary, the default), TP 2 with the lm_head
 #     replicated (SPECD_TP_VOCAB_SPLIT=0);
 #   - the share of a TP 2 step spent in collectives, by leaving them out
-#     (SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: wrong tokens, same shapes) and taking the difference;
+#     (SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: wrong tokens, same shapes; a debug build's knob,
+#     make DEBUG=1, so give BUILD_DIR=build/debug for that row) and taking the difference;
 #   - speculative steps with a Llama-3.2-1B-shaped draft (k = 4): TP 1, TP 2 with the draft
 #     replicated (default) and sharded (SPECD_TP_SHARD_DRAFT=1).
 #

@@ -1,0 +1,599 @@
+/* The engine: configuration, creation and the request table (see engine.h); one step
+ * (schedule -> run -> postprocess) is in engine_step.c. Requests live here from
+ * engine_add until their finish event (or engine_abort). */
+#include "engine/core/engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/core/engine_internal.h"
+#include "engine/core/err.h"
+#ifdef SPECD_HAVE_CUDA
+#include "engine/cuda/cuda_runner.h"
+#endif
+
+/* ---- configuration ------------------------------------------------------------------- */
+
+void engine_config_defaults(engine_config *c) {
+    if (!c->max_seq_len) c->max_seq_len = 4096;
+    if (!c->max_batch) c->max_batch = 64;
+    if (!c->max_tokens_per_step) c->max_tokens_per_step = 2048;
+    if (!c->block_size) c->block_size = 16;
+    if (c->mem_fraction <= 0) c->mem_fraction = 0.9;
+    if ((c->draft_path || c->draft_layers > 0) && !c->num_draft_tokens) c->num_draft_tokens = 4;
+}
+
+void engine_sampling_defaults(engine_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->repetition_penalty = 1.0f;
+    s->max_tokens = 16;
+    s->logprobs = -1;
+}
+
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+static size_t weight_bytes_f32(const model *m) {
+    const model_config *c = &m->cfg;
+    size_t per_layer = (size_t)c->hidden * (c->n_heads + 2 * c->n_kv_heads) * c->head_dim +
+                       (size_t)c->n_heads * c->head_dim * c->hidden + 3 * (size_t)c->hidden * c->ffn;
+    size_t n = per_layer * c->n_layers + (size_t)c->vocab * c->hidden * (c->tied_embeddings ? 1 : 2);
+    return n * sizeof(float);
+}
+
+/* ---- creation ------------------------------------------------------------------------ */
+
+/* A random model of a named real shape: made on the device by the CUDA runner, here on
+ * the CPU. */
+static model *shape_model(const engine_config *c, const char *name, uint64_t seed, char *err, size_t errlen) {
+    model_config mc;
+    if (model_shape_preset(name, &mc)) {
+        specd_errf(err, errlen, SPECD_ENOTFOUND, "unknown shape '%s' (llama-3.1-8b, llama-3.2-1b, "
+                   "qwen2.5-1.5b, qwen3-1.7b)", name);
+        return NULL;
+    }
+    return c->device == ENGINE_DEVICE_CUDA ? model_shape(&mc, err, errlen) : model_random(&mc, seed, err, errlen);
+}
+
+static int load_draft(engine *e, char *err, size_t errlen) {
+    const engine_config *c = &e->cfg;
+    if (!!c->draft_path + !!c->draft_random_shape + (c->draft_layers > 0) > 1)
+        return specd_errf(err, errlen, SPECD_EINVAL,
+                          "--draft-model, --draft-shape and --draft-layers are exclusive: pick one");
+    if (c->draft_path || c->draft_random_shape) {
+        e->draft = c->draft_path ? model_load(c->draft_path, err, errlen)
+                                 : shape_model(c, c->draft_random_shape, 2, err, errlen);
+        if (!e->draft) return SPECD_EINVAL;
+        if (e->draft->cfg.vocab != e->target->cfg.vocab)
+            return specd_errf(err, errlen, SPECD_EINVAL,
+                              "draft model %s has a vocabulary of %d tokens, target %d: the draft "
+                              "must share the target's tokenizer",
+                              c->draft_path ? c->draft_path : c->draft_random_shape, e->draft->cfg.vocab,
+                              e->target->cfg.vocab);
+        e->draft_used = e->draft;
+    } else if (c->draft_layers > 0) {
+        if (c->draft_layers >= e->target->cfg.n_layers)
+            return specd_errf(err, errlen, SPECD_EINVAL,
+                              "--draft-layers %d must be less than the target's %d layers",
+                              c->draft_layers, e->target->cfg.n_layers);
+        e->draft_view = *e->target;   /* shares the target's tensors; owns nothing */
+        e->draft_view.cfg.n_layers = c->draft_layers;
+        e->draft_view.priv = NULL;
+        e->draft_used = &e->draft_view;
+    }
+    if (e->draft_used) {
+        if (c->num_draft_tokens < 1 || c->num_draft_tokens > ENGINE_MAX_STEP_TOKENS - 1)
+            return specd_errf(err, errlen, SPECD_EINVAL, "--num-draft-tokens must be 1..%d",
+                              ENGINE_MAX_STEP_TOKENS - 1);
+        e->k = c->num_draft_tokens;
+    }
+    return 0;
+}
+
+static int load_tokenizer(engine *e, char *err, size_t errlen) {
+    const char *tp = e->cfg.tokenizer_path ? e->cfg.tokenizer_path : e->cfg.model_path;
+    char terr[512] = "";
+    if (e->cfg.random_shape && !e->cfg.tokenizer_path) return 0;   /* token ids only */
+    e->tok = tok_load(tp, terr, sizeof terr);
+    if (!e->tok) {
+        if (e->cfg.tokenizer_path)
+            return specd_errf(err, errlen, SPECD_EINVAL, "tokenizer %s: %s", tp, terr);
+        if (e->cfg.verbose)
+            fprintf(stderr, "specd: no tokenizer for %s (%s): token ids only\n", tp, terr);
+        return 0;
+    }
+    if (tok_vocab_size(e->tok) > e->vocab && e->cfg.verbose)
+        fprintf(stderr, "specd: tokenizer has %d ids, model %d: larger ids are rejected\n",
+                tok_vocab_size(e->tok), e->vocab);
+    const char *t = tok_chat_template(e->tok);
+    if (t) {
+        e->tmpl = tmpl_parse(t, strlen(t), terr, sizeof terr);
+        if (!e->tmpl) fprintf(stderr, "specd: chat template does not parse (%s): chat disabled\n", terr);
+    }
+    int eos = tok_eos_id(e->tok);
+    if (eos >= 0 && e->n_eos < MODEL_MAX_EOS + 1) {
+        int dup = 0;
+        for (int i = 0; i < e->n_eos; i++) dup |= e->eos[i] == eos;
+        if (!dup) e->eos[e->n_eos++] = eos;
+    }
+    return 0;
+}
+
+static int size_pool(engine *e, runner_config *rc, char *err, size_t errlen) {
+    const engine_config *c = &e->cfg;
+    int bs = c->block_size;
+    int min_blocks = (c->max_seq_len + e->k + bs - 1) / bs;
+    if (c->device == ENGINE_DEVICE_CUDA) {
+        rc->num_blocks = 0;   /* the CUDA runner measures what is left after weights + graphs
+                               * (capped by kv_bytes when given) */
+        return 0;
+    }
+    size_t bb = runner_cpu_block_bytes(e->target, e->draft_used, bs);
+    size_t budget = c->kv_bytes;
+    if (!budget) {
+        size_t avail = mem_available(), w = weight_bytes_f32(e->target);
+        if (e->draft) w += weight_bytes_f32(e->draft);
+        budget = avail > w ? (size_t)(c->mem_fraction * (double)(avail - w)) : 0;
+        /* more than every slot full at max_seq_len only feeds the prefix cache; cap it */
+        size_t cap = (size_t)c->max_batch * (size_t)(min_blocks + 1) * bb;
+        if (budget > cap) budget = cap;
+    }
+    size_t nb = budget / bb;
+    if (nb < (size_t)min_blocks)
+        return specd_errf(err, errlen, SPECD_ENOSPACE,
+                          "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each), "
+                          "but one sequence of --max-seq-len %d needs %d: lower --max-seq-len or "
+                          "raise --kv-cache-bytes / --mem-fraction",
+                          budget, nb, bs, bb, c->max_seq_len, min_blocks);
+    if (nb > (size_t)1 << 30) nb = (size_t)1 << 30;
+    rc->num_blocks = (int)nb + 1;   /* + the null block */
+    return 0;
+}
+
+static int alloc_buffers(engine *e) {
+    int B = e->cfg.max_batch, K = e->k, V = e->vocab;
+    e->max_step_tokens = e->cfg.max_tokens_per_step + B * (K + 1);
+    e->plan = calloc((size_t)B, sizeof *e->plan);
+    e->rows = calloc((size_t)B, sizeof *e->rows);
+    e->tokens = calloc((size_t)e->max_step_tokens, sizeof *e->tokens);
+    e->logits = malloc((size_t)B * (K + 1) * V * sizeof(float));
+    e->dlogits = K ? malloc((size_t)B * V * sizeof(float)) : NULL;
+    e->dprobs = K ? malloc((size_t)B * K * V * sizeof(float)) : NULL;
+    e->pprobs = malloc((size_t)(K + 1) * V * sizeof(float));
+    e->work = malloc((size_t)V * sizeof(float));
+    e->scratch = malloc((size_t)V * sizeof(int));
+    e->hist = malloc((size_t)(e->cfg.max_seq_len + K + 1) * sizeof(int32_t));
+    e->dec_slots = malloc((size_t)B * sizeof(int));
+    e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
+    e->dec_out = malloc((size_t)B * sizeof(int32_t));
+    e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
+    e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
+    e->spec_n = malloc((size_t)B * sizeof(int));
+    if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_sp || !e->spec_out || !e->spec_n)
+        return SPECD_ENOMEM;
+    for (int i = 0; i < 2; i++) {
+        e->cap_events[i] = B * 3 + 8;
+        e->events[i] = calloc((size_t)e->cap_events[i], sizeof *e->events[i]);
+    }
+    e->cap_reqs = 64;
+    e->reqs = malloc((size_t)e->cap_reqs * sizeof *e->reqs);
+    if (!e->plan || !e->rows || !e->tokens || !e->logits || (K && (!e->dlogits || !e->dprobs)) ||
+        !e->pprobs || !e->work || !e->scratch || !e->hist || !e->events[0] || !e->events[1] || !e->reqs)
+        return SPECD_ENOMEM;
+    return 0;
+}
+
+/* Checks, and for tensor parallelism the launch of this node's other ranks (before the
+ * model is loaded, so that they load it in parallel). */
+static int check_config(engine *e, char *err, size_t errlen) {
+    engine_config *c = &e->cfg;
+    engine_config_defaults(c);
+    if (!c->model_path && !c->random_shape)
+        return specd_errf(err, errlen, SPECD_EINVAL, "no model given (--model PATH)");
+    if (c->max_seq_len < 2 || c->max_batch < 1 || c->block_size < 1 || c->max_tokens_per_step < 1)
+        return specd_errf(err, errlen, SPECD_EINVAL, "invalid limits: max_seq_len %d, max_batch %d, block_size %d",
+                          c->max_seq_len, c->max_batch, c->block_size);
+#ifndef SPECD_HAVE_CUDA
+    if (c->device == ENGINE_DEVICE_CUDA)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "this build has no CUDA support (built without nvcc)");
+#endif
+    if (c->tp.world_size <= 1) return 0;
+    if (c->tp.nnodes < 1)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "--tensor-parallel-size: this command does not start tensor-parallel ranks yet "
+                          "(it must call cli_engine_tp, as specd generate and specd bench do)");
+    if (tp_config_check(&c->tp, err, errlen)) return SPECD_EINVAL;
+    if (c->tp_spawn_argv && tp_nproc_per_node(&c->tp) > 1 &&
+        !(e->tp_ch = tp_spawn_local(&c->tp, NULL, c->tp_spawn_argv, err, errlen)))
+        return SPECD_EIO;
+    /* Until the group is joined, watch the spawned ranks alone: one that dies while
+     * loading must not leave rank 0 waiting out the rendezvous timeout. */
+    if (e->tp_ch && c->tp.rank == 0 && c->tp_fail &&
+        !(e->tp_wd = tp_watchdog_start(NULL, e->tp_ch, 100, c->tp_fail, c->tp_fail_ctx, err, errlen)))
+        return SPECD_EIO;
+    return 0;
+}
+
+static int load_target(engine *e, char *err, size_t errlen) {
+    engine_config *c = &e->cfg;
+    if (c->random_shape) {
+        /* On CUDA the runner fills the weights on the device (no host copy of an 8B shape);
+         * on the CPU they are made here. Both are deterministic from the seed. */
+        if (!(e->target = shape_model(c, c->random_shape, 1, err, errlen))) return SPECD_EINVAL;
+        c->model_path = c->random_shape;
+    } else if (!(e->target = model_load(c->model_path, err, errlen))) {
+        return SPECD_EINVAL;
+    }
+    e->vocab = e->target->cfg.vocab;
+    for (int i = 0; i < e->target->cfg.n_eos; i++) e->eos[e->n_eos++] = e->target->cfg.eos_ids[i];
+    /* The runtime context limit is ours; max_position_embeddings only caps it. */
+    if (e->target->cfg.max_pos > 0 && c->max_seq_len > e->target->cfg.max_pos)
+        c->max_seq_len = (int)e->target->cfg.max_pos;
+    if (c->max_tokens_per_step < c->max_batch) c->max_tokens_per_step = c->max_batch;
+    return load_draft(e, err, errlen);
+}
+
+static runner_config make_runner_config(const engine *e) {
+    const engine_config *c = &e->cfg;
+    runner_config rc = {
+        .block_size = c->block_size, .max_batch = c->max_batch, .max_seq_len = c->max_seq_len + e->k,
+        .threads = c->threads, .mem_fraction = c->mem_fraction, .kv_bytes = c->kv_bytes,
+        .num_draft_tokens = e->k,
+        .rope_bf16_freqs = c->rope_bf16_freqs,
+        .random_weights_seed = c->random_shape && c->device == ENGINE_DEVICE_CUDA ? 1 : 0,
+    };
+    rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);
+    return rc;
+}
+
+/* Rank 0's watchdog saw a rank die: release a step stuck in a collective (NCCL abort, so
+ * the step fails and the requests get their errors), then the caller's handler. */
+static void on_group_fail(void *ctx, const char *why) {
+    engine *e = ctx;
+    /* the caller's handler first: the abort may block (ncclCommAbort) */
+    if (e->cfg.tp_fail) e->cfg.tp_fail(e->cfg.tp_fail_ctx, why);
+    if (e->run && e->run->ops->abort_group) e->run->ops->abort_group(e->run);
+}
+
+/* This rank's runner in the group; rank 0 also watches the other ranks. */
+static int join_tp(engine *e, runner_config *rc, char *err, size_t errlen) {
+    const engine_config *c = &e->cfg;
+    const runner_tp_backend *be = NULL;   /* the CPU runner */
+#ifdef SPECD_HAVE_CUDA
+    if (c->device == ENGINE_DEVICE_CUDA) be = &runner_cuda_tp_backend;
+#endif
+    if (!(e->run = runner_tp_create(&c->tp, be, e->target, e->draft_used, rc, &e->tp, err, errlen)))
+        return SPECD_EIO;
+    tp_watchdog_stop(e->tp_wd);   /* the start-up one; a death in between is still seen */
+    e->tp_wd = NULL;
+    if (c->tp.rank == 0 && c->tp_fail &&
+        !(e->tp_wd = tp_watchdog_start(e->tp, e->tp_ch, 100, on_group_fail, e, err, errlen)))
+        return SPECD_EIO;
+    return 0;
+}
+
+int engine_tp_worker_run(const engine_config *cfg, char *err, size_t errlen) {
+    if (cfg->tp.world_size < 2 || cfg->tp.rank < 1)
+        return specd_errf(err, errlen, SPECD_EINVAL, "engine_tp_worker_run: rank %d of %d is not a worker",
+                          cfg->tp.rank, cfg->tp.world_size);
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    e->cfg = *cfg;
+    int rc = check_config(e, err, errlen);
+    if (!rc) rc = load_target(e, err, errlen);
+    runner_config r = make_runner_config(e);   /* sizes come from rank 0 */
+    if (!rc) rc = join_tp(e, &r, err, errlen);
+    if (!rc) rc = runner_tp_worker_run(e->run, e->tp, err, errlen);
+    engine_destroy(e);
+    return rc;
+}
+
+engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
+    engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+        return NULL;
+    }
+    e->cfg = *cfg_in;
+    engine_config *c = &e->cfg;
+    if (c->tp.world_size > 1 && c->tp.rank != 0) {
+        specd_errf(err, errlen, SPECD_EINVAL, "tensor-parallel rank %d is a worker: engine_tp_worker_run",
+                   c->tp.rank);
+        goto fail;
+    }
+    if (check_config(e, err, errlen) || load_target(e, err, errlen)) goto fail;
+    if (load_tokenizer(e, err, errlen)) goto fail;
+
+    runner_config rc = make_runner_config(e);
+    if (size_pool(e, &rc, err, errlen)) goto fail;
+    if (c->tp.world_size > 1) {
+        if (join_tp(e, &rc, err, errlen)) goto fail;
+    } else if (c->device == ENGINE_DEVICE_CUDA) {
+#ifdef SPECD_HAVE_CUDA
+        e->run = runner_cuda_create(e->target, e->draft_used, &rc, err, errlen);
+#endif
+    } else {
+        e->run = runner_cpu_create(e->target, e->draft_used, &rc, err, errlen);
+    }
+    if (!e->run) goto fail;
+
+    kv_pool_config kc = {.num_blocks = e->run->cfg.num_blocks, .block_size = c->block_size,
+                         .enable_prefix_cache = !c->disable_prefix_cache};
+    if (!(e->kv = kv_pool_create(&kc, err, errlen))) goto fail;
+    sched_config sc = {.max_batch = c->max_batch, .max_tokens_per_step = c->max_tokens_per_step,
+                       .max_seq_len = c->max_seq_len + e->k, .lookahead = e->k};
+    if (!(e->sched = sched_create(&sc, e->kv, err, errlen))) goto fail;
+    if (alloc_buffers(e)) {
+        specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for step buffers");
+        goto fail;
+    }
+    e->st.max_seq_len = c->max_seq_len;
+    e->st.max_batch = c->max_batch;
+    e->st.num_draft_tokens = e->k;
+    if (c->verbose) {
+        const model_config *m = &e->target->cfg;
+        fprintf(stderr,
+                "specd: %s %s: %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d\n"
+                "specd: device %s, KV pool %d blocks x %d tokens = %d tokens, max_seq_len %d, "
+                "max_batch %d%s\n",
+                m->arch_name, c->model_path, m->n_layers, m->hidden, m->n_heads, m->n_kv_heads,
+                m->head_dim, m->vocab, e->run->ops->name, e->run->cfg.num_blocks - 1, c->block_size,
+                (e->run->cfg.num_blocks - 1) * c->block_size, c->max_seq_len, c->max_batch,
+                e->k ? ", speculative" : "");
+        if (c->tp.world_size > 1)
+            fprintf(stderr, "specd: tensor parallel over %d %s ranks (this is rank 0)\n", c->tp.world_size,
+                    c->device == ENGINE_DEVICE_CUDA ? "GPU" : "CPU");
+        if (e->k)
+            fprintf(stderr, "specd: draft %s (%d layers), k = %d\n",
+                    c->draft_path ? c->draft_path : c->draft_random_shape ? c->draft_random_shape : "target prefix",
+                    e->draft_used->cfg.n_layers, e->k);
+    }
+    return e;
+fail:
+    engine_destroy(e);
+    return NULL;
+}
+
+static void req_free(req *r) {
+    if (!r) return;
+    kv_seq_destroy(&r->seq.kv);
+    free(r->seq.tokens);
+    free(r->lb_ids);
+    free(r->lb_vals);
+    free(r->first_logits);
+    free(r);
+}
+
+void engine_destroy(engine *e) {
+    if (!e) return;
+    /* Workers that exit after STOP must not look like failures to the watchdog. */
+    tp_watchdog_stop(e->tp_wd);
+    for (int i = 0; i < e->n_reqs; i++) {
+        if (e->sched) sched_remove(e->sched, &e->reqs[i]->seq);
+        req_free(e->reqs[i]);
+    }
+    free(e->reqs);
+    sched_destroy(e->sched);
+    kv_pool_destroy(e->kv);
+    runner_destroy(e->run);   /* on rank 0 of a group: broadcasts STOP */
+    tp_comm_close(e->tp);
+    if (e->tp_ch) {
+        /* After STOP healthy workers exit; a failed group's may be dead or hung: no wait */
+        if (!e->failed) tp_children_wait(e->tp_ch, 5000);
+        tp_children_stop(e->tp_ch, e->failed ? 200 : 2000);
+        tp_children_free(e->tp_ch);
+    }
+    tmpl_free(e->tmpl);
+    tok_free(e->tok);
+    model_free(e->draft);
+    model_free(e->target);
+    free(e->plan);
+    free(e->rows);
+    free(e->tokens);
+    free(e->logits);
+    free(e->dlogits);
+    free(e->dprobs);
+    free(e->pprobs);
+    free(e->work);
+    free(e->scratch);
+    free(e->hist);
+    free(e->dec_slots);
+    free(e->dec_tokens);
+    free(e->dec_out);
+    free(e->dec_sp);
+    free(e->spec_out);
+    free(e->spec_n);
+    free(e->events[0]);
+    free(e->events[1]);
+    for (int i = 0; i < e->n_rec; i++) free(e->rec[i].logits);
+    free(e);
+}
+
+const model_config *engine_model_config(const engine *e) { return &e->target->cfg; }
+const tok_tokenizer *engine_tokenizer(const engine *e) { return e->tok; }
+const tmpl_template *engine_template(const engine *e) { return e->tmpl; }
+const char *engine_device_name(const engine *e) { return e->run->ops->name; }
+int engine_has_work(const engine *e) { return e->n_reqs > e->n_paused; }
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+static int find_req(const engine *e, uint64_t id) {
+    for (int i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->id == id) return i;
+    return -1;
+}
+
+void engine_req_drop(engine *e, req *r) {
+    int i = find_req(e, r->id);
+    if (r->seq.paused) e->n_paused--;
+    sched_remove(e->sched, &r->seq);
+    if (i >= 0) e->reqs[i] = e->reqs[--e->n_reqs];
+    req_free(r);
+}
+
+int engine_add(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+               const engine_sampling *sp, char *err, size_t errlen) {
+    return engine_add_ex(e, req_id, prompt, n_prompt, sp, 0, err, errlen);
+}
+
+static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                   const engine_sampling *sp, int record, req **out, char *err, size_t errlen) {
+    if (n_prompt < 1) return specd_errf(err, errlen, SPECD_ERANGE, "prompt is empty");
+    if (n_prompt + 1 > e->cfg.max_seq_len)
+        return specd_errf(err, errlen, SPECD_ERANGE,
+                          "prompt of %d tokens leaves no room to generate within max_seq_len %d",
+                          n_prompt, e->cfg.max_seq_len);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return specd_errf(err, errlen, SPECD_EINVAL, "token id %d at position %d is outside the "
+                              "vocabulary (0..%d)", prompt[i], i, e->vocab - 1);
+    if (sp->temperature < 0 || sp->top_p <= 0 || sp->top_p > 1 || sp->top_k < 0 || sp->min_p < 0 ||
+        sp->min_p > 1 || sp->repetition_penalty <= 0 || sp->max_tokens < 0 ||
+        sp->logprobs > ENGINE_MAX_TOP_LOGPROBS || sp->n_logit_bias < 0)
+        return specd_errf(err, errlen, SPECD_EINVAL, "invalid sampling parameters");
+    req *r = calloc(1, sizeof *r);
+    if (!r) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    r->id = req_id;
+    r->sp = *sp;
+    r->max_new = sp->max_tokens;
+    if (r->max_new > e->cfg.max_seq_len - n_prompt) r->max_new = e->cfg.max_seq_len - n_prompt;
+    int cap = n_prompt + r->max_new + e->k + 2;
+    r->seq.tokens = malloc((size_t)cap * sizeof(int32_t));
+    if (sp->n_logit_bias) {
+        r->lb_ids = malloc((size_t)sp->n_logit_bias * sizeof(int32_t));
+        r->lb_vals = malloc((size_t)sp->n_logit_bias * sizeof(float));
+    }
+    if (record) r->first_logits = malloc((size_t)e->vocab * sizeof(float));
+    int max_blocks = (e->cfg.max_seq_len + e->k + e->cfg.block_size - 1) / e->cfg.block_size;
+    if (!r->seq.tokens || (sp->n_logit_bias && (!r->lb_ids || !r->lb_vals)) ||
+        (record && !r->first_logits) || kv_seq_init(&r->seq.kv, max_blocks)) {
+        req_free(r);
+        return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    }
+    memcpy(r->seq.tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
+    if (sp->n_logit_bias) {
+        memcpy(r->lb_ids, sp->logit_bias_ids, (size_t)sp->n_logit_bias * sizeof(int32_t));
+        memcpy(r->lb_vals, sp->logit_bias_vals, (size_t)sp->n_logit_bias * sizeof(float));
+    }
+    r->sp.logit_bias_ids = r->lb_ids;
+    r->sp.logit_bias_vals = r->lb_vals;
+    r->record = record;
+    r->seq.id = req_id;
+    r->seq.n_tokens = n_prompt;
+    r->seq.n_prompt = n_prompt;
+    r->seq.slot = -1;
+    r->seq.user = r;
+    r->seed = sp->has_seed ? sp->seed : (req_id * 0x9e3779b97f4a7c15ULL) ^ (uint64_t)(uintptr_t)r;
+    r->spp = (sample_params){
+        .temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k, .min_p = sp->min_p,
+        .presence_penalty = sp->presence_penalty, .frequency_penalty = sp->frequency_penalty,
+        .repetition_penalty = sp->repetition_penalty, .n_logit_bias = sp->n_logit_bias,
+        .logit_bias_ids = r->lb_ids, .logit_bias_vals = r->lb_vals, .eos_ids = e->eos,
+        .n_eos = e->n_eos,
+    };
+    *out = r;
+    return 0;
+}
+
+static int submit(engine *e, req *r, char *err, size_t errlen) {
+    int rc = SPECD_ENOMEM;
+    if (e->failed) {
+        rc = specd_errf(err, errlen, SPECD_ESTATE, "engine failed; restart the server");
+        goto fail;
+    }
+    if (find_req(e, r->id) >= 0) {
+        rc = specd_errf(err, errlen, SPECD_EINVAL, "request id %llu already exists", (unsigned long long)r->id);
+        goto fail;
+    }
+    if (e->n_reqs == e->cap_reqs) {
+        req **n = realloc(e->reqs, (size_t)e->cap_reqs * 2 * sizeof *n);
+        if (!n) {
+            rc = specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+            goto fail;
+        }
+        e->reqs = n;
+        e->cap_reqs *= 2;
+    }
+    if ((rc = sched_add(e->sched, &r->seq))) {
+        rc = specd_errf(err, errlen, rc, "scheduler refused the request: %s", specd_strerror(rc));
+        goto fail;
+    }
+    e->reqs[e->n_reqs++] = r;
+    e->st.prompt_tokens += (uint64_t)r->seq.n_prompt;
+    return 0;
+fail:
+    req_free(r);
+    return rc;
+}
+
+int engine_add_ex(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                  const engine_sampling *sp, int record, char *err, size_t errlen) {
+    req *r;
+    int rc = prepare(e, req_id, prompt, n_prompt, sp, record, &r, err, errlen);
+    return rc ? rc : submit(e, r, err, errlen);
+}
+
+int engine_prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                   const engine_sampling *sp, engine_pending **out, char *err, size_t errlen) {
+    return prepare(e, req_id, prompt, n_prompt, sp, 0, out, err, errlen);
+}
+
+int engine_submit(engine *e, engine_pending *p, char *err, size_t errlen) { return submit(e, p, err, errlen); }
+
+void engine_pending_free(engine_pending *p) {
+    if (p) req_free(p);
+}
+
+int engine_pause(engine *e, uint64_t req_id, int paused) {
+    int i = find_req(e, req_id);
+    if (i < 0) return SPECD_ENOTFOUND;
+    req *r = e->reqs[i];
+    paused = !!paused;
+    if (r->seq.paused != paused) e->n_paused += paused ? 1 : -1;
+    r->seq.paused = paused;
+    return 0;
+}
+
+int engine_abort(engine *e, uint64_t req_id) {
+    int i = find_req(e, req_id);
+    if (i < 0) return SPECD_ENOTFOUND;
+    engine_req_drop(e, e->reqs[i]);
+    return 0;
+}
+
+int engine_first_logits(engine *e, uint64_t req_id, float *dst) {
+    for (int j = 0; j < e->n_rec; j++) {
+        if (e->rec[j].id != req_id) continue;
+        memcpy(dst, e->rec[j].logits, (size_t)e->vocab * sizeof(float));
+        free(e->rec[j].logits);
+        e->rec[j] = e->rec[--e->n_rec];
+        return 0;
+    }
+    int i = find_req(e, req_id);
+    if (i < 0 || !e->reqs[i]->record || e->reqs[i]->n_out == 0) return SPECD_ENOTFOUND;
+    memcpy(dst, e->reqs[i]->first_logits, (size_t)e->vocab * sizeof(float));
+    return 0;
+}
+
+void engine_get_stats(const engine *e, engine_stats *st) {
+    *st = e->st;
+    st->running = sched_num_running(e->sched);
+    st->waiting = sched_num_waiting(e->sched);
+    st->paused = e->n_paused;
+    st->kv_blocks_total = kv_num_blocks(e->kv) - 1;
+    st->kv_blocks_used = kv_num_used(e->kv);
+    st->kv_blocks_free = kv_num_free(e->kv);
+}

@@ -1,0 +1,181 @@
+/* The engine (prefix engine_): model(s) + tokenizer + chat template + KV block manager +
+ * scheduler + runner, and one step = schedule -> run -> postprocess.
+ *
+ * Threading: an engine is NOT thread safe. The server's engine thread runs steps back to
+ * back and applies engine_submit / engine_abort between them; only engine_prepare may run
+ * on another thread during a step. engine_model_config, engine_tokenizer and
+ * engine_template return immutable objects any thread may use.
+ *
+ * Requests are identified by a caller-chosen uint64 id. Generated tokens come back in
+ * engine_output events; stop strings and detokenization are the caller's (the loop's). */
+#ifndef SPECD_ENGINE_H
+#define SPECD_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tmpl.h"
+#include "engine/tp/tp.h"
+
+typedef enum { ENGINE_DEVICE_CPU = 0, ENGINE_DEVICE_CUDA = 1 } engine_device;
+
+typedef struct {
+    const char *model_path;
+    const char *random_shape;     /* instead of model_path: random weights of a named real
+                                   * shape (model_shape_preset), for benchmarks */
+    const char *tokenizer_path;   /* NULL: from model_path */
+    const char *draft_path;       /* NULL: no draft model */
+    const char *draft_random_shape; /* instead of draft_path: random weights of a named shape */
+    int draft_layers;             /* > 0: self-speculation with the target's first N layers */
+    int num_draft_tokens;         /* k (default 4 when a draft is given) */
+    engine_device device;
+    int max_seq_len;              /* runtime context limit (default 4096) */
+    int max_batch;                /* running sequences at most (default 64) */
+    int max_tokens_per_step;      /* scheduler token budget (default 2048) */
+    int block_size;               /* default 16 */
+    double mem_fraction;          /* share of free memory for the KV pool (default 0.9) */
+    size_t kv_bytes;              /* explicit KV budget in bytes; 0 = from mem_fraction */
+    int threads;                  /* CPU runner threads (0 = all cores) */
+    int disable_prefix_cache;     /* prefix caching is on unless set */
+    int rope_bf16_freqs;          /* bf16-rounded rotary frequencies (runner_config) */
+    int verbose;                  /* print start-up decisions to stderr */
+    /* Tensor parallelism (docs/tensor-parallel.md; CPU runner only so far): with
+     * tp.world_size > 1 the target is split over that many processes. Rank 0 calls
+     * engine_create; every other rank calls engine_tp_worker_run with the same options. */
+    tp_config tp;
+    char *const *tp_spawn_argv;   /* set: this process starts its node's other ranks by
+                                   * re-executing itself with these arguments (main's argv) */
+    tp_fail_fn tp_fail;           /* rank 0: called once from a watchdog thread when a rank
+                                   * or a spawned process dies (NULL: no watchdog); it should
+                                   * return promptly: the engine then aborts the group's
+                                   * collectives so a stuck step fails */
+    void *tp_fail_ctx;
+} engine_config;
+
+/* Fill defaults into every zero field. */
+void engine_config_defaults(engine_config *c);
+
+typedef struct {
+    float temperature;            /* 0 = greedy */
+    float top_p;                  /* 1 = off */
+    int top_k;                    /* 0 = off */
+    float min_p;                  /* 0 = off */
+    uint64_t seed;
+    int has_seed;                 /* else a random seed */
+    float presence_penalty, frequency_penalty; /* OpenAI, additive */
+    float repetition_penalty;     /* 1 = off; HF style, over prompt + output */
+    int n_logit_bias;
+    const int32_t *logit_bias_ids; /* copied by engine_add */
+    const float *logit_bias_vals;
+    int max_tokens;               /* new tokens at most (capped by max_seq_len) */
+    int min_tokens;               /* EOS suppressed before this many */
+    int ignore_eos;
+    int logprobs;                 /* -1: none; 0: chosen token only; N: + top N (<= 20) */
+} engine_sampling;
+
+void engine_sampling_defaults(engine_sampling *s);
+
+typedef enum { ENGINE_RUNNING = 0, ENGINE_FINISH_STOP, ENGINE_FINISH_LENGTH,
+               ENGINE_FINISH_ABORT, ENGINE_FINISH_ERROR } engine_finish;
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+#define ENGINE_MAX_STEP_TOKENS 16   /* tokens one request can get in one step (k+1) */
+
+typedef struct {
+    int32_t id;
+    float logprob;                 /* of the chosen token under the target */
+    int n_top;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+} engine_token;
+
+typedef struct {
+    uint64_t req_id;
+    int n_tokens;                  /* new tokens this step (0 is possible with finish) */
+    engine_token tokens[ENGINE_MAX_STEP_TOKENS];
+    engine_finish finish;          /* != RUNNING: the request is gone from the engine */
+    int n_prompt_tokens, n_output_tokens, n_cached_tokens;
+    /* speculative decoding counters of this request so far */
+    int spec_verify_steps, spec_draft_tokens, spec_accepted_tokens;
+} engine_event;
+
+typedef struct {
+    int n_events;
+    engine_event *events;          /* engine-owned; valid until the second engine_step after
+                                    * the one that filled it (two buffers alternate, so a
+                                    * caller may read step N's events while step N+1 runs) */
+    int n_scheduled_tokens;
+} engine_output;
+
+typedef struct {
+    int running, waiting, paused;
+    int kv_blocks_total, kv_blocks_used, kv_blocks_free;
+    int max_seq_len, max_batch;
+    uint64_t prompt_tokens, generation_tokens, preemptions, prefix_cache_hit_tokens;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_per_pos[ENGINE_MAX_STEP_TOKENS];
+    /* steps by path: whole-step runner speculation (one graph on CUDA), speculation
+     * composed from forward passes (mixed batches), runner on-device decode */
+    uint64_t steps_runner_spec, steps_composed, steps_device_decode;
+    int num_draft_tokens;
+    int failed;                    /* engine hit a runner error; every request fails */
+} engine_stats;
+
+typedef struct engine engine;
+
+engine *engine_create(const engine_config *cfg, char *err, size_t errlen);
+/* Destroying a tensor-parallel rank 0 stops its workers (STOP, then reaps the spawned). */
+void engine_destroy(engine *e);
+
+/* A tensor-parallel worker (cfg->tp.rank > 0): load the model, join rank 0, and apply its
+ * steps until it stops them (0) or fails / goes away (< 0, with a message). */
+int engine_tp_worker_run(const engine_config *cfg, char *err, size_t errlen);
+
+const model_config *engine_model_config(const engine *e);
+const tok_tokenizer *engine_tokenizer(const engine *e);  /* NULL if none */
+const tmpl_template *engine_template(const engine *e);   /* NULL if none */
+const char *engine_device_name(const engine *e);
+
+/* Queue a request. prompt is copied. Errors: SPECD_ERANGE (prompt + 1 > max_seq_len, or
+ * empty), SPECD_EINVAL (token id out of vocabulary, bad params), SPECD_ESTATE (failed
+ * engine). */
+int engine_add(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+               const engine_sampling *sp, char *err, size_t errlen);
+/* engine_add in two halves, so a caller can check and build a request on one thread while
+ * another runs a step: engine_prepare validates (the same errors as engine_add, except the
+ * duplicate id) and copies everything into a new pending request, reading only what
+ * engine_create fixed, so it may run concurrently with engine_step; engine_submit queues
+ * it (not concurrently with a step) and owns it from then on, also when it fails
+ * (SPECD_EINVAL duplicate id, SPECD_ESTATE failed engine, SPECD_ENOMEM). A pending request
+ * never submitted is freed with engine_pending_free. */
+typedef struct req engine_pending;
+int engine_prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                   const engine_sampling *sp, engine_pending **out, char *err, size_t errlen);
+int engine_submit(engine *e, engine_pending *p, char *err, size_t errlen);
+void engine_pending_free(engine_pending *p);
+
+/* Cancel: frees its KV at once. Emits no event. Returns SPECD_ENOTFOUND if unknown. */
+int engine_abort(engine *e, uint64_t req_id);
+/* Pause (1) or resume (0) a request: paused, it keeps its KV (unless preempted) but gets
+ * no steps, and engine_has_work does not count it. SPECD_ENOTFOUND if unknown. */
+int engine_pause(engine *e, uint64_t req_id, int paused);
+int engine_has_work(const engine *e);
+
+/* One step. Fills out with an event for each request that produced tokens or finished.
+ * A runner failure returns SPECD_ECUDA (or the runner's code), marks the engine failed,
+ * and finishes every request with ENGINE_FINISH_ERROR events. */
+int engine_step(engine *e, engine_output *out);
+
+void engine_get_stats(const engine *e, engine_stats *st);
+
+/* Debug / golden tests: logits (vocab floats) that chose the first output token of the
+ * given request are recorded if the request was added with engine_add_ex(record=1). */
+int engine_add_ex(engine *e, uint64_t req_id, const int32_t *prompt, int n_prompt,
+                  const engine_sampling *sp, int record_first_logits, char *err, size_t errlen);
+/* Copy the recorded logits into dst (vocab floats); SPECD_ENOTFOUND if none. Valid until
+ * the request's finish event has been returned and the next step runs. */
+int engine_first_logits(engine *e, uint64_t req_id, float *dst);
+
+#endif

@@ -1,0 +1,456 @@
+/* One engine step = schedule -> run -> postprocess (see engine.h; creation and requests
+ * are in engine.c).
+ *
+ * Phases of engine_step:
+ *   1. the scheduler picks rows and how many tokens each feeds;
+ *   2. slot sync: a row that got a (new) slot has its block table and lengths written
+ *      into the runner; a row whose table grew has the new block ids appended;
+ *   3. with a draft model: the draft catches up on every row (prefill chunks, tokens it
+ *      has not seen) and proposes k tokens for each decoding row, one pass per token;
+ *   4. one target pass over every row (prefill chunks and k+1 verify tokens);
+ *   5. sampling / acceptance, length rollback, prefix-cache commit, finish checks,
+ *      events. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/engine_internal.h"
+#include "engine/core/err.h"
+#include "engine/core/sample.h"
+#include "engine/core/spec.h"
+
+/* ---- one step -------------------------------------------------------------------------- */
+
+/* Mirror the scheduler's slot decisions into the runner (phase 2). */
+static int sync_slot(engine *e, req *r) {
+    sched_seq *s = &r->seq;
+    runner *run = e->run;
+    int rc;
+    if (s->slot_epoch != r->synced_epoch || r->synced_blocks == 0) {
+        /* new slot (admission or re-admission after preemption): whole row + lengths */
+        if ((rc = run->ops->slot_write_blocks(run, s->slot, 0, s->kv.blocks, s->kv.n_blocks))) return rc;
+        if ((rc = run->ops->slot_set_len(run, s->slot, RUNNER_TARGET, s->n_computed))) return rc;
+        if ((rc = run->ops->slot_set_len(run, s->slot, RUNNER_DRAFT, s->n_computed))) return rc;
+        r->synced_epoch = s->slot_epoch;
+        r->synced_blocks = s->kv.n_blocks;
+        if (r->n_cached == 0 && s->n_computed > 0 && r->n_out == 0) {
+            r->n_cached = s->n_computed;
+            e->st.prefix_cache_hit_tokens += (uint64_t)s->n_computed;
+        }
+    } else if (s->kv.n_blocks > r->synced_blocks) {
+        if ((rc = run->ops->slot_write_blocks(run, s->slot, r->synced_blocks,
+                                              s->kv.blocks + r->synced_blocks,
+                                              s->kv.n_blocks - r->synced_blocks)))
+            return rc;
+        r->synced_blocks = s->kv.n_blocks;
+    }
+    return 0;
+}
+
+/* Each buffer holds 3 * max_batch + 8 events; only mass rejection or failure can exceed
+ * that, and then it grows (a caller holds a buffer only until the second call after). */
+static engine_event *new_event(engine *e, engine_output *out, req *r) {
+    int b = e->ev_cur;
+    if (out->n_events == e->cap_events[b]) {
+        engine_event *n = realloc(e->events[b], sizeof *n * (size_t)e->cap_events[b] * 2);
+        if (!n) abort();
+        e->events[b] = out->events = n;
+        e->cap_events[b] *= 2;
+    }
+    engine_event *ev = &e->events[b][out->n_events++];
+    memset(ev, 0, sizeof *ev);
+    ev->req_id = r->id;
+    return ev;
+}
+
+static void fill_counts(engine_event *ev, const req *r) {
+    ev->n_prompt_tokens = r->seq.n_prompt;
+    ev->n_output_tokens = r->n_out;
+    ev->n_cached_tokens = r->n_cached;
+    ev->spec_verify_steps = r->verify_steps;
+    ev->spec_draft_tokens = r->draft_tokens;
+    ev->spec_accepted_tokens = r->accepted;
+}
+
+static int is_eos(const engine *e, int32_t t) {
+    for (int i = 0; i < e->n_eos; i++)
+        if (e->eos[i] == t) return 1;
+    return 0;
+}
+
+/* Record one emitted token (logprobs from the raw target logits). Returns a finish
+ * reason when this token ends the request. */
+static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, const float *raw) {
+    engine_token *et = &ev->tokens[ev->n_tokens++];
+    et->id = t;
+    if (raw && r->sp.logprobs >= 0) {
+        et->logprob = sample_logprob(raw, e->vocab, t);
+        if (r->sp.logprobs > 0)
+            et->n_top = sample_top_logprobs(raw, e->vocab, r->sp.logprobs, et->top_ids, et->top_logprobs);
+    }
+    if (raw && r->record && r->n_out == 0) memcpy(r->first_logits, raw, (size_t)e->vocab * sizeof(float));
+    r->seq.tokens[r->seq.n_tokens++] = t;
+    r->n_out++;
+    e->st.generation_tokens++;
+    if (!r->sp.ignore_eos && is_eos(e, t) && r->n_out > r->sp.min_tokens - 1) return ENGINE_FINISH_STOP;
+    if (r->n_out >= r->max_new || r->seq.n_tokens >= e->cfg.max_seq_len) return ENGINE_FINISH_LENGTH;
+    return ENGINE_RUNNING;
+}
+
+/* Processed logits -> token for a non-speculative row (logits are modified). */
+static int32_t sample_row(engine *e, req *r, float *logits, const int32_t *hist, int n_hist) {
+    r->spp.suppress_eos = r->n_out < r->sp.min_tokens;
+    sample_apply_penalties(logits, e->vocab, &r->spp, hist, n_hist, r->seq.n_prompt, e->scratch);
+    if (r->sp.temperature <= 0) return sample_argmax(logits, e->vocab);
+    sample_probs(logits, e->vocab, &r->spp, e->scratch);
+    return sample_from_probs(logits, e->vocab, sample_uniform(r->seed, 2 * (uint64_t)r->n_out));
+}
+
+
+/* Phase 3: the draft catches up on every row and proposes k tokens for speculating rows. */
+static int draft_phase(engine *e, int n) {
+    runner *run = e->run;
+    int nr = 0, nt = 0, no = 0;
+    for (int i = 0; i < n; i++) {
+        row_plan *p = &e->plan[i];
+        sched_seq *s = &p->r->seq;
+        int dlen = run->ops->slot_get_len(run, s->slot, RUNNER_DRAFT);
+        int upto = p->spec ? s->n_tokens : s->n_computed + p->n_new;
+        if (upto <= dlen) continue;
+        runner_row *row = &e->rows[nr++];
+        *row = (runner_row){.slot = s->slot, .n_new = upto - dlen, .tok_off = nt,
+                            .n_logits = p->spec ? 1 : 0, .logits_off = p->spec ? no : 0};
+        memcpy(e->tokens + nt, s->tokens + dlen, (size_t)(upto - dlen) * sizeof(int32_t));
+        nt += upto - dlen;
+        if (p->spec) p->logits_off = no++;   /* draft logits row of this plan row */
+    }
+    runner_batch b = {.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows, .tokens = e->tokens,
+                      .n_tokens = nt, .logits = e->dlogits};
+    int rc = nr ? runner_forward(run, &b) : 0;
+    for (int j = 0; rc == 0 && j < e->k; j++) {
+        /* pick draft token j for each speculating row, then feed it (except the last) */
+        nr = 0;
+        for (int i = 0; i < n; i++) {
+            row_plan *p = &e->plan[i];
+            if (!p->spec) continue;
+            req *r = p->r;
+            float *lg = e->dlogits + (size_t)p->logits_off * e->vocab;
+            int32_t d;
+            /* the history the target will see at this position: tokens + earlier drafts */
+            int nh = r->seq.n_tokens;
+            memcpy(e->hist, r->seq.tokens, (size_t)nh * sizeof(int32_t));
+            memcpy(e->hist + nh, p->drafts, (size_t)j * sizeof(int32_t));
+            r->spp.suppress_eos = r->n_out + j < r->sp.min_tokens;
+            sample_apply_penalties(lg, e->vocab, &r->spp, e->hist, nh + j, r->seq.n_prompt, e->scratch);
+            if (r->sp.temperature <= 0) {
+                d = sample_argmax(lg, e->vocab);
+            } else {
+                float *q = e->dprobs + ((size_t)i * e->k + j) * e->vocab;
+                memcpy(q, lg, (size_t)e->vocab * sizeof(float));
+                sample_probs(q, e->vocab, &r->spp, e->scratch);
+                d = sample_from_probs(q, e->vocab, sample_uniform(r->seed ^ SPEC_SALT_DRAFT, (uint64_t)r->n_out + j));
+            }
+            p->drafts[j] = d;
+            if (j + 1 < e->k) {
+                e->rows[nr] = (runner_row){.slot = r->seq.slot, .n_new = 1, .tok_off = nr,
+                                           .n_logits = 1, .logits_off = p->logits_off};
+                e->tokens[nr++] = d;
+            }
+        }
+        if (j + 1 < e->k && nr) {
+            /* logits rows are addressed by logits_off; keep the rows in plan order */
+            b = (runner_batch){.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows,
+                               .tokens = e->tokens, .n_tokens = nr, .logits = e->dlogits};
+            rc = runner_forward(run, &b);
+        }
+    }
+    return rc;
+}
+
+/* Speculation counters of one verify step of one row (per request and engine-wide). */
+static void count_verify(engine *e, req *r, int accepted) {
+    r->verify_steps++;
+    r->draft_tokens += e->k;
+    r->accepted += accepted;
+    e->st.spec_drafts++;
+    e->st.spec_draft_tokens += (uint64_t)e->k;
+    e->st.spec_accepted_tokens += (uint64_t)accepted;
+    for (int j = 0; j < accepted; j++) e->st.spec_accepted_per_pos[j]++;
+}
+
+/* Phase 5 for a speculating row: acceptance, rollback, events. */
+static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
+    req *r = p->r;
+    sched_seq *s = &r->seq;
+    int k = e->k, V = e->vocab;
+    float *L = e->logits + (size_t)p->logits_off * V;   /* (k+1, V) raw target logits */
+    int32_t out[ENGINE_MAX_STEP_TOKENS];
+    int m;
+    /* processed target distributions at each position, history including earlier drafts */
+    int nh = s->n_tokens;
+    memcpy(e->hist, s->tokens, (size_t)nh * sizeof(int32_t));
+    memcpy(e->hist + nh, p->drafts, (size_t)k * sizeof(int32_t));
+    for (int j = 0; j <= k; j++) {
+        float *pj = e->pprobs + (size_t)j * V;
+        memcpy(pj, L + (size_t)j * V, (size_t)V * sizeof(float));
+        r->spp.suppress_eos = r->n_out + j < r->sp.min_tokens;
+        sample_apply_penalties(pj, V, &r->spp, e->hist, nh + j, s->n_prompt, e->scratch);
+        if (r->sp.temperature > 0) sample_probs(pj, V, &r->spp, e->scratch);
+    }
+    if (r->sp.temperature <= 0) {
+        m = spec_accept_greedy(e->pprobs, V, p->drafts, k, out);
+    } else {
+        double ua[ENGINE_MAX_STEP_TOKENS];
+        for (int j = 0; j < k; j++) ua[j] = sample_uniform(r->seed ^ SPEC_SALT_ACCEPT, (uint64_t)r->n_out + j);
+        int i = (int)(p - e->plan);
+        m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua,
+                               sample_uniform(r->seed, 2 * (uint64_t)r->n_out), e->work, 0, out);
+    }
+    int acc = m - 1;
+    count_verify(e, r, acc);
+    /* KV now holds the fed token and the accepted drafts; the emitted last token is not in
+     * it yet. The draft saw the fed tokens and drafts 1..k-1. */
+    int new_len = s->n_computed + 1 + acc;
+    int dlen = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
+    e->run->ops->slot_set_len(e->run, s->slot, RUNNER_TARGET, new_len);
+    e->run->ops->slot_set_len(e->run, s->slot, RUNNER_DRAFT, dlen < new_len ? dlen : new_len);
+    s->n_computed = new_len;
+    engine_finish f = ENGINE_RUNNING;
+    for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out[j], L + (size_t)j * V);
+    return f;
+}
+
+/* Whether this step can use the runner's on-device decode (a captured graph on CUDA):
+ * every row decodes one token and needs nothing the device sampler lacks (penalties,
+ * logit bias, logprobs, min_tokens, recorded logits are host features). */
+static int device_decode_ok(const engine *e, int n) {
+    if (!e->run->ops->decode || e->k > 0 || n == 0) return 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        const sched_seq *s = &r->seq;
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || r->record || r->sp.logprobs >= 0 ||
+            r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
+            r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens)
+            return 0;
+    }
+    return 1;
+}
+
+static int device_decode(engine *e, int n, engine_output *out) {
+    for (int i = 0; i < n; i++) {
+        const req *r = e->plan[i].r;
+        e->dec_slots[i] = r->seq.slot;
+        e->dec_tokens[i] = r->seq.tokens[r->seq.n_computed];
+        e->dec_sp[i] = (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p,
+                                         .min_p = r->sp.min_p, .top_k = r->sp.top_k,
+                                         .seed = r->seed, .counter = (uint64_t)r->n_out};
+    }
+    runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
+                              .out_tokens = e->dec_out, .out_logprobs = NULL};
+    int rc = e->run->ops->decode(e->run, &db);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        req *r = e->plan[i].r;
+        sched_seq *s = &r->seq;
+        s->n_computed += 1;
+        engine_event *ev = new_event(e, out, r);
+        engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL);
+        kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed);
+        ev->finish = f;
+        fill_counts(ev, r);
+        if (f != ENGINE_RUNNING) engine_req_drop(e, r);
+    }
+    return 0;
+}
+
+/* Whether the whole step can be one runner speculative step (one graph on CUDA): every
+ * row speculates, has at least two tokens, and needs no host-side sampling feature. */
+static int runner_spec_ok(const engine *e, int n) {
+    if (!e->run->ops->spec_step || e->k == 0 || n == 0) return 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        if (!p->spec || r->seq.n_tokens < 2 || r->record || r->sp.logprobs >= 0 || r->sp.n_logit_bias ||
+            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
+            r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens)
+            return 0;
+    }
+    return 1;
+}
+
+static int runner_spec(engine *e, int n, engine_output *out) {
+    int k = e->k;
+    for (int i = 0; i < n; i++) {
+        const req *r = e->plan[i].r;
+        const sched_seq *s = &r->seq;
+        e->dec_slots[i] = s->slot;
+        e->tokens[2 * i] = s->tokens[s->n_tokens - 2];
+        e->tokens[2 * i + 1] = s->tokens[s->n_tokens - 1];
+        e->dec_sp[i] = (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p,
+                                         .min_p = r->sp.min_p, .top_k = r->sp.top_k,
+                                         .seed = r->seed, .counter = (uint64_t)r->n_out};
+    }
+    int32_t *out_tok = e->spec_out;
+    int *out_n = e->spec_n;
+    runner_spec_batch sb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
+                            .out_tokens = out_tok, .out_n = out_n};
+    int rc = e->run->ops->spec_step(e->run, &sb);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        req *r = e->plan[i].r;
+        sched_seq *s = &r->seq;
+        int m = out_n[i], L = s->n_computed;
+        count_verify(e, r, m - 1);
+        s->n_computed = L + m;
+        engine_event *ev = new_event(e, out, r);
+        engine_finish f = ENGINE_RUNNING;
+        for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out_tok[i * (k + 1) + j], NULL);
+        int dlen = L + k < L + m ? L + k : L + m;
+        kv_seq_commit(e->kv, &s->kv, s->tokens, dlen < s->n_computed ? dlen : s->n_computed);
+        ev->finish = f;
+        fill_counts(ev, r);
+        if (f != ENGINE_RUNNING) engine_req_drop(e, r);
+    }
+    return 0;
+}
+
+static void fail_all(engine *e, engine_output *out) {
+    e->failed = 1;
+    e->st.failed = 1;
+    while (e->n_reqs > 0) {
+        req *r = e->reqs[e->n_reqs - 1];
+        engine_event *ev = new_event(e, out, r);
+        ev->finish = ENGINE_FINISH_ERROR;
+        fill_counts(ev, r);
+        engine_req_drop(e, r);
+    }
+}
+
+/* Keep a finished request's first-token logits for engine_first_logits (oldest dropped). */
+static void record_finished_logits(engine *e, req *r) {
+    if (!r->record || r->n_out == 0) return;
+    if (e->n_rec == (int)(sizeof e->rec / sizeof e->rec[0])) {
+        free(e->rec[0].logits);
+        memmove(e->rec, e->rec + 1, sizeof e->rec[0] * (size_t)--e->n_rec);
+    }
+    e->rec[e->n_rec].id = r->id;
+    e->rec[e->n_rec++].logits = r->first_logits;
+    r->first_logits = NULL;
+}
+
+int engine_step(engine *e, engine_output *out) {
+    out->n_events = 0;
+    e->ev_cur ^= 1;
+    out->events = e->events[e->ev_cur];
+    out->n_scheduled_tokens = 0;
+    if (e->failed) return SPECD_ESTATE;
+    sched_batch sb;
+    int rc = sched_schedule(e->sched, &sb);
+    if (rc) goto fail;
+    e->st.preemptions += (uint64_t)sb.n_preempted;
+    /* Sequences that can never fit (already out of the queues, KV and slot freed). */
+    for (int i = 0; i < sb.n_rejected; i++) {
+        req *r = sb.rejected[i]->user;
+        engine_event *ev = new_event(e, out, r);
+        ev->finish = ENGINE_FINISH_ERROR;
+        fill_counts(ev, r);
+        fprintf(stderr, "specd: request %llu rejected by the scheduler: %s\n",
+                (unsigned long long)r->id, specd_strerror(sb.rejected[i]->reject_code));
+        engine_req_drop(e, r);
+    }
+    int n = sb.n, V = e->vocab;
+
+    /* Phases 1-2: plan rows, sync slots. */
+    for (int i = 0; i < n; i++) {
+        req *r = sb.seqs[i]->user;
+        row_plan *p = &e->plan[i];
+        memset(p, 0, sizeof *p);
+        p->r = r;
+        p->n_new = sb.n_new[i];
+        if ((rc = sync_slot(e, r))) goto fail;
+        sched_seq *s = &r->seq;
+        p->spec = e->k > 0 && p->n_new == 1 && s->n_tokens - s->n_computed == 1 &&
+                  s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
+                  s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k;
+        out->n_scheduled_tokens += p->n_new;
+    }
+    if (device_decode_ok(e, n)) {
+        if ((rc = device_decode(e, n, out))) goto fail;
+        e->st.steps_device_decode++;
+        return 0;
+    }
+    if (runner_spec_ok(e, n)) {
+        if ((rc = runner_spec(e, n, out))) goto fail;
+        e->st.steps_runner_spec++;
+        return 0;
+    }
+    if (n) e->st.steps_composed++;
+    /* Phase 3: draft. */
+    if (e->k > 0 && n > 0 && (rc = draft_phase(e, n))) goto fail;
+
+    /* Phase 4: one target pass. */
+    int nt = 0, no = 0;
+    for (int i = 0; i < n; i++) {
+        row_plan *p = &e->plan[i];
+        sched_seq *s = &p->r->seq;
+        runner_row *row = &e->rows[i];
+        *row = (runner_row){.slot = s->slot, .tok_off = nt};
+        if (p->spec) {
+            e->tokens[nt] = s->tokens[s->n_computed];
+            memcpy(e->tokens + nt + 1, p->drafts, (size_t)e->k * sizeof(int32_t));
+            row->n_new = row->n_logits = e->k + 1;
+        } else {
+            memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
+            row->n_new = p->n_new;
+            row->n_logits = s->n_computed + p->n_new == s->n_tokens ? 1 : 0;
+        }
+        row->logits_off = no;
+        p->logits_off = no;
+        p->target_logits = row->n_logits;
+        no += row->n_logits;
+        nt += row->n_new;
+    }
+    runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
+                       .n_tokens = nt, .logits = e->logits};
+    if (n && (rc = runner_forward(e->run, &tb))) goto fail;
+
+    /* Phase 5: sample / accept, commit, finish. */
+    for (int i = 0; i < n; i++) {
+        row_plan *p = &e->plan[i];
+        req *r = p->r;
+        sched_seq *s = &r->seq;
+        engine_finish f = ENGINE_RUNNING;
+        engine_event *ev = NULL;
+        if (p->spec) {
+            ev = new_event(e, out, r);
+            f = accept_row(e, p, ev);
+        } else {
+            s->n_computed += p->n_new;
+            if (p->target_logits) {
+                float *lg = e->logits + (size_t)p->logits_off * V;
+                memcpy(e->work, lg, (size_t)V * sizeof(float));
+                int32_t t = sample_row(e, r, e->work, s->tokens, s->n_tokens);
+                ev = new_event(e, out, r);
+                f = emit_token(e, r, ev, t, lg);
+            }
+        }
+        int dlen = e->k ? e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT) : s->n_computed;
+        kv_seq_commit(e->kv, &s->kv, s->tokens, dlen < s->n_computed ? dlen : s->n_computed);
+        if (ev) {
+            ev->finish = f;
+            fill_counts(ev, r);
+        }
+        if (f != ENGINE_RUNNING) {
+            record_finished_logits(e, r);
+            engine_req_drop(e, r);
+        }
+    }
+    return 0;
+fail:
+    fprintf(stderr, "specd: engine step failed: %s\n", specd_strerror(rc));
+    fail_all(e, out);
+    return rc;
+}
+

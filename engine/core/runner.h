@@ -1,0 +1,170 @@
+/* The runner seam (prefix runner_): everything between "these rows feed these tokens"
+ * and logits. The scheduler and block manager never see how compute is done; a runner
+ * never sees requests. Two implementations: the CPU reference (runner_cpu.c, fp32) and
+ * the CUDA runner (cuda_runner.c, bf16 + cuBLAS + CUDA graphs).
+ *
+ * KV: a runner owns the storage of ONE paged pool of `num_blocks` blocks of
+ * `block_size` tokens for n_layers(target) + n_layers(draft) layers; draft layer i is
+ * pool layer L_target + i. Block 0 is the null block: never handed to a request,
+ * padding rows write there.
+ *
+ * Slots: a table of max_batch + 1 rows; row max_batch is the dummy slot. Each row holds a
+ * block table (max_blocks_per_seq entries, unused entries = 0) and a context length per
+ * model (target, draft). The host writes a row when a request enters or leaves it (and
+ * appends block ids as the request grows); forward() reads positions from the lengths
+ * and advances them by the tokens it fed. Rollback after speculation is set_len.
+ *
+ * Threading: a runner is driven by one thread at a time. */
+#ifndef SPECD_RUNNER_H
+#define SPECD_RUNNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model/model.h"
+
+enum { RUNNER_TARGET = 0, RUNNER_DRAFT = 1 };
+
+typedef struct {
+    int num_blocks;          /* including the null block 0 */
+    int block_size;          /* tokens per block */
+    int max_batch;           /* live slots; the dummy slot is one more */
+    int max_seq_len;         /* max_blocks_per_seq = ceil(max_seq_len / block_size) */
+    int max_tokens_per_step; /* upper bound of runner_batch.n_tokens */
+    int threads;             /* CPU runner: worker threads (0 = number of cores) */
+    int device;              /* CUDA runner: device ordinal */
+    /* CUDA runner: when num_blocks == 0 it sizes the pool itself as
+     * floor(mem_fraction * free_bytes_after_weights_workspace_graphs / block_bytes) and
+     * writes the result back into runner.cfg.num_blocks. */
+    double mem_fraction;
+    size_t kv_bytes;         /* CUDA runner: when > 0, caps that pool at this many bytes */
+    int num_draft_tokens;    /* k, for capturing speculative steps (0: none) */
+    /* Round the rotary frequencies to bf16 (see model_rope_inv_freq): reproduces a
+     * reference whose rotary buffer was held in bf16, as the fixtures' was. Off by default,
+     * as in transformers' own bf16 inference and vLLM. */
+    int rope_bf16_freqs;
+    /* CUDA runner: when nonzero the model's tensors are not read (it may be a model_shape)
+     * and the weights are filled on the device with uniform random values from this seed:
+     * benchmarks of real shapes without host weights. The CPU runner refuses it. */
+    uint64_t random_weights_seed;
+    /* Tensor parallelism (see docs/tensor-parallel.md). With tp_world > 1 the
+     * runner holds shard tp_rank of the TARGET (shard_model: its Q/KV heads and ffn rows,
+     * so its pool holds n_kv_heads / tp_world heads per target layer) and calls
+     * allreduce(allreduce_ctx, buf, n) -- an in-place sum over all ranks that leaves the
+     * same bits on every rank -- on the [n_tokens, hidden] partial outputs of the O and
+     * down projections. Embedding, lm_head and the draft are replicated: every rank
+     * computes the same full logits and the same draft tokens. 0 / 1: no parallelism.
+     * The CPU runner calls the hook; the CUDA runner ignores it and all-reduces with the
+     * NCCL communicator it is given (runner_cuda_tp_backend, engine/cuda/cuda_runner.h). */
+    int tp_rank, tp_world;
+    int (*allreduce)(void *ctx, float *buf, size_t n);
+    void *allreduce_ctx;
+} runner_config;
+
+/* Per-row sampling parameters for on-device sampling (optional fast paths). */
+typedef struct {
+    float temperature;       /* 0: greedy argmax */
+    float top_p, min_p;
+    int top_k;
+    uint64_t seed;           /* counter-based RNG: (seed, step counter) -> uniform */
+    uint64_t counter;        /* e.g. the row's output position */
+} runner_sampling;
+
+/* One decode step: n rows, one new token each (optional op). */
+typedef struct {
+    int n;
+    const int *slots;             /* [n] */
+    const int32_t *tokens;        /* [n] the token fed */
+    const runner_sampling *sp;    /* [n] */
+    int32_t *out_tokens;          /* [n] sampled */
+    float *out_logprobs;          /* [n] logprob of the sampled token (may be NULL) */
+} runner_decode_batch;
+
+/* One speculative step (optional op), for rows whose target length L is the position of
+ * their last token (not yet in either model's KV):
+ *   1. the draft's length is set to L-1 and it is fed [tokens[i][0], tokens[i][1]] at
+ *      positions L-1, L (re-feeding the second-to-last token rewrites the KV the draft
+ *      already had, so one fixed shape covers a draft that is in step and one that is a
+ *      token behind, as after a fully accepted step); its argmax / sample is d1;
+ *   2. k-1 more draft passes of one token per row give d2..dk;
+ *   3. one target pass over [tokens[i][1], d1..dk] at positions L..L+k;
+ *   4. acceptance (greedy: longest prefix where the target argmax equals the draft, then
+ *      the target's token; sampling: rejection sampling, lossless in distribution);
+ *   5. target length = L + 1 + accepted, draft length = min(L + k, that); on CUDA the
+ *      dummy slot's lengths are zeroed after the advance, all inside one graph.
+ * Requires L >= 1 and L + k + 1 <= max_seq_len for every row. */
+typedef struct {
+    int n, k;
+    const int *slots;             /* [n] */
+    const int32_t *tokens;        /* [n, 2]: second-to-last and last token of each row */
+    const runner_sampling *sp;    /* [n] (counter: output index of the first new token) */
+    int32_t *out_tokens;          /* [n, k+1]: accepted drafts then the target's token */
+    int *out_n;                   /* [n] tokens emitted per row: accepted + 1 */
+} runner_spec_batch;
+
+typedef struct {
+    int slot;                /* row of the slot table (0..max_batch; max_batch = dummy) */
+    int n_new;               /* tokens this row feeds, at positions len .. len+n_new-1 */
+    int tok_off;             /* index of its first token in runner_batch.tokens */
+    int n_logits;            /* 0: none, 1: last position only, n_new: every position */
+    int logits_off;          /* its first row in runner_batch.logits */
+} runner_row;
+
+typedef struct {
+    int which;               /* RUNNER_TARGET or RUNNER_DRAFT */
+    int n_rows;
+    const runner_row *rows;
+    const int32_t *tokens;   /* [n_tokens] */
+    int n_tokens;
+    float *logits;           /* [sum of n_logits, vocab], fp32, host memory */
+} runner_batch;
+
+typedef struct runner runner;
+
+typedef struct {
+    const char *name;
+    /* Run one forward pass of `which` over all rows: write K/V of every fed token into
+     * the pool through the slot's block table, attend causally over the slot's context,
+     * write requested logits, then advance each row's length by n_new. */
+    int (*forward)(runner *r, const runner_batch *b);
+    /* Write a slot's block table: entries [first, first+n) = blocks; with first == 0 the
+     * rest of the row is reset to the null block. */
+    int (*slot_write_blocks)(runner *r, int slot, int first, const int32_t *blocks, int n);
+    int (*slot_set_len)(runner *r, int slot, int which, int len);
+    int (*slot_get_len)(runner *r, int slot, int which);
+    /* Copy the K/V of pool block src to dst for every layer (copy-on-write). */
+    int (*copy_block)(runner *r, int dst, int src);
+    /* Optional fast paths (NULL when not implemented; the engine then composes them
+     * from forward + host sampling). */
+    int (*decode)(runner *r, const runner_decode_batch *b);
+    int (*spec_step)(runner *r, const runner_spec_batch *b);
+    /* Optional, callable from any thread: a peer rank of a tensor-parallel group died, so
+     * make the collective a step may be waiting in (and every later one) fail at once. */
+    void (*abort_group)(runner *r);
+    void (*destroy)(runner *r);
+} runner_ops;
+
+struct runner {
+    const runner_ops *ops;
+    runner_config cfg;
+    const model *target;
+    const model *draft;      /* NULL without speculation */
+    int vocab;
+};
+
+static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }
+static inline void runner_destroy(runner *r) { if (r) r->ops->destroy(r); }
+
+/* CPU reference runner. Converts all weights to fp32 at creation. */
+runner *runner_cpu_create(const model *target, const model *draft, const runner_config *cfg,
+                          char *err, size_t errlen);
+/* Bytes of one KV block (all target + draft layers) in the CPU runner's storage. */
+size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size);
+
+#ifdef SPECD_HAVE_CUDA
+/* CUDA runner (engine/cuda/cuda_runner.c): bf16 weights and KV, cuBLAS GEMMs, CUDA graphs. */
+runner *runner_cuda_create(const model *target, const model *draft, const runner_config *cfg,
+                           char *err, size_t errlen);
+#endif
+
+#endif

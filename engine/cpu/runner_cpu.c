@@ -1,0 +1,790 @@
+/* The CPU reference runner: a plain, readable fp32 transformer over the paged KV pool.
+ *
+ * It reads like a textbook forward pass (llama2.c is the model): embed, then per layer
+ * RMSNorm -> QKV (+bias) -> q/k norm -> rotary -> KV write through the block table ->
+ * causal attention over the slot's context -> output projection -> residual, RMSNorm ->
+ * SiLU(gate) * up -> down -> residual; final norm and lm_head only where logits are
+ * wanted. Matrix-vector work is spread over the thread pool by output rows; attention
+ * by (token, head). Numbers match HF transformers' fp32 forward to ~1e-5.
+ *
+ * KV layout: per pool layer, K and V are [num_blocks][block_size][n_kv_heads*head_dim]
+ * floats; target layers come first, then the draft's (pool layer L_target + i).
+ *
+ * Tensor parallelism (cfg.tp_world > 1): the target is loaded from shard_model(), so
+ * n_heads, n_kv_heads and ffn below are this rank's share; the O and down projections
+ * then give partial sums, which cfg.allreduce adds up over the ranks before the residual
+ * add. The draft stays whole (replicated). */
+#include "engine/core/runner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "engine/core/err.h"
+#include "engine/core/sample.h"
+#include "engine/tp/shard.h"
+#include "engine/core/spec.h"
+#include "engine/core/threadpool.h"
+
+typedef struct {
+    float *attn_norm;   /* (hidden) */
+    float *wq;          /* (n_heads*head_dim, hidden) */
+    float *wk, *wv;     /* (n_kv_heads*head_dim, hidden) */
+    float *bq, *bk, *bv;/* (out) or NULL */
+    float *q_norm;      /* (head_dim) or NULL */
+    float *k_norm;      /* (head_dim) or NULL */
+    float *wo;          /* (hidden, n_heads*head_dim) */
+    float *ffn_norm;    /* (hidden) */
+    float *w_gate;      /* (ffn, hidden) */
+    float *w_up;        /* (ffn, hidden) */
+    float *w_down;      /* (hidden, ffn) */
+} cpu_layer;
+
+typedef struct {
+    model_config c;
+    float *tok_embd;    /* (vocab, hidden) */
+    float *out_norm;    /* (hidden) */
+    float *lm_head;     /* (vocab, hidden); == tok_embd when tied */
+    cpu_layer *layers;  /* (n_layers) */
+    float *inv_freq;    /* (head_dim/2) rotary frequencies, llama3-scaled if asked */
+    int pool_layer0;    /* first pool layer of this model */
+    int loaded;
+} cpu_model;
+
+typedef struct {
+    runner base;
+    cpu_model m[2];     /* RUNNER_TARGET, RUNNER_DRAFT */
+    int n_pool_layers;
+    float **k_cache;    /* (n_pool_layers) each (num_blocks, block_size, kv_dim) */
+    float **v_cache;
+    int max_blocks;     /* per sequence */
+    int32_t *bt;        /* (max_batch+1, max_blocks) block tables */
+    int *len[2];        /* (max_batch+1) context lengths, target and draft */
+    tp_pool *pool;
+    /* scratch, sized for max_tokens_per_step tokens of the wider model */
+    float *x, *xn, *q, *k, *v, *att, *o, *g, *u;
+    int *tok_pos, *tok_slot;
+    int *out_tok;       /* tokens whose logits are wanted, in output order */
+    /* speculative step scratch (allocated when a draft and num_draft_tokens are given) */
+    runner_row *sp_rows;    /* (max_batch) */
+    int32_t *sp_tokens;     /* (max_batch * (k+1)) */
+    int32_t *sp_drafts;     /* (max_batch * k) */
+    float *sp_dlogits;      /* (max_batch, vocab) */
+    float *sp_tlogits;      /* (max_batch * (k+1), vocab) */
+    float *sp_q;            /* (max_batch * k, vocab) draft distributions */
+    float *sp_p;            /* ((k+1), vocab) */
+    float *sp_res;          /* (vocab) */
+    int *sp_scratch;        /* (vocab) */
+} cpu_runner;
+
+/* ---- math kernels ------------------------------------------------------------------ */
+
+static float dot_generic(const float *a, const float *b, int n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+#if defined(__x86_64__)
+/* The sum of a vector's eight lanes. */
+__attribute__((target("avx2,fma")))
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+
+/* Four dot products sharing one x: the weight rows stream once, x stays in L1. */
+__attribute__((target("avx2,fma")))
+static void dot4_avx2(const float *x, const float *w, size_t ldw, int n, float *out) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + i), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + i), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + i), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + i), a3);
+    }
+    __m256 acc[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < 4; r++) {
+        float s = hsum8(acc[r]);
+        const float *wr = w + (size_t)r * ldw;
+        for (int j = i; j < n; j++) s += x[j] * wr[j];
+        out[r] = s;
+    }
+}
+
+/* 4 weight rows x 2 tokens: eight independent FMA chains cover the FMA latency and each
+ * weight load feeds two tokens (batched decode and prefill are compute-bound). */
+__attribute__((target("avx2,fma")))
+static void dot4x2_avx2(const float *x0, const float *x1, const float *w, size_t ldw, int n,
+                        float *out0, float *out1) {
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xa = _mm256_loadu_ps(x0 + i), xb = _mm256_loadu_ps(x1 + i), wv;
+        wv = _mm256_loadu_ps(w0 + i);
+        a0 = _mm256_fmadd_ps(xa, wv, a0);
+        b0 = _mm256_fmadd_ps(xb, wv, b0);
+        wv = _mm256_loadu_ps(w1 + i);
+        a1 = _mm256_fmadd_ps(xa, wv, a1);
+        b1 = _mm256_fmadd_ps(xb, wv, b1);
+        wv = _mm256_loadu_ps(w2 + i);
+        a2 = _mm256_fmadd_ps(xa, wv, a2);
+        b2 = _mm256_fmadd_ps(xb, wv, b2);
+        wv = _mm256_loadu_ps(w3 + i);
+        a3 = _mm256_fmadd_ps(xa, wv, a3);
+        b3 = _mm256_fmadd_ps(xb, wv, b3);
+    }
+    __m256 acc[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
+    for (int r = 0; r < 8; r++) {
+        float s = hsum8(acc[r]);
+        const float *x = r < 4 ? x0 : x1, *wr = w + (size_t)(r & 3) * ldw;
+        for (int j = i; j < n; j++) s += x[j] * wr[j];
+        (r < 4 ? out0 : out1)[r & 3] = s;
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static float dot_avx2(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc2);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(_mm256_add_ps(acc, acc2));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+#endif
+
+static int g_avx2;  /* set once at runner creation; read-only afterwards */
+
+static inline float dot(const float *a, const float *b, int n) {
+#if defined(__x86_64__)
+    if (g_avx2) return dot_avx2(a, b, n);
+#endif
+    return dot_generic(a, b, n);
+}
+
+/* y (T, out) = x (T, in) @ W (out, in)^T + bias; work split by chunks of output rows. */
+typedef struct {
+    float *y;
+    const float *x, *w, *bias;
+    int T, in, out;
+} mm_job;
+
+#define MM_ROWS 16  /* output rows per task: W chunk of 16 rows stays in L2 */
+#define MM_TOK 32   /* tokens per tile: x tile stays in L2 */
+
+static void mm_task(void *ctx, int task) {
+    const mm_job *j = ctx;
+    int o0 = task * MM_ROWS, o1 = o0 + MM_ROWS < j->out ? o0 + MM_ROWS : j->out;
+    for (int t0 = 0; t0 < j->T; t0 += MM_TOK) {
+        int t1 = t0 + MM_TOK < j->T ? t0 + MM_TOK : j->T;
+        int o = o0;
+#if defined(__x86_64__)
+        if (g_avx2) {
+            for (; o + 4 <= o1; o += 4) {
+                const float *w = j->w + (size_t)o * j->in;
+                int t = t0;
+                for (; t + 2 <= t1; t += 2) {
+                    float r0[4], r1[4];
+                    dot4x2_avx2(j->x + (size_t)t * j->in, j->x + (size_t)(t + 1) * j->in, w,
+                                (size_t)j->in, j->in, r0, r1);
+                    float *y0 = j->y + (size_t)t * j->out + o, *y1 = y0 + j->out;
+                    for (int q = 0; q < 4; q++) {
+                        float b = j->bias ? j->bias[o + q] : 0.f;
+                        y0[q] = r0[q] + b;
+                        y1[q] = r1[q] + b;
+                    }
+                }
+                for (; t < t1; t++) {
+                    float r[4];
+                    dot4_avx2(j->x + (size_t)t * j->in, w, (size_t)j->in, j->in, r);
+                    float *y = j->y + (size_t)t * j->out + o;
+                    for (int q = 0; q < 4; q++) y[q] = r[q] + (j->bias ? j->bias[o + q] : 0.f);
+                }
+            }
+        }
+#endif
+        for (; o < o1; o++) {
+            const float *w = j->w + (size_t)o * j->in;
+            for (int t = t0; t < t1; t++)
+                j->y[(size_t)t * j->out + o] =
+                    dot(j->x + (size_t)t * j->in, w, j->in) + (j->bias ? j->bias[o] : 0.f);
+        }
+    }
+}
+
+static void matmul(cpu_runner *r, float *y, const float *x, const float *w, const float *bias,
+                   int T, int in, int out) {
+    mm_job j = {y, x, w, bias, T, in, out};
+    tp_run(r->pool, mm_task, &j, (out + MM_ROWS - 1) / MM_ROWS);
+}
+
+/* HF's RMSNorm: x * rsqrt(mean(x^2) + eps) * w. */
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* HF's rotate_half rotary (non-interleaved): pairs (i, i + d/2). */
+static void rope(float *v, int head_dim, int pos, const float *inv_freq) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float ang = (float)pos * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+    }
+}
+
+/* ---- weights ------------------------------------------------------------------------ */
+
+static int load_tensor(float **dst, const tensor_view *t, int required, char *err, size_t errlen,
+                       const char *what) {
+    *dst = NULL;
+    if (!t->data) {
+        if (required) return specd_errf(err, errlen, SPECD_ENOTFOUND, "missing tensor %s", what);
+        return 0;
+    }
+    int64_t n = tensor_numel(t);
+    *dst = malloc((size_t)n * sizeof(float));
+    if (!*dst) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for %s", what);
+    int rc = tensor_to_f32(t, *dst);
+    if (rc) return specd_errf(err, errlen, rc, "cannot convert tensor %s: %s", what, specd_strerror(rc));
+    return 0;
+}
+
+static void free_model(cpu_model *m) {
+    if (!m->loaded) return;
+    for (int l = 0; m->layers && l < m->c.n_layers; l++) {
+        cpu_layer *L = &m->layers[l];
+        float *ps[] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->q_norm,
+                       L->k_norm, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
+    }
+    free(m->layers);
+    if (m->lm_head != m->tok_embd) free(m->lm_head);
+    free(m->tok_embd);
+    free(m->out_norm);
+    free(m->inv_freq);
+    memset(m, 0, sizeof *m);
+}
+
+static int load_model(cpu_model *m, const model *src, int pool_layer0, int rope_bf16, char *err,
+                      size_t errlen) {
+    int rc;
+    m->c = src->cfg;
+    m->pool_layer0 = pool_layer0;
+    m->loaded = 1;
+    m->layers = calloc((size_t)m->c.n_layers, sizeof *m->layers);
+    m->inv_freq = malloc(sizeof(float) * (size_t)(m->c.head_dim / 2));
+    if (!m->layers || !m->inv_freq) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+    model_rope_inv_freq(&m->c, rope_bf16, m->inv_freq);
+    if ((rc = load_tensor(&m->tok_embd, &src->tok_embd, 1, err, errlen, "token embedding"))) return rc;
+    if ((rc = load_tensor(&m->out_norm, &src->out_norm, 1, err, errlen, "final norm"))) return rc;
+    if (src->lm_head.data == src->tok_embd.data || !src->lm_head.data) {
+        m->lm_head = m->tok_embd;
+    } else if ((rc = load_tensor(&m->lm_head, &src->lm_head, 1, err, errlen, "lm_head"))) {
+        return rc;
+    }
+    for (int l = 0; l < m->c.n_layers; l++) {
+        const model_layer *S = &src->layers[l];
+        cpu_layer *L = &m->layers[l];
+        struct { float **dst; const tensor_view *t; int req; const char *name; } ts[] = {
+            {&L->attn_norm, &S->attn_norm, 1, "attn_norm"}, {&L->wq, &S->wq, 1, "q_proj"},
+            {&L->wk, &S->wk, 1, "k_proj"}, {&L->wv, &S->wv, 1, "v_proj"},
+            {&L->bq, &S->bq, 0, "q bias"}, {&L->bk, &S->bk, 0, "k bias"}, {&L->bv, &S->bv, 0, "v bias"},
+            {&L->q_norm, &S->q_norm, 0, "q_norm"}, {&L->k_norm, &S->k_norm, 0, "k_norm"},
+            {&L->wo, &S->wo, 1, "o_proj"}, {&L->ffn_norm, &S->ffn_norm, 1, "ffn_norm"},
+            {&L->w_gate, &S->w_gate, 1, "gate_proj"}, {&L->w_up, &S->w_up, 1, "up_proj"},
+            {&L->w_down, &S->w_down, 1, "down_proj"},
+        };
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if ((rc = load_tensor(ts[i].dst, ts[i].t, ts[i].req, err, errlen, ts[i].name))) return rc;
+    }
+    return 0;
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+typedef struct {
+    cpu_runner *r;
+    const cpu_model *m;
+    int pool_layer;
+    int T;
+} attn_job;
+
+/* One (token, head): causal attention of the token's query over positions 0..pos of its
+ * slot, read from the paged cache, with an online softmax (no score buffer needed). */
+static void attn_task(void *ctx, int task) {
+    const attn_job *j = ctx;
+    cpu_runner *r = j->r;
+    const model_config *c = &j->m->c;
+    int hd = c->head_dim, kvd = c->n_kv_heads * hd, bs = r->base.cfg.block_size;
+    int t = task / c->n_heads, h = task % c->n_heads;
+    int kvh = h / (c->n_heads / c->n_kv_heads);
+    const float *q = r->q + (size_t)t * c->n_heads * hd + (size_t)h * hd;
+    float *out = r->att + (size_t)t * c->n_heads * hd + (size_t)h * hd;
+    const int32_t *bt = r->bt + (size_t)r->tok_slot[t] * r->max_blocks;
+    const float *K = r->k_cache[j->pool_layer], *V = r->v_cache[j->pool_layer];
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0.f;
+    for (int i = 0; i < hd; i++) out[i] = 0.f;
+    for (int p = 0; p <= r->tok_pos[t]; p++) {
+        size_t off = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kvd + (size_t)kvh * hd;
+        float s = dot(q, K + off, hd) * scale;
+        const float *v = V + off;
+        if (s > mx) {  /* rescale what we have to the new max */
+            float f = expf(mx - s);
+            sum *= f;
+            for (int i = 0; i < hd; i++) out[i] *= f;
+            mx = s;
+        }
+        float w = expf(s - mx);
+        sum += w;
+        for (int i = 0; i < hd; i++) out[i] += w * v[i];
+    }
+    for (int i = 0; i < hd; i++) out[i] /= sum;
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+static int check_batch(cpu_runner *r, const cpu_model *m, const runner_batch *b) {
+    const runner_config *cfg = &r->base.cfg;
+    if (!m->loaded) return SPECD_EINVAL;
+    if (b->n_tokens < 0 || b->n_tokens > cfg->max_tokens_per_step) return SPECD_ERANGE;
+    int seen_tokens = 0;
+    for (int i = 0; i < b->n_rows; i++) {
+        const runner_row *row = &b->rows[i];
+        if (row->slot < 0 || row->slot > cfg->max_batch) return SPECD_EINVAL;
+        if (row->n_new < 0 || row->tok_off < 0 || row->tok_off + row->n_new > b->n_tokens)
+            return SPECD_EINVAL;
+        if (row->n_logits != 0 && row->n_logits != 1 && row->n_logits != row->n_new)
+            return SPECD_EINVAL;
+        if (r->len[b->which][row->slot] + row->n_new > cfg->max_seq_len) return SPECD_ERANGE;
+        for (int k = 0; k < i; k++)
+            if (b->rows[k].slot == row->slot) return SPECD_EINVAL;  /* one row per slot */
+        seen_tokens += row->n_new;
+    }
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= m->c.vocab) return SPECD_EINVAL;
+    return seen_tokens <= b->n_tokens ? 0 : SPECD_EINVAL;
+}
+
+/* Sum a row-parallel partial output over the ranks (target only; the draft is whole). */
+static int reduce(const cpu_runner *r, const runner_batch *b, float *buf, size_t n) {
+    const runner_config *cfg = &r->base.cfg;
+    if (cfg->tp_world <= 1 || b->which != RUNNER_TARGET) return 0;
+    return cfg->allreduce(cfg->allreduce_ctx, buf, n);
+}
+
+static int cpu_forward(runner *base, const runner_batch *b) {
+    cpu_runner *r = (cpu_runner *)base;
+    const cpu_model *m = &r->m[b->which == RUNNER_DRAFT];
+    int rc = check_batch(r, m, b);
+    if (rc) return rc;
+    const model_config *c = &m->c;
+    int D = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    int bs = r->base.cfg.block_size, T = 0, n_out = 0;
+
+    /* Token metadata: slot and position of every fed token; which ones need logits. */
+    for (int i = 0; i < b->n_rows; i++) {
+        const runner_row *row = &b->rows[i];
+        int len = r->len[b->which][row->slot];
+        for (int j = 0; j < row->n_new; j++) {
+            int t = row->tok_off + j;
+            r->tok_slot[t] = row->slot;
+            r->tok_pos[t] = len + j;
+        }
+        for (int j = row->n_new - row->n_logits; j < row->n_new; j++)
+            r->out_tok[row->logits_off + (j - (row->n_new - row->n_logits))] = row->tok_off + j;
+        if (row->n_logits) n_out = row->logits_off + row->n_logits > n_out ? row->logits_off + row->n_logits : n_out;
+        T = row->tok_off + row->n_new > T ? row->tok_off + row->n_new : T;
+    }
+    for (int t = 0; t < T; t++)
+        memcpy(r->x + (size_t)t * D, m->tok_embd + (size_t)b->tokens[t] * D, sizeof(float) * D);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const cpu_layer *L = &m->layers[l];
+        int pl = m->pool_layer0 + l;
+        for (int t = 0; t < T; t++)
+            rmsnorm(r->xn + (size_t)t * D, r->x + (size_t)t * D, L->attn_norm, D, c->rms_eps);
+        matmul(r, r->q, r->xn, L->wq, L->bq, T, D, qd);
+        matmul(r, r->k, r->xn, L->wk, L->bk, T, D, kvd);
+        matmul(r, r->v, r->xn, L->wv, L->bv, T, D, kvd);
+        for (int t = 0; t < T; t++) {
+            float *q = r->q + (size_t)t * qd, *k = r->k + (size_t)t * kvd;
+            for (int h = 0; h < c->n_heads; h++) {
+                if (L->q_norm) rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->rms_eps);
+                rope(q + h * hd, hd, r->tok_pos[t], m->inv_freq);
+            }
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                if (L->k_norm) rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->rms_eps);
+                rope(k + h * hd, hd, r->tok_pos[t], m->inv_freq);
+            }
+            /* KV write through the block table (padding rows land in null block 0). */
+            int p = r->tok_pos[t];
+            int32_t blk = r->bt[(size_t)r->tok_slot[t] * r->max_blocks + p / bs];
+            size_t off = ((size_t)blk * bs + (size_t)(p % bs)) * kvd;
+            memcpy(r->k_cache[pl] + off, k, sizeof(float) * kvd);
+            memcpy(r->v_cache[pl] + off, r->v + (size_t)t * kvd, sizeof(float) * kvd);
+        }
+        attn_job aj = {r, m, pl, T};
+        tp_run(r->pool, attn_task, &aj, T * c->n_heads);
+        matmul(r, r->o, r->att, L->wo, NULL, T, qd, D);
+        if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
+        for (size_t i = 0; i < (size_t)T * D; i++) r->x[i] += r->o[i];
+
+        for (int t = 0; t < T; t++)
+            rmsnorm(r->xn + (size_t)t * D, r->x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
+        matmul(r, r->g, r->xn, L->w_gate, NULL, T, D, c->ffn);
+        matmul(r, r->u, r->xn, L->w_up, NULL, T, D, c->ffn);
+        for (size_t i = 0; i < (size_t)T * c->ffn; i++) {
+            float g = r->g[i];
+            r->g[i] = g / (1.0f + expf(-g)) * r->u[i];
+        }
+        matmul(r, r->o, r->g, L->w_down, NULL, T, c->ffn, D);
+        if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
+        for (size_t i = 0; i < (size_t)T * D; i++) r->x[i] += r->o[i];
+    }
+
+    if (n_out > 0) {
+        for (int i = 0; i < n_out; i++)
+            rmsnorm(r->xn + (size_t)i * D, r->x + (size_t)r->out_tok[i] * D, m->out_norm, D, c->rms_eps);
+        matmul(r, b->logits, r->xn, m->lm_head, NULL, n_out, D, c->vocab);
+    }
+    for (int i = 0; i < b->n_rows; i++) r->len[b->which][b->rows[i].slot] += b->rows[i].n_new;
+    return 0;
+}
+
+/* ---- speculative step (reference for the CUDA graph; see runner.h) --------------------- */
+
+static int32_t pick_draft(cpu_runner *r, float *logits, const runner_sampling *sp, int j, float *q) {
+    int V = r->base.vocab;
+    if (sp->temperature <= 0) return sample_argmax(logits, V);
+    sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+                       .min_p = sp->min_p};
+    memcpy(q, logits, sizeof(float) * (size_t)V);
+    sample_probs(q, V, &p, r->sp_scratch);
+    return sample_from_probs(q, V, sample_uniform(sp->seed ^ SPEC_SALT_DRAFT, sp->counter + (uint64_t)j));
+}
+
+static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
+    cpu_runner *r = (cpu_runner *)base;
+    const runner_config *cfg = &base->cfg;
+    int n = sb->n, k = sb->k, V = base->vocab, rc;
+    if (!r->sp_rows || n < 1 || n > cfg->max_batch || k < 1 || k > cfg->num_draft_tokens) return SPECD_EINVAL;
+    for (int i = 0; i < n; i++) {
+        int s = sb->slots[i], L = s >= 0 && s < cfg->max_batch ? r->len[0][s] : -1;
+        if (L < 1 || L + k + 1 > cfg->max_seq_len) return SPECD_ERANGE;
+        for (int j = 0; j < i; j++)
+            if (sb->slots[j] == s) return SPECD_EINVAL;
+    }
+    /* 1. draft: [second-to-last, last] at L-1, L */
+    for (int i = 0; i < n; i++) {
+        int s = sb->slots[i];
+        r->len[1][s] = r->len[0][s] - 1;
+        r->sp_rows[i] = (runner_row){.slot = s, .n_new = 2, .tok_off = 2 * i, .n_logits = 1, .logits_off = i};
+        r->sp_tokens[2 * i] = sb->tokens[2 * i];
+        r->sp_tokens[2 * i + 1] = sb->tokens[2 * i + 1];
+    }
+    runner_batch b = {.which = RUNNER_DRAFT, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
+                      .n_tokens = 2 * n, .logits = r->sp_dlogits};
+    if ((rc = cpu_forward(base, &b))) return rc;
+    /* 2. k-1 more draft passes */
+    for (int j = 0; j < k; j++) {
+        for (int i = 0; i < n; i++) {
+            int32_t d = pick_draft(r, r->sp_dlogits + (size_t)i * V, &sb->sp[i], j,
+                                   r->sp_q + ((size_t)i * k + j) * V);
+            r->sp_drafts[i * k + j] = d;
+            r->sp_rows[i] = (runner_row){.slot = sb->slots[i], .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
+            r->sp_tokens[i] = d;
+        }
+        if (j + 1 == k) break;
+        b = (runner_batch){.which = RUNNER_DRAFT, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
+                           .n_tokens = n, .logits = r->sp_dlogits};
+        if ((rc = cpu_forward(base, &b))) return rc;
+    }
+    /* 3. target verifies [last, d1..dk] */
+    for (int i = 0; i < n; i++) {
+        r->sp_rows[i] = (runner_row){.slot = sb->slots[i], .n_new = k + 1, .tok_off = i * (k + 1),
+                                     .n_logits = k + 1, .logits_off = i * (k + 1)};
+        r->sp_tokens[i * (k + 1)] = sb->tokens[2 * i + 1];
+        memcpy(r->sp_tokens + i * (k + 1) + 1, r->sp_drafts + i * k, sizeof(int32_t) * (size_t)k);
+    }
+    b = (runner_batch){.which = RUNNER_TARGET, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
+                       .n_tokens = n * (k + 1), .logits = r->sp_tlogits};
+    if ((rc = cpu_forward(base, &b))) return rc;
+    /* 4-5. acceptance, lengths */
+    for (int i = 0; i < n; i++) {
+        const runner_sampling *sp = &sb->sp[i];
+        float *tl = r->sp_tlogits + (size_t)i * (k + 1) * V;
+        int32_t *out = sb->out_tokens + (size_t)i * (k + 1);
+        int m;
+        if (sp->temperature <= 0) {
+            m = spec_accept_greedy(tl, V, r->sp_drafts + i * k, k, out);
+        } else {
+            sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+                               .min_p = sp->min_p};
+            double ua[16];
+            for (int j = 0; j <= k; j++) {
+                memcpy(r->sp_p + (size_t)j * V, tl + (size_t)j * V, sizeof(float) * (size_t)V);
+                sample_probs(r->sp_p + (size_t)j * V, V, &p, r->sp_scratch);
+            }
+            for (int j = 0; j < k; j++) ua[j] = sample_uniform(sp->seed ^ SPEC_SALT_ACCEPT, sp->counter + (uint64_t)j);
+            m = spec_accept_sample(r->sp_p, r->sp_q + (size_t)i * k * V, V, r->sp_drafts + i * k, k, ua,
+                                   sample_uniform(sp->seed, 2 * sp->counter), r->sp_res, 0, out);
+        }
+        sb->out_n[i] = m;
+        int s = sb->slots[i], L = r->len[0][s] - (k + 1);
+        r->len[0][s] = L + m;
+        r->len[1][s] = L + k < L + m ? L + k : L + m;
+    }
+    return 0;
+}
+
+/* ---- slots and blocks --------------------------------------------------------------- */
+
+static int cpu_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    cpu_runner *r = (cpu_runner *)base;
+    if (slot < 0 || slot > r->base.cfg.max_batch || first < 0 || n < 0 || first + n > r->max_blocks)
+        return SPECD_EINVAL;
+    int32_t *row = r->bt + (size_t)slot * r->max_blocks;
+    for (int i = 0; i < n; i++) {
+        if (blocks[i] < 0 || blocks[i] >= r->base.cfg.num_blocks) return SPECD_EINVAL;
+        row[first + i] = blocks[i];
+    }
+    if (first == 0)
+        for (int i = n; i < r->max_blocks; i++) row[i] = 0;
+    return 0;
+}
+
+static int cpu_slot_set_len(runner *base, int slot, int which, int len) {
+    cpu_runner *r = (cpu_runner *)base;
+    if (slot < 0 || slot > r->base.cfg.max_batch || which < 0 || which > 1 || len < 0 ||
+        len > r->base.cfg.max_seq_len)
+        return SPECD_EINVAL;
+    r->len[which][slot] = len;
+    return 0;
+}
+
+static int cpu_slot_get_len(runner *base, int slot, int which) {
+    cpu_runner *r = (cpu_runner *)base;
+    if (slot < 0 || slot > r->base.cfg.max_batch || which < 0 || which > 1) return SPECD_EINVAL;
+    return r->len[which][slot];
+}
+
+static size_t layer_block_floats(const model_config *c, int bs) {
+    return (size_t)bs * (size_t)c->n_kv_heads * (size_t)c->head_dim;
+}
+
+static int cpu_copy_block(runner *base, int dst, int src) {
+    cpu_runner *r = (cpu_runner *)base;
+    int nb = r->base.cfg.num_blocks;
+    if (dst <= 0 || dst >= nb || src < 0 || src >= nb) return SPECD_EINVAL;
+    for (int l = 0; l < r->n_pool_layers; l++) {
+        const cpu_model *m = &r->m[l >= r->m[0].c.n_layers];
+        size_t n = layer_block_floats(&m->c, r->base.cfg.block_size);
+        memcpy(r->k_cache[l] + (size_t)dst * n, r->k_cache[l] + (size_t)src * n, n * sizeof(float));
+        memcpy(r->v_cache[l] + (size_t)dst * n, r->v_cache[l] + (size_t)src * n, n * sizeof(float));
+    }
+    return 0;
+}
+
+static void cpu_destroy(runner *base) {
+    cpu_runner *r = (cpu_runner *)base;
+    if (!r) return;
+    for (int l = 0; r->k_cache && l < r->n_pool_layers; l++) {
+        free(r->k_cache[l]);
+        free(r->v_cache[l]);
+    }
+    free(r->k_cache);
+    free(r->v_cache);
+    free_model(&r->m[0]);
+    free_model(&r->m[1]);
+    free(r->bt);
+    free(r->len[0]);
+    free(r->len[1]);
+    float *bufs[] = {r->x, r->xn, r->q, r->k, r->v, r->att, r->o, r->g, r->u};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(r->tok_pos);
+    free(r->tok_slot);
+    free(r->out_tok);
+    free(r->sp_rows);
+    free(r->sp_tokens);
+    free(r->sp_drafts);
+    free(r->sp_dlogits);
+    free(r->sp_tlogits);
+    free(r->sp_q);
+    free(r->sp_p);
+    free(r->sp_res);
+    free(r->sp_scratch);
+    tp_destroy(r->pool);
+    free(r);
+}
+
+static const runner_ops cpu_ops = {
+    .name = "cpu",
+    .forward = cpu_forward,
+    .slot_write_blocks = cpu_slot_write_blocks,
+    .slot_set_len = cpu_slot_set_len,
+    .slot_get_len = cpu_slot_get_len,
+    .copy_block = cpu_copy_block,
+    .decode = NULL,
+    .spec_step = cpu_spec_step,
+    .destroy = cpu_destroy,
+};
+
+size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size) {
+    size_t n = 2 * (size_t)target->cfg.n_layers * layer_block_floats(&target->cfg, block_size);
+    if (draft) n += 2 * (size_t)draft->cfg.n_layers * layer_block_floats(&draft->cfg, block_size);
+    return n * sizeof(float);
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+runner *runner_cpu_create(const model *target, const model *draft, const runner_config *cfg,
+                          char *err, size_t errlen) {
+    if (!target || !cfg || cfg->num_blocks < 2 || cfg->block_size < 1 || cfg->max_batch < 1 ||
+        cfg->max_seq_len < 1 || cfg->max_tokens_per_step < 1) {
+        specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: invalid configuration");
+        return NULL;
+    }
+    if (draft && draft->cfg.vocab != target->cfg.vocab) {
+        specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: draft vocabulary %d != target %d",
+                   draft->cfg.vocab, target->cfg.vocab);
+        return NULL;
+    }
+    if (cfg->random_weights_seed) {
+        specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                   "cpu runner: weights filled on the device (random_weights_seed) are a CUDA runner option");
+        return NULL;
+    }
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    cpu_runner *r = calloc(1, sizeof *r);
+    if (!r) {
+        specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+        return NULL;
+    }
+    r->base.ops = &cpu_ops;
+    r->base.cfg = *cfg;
+    r->base.target = target;
+    r->base.draft = draft;
+    r->base.vocab = target->cfg.vocab;
+    int threads = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    r->base.cfg.threads = threads;
+    if (!(r->pool = tp_create(threads))) goto oom;
+    if (cfg->tp_world > 1) {
+        if (!cfg->allreduce || cfg->tp_rank < 0 || cfg->tp_rank >= cfg->tp_world) {
+            specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: tensor parallel rank %d of %d needs an all-reduce",
+                       cfg->tp_rank, cfg->tp_world);
+            goto fail;
+        }
+        /* The fp32 copies are owned by the runner, so the shard's views can go at once. */
+        model *shard = shard_model(target, cfg->tp_rank, cfg->tp_world, err, errlen);
+        if (!shard) goto fail;
+        int rc = load_model(&r->m[0], shard, 0, cfg->rope_bf16_freqs, err, errlen);
+        shard_free(shard);
+        if (rc) goto fail;
+    } else if (load_model(&r->m[0], target, 0, cfg->rope_bf16_freqs, err, errlen)) {
+        goto fail;
+    }
+    if (draft && load_model(&r->m[1], draft, target->cfg.n_layers, cfg->rope_bf16_freqs, err, errlen))
+        goto fail;
+
+    r->n_pool_layers = target->cfg.n_layers + (draft ? draft->cfg.n_layers : 0);
+    r->k_cache = calloc((size_t)r->n_pool_layers, sizeof(float *));
+    r->v_cache = calloc((size_t)r->n_pool_layers, sizeof(float *));
+    if (!r->k_cache || !r->v_cache) goto oom;
+    for (int l = 0; l < r->n_pool_layers; l++) {
+        const model_config *c = &r->m[l >= target->cfg.n_layers].c;
+        size_t n = (size_t)cfg->num_blocks * layer_block_floats(c, cfg->block_size);
+        r->k_cache[l] = calloc(n, sizeof(float));
+        r->v_cache[l] = calloc(n, sizeof(float));
+        if (!r->k_cache[l] || !r->v_cache[l]) goto oom;
+    }
+    r->max_blocks = (cfg->max_seq_len + cfg->block_size - 1) / cfg->block_size;
+    r->bt = calloc((size_t)(cfg->max_batch + 1) * r->max_blocks, sizeof(int32_t));
+    r->len[0] = calloc((size_t)cfg->max_batch + 1, sizeof(int));
+    r->len[1] = calloc((size_t)cfg->max_batch + 1, sizeof(int));
+    if (!r->bt || !r->len[0] || !r->len[1]) goto oom;
+
+    /* Scratch for the widest of the two models. */
+    int D = target->cfg.hidden, QD = target->cfg.n_heads * target->cfg.head_dim;
+    int KVD = target->cfg.n_kv_heads * target->cfg.head_dim, F = target->cfg.ffn;
+    if (draft) {
+        D = imax(D, draft->cfg.hidden);
+        QD = imax(QD, draft->cfg.n_heads * draft->cfg.head_dim);
+        KVD = imax(KVD, draft->cfg.n_kv_heads * draft->cfg.head_dim);
+        F = imax(F, draft->cfg.ffn);
+    }
+    size_t T = (size_t)cfg->max_tokens_per_step;
+    r->x = malloc(T * D * sizeof(float));
+    r->xn = malloc(T * D * sizeof(float));
+    r->q = malloc(T * QD * sizeof(float));
+    r->k = malloc(T * KVD * sizeof(float));
+    r->v = malloc(T * KVD * sizeof(float));
+    r->att = malloc(T * QD * sizeof(float));
+    r->o = malloc(T * D * sizeof(float));
+    r->g = malloc(T * F * sizeof(float));
+    r->u = malloc(T * F * sizeof(float));
+    r->tok_pos = malloc(T * sizeof(int));
+    r->tok_slot = malloc(T * sizeof(int));
+    r->out_tok = malloc(T * sizeof(int));
+    if (!r->x || !r->xn || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u ||
+        !r->tok_pos || !r->tok_slot || !r->out_tok)
+        goto oom;
+    if (draft && cfg->num_draft_tokens > 0) {
+        size_t B = (size_t)cfg->max_batch, K = (size_t)cfg->num_draft_tokens, V = (size_t)r->base.vocab;
+        if (K > 15) {
+            specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: at most 15 draft tokens");
+            goto fail;
+        }
+        r->sp_rows = malloc(B * sizeof *r->sp_rows);
+        r->sp_tokens = malloc(B * (K + 1) * sizeof(int32_t));
+        r->sp_drafts = malloc(B * K * sizeof(int32_t));
+        r->sp_dlogits = malloc(B * V * sizeof(float));
+        r->sp_tlogits = malloc(B * (K + 1) * V * sizeof(float));
+        r->sp_q = malloc(B * K * V * sizeof(float));
+        r->sp_p = malloc((K + 1) * V * sizeof(float));
+        r->sp_res = malloc(V * sizeof(float));
+        r->sp_scratch = malloc(V * sizeof(int));
+        if (!r->sp_rows || !r->sp_tokens || !r->sp_drafts || !r->sp_dlogits || !r->sp_tlogits ||
+            !r->sp_q || !r->sp_p || !r->sp_res || !r->sp_scratch)
+            goto oom;
+    }
+    return &r->base;
+oom:
+    specd_errf(err, errlen, SPECD_ENOMEM, "cpu runner: out of memory (KV pool of %d blocks)",
+               cfg->num_blocks);
+fail:
+    cpu_destroy(&r->base);
+    return NULL;
+}

@@ -1,0 +1,213 @@
+/* Internals of the CUDA runner shared by engine/cuda/cuda_runner.c (life cycle, slots, ops),
+ * engine/cuda/cuda_weights.c (weight upload) and engine/cuda/cuda_step.c (forward pass, decode
+ * step, graphs). Plain C11; device work goes through the launchers in kernels/.
+ *
+ * Storage: weights bf16, residual stream fp32, GEMM outputs fp32 (cuBLAS, bf16 in, fp32
+ * accumulate), GEMM inputs bf16. KV pool bf16, block-major (see kernels/specd_kernels.h). */
+#ifndef SPECD_CUDA_INTERNAL_H
+#define SPECD_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "engine/cuda/cuda_runner.h"
+#include "engine/core/runner.h"
+#include "kernels/specd_kernels.h"
+
+typedef struct {
+    uint16_t *wqkv;      /* (H+2KVH)*D, hidden: q rows, then k rows, then v rows */
+    float *bqkv;         /* (H+2KVH)*D or NULL (Qwen2 bias) */
+    float *q_norm;       /* D or NULL (Qwen3) */
+    float *k_norm;       /* D or NULL */
+    uint16_t *wo;        /* hidden, H*D */
+    float *attn_norm;    /* hidden */
+    float *ffn_norm;     /* hidden */
+    uint16_t *wgu;       /* 2*ffn, hidden: gate rows, then up rows */
+    uint16_t *wdown;     /* hidden, ffn */
+} cuda_layer;
+
+typedef struct {
+    int loaded;
+    model_config c;
+    int H, KVH, D, ffn;  /* this rank's share of heads / intermediate */
+    int pool_layer0;     /* first pool layer of this model */
+    uint16_t *embed;     /* vocab, hidden */
+    uint16_t *lm_head;   /* vocab_rows, hidden; == embed when tied and not split */
+    int vocab_parts;     /* set before loading: 1, or world to split lm_head by vocabulary */
+    int vocab_rows, vocab_row0;   /* this rank's lm_head rows: [vocab_row0, + vocab_rows) */
+    float *out_norm;     /* hidden */
+    float *inv_freq;     /* D/2 */
+    cuda_layer *layers;  /* n_layers (host array of device pointers) */
+    size_t weight_bytes;
+} cuda_model;
+
+/* Decode batches up to this many rows run their projections on kernels/gemv.cu's GEMV (and
+ * its fused epilogues); larger ones on cuBLAS. */
+#define CUDA_GEMV_MAX_ROWS 2
+
+/* Device arrays describing one forward pass (all device pointers). */
+typedef struct {
+    int which, n_tok, n_rows;
+    const int32_t *tokens, *tok_slot, *tok_j;
+    const int32_t *row_slot, *row_tok_off, *row_n_new;
+    const int32_t *item_row, *item_q0;
+    int n_items, qt, n_splits, split_len;
+} cuda_pass;
+
+/* Offsets (in int32 units) of the per-pass metadata inside meta buffers of T entries. */
+enum { META_TOKENS, META_TOK_SLOT, META_TOK_J, META_ROW_SLOT, META_ROW_TOK_OFF,
+       META_ROW_N_NEW, META_ITEM_ROW, META_ITEM_Q0, META_LOGIT_ROWS, META_N };
+
+/* Every switch of the CUDA runner, read from the environment once at creation
+ * (cuda_tuning_read) and passed down from here; the kernels' part goes to k_set_tuning.
+ * Switches that make results wrong exist only in a debug build (make DEBUG=1). */
+typedef struct {
+    int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: the batch-1/2 path without its fused epilogues */
+    int no_fuse_norm;        /* SPECD_CUDA_NO_FUSE_NORM=1: ... with its RMSNorm kernels (the rest fused) */
+    int no_gemv;             /* SPECD_CUDA_NO_GEMV=1: decode-sized GEMMs on cuBLAS (to bisect numerics) */
+    int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
+    int tp_vocab_split;      /* SPECD_TP_VOCAB_SPLIT=0 turns it off: lm_head replicated under TP */
+    int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
+    k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1 */
+    /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */
+    int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down: those stages left out */
+    int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: no all-reduces */
+    int skip_dummy_reset;    /* SPECD_DEBUG_SKIP_DUMMY_RESET=1: spec graphs keep the dummy slot */
+} cuda_tuning;
+
+/* Fill t from the environment; prints a warning for each debug switch that is on. */
+void cuda_tuning_read(cuda_tuning *t, int world);
+
+typedef struct {
+    runner base;
+    cuda_runner_opts opts;
+    cuda_tuning tune;
+    float *d_lpart, *d_lgather;   /* vocabulary-split lm_head: [LR, V/world], [world, LR, V/world] */
+    cuda_model m[2];
+    int device, n_sm;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    size_t blas_ws_bytes;
+
+    /* slots */
+    int max_blocks, dummy;
+    int32_t *d_bt;       /* (max_batch+1) * max_blocks */
+    int32_t *d_lens;     /* (max_batch+1) * 2 */
+    int32_t *h_bt;       /* host copy of d_bt */
+    int *h_len;          /* host mirror of d_lens (validation, split sizing) */
+
+    /* KV pool */
+    int n_pool_layers;
+    size_t *layer_off;   /* n_pool_layers: element offset of a layer inside a block */
+    size_t block_elems;
+    uint16_t *d_pool;
+    uint16_t **d_pool_pp;/* one device cell holding d_pool */
+
+    /* workspace, sized for T tokens of the wider model */
+    int T;               /* max(max_tokens_per_step, max_batch) */
+    int LR;              /* logits rows per lm_head chunk */
+    float *d_resid;      /* T, hidden */
+    uint16_t *d_xb;      /* T, max(hidden, H*D, ffn) */
+    float *d_f32;        /* T, max((H+2KVH)*D, 2*ffn) */
+    float *d_q;          /* T, H*D (fp32) */
+    float *d_ws_o, *d_ws_ml; /* attention partials: ws_tok_splits * H*D, * H*2 */
+    uint16_t *d_act;     /* CUDA_GEMV_MAX_ROWS, ffn: SiLU(gate) * up from the gated GEMV */
+    uint16_t *d_xg;      /* CUDA_GEMV_MAX_ROWS, hidden: bf16(h * g), the folded norm's input */
+    unsigned long long *d_ss;   /* 2 * layers * CUDA_GEMV_MAX_ROWS: fixed-point sums of h^2 per folded norm, per pass */
+    int ss_layers;       /* layers d_ss holds (the deeper model) */
+    unsigned *d_counts;  /* T * KVH zeroed counters, one per attention (item, KV head):
+                            the last split block merges; kernels leave them zero */
+    size_t ws_tok_splits;
+    float *d_logits;     /* LR, vocab */
+    int32_t *d_meta, *h_meta;  /* META_N * T int32, pinned host copy */
+    int32_t *d_iota, *d_zeros, *d_ones;  /* T each: static graph inputs */
+    size_t work_bytes;
+
+    /* decode step: static inputs/outputs for max_batch rows */
+    int dec_splits, dec_split_len;
+    void *d_dec_in, *h_dec_in;     /* tokens[MB] int32 | slots[MB] int32 | sp[MB] */
+    void *d_dec_out, *h_dec_out;   /* tok[MB] int32 | logprob[MB] float */
+    int n_graphs;
+    int graph_sizes[64];
+    cudaGraphExec_t graphs[64];
+    size_t graph_bytes;
+
+    /* speculative step (engine/cuda/cuda_spec.c), allocated when a draft and k > 0 are given */
+    int sp_k;                      /* k the spec graphs were captured for (0: none) */
+    void *d_sp_in, *h_sp_in;       /* tokens[2MB] | slots[MB] | params[MB] */
+    void *d_sp_out, *h_sp_out;     /* tok[MB(k+1)] | n[MB] */
+    int32_t *d_sp_i32;             /* per-step and layout int arrays, see cuda_spec.c */
+    float *d_sp_tl;                /* MB(k+1), vocab: target logits / probabilities */
+    float *d_sp_q;                 /* k, MB, vocab: draft probabilities (sampled rows) */
+    int sp_n_graphs;
+    int sp_graph_sizes[64];
+    cudaGraphExec_t sp_graphs[64];
+
+    int failed;
+    char errmsg[512];
+} cuda_runner;
+
+/* Record a CUDA / cuBLAS failure (file, line, call, text) and mark the runner failed. */
+void cuda_fail(cuda_runner *r, const char *file, int line, const char *what, const char *msg);
+
+#define CU_CHECK(r, call)                                                                  \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            cuda_fail((r), __FILE__, __LINE__, #call, cudaGetErrorString(e_));             \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+#define BLAS_CHECK(r, call)                                                                \
+    do {                                                                                   \
+        cublasStatus_t s_ = (call);                                                        \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
+            cuda_fail((r), __FILE__, __LINE__, #call, cublasGetStatusString(s_));          \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+/* Kernel launchers return 0, a cudaError_t, or -1 for bad dims. */
+#define K_CHECK(r, call)                                                                   \
+    do {                                                                                   \
+        int k_ = (call);                                                                   \
+        if (k_ != 0) {                                                                     \
+            cuda_fail((r), __FILE__, __LINE__, #call,                                      \
+                      k_ < 0 ? "bad launch dimensions" : cudaGetErrorString((cudaError_t)k_)); \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+/* engine/cuda/cuda_weights.c */
+int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, int world,
+                    char *err, size_t errlen);
+void cuda_model_free(cuda_model *cm);
+
+/* engine/cuda/cuda_step.c */
+int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p);
+int cuda_enqueue_logits(cuda_runner *r, int which, const int32_t *rows, int n);
+int cuda_enqueue_decode(cuda_runner *r, int B);
+int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen);
+void cuda_destroy_graphs(cuda_runner *r);
+int cuda_decode(runner *base, const runner_decode_batch *b);
+int cuda_enqueue_logits_out(cuda_runner *r, int which, const int32_t *rows, int n, float *out);
+void cuda_graph_size_list(int max_batch, int *sizes, int *n);
+/* engine/cuda/cuda_spec.c: buffers (before capture), capture, the op, cleanup. */
+int cuda_spec_alloc(cuda_runner *r, int k);
+int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen);
+int cuda_spec_step(runner *base, const runner_spec_batch *b);
+void cuda_spec_free(cuda_runner *r);
+/* Tensor-parallel hook: sum a partial [n, hidden] fp32 across ranks (no-op at world 1 and
+ * for the replicated draft). Enqueued on r->stream, so captured with the pass. */
+int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n);
+/* Wait for r->stream after a step: cudaStreamSynchronize at world 1; with a communicator a
+ * wait with a deadline that also watches NCCL's asynchronous errors (a dead or hung peer
+ * becomes an error, never a hang). Returns 0 or SPECD_ECUDA / SPECD_ETIMEOUT. */
+int cuda_step_sync(cuda_runner *r);
+
+#endif

@@ -1,0 +1,696 @@
+/* The CUDA runner (runner_cuda_create): bf16 weights and KV on one GPU, cuBLAS GEMMs,
+ * kernels/ for the rest, the decode step with on-device sampling captured as CUDA graphs.
+ *
+ * Start-up order matters: weights, then slot tables and workspace, then the graphs
+ * (captured against a one-block scratch pool, since every capture row is a padding row
+ * on the dummy slot and lands in block 0; kernels read the pool base from a device cell,
+ * so the real pool can be allocated afterwards), then the KV pool from what is left:
+ * num_blocks = floor(mem_fraction * free / block_bytes) when cfg.num_blocks == 0.
+ *
+ * Errors: every CUDA / cuBLAS call is checked with a macro that records file and line;
+ * after one, the runner is failed and every op returns SPECD_ECUDA. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/cuda_tp.h"
+#include "engine/core/err.h"
+
+#define DEC_SPLIT_LEN 64   /* max decode splits = ceil(max_seq_len / 64), capped at 64 */
+
+void cuda_fail(cuda_runner *r, const char *file, int line, const char *what, const char *msg) {
+    if (!r->failed)
+        snprintf(r->errmsg, sizeof r->errmsg, "%s:%d: %s: %s", file, line, what, msg);
+    r->failed = 1;
+}
+
+static size_t model_block_elems(const model_config *c, int bs) {
+    return 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)bs * (size_t)c->head_dim;
+}
+
+size_t runner_cuda_block_bytes(const model *target, const model *draft, int block_size) {
+    size_t n = model_block_elems(&target->cfg, block_size);
+    if (draft) n += model_block_elems(&draft->cfg, block_size);
+    return n * 2;
+}
+
+/* ---- forward (eager) ---------------------------------------------------------------- */
+
+static int check_batch(cuda_runner *r, const runner_batch *b) {
+    const runner_config *cfg = &r->base.cfg;
+    if (b->which != RUNNER_TARGET && b->which != RUNNER_DRAFT) return SPECD_EINVAL;
+    if (!r->m[b->which].loaded) return SPECD_EINVAL;
+    if (b->n_tokens < 0 || b->n_tokens > r->T || b->n_tokens > cfg->max_tokens_per_step)
+        return SPECD_ERANGE;
+    for (int i = 0; i < b->n_rows; i++) {
+        const runner_row *row = &b->rows[i];
+        if (row->slot < 0 || row->slot > cfg->max_batch) return SPECD_EINVAL;
+        if (row->n_new < 0 || row->tok_off < 0 || row->tok_off + row->n_new > b->n_tokens)
+            return SPECD_EINVAL;
+        if (row->n_logits != 0 && row->n_logits != 1 && row->n_logits != row->n_new)
+            return SPECD_EINVAL;
+        if (row->n_logits && (row->logits_off < 0 || !b->logits)) return SPECD_EINVAL;
+        if (r->h_len[row->slot * 2 + b->which] + row->n_new > cfg->max_seq_len) return SPECD_ERANGE;
+        for (int k = 0; k < i; k++)
+            if (b->rows[k].slot == row->slot) return SPECD_EINVAL;
+    }
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= r->m[b->which].c.vocab) return SPECD_EINVAL;
+    return 0;
+}
+
+static int cuda_forward(runner *base, const runner_batch *b) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->failed) return SPECD_ECUDA;
+    int rc = check_batch(r, b);
+    if (rc) return rc;
+    const int T = r->T, which = b->which, vocab = r->m[which].c.vocab;
+    const cuda_model *cm = &r->m[which];
+    int32_t *hm = r->h_meta;
+    int32_t *tok_slot = hm + META_TOK_SLOT * T, *tok_j = hm + META_TOK_J * T;
+    int32_t *row_slot = hm + META_ROW_SLOT * T, *row_off = hm + META_ROW_TOK_OFF * T;
+    int32_t *row_n = hm + META_ROW_N_NEW * T, *item_row = hm + META_ITEM_ROW * T;
+    int32_t *item_q0 = hm + META_ITEM_Q0 * T, *lrows = hm + META_LOGIT_ROWS * T;
+
+    memcpy(hm + META_TOKENS * T, b->tokens, (size_t)b->n_tokens * sizeof(int32_t));
+    /* Tokens no row claims go to the dummy slot (null block), never to a live one. */
+    for (int t = 0; t < b->n_tokens; t++) {
+        tok_slot[t] = r->dummy;
+        tok_j[t] = 0;
+    }
+    int nr = 0, max_new = 0, max_ctx = 1, n_out = 0;
+    for (int i = 0; i < b->n_rows; i++) {
+        const runner_row *row = &b->rows[i];
+        if (row->n_new == 0) continue;
+        for (int j = 0; j < row->n_new; j++) {
+            tok_slot[row->tok_off + j] = row->slot;
+            tok_j[row->tok_off + j] = j;
+        }
+        for (int j = 0; j < row->n_logits; j++) {
+            int o = row->logits_off + j;
+            if (o >= T) return SPECD_ERANGE;
+            lrows[o] = row->tok_off + row->n_new - row->n_logits + j;
+            if (o + 1 > n_out) n_out = o + 1;
+        }
+        row_slot[nr] = row->slot;
+        row_off[nr] = row->tok_off;
+        row_n[nr] = row->n_new;
+        nr++;
+        if (row->n_new > max_new) max_new = row->n_new;
+        int ctx = r->h_len[row->slot * 2 + which] + row->n_new;
+        if (ctx > max_ctx) max_ctx = ctx;
+    }
+    /* Items: up to qt query tokens of one row share a block (qt * G <= 64 rows of Q: the
+     * tensor-core kernel's four 16-row warp tiles, so each K/V tile serves all of them). */
+    int G = cm->H / cm->KVH, cap_rows = 64;
+    int qt = cap_rows / G < 1 ? 1 : cap_rows / G;
+    if (qt > max_new) qt = max_new > 0 ? max_new : 1;
+    int ni = 0;
+    for (int i = 0; i < nr; i++)
+        for (int q0 = 0; q0 < row_n[i]; q0 += qt) {
+            item_row[ni] = i;
+            item_q0[ni] = q0;
+            ni++;
+        }
+    /* Split the keys when the items alone would leave most of the GPU idle. */
+    int n_splits = 1, split_len = (max_ctx + 63) / 64 * 64;
+    long blocks = (long)ni * cm->KVH;
+    if (ni > 0 && blocks < 2L * r->n_sm) {
+        long want = (2L * r->n_sm + blocks - 1) / blocks;
+        long most = (long)(r->ws_tok_splits / (size_t)(b->n_tokens > 0 ? b->n_tokens : 1));
+        if (want > most) want = most;
+        if (want > (max_ctx + 63) / 64) want = (max_ctx + 63) / 64;
+        if (want > 1) {
+            split_len = (int)((max_ctx + want - 1) / want + 63) / 64 * 64;
+            n_splits = (max_ctx + split_len - 1) / split_len;
+        }
+    }
+
+    cudaStream_t s = r->stream;
+    CU_CHECK(r, cudaMemcpyAsync(r->d_meta, hm, (size_t)META_N * T * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, s));
+    const int32_t *dm = r->d_meta;
+    if (nr > 0) {
+        cuda_pass p = {
+            .which = which, .n_tok = b->n_tokens, .n_rows = nr, .tokens = dm + META_TOKENS * T,
+            .tok_slot = dm + META_TOK_SLOT * T, .tok_j = dm + META_TOK_J * T,
+            .row_slot = dm + META_ROW_SLOT * T, .row_tok_off = dm + META_ROW_TOK_OFF * T,
+            .row_n_new = dm + META_ROW_N_NEW * T, .item_row = dm + META_ITEM_ROW * T,
+            .item_q0 = dm + META_ITEM_Q0 * T, .n_items = ni, .qt = qt, .n_splits = n_splits,
+            .split_len = split_len,
+        };
+        if ((rc = cuda_enqueue_pass(r, &p))) return rc == SPECD_EUNSUPPORTED ? rc : SPECD_ECUDA;
+        for (int o = 0; o < n_out; o += r->LR) {
+            int cnt = n_out - o < r->LR ? n_out - o : r->LR;
+            if (cuda_enqueue_logits(r, which, dm + META_LOGIT_ROWS * T + o, cnt)) return SPECD_ECUDA;
+            CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
+                                        (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
+        }
+        K_CHECK(r, k_advance_lens(r->d_lens, dm + META_ROW_SLOT * T, dm + META_ROW_N_NEW * T, nr,
+                                  which, r->dummy, s));
+        CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * r->dummy, 0, 2 * sizeof(int32_t), s));
+    }
+    int rc_sync = cuda_step_sync(r);
+    if (rc_sync) return rc_sync;
+    for (int i = 0; i < nr; i++)
+        if (row_slot[i] != r->dummy) r->h_len[row_slot[i] * 2 + which] += row_n[i];
+    r->h_len[r->dummy * 2] = r->h_len[r->dummy * 2 + 1] = 0;
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* ---- slots and blocks --------------------------------------------------------------- */
+
+static int cuda_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->failed) return SPECD_ECUDA;
+    if (slot < 0 || slot > base->cfg.max_batch || first < 0 || n < 0 || first + n > r->max_blocks)
+        return SPECD_EINVAL;
+    int32_t *row = r->h_bt + (size_t)slot * r->max_blocks;
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= base->cfg.num_blocks) return SPECD_EINVAL;
+    memcpy(row + first, blocks, (size_t)n * sizeof(int32_t));
+    int lo = first, hi = first + n;
+    if (first == 0) {
+        for (int i = n; i < r->max_blocks; i++) row[i] = 0;
+        hi = r->max_blocks;
+    }
+    if (hi > lo)
+        CU_CHECK(r, cudaMemcpyAsync(r->d_bt + (size_t)slot * r->max_blocks + lo, row + lo,
+                                    (size_t)(hi - lo) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                    r->stream));
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+static int cuda_slot_set_len(runner *base, int slot, int which, int len) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->failed) return SPECD_ECUDA;
+    if (slot < 0 || slot > base->cfg.max_batch || which < 0 || which > 1 || len < 0 ||
+        len > base->cfg.max_seq_len)
+        return SPECD_EINVAL;
+    r->h_len[slot * 2 + which] = len;
+    CU_CHECK(r, cudaMemcpyAsync(r->d_lens + slot * 2 + which, &r->h_len[slot * 2 + which],
+                                sizeof(int32_t), cudaMemcpyHostToDevice, r->stream));
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* Reads the device: the lengths are advanced there, inside graphs. */
+static int cuda_slot_get_len(runner *base, int slot, int which) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->failed) return SPECD_ECUDA;
+    if (slot < 0 || slot > base->cfg.max_batch || which < 0 || which > 1) return SPECD_EINVAL;
+    int32_t v = 0;
+    CU_CHECK(r, cudaMemcpyAsync(&v, r->d_lens + slot * 2 + which, sizeof v, cudaMemcpyDeviceToHost,
+                                r->stream));
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    r->h_len[slot * 2 + which] = v;
+    return v;
+fail:
+    return SPECD_ECUDA;
+}
+
+static int cuda_copy_block(runner *base, int dst, int src) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->failed) return SPECD_ECUDA;
+    int nb = base->cfg.num_blocks;
+    if (dst <= 0 || dst >= nb || src < 0 || src >= nb) return SPECD_EINVAL;
+    size_t bytes = r->block_elems * 2;
+    CU_CHECK(r, cudaMemcpyAsync(r->d_pool + (size_t)dst * r->block_elems,
+                                r->d_pool + (size_t)src * r->block_elems, bytes,
+                                cudaMemcpyDeviceToDevice, r->stream));
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* ---- test hooks ---------------------------------------------------------------------- */
+
+size_t cuda_runner_block_bytes(runner *base) { return ((cuda_runner *)base)->block_elems * 2; }
+
+int cuda_runner_read_block(runner *base, int block, void *host) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (block < 0 || block >= base->cfg.num_blocks) return SPECD_EINVAL;
+    CU_CHECK(r, cudaMemcpy(host, r->d_pool + (size_t)block * r->block_elems, r->block_elems * 2,
+                           cudaMemcpyDeviceToHost));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+int cuda_runner_write_block(runner *base, int block, const void *host) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (block < 0 || block >= base->cfg.num_blocks) return SPECD_EINVAL;
+    CU_CHECK(r, cudaMemcpy(r->d_pool + (size_t)block * r->block_elems, host, r->block_elems * 2,
+                           cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+int cuda_runner_graph_sizes(runner *base, int *sizes, int max) {
+    cuda_runner *r = (cuda_runner *)base;
+    int n = r->n_graphs < max ? r->n_graphs : max;
+    for (int i = 0; i < n; i++) sizes[i] = r->graph_sizes[i];
+    return n;
+}
+
+const char *cuda_runner_error(runner *base) { return ((cuda_runner *)base)->errmsg; }
+
+void cuda_runner_memory(runner *base, size_t *weights, size_t *graphs, size_t *kv, size_t *work) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (weights) *weights = r->m[0].weight_bytes + r->m[1].weight_bytes;
+    if (graphs) *graphs = r->graph_bytes;
+    if (kv) *kv = (size_t)base->cfg.num_blocks * r->block_elems * 2;
+    if (work) *work = r->work_bytes;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------- */
+
+static void cuda_abort_group(runner *base) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->opts.tp) cuda_tp_abort(r->opts.tp);
+}
+
+static void cuda_destroy(runner *base) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (!r) return;
+    /* A failed group's stream may wait on a dead peer forever: abort NCCL first. */
+    if (r->opts.tp && r->failed) cuda_tp_abort(r->opts.tp);
+    if (r->stream) cudaStreamSynchronize(r->stream);
+    cuda_destroy_graphs(r);
+    cuda_spec_free(r);
+    cuda_model_free(&r->m[0]);
+    cuda_model_free(&r->m[1]);
+    void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
+                   r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
+                   r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (r->h_meta) cudaFreeHost(r->h_meta);
+    if (r->h_dec_in) cudaFreeHost(r->h_dec_in);
+    if (r->h_dec_out) cudaFreeHost(r->h_dec_out);
+    if (r->blas) cublasDestroy(r->blas);
+    if (r->stream) cudaStreamDestroy(r->stream);
+    free(r->h_bt);
+    free(r->h_len);
+    free(r->layer_off);
+    cuda_tp_destroy(r->opts.tp);
+    free(r);
+}
+
+static const runner_ops cuda_ops = {
+    .name = "cuda",
+    .forward = cuda_forward,
+    .slot_write_blocks = cuda_slot_write_blocks,
+    .slot_set_len = cuda_slot_set_len,
+    .slot_get_len = cuda_slot_get_len,
+    .copy_block = cuda_copy_block,
+    .decode = cuda_decode,
+    .spec_step = NULL,
+    .abort_group = cuda_abort_group,
+    .destroy = cuda_destroy,
+};
+
+/* With a draft and k > 0: the same ops plus the captured speculative step. */
+static const runner_ops cuda_ops_spec = {
+    .name = "cuda",
+    .forward = cuda_forward,
+    .slot_write_blocks = cuda_slot_write_blocks,
+    .slot_set_len = cuda_slot_set_len,
+    .slot_get_len = cuda_slot_get_len,
+    .copy_block = cuda_copy_block,
+    .decode = cuda_decode,
+    .spec_step = cuda_spec_step,
+    .abort_group = cuda_abort_group,
+    .destroy = cuda_destroy,
+};
+
+static int dmalloc(cuda_runner *r, void *pp, size_t bytes) {
+    void **p = pp;
+    CU_CHECK(r, cudaMalloc(p, bytes ? bytes : 4));
+    r->work_bytes += bytes;
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* Slot tables, workspace for T tokens of the wider model, static graph inputs. */
+static int alloc_work(cuda_runner *r) {
+    const runner_config *cfg = &r->base.cfg;
+    const int MB = cfg->max_batch, T = r->T;
+    size_t hid = 0, xbw = 0, f32w = 0, qd = 0, vocab = 0, heads = 0, ffn = 0, kvh = 0;
+    for (int i = 0; i < 2; i++) {
+        const cuda_model *cm = &r->m[i];
+        if (!cm->loaded) continue;
+        size_t h = (size_t)cm->c.hidden, q = (size_t)cm->H * cm->D, F = (size_t)cm->ffn;
+        size_t qkv = (size_t)(cm->H + 2 * cm->KVH) * cm->D;
+        hid = h > hid ? h : hid;
+        qd = q > qd ? q : qd;
+        size_t x = h > q ? h : q;
+        x = x > F ? x : F;
+        xbw = x > xbw ? x : xbw;
+        size_t f = qkv > 2 * F ? qkv : 2 * F;
+        f32w = f > f32w ? f : f32w;
+        vocab = (size_t)cm->c.vocab > vocab ? (size_t)cm->c.vocab : vocab;
+        heads = (size_t)cm->H > heads ? (size_t)cm->H : heads;
+        ffn = F > ffn ? F : ffn;
+        kvh = (size_t)cm->KVH > kvh ? (size_t)cm->KVH : kvh;
+        if (cm->c.n_layers > r->ss_layers) r->ss_layers = cm->c.n_layers;
+    }
+    const size_t n_counts = (size_t)T * kvh;
+    size_t slots = (size_t)MB + 1;
+    if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||
+        dmalloc(r, &r->d_pool_pp, sizeof(void *)) ||
+        dmalloc(r, &r->d_resid, (size_t)T * hid * 4) || dmalloc(r, &r->d_xb, (size_t)T * xbw * 2) ||
+        dmalloc(r, &r->d_f32, (size_t)T * f32w * 4) || dmalloc(r, &r->d_q, (size_t)T * qd * 4) ||
+        dmalloc(r, &r->d_ws_o, r->ws_tok_splits * qd * 4) ||
+        dmalloc(r, &r->d_ws_ml, r->ws_tok_splits * heads * 2 * 4) ||
+        dmalloc(r, &r->d_logits, (size_t)r->LR * vocab * 4) ||
+        (r->m[0].vocab_parts > 1 && (dmalloc(r, &r->d_lpart, (size_t)r->LR * r->m[0].vocab_rows * 4) ||
+                                     dmalloc(r, &r->d_lgather, (size_t)r->LR * vocab * 4))) ||
+        dmalloc(r, &r->d_meta, (size_t)META_N * T * 4) || dmalloc(r, &r->d_iota, (size_t)T * 4) ||
+        dmalloc(r, &r->d_zeros, (size_t)T * 4) || dmalloc(r, &r->d_ones, (size_t)T * 4) ||
+        dmalloc(r, &r->d_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))) ||
+        dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
+        dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
+        dmalloc(r, &r->d_xg, (size_t)CUDA_GEMV_MAX_ROWS * hid * 2) ||
+        dmalloc(r, &r->d_ss, (size_t)2 * r->ss_layers * CUDA_GEMV_MAX_ROWS * sizeof(unsigned long long)) ||
+        dmalloc(r, &r->d_counts, n_counts * sizeof(unsigned)))
+        return SPECD_ECUDA;
+    CU_CHECK(r, cudaMemset(r->d_counts, 0, n_counts * sizeof(unsigned)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_meta, (size_t)META_N * T * 4));
+    CU_CHECK(r, cudaMallocHost(&r->h_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))));
+    CU_CHECK(r, cudaMallocHost(&r->h_dec_out, (size_t)MB * 8));
+    memset(r->h_meta, 0, (size_t)META_N * T * 4);
+    r->h_bt = calloc(slots * r->max_blocks, sizeof(int32_t));
+    r->h_len = calloc(slots * 2, sizeof(int));
+    int32_t *tmp = malloc((size_t)T * 3 * sizeof(int32_t));
+    if (!r->h_bt || !r->h_len || !tmp) {
+        free(tmp);
+        return SPECD_ENOMEM;
+    }
+    for (int i = 0; i < T; i++) {
+        tmp[i] = i;
+        tmp[T + i] = 0;
+        tmp[2 * T + i] = 1;
+    }
+    cudaError_t e1 = cudaMemcpy(r->d_iota, tmp, (size_t)T * 4, cudaMemcpyHostToDevice);
+    cudaError_t e2 = cudaMemcpy(r->d_zeros, tmp + T, (size_t)T * 4, cudaMemcpyHostToDevice);
+    cudaError_t e3 = cudaMemcpy(r->d_ones, tmp + 2 * T, (size_t)T * 4, cudaMemcpyHostToDevice);
+    free(tmp);
+    CU_CHECK(r, e1);
+    CU_CHECK(r, e2);
+    CU_CHECK(r, e3);
+    CU_CHECK(r, cudaMemset(r->d_bt, 0, slots * r->max_blocks * 4));
+    CU_CHECK(r, cudaMemset(r->d_lens, 0, slots * 2 * 4));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+static int set_pool(cuda_runner *r, uint16_t *pool) {
+    CU_CHECK(r, cudaMemcpy(r->d_pool_pp, &pool, sizeof pool, cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* The minimum of *v over the ranks (an NCCL min all-reduce, then a wait with a deadline). */
+static int agree_min(cuda_runner *r, int *v) {
+    int32_t *d = NULL, h = *v;
+    int rc = SPECD_ECUDA;
+    CU_CHECK(r, cudaMalloc((void **)&d, sizeof h));
+    CU_CHECK(r, cudaMemcpy(d, &h, sizeof h, cudaMemcpyHostToDevice));
+    if (cuda_tp_all_reduce_min_i32(r->opts.tp, d, 1, r->stream)) {
+        cuda_fail(r, __FILE__, __LINE__, "agreeing on the KV pool size", cuda_tp_error(r->opts.tp));
+        goto fail;
+    }
+    if (cuda_step_sync(r)) goto fail;
+    CU_CHECK(r, cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+    *v = h;
+    rc = 0;
+fail:
+    if (d) cudaFree(d);
+    return rc;
+}
+
+/* ---- switches --------------------------------------------------------------------------- */
+
+static int env_flag(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+
+void cuda_tuning_read(cuda_tuning *t, int world) {
+    memset(t, 0, sizeof *t);
+    t->no_fuse = env_flag("SPECD_CUDA_NO_FUSE", 0);
+    t->no_fuse_norm = env_flag("SPECD_CUDA_NO_FUSE_NORM", 0);
+    t->no_gemv = env_flag("SPECD_CUDA_NO_GEMV", 0);
+    t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
+    t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
+    t->tp_shard_draft = env_flag("SPECD_TP_SHARD_DRAFT", 0);
+    t->k = k_tuning_default;
+    t->k.pdl = env_flag("SPECD_CUDA_PDL", t->k.pdl);
+    t->k.attn_pdl = env_flag("SPECD_ATTN_PDL", t->k.attn_pdl);
+    t->k.attn_simt = env_flag("SPECD_ATTN_SIMT", 0);
+    t->k.attn_tiled = env_flag("SPECD_ATTN_TILED", 0);
+    if (t->k.attn_pdl < 0 || t->k.attn_pdl > 2) t->k.attn_pdl = k_tuning_default.attn_pdl;
+#ifdef SPECD_DEBUG
+    /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down leaves those stages of every layer out:
+     * wrong results, only to time what each stage costs inside the captured step */
+    const char *e = getenv("SPECD_DEBUG_SKIP");
+    const char *names[] = {"norm", "qkv", "attn", "o", "gu", "down"};
+    for (int i = 0; e && i < 6; i++) {
+        size_t n = strlen(names[i]);
+        for (const char *p = e; (p = strstr(p, names[i])); p += n)
+            if ((p == e || p[-1] == ',') && (p[n] == ',' || !p[n])) t->dbg_skip |= 1 << i;
+    }
+    if (t->dbg_skip)
+        fprintf(stderr, "cuda runner: SPECD_DEBUG_SKIP=%s: results are WRONG (only for timing the stages)\n", e);
+    t->tp_skip_allreduce = world > 1 && env_flag("SPECD_DEBUG_TP_SKIP_ALLREDUCE", 0);
+    if (t->tp_skip_allreduce)
+        fprintf(stderr, "cuda runner: SPECD_DEBUG_TP_SKIP_ALLREDUCE: the all-reduces are left out, results are "
+                        "WRONG (only for timing what the rest of a step costs)\n");
+    t->skip_dummy_reset = env_flag("SPECD_DEBUG_SKIP_DUMMY_RESET", 0);
+    if (t->skip_dummy_reset)
+        fprintf(stderr, "cuda runner: SPECD_DEBUG_SKIP_DUMMY_RESET: spec graphs do NOT reset the dummy slot\n");
+#else
+    (void)world;
+#endif
+}
+
+runner *runner_cuda_create_ex(const model *target, const model *draft, const runner_config *cfg,
+                              const cuda_runner_opts *opts, char *err, size_t errlen) {
+    cuda_runner *r = calloc(1, sizeof *r);
+    uint16_t *scratch = NULL;
+    if (!r) {
+        specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of memory");
+        return NULL;
+    }
+    r->base.ops = &cuda_ops;
+    r->base.cfg = *cfg;
+    r->base.target = target;
+    r->base.draft = draft;
+    r->base.vocab = target->cfg.vocab;
+    if (opts) r->opts = *opts;
+    if (r->opts.world < 1) r->opts.world = 1;
+    runner_config *c = &r->base.cfg;
+    if (c->block_size < 1 || c->max_batch < 1 || c->max_seq_len < 1 || c->max_tokens_per_step < 1 ||
+        c->num_blocks < 0) {
+        specd_errf(err, errlen, SPECD_EINVAL,
+                   "cuda runner: invalid config (block_size %d, max_batch %d, max_seq_len %d, "
+                   "max_tokens_per_step %d)", c->block_size, c->max_batch, c->max_seq_len,
+                   c->max_tokens_per_step);
+        goto fail_free;
+    }
+    if (draft && draft->cfg.vocab != target->cfg.vocab) {
+        specd_errf(err, errlen, SPECD_EINVAL, "cuda runner: draft vocab %d != target vocab %d",
+                   draft->cfg.vocab, target->cfg.vocab);
+        goto fail_free;
+    }
+    if (r->opts.world > 1 && (!r->opts.tp || cuda_tp_world(r->opts.tp) != r->opts.world ||
+                              cuda_tp_rank(r->opts.tp) != r->opts.rank)) {
+        specd_errf(err, errlen, SPECD_EINVAL, "cuda runner: rank %d of %d needs that rank's NCCL communicator",
+                   r->opts.rank, r->opts.world);
+        goto fail_free;
+    }
+    if (c->random_weights_seed) {
+        r->opts.random_weights = 1;
+        r->opts.seed = c->random_weights_seed;
+    }
+    if (c->mem_fraction <= 0 || c->mem_fraction > 1) c->mem_fraction = 0.9;
+    cuda_tuning_read(&r->tune, r->opts.world);
+    k_set_tuning(&r->tune.k);
+    if (c->max_batch > 1024) {
+        specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
+        goto fail_free;
+    }
+
+    CU_CHECK(r, cudaSetDevice(c->device));
+    struct cudaDeviceProp prop;
+    CU_CHECK(r, cudaGetDeviceProperties(&prop, c->device));
+    r->n_sm = prop.multiProcessorCount;
+    CU_CHECK(r, cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking));
+    BLAS_CHECK(r, cublasCreate(&r->blas));
+    BLAS_CHECK(r, cublasSetStream(r->blas, r->stream));
+    /* A fixed workspace keeps cuBLAS from allocating inside graph capture. */
+    r->blas_ws_bytes = (size_t)32 << 20;
+    CU_CHECK(r, cudaMalloc(&r->blas_ws, r->blas_ws_bytes));
+    BLAS_CHECK(r, cublasSetWorkspace(r->blas, r->blas_ws, r->blas_ws_bytes));
+
+    r->m[0].pool_layer0 = 0;
+    /* lm_head split by vocabulary across the ranks unless tune.tp_vocab_split is off (then
+     * replicated); the draft replicated unless tune.tp_shard_draft. Both measured:
+     * docs/tensor-parallel.md. */
+    if (r->opts.world > 1) r->m[0].vocab_parts = r->tune.tp_vocab_split ? r->opts.world : 1;
+    if (cuda_model_load(r, &r->m[0], target, r->opts.rank, r->opts.world, err, errlen)) goto fail_free;
+    r->m[0].pool_layer0 = 0;
+    if (draft) {
+        r->m[1].pool_layer0 = target->cfg.n_layers;
+        /* The draft is replicated on every rank (docs/tensor-parallel.md): its passes need
+         * no collectives, and small drafts often do not split (llama-draft: 1 KV head). */
+        if (cuda_model_load(r, &r->m[1], draft, r->tune.tp_shard_draft ? r->opts.rank : 0, r->tune.tp_shard_draft ? r->opts.world : 1,
+                            err, errlen))
+            goto fail_free;
+        r->m[1].pool_layer0 = target->cfg.n_layers;
+    }
+
+    /* Pool geometry: per block, every target layer then every draft layer. */
+    r->n_pool_layers = target->cfg.n_layers + (draft ? draft->cfg.n_layers : 0);
+    r->layer_off = calloc((size_t)r->n_pool_layers, sizeof(size_t));
+    if (!r->layer_off) goto oom;
+    size_t off = 0;
+    for (int l = 0; l < r->n_pool_layers; l++) {
+        const cuda_model *cm = &r->m[l >= target->cfg.n_layers];
+        r->layer_off[l] = off;
+        off += 2 * (size_t)cm->KVH * c->block_size * cm->D;
+    }
+    r->block_elems = off;
+
+    r->max_blocks = (c->max_seq_len + c->block_size - 1) / c->block_size;
+    r->dummy = c->max_batch;
+    r->T = c->max_tokens_per_step > c->max_batch ? c->max_tokens_per_step : c->max_batch;
+    /* The speculative step's verify pass feeds max_batch * (k + 1) tokens. */
+    int spec_k = draft && c->num_draft_tokens > 0 ? c->num_draft_tokens : 0;
+    if (spec_k > 16) {
+        specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: num_draft_tokens %d > 16", spec_k);
+        goto fail_free;
+    }
+    if (spec_k && r->T < c->max_batch * (spec_k + 1)) r->T = c->max_batch * (spec_k + 1);
+    r->LR = c->max_batch > 256 ? c->max_batch : (r->T < 256 ? r->T : 256);
+    r->dec_split_len = DEC_SPLIT_LEN;
+    r->dec_splits = (c->max_seq_len + DEC_SPLIT_LEN - 1) / DEC_SPLIT_LEN;
+    if (r->dec_splits > 32) r->dec_splits = 32;   /* the attention's in-kernel merge stages <= 32 */
+    /* Decode uses about B + 2*SMs/KVH (token, split) pairs; eager passes fit under this. */
+    r->ws_tok_splits = (size_t)4 * (c->max_batch > 64 ? c->max_batch : 64) + 2 * (size_t)r->n_sm;
+    if (alloc_work(r)) goto cuda_err;
+    if (spec_k) {
+        int rc = cuda_spec_alloc(r, spec_k);
+        if (rc == SPECD_ENOMEM) goto oom;
+        if (rc) goto cuda_err;
+        r->base.ops = &cuda_ops_spec;
+    }
+
+    /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot). */
+    CU_CHECK(r, cudaMalloc((void **)&scratch, r->block_elems * 2));
+    CU_CHECK(r, cudaMemset(scratch, 0, r->block_elems * 2));
+    if (set_pool(r, scratch)) goto cuda_err;
+    size_t free0 = 0, free1 = 0, total = 0;
+    CU_CHECK(r, cudaDeviceSynchronize());
+    CU_CHECK(r, cudaMemGetInfo(&free0, &total));
+    if (!r->opts.no_graphs && cuda_capture_graphs(r, err, errlen)) goto fail_free;
+    if (!r->opts.no_graphs && r->sp_k && cuda_spec_capture(r, err, errlen)) goto fail_free;
+    CU_CHECK(r, cudaMemGetInfo(&free1, &total));
+    r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
+    if (set_pool(r, NULL)) goto cuda_err;
+    cudaFree(scratch);
+    scratch = NULL;
+
+    /* KV pool from what is left. */
+    size_t block_bytes = r->block_elems * 2;
+    if (c->num_blocks == 0) {
+        size_t nb = (size_t)floor(c->mem_fraction * (double)free1 / (double)block_bytes);
+        if (c->kv_bytes && nb > c->kv_bytes / block_bytes + 1) nb = c->kv_bytes / block_bytes + 1;
+        if (nb > ((size_t)1 << 30)) nb = (size_t)1 << 30;
+        c->num_blocks = (int)nb;
+        /* Block ids are global: every rank takes the smallest count any rank can hold. */
+        if (r->opts.world > 1 && agree_min(r, &c->num_blocks)) goto cuda_err;
+    }
+    if (c->num_blocks < r->max_blocks + 1) {
+        specd_errf(err, errlen, SPECD_ENOSPACE,
+                   "cuda runner: KV pool of %d blocks (%zu bytes each, %.2f GiB free after "
+                   "weights and graphs) cannot hold one sequence of max_seq_len %d (%d blocks + "
+                   "the null block): lower --max-seq-len or --max-batch, or raise --mem-fraction / --kv-cache-bytes",
+                   c->num_blocks, block_bytes, (double)free1 / (1 << 30), c->max_seq_len, r->max_blocks);
+        goto fail_free;
+    }
+    CU_CHECK(r, cudaMalloc((void **)&r->d_pool, (size_t)c->num_blocks * block_bytes));
+    CU_CHECK(r, cudaMemset(r->d_pool, 0, (size_t)c->num_blocks * block_bytes));
+    if (set_pool(r, r->d_pool)) goto cuda_err;
+    CU_CHECK(r, cudaDeviceSynchronize());
+
+    if (!r->opts.quiet) {
+        char gs[512] = "";
+        size_t n = 0;
+        for (int i = 0; i < r->n_graphs && n + 8 < sizeof gs; i++)
+            n += (size_t)snprintf(gs + n, sizeof gs - n, "%s%d", i ? "," : "", r->graph_sizes[i]);
+        if (r->sp_k)
+            n += (size_t)snprintf(gs + n, sizeof gs - n, "; speculative k=%d sizes ", r->sp_k);
+        for (int i = 0; i < r->sp_n_graphs && n + 8 < sizeof gs; i++)
+            n += (size_t)snprintf(gs + n, sizeof gs - n, "%s%d", i ? "," : "", r->sp_graph_sizes[i]);
+        fprintf(stderr,
+                "cuda runner: %s, %d SMs: weights %.2f GiB, workspace %.2f GiB, graphs %.3f GiB, "
+                "KV %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "
+                "captured decode sizes [%s]\n",
+                prop.name, r->n_sm, (double)(r->m[0].weight_bytes + r->m[1].weight_bytes) / (1 << 30),
+                (double)r->work_bytes / (1 << 30), (double)r->graph_bytes / (1 << 30), c->num_blocks,
+                c->block_size, (long long)c->num_blocks * c->block_size,
+                (double)c->num_blocks * block_bytes / (1 << 30), c->max_batch, c->max_seq_len,
+                r->n_graphs ? gs : "none (eager)");
+    }
+    return &r->base;
+
+oom:
+    specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of host memory");
+    goto fail_free;
+fail:
+cuda_err:
+    specd_errf(err, errlen, SPECD_ECUDA, "cuda runner: %s", r->errmsg[0] ? r->errmsg : "CUDA error");
+fail_free:
+    if (scratch) cudaFree(scratch);
+    cuda_destroy(&r->base);
+    return NULL;
+}
+
+runner *runner_cuda_create(const model *target, const model *draft, const runner_config *cfg,
+                           char *err, size_t errlen) {
+    return runner_cuda_create_ex(target, draft, cfg, NULL, err, errlen);
+}
+
+/* ---- tensor parallelism (runner_tp_create's backend) --------------------------------- */
+
+static int tp_unique_id(uint8_t uid[TP_UID_BYTES], char *err, size_t errlen) {
+    return cuda_tp_get_unique_id(uid, err, errlen);
+}
+
+static runner *tp_create(const tp_config *tp, const uint8_t uid[TP_UID_BYTES], const model *target,
+                         const model *draft, const runner_config *rc, char *err, size_t errlen) {
+    runner_config c = *rc;
+    c.device = tp->local_rank;   /* one GPU per process: local rank k drives GPU k */
+    cuda_tp *t = cuda_tp_create(uid, tp->rank, tp->world_size, c.device, tp->timeout_ms, err, errlen);
+    if (!t) return NULL;
+    cuda_runner_opts o = {.rank = tp->rank, .world = tp->world_size, .tp = t, .quiet = tp->rank != 0};
+    return runner_cuda_create_ex(target, draft, &c, &o, err, errlen);
+}
+
+const runner_tp_backend runner_cuda_tp_backend = {.name = "cuda", .unique_id = tp_unique_id, .create = tp_create};

@@ -1,0 +1,301 @@
+/* The CUDA runner's speculative step (runner_ops.spec_step; contract in engine/core/runner.h,
+ * reference in runner_cpu.c cpu_spec_step), captured as one CUDA graph per padded batch
+ * size (the decode graphs' size list, largest first):
+ *   draft length = target length - 1 -> draft pass over [second-to-last, last] -> pick d1
+ *   -> k-1 one-token draft passes (d2..dk) -> target pass over [last, d1..dk] with logits at
+ *   all k+1 positions -> acceptance (greedy prefix or rejection sampling) -> target length
+ *   += accepted + 1, draft length = min(L + k, new target length) -> the dummy slot's
+ *   lengths zeroed by a captured store -> outputs copied to pinned host memory.
+ * Positions and lengths are read from the device lengths table, so a graph replays for any
+ * context; per-step inputs (tokens, slots, sampling parameters) are copied by the graph
+ * itself from a pinned buffer at a fixed address. Padding rows use the dummy slot, whose
+ * block table points only at block 0.
+ *
+ * Layout of d_sp_i32 (MB = max_batch, K1 = k + 1), in int32 entries:
+ *   tok_slot2[2MB] tok_j2[2MB] row_off2[MB] twos[MB] lrows2[MB] item2_row[2MB] item2_q0[2MB]
+ *   tok_slotv[MB*K1] tok_jv[MB*K1] row_offv[MB] kp1[MB] itemv_row[MB*K1] itemv_q0[MB*K1]
+ *   vtok[MB*K1] drafts[k*MB]
+ * tok_slot2, tok_slotv, vtok and drafts change every step (written on the device); the
+ * rest is layout fixed at creation. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_internal.h"
+#include "engine/core/err.h"
+#include "engine/core/spec.h"
+
+typedef struct {
+    int32_t *tok_slot2, *tok_j2, *row_off2, *twos, *lrows2, *item2_row, *item2_q0;
+    int32_t *tok_slotv, *tok_jv, *row_offv, *kp1, *itemv_row, *itemv_q0, *vtok, *drafts;
+    size_t n;   /* total entries */
+} sp_layout;
+
+static sp_layout layout(int32_t *base, int MB, int k) {
+    sp_layout l;
+    size_t K1 = (size_t)k + 1, o = 0;
+    int32_t *b = base;
+#define TAKE(f, cnt) (l.f = b ? b + o : NULL, o += (cnt))
+    TAKE(tok_slot2, 2 * (size_t)MB); TAKE(tok_j2, 2 * (size_t)MB); TAKE(row_off2, MB);
+    TAKE(twos, MB); TAKE(lrows2, MB); TAKE(item2_row, 2 * (size_t)MB); TAKE(item2_q0, 2 * (size_t)MB);
+    TAKE(tok_slotv, MB * K1); TAKE(tok_jv, MB * K1); TAKE(row_offv, MB); TAKE(kp1, MB);
+    TAKE(itemv_row, MB * K1); TAKE(itemv_q0, MB * K1); TAKE(vtok, MB * K1); TAKE(drafts, (size_t)k * MB);
+#undef TAKE
+    l.n = o;
+    return l;
+}
+
+/* Inputs: tokens[2MB] int32 | slots[MB] int32 | pad to 16 | params[MB]. */
+static size_t in_par_off(int MB) { return ((size_t)MB * 12 + 15) / 16 * 16; }
+static size_t in_bytes(int MB) { return in_par_off(MB) + (size_t)MB * sizeof(k_sample_params); }
+static size_t out_bytes(int MB, int k) { return (size_t)MB * (size_t)(k + 2) * 4; }
+
+/* Query tokens per attention item, as cuda_forward chooses them. */
+static int attn_qt(const cuda_model *cm, int n_new) {
+    int G = cm->H / cm->KVH, cap_rows = 64;
+    int qt = cap_rows / G < 1 ? 1 : cap_rows / G;
+    return qt > n_new ? n_new : qt;
+}
+
+/* Key splits so that items x KV heads x splits is about two waves; the kernel divides each
+ * item's actual context (read on the device) over them. */
+static int splits_for(const cuda_runner *r, int which, int n_items, int n_tok) {
+    long blocks = (long)n_items * r->m[which].KVH;
+    long n = (2L * r->n_sm + blocks - 1) / blocks;
+    if (n > r->dec_splits) n = r->dec_splits;
+    if (n * n_tok > (long)r->ws_tok_splits) n = (long)r->ws_tok_splits / n_tok;
+    return n < 1 ? 1 : (int)n;
+}
+
+int cuda_spec_alloc(cuda_runner *r, int k) {
+    const int MB = r->base.cfg.max_batch, K1 = k + 1, V = r->m[0].c.vocab;
+    sp_layout l = layout(NULL, MB, k);
+    int32_t *h = calloc(l.n, sizeof(int32_t));
+    if (!h) return SPECD_ENOMEM;
+    sp_layout hl = layout(h, MB, k);
+    int qt2 = attn_qt(&r->m[1], 2), qtv = attn_qt(&r->m[0], K1);
+    int ipr2 = (2 + qt2 - 1) / qt2, iprv = (K1 + qtv - 1) / qtv;
+    for (int i = 0; i < MB; i++) {
+        hl.tok_j2[2 * i] = 0;
+        hl.tok_j2[2 * i + 1] = 1;
+        hl.row_off2[i] = 2 * i;
+        hl.twos[i] = 2;
+        hl.lrows2[i] = 2 * i + 1;
+        for (int c = 0; c < ipr2; c++) {
+            hl.item2_row[i * ipr2 + c] = i;
+            hl.item2_q0[i * ipr2 + c] = c * qt2;
+        }
+        for (int j = 0; j < K1; j++) hl.tok_jv[i * K1 + j] = j;
+        hl.row_offv[i] = i * K1;
+        hl.kp1[i] = K1;
+        for (int c = 0; c < iprv; c++) {
+            hl.itemv_row[i * iprv + c] = i;
+            hl.itemv_q0[i * iprv + c] = c * qtv;
+        }
+    }
+    size_t tl = (size_t)MB * K1 * V * sizeof(float), q = (size_t)k * MB * V * sizeof(float);
+    CU_CHECK(r, cudaMalloc((void **)&r->d_sp_i32, l.n * sizeof(int32_t)));
+    CU_CHECK(r, cudaMemcpy(r->d_sp_i32, h, l.n * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CU_CHECK(r, cudaMalloc((void **)&r->d_sp_tl, tl));
+    CU_CHECK(r, cudaMalloc((void **)&r->d_sp_q, q));
+    CU_CHECK(r, cudaMemset(r->d_sp_q, 0, q));
+    CU_CHECK(r, cudaMalloc(&r->d_sp_in, in_bytes(MB)));
+    CU_CHECK(r, cudaMalloc(&r->d_sp_out, out_bytes(MB, k)));
+    CU_CHECK(r, cudaMallocHost(&r->h_sp_in, in_bytes(MB)));
+    CU_CHECK(r, cudaMallocHost(&r->h_sp_out, out_bytes(MB, k)));
+    memset(r->h_sp_in, 0, in_bytes(MB));
+    r->work_bytes += l.n * sizeof(int32_t) + tl + q + in_bytes(MB) + out_bytes(MB, k);
+    r->sp_k = k;
+    free(h);
+    return 0;
+fail:
+    free(h);
+    return SPECD_ECUDA;
+}
+
+void cuda_spec_free(cuda_runner *r) {
+    for (int i = 0; i < r->sp_n_graphs; i++) cudaGraphExecDestroy(r->sp_graphs[i]);
+    r->sp_n_graphs = 0;
+    void *dev[] = {r->d_sp_i32, r->d_sp_tl, r->d_sp_q, r->d_sp_in, r->d_sp_out};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (r->h_sp_in) cudaFreeHost(r->h_sp_in);
+    if (r->h_sp_out) cudaFreeHost(r->h_sp_out);
+    r->d_sp_i32 = NULL;
+    r->d_sp_tl = r->d_sp_q = NULL;
+    r->d_sp_in = r->d_sp_out = r->h_sp_in = r->h_sp_out = NULL;
+    r->sp_k = 0;
+}
+
+/* The whole step for B rows (live rows then padding rows), enqueued on the stream. */
+static int spec_enqueue(cuda_runner *r, int B) {
+    const int MB = r->base.cfg.max_batch, k = r->sp_k, K1 = k + 1, V = r->m[0].c.vocab;
+    const int dummy = r->dummy;
+    sp_layout l = layout(r->d_sp_i32, MB, k);
+    int32_t *tokens = r->d_sp_in, *slots = tokens + 2 * MB;
+    const k_sample_params *par = (const k_sample_params *)((char *)r->d_sp_in + in_par_off(MB));
+    int32_t *out_tok = r->d_sp_out, *out_n = out_tok + (size_t)MB * K1;
+    cudaStream_t s = r->stream;
+    int rc;
+
+    CU_CHECK(r, cudaMemcpyAsync(r->d_sp_in, r->h_sp_in, in_bytes(MB), cudaMemcpyHostToDevice, s));
+    K_CHECK(r, k_spec_prep(r->d_lens, slots, B, k, dummy, l.tok_slot2, l.tok_slotv, s));
+
+    /* 1. draft over [second-to-last, last] at L-1, L; logits of the last -> d1 */
+    int qt2 = attn_qt(&r->m[1], 2), ni2 = B * ((2 + qt2 - 1) / qt2);
+    cuda_pass p = {
+        .which = RUNNER_DRAFT, .n_tok = 2 * B, .n_rows = B, .tokens = tokens,
+        .tok_slot = l.tok_slot2, .tok_j = l.tok_j2, .row_slot = slots, .row_tok_off = l.row_off2,
+        .row_n_new = l.twos, .item_row = l.item2_row, .item_q0 = l.item2_q0, .n_items = ni2,
+        .qt = qt2, .n_splits = splits_for(r, RUNNER_DRAFT, ni2, 2 * B), .split_len = 0,
+    };
+    if ((rc = cuda_enqueue_pass(r, &p))) return rc;
+    if ((rc = cuda_enqueue_logits_out(r, RUNNER_DRAFT, l.lrows2, B, r->d_logits))) return rc;
+    K_CHECK(r, k_probs(r->d_logits, r->d_sp_q, B, V, par, 1, s));
+    K_CHECK(r, k_spec_draft_pick(r->d_logits, r->d_sp_q, B, V, par, 0, SPEC_SALT_DRAFT, l.drafts, s));
+    K_CHECK(r, k_advance_lens(r->d_lens, slots, l.twos, B, RUNNER_DRAFT, dummy, s));
+
+    /* 2. k-1 one-token draft passes */
+    for (int j = 1; j < k; j++) {
+        float *q = r->d_sp_q + (size_t)j * MB * V;
+        p = (cuda_pass){
+            .which = RUNNER_DRAFT, .n_tok = B, .n_rows = B, .tokens = l.drafts + (size_t)(j - 1) * MB,
+            .tok_slot = slots, .tok_j = r->d_zeros, .row_slot = slots, .row_tok_off = r->d_iota,
+            .row_n_new = r->d_ones, .item_row = r->d_iota, .item_q0 = r->d_zeros, .n_items = B,
+            .qt = 1, .n_splits = splits_for(r, RUNNER_DRAFT, B, B), .split_len = 0,
+        };
+        if ((rc = cuda_enqueue_pass(r, &p))) return rc;
+        if ((rc = cuda_enqueue_logits_out(r, RUNNER_DRAFT, NULL, B, r->d_logits))) return rc;
+        K_CHECK(r, k_probs(r->d_logits, q, B, V, par, 1, s));
+        K_CHECK(r, k_spec_draft_pick(r->d_logits, q, B, V, par, j, SPEC_SALT_DRAFT,
+                                     l.drafts + (size_t)j * MB, s));
+        K_CHECK(r, k_advance_lens(r->d_lens, slots, r->d_ones, B, RUNNER_DRAFT, dummy, s));
+    }
+
+    /* 3. target verify over [last, d1..dk] at L..L+k, logits at every position */
+    K_CHECK(r, k_spec_verify_tokens(tokens, l.drafts, B, k, MB, l.vtok, s));
+    int qtv = attn_qt(&r->m[0], K1), niv = B * ((K1 + qtv - 1) / qtv);
+    p = (cuda_pass){
+        .which = RUNNER_TARGET, .n_tok = B * K1, .n_rows = B, .tokens = l.vtok,
+        .tok_slot = l.tok_slotv, .tok_j = l.tok_jv, .row_slot = slots, .row_tok_off = l.row_offv,
+        .row_n_new = l.kp1, .item_row = l.itemv_row, .item_q0 = l.itemv_q0, .n_items = niv,
+        .qt = qtv, .n_splits = splits_for(r, RUNNER_TARGET, niv, B * K1), .split_len = 0,
+    };
+    if ((rc = cuda_enqueue_pass(r, &p))) return rc;
+    if ((rc = cuda_enqueue_logits_out(r, RUNNER_TARGET, NULL, B * K1, r->d_sp_tl))) return rc;
+    K_CHECK(r, k_probs(r->d_sp_tl, r->d_sp_tl, B * K1, V, par, K1, s));
+
+    /* 4-5. acceptance and the length advance, then the dummy reset */
+    K_CHECK(r, k_spec_accept(r->d_sp_tl, r->d_sp_q, B, V, k, MB, l.drafts, MB, par, slots, dummy,
+                             SPEC_SALT_ACCEPT, r->d_lens, out_tok, out_n, s));
+    if (!r->tune.skip_dummy_reset)
+        CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * dummy, 0, 2 * sizeof(int32_t), s));
+    CU_CHECK(r, cudaMemcpyAsync(r->h_sp_out, r->d_sp_out, out_bytes(MB, k), cudaMemcpyDeviceToHost, s));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* Pinned inputs: n live rows, then padding rows on the dummy slot. */
+static void fill_in(cuda_runner *r, const runner_spec_batch *b, int B) {
+    const int MB = r->base.cfg.max_batch;
+    int32_t *tokens = r->h_sp_in, *slots = tokens + 2 * MB;
+    k_sample_params *par = (k_sample_params *)((char *)r->h_sp_in + in_par_off(MB));
+    int n = b ? b->n : 0;
+    for (int i = 0; i < B; i++) {
+        k_sample_params q = {0};
+        if (i < n) {
+            tokens[2 * i] = b->tokens[2 * i];
+            tokens[2 * i + 1] = b->tokens[2 * i + 1];
+            slots[i] = b->slots[i];
+            if (b->sp) {
+                const runner_sampling *x = &b->sp[i];
+                q = (k_sample_params){.temperature = x->temperature, .top_p = x->top_p,
+                                      .min_p = x->min_p, .top_k = x->top_k, .seed = x->seed,
+                                      .counter = x->counter};
+            }
+        } else {
+            tokens[2 * i] = tokens[2 * i + 1] = 0;
+            slots[i] = r->dummy;
+        }
+        par[i] = q;
+    }
+}
+
+int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen) {
+    int sizes[64], n = 0;
+    cuda_graph_size_list(r->base.cfg.max_batch, sizes, &n);
+    for (int i = 0; i < n; i++) {
+        int B = sizes[i], rc;
+        cudaGraph_t g = NULL;
+        if (B * (r->sp_k + 1) > r->T) continue;
+        fill_in(r, NULL, B);
+        /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
+        if ((rc = spec_enqueue(r, B))) goto fail;
+        if ((rc = cuda_step_sync(r))) goto fail;
+        CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+        rc = spec_enqueue(r, B);
+        cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+        if (rc) goto fail;
+        CU_CHECK(r, e);
+        e = cudaGraphInstantiate(&r->sp_graphs[r->sp_n_graphs], g, 0);
+        cudaGraphDestroy(g);
+        CU_CHECK(r, e);
+        r->sp_graph_sizes[r->sp_n_graphs++] = B;
+        CU_CHECK(r, cudaGraphLaunch(r->sp_graphs[r->sp_n_graphs - 1], r->stream));
+        if ((rc = cuda_step_sync(r))) goto fail;
+    }
+    return 0;
+fail:
+    return specd_errf(err, errlen, SPECD_ECUDA, "cuda runner: capturing speculative graphs: %s",
+                      r->errmsg);
+}
+
+int cuda_spec_step(runner *base, const runner_spec_batch *b) {
+    cuda_runner *r = (cuda_runner *)base;
+    const runner_config *cfg = &base->cfg;
+    if (r->failed) return SPECD_ECUDA;
+    if (!r->sp_k || !b || b->n < 1 || b->n > cfg->max_batch || b->k != r->sp_k || !b->slots ||
+        !b->tokens || !b->out_tokens || !b->out_n)
+        return SPECD_EINVAL;
+    const int k = r->sp_k, K1 = k + 1, MB = cfg->max_batch, V = r->m[0].c.vocab;
+    for (int i = 0; i < b->n; i++) {
+        int s = b->slots[i];
+        if (s < 0 || s >= MB) return SPECD_EINVAL;
+        for (int j = 0; j < 2; j++)
+            if (b->tokens[2 * i + j] < 0 || b->tokens[2 * i + j] >= V) return SPECD_EINVAL;
+        int L = r->h_len[s * 2];
+        if (L < 1 || L + k + 1 > cfg->max_seq_len) return SPECD_ERANGE;
+        for (int j = 0; j < i; j++)
+            if (b->slots[j] == s) return SPECD_EINVAL;
+    }
+    int gi = -1;   /* smallest captured size >= n (sizes are largest first) */
+    for (int i = 0; i < r->sp_n_graphs; i++)
+        if (r->sp_graph_sizes[i] >= b->n) gi = i;
+    int B = gi >= 0 ? r->sp_graph_sizes[gi] : b->n;
+    fill_in(r, b, B);
+    if (gi >= 0) {
+        CU_CHECK(r, cudaGraphLaunch(r->sp_graphs[gi], r->stream));
+    } else if (spec_enqueue(r, B)) {
+        goto fail;
+    }
+    int rc = cuda_step_sync(r);
+    if (rc) return rc;
+    const int32_t *tok = r->h_sp_out, *cnt = tok + (size_t)MB * K1;
+    for (int i = 0; i < b->n; i++) {
+        int m = cnt[i], s = b->slots[i], L = r->h_len[s * 2];
+        if (m < 1 || m > K1) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "row %d emitted %d tokens (k = %d)", i, m, k);
+            cuda_fail(r, __FILE__, __LINE__, "speculative acceptance", msg);
+            return SPECD_ECUDA;
+        }
+        memcpy(b->out_tokens + (size_t)i * K1, tok + (size_t)i * K1, sizeof(int32_t) * (size_t)K1);
+        b->out_n[i] = m;
+        r->h_len[s * 2] = L + m;
+        r->h_len[s * 2 + 1] = L + k < L + m ? L + k : L + m;
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}

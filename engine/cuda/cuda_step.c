@@ -1,0 +1,357 @@
+/* The CUDA runner's compute: one forward pass enqueued on the runner's stream (shared by
+ * the eager forward() op and the captured decode step), the lm_head over selected rows,
+ * the decode step with on-device sampling, and CUDA-graph capture of that step.
+ *
+ * A pass, per layer: RMSNorm -> fused QKV GEMM -> bias / q,k-norm / rotary / KV write ->
+ * paged attention -> O GEMM accumulated into the fp32 residual (beta = 1) -> RMSNorm ->
+ * fused gate|up GEMM -> SiLU * up -> down GEMM accumulated into the residual. At batch
+ * 1-2 the GEMVs absorb most of the small kernels (see cuda_enqueue_pass).
+ * Everything that changes per step (tokens, slots, sampling parameters, lengths) lives in
+ * device buffers at fixed addresses, so a captured step replays with fresh inputs. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/cuda_tp.h"
+#include "engine/core/err.h"
+#include "engine/tp/runner_tp.h"
+
+static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n,
+                float *Y, float beta) {
+    const float alpha = 1.f;
+    /* Batch 1-2 decode streams the weights through our GEMV (8B shape, batch 1: 7.13 ->
+     * 5.75 ms/token together with device-sized attention splits). At n = 8 it was slower
+     * than cuBLAS (9.2 vs 7.5 ms/step: fp32 FMA-bound), so larger n stay on cuBLAS;
+     * n = 3..4 is unmeasured. See tests/gpu/BENCH.md. */
+    if (n <= CUDA_GEMV_MAX_ROWS && in % 8 == 0 && !r->tune.no_gemv) {
+        K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
+        return 0;
+    }
+    /* Row-major Y[n, out] = X[n, in] . W[out, in]^T is column-major Y^T = W^T' X^T'. */
+    BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W,
+                               CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, out,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n) {
+    /* Rank 0 accumulated its partial into the residual and the others started from zero,
+     * so the sum over ranks is exactly the new residual, the same bits on every rank. */
+    if (r->opts.world <= 1 || (which != RUNNER_TARGET && !r->tune.tp_shard_draft) || r->tune.tp_skip_allreduce) return 0;
+    int rc = cuda_tp_all_reduce_f32(r->opts.tp, buf, n, r->stream);
+    if (rc) cuda_fail(r, __FILE__, __LINE__, "all-reduce", cuda_tp_error(r->opts.tp));
+    return rc ? SPECD_ECUDA : 0;
+}
+
+int cuda_step_sync(cuda_runner *r) {
+    if (r->opts.world <= 1) {
+        CU_CHECK(r, cudaStreamSynchronize(r->stream));
+        return 0;
+    }
+    int rc = cuda_tp_wait(r->opts.tp, r->stream, RUNNER_TP_STEP_TIMEOUT_MS);
+    if (rc) cuda_fail(r, __FILE__, __LINE__, "tensor-parallel step", cuda_tp_error(r->opts.tp));
+    return rc;
+fail:
+    return SPECD_ECUDA;
+}
+
+static k_kv_geom kv_geom(const cuda_runner *r, int which, const int32_t *tok_slot,
+                         const int32_t *tok_j, int pool_layer) {
+    k_kv_geom g = {
+        .tok_slot = tok_slot, .tok_j = tok_j, .lens = r->d_lens, .which = which, .bt = r->d_bt,
+        .max_blocks = r->max_blocks, .block_size = r->base.cfg.block_size,
+        .pool_pp = r->d_pool_pp, .block_elems = r->block_elems,
+        .layer_off = r->layer_off[pool_layer],
+    };
+    return g;
+}
+
+int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
+    cuda_model *cm = &r->m[p->which];
+    const model_config *c = &cm->c;
+    const int n = p->n_tok, hidden = c->hidden, H = cm->H, KVH = cm->KVH, D = cm->D;
+    const int qd = H * D, qkvd = (H + 2 * KVH) * D, F = cm->ffn;
+    /* the target's row-parallel partials: only rank 0 adds the residual (see cuda_tp_allreduce) */
+    const int partial = r->opts.world > 1 && (p->which == RUNNER_TARGET || r->tune.tp_shard_draft);
+    const float beta_res = !partial || r->opts.rank == 0 ? 1.f : 0.f;
+    const float scale = 1.f / sqrtf((float)D);
+    cudaStream_t s = r->stream;
+    int rc;
+    /* Batch 1-2 on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
+     * without q/k norm, rotary + KV write into the QKV GEMV (kernels/gemv.cu). Decode
+     * attention merges its splits itself (no combine kernel). SPECD_CUDA_NO_FUSE=1 runs
+     * the separate kernels. */
+    const int fused = n <= K_GEMV_FUSED_MAX_N && n <= CUDA_GEMV_MAX_ROWS && !r->tune.no_gemv && !r->tune.no_fuse &&
+                      hidden % 8 == 0 && F % 8 == 0;
+    const int fuse_rope = fused && !cm->layers[0].q_norm;
+    /* ... and, on one GPU, every RMSNorm but the first folds into the GEMVs around it: O
+     * and down add into the residual and write bf16(h * g_next) with the row's sum of
+     * h^2, QKV and gate|up scale their dots by rsqrt(mean + eps) (kernels/gemv.cu).
+     * d_ss holds one sum per (layer, norm, row), zeroed at the start of the pass. */
+    const int fuse_norm = fused && !partial && !r->tune.no_fuse_norm && !r->tune.dbg_skip && qd % 8 == 0 &&
+                          c->n_layers <= r->ss_layers;
+    k_norm_in nin_attn = {0}, nin_ffn = {0};
+    k_norm_out nout_ffn = {0}, nout_attn = {0};
+
+    K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
+    if (fuse_norm)
+        CU_CHECK(r, cudaMemsetAsync(r->d_ss, 0, (size_t)2 * c->n_layers * CUDA_GEMV_MAX_ROWS * sizeof *r->d_ss, s));
+    for (int l = 0; l < c->n_layers; l++) {
+        const cuda_layer *L = &cm->layers[l];
+        k_kv_geom g = kv_geom(r, p->which, p->tok_slot, p->tok_j, cm->pool_layer0 + l);
+        k_attn_work w = {
+            .row_slot = p->row_slot, .row_tok_off = p->row_tok_off, .row_n_new = p->row_n_new,
+            .item_row = p->item_row, .item_q0 = p->item_q0, .n_items = p->n_items, .qt = p->qt,
+            .n_tok = n, .n_splits = p->n_splits, .split_len = p->split_len,
+            .ws_o = r->d_ws_o, .ws_ml = r->d_ws_ml, .counters = r->tune.no_fuse ? NULL : r->d_counts,
+        };
+        /* the norms folded into this layer's GEMVs: sums of squares [l][0] (attention input,
+         * written by the previous layer's down GEMV) and [l][1] (MLP input, by O) */
+        unsigned long long *ss_l = r->d_ss + (size_t)l * 2 * CUDA_GEMV_MAX_ROWS;
+        const k_norm_in *qkv_nin = fuse_norm && l > 0 ? &nin_attn : NULL;
+        const uint16_t *qkv_x = qkv_nin ? r->d_xg : r->d_xb;
+        if (fuse_norm) {
+            nin_attn = (k_norm_in){.ss = ss_l, .eps = c->rms_eps};
+            nin_ffn = (k_norm_in){.ss = ss_l + CUDA_GEMV_MAX_ROWS, .eps = c->rms_eps};
+            nout_ffn = (k_norm_out){.g = L->ffn_norm, .xg = r->d_xg, .ss = ss_l + CUDA_GEMV_MAX_ROWS};
+            if (l + 1 < c->n_layers)
+                nout_attn = (k_norm_out){.g = cm->layers[l + 1].attn_norm, .xg = r->d_xg,
+                                         .ss = ss_l + 2 * CUDA_GEMV_MAX_ROWS};
+        }
+        if (!(r->tune.dbg_skip & 1) && !qkv_nin)
+            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+        if (r->tune.dbg_skip & 2) {
+            /* SPECD_DEBUG_SKIP: stage left out (timing only) */
+        } else if (fuse_rope) {
+            K_CHECK(r, k_gemv_qkv_rope(L->wqkv, qkv_x, L->bqkv, cm->inv_freq, r->d_q, n, H, KVH, D, hidden, &g,
+                                       qkv_nin, s));
+        } else if (qkv_nin) {
+            K_CHECK(r, k_gemv_norm_bf16(L->wqkv, qkv_x, r->d_f32, qkvd, hidden, n, 0, qkv_nin, NULL, s));
+            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
+                                     c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
+        } else {
+            if ((rc = gemm(r, L->wqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
+                                     c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
+        }
+        if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
+        if (fuse_norm)
+            K_CHECK(r, k_gemv_norm_bf16(L->wo, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
+        else if (!(r->tune.dbg_skip & 8) && (rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
+            return rc;
+        if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
+        if (!(r->tune.dbg_skip & 1) && !fuse_norm)
+            K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+        const uint16_t *act = r->d_xb;
+        if (r->tune.dbg_skip & 16) {
+            /* SPECD_DEBUG_SKIP: stage left out (timing only) */
+        } else if (fused) {
+            K_CHECK(r, k_gemv_gated_bf16(L->wgu, fuse_norm ? r->d_xg : r->d_xb, r->d_act, F, hidden, n,
+                                         fuse_norm ? &nin_ffn : NULL, s));
+            act = r->d_act;
+        } else {
+            if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
+        }
+        if (fuse_norm && l + 1 < c->n_layers)
+            K_CHECK(r, k_gemv_norm_bf16(L->wdown, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
+        else if (!(r->tune.dbg_skip & 32) && (rc = gemm(r, L->wdown, hidden, F, act, n, r->d_resid, beta_res)))
+            return rc;
+        if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+int cuda_enqueue_logits_out(cuda_runner *r, int which, const int32_t *rows, int n, float *out) {
+    cuda_model *cm = &r->m[which];
+    const model_config *c = &cm->c;
+    K_CHECK(r, k_rmsnorm(r->d_resid, rows, cm->out_norm, r->d_xb, n, c->hidden, c->rms_eps,
+                         r->stream));
+    if (cm->vocab_parts <= 1) return gemm(r, cm->lm_head, c->vocab, c->hidden, r->d_xb, n, out, 0.f);
+    /* Vocabulary-split lm_head: this rank's [n, V/W] slice, an all-gather of the slices
+     * ([W][n][V/W], rank order), then each slice into its columns of out [n, V]: every
+     * rank ends with the same full logits, so sampling agrees without another collective. */
+    const int vp = cm->vocab_rows, W = cm->vocab_parts;
+    int rc = gemm(r, cm->lm_head, vp, c->hidden, r->d_xb, n, r->d_lpart, 0.f);
+    if (rc) return rc;
+    if (!r->tune.tp_skip_allreduce) {
+        if (cuda_tp_all_gather_f32(r->opts.tp, r->d_lpart, r->d_lgather, (size_t)n * vp, r->stream)) {
+            cuda_fail(r, __FILE__, __LINE__, "all-gather of the logits", cuda_tp_error(r->opts.tp));
+            return SPECD_ECUDA;
+        }
+    }
+    for (int p = 0; p < W; p++)
+        CU_CHECK(r, cudaMemcpy2DAsync(out + (size_t)p * vp, (size_t)c->vocab * 4, r->d_lgather + (size_t)p * n * vp,
+                                      (size_t)vp * 4, (size_t)vp * 4, (size_t)n, cudaMemcpyDeviceToDevice, r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+int cuda_enqueue_logits(cuda_runner *r, int which, const int32_t *rows, int n) {
+    return cuda_enqueue_logits_out(r, which, rows, n, r->d_logits);
+}
+
+/* Decode-step buffers: in = tokens[MB] | slots[MB] | params[MB]; out = tok[MB] | lp[MB]. */
+static size_t dec_in_bytes(const cuda_runner *r) {
+    return (size_t)r->base.cfg.max_batch * (8 + sizeof(k_sample_params));
+}
+
+/* Splits per decode row so that B rows x KV heads x splits is about two waves; the
+ * kernel divides each row's actual context over them at run time. */
+static int dec_splits_for(const cuda_runner *r, int B) {
+    long rows = (long)B * r->m[0].KVH;
+    long n = (2L * r->n_sm + rows - 1) / rows;
+    if (n > r->dec_splits) n = r->dec_splits;
+    if (n * B > (long)r->ws_tok_splits) n = (long)r->ws_tok_splits / B;
+    return n < 1 ? 1 : (int)n;
+}
+
+int cuda_enqueue_decode(cuda_runner *r, int B) {
+    const int MB = r->base.cfg.max_batch;
+    int32_t *in = r->d_dec_in;
+    int32_t *tokens = in, *slots = in + MB;
+    const k_sample_params *sp = (const k_sample_params *)(in + 2 * MB);
+    int32_t *out_tok = r->d_dec_out;
+    float *out_lp = (float *)(out_tok + MB);
+    cudaStream_t s = r->stream;
+    int rc;
+
+    CU_CHECK(r, cudaMemcpyAsync(r->d_dec_in, r->h_dec_in, dec_in_bytes(r), cudaMemcpyHostToDevice, s));
+    cuda_pass p = {
+        .which = RUNNER_TARGET, .n_tok = B, .n_rows = B, .tokens = tokens, .tok_slot = slots,
+        .tok_j = r->d_zeros, .row_slot = slots, .row_tok_off = r->d_iota, .row_n_new = r->d_ones,
+        .item_row = r->d_iota, .item_q0 = r->d_zeros, .n_items = B, .qt = 1,
+        .n_splits = dec_splits_for(r, B), .split_len = 0,
+    };
+    if (r->tune.fixed_splits) {
+        p.split_len = r->dec_split_len * 4;
+        p.n_splits = (r->base.cfg.max_seq_len + p.split_len - 1) / p.split_len;
+        if ((size_t)p.n_splits * B > r->ws_tok_splits) p.n_splits = (int)(r->ws_tok_splits / B);
+    }
+    if ((rc = cuda_enqueue_pass(r, &p))) return rc;
+    if ((rc = cuda_enqueue_logits(r, RUNNER_TARGET, NULL, B))) return rc;
+    K_CHECK(r, k_sample(r->d_logits, B, r->m[0].c.vocab, sp, out_tok, out_lp, s));
+    K_CHECK(r, k_advance_lens(r->d_lens, slots, r->d_ones, B, RUNNER_TARGET, r->dummy, s));
+    /* The captured store that resets the dummy slot after the advance: padding rows never
+     * accumulate context, whatever a previous step or a bug left there. */
+    CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * r->dummy, 0, 2 * sizeof(int32_t), s));
+    CU_CHECK(r, cudaMemcpyAsync(r->h_dec_out, r->d_dec_out, (size_t)MB * 8, cudaMemcpyDeviceToHost, s));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* Fill the pinned decode inputs: n live rows then padding rows on the dummy slot. */
+static void fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B) {
+    const int MB = r->base.cfg.max_batch;
+    int32_t *tokens = r->h_dec_in, *slots = tokens + MB;
+    k_sample_params *sp = (k_sample_params *)(tokens + 2 * MB);
+    int n = b ? b->n : 0;
+    for (int i = 0; i < B; i++) {
+        k_sample_params q = {0};
+        if (i < n) {
+            tokens[i] = b->tokens[i];
+            slots[i] = b->slots[i];
+            if (b->sp) {
+                const runner_sampling *x = &b->sp[i];
+                q.temperature = x->temperature;
+                q.top_p = x->top_p;
+                q.min_p = x->min_p;
+                q.top_k = x->top_k;
+                q.seed = x->seed;
+                q.counter = x->counter;
+            }
+        } else {
+            tokens[i] = 0;
+            slots[i] = r->dummy;
+        }
+        sp[i] = q;
+    }
+}
+
+void cuda_graph_size_list(int max_batch, int *sizes, int *n) {
+    int k = 0, v[64];
+    for (int b = 1; b <= 8 && b <= max_batch; b *= 2) v[k++] = b;
+    for (int b = 16; b <= max_batch && b <= 64; b += 8) v[k++] = b;
+    for (int b = 80; b <= max_batch && k < 63; b += 16) v[k++] = b;
+    if (v[k - 1] != max_batch && k < 64) v[k++] = max_batch;
+    for (int i = 0; i < k; i++) sizes[i] = v[k - 1 - i];   /* largest first */
+    *n = k;
+}
+
+int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen) {
+    int sizes[64], n = 0;
+    cuda_graph_size_list(r->base.cfg.max_batch, sizes, &n);
+    for (int i = 0; i < n; i++) {
+        int B = sizes[i], rc;
+        cudaGraph_t g = NULL;
+        fill_dec_in(r, NULL, B);
+        /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
+        if ((rc = cuda_enqueue_decode(r, B))) goto fail_rc;
+        if ((rc = cuda_step_sync(r))) goto fail_rc;
+        CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+        rc = cuda_enqueue_decode(r, B);
+        cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+        if (rc) goto fail_rc;
+        CU_CHECK(r, e);
+        e = cudaGraphInstantiate(&r->graphs[r->n_graphs], g, 0);
+        cudaGraphDestroy(g);
+        CU_CHECK(r, e);
+        r->graph_sizes[r->n_graphs++] = B;
+        CU_CHECK(r, cudaGraphLaunch(r->graphs[r->n_graphs - 1], r->stream));
+        if ((rc = cuda_step_sync(r))) goto fail_rc;
+    }
+    return 0;
+fail:
+fail_rc:
+    return specd_errf(err, errlen, SPECD_ECUDA, "cuda runner: capturing decode graphs: %s", r->errmsg);
+}
+
+void cuda_destroy_graphs(cuda_runner *r) {
+    for (int i = 0; i < r->n_graphs; i++) cudaGraphExecDestroy(r->graphs[i]);
+    r->n_graphs = 0;
+}
+
+int cuda_decode(runner *base, const runner_decode_batch *b) {
+    cuda_runner *r = (cuda_runner *)base;
+    const int MB = base->cfg.max_batch;
+    if (r->failed) return SPECD_ECUDA;
+    if (!b || b->n < 1 || b->n > MB || !b->slots || !b->tokens || !b->out_tokens) return SPECD_EINVAL;
+    for (int i = 0; i < b->n; i++) {
+        int s = b->slots[i];
+        if (s < 0 || s >= MB || b->tokens[i] < 0 || b->tokens[i] >= r->m[0].c.vocab)
+            return SPECD_EINVAL;
+        if (r->h_len[s * 2] + 1 > base->cfg.max_seq_len) return SPECD_ERANGE;
+        for (int k = 0; k < i; k++)
+            if (b->slots[k] == s) return SPECD_EINVAL;
+    }
+    /* Smallest captured size >= n (graph_sizes is largest first). */
+    int gi = -1;
+    for (int i = 0; i < r->n_graphs; i++)
+        if (r->graph_sizes[i] >= b->n) gi = i;
+    int B = gi >= 0 ? r->graph_sizes[gi] : b->n;
+    fill_dec_in(r, b, B);
+    if (gi >= 0) {
+        CU_CHECK(r, cudaGraphLaunch(r->graphs[gi], r->stream));
+    } else if (cuda_enqueue_decode(r, B)) {
+        goto fail;
+    }
+    int rc = cuda_step_sync(r);
+    if (rc) return rc;
+    const int32_t *tok = r->h_dec_out;
+    const float *lp = (const float *)(tok + MB);
+    for (int i = 0; i < b->n; i++) {
+        b->out_tokens[i] = tok[i];
+        if (b->out_logprobs) b->out_logprobs[i] = lp[i];
+        r->h_len[b->slots[i] * 2] += 1;
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}

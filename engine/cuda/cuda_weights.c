@@ -1,0 +1,298 @@
+/* Weight upload for the CUDA runner: converts each tensor view to bf16 on the host
+ * (tensor_to_bf16 also dequantizes GGUF and undoes its Q/K permutation), fuses Q|K|V and
+ * gate|up into one matrix each so one GEMM serves them, and copies this rank's slice to
+ * the device. Tensor parallelism (rank of world) splits Q/K/V/gate/up by output rows
+ * (heads / intermediate) and O/down by input columns (the same offsets as shard.c, which
+ * tests/test_shard.c checks on the CPU); embedding, lm_head and norms are replicated.
+ *
+ * With opts.random_weights the views are ignored and weights are filled on the device
+ * (uniform, std 0.02; norms near 1), so benchmarks of 8B shapes need no host weights;
+ * a shard's fill is its slice of the unsharded fill. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/cuda_internal.h"
+#include "engine/core/err.h"
+
+/* Host staging for one conversion, reused across tensors. */
+typedef struct {
+    uint16_t *bf;
+    float *f;
+    size_t cap_bf, cap_f;   /* elements */
+} staging;
+
+static int stage_reserve(staging *s, size_t n, int f32) {
+    size_t *cap = f32 ? &s->cap_f : &s->cap_bf;
+    void **buf = f32 ? (void **)&s->f : (void **)&s->bf;
+    if (n <= *cap) return 0;
+    free(*buf);
+    *buf = malloc(n * (f32 ? sizeof(float) : sizeof(uint16_t)));
+    *cap = *buf ? n : 0;
+    return *buf ? 0 : SPECD_ENOMEM;
+}
+
+static int check_view(const tensor_view *t, int64_t rows, int64_t cols, const char *name,
+                      int layer, char *err, size_t errlen) {
+    int64_t want = rows * (cols ? cols : 1);
+    if (!t->data)
+        return specd_errf(err, errlen, SPECD_ENOTFOUND, "cuda runner: layer %d: tensor %s missing",
+                          layer, name);
+    if (tensor_numel(t) != want)
+        return specd_errf(err, errlen, SPECD_EFORMAT,
+                          "cuda runner: layer %d: tensor %s has %lld elements, expected %lld",
+                          layer, name, (long long)tensor_numel(t), (long long)want);
+    return 0;
+}
+
+static void *dalloc(cuda_runner *r, cuda_model *cm, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cuda_fail(r, __FILE__, __LINE__, "cudaMalloc(weights)", "out of device memory");
+        return NULL;
+    }
+    cm->weight_bytes += bytes;
+    return p;
+}
+
+/* Upload rows [row0, row0+nrows) x cols [col0, col0+ncols) of view t (full shape
+ * rows_all x cols_all) as bf16 into dst with leading dimension ncols. */
+static int upload_bf16(cuda_runner *r, staging *s, const tensor_view *t, int64_t rows_all,
+                       int64_t cols_all, int64_t row0, int64_t nrows, int64_t col0,
+                       int64_t ncols, uint16_t *dst) {
+    if (stage_reserve(s, (size_t)(rows_all * cols_all), 0)) return SPECD_ENOMEM;
+    int rc = tensor_to_bf16(t, s->bf);
+    if (rc) return rc;
+    CU_CHECK(r, cudaMemcpy2D(dst, (size_t)ncols * 2, s->bf + row0 * cols_all + col0,
+                             (size_t)cols_all * 2, (size_t)ncols * 2, (size_t)nrows,
+                             cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+static int upload_f32(cuda_runner *r, staging *s, const tensor_view *t, int64_t off, int64_t n,
+                      float *dst) {
+    if (stage_reserve(s, (size_t)tensor_numel(t), 1)) return SPECD_ENOMEM;
+    int rc = tensor_to_f32(t, s->f);
+    if (rc) return rc;
+    CU_CHECK(r, cudaMemcpy(dst, s->f + off, (size_t)n * 4, cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+static uint64_t mix_seed(uint64_t seed, uint64_t tag) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (tag + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Random device weights: std 0.02 for matrices (uniform +-0.02*sqrt(3)), norms in
+ * [0.9, 1.1], biases +-0.02. Each logical tensor (q, k, v, o, gate, up, down, ...) has its
+ * own stream indexed by its unsharded element index, so rank `rank` of a group holds
+ * exactly its slice of what one GPU holds: TP 2 and TP 1 run the same model. */
+static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank) {
+    const model_config *c = &cm->c;
+    const size_t hidden = (size_t)c->hidden, D = (size_t)cm->D, H = (size_t)cm->H, KVH = (size_t)cm->KVH;
+    const size_t F = (size_t)cm->ffn, qd = H * D, kd = KVH * D, rk = (size_t)rank;
+    const size_t full_qd = (size_t)c->n_heads * D, full_F = (size_t)c->ffn;
+    float a = 0.02f * sqrtf(3.f);
+    uint64_t tag = 0;
+    cudaStream_t st = r->stream;
+    const uint64_t embed_seed = mix_seed(seed, tag++);
+    K_CHECK(r, k_fill_uniform_bf16(cm->embed, (size_t)c->vocab * hidden, embed_seed, a, st));
+    if (cm->lm_head != cm->embed)   /* its own tensor, or a vocabulary slice of the tied one */
+        K_CHECK(r, k_fill_uniform_bf16_slice(cm->lm_head, (size_t)cm->vocab_rows, hidden, (size_t)cm->vocab_row0, 0,
+                                             hidden, c->tied_embeddings ? embed_seed : mix_seed(seed, tag++), a, st));
+    K_CHECK(r, k_fill_uniform_f32(cm->out_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &cm->layers[l];
+        uint16_t *q = L->wqkv, *k = q + qd * hidden, *v = k + kd * hidden;
+        K_CHECK(r, k_fill_uniform_bf16_slice(q, qd, hidden, rk * qd, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(k, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(v, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wo, hidden, qd, 0, rk * qd, full_qd, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu, F, hidden, rk * F, 0, hidden, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu + F * hidden, F, hidden, rk * F, 0, hidden,
+                                             mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_bf16_slice(L->wdown, hidden, F, 0, rk * F, full_F, mix_seed(seed, tag++), a, st));
+        K_CHECK(r, k_fill_uniform_f32(L->attn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        K_CHECK(r, k_fill_uniform_f32(L->ffn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        if (L->bqkv) {
+            K_CHECK(r, k_fill_uniform_f32_at(L->bqkv, qd, rk * qd, mix_seed(seed, tag++), -0.02f, 0.02f, st));
+            K_CHECK(r, k_fill_uniform_f32_at(L->bqkv + qd, kd, rk * kd, mix_seed(seed, tag++), -0.02f, 0.02f, st));
+            K_CHECK(r, k_fill_uniform_f32_at(L->bqkv + qd + kd, kd, rk * kd, mix_seed(seed, tag++), -0.02f, 0.02f, st));
+        }
+        if (L->q_norm) K_CHECK(r, k_fill_uniform_f32(L->q_norm, D, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        if (L->k_norm) K_CHECK(r, k_fill_uniform_f32(L->k_norm, D, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+    }
+    CU_CHECK(r, cudaStreamSynchronize(st));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_layer *ml, int l,
+                      int rank, char *err, size_t errlen) {
+    const model_config *c = &cm->c;
+    cuda_layer *L = &cm->layers[l];
+    int64_t hidden = c->hidden, D = c->head_dim, H = c->n_heads, KVH = c->n_kv_heads;
+    int64_t h = cm->H, kvh = cm->KVH, F = cm->ffn;
+    int rc;
+    if ((rc = check_view(&ml->wq, H * D, hidden, "q_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->wk, KVH * D, hidden, "k_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->wv, KVH * D, hidden, "v_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->wo, hidden, H * D, "o_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->w_gate, c->ffn, hidden, "gate_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->w_up, c->ffn, hidden, "up_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->w_down, hidden, c->ffn, "down_proj", l, err, errlen)) ||
+        (rc = check_view(&ml->attn_norm, hidden, 0, "input_layernorm", l, err, errlen)) ||
+        (rc = check_view(&ml->ffn_norm, hidden, 0, "post_attention_layernorm", l, err, errlen)))
+        return rc;
+    uint16_t *q = L->wqkv, *k = q + h * D * hidden, *v = k + kvh * D * hidden;
+    if ((rc = upload_bf16(r, s, &ml->wq, H * D, hidden, rank * h * D, h * D, 0, hidden, q)) ||
+        (rc = upload_bf16(r, s, &ml->wk, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, k)) ||
+        (rc = upload_bf16(r, s, &ml->wv, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, v)) ||
+        (rc = upload_bf16(r, s, &ml->wo, hidden, H * D, 0, hidden, rank * h * D, h * D, L->wo)) ||
+        (rc = upload_bf16(r, s, &ml->w_gate, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu)) ||
+        (rc = upload_bf16(r, s, &ml->w_up, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu + F * hidden)) ||
+        (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown)) ||
+        (rc = upload_f32(r, s, &ml->attn_norm, 0, hidden, L->attn_norm)) ||
+        (rc = upload_f32(r, s, &ml->ffn_norm, 0, hidden, L->ffn_norm)))
+        goto out;
+    if (L->bqkv) {
+        if ((rc = check_view(&ml->bq, H * D, 0, "q_proj.bias", l, err, errlen)) ||
+            (rc = check_view(&ml->bk, KVH * D, 0, "k_proj.bias", l, err, errlen)) ||
+            (rc = check_view(&ml->bv, KVH * D, 0, "v_proj.bias", l, err, errlen)))
+            return rc;
+        if ((rc = upload_f32(r, s, &ml->bq, rank * h * D, h * D, L->bqkv)) ||
+            (rc = upload_f32(r, s, &ml->bk, rank * kvh * D, kvh * D, L->bqkv + h * D)) ||
+            (rc = upload_f32(r, s, &ml->bv, rank * kvh * D, kvh * D, L->bqkv + (h + kvh) * D)))
+            goto out;
+    }
+    if (L->q_norm) {
+        if ((rc = check_view(&ml->q_norm, D, 0, "q_norm", l, err, errlen)) ||
+            (rc = check_view(&ml->k_norm, D, 0, "k_norm", l, err, errlen)))
+            return rc;
+        if ((rc = upload_f32(r, s, &ml->q_norm, 0, D, L->q_norm)) ||
+            (rc = upload_f32(r, s, &ml->k_norm, 0, D, L->k_norm)))
+            goto out;
+    }
+    return 0;
+out:
+    return specd_errf(err, errlen, rc, "cuda runner: layer %d: converting weights: %s%s%s", l,
+                      specd_strerror(rc), r->errmsg[0] ? ": " : "", r->errmsg);
+}
+
+int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, int world,
+                    char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    staging s = {0};
+    int rc = SPECD_ECUDA;
+    memset(cm, 0, sizeof *cm);
+    cm->c = *c;
+    if (world < 1 || rank < 0 || rank >= world || c->n_heads % world || c->n_kv_heads % world ||
+        c->ffn % world)
+        return specd_errf(err, errlen, SPECD_EINVAL,
+                          "cuda runner: %s: heads %d / kv heads %d / ffn %d do not split over %d ranks",
+                          m->path, c->n_heads, c->n_kv_heads, c->ffn, world);
+    if (c->n_heads % c->n_kv_heads || (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128))
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "cuda runner: %s: head_dim %d (32, 64 or 128 supported), heads %d, kv heads %d",
+                          m->path, c->head_dim, c->n_heads, c->n_kv_heads);
+    cm->H = c->n_heads / world;
+    cm->KVH = c->n_kv_heads / world;
+    cm->D = c->head_dim;
+    cm->ffn = c->ffn / world;
+    size_t hidden = (size_t)c->hidden, D = (size_t)cm->D, qkv = (size_t)(cm->H + 2 * cm->KVH) * D;
+    cm->layers = calloc((size_t)c->n_layers, sizeof *cm->layers);
+    if (!cm->layers) return specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of host memory");
+
+    if (!(cm->embed = dalloc(r, cm, (size_t)c->vocab * hidden * 2))) goto oom;
+    /* lm_head: all rows, or this rank's 1/world of the vocabulary (tensor parallelism) */
+    int parts = cm->vocab_parts > 1 && c->vocab % cm->vocab_parts == 0 ? cm->vocab_parts : 1;
+    cm->vocab_parts = parts;
+    cm->vocab_rows = c->vocab / parts;
+    cm->vocab_row0 = parts > 1 ? rank * cm->vocab_rows : 0;
+    cm->lm_head = cm->embed;
+    if ((!c->tied_embeddings || parts > 1) && !(cm->lm_head = dalloc(r, cm, (size_t)cm->vocab_rows * hidden * 2)))
+        goto oom;
+    if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
+    if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &cm->layers[l];
+        if (!(L->wqkv = dalloc(r, cm, qkv * hidden * 2)) ||
+            !(L->wo = dalloc(r, cm, hidden * cm->H * D * 2)) ||
+            !(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * 2)) ||
+            !(L->wdown = dalloc(r, cm, hidden * cm->ffn * 2)) ||
+            !(L->attn_norm = dalloc(r, cm, hidden * 4)) || !(L->ffn_norm = dalloc(r, cm, hidden * 4)))
+            goto oom;
+        if (c->qkv_bias && !(L->bqkv = dalloc(r, cm, qkv * 4))) goto oom;
+        if (c->qk_norm && (!(L->q_norm = dalloc(r, cm, D * 4)) || !(L->k_norm = dalloc(r, cm, D * 4))))
+            goto oom;
+    }
+
+    /* The same frequencies as the CPU reference (bf16-rounded only when asked). */
+    float inv[128];
+    model_rope_inv_freq(c, r->base.cfg.rope_bf16_freqs, inv);
+    CU_CHECK(r, cudaMemcpy(cm->inv_freq, inv, D / 2 * 4, cudaMemcpyHostToDevice));
+
+    if (r->opts.random_weights) {
+        if ((rc = fill_random(r, cm, mix_seed(r->opts.seed, (uint64_t)cm->pool_layer0), rank)))
+            goto cuda_err;
+    } else {
+        if ((rc = check_view(&m->tok_embd, c->vocab, c->hidden, "embed_tokens", -1, err, errlen)) ||
+            (rc = check_view(&m->out_norm, c->hidden, 0, "norm", -1, err, errlen)))
+            goto out;
+        if ((rc = upload_bf16(r, &s, &m->tok_embd, c->vocab, c->hidden, 0, c->vocab, 0, c->hidden,
+                              cm->embed)) ||
+            (rc = upload_f32(r, &s, &m->out_norm, 0, c->hidden, cm->out_norm)))
+            goto cuda_err;
+        if (cm->lm_head != cm->embed) {
+            const tensor_view *lv = c->tied_embeddings ? &m->tok_embd : &m->lm_head;
+            if ((rc = check_view(lv, c->vocab, c->hidden, "lm_head", -1, err, errlen))) goto out;
+            if ((rc = upload_bf16(r, &s, lv, c->vocab, c->hidden, cm->vocab_row0, cm->vocab_rows, 0, c->hidden,
+                                  cm->lm_head)))
+                goto cuda_err;
+        }
+        for (int l = 0; l < c->n_layers; l++)
+            if ((rc = load_layer(r, cm, &s, &m->layers[l], l, rank, err, errlen))) goto out;
+    }
+    free(s.bf);
+    free(s.f);
+    cm->loaded = 1;
+    return 0;
+oom:
+    rc = specd_errf(err, errlen, SPECD_ENOMEM,
+                    "cuda runner: %s: out of device memory after %.2f GiB of weights", m->path,
+                    (double)cm->weight_bytes / (1 << 30));
+    goto out;
+fail:
+    rc = SPECD_ECUDA;
+cuda_err:
+    specd_errf(err, errlen, rc, "cuda runner: %s: uploading weights: %s", m->path,
+               r->errmsg[0] ? r->errmsg : specd_strerror(rc));
+out:
+    free(s.bf);
+    free(s.f);
+    return rc;
+}
+
+void cuda_model_free(cuda_model *cm) {
+    if (cm->layers) {
+        for (int l = 0; l < cm->c.n_layers; l++) {
+            cuda_layer *L = &cm->layers[l];
+            void *ps[] = {L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->attn_norm, L->ffn_norm,
+                          L->wgu, L->wdown};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
+        }
+        free(cm->layers);
+    }
+    if (cm->lm_head != cm->embed) cudaFree(cm->lm_head);
+    cudaFree(cm->embed);
+    cudaFree(cm->out_norm);
+    cudaFree(cm->inv_freq);
+    memset(cm, 0, sizeof *cm);
+}

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <utf8proc.h>
@@ -733,7 +734,7 @@ json_t *api_models_json(const char *model, long long created, int max_model_len)
 
 int api_auth_ok(const char *header, const char *const *keys, int n_keys) {
     if (n_keys <= 0) return 1;
-    if (!header || strncmp(header, "Bearer ", 7)) return 0;
+    if (!header || strncasecmp(header, "Bearer ", 7)) return 0;   /* the scheme is case-insensitive */
     const char *got = header + 7;
     size_t glen = strlen(got);
     int ok = 0;

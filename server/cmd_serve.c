@@ -199,7 +199,10 @@ int cmd_serve(int argc, char **argv) {
     uv_run(&uv, UV_RUN_DEFAULT);
     if (st.hard_exit) return 1;  /* suspended connections and a running step: no teardown */
 
-    /* The loop stopped after the drain: let the last replies reach their clients. */
+    /* The loop stopped after the drain. Stop accepting first (a connection that arrives now
+     * is refused by the kernel, which a client or proxy sees at once, rather than accepted
+     * and then dropped), then let the last replies reach their clients. */
+    http_quiesce(http);
     for (int i = 0; i < 500 && http_pending(http) > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);

@@ -49,6 +49,7 @@ static const cfg_key keys[] = {
     {"kv_cache_bytes", K_I64, OFF(kv_cache_bytes), 0, 0, 9.0e18, "explicit KV cache size in bytes (0 = from mem_fraction)"},
     {"device", STR(device), 0, 0, "cpu or cuda"},
     {"threads", K_INT, OFF(threads), 0, 0, 4096, "CPU runner threads (0 = all cores)"},
+    {"api_key_file", STR(api_key_file), 0, 0, "file with bearer keys, one per line ('#' comments), added to api_keys; keeps keys out of ps and the environment"},
     {"api_keys", K_KEYS, OFF(api_keys), 0, 0, 0, "bearer keys accepted (flag --api-key, repeatable; env comma-separated); none = no auth"},
     {"max_body_bytes", K_I64, OFF(max_body_bytes), 0, 1024, 1.0e12, "largest request body accepted (413 above)"},
     {"max_queued", K_INT, OFF(max_queued), 0, 0, 1 << 24, "sequences allowed to wait beyond max_batch before 429"},
@@ -56,6 +57,9 @@ static const cfg_key keys[] = {
     {"drain_timeout", K_DBL, OFF(drain_timeout), 0, 0, 1e9, "seconds in-flight requests may finish after SIGTERM"},
     {"log_level", STR(log_level), 0, 0, "debug, info, warn, error or off"},
     {"log_json", K_BOOL, OFF(log_json), 0, 0, 1, "log JSON lines instead of text"},
+    {"recv_timeout", K_DBL, OFF(recv_timeout), 0, 0, 1e6, "seconds a request may take to arrive whole (headers and body; also an idle kept-alive connection's limit); 0 = none"},
+    {"max_connections", K_INT, OFF(max_connections), 0, 1, 1 << 20, "open connections at most; past it new ones get 503 with Retry-After"},
+    {"max_connections_per_ip", K_INT, OFF(max_connections_per_ip), 0, 0, 1 << 20, "open connections per client address (0 = no limit; raise it behind a proxy)"},
     {"http_threads", K_INT, OFF(http_threads), 0, 1, 256, "HTTP worker threads"},
     {"max_n", K_INT, OFF(max_n), 0, 1, 128, "largest n (choices per prompt) accepted"},
     {"overlap", K_BOOL, OFF(overlap), 0, 0, 1, "queue the next engine step before processing the last one's outputs"},
@@ -84,6 +88,9 @@ void srv_config_defaults(srv_config *c) {
     c->drain_timeout = 30;
     snprintf(c->log_level, sizeof c->log_level, "info");
     c->http_threads = 4;
+    c->recv_timeout = 30;
+    c->max_connections = 4096;
+    c->max_connections_per_ip = 1024;
     c->max_n = 16;
     c->overlap = 1;
     c->stream_buffer_bytes = 256 << 10;
@@ -287,6 +294,32 @@ static int read_file(const char *path, char **out, size_t *len, char *err, size_
     return 0;
 }
 
+/* api_key_file: one key per line; blank lines and lines starting with '#' are skipped,
+ * surrounding white space is not part of a key. */
+static int read_key_file(srv_config *c, char *err, size_t errlen) {
+    char *text;
+    size_t len;
+    int rc = read_file(c->api_key_file, &text, &len, err, errlen);
+    if (rc) return rc;
+    char what[SRV_PATH_MAX + 16];
+    snprintf(what, sizeof what, "%s", c->api_key_file);
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        while (*line && isspace((unsigned char)*line)) line++;
+        size_t n = strlen(line);
+        while (n && isspace((unsigned char)line[n - 1])) line[--n] = 0;
+        if (!n || line[0] == '#') continue;
+        if (strchr(line, ',')) {
+            rc = specd_errf(err, errlen, SPECD_EINVAL, "%s: a key must not contain ','", what);
+            break;
+        }
+        if ((rc = add_keys_csv(c, line, what, err, errlen))) break;
+    }
+    free(text);
+    return rc;
+}
+
 /* Flags that take no value. */
 static int is_switch(const char *a) {
     return !strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "--print-config") ||
@@ -349,7 +382,8 @@ int srv_config_load(srv_config *c, srv_config_action *act, int argc, char **argv
         if ((rc = set_text(c, k, argv[i + 1], a, err, errlen))) return rc;
         i++;
     }
-    return check_enums(c, "command line", err, errlen);
+    if ((rc = check_enums(c, "command line", err, errlen))) return rc;
+    return c->api_key_file[0] ? read_key_file(c, err, errlen) : 0;
 }
 
 char *srv_config_to_json(const srv_config *c) {

@@ -37,6 +37,7 @@ typedef struct {
     long long kv_cache_bytes;           /* 0 = from mem_fraction */
     char device[16];                    /* "cpu" | "cuda" */
     int threads;                        /* 0 = all cores */
+    char api_key_file[SRV_PATH_MAX];    /* "" = none */
     int n_api_keys;
     char api_keys[SRV_MAX_API_KEYS][SRV_NAME_MAX];
     long long max_body_bytes;
@@ -46,6 +47,9 @@ typedef struct {
     char log_level[16];
     int log_json;
     int http_threads;
+    double recv_timeout;                /* seconds for a whole request to arrive; 0 = none */
+    int max_connections;                /* past it: 503 + Retry-After */
+    int max_connections_per_ip;         /* 0 = none */
     int max_n;                          /* largest n accepted */
     int overlap;                        /* 1: host work overlaps the next step */
     int output_threads;                 /* 0 = auto */

@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/core/err.h"
 #include "server/api.h"
+#include "server/guard.h"
 #include "server/log.h"
 #include "server/sse.h"
 #include "server/version.h"
@@ -58,6 +61,8 @@ struct http_server {
     const tmpl_template *tmpl;
     int vocab;
     _Atomic int pending;
+    MHD_socket listen_fd;      /* after http_quiesce: ours to close */
+    guard *guard;              /* receive deadlines, connection cap */
 };
 
 typedef struct {
@@ -73,6 +78,8 @@ typedef struct {
     int status;              /* of a reply given here (the loop logs its own jobs) */
     double t0;
     char method[8], path[48];
+    guard_conn *gc;          /* the connection's guard entry (NULL: not guarded) */
+    int received;            /* the whole request is in */
 } conn_ctx;
 
 /* ---- replies ------------------------------------------------------------------------------ */
@@ -347,6 +354,7 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     job->chan = x->chan;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(x->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     job->fd = ci ? (int)ci->connect_fd : -1;
+    int job_seqs = job->n_prompts * r->n;
     int rc = loop_submit(s->lp, job, &x->job_id);  /* consumes job */
     if (rc) {  /* not in the loop: this is a plain reply again */
         sse_chan_unref(x->chan);
@@ -354,6 +362,12 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     }
     if (rc == SPECD_ENOSPACE)
         return fail(x, 429, "rate_limit_error", NULL, NULL, "too many requests in the queue; retry later");
+    if (rc == SPECD_ERANGE) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the request needs %d sequences (prompts x n); this server holds at most %d "
+                 "(max_batch + max_queued)", job_seqs, s->cfg->max_batch + s->cfg->max_queued);
+        return fail(x, 400, "invalid_request_error", "n", NULL, msg);
+    }
     if (rc) return fail(x, 503, "server_error", NULL, NULL, "the server is not accepting requests");
     atomic_fetch_add(&s->pending, 1);
     if (!x->stream) return poll_reply(x);
@@ -386,7 +400,67 @@ static int find_route(const char *url, const char *method, int *idx) {
 
 /* First call for a request: route, method, auth and declared size are checked before any
  * body byte is read. Returns 1 when a reply has been queued. */
+/* Counts of the framing headers of a request (MHD keeps repeated headers apart). */
+typedef struct {
+    int n_cl, n_te, cl_differ, te_not_chunked;
+    const char *cl;
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->n_cl++ && strcmp(f->cl, value ? value : "")) f->cl_differ = 1;
+        f->cl = value ? value : "";
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->n_te++;
+        if (!value || strcasecmp(value, "chunked")) f->te_not_chunked = 1;
+    }
+    return MHD_YES;
+}
+
+/* A reply that also closes the connection (the rest of the stream cannot be trusted, or
+ * the server has too many); retry_after > 0 adds that header. */
+static enum MHD_Result close_with(conn_ctx *x, int status, const char *msg, int retry_after) {
+    api_error e;
+    api_fail(&e, status, NULL, NULL, NULL, "%s", msg);
+    json_t *v = api_error_json(&e);
+    char *s = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (status != 503) metrics_http_error(x->srv->m, status);   /* busy: counted by the caller */
+    x->replied = 1;
+    x->status = status;
+    struct MHD_Response *resp = s ? MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!resp) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Connection", "close");
+    if (retry_after > 0) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(resp, "Retry-After", ra);
+    }
+    enum MHD_Result ret = MHD_queue_response(x->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result reply_busy(conn_ctx *x) {
+    return close_with(x, 503, "too many open connections; retry later", 1);
+}
+
 static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_Result *ret) {
+    /* Framing a proxy in front may read differently (request smuggling): refuse and close. */
+    framing f = {0};
+    MHD_get_connection_values(x->conn, MHD_HEADER_KIND, count_framing, &f);
+    if ((f.n_cl && f.n_te) || f.cl_differ || f.n_te > 1 || f.te_not_chunked) {
+        *ret = close_with(x, 400, f.n_cl && f.n_te ? "both Content-Length and Transfer-Encoding: ambiguous framing"
+                                  : f.cl_differ  ? "conflicting Content-Length headers"
+                                                 : "unsupported Transfer-Encoding", 0);
+        return 1;
+    }
     int idx = -1;
     int r = find_route(url, method, &idx);
     if (r == 0) {
@@ -464,9 +538,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         snprintf(x->method, sizeof x->method, "%s", method);
         snprintf(x->path, sizeof x->path, "%s", url);
         *con_cls = x;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        x->gc = ci ? ci->socket_context : NULL;
+        if (guard_over_cap(s->guard)) {
+            metrics_http_error(s->m, 503);
+            return reply_busy(x);
+        }
         enum MHD_Result ret;
         if (precheck(x, url, method, &ret)) return ret;
         return MHD_YES;
+    }
+    if (!*upload_size && !x->received) {   /* the whole request is in: no deadline until replied */
+        x->received = 1;
+        guard_received(s->guard, x->gc);
     }
     if (x->replied && !x->chan) {  /* replied early: discard the rest of the body */
         *upload_size = 0;
@@ -513,6 +597,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     conn_ctx *x = *con_cls;
     if (!x) return;
     *con_cls = NULL;
+    guard_replied(s->guard, x->gc);   /* a kept-alive connection's next request is due */
     if (x->chan) {
         sse_chan_detach(x->chan);
         /* Anything but a delivered reply means the client is gone: free its KV now. */
@@ -528,6 +613,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     }
     free(x->body);
     free(x);
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *ss, int *family, char *err,
@@ -547,6 +636,38 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, int 
     return 0;
 }
 
+/* MHD's default unescaper turns %00 into a NUL, and the route would then end there
+ * ("/v1/models%00.json" served as "/v1/models"). This one decodes %HH except %00, which
+ * stays as written, so such a path matches no route. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    http_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = guard_open(s->guard, ci ? (int)ci->connect_fd : -1);
+    } else {
+        guard_close(s->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls;
+    (void)c;
+    char *w = s;
+    for (const char *r = s; *r;) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 && (hi | lo)) {
+            *w++ = (char)(hi << 4 | lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = 0;
+    return (size_t)(w - s);
+}
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     log_vmsg(LOG_DEBUG, fmt, ap);
@@ -560,21 +681,30 @@ http_server *http_start(const srv_config *cfg, const char *model_name, loop *l, 
     s->lp = l;
     s->m = m;
     s->started = (long long)time(NULL);
+    s->listen_fd = MHD_INVALID_SOCKET;
+    if (!(s->guard = guard_create(cfg->recv_timeout, cfg->max_connections))) {
+        specd_errf(err, errlen, SPECD_ENOMEM, "cannot start the connection guard");
+        goto fail;
+    }
     snprintf(s->model_name, sizeof s->model_name, "%s", model_name);
     struct sockaddr_storage ss;
     int family = AF_INET;
     if (resolve(cfg->host, cfg->port, &ss, &family, err, errlen)) goto fail;
     /* MHD's own messages (mostly clients that went away mid-response, which the loop
      * already handles) go to our log at debug level, not raw to stderr. */
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+                            /* above the guard's cap, so clients past it get a 503 */
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
                             MHD_OPTION_END);
     if (!s->d) {
         specd_errf(err, errlen, SPECD_EIO, "cannot listen on %s:%d (in use? not permitted?)", cfg->host, cfg->port);
@@ -584,6 +714,7 @@ http_server *http_start(const srv_config *cfg, const char *model_name, loop *l, 
     s->port = info ? info->port : cfg->port;
     return s;
 fail:
+    guard_destroy(s->guard);
     free(s);
     return NULL;
 }
@@ -598,8 +729,15 @@ void http_set_engine(http_server *h, const engine *e) {
 int http_port(const http_server *h) { return h->port; }
 int http_pending(const http_server *h) { return atomic_load(&((http_server *)h)->pending); }
 
+void http_quiesce(http_server *h) {
+    if (!h || !h->d || h->listen_fd != MHD_INVALID_SOCKET) return;
+    h->listen_fd = MHD_quiesce_daemon(h->d);
+}
+
 void http_stop(http_server *h) {
     if (!h) return;
     if (h->d) MHD_stop_daemon(h->d);
+    if (h->listen_fd != MHD_INVALID_SOCKET) close(h->listen_fd);   /* only after the stop */
+    guard_destroy(h->guard);
     free(h);
 }

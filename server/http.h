@@ -35,6 +35,9 @@ int http_port(const http_server *h);
 /* Replies still being written (requests handed to the loop whose connection has not
  * completed). */
 int http_pending(const http_server *h);
+/* Stop accepting connections (the listening socket is closed); the ones open are served
+ * until http_stop. */
+void http_quiesce(http_server *h);
 void http_stop(http_server *h);
 
 #endif

@@ -51,6 +51,38 @@ static void timestamp(char *buf, size_t cap) {
     snprintf(buf + n, cap - n, ".%03dZ", (int)(tv.tv_usec / 1000));
 }
 
+/* Bytes of a valid UTF-8 sequence at s (not an overlong form or a surrogate), 0 if none. */
+static size_t utf8_len(const unsigned char *s) {
+    unsigned c = s[0];
+    size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    if (c >= 0xf5 || !n) return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if (n == 3 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0))) return 0;
+    if (n == 4 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))) return 0;
+    return n;
+}
+
+size_t log_escape(const char *in, char *out, size_t cap) {
+    size_t o = 0;
+    if (!cap) return 0;
+    for (const unsigned char *s = (const unsigned char *)in; *s && o + 5 < cap;) {
+        size_t n = *s >= 0x80 ? utf8_len(s) : 1;
+        if (n > 1) {                       /* valid multi-byte character: as is */
+            memcpy(out + o, s, n);
+            o += n;
+            s += n;
+        } else if (*s < 0x20 || *s == 0x7f || *s >= 0x80 || *s == '\\') {
+            o += (size_t)snprintf(out + o, cap - o, *s == '\\' ? "\\\\" : "\\x%02x", *s);
+            s++;
+        } else {
+            out[o++] = (char)*s++;
+        }
+    }
+    out[o] = 0;
+    return o;
+}
+
 static void emit_json(json_t *o) {
     char *s = json_dumps(o, JSON_COMPACT);
     if (s) {
@@ -72,9 +104,11 @@ void log_msg(log_level level, const char *fmt, ...) {
 void log_vmsg(log_level level, const char *fmt, va_list ap) {
     if (!log_enabled(level)) return;
     char msg[2048], ts[40];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t len = strlen(msg);
-    while (len && msg[len - 1] == '\n') msg[--len] = 0;   /* MHD's messages end in a newline */
+    char raw[2048];
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    size_t len = strlen(raw);
+    while (len && raw[len - 1] == '\n') raw[--len] = 0;   /* MHD's messages end in a newline */
+    log_escape(raw, msg, sizeof msg);   /* one line whatever the message held */
     timestamp(ts, sizeof ts);
     if (g_json) {
         emit_json(json_pack("{s:s, s:s, s:s}", "ts", ts, "level", log_level_name(level),
@@ -89,13 +123,16 @@ void log_vmsg(log_level level, const char *fmt, va_list ap) {
 
 void log_request(const log_request_line *r) {
     if (!log_enabled(LOG_INFO)) return;
-    char ts[40];
+    char ts[40], method[64], path[256];
     timestamp(ts, sizeof ts);
+    /* client-chosen text: escaped, so it can neither start a line nor break the JSON */
+    log_escape(r->method ? r->method : "-", method, sizeof method);
+    log_escape(r->path ? r->path : "-", path, sizeof path);
     if (g_json) {
         json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:s?}",
                               "ts", ts, "level", "info", "msg", "request", "id",
-                              r->id ? r->id : "-", "method", r->method ? r->method : "-",
-                              "path", r->path ? r->path : "-", "status", r->status,
+                              r->id ? r->id : "-", "method", method,
+                              "path", path, "status", r->status,
                               "prompt_tokens", r->prompt_tokens, "output_tokens",
                               r->output_tokens, "total_s", r->total, "finish", r->finish);
         if (o && r->ttft >= 0) json_object_set_new(o, "ttft_s", json_real(r->ttft));
@@ -107,8 +144,7 @@ void log_request(const log_request_line *r) {
     else snprintf(ttft, sizeof ttft, "-");
     int n = snprintf(line, sizeof line,
                      "%s info  %s %s %s %d prompt=%d output=%d ttft=%s total=%.3fs finish=%s\n",
-                     ts, r->id ? r->id : "-", r->method ? r->method : "-",
-                     r->path ? r->path : "-", r->status, r->prompt_tokens, r->output_tokens,
+                     ts, r->id ? r->id : "-", method, path, r->status, r->prompt_tokens, r->output_tokens,
                      ttft, r->total, r->finish ? r->finish : "-");
     if (n >= (int)sizeof line) n = sizeof line - 1, line[n - 1] = '\n';
     fwrite(line, 1, (size_t)n, stderr);

@@ -34,4 +34,9 @@ typedef struct {
 
 void log_request(const log_request_line *r);
 
+/* Copy in to out (cap bytes, NUL-terminated, cut at a whole escape) with control bytes,
+ * backslashes and bytes that are not valid UTF-8 written as \xNN / \\: the result is
+ * one line of valid UTF-8. Returns its length. */
+size_t log_escape(const char *in, char *out, size_t cap);
+
 #endif

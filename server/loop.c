@@ -133,6 +133,10 @@ int loop_submit(loop *l, loop_job *job, uint64_t *id) {
     }
     int want = job->n_prompts * job->req->n;
     int cap = l->cfg.max_batch + l->cfg.max_queued;
+    if (want > cap) {   /* could never be admitted, however long the client retries */
+        loop_job_free(job);
+        return SPECD_ERANGE;
+    }
     if (atomic_fetch_add(&l->inflight, want) + want > cap) {
         atomic_fetch_sub(&l->inflight, want);
         loop_job_free(job);
@@ -306,7 +310,13 @@ void loop_pump(loop *l) {
     loop_check_deadlines(l);
     loop_check_paused(l);
     refresh_stats(l);
-    if (atomic_load(&l->state) == LOOP_DRAINING && !l->n_jobs) stop_loop(l);
+    if (atomic_load(&l->state) == LOOP_DRAINING && !l->n_jobs) {
+        pthread_mutex_lock(&l->mu);
+        int inbound = l->in_head != NULL;   /* submitted before the drain, not picked up yet */
+        pthread_mutex_unlock(&l->mu);
+        if (inbound) uv_async_send(&l->async);
+        else stop_loop(l);
+    }
 }
 
 static void on_async(uv_async_t *h) {

@@ -91,7 +91,8 @@ loop_state loop_get_state(const loop *l);
 int loop_engine_failed(const loop *l);
 
 /* From any thread. 0 ok; SPECD_ESTATE when loading / draining (503); SPECD_ENOSPACE when
- * the queue is full (429). The job is consumed either way (on error its channel is NOT
+ * the queue is full (429); SPECD_ERANGE when its sequences (prompts x n) exceed
+ * max_batch + max_queued, so it could never be admitted (400). The job is consumed either way (on error its channel is NOT
  * written: the caller replies). *id receives the job id (for loop_cancel). */
 int loop_submit(loop *l, loop_job *job, uint64_t *id);
 /* From any thread: the client of job id is gone. */

@@ -14,6 +14,7 @@
 
 #include "engine/core/err.h"
 #include "server/api.h"
+#include "server/log.h"
 #include "server/config.h"
 #include "server/metrics.h"
 #include "server/sse.h"
@@ -485,7 +486,31 @@ static void test_auth_bearer_keys(void **s) {
     assert_int_equal(api_auth_ok("Bearer k1k1", keys, 2), 0);
     assert_int_equal(api_auth_ok("Bearer k2", keys, 2), 0);
     assert_int_equal(api_auth_ok("Bearer secret-twO", keys, 2), 0);
-    assert_int_equal(api_auth_ok("bearer k1", keys, 2), 0);
+    /* the scheme is case-insensitive (RFC 7235), the key is not */
+    assert_int_equal(api_auth_ok("bearer k1", keys, 2), 1);
+    assert_int_equal(api_auth_ok("BEARER secret-two", keys, 2), 1);
+    assert_int_equal(api_auth_ok("bearer K1", keys, 2), 0);
+    assert_int_equal(api_auth_ok("Bearerk1", keys, 2), 0);
+}
+
+/* Client-chosen text in log lines: control bytes, backslashes and invalid UTF-8 become
+ * escapes, valid UTF-8 stays, and the output is cut at a whole escape. */
+static void test_log_escape_keeps_lines_whole(void **s) {
+    (void)s;
+    char out[64];
+    assert_int_equal(log_escape("/v1/x\r\nFAKE 200", out, sizeof out), 21);
+    assert_string_equal(out, "/v1/x\\x0d\\x0aFAKE 200");
+    log_escape("a\\b\x7f\x01", out, sizeof out);
+    assert_string_equal(out, "a\\\\b\\x7f\\x01");
+    log_escape("caf\xc3\xa9 \xe7\x8c\xab", out, sizeof out);     /* valid: kept */
+    assert_string_equal(out, "caf\xc3\xa9 \xe7\x8c\xab");
+    log_escape("\xc3(\xff\xed\xa0\x80\xf0\x82\x82\xac", out, sizeof out);  /* invalid, surrogate, overlong */
+    assert_string_equal(out, "\\xc3(\\xff\\xed\\xa0\\x80\\xf0\\x82\\x82\\xac");
+    char small[8];
+    log_escape("ab\ncd", small, sizeof small);   /* "ab\x0a" needs 7 bytes + NUL */
+    assert_string_equal(small, "ab\\x0a");
+    log_escape("abcdefgh", small, sizeof small);
+    assert_true(strlen(small) < sizeof small);
 }
 
 /* ---- SSE --------------------------------------------------------------------------------- */
@@ -825,6 +850,7 @@ int main(void) {
         cmocka_unit_test(test_error_message_cut_inside_utf8_stays_valid_json),
         cmocka_unit_test(test_models_json_and_ids),
         cmocka_unit_test(test_auth_bearer_keys),
+        cmocka_unit_test(test_log_escape_keeps_lines_whole),
         cmocka_unit_test(test_sse_event_framing),
         cmocka_unit_test(test_chan_parks_when_empty_and_wakes_on_push),
         cmocka_unit_test(test_chan_detached_drops_and_never_wakes),

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev libcmocka-dev
-          libpcre2-dev libutf8proc-dev libgnutls28-dev curl python3 python3-pip)
+          libpcre2-dev libutf8proc-dev libgnutls28-dev curl python3 python3-pip haproxy)
 PIP_PKGS=(pytest openai requests tokenizers jinja2 numpy httpx matplotlib)
 
 missing=()

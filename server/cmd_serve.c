@@ -23,6 +23,9 @@
 typedef struct {
     loop *lp;
     double drain_timeout;
+    double drain_grace;
+    http_server *http;
+    uv_timer_t grace;
     int signals;
     int hard_exit;
     int group_failed;            /* tensor parallelism: the group broke, exit non-zero */
@@ -42,10 +45,26 @@ static void on_group_watch(uv_timer_t *t) {
     loop_drain(s->lp, 0);
 }
 
+static void on_grace_over(uv_timer_t *t) {
+    serve_state *s = t->data;
+    log_msg(LOG_INFO, "drain grace over: new requests are refused now");
+    loop_drain(s->lp, s->drain_timeout);
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
     serve_state *s = h->data;
     if (++s->signals == 1) {
-        log_msg(LOG_INFO, "%s: draining (again to exit now)", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        const char *sig = signum == SIGINT ? "SIGINT" : "SIGTERM";
+        if (s->drain_grace > 0) {
+            /* Lame duck first: /ready says 503 so load balancers take this replica out,
+             * while requests that still arrive are served; then the drain proper. */
+            log_msg(LOG_INFO, "%s: /ready is 503; serving on for %.1fs of drain grace, then draining "
+                    "(again to exit now)", sig, s->drain_grace);
+            http_set_lame_duck(s->http);
+            uv_timer_start(&s->grace, on_grace_over, (uint64_t)(s->drain_grace * 1000), 0);
+            return;
+        }
+        log_msg(LOG_INFO, "%s: draining (again to exit now)", sig);
         loop_drain(s->lp, s->drain_timeout);
         return;
     }
@@ -187,6 +206,10 @@ int cmd_serve(int argc, char **argv) {
 
     st.lp = lp;
     st.drain_timeout = cfg.drain_timeout;
+    st.drain_grace = cfg.drain_grace;
+    st.http = http;
+    uv_timer_init(&uv, &st.grace);
+    st.grace.data = &st;
     uv_signal_init(&uv, &st.sigterm);
     uv_signal_init(&uv, &st.sigint);
     st.sigterm.data = st.sigint.data = &st;
@@ -215,6 +238,7 @@ out:
         uv_close((uv_handle_t *)&st.sigterm, close_cb);
         uv_close((uv_handle_t *)&st.sigint, close_cb);
         uv_close((uv_handle_t *)&st.group_watch, close_cb);
+        uv_close((uv_handle_t *)&st.grace, close_cb);
     }
     if (lp && loop_get_state(lp) != LOOP_STOPPED) loop_drain(lp, 0);
     uv_run(&uv, UV_RUN_DEFAULT);  /* run the close callbacks */

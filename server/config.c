@@ -54,6 +54,7 @@ static const cfg_key keys[] = {
     {"max_body_bytes", K_I64, OFF(max_body_bytes), 0, 1024, 1.0e12, "largest request body accepted (413 above)"},
     {"max_queued", K_INT, OFF(max_queued), 0, 0, 1 << 24, "sequences allowed to wait beyond max_batch before 429"},
     {"request_timeout", K_DBL, OFF(request_timeout), 0, 0, 1e9, "seconds a request may run (0 = no limit)"},
+    {"drain_grace", K_DBL, OFF(drain_grace), 0, 0, 3600, "seconds after SIGTERM during which /ready is 503 but requests are still served, so a load balancer can take the replica out first"},
     {"drain_timeout", K_DBL, OFF(drain_timeout), 0, 0, 1e9, "seconds in-flight requests may finish after SIGTERM"},
     {"log_level", STR(log_level), 0, 0, "debug, info, warn, error or off"},
     {"log_json", K_BOOL, OFF(log_json), 0, 0, 1, "log JSON lines instead of text"},

@@ -44,6 +44,7 @@ typedef struct {
     int max_queued;                     /* requests waiting beyond max_batch */
     double request_timeout;             /* seconds; 0 = none */
     double drain_timeout;               /* seconds */
+    double drain_grace;                 /* seconds of lame duck before the drain */
     char log_level[16];
     int log_json;
     int http_threads;

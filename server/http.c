@@ -63,6 +63,7 @@ struct http_server {
     _Atomic int pending;
     MHD_socket listen_fd;      /* after http_quiesce: ours to close */
     guard *guard;              /* receive deadlines, connection cap */
+    _Atomic int lame_duck;     /* drain grace: /ready is 503, requests are still served */
 };
 
 typedef struct {
@@ -137,9 +138,10 @@ static enum MHD_Result handle_health(conn_ctx *x) {
 
 static enum MHD_Result handle_ready(conn_ctx *x) {
     loop_state st = loop_get_state(x->srv->lp);
-    if (st == LOOP_READY && !loop_engine_failed(x->srv->lp))
+    int lame = atomic_load(&x->srv->lame_duck);
+    if (st == LOOP_READY && !lame && !loop_engine_failed(x->srv->lp))
         return reply_json(x, 200, json_pack("{s:s}", "status", "ready"));
-    const char *why = st == LOOP_LOADING ? "loading" : st == LOOP_READY ? "engine failed" : "draining";
+    const char *why = st == LOOP_LOADING ? "loading" : lame || st != LOOP_READY ? "draining" : "engine failed";
     return reply_json(x, 503, json_pack("{s:s}", "status", why));
 }
 
@@ -728,6 +730,8 @@ void http_set_engine(http_server *h, const engine *e) {
 
 int http_port(const http_server *h) { return h->port; }
 int http_pending(const http_server *h) { return atomic_load(&((http_server *)h)->pending); }
+
+void http_set_lame_duck(http_server *h) { atomic_store(&h->lame_duck, 1); }
 
 void http_quiesce(http_server *h) {
     if (!h || !h->d || h->listen_fd != MHD_INVALID_SOCKET) return;

@@ -38,6 +38,8 @@ int http_pending(const http_server *h);
 /* Stop accepting connections (the listening socket is closed); the ones open are served
  * until http_stop. */
 void http_quiesce(http_server *h);
+/* /ready answers 503 from now on; everything else is served as before (drain grace). */
+void http_set_lame_duck(http_server *h);
 void http_stop(http_server *h);
 
 #endif

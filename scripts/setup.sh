@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PKGS=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev libcmocka-dev
           libpcre2-dev libutf8proc-dev libgnutls28-dev curl python3 python3-pip haproxy)
-PIP_PKGS=(pytest openai requests tokenizers jinja2 numpy httpx matplotlib)
+PIP_PKGS=(pytest openai requests tokenizers jinja2 numpy httpx matplotlib pyyaml kubernetes-validate)
 
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -25,6 +25,8 @@ need_pip=()
 for p in "${PIP_PKGS[@]}"; do
     mod=$p
     [ "$p" = "jinja2" ] && mod=jinja2
+    [ "$p" = "pyyaml" ] && mod=yaml
+    [ "$p" = "kubernetes-validate" ] && mod=kubernetes_validate
     $PY -c "import $mod" 2>/dev/null || need_pip+=("$p")
 done
 if ((${#need_pip[@]})); then

@@ -24,11 +24,21 @@ reasons arrive, `data: [DONE]` comes last. The server's RSS (VmRSS of /proc/PID/
   - /metrics KV usage is back to 0 and nothing is running / waiting once idle;
   - /health is 200, a last request still succeeds, and the server was alive throughout.
 
+With --proxy the traffic goes through HAProxy (docs/haproxy.cfg) in front of two
+replicas, and two more kinds join the mix:
+
+  stall         a stream whose client reads nothing for 3-6 s (a tiny receive buffer),
+                then drops the connection (the server pauses it, then frees it)
+  slow          a stream read in small pieces with pauses, to its end
+
+RSS is then sampled for both replicas and every check applies to each.
+
 Prints a summary and writes JSON (--json). Exit status 0 when every assertion holds.
 Only loopback addresses are used. Python stdlib + requests.
 
   scripts/soak.py --bin /tmp/specd-soak --minutes 30
   scripts/soak.py --model ../shared/fixtures/models/llama-tiny --minutes 2
+  scripts/soak.py --model ../shared/fixtures/models/llama-tiny --proxy --minutes 30
 """
 import argparse
 import json
@@ -172,6 +182,9 @@ class Client(threading.Thread):
     def run(self):
         kinds = ["complete", "stream", "cancel", "bad"]
         weights = [3, 3, 2, 0.5]
+        if self.cfg.get("proxy"):
+            kinds += ["stall", "slow"]
+            weights += [0.3, 0.5]
         if self.cfg["chat"]:
             kinds += ["chat", "chat_stream"]
             weights += [2, 2]
@@ -315,6 +328,45 @@ class Client(threading.Thread):
         finally:
             r.close()
 
+    def raw_stream(self, rcvbuf):
+        body = self.completion_body(True)
+        body["max_tokens"] = self.cfg["max_tokens"] * 8
+        body["ignore_eos"] = True
+        body.pop("stop", None)
+        data = json.dumps(body).encode()
+        host, port = self.base.split("//")[1].split(":")
+        sk = socket.socket()
+        sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sk.connect((host, int(port)))
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+        return sk
+
+    def do_stall(self):
+        sk = self.raw_stream(4096)
+        time.sleep(self.rng.uniform(3, 6))
+        sk.close()
+        return ("stalled_then_dropped", True, None, 0)
+
+    def do_slow(self):
+        sk = self.raw_stream(4096)
+        sk.settimeout(120)
+        buf = b""
+        try:
+            while True:
+                part = sk.recv(512)
+                if not part:
+                    break
+                buf += part
+                time.sleep(0.01)
+        finally:
+            sk.close()
+        if not buf.startswith(b"HTTP/1.1 200"):
+            return ("slow_status", False, buf[:120], 0)
+        if b"data: [DONE]" not in buf:
+            return ("slow_truncated", False, buf[-120:], 0)
+        return ("ok", True, None, 0)
+
     def do_bad(self):
         bad = self.rng.choice([
             (b"{not json", 400),
@@ -348,36 +400,62 @@ def main():
     ap.add_argument("--json", default=None, help="output file (default /tmp/soak-<time>.json)")
     ap.add_argument("--server-log", default=None)
     ap.add_argument("--extra", default="", help="extra specd serve arguments")
+    ap.add_argument("--proxy", action="store_true", help="two replicas behind HAProxy (docs/haproxy.cfg)")
     a = ap.parse_args()
 
     model = a.model or (DEFAULT_MODEL if os.path.exists(DEFAULT_MODEL) else FIXTURE_MODEL)
-    port = a.port or free_port()
-    base = "http://%s:%d" % (HOST, port)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_json = a.json or "/tmp/soak-%s.json" % stamp
     log_path = a.server_log or "/tmp/soak-%s-server.log" % stamp
     duration = a.minutes * 60
     warmup = a.warmup_s if a.warmup_s is not None else min(120.0, duration * 0.1)
 
-    cmd = [a.bin, "serve", "--model", model, "--host", HOST, "--port", str(port), "--device", "cpu",
-           "--threads", str(a.threads), "--log-level", "warn"] + a.extra.split()
-    logf = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
-    print("soak: %s (pid %d), log %s" % (" ".join(cmd), proc.pid, log_path), flush=True)
+    # One server, or (--proxy) two replicas behind HAProxy; checks run on every replica.
+    replicas = []
+    for r in range(2 if a.proxy else 1):
+        port = (a.port if not a.proxy else 0) or free_port()
+        lp = log_path if not a.proxy else log_path.replace(".log", "-%s.log" % "ab"[r])
+        cmd = [a.bin, "serve", "--model", model, "--host", HOST, "--port", str(port), "--device", "cpu",
+               "--threads", str(a.threads), "--log-level", "warn"] + a.extra.split()
+        if a.proxy:
+            cmd += ["--max-connections-per-ip", "0"]
+        logf = open(lp, "wb")
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        replicas.append({"proc": proc, "base": "http://%s:%d" % (HOST, port), "port": port, "log": lp, "logf": logf,
+                         "cmd": cmd})
+        print("soak: %s (pid %d), log %s" % (" ".join(cmd), proc.pid, lp), flush=True)
     t_start = time.time()
-    while True:
-        if proc.poll() is not None:
-            sys.exit("soak: server exited with %s before becoming ready (see %s)" % (proc.returncode, log_path))
-        try:
-            if requests.get(base + "/ready", timeout=2).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        if time.time() - t_start > 300:
-            proc.kill()
-            sys.exit("soak: server not ready after 300 s")
-        time.sleep(0.5)
-    print("soak: ready after %.1f s" % (time.time() - t_start), flush=True)
+    for rep in replicas:
+        while True:
+            if rep["proc"].poll() is not None:
+                sys.exit("soak: server exited with %s before becoming ready (see %s)" % (rep["proc"].returncode,
+                                                                                      rep["log"]))
+            try:
+                if requests.get(rep["base"] + "/ready", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() - t_start > 300:
+                rep["proc"].kill()
+                sys.exit("soak: server not ready after 300 s")
+            time.sleep(0.5)
+    proxy = None
+    base = replicas[0]["base"]
+    if a.proxy:
+        pport = free_port()
+        env = dict(os.environ, LB_BIND="%s:%d" % (HOST, pport), SPECD_A="%s:%d" % (HOST, replicas[0]["port"]),
+                   SPECD_B="%s:%d" % (HOST, replicas[1]["port"]))
+        cfg_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "haproxy.cfg")
+        proxy = subprocess.Popen(["haproxy", "-db", "-f", cfg_path], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.STDOUT)
+        base = "http://%s:%d" % (HOST, pport)
+        for _ in range(100):
+            try:
+                if requests.get(base + "/ready", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.1)
+    print("soak: ready after %.1f s (traffic to %s)" % (time.time() - t_start, base), flush=True)
 
     models = requests.get(base + "/v1/models", timeout=10).json()
     model_name = models["data"][0]["id"]
@@ -386,7 +464,8 @@ def main():
     cfgp = os.path.join(model, "config.json")
     if os.path.isfile(cfgp):
         vocab_ids = min(vocab_ids, json.load(open(cfgp)).get("vocab_size", vocab_ids))
-    cfg = {"model_name": model_name, "chat": chat, "vocab_ids": vocab_ids, "max_tokens": a.max_tokens}
+    cfg = {"model_name": model_name, "chat": chat, "vocab_ids": vocab_ids, "max_tokens": a.max_tokens,
+           "proxy": a.proxy}
     print("soak: model %s, chat/text prompts %s, %d clients, %.1f min" % (model_name, chat, a.clients, a.minutes),
           flush=True)
 
@@ -399,22 +478,24 @@ def main():
 
     def sampler():
         while not stop.is_set():
-            s = {"t": round(time.time() - t_start, 1), "rss_kb": rss_kb(proc.pid)}
+            s = {"t": round(time.time() - t_start, 1), "rss_kb": rss_kb(replicas[0]["proc"].pid),
+                 "rss_kb_all": [rss_kb(rep["proc"].pid) for rep in replicas]}
             try:
-                m = parse_metrics(requests.get(base + "/metrics", timeout=10).text)
+                m = parse_metrics(requests.get(replicas[0]["base"] + "/metrics", timeout=10).text)
                 s.update(running=metric(m, "num_requests_running"), waiting=metric(m, "num_requests_waiting"),
-                         kv_used=metric(m, "kv_blocks_used"), kv_perc=metric(m, "kv_cache_usage_perc"))
+                         kv_used=metric(m, "kv_blocks_used"), kv_perc=metric(m, "kv_cache_usage_perc"),
+                         paused=metric(m, "num_requests_paused"), unread=metric(m, "stream_unread_bytes"))
             except requests.RequestException as e:
                 s["metrics_error"] = repr(e)
-            if proc.poll() is not None:
+            if any(rep["proc"].poll() is not None for rep in replicas):
                 alive["ok"] = False
             series.append(s)
             with stats.lock:
                 done = sum(sum(v.values()) for v in stats.counts.values())
                 nf = stats.n_failures
-            print("soak: t=%6.0fs rss=%s MB reqs=%d failures=%d running=%s kv_used=%s" %
-                  (s["t"], "%.1f" % (s["rss_kb"] / 1024) if s["rss_kb"] else "?", done, nf,
-                   s.get("running"), s.get("kv_used")), flush=True)
+            print("soak: t=%6.0fs rss=%s MB reqs=%d failures=%d running=%s kv_used=%s paused=%s" %
+                  (s["t"], "/".join("%.1f" % (x / 1024) if x else "?" for x in s["rss_kb_all"]), done, nf,
+                   s.get("running"), s.get("kv_used"), s.get("paused")), flush=True)
             stop.wait(a.sample_s)
 
     smp = threading.Thread(target=sampler, daemon=True)
@@ -428,53 +509,62 @@ def main():
     stop.set()
     smp.join()
 
-    # ---- idle checks ----
-    idle = {}
-    t_idle = time.time()
-    while time.time() - t_idle < 120:
-        try:
-            m = parse_metrics(requests.get(base + "/metrics", timeout=10).text)
-            idle = {"running": metric(m, "num_requests_running"), "waiting": metric(m, "num_requests_waiting"),
-                    "kv_used": metric(m, "kv_blocks_used"), "kv_total": metric(m, "kv_blocks_total"),
-                    "kv_perc": metric(m, "kv_cache_usage_perc"),
-                    "requests_rejected": {k: v for k, v in m.items() if "rejected" in k or "error" in k}}
-            if idle["running"] == 0 and idle["waiting"] == 0 and idle["kv_used"] == 0:
-                break
-        except requests.RequestException as e:
-            idle["error"] = repr(e)
-        time.sleep(1)
-    idle["settle_s"] = round(time.time() - t_idle, 1)
+    # ---- idle checks (every replica) ----
+    idle_all = []
+    for rep in replicas:
+        idle = {}
+        t_idle = time.time()
+        while time.time() - t_idle < 120:
+            try:
+                m = parse_metrics(requests.get(rep["base"] + "/metrics", timeout=10).text)
+                idle = {"running": metric(m, "num_requests_running"), "waiting": metric(m, "num_requests_waiting"),
+                        "kv_used": metric(m, "kv_blocks_used"), "kv_total": metric(m, "kv_blocks_total"),
+                        "kv_perc": metric(m, "kv_cache_usage_perc"), "unread": metric(m, "stream_unread_bytes"),
+                        "requests_rejected": {k: v for k, v in m.items() if "rejected" in k or "error" in k}}
+                if idle["running"] == 0 and idle["waiting"] == 0 and idle["kv_used"] == 0:
+                    break
+            except requests.RequestException as e:
+                idle["error"] = repr(e)
+            time.sleep(1)
+        idle["settle_s"] = round(time.time() - t_idle, 1)
+        idle_all.append(idle)
     health = None
     final_ok = False
     try:
-        health = requests.get(base + "/health", timeout=10).status_code
+        health = max(requests.get(rep["base"] + "/health", timeout=10).status_code for rep in replicas)
         body = {"model": model_name, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
         r = requests.post(base + "/v1/completions", json=body, timeout=120)
         final_ok = r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
     except requests.RequestException:
         pass
-    rss_end = rss_kb(proc.pid)
-    alive_end = proc.poll() is None
+    rss_end = rss_kb(replicas[0]["proc"].pid)
+    alive_end = all(rep["proc"].poll() is None for rep in replicas)
+    idle = idle_all[0]
 
-    # ---- RSS flatness ----
-    post = [s["rss_kb"] for s in series if s["t"] >= warmup and s["rss_kb"]]
-    q = max(1, len(post) // 4)
-    rss = {"n_samples": len(series), "n_post_warmup": len(post), "warmup_s": warmup,
-           "first_kb": series[0]["rss_kb"] if series else None, "max_kb": max((s["rss_kb"] or 0) for s in series) if series else None,
-           "end_kb": rss_end}
-    if len(post) >= 4:
-        fq, lq = statistics.median(post[:q]), statistics.median(post[-q:])
-        rss.update(first_quarter_median_kb=fq, last_quarter_median_kb=lq, growth_kb=lq - fq,
-                   allowed_kb=max(0.10 * fq, 20 * 1024))
-        rss_flat = lq - fq <= max(0.10 * fq, 20 * 1024)
-    else:
-        rss_flat = None  # too short to judge
+    # ---- RSS flatness (every replica) ----
+    rss_flat, rss_all = None, []
+    for i, rep in enumerate(replicas):
+        post = [s["rss_kb_all"][i] for s in series if s["t"] >= warmup and s["rss_kb_all"][i]]
+        q = max(1, len(post) // 4)
+        r_i = {"n_samples": len(series), "n_post_warmup": len(post), "warmup_s": warmup,
+               "first_kb": series[0]["rss_kb_all"][i] if series else None,
+               "max_kb": max((s["rss_kb_all"][i] or 0) for s in series) if series else None,
+               "end_kb": rss_kb(rep["proc"].pid)}
+        if len(post) >= 4:
+            fq, lq = statistics.median(post[:q]), statistics.median(post[-q:])
+            r_i.update(first_quarter_median_kb=fq, last_quarter_median_kb=lq, growth_kb=lq - fq,
+                       allowed_kb=max(0.10 * fq, 20 * 1024))
+            flat = lq - fq <= max(0.10 * fq, 20 * 1024)
+            rss_flat = flat if rss_flat is None else (rss_flat and flat)
+        rss_all.append(r_i)
+    rss = rss_all[0]
 
     checks = {
         "rss_flat": rss_flat,
         "all_requests_complete_or_proper_error": stats.n_failures == 0,
-        "kv_idle_zero": idle.get("kv_used") == 0 and idle.get("kv_perc") == 0,
-        "nothing_running_when_idle": idle.get("running") == 0 and idle.get("waiting") == 0,
+        "kv_idle_zero": all(i.get("kv_used") == 0 and i.get("kv_perc") == 0 for i in idle_all),
+        "nothing_running_when_idle": all(i.get("running") == 0 and i.get("waiting") == 0 for i in idle_all),
+        "no_output_buffered_when_idle": all(i.get("unread") in (0, None) for i in idle_all),
         "healthy_at_end": health == 200 and final_ok and alive_end and alive["ok"],
     }
     total = sum(sum(v.values()) for v in stats.counts.values())
@@ -482,21 +572,26 @@ def main():
                "p99_s": round(sorted(v)[int(0.99 * (len(v) - 1))], 3), "max_s": round(max(v), 3)}
            for k, v in stats.latency.items()}
     result = {
-        "command": cmd, "model": model, "model_name": model_name, "chat": chat, "clients": a.clients,
+        "command": [rep["cmd"] for rep in replicas], "proxy": a.proxy, "model": model, "model_name": model_name, "chat": chat, "clients": a.clients,
         "minutes": a.minutes, "load_s": round(load_s, 1), "requests_total": total,
         "requests_per_s": round(total / load_s, 2) if load_s else None, "completion_tokens": stats.tokens,
         "counts": stats.counts, "latency": lat, "failures": stats.failures, "n_failures": stats.n_failures,
-        "idle": idle, "health": health, "final_request_ok": final_ok, "rss": rss, "rss_series": series,
+        "idle": idle_all, "health": health, "final_request_ok": final_ok, "rss": rss_all, "rss_series": series,
         "checks": checks, "pass": all(v is not False for v in checks.values()), "server_log": log_path,
     }
 
-    proc.send_signal(signal.SIGTERM)
-    try:
-        result["server_exit"] = proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        result["server_exit"] = "killed after 60 s"
-    logf.close()
+    if proxy:
+        proxy.terminate()
+        proxy.wait(10)
+    result["server_exit"] = []
+    for rep in replicas:
+        rep["proc"].send_signal(signal.SIGTERM)
+        try:
+            result["server_exit"].append(rep["proc"].wait(timeout=60))
+        except subprocess.TimeoutExpired:
+            rep["proc"].kill()
+            result["server_exit"].append("killed after 60 s")
+        rep["logf"].close()
     with open(out_json, "w") as f:
         json.dump(result, f, indent=1)
 
@@ -505,9 +600,12 @@ def main():
     for k in sorted(stats.counts):
         print("  %-12s %s  p50 %.2fs p99 %.2fs" % (k, dict(sorted(stats.counts[k].items())), lat[k]["p50_s"], lat[k]["p99_s"]))
     print("failures: %d%s" % (stats.n_failures, "" if not stats.failures else " (first: %s)" % stats.failures[0]))
-    print("rss: first %s KB, max %s KB, end %s KB; post-warm-up first-quarter median %s KB, last-quarter median %s KB"
-          % (rss["first_kb"], rss["max_kb"], rss_end, rss.get("first_quarter_median_kb"), rss.get("last_quarter_median_kb")))
-    print("idle: %s" % {k: v for k, v in idle.items() if k != "requests_rejected"})
+    for i, r_i in enumerate(rss_all):
+        print("rss[%d]: first %s KB, max %s KB, end %s KB; post-warm-up first-quarter median %s KB, last-quarter median %s KB"
+              % (i, r_i["first_kb"], r_i["max_kb"], r_i["end_kb"], r_i.get("first_quarter_median_kb"),
+                 r_i.get("last_quarter_median_kb")))
+    for i, idl in enumerate(idle_all):
+        print("idle[%d]: %s" % (i, {k: v for k, v in idl.items() if k != "requests_rejected"}))
     print("health %s, final request ok %s, server exit %s" % (health, final_ok, result["server_exit"]))
     for k, v in checks.items():
         print("  %-40s %s" % (k, "PASS" if v else ("n/a" if v is None else "FAIL")))

@@ -48,7 +48,13 @@ static void client_gone(loop *l, loop_job *job) {
  * waits (queued, or a non-streaming reply) would go unnoticed until the reply. One poll()
  * over the sockets of all in-flight jobs, every LOOP_TICK_MS, finds them. A socket stays
  * open while its job is in the table: MHD never closes a suspended connection, and the
- * handler that submitted the job has not returned before it suspends. */
+ * handler that submitted the job has not returned before it suspends.
+ *
+ * Half-close: a FIN from the client (POLLRDHUP) reads the same whether it only stopped
+ * sending (HTTP/1.1 allows that) or closed the socket. A stream keeps its request on a
+ * FIN: its next chunk tells the two apart (a closed client answers it with a reset, MHD
+ * then ends the connection and the job is cancelled). A non-streaming reply writes
+ * nothing until its end, so there a FIN still cancels, as nginx's proxy does by default. */
 static void check_clients(loop *l) {
     if (!l->n_jobs) return;
     if (l->n_jobs > l->cap_pfd) {
@@ -68,8 +74,12 @@ static void check_clients(loop *l) {
                 l->pfd_job[n++] = j;
             }
     if (poll(l->pfd, (nfds_t)n, 0) <= 0) return;
-    for (int i = 0; i < n; i++)
-        if (l->pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) client_gone(l, l->pfd_job[i]);
+    for (int i = 0; i < n; i++) {
+        short ev = l->pfd[i].revents;
+        int gone = ev & (POLLHUP | POLLERR | POLLNVAL);
+        if ((ev & POLLRDHUP) && !l->pfd_job[i]->req->stream) gone = 1;
+        if (gone) client_gone(l, l->pfd_job[i]);
+    }
 }
 
 /* Request timeouts and the drain deadline, at most every LOOP_TICK_MS. */

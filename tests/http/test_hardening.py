@@ -182,3 +182,18 @@ def test_request_that_can_never_fit_is_400_not_429(server_factory):
     r = srv.post("/v1/completions", {"prompt": [[1, 2], [3, 4]], "max_tokens": 1, "n": 2})
     assert r.status_code == 200, r.text
     good(srv)
+
+
+def test_half_closed_stream_gets_its_whole_reply(server_factory):
+    srv = server_factory(TINY, name="halfclose")
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 300, "ignore_eos": True, "stream": True}).encode()
+    s = connect(srv)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    s.shutdown(socket.SHUT_WR)            # done sending; still reading
+    data = read_all(s, 30)
+    s.close()
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    assert b"data: [DONE]" in data
+    assert data.count(b'"finish_reason":"length"') == 1
+    good(srv)

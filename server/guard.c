@@ -23,7 +23,6 @@ struct guard {
     int stop, started;
     double recv_timeout;
     int max_connections, n_open;
-    long long n_timeouts;
     guard_conn *head;
 };
 
@@ -46,7 +45,6 @@ static void *watchdog(void *arg) {
         for (guard_conn *c = g->head; c && !g->stop; c = c->next) {
             if (!c->receiving || c->shut || t - c->since <= g->recv_timeout) continue;
             c->shut = 1;
-            g->n_timeouts++;
             shutdown(c->fd, SHUT_RDWR);
             log_msg(LOG_DEBUG, "connection closed: no whole request within %.0fs", g->recv_timeout);
         }
@@ -135,18 +133,4 @@ int guard_over_cap(guard *g) {
     int over = g->max_connections > 0 && g->n_open > g->max_connections;
     pthread_mutex_unlock(&g->mu);
     return over;
-}
-
-int guard_open_count(guard *g) {
-    pthread_mutex_lock(&g->mu);
-    int n = g->n_open;
-    pthread_mutex_unlock(&g->mu);
-    return n;
-}
-
-long long guard_timeouts(guard *g) {
-    pthread_mutex_lock(&g->mu);
-    long long n = g->n_timeouts;
-    pthread_mutex_unlock(&g->mu);
-    return n;
 }

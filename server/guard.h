@@ -33,8 +33,5 @@ void guard_received(guard *g, guard_conn *c);
 void guard_replied(guard *g, guard_conn *c);
 
 int guard_over_cap(guard *g);
-int guard_open_count(guard *g);
-/* Connections shut down for a missed deadline so far. */
-long long guard_timeouts(guard *g);
 
 #endif

@@ -12,12 +12,38 @@ import time
 import requests
 
 from conftest import TINY
+from test_load import wait_for
 
 
 def good(srv):
     r = srv.post("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 2
+
+
+def rss_kb(srv):
+    with open(f"/proc/{srv.proc.pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+
+
+def settled(srv):
+    """KV blocks in use once nothing runs (the metrics follow a reply within a step)."""
+    assert wait_for(lambda: srv.metric("num_requests_running") == 0, 5)
+    time.sleep(0.2)
+    return srv.metric("kv_blocks_used")
+
+
+def baseline(srv):
+    """What an attack must leave as it found: KV blocks in use, and the process's RSS."""
+    good(srv)   # warm: the first request's allocations are not the attack's
+    return settled(srv), rss_kb(srv)
+
+
+def back_to(srv, base, slack_kb=16384):
+    kv, rss = base
+    good(srv)
+    assert settled(srv) == kv
+    assert rss_kb(srv) <= rss + slack_kb, (rss, rss_kb(srv))
 
 
 def connect(srv):
@@ -53,8 +79,10 @@ def closed_by_peer(s, within):
 
 def test_dripping_client_is_cut_at_the_receive_deadline(server_factory):
     srv = server_factory(TINY, "--recv-timeout", "2", name="drip")
+    base = baseline(srv)
     s = connect(srv)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    good(srv)                            # served while the drip goes on
     t0, cut = time.time(), False
     while time.time() - t0 < 8:          # one header byte every 0.3 s: never idle long
         try:
@@ -75,11 +103,12 @@ def test_dripping_client_is_cut_at_the_receive_deadline(server_factory):
     first = k.recv(65536)
     assert first.startswith(b"HTTP/1.1 200")
     assert closed_by_peer(k, 6)
-    good(srv)
+    back_to(srv, base)
 
 
 def test_connection_cap_answers_503_with_retry_after(server_factory):
     srv = server_factory(TINY, "--max-connections", "6", name="cap")
+    base = baseline(srv)
     idle = [connect(srv) for _ in range(8)]
     time.sleep(0.3)
     s = connect(srv)
@@ -92,11 +121,12 @@ def test_connection_cap_answers_503_with_retry_after(server_factory):
     for c in idle:
         c.close()
     time.sleep(0.3)
-    good(srv)
+    back_to(srv, base)
 
 
 def test_per_address_limit(server_factory):
     srv = server_factory(TINY, "--max-connections-per-ip", "3", name="perip")
+    base = baseline(srv)
     held = [connect(srv) for _ in range(3)]
     time.sleep(0.2)
     extra = connect(srv)
@@ -106,7 +136,7 @@ def test_per_address_limit(server_factory):
     for c in held:
         c.close()
     time.sleep(0.3)
-    good(srv)
+    back_to(srv, base)
 
 
 def smuggle(srv, headers):
@@ -124,6 +154,7 @@ def smuggle(srv, headers):
 
 def test_ambiguous_framing_is_400_and_closed(server_factory):
     srv = server_factory(TINY, name="smuggle")
+    base = baseline(srv)
     for headers in (b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n" % 43,
                     b"Content-Length: 5\r\nContent-Length: 43\r\n",
                     b"Transfer-Encoding: gzip, chunked\r\n"):
@@ -131,7 +162,8 @@ def test_ambiguous_framing_is_400_and_closed(server_factory):
         assert data.startswith(b"HTTP/1.1 400"), (headers, data[:200])
         assert data.count(b"HTTP/1.1 ") == 1, "the smuggled request was answered"
         assert b"connection: close" in data.split(b"\r\n\r\n")[0].lower()
-    good(srv)
+        good(srv)
+    back_to(srv, base)
 
 
 def test_log_lines_cannot_be_forged(server_factory):
@@ -186,6 +218,7 @@ def test_request_that_can_never_fit_is_400_not_429(server_factory):
 
 def test_half_closed_stream_gets_its_whole_reply(server_factory):
     srv = server_factory(TINY, name="halfclose")
+    base = baseline(srv)
     body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 300, "ignore_eos": True, "stream": True}).encode()
     s = connect(srv)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -196,4 +229,4 @@ def test_half_closed_stream_gets_its_whole_reply(server_factory):
     assert data.startswith(b"HTTP/1.1 200"), data[:200]
     assert b"data: [DONE]" in data
     assert data.count(b'"finish_reason":"length"') == 1
-    good(srv)
+    back_to(srv, base)

@@ -453,6 +453,24 @@ static void test_unknown_architecture(void **state) {
     with_llama_config(edit_arch, "config.json", "unknown architecture \"GPT2LMHeadModel\"", NULL);
 }
 
+/* Sliding windows change the math: Mistral's is read, a window in null means none, and
+ * Qwen's per-layer variant is refused by name rather than ignored. */
+static void edit_window(json_t *j) { json_object_set_new(j, "sliding_window", json_integer(64)); }
+static void check_window(const model *m) { assert_int_equal(m->cfg.sliding_window, 64); }
+static void edit_window_null(json_t *j) { json_object_set_new(j, "sliding_window", json_null()); }
+static void check_no_window(const model *m) { assert_int_equal(m->cfg.sliding_window, 0); }
+static void edit_qwen_window(json_t *j) {
+    json_object_set_new(j, "architectures", json_pack("[s]", "Qwen2ForCausalLM"));
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    json_object_set_new(j, "use_sliding_window", json_true());
+}
+static void test_sliding_window_read_or_refused(void **state) {
+    (void)state;
+    with_llama_config(edit_window, NULL, NULL, check_window);
+    with_llama_config(edit_window_null, NULL, NULL, check_no_window);
+    with_llama_config(edit_qwen_window, "config.json", "use_sliding_window", NULL);
+}
+
 static void edit_ffn(json_t *j) { json_object_set_new(j, "intermediate_size", json_integer(300)); }
 static void test_shape_mismatch_vs_config(void **state) {
     (void)state;
@@ -819,6 +837,7 @@ int main(void) {
         cmocka_unit_test(test_rope_scaling_hub_style_llama3),
         cmocka_unit_test(test_unsupported_rope_type_is_named),
         cmocka_unit_test(test_unknown_architecture),
+        cmocka_unit_test(test_sliding_window_read_or_refused),
         cmocka_unit_test(test_shape_mismatch_vs_config),
         cmocka_unit_test(test_tied_flag_uses_embedding),
         cmocka_unit_test(test_wrong_json_type_is_named),

@@ -18,7 +18,7 @@
 
 #define LOGIT_TOL 1e-4
 
-static const char *const models[] = {"llama-tiny", "qwen2-tiny", "qwen3-tiny", "llama-draft"};
+static const char *const models[] = {"llama-tiny", "qwen2-tiny", "qwen3-tiny", "llama-draft", "mistral-swa-tiny"};
 
 static engine *open_engine(const char *name, int max_batch) {
     char path[4096], err[1024] = "";

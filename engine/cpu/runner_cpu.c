@@ -340,7 +340,8 @@ typedef struct {
 } attn_job;
 
 /* One (token, head): causal attention of the token's query over positions 0..pos of its
- * slot, read from the paged cache, with an online softmax (no score buffer needed). */
+ * slot (pos-W+1..pos with a sliding window W), read from the paged cache, with an online
+ * softmax (no score buffer needed). */
 static void attn_task(void *ctx, int task) {
     const attn_job *j = ctx;
     cpu_runner *r = j->r;
@@ -354,7 +355,8 @@ static void attn_task(void *ctx, int task) {
     const float *K = r->k_cache[j->pool_layer], *V = r->v_cache[j->pool_layer];
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0.f;
     for (int i = 0; i < hd; i++) out[i] = 0.f;
-    for (int p = 0; p <= r->tok_pos[t]; p++) {
+    int pos = r->tok_pos[t], p0 = c->sliding_window > 0 && pos >= c->sliding_window ? pos - c->sliding_window + 1 : 0;
+    for (int p = p0; p <= pos; p++) {   /* a sliding window sees the last W positions */
         size_t off = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kvd + (size_t)kvh * hd;
         float s = dot(q, K + off, hd) * scale;
         const float *v = V + off;

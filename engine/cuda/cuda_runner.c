@@ -535,6 +535,17 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;
     }
+    for (const model *mm = target; mm; mm = mm == target ? draft : NULL) {
+        /* The attention kernels have no window yet: below max_seq_len it would slide. */
+        int w = mm->cfg.sliding_window;
+        if (w > 0 && w < c->max_seq_len) {
+            specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                       "cuda runner: %s uses sliding-window attention (window %d), which the CUDA runner does "
+                       "not implement yet: use --max-seq-len %d or less (the window then never slides), or "
+                       "--device cpu", mm->path, w, w);
+            goto fail_free;
+        }
+    }
 
     CU_CHECK(r, cudaSetDevice(c->device));
     struct cudaDeviceProp prop;

@@ -352,6 +352,26 @@ static int hf_special_tokens(const json_t *j, model_config *c, const char *file,
     return 0;
 }
 
+/* Sliding-window attention changes the math, so it is applied or refused, never ignored.
+ * Mistral: "sliding_window" W (null: none) on every layer. Qwen2/Qwen3: the window applies
+ * only with "use_sliding_window" true, and then only above "max_window_layers": refused. */
+static int hf_sliding_window(const json_t *j, model_config *c, const char *file, char *err, size_t errlen) {
+    int64_t w = 0;
+    int use = 1, rc;
+    if ((rc = ju_int(j, "sliding_window", &w, file, err, errlen)) < 0) return rc;
+    if (rc == JU_ABSENT || w <= 0) return 0;
+    if (c->arch != MODEL_ARCH_LLAMA) {
+        if ((rc = ju_bool(j, "use_sliding_window", &use, file, err, errlen)) < 0) return rc;
+        if (rc == JU_ABSENT || !use) return 0;
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "%s: use_sliding_window (windowed layers above max_window_layers) is not supported", file);
+    }
+    if (w > (1 << 24)) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: sliding_window %lld is out of range",
+                                         file, (long long)w);
+    c->sliding_window = (int)w;
+    return 0;
+}
+
 static int hf_config(const char *dir, model_config *c, char *err, size_t errlen) {
     char file[4200];
     json_t *j = NULL;
@@ -404,6 +424,7 @@ static int hf_config(const char *dir, model_config *c, char *err, size_t errlen)
     if ((rc = ju_bool(j, "tie_word_embeddings", &c->tied_embeddings, file, err, errlen)) < 0) goto out;
     c->qkv_bias = c->arch == MODEL_ARCH_QWEN2;
     c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
+    if ((rc = hf_sliding_window(j, c, file, err, errlen))) goto out;
     /* Options of these architectures that add tensors or ops specd does not have. */
     b = 0;
     if ((rc = ju_bool(j, "attention_bias", &b, file, err, errlen)) < 0) goto out;
@@ -616,6 +637,13 @@ static int gguf_config(loader *L) {
     c->rms_eps = (float)eps;
     c->rope_theta = (float)theta;
     c->max_pos = mp;
+    /* llama.cpp writes a Mistral window as <arch>.attention.sliding_window */
+    int win = 0;
+    if ((rc = gguf_int(g, arch, "attention.sliding_window", 0, 0, &win, file, err, errlen))) return rc;
+    if (win > 0 && c->arch != MODEL_ARCH_LLAMA)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %s.attention.sliding_window is not supported",
+                          file, arch);
+    c->sliding_window = win;
     char key[160];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if (gguf_get_str(g, key, &s, &len) == 0 && !(len == 4 && !memcmp(s, "none", 4)))

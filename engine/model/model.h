@@ -34,6 +34,8 @@ typedef struct {
     int tied_embeddings;     /* lm_head == token embedding */
     int qkv_bias;            /* Qwen2 */
     int qk_norm;             /* Qwen3 per-head RMSNorm on q and k */
+    int sliding_window;      /* > 0: every layer attends to the last W positions only (the
+                              * query's own included: keys p with pos - p < W); 0: all */
     int64_t max_pos;         /* max_position_embeddings: informational, never used to size */
     int bos_id;              /* -1 if none */
     int eos_ids[MODEL_MAX_EOS];

@@ -340,7 +340,7 @@ static int parse_logit_bias(json_t *o, const api_limits *lim, api_request *r, ap
 }
 
 /* Fields we know but do not implement: refuse rather than silently ignore. */
-static int parse_unsupported(json_t *o, api_error *e) {
+static int parse_unsupported(json_t *o, const api_request *r, api_error *e) {
     json_t *v = field(o, "response_format");
     if (v) {
         json_t *t = json_object_get(v, "type");
@@ -355,6 +355,32 @@ static int parse_unsupported(json_t *o, api_error *e) {
         return api_fail(e, 400, NULL, "suffix", NULL, "'suffix' is not supported");
     long long best_of = 0;
     if (get_int(o, "best_of", 1, 128, &best_of, e) < 0) return -1;
+    if (best_of > 1 && best_of != r->n)   /* ranking candidates by logprob is not done */
+        return api_fail(e, 400, NULL, "best_of", NULL, "'best_of' other than 1 or n is not supported");
+    /* Constrained decoding (vLLM's and llama.cpp's spellings) is not implemented yet. */
+    static const char *const constrained[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                              "structured_outputs", "json_schema", "grammar"};
+    for (size_t i = 0; i < sizeof constrained / sizeof constrained[0]; i++)
+        if (field(o, constrained[i]))
+            return api_fail(e, 400, NULL, constrained[i], NULL, "'%s' (constrained decoding) is not supported",
+                            constrained[i]);
+    int b = 0;
+    if (get_bool(o, "continue_final_message", &b, e) < 0) return -1;
+    if (b) return api_fail(e, 400, NULL, "continue_final_message", NULL, "'continue_final_message' is not supported");
+    if (get_bool(o, "parallel_tool_calls", &b, e) < 0) return -1;
+    json_t *tc = field(o, "tool_choice");
+    if (tc) {   /* "auto" and "none" need nothing: tool calls are not parsed out of the text */
+        const char *v = json_string_value(tc);
+        if (!json_is_string(tc) && !json_is_object(tc))
+            return api_fail(e, 400, NULL, "tool_choice", NULL, "'tool_choice' must be a string or an object");
+        if (!v || !strcmp(v, "required"))
+            return api_fail(e, 400, NULL, "tool_choice", NULL,
+                            "tool_choice '%s' (a forced tool call) is not supported; use 'auto' or 'none'",
+                            v ? v : "{function}");
+        if (strcmp(v, "auto") && strcmp(v, "none"))
+            return api_fail(e, 400, NULL, "tool_choice", NULL, "tool_choice must be 'auto', 'none', 'required' or "
+                            "an object naming a function, got '%s'", v);
+    }
     return 0;
 }
 
@@ -417,7 +443,7 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
         return api_fail(e, 400, NULL, "min_tokens", NULL, "'min_tokens' must not exceed 'max_tokens'");
     if ((long long)r->n * (r->n_prompts ? r->n_prompts : 1) > API_MAX_CHOICES)
         return api_fail(e, 400, NULL, "n", NULL, "prompts x n must be at most %d", API_MAX_CHOICES);
-    return parse_unsupported(o, e);
+    return parse_unsupported(o, r, e);
 }
 
 static int parse_chat(json_t *o, api_request *r, api_error *e) {

@@ -62,6 +62,7 @@ static const cfg_key keys[] = {
     {"max_connections", K_INT, OFF(max_connections), 0, 1, 1 << 20, "open connections at most; past it new ones get 503 with Retry-After"},
     {"max_connections_per_ip", K_INT, OFF(max_connections_per_ip), 0, 0, 1 << 20, "open connections per client address (0 = no limit; raise it behind a proxy)"},
     {"http_threads", K_INT, OFF(http_threads), 0, 1, 256, "HTTP worker threads"},
+    {"allowed_origins", STR(allowed_origins), 0, 0, "CORS: browser origins allowed to call the API, comma separated, or * (default: none)"},
     {"max_n", K_INT, OFF(max_n), 0, 1, 128, "largest n (choices per prompt) accepted"},
     {"overlap", K_BOOL, OFF(overlap), 0, 0, 1, "queue the next engine step before processing the last one's outputs"},
     {"stream_buffer_bytes", K_I64, OFF(stream_buffer_bytes), 0, 4096, 1.0e12, "unread bytes a stream may hold before its sequence pauses (resumes at half)"},

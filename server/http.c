@@ -6,6 +6,7 @@
  * it. */
 #include "server/http.h"
 
+#include <ctype.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdatomic.h>
@@ -26,7 +27,7 @@
 
 enum route {
     R_NONE = 0, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH, R_READY,
-    R_VERSION, R_METRICS,
+    R_VERSION, R_METRICS, R_MODEL,
 };
 
 static const struct {
@@ -40,6 +41,7 @@ static const struct {
     {"/tokenize", R_TOKENIZE, "POST", 1},
     {"/detokenize", R_DETOKENIZE, "POST", 1},
     {"/v1/models", R_MODELS, "GET", 1},
+    {"/v1/models/", R_MODEL, "GET", 1},          /* prefix: /v1/models/{id} */
     {"/health", R_HEALTH, "GET", 0},
     {"/ready", R_READY, "GET", 0},
     {"/version", R_VERSION, "GET", 0},
@@ -81,19 +83,51 @@ typedef struct {
     char method[8], path[48];
     guard_conn *gc;          /* the connection's guard entry (NULL: not guarded) */
     int received;            /* the whole request is in */
+    char request_id[72];     /* X-Request-Id: the client's (when well-formed) or made here */
+    char url[96];            /* for /v1/models/{id} */
 } conn_ctx;
 
 /* ---- replies ------------------------------------------------------------------------------ */
 
-static enum MHD_Result reply_bytes(struct MHD_Connection *c, int status, const char *type,
-                                   const char *data, size_t len, int must_copy) {
+/* The origin of a request when --allowed-origins admits it, else NULL. */
+static const char *allowed_origin(conn_ctx *x) {
+    const char *origin = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Origin");
+    const char *list = x->srv->cfg->allowed_origins;
+    if (!origin || !*list) return NULL;
+    if (!strcmp(list, "*")) return origin;
+    size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, origin, n)) return origin;
+        if (!e) break;
+        p = e + 1;
+    }
+    return NULL;
+}
+
+/* Headers every reply carries: X-Request-Id, and CORS for an allowed origin. Then queue
+ * it (the response is destroyed here). */
+static enum MHD_Result queue(conn_ctx *x, int status, struct MHD_Response *r) {
+    MHD_add_response_header(r, "X-Request-Id", x->request_id);
+    const char *origin = allowed_origin(x);
+    if (origin) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", strcmp(x->srv->cfg->allowed_origins, "*") ? origin : "*");
+        MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Request-Id");
+        MHD_add_response_header(r, "Vary", "Origin");
+    }
+    enum MHD_Result ret = MHD_queue_response(x->conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_bytes(conn_ctx *x, int status, const char *type, const char *data, size_t len,
+                                   int must_copy) {
     struct MHD_Response *r = MHD_create_response_from_buffer(
         len, (void *)data, must_copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_MUST_FREE);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return ret;
+    return queue(x, status, r);
 }
 
 static enum MHD_Result reply_json(conn_ctx *x, int status, json_t *v) {
@@ -102,7 +136,7 @@ static enum MHD_Result reply_json(conn_ctx *x, int status, json_t *v) {
     x->replied = 1;
     x->status = status;
     if (!s) return MHD_NO;
-    return reply_bytes(x->conn, status, "application/json", s, strlen(s), 0);
+    return reply_bytes(x, status, "application/json", s, strlen(s), 0);
 }
 
 static enum MHD_Result reply_error(conn_ctx *x, const api_error *e) {
@@ -150,7 +184,7 @@ static enum MHD_Result handle_metrics(conn_ctx *x) {
     if (!t) return MHD_NO;
     x->replied = 1;
     x->status = 200;
-    return reply_bytes(x->conn, 200, "text/plain; version=0.0.4; charset=utf-8", t, strlen(t), 0);
+    return reply_bytes(x, 200, "text/plain; version=0.0.4; charset=utf-8", t, strlen(t), 0);
 }
 
 /* Render a chat request's messages with the model's template. */
@@ -266,8 +300,8 @@ static enum MHD_Result poll_reply(conn_ctx *x) {
     if (!sse_chan_take_if_closed(x->chan, &data, &len, &status)) return MHD_YES;
     x->replied = 1;
     if (status != 200 && x->srv->m) metrics_http_error(x->srv->m, status);
-    if (!data) return reply_bytes(x->conn, status, "application/json", "", 0, 1);
-    return reply_bytes(x->conn, status, "application/json", data, len, 0);
+    if (!data) return reply_bytes(x, status, "application/json", "", 0, 1);
+    return reply_bytes(x, status, "application/json", data, len, 0);
 }
 
 /* Build the loop job: tokenized prompts (+ echo text) for one request. */
@@ -341,6 +375,7 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     job->created = (long long)time(NULL);
     api_make_id(job->rid, sizeof job->rid, kind == API_CHAT ? "chatcmpl-" : "cmpl-");
     snprintf(job->path, sizeof job->path, "%s", routes[x->route_idx].path);
+    snprintf(job->request_id, sizeof job->request_id, "%s", x->request_id);
     if (prepare_job(s, r, job, &e)) {
         loop_job_free(job);
         return reply_error(x, &e);
@@ -384,24 +419,47 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     x->replied = 1;
-    enum MHD_Result ret = MHD_queue_response(x->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ret;
+    return queue(x, 200, resp);
 }
 
 /* ---- MHD callbacks -------------------------------------------------------------------------- */
 
+/* Route of a path (0: none; -1: the path exists but not for this method). A path ending
+ * in '/' is a prefix that needs something after it; HEAD goes wherever GET does. */
 static int find_route(const char *url, const char *method, int *idx) {
-    for (size_t i = 0; i < N_ROUTES; i++)
-        if (!strcmp(url, routes[i].path)) {
-            *idx = (int)i;
-            return strcmp(method, routes[i].method) ? -1 : (int)routes[i].r;
-        }
+    for (size_t i = 0; i < N_ROUTES; i++) {
+        size_t n = strlen(routes[i].path);
+        int prefix = routes[i].path[n - 1] == '/';
+        if (prefix ? strncmp(url, routes[i].path, n) || !url[n] : strcmp(url, routes[i].path)) continue;
+        *idx = (int)i;
+        int ok = !strcmp(method, routes[i].method) || (!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET"));
+        return ok ? (int)routes[i].r : -1;
+    }
     return 0;
 }
 
-/* First call for a request: route, method, auth and declared size are checked before any
- * body byte is read. Returns 1 when a reply has been queued. */
+static const char *allow_of(int idx) { return !strcmp(routes[idx].method, "GET") ? "GET, HEAD" : routes[idx].method; }
+
+/* CORS preflight: 204 naming what the route allows; the Access-Control-Allow-* headers
+ * only for an allowed origin (the browser refuses the request otherwise). Needs no key. */
+static enum MHD_Result preflight(conn_ctx *x, int idx) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    char methods[32];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow_of(idx));
+    MHD_add_response_header(r, "Allow", methods);
+    if (allowed_origin(x)) {
+        const char *want = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                want && *want ? want : "Authorization, Content-Type, X-Request-Id");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    x->replied = 1;
+    x->status = 204;
+    return queue(x, 204, r);
+}
+
 /* Counts of the framing headers of a request (MHD keeps repeated headers apart). */
 typedef struct {
     int n_cl, n_te, cl_differ, te_not_chunked;
@@ -444,15 +502,15 @@ static enum MHD_Result close_with(conn_ctx *x, int status, const char *msg, int 
         snprintf(ra, sizeof ra, "%d", retry_after);
         MHD_add_response_header(resp, "Retry-After", ra);
     }
-    enum MHD_Result ret = MHD_queue_response(x->conn, (unsigned)status, resp);
-    MHD_destroy_response(resp);
-    return ret;
+    return queue(x, status, resp);
 }
 
 static enum MHD_Result reply_busy(conn_ctx *x) {
     return close_with(x, 503, "too many open connections; retry later", 1);
 }
 
+/* First call for a request: framing, route, method, auth and declared size are checked
+ * before any body byte is read. Returns 1 when a reply has been queued. */
 static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_Result *ret) {
     /* Framing a proxy in front may read differently (request smuggling): refuse and close. */
     framing f = {0};
@@ -465,13 +523,17 @@ static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_R
     }
     int idx = -1;
     int r = find_route(url, method, &idx);
+    if (r < 0 && !strcmp(method, "OPTIONS")) {
+        *ret = preflight(x, idx);
+        return 1;
+    }
     if (r == 0) {
         *ret = fail(x, 404, NULL, NULL, "not_found", "no such route");
         return 1;
     }
     if (r < 0) {
         char msg[128];
-        snprintf(msg, sizeof msg, "method %s not allowed on %s (use %s)", method, url, routes[idx].method);
+        snprintf(msg, sizeof msg, "method %s not allowed on %s (use %s)", method, url, allow_of(idx));
         api_error e;
         api_fail(&e, 405, NULL, NULL, "method_not_allowed", "%s", msg);
         json_t *v = api_error_json(&e);
@@ -487,9 +549,8 @@ static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_R
             return 1;
         }
         MHD_add_response_header(resp, "Content-Type", "application/json");
-        MHD_add_response_header(resp, "Allow", routes[idx].method);
-        *ret = MHD_queue_response(x->conn, 405, resp);
-        MHD_destroy_response(resp);
+        MHD_add_response_header(resp, "Allow", allow_of(idx));
+        *ret = queue(x, 405, resp);
         return 1;
     }
     x->route = r;
@@ -518,12 +579,37 @@ static enum MHD_Result dispatch(conn_ctx *x) {
     case R_DETOKENIZE: return handle_detokenize(x);
     case R_MODELS:
         return reply_json(x, 200, api_models_json(x->srv->model_name, x->srv->started, x->srv->cfg->max_seq_len));
+    case R_MODEL: {
+        const char *id = x->url + strlen("/v1/models/");
+        if (strcmp(id, x->srv->model_name)) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "The model '%.80s' does not exist (this server serves '%.80s')", id,
+                     x->srv->model_name);
+            return fail(x, 404, "invalid_request_error", "model", "model_not_found", msg);
+        }
+        json_t *list = api_models_json(x->srv->model_name, x->srv->started, x->srv->cfg->max_seq_len);
+        json_t *one = json_incref(json_array_get(json_object_get(list, "data"), 0));
+        json_decref(list);
+        return reply_json(x, 200, one);
+    }
     case R_HEALTH: return handle_health(x);
     case R_READY: return handle_ready(x);
     case R_VERSION: return reply_json(x, 200, json_pack("{s:s}", "version", SPECD_VERSION));
     case R_METRICS: return handle_metrics(x);
     default: return MHD_NO;
     }
+}
+
+/* X-Request-Id: the client's when it is 1-64 characters of [A-Za-z0-9._:-] (so it can go
+ * into logs and headers as it is), else a new one. */
+static void set_request_id(conn_ctx *x) {
+    const char *id = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = id ? strlen(id) : 0;
+    int ok = n >= 1 && n <= 64;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = isalnum((unsigned char)id[i]) || strchr("._:-", id[i]);
+    if (ok) snprintf(x->request_id, sizeof x->request_id, "%s", id);
+    else api_make_id(x->request_id, sizeof x->request_id, "req-");
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -539,6 +625,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         x->t0 = loop_now();
         snprintf(x->method, sizeof x->method, "%s", method);
         snprintf(x->path, sizeof x->path, "%s", url);
+        snprintf(x->url, sizeof x->url, "%s", url);
+        set_request_id(x);
         *con_cls = x;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         x->gc = ci ? ci->socket_context : NULL;
@@ -610,7 +698,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     } else if (x->status && (log_enabled(LOG_DEBUG) || (x->route != R_HEALTH && x->route != R_READY &&
                                                         x->route != R_METRICS))) {
         /* Replies given here (errors, /tokenize, /v1/models ...); probes only at debug. */
-        log_request_line line = {"-", x->method, x->path, x->status, 0, 0, -1.0, loop_now() - x->t0, NULL};
+        log_request_line line = {"-", x->method, x->path, x->status, 0, 0, -1.0, loop_now() - x->t0, NULL,
+                                 x->request_id};
         log_request(&line);
     }
     free(x->body);

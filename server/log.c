@@ -136,6 +136,7 @@ void log_request(const log_request_line *r) {
                               "prompt_tokens", r->prompt_tokens, "output_tokens",
                               r->output_tokens, "total_s", r->total, "finish", r->finish);
         if (o && r->ttft >= 0) json_object_set_new(o, "ttft_s", json_real(r->ttft));
+        if (o && r->request_id) json_object_set_new(o, "request_id", json_string(r->request_id));
         if (o) emit_json(o);
         return;
     }
@@ -143,9 +144,9 @@ void log_request(const log_request_line *r) {
     if (r->ttft >= 0) snprintf(ttft, sizeof ttft, "%.3fs", r->ttft);
     else snprintf(ttft, sizeof ttft, "-");
     int n = snprintf(line, sizeof line,
-                     "%s info  %s %s %s %d prompt=%d output=%d ttft=%s total=%.3fs finish=%s\n",
+                     "%s info  %s %s %s %d prompt=%d output=%d ttft=%s total=%.3fs finish=%s rid=%s\n",
                      ts, r->id ? r->id : "-", method, path, r->status, r->prompt_tokens, r->output_tokens,
-                     ttft, r->total, r->finish ? r->finish : "-");
+                     ttft, r->total, r->finish ? r->finish : "-", r->request_id ? r->request_id : "-");
     if (n >= (int)sizeof line) n = sizeof line - 1, line[n - 1] = '\n';
     fwrite(line, 1, (size_t)n, stderr);
 }

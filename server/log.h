@@ -30,6 +30,7 @@ typedef struct {
     int prompt_tokens, output_tokens;
     double ttft, total;
     const char *finish;      /* "stop", "length", "abort", "error", NULL */
+    const char *request_id;  /* X-Request-Id (NULL: none) */
 } log_request_line;
 
 void log_request(const log_request_line *r);

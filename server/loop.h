@@ -44,6 +44,7 @@ typedef struct loop_job {
     long long created;
     double t_arrival;            /* loop_now() when the request arrived */
     char path[32];               /* for the log line */
+    char request_id[72];         /* X-Request-Id, for the log line */
     int fd;                      /* client socket, -1 if unknown (see check_clients) */
     /* Loop-private from here on. */
     struct loop_job *next, *hnext;

@@ -145,7 +145,7 @@ void loop_log_job(loop *l, loop_job *job, int status) {
                                                       : job->n_choices ? job->choices[0].finish : NULL;
     log_request_line line = {job->rid, "POST", job->path, status, u.prompt_tokens, u.completion_tokens,
                              job->t_first > 0 ? job->t_first - job->t_arrival : -1.0,
-                             loop_now() - job->t_arrival, finish};
+                             loop_now() - job->t_arrival, finish, job->request_id[0] ? job->request_id : NULL};
     log_request(&line);
 }
 

@@ -4,6 +4,7 @@
 #include "server/log.h"
 
 #include <jansson.h>
+#include <utf8proc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,16 +52,12 @@ static void timestamp(char *buf, size_t cap) {
     snprintf(buf + n, cap - n, ".%03dZ", (int)(tv.tv_usec / 1000));
 }
 
-/* Bytes of a valid UTF-8 sequence at s (not an overlong form or a surrogate), 0 if none. */
+/* Bytes of a valid UTF-8 sequence at s, 0 if none (utf8proc rejects overlong forms and
+ * surrogates). */
 static size_t utf8_len(const unsigned char *s) {
-    unsigned c = s[0];
-    size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
-    if (c >= 0xf5 || !n) return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    if (n == 3 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0))) return 0;
-    if (n == 4 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))) return 0;
-    return n;
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t n = utf8proc_iterate(s, -1, &cp);
+    return n > 0 ? (size_t)n : 0;
 }
 
 size_t log_escape(const char *in, char *out, size_t cap) {

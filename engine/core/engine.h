@@ -119,6 +119,7 @@ typedef struct {
     /* steps by path: whole-step runner speculation (one graph on CUDA), speculation
      * composed from forward passes (mixed batches), runner on-device decode */
     uint64_t steps_runner_spec, steps_composed, steps_device_decode;
+    uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
     int num_draft_tokens;
     int failed;                    /* engine hit a runner error; every request fails */
 } engine_stats;

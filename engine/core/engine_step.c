@@ -221,20 +221,36 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
     return f;
 }
 
+/* The one list of sampling features the device sampler lacks (penalties, logit bias,
+ * logprobs, min_tokens, recorded logits): a request that uses one is sampled on the host. */
+static int needs_host_sampling(const req *r) {
+    return r->record || r->sp.logprobs >= 0 || r->sp.n_logit_bias || r->sp.presence_penalty != 0 ||
+           r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens;
+}
+
+static runner_sampling device_sampling(const req *r) {
+    return (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .min_p = r->sp.min_p,
+                             .top_k = r->sp.top_k, .seed = r->seed, .counter = (uint64_t)r->n_out};
+}
+
 /* Whether this step can use the runner's on-device decode (a captured graph on CUDA):
- * every row decodes one token and needs nothing the device sampler lacks (penalties,
- * logit bias, logprobs, min_tokens, recorded logits are host features). */
+ * every row decodes one token and samples on the device. */
 static int device_decode_ok(const engine *e, int n) {
     if (!e->run->ops->decode || e->k > 0 || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
-        const req *r = p->r;
-        const sched_seq *s = &r->seq;
-        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || r->record || r->sp.logprobs >= 0 ||
-            r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
-            r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens)
-            return 0;
+        const sched_seq *s = &p->r->seq;
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r)) return 0;
     }
+    return 1;
+}
+
+/* Whether a composed step (prefill chunks and decode rows, no speculation) can sample on
+ * the device inside its forward pass, so no logits travel to the host. */
+static int forward_sampling_ok(const engine *e, int n) {
+    if (!e->run->forward_samples || e->k > 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (needs_host_sampling(e->plan[i].r)) return 0;
     return 1;
 }
 
@@ -243,9 +259,7 @@ static int device_decode(engine *e, int n, engine_output *out) {
         const req *r = e->plan[i].r;
         e->dec_slots[i] = r->seq.slot;
         e->dec_tokens[i] = r->seq.tokens[r->seq.n_computed];
-        e->dec_sp[i] = (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p,
-                                         .min_p = r->sp.min_p, .top_k = r->sp.top_k,
-                                         .seed = r->seed, .counter = (uint64_t)r->n_out};
+        e->dec_sp[i] = device_sampling(r);
     }
     runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
                               .out_tokens = e->dec_out, .out_logprobs = NULL};
@@ -272,10 +286,7 @@ static int runner_spec_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (!p->spec || r->seq.n_tokens < 2 || r->record || r->sp.logprobs >= 0 || r->sp.n_logit_bias ||
-            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
-            r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens)
-            return 0;
+        if (!p->spec || r->seq.n_tokens < 2 || needs_host_sampling(r)) return 0;
     }
     return 1;
 }
@@ -288,9 +299,7 @@ static int runner_spec(engine *e, int n, engine_output *out) {
         e->dec_slots[i] = s->slot;
         e->tokens[2 * i] = s->tokens[s->n_tokens - 2];
         e->tokens[2 * i + 1] = s->tokens[s->n_tokens - 1];
-        e->dec_sp[i] = (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p,
-                                         .min_p = r->sp.min_p, .top_k = r->sp.top_k,
-                                         .seed = r->seed, .counter = (uint64_t)r->n_out};
+        e->dec_sp[i] = device_sampling(r);
     }
     int32_t *out_tok = e->spec_out;
     int *out_n = e->spec_n;
@@ -414,6 +423,14 @@ int engine_step(engine *e, engine_output *out) {
     }
     runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
                        .n_tokens = nt, .logits = e->logits};
+    int on_device = forward_sampling_ok(e, n);   /* then no rows speculate (k == 0) */
+    if (on_device) {
+        for (int i = 0; i < n; i++)
+            if (e->plan[i].target_logits) e->dec_sp[e->plan[i].logits_off] = device_sampling(e->plan[i].r);
+        tb.sp = e->dec_sp;
+        tb.out_tokens = e->dec_out;
+        e->st.steps_forward_sampled++;
+    }
     if (n && (rc = runner_forward(e->run, &tb))) goto fail;
 
     /* Phase 5: sample / accept, commit, finish. */
@@ -428,7 +445,10 @@ int engine_step(engine *e, engine_output *out) {
             f = accept_row(e, p, ev);
         } else {
             s->n_computed += p->n_new;
-            if (p->target_logits) {
+            if (p->target_logits && on_device) {
+                ev = new_event(e, out, r);
+                f = emit_token(e, r, ev, e->dec_out[p->logits_off], NULL);
+            } else if (p->target_logits) {
                 float *lg = e->logits + (size_t)p->logits_off * V;
                 memcpy(e->work, lg, (size_t)V * sizeof(float));
                 int32_t t = sample_row(e, r, e->work, s->tokens, s->n_tokens);

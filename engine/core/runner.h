@@ -117,6 +117,12 @@ typedef struct {
     const int32_t *tokens;   /* [n_tokens] */
     int n_tokens;
     float *logits;           /* [sum of n_logits, vocab], fp32, host memory */
+    /* Optional, only where runner.forward_samples: sample every logits row where the
+     * logits are (sp[i] for logits row i; on CUDA as its decode op does, on the CPU as
+     * the engine's host sampler does) and write out_tokens[i]; the logits are then not
+     * returned (CUDA: no vocab-wide copy to the host; CPU: the buffer is scratch). */
+    const runner_sampling *sp;
+    int32_t *out_tokens;
 } runner_batch;
 
 typedef struct runner runner;
@@ -150,6 +156,7 @@ struct runner {
     const model *target;
     const model *draft;      /* NULL without speculation */
     int vocab;
+    int forward_samples;     /* forward() takes runner_batch.sp (set by the runner) */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }

@@ -80,6 +80,7 @@ typedef struct {
     float *sp_p;            /* ((k+1), vocab) */
     float *sp_res;          /* (vocab) */
     int *sp_scratch;        /* (vocab) */
+    int *fs_scratch;        /* (vocab) forward sampling */
 } cpu_runner;
 
 /* ---- math kernels ------------------------------------------------------------------ */
@@ -375,6 +376,15 @@ static void attn_task(void *ctx, int task) {
 
 /* ---- forward ------------------------------------------------------------------------ */
 
+/* Greedy argmax, or a draw from the filtered softmax with the uniform the engine's host
+ * sampler uses at (seed, 2 * counter). logits is overwritten. */
+static int32_t sample_row_in_place(float *logits, int V, const runner_sampling *sp, int *scratch) {
+    if (sp->temperature <= 0) return sample_argmax(logits, V);
+    sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k, .min_p = sp->min_p};
+    sample_probs(logits, V, &p, scratch);
+    return sample_from_probs(logits, V, sample_uniform(sp->seed, 2 * sp->counter));
+}
+
 static int check_batch(cpu_runner *r, const cpu_model *m, const runner_batch *b) {
     const runner_config *cfg = &r->base.cfg;
     if (!m->loaded) return SPECD_EINVAL;
@@ -478,6 +488,10 @@ static int cpu_forward(runner *base, const runner_batch *b) {
         for (int i = 0; i < n_out; i++)
             rmsnorm(r->xn + (size_t)i * D, r->x + (size_t)r->out_tok[i] * D, m->out_norm, D, c->rms_eps);
         matmul(r, b->logits, r->xn, m->lm_head, NULL, n_out, D, c->vocab);
+        /* Sampled here exactly as the engine samples on the host (the reference for what
+         * the CUDA runner does on the device); the logits buffer is the scratch. */
+        for (int i = 0; b->sp && i < n_out; i++)
+            b->out_tokens[i] = sample_row_in_place(b->logits + (size_t)i * c->vocab, c->vocab, &b->sp[i], r->fs_scratch);
     }
     for (int i = 0; i < b->n_rows; i++) r->len[b->which][b->rows[i].slot] += b->rows[i].n_new;
     return 0;
@@ -645,6 +659,7 @@ static void cpu_destroy(runner *base) {
     free(r->sp_p);
     free(r->sp_res);
     free(r->sp_scratch);
+    free(r->fs_scratch);
     tp_destroy(r->pool);
     free(r);
 }
@@ -760,9 +775,11 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->tok_pos = malloc(T * sizeof(int));
     r->tok_slot = malloc(T * sizeof(int));
     r->out_tok = malloc(T * sizeof(int));
+    r->fs_scratch = malloc((size_t)r->base.vocab * sizeof(int));
     if (!r->x || !r->xn || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u ||
-        !r->tok_pos || !r->tok_slot || !r->out_tok)
+        !r->tok_pos || !r->tok_slot || !r->out_tok || !r->fs_scratch)
         goto oom;
+    r->base.forward_samples = cfg->tp_world <= 1;
     if (draft && cfg->num_draft_tokens > 0) {
         size_t B = (size_t)cfg->max_batch, K = (size_t)cfg->num_draft_tokens, V = (size_t)r->base.vocab;
         if (K > 15) {

@@ -131,6 +131,8 @@ typedef struct {
     int dec_splits, dec_split_len;
     void *d_dec_in, *h_dec_in;     /* tokens[MB] int32 | slots[MB] int32 | sp[MB] */
     void *d_dec_out, *h_dec_out;   /* tok[MB] int32 | logprob[MB] float */
+    void *d_fs_par, *h_fs_par;     /* eager forward sampling: k_sample_params [T] */
+    int32_t *d_fs_tok, *h_fs_tok;  /* its tokens [T] */
     int n_graphs;
     int graph_sizes[64];
     cudaGraphExec_t graphs[64];

@@ -142,18 +142,33 @@ static int cuda_forward(runner *base, const runner_batch *b) {
             .split_len = split_len,
         };
         if ((rc = cuda_enqueue_pass(r, &p))) return rc == SPECD_EUNSUPPORTED ? rc : SPECD_ECUDA;
+        k_sample_params *par = r->h_fs_par;
+        if (b->sp) {   /* sample on the device: only token ids come back */
+            for (int o = 0; o < n_out; o++)
+                par[o] = (k_sample_params){.temperature = b->sp[o].temperature, .top_p = b->sp[o].top_p,
+                                           .min_p = b->sp[o].min_p, .top_k = b->sp[o].top_k,
+                                           .seed = b->sp[o].seed, .counter = b->sp[o].counter};
+            CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)n_out * sizeof *par, cudaMemcpyHostToDevice, s));
+        }
         for (int o = 0; o < n_out; o += r->LR) {
             int cnt = n_out - o < r->LR ? n_out - o : r->LR;
             if (cuda_enqueue_logits(r, which, dm + META_LOGIT_ROWS * T + o, cnt)) return SPECD_ECUDA;
-            CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
-                                        (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
+            if (b->sp)
+                K_CHECK(r, k_sample(r->d_logits, cnt, vocab, (const k_sample_params *)r->d_fs_par + o,
+                                    r->d_fs_tok + o, NULL, s));
+            else
+                CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
+                                            (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
         }
+        if (b->sp && n_out)
+            CU_CHECK(r, cudaMemcpyAsync(r->h_fs_tok, r->d_fs_tok, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
         K_CHECK(r, k_advance_lens(r->d_lens, dm + META_ROW_SLOT * T, dm + META_ROW_N_NEW * T, nr,
                                   which, r->dummy, s));
         CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * r->dummy, 0, 2 * sizeof(int32_t), s));
     }
     int rc_sync = cuda_step_sync(r);
     if (rc_sync) return rc_sync;
+    if (b->sp && nr > 0) memcpy(b->out_tokens, r->h_fs_tok, (size_t)n_out * sizeof(int32_t));
     for (int i = 0; i < nr; i++)
         if (row_slot[i] != r->dummy) r->h_len[row_slot[i] * 2 + which] += row_n[i];
     r->h_len[r->dummy * 2] = r->h_len[r->dummy * 2 + 1] = 0;
@@ -293,12 +308,15 @@ static void cuda_destroy(runner *base) {
     cuda_model_free(&r->m[1]);
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
-                   r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss};
+                   r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
+                   r->d_fs_par, r->d_fs_tok};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (r->h_meta) cudaFreeHost(r->h_meta);
     if (r->h_dec_in) cudaFreeHost(r->h_dec_in);
     if (r->h_dec_out) cudaFreeHost(r->h_dec_out);
+    if (r->h_fs_par) cudaFreeHost(r->h_fs_par);
+    if (r->h_fs_tok) cudaFreeHost(r->h_fs_tok);
     if (r->blas) cublasDestroy(r->blas);
     if (r->stream) cudaStreamDestroy(r->stream);
     free(r->h_bt);
@@ -382,6 +400,7 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_zeros, (size_t)T * 4) || dmalloc(r, &r->d_ones, (size_t)T * 4) ||
         dmalloc(r, &r->d_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))) ||
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
+        dmalloc(r, &r->d_fs_par, (size_t)T * sizeof(k_sample_params)) || dmalloc(r, &r->d_fs_tok, (size_t)T * 4) ||
         dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
         dmalloc(r, &r->d_xg, (size_t)CUDA_GEMV_MAX_ROWS * hid * 2) ||
         dmalloc(r, &r->d_ss, (size_t)2 * r->ss_layers * CUDA_GEMV_MAX_ROWS * sizeof(unsigned long long)) ||
@@ -391,6 +410,8 @@ static int alloc_work(cuda_runner *r) {
     CU_CHECK(r, cudaMallocHost((void **)&r->h_meta, (size_t)META_N * T * 4));
     CU_CHECK(r, cudaMallocHost(&r->h_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))));
     CU_CHECK(r, cudaMallocHost(&r->h_dec_out, (size_t)MB * 8));
+    CU_CHECK(r, cudaMallocHost(&r->h_fs_par, (size_t)T * sizeof(k_sample_params)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_tok, (size_t)T * 4));
     memset(r->h_meta, 0, (size_t)META_N * T * 4);
     r->h_bt = calloc(slots * r->max_blocks, sizeof(int32_t));
     r->h_len = calloc(slots * 2, sizeof(int));
@@ -504,6 +525,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->base.vocab = target->cfg.vocab;
     if (opts) r->opts = *opts;
     if (r->opts.world < 1) r->opts.world = 1;
+    r->base.forward_samples = r->opts.world == 1;   /* (ranks would each need the params) */
     runner_config *c = &r->base.cfg;
     if (c->block_size < 1 || c->max_batch < 1 || c->max_seq_len < 1 || c->max_tokens_per_step < 1 ||
         c->num_blocks < 0) {

@@ -286,6 +286,48 @@ static void test_batched_padded_decode_matches_reference(void **s) {
     run_batched("qwen2-tiny", 1);
 }
 
+/* Sampling inside the forward pass (runner_batch.sp): all golden prompts in one eager
+ * forward, greedy, must give the argmax of the logits the same forward returns without it
+ * (same slots refilled), and a temperature draw must be a token the logits allow
+ * (top_k 1 makes it the argmax too). */
+static void test_forward_sampling_matches_returned_logits(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    assert_int_equal(f.r->forward_samples, 1);
+    golden *g = &f.g;
+    int n = g->n_prompts, tok_total = 0;
+    runner_row rows[8];
+    int32_t *tokens = malloc(sizeof(int32_t) * 512), out[8];
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab * n);
+    for (int p = 0; p < n; p++) {
+        rows[p] = (runner_row){.slot = p, .n_new = g->len[p], .tok_off = tok_total, .n_logits = 1, .logits_off = p};
+        memcpy(tokens + tok_total, g->prompt[p], sizeof(int32_t) * (size_t)g->len[p]);
+        tok_total += g->len[p];
+    }
+    for (int pass = 0; pass < 3; pass++) {
+        for (int p = 0; p < n; p++) slot_reset(f.r, p);
+        runner_sampling sp[8];
+        for (int p = 0; p < n; p++)   /* pass 1: greedy; pass 2: T = 0.8 but top_k 1 */
+            sp[p] = (runner_sampling){.temperature = pass == 2 ? 0.8f : 0.f, .top_p = 1.f, .top_k = pass == 2 ? 1 : 0,
+                                      .seed = 7 + (uint64_t)p, .counter = 3};
+        for (int p = 0; p < n; p++) out[p] = -1;
+        runner_batch b = {.which = RUNNER_TARGET, .n_rows = n, .rows = rows, .tokens = tokens, .n_tokens = tok_total,
+                          .logits = logits, .sp = pass ? sp : NULL, .out_tokens = pass ? out : NULL};
+        int rc = runner_forward(f.r, &b);
+        if (rc) fail_msg("forward (pass %d): %d %s", pass, rc, cuda_runner_error(f.r));
+        for (int p = 0; pass && p < n; p++) {
+            int want = argmax(logits + (size_t)p * f.vocab, f.vocab);   /* from pass 0 */
+            if (out[p] != want) fail_msg("pass %d row %d: sampled %d, argmax %d", pass, p, out[p], want);
+        }
+        for (int p = 0; p < n; p++) assert_int_equal(f.r->ops->slot_get_len(f.r, p, RUNNER_TARGET), g->len[p]);
+    }
+    printf("    forward sampling: %d rows, greedy and top_k 1 equal the logits' argmax\n", n);
+    free(tokens);
+    free(logits);
+    fixture_close(&f);
+}
+
 static void test_chunked_prefill_matches_whole_prompt(void **s) {
     (void)s;
     fixture f;
@@ -605,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_golden_qwen3_tiny),
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),
+        cmocka_unit_test(test_forward_sampling_matches_returned_logits),
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),

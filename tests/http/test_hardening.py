@@ -127,8 +127,11 @@ def test_connection_cap_answers_503_with_retry_after(server_factory):
 def test_per_address_limit(server_factory):
     srv = server_factory(TINY, "--max-connections-per-ip", "3", name="perip")
     base = baseline(srv)
+    time.sleep(0.3)                      # the baseline's own connection is gone
     held = [connect(srv) for _ in range(3)]
-    time.sleep(0.2)
+    for h in held:                       # each one accepted and served (kept alive)
+        h.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert h.recv(65536).startswith(b"HTTP/1.1 200")
     extra = connect(srv)
     extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     assert read_all(extra, 3) == b""      # refused by the library: closed without a reply

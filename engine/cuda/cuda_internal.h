@@ -69,6 +69,8 @@ typedef struct {
     int no_fuse_norm;        /* SPECD_CUDA_NO_FUSE_NORM=1: ... with its RMSNorm kernels (the rest fused) */
     int no_gemv;             /* SPECD_CUDA_NO_GEMV=1: decode-sized GEMMs on cuBLAS (to bisect numerics) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
+    int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
+                              * host and sample there (A/B of runner_batch.sp) */
     int tp_vocab_split;      /* SPECD_TP_VOCAB_SPLIT=0 turns it off: lm_head replicated under TP */
     int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
     k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1 */

@@ -478,6 +478,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->no_fuse_norm = env_flag("SPECD_CUDA_NO_FUSE_NORM", 0);
     t->no_gemv = env_flag("SPECD_CUDA_NO_GEMV", 0);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
+    t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
     t->tp_shard_draft = env_flag("SPECD_TP_SHARD_DRAFT", 0);
     t->k = k_tuning_default;
@@ -525,7 +526,6 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->base.vocab = target->cfg.vocab;
     if (opts) r->opts = *opts;
     if (r->opts.world < 1) r->opts.world = 1;
-    r->base.forward_samples = r->opts.world == 1;   /* (ranks would each need the params) */
     runner_config *c = &r->base.cfg;
     if (c->block_size < 1 || c->max_batch < 1 || c->max_seq_len < 1 || c->max_tokens_per_step < 1 ||
         c->num_blocks < 0) {
@@ -553,6 +553,8 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     if (c->mem_fraction <= 0 || c->mem_fraction > 1) c->mem_fraction = 0.9;
     cuda_tuning_read(&r->tune, r->opts.world);
     k_set_tuning(&r->tune.k);
+    /* composed steps sample on the device (one GPU: ranks would each need the params) */
+    r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

@@ -8,6 +8,9 @@ same lengths, ignore_eos) at the same numbers of streams, for each server varian
   serial   this build with --overlap 0 --output-threads 1 (the old serving path's shape)
   base     an earlier binary (--base-bin), when given; only for file models (--model)
   http8    this build with 8 HTTP threads instead of 4
+  hostsample  this build with SPECD_CUDA_NO_FORWARD_SAMPLING=1 (composed steps copy
+           logits to the host and sample there); its engine figures are measured with
+           the same setting
 and prints HTTP out tok/s beside the engine figure, their ratio, ITL p99 against the
 step time, TTFT p50/p99 and the host cost per generated token. At the top level it also
 runs the client with twice the processes, to show the client is not the limit.
@@ -31,11 +34,11 @@ BENCH = os.path.join(HERE, "..", "..", "scripts", "bench.py")
 DEVICE = "cuda"
 
 
-def engine_rates(bin_, model_args, batches, out):
+def engine_rates(bin_, model_args, batches, out, env=None):
     cmd = [bin_, "bench", "--device", DEVICE, *model_args, "--batch", ",".join(map(str, batches)),
            "--prompt-len", "128", "--gen", "128", "--max-batch", str(max(batches)), "--max-seq-len", "512",
            "--json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     with open(out, "w") as f:
         f.write(p.stdout + p.stderr)
     rates = {}
@@ -46,10 +49,10 @@ def engine_rates(bin_, model_args, batches, out):
     return rates
 
 
-def serve(bin_, model_args, extra, port, log):
+def serve(bin_, model_args, extra, port, log, env=None):
     cmd = [bin_, "serve", "--device", DEVICE, *model_args, "--port", str(port), "--max-batch", "256",
            "--max-seq-len", "512", "--max-queued", "4096", "--log-level", "warn", *extra]
-    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     for _ in range(1200):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
@@ -100,9 +103,12 @@ def main():
         model_args, endpoint, kind, levels = configs[name]
         if a.levels:
             levels = [int(x) for x in a.levels.split(",")]
-        rates = engine_rates(a.bin, model_args, levels, os.path.join(a.out, f"engine_{name}.txt"))
+        base_rates = engine_rates(a.bin, model_args, levels, os.path.join(a.out, f"engine_{name}.txt"))
         for variant in a.variants.split(","):
-            bin_, extra = a.bin, []
+            bin_, extra, env, rates = a.bin, [], None, base_rates
+            if variant == "hostsample":
+                env = dict(os.environ, SPECD_CUDA_NO_FORWARD_SAMPLING="1")
+                rates = engine_rates(a.bin, model_args, levels, os.path.join(a.out, f"engine_{name}_host.txt"), env)
             if variant == "serial":
                 extra = ["--overlap", "0", "--output-threads", "1"]
             elif variant == "http8":
@@ -112,7 +118,7 @@ def main():
                     continue
                 bin_ = a.base_bin
             port += 1
-            srv = serve(bin_, model_args, extra, port, os.path.join(a.out, f"serve_{name}_{variant}.log"))
+            srv = serve(bin_, model_args, extra, port, os.path.join(a.out, f"serve_{name}_{variant}.log"), env)
             try:
                 runs = [(c, a.procs if c >= 64 else 1) for c in levels]
                 if variant == "new":
@@ -126,6 +132,7 @@ def main():
                     row = {"model": name, "variant": variant, "streams": conc, "procs": procs,
                            "http_tok_s": r["output_tokens_per_s"], "engine_tok_s": eng,
                            "ratio": r["output_tokens_per_s"] / eng if eng else None, "step_ms": step,
+                           "engine_prefill_tok_s": e.get("prefill_tok_s"),
                            "itl_p50_ms": r["itl_p50_ms"], "itl_p99_ms": r["itl_p99_ms"],
                            "ttft_p50_ms": r["ttft_p50_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
                            "host_us_per_token": r.get("host_us_per_token"), "failed": r["failed"]}
@@ -141,13 +148,13 @@ def main():
         json.dump(rows, f, indent=1)
     f = lambda v, nd=1: "-" if v is None else f"{v:.{nd}f}"
     print("\n| model | variant | streams | procs | HTTP out tok/s | engine tok/s | ratio | step ms | ITL p50/p99 ms "
-          "| TTFT p50/p99 ms | host us/tok | failed |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|")
+          "| TTFT p50/p99 ms | host us/tok | engine prefill tok/s | failed |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|")
     for r in rows:
         print(f"| {r['model']} | {r['variant']} | {r['streams']} | {r['procs']} | {f(r['http_tok_s'])} | "
               f"{f(r['engine_tok_s'])} | {f(r['ratio'], 3)} | {f(r['step_ms'], 2)} | {f(r['itl_p50_ms'], 2)} / "
               f"{f(r['itl_p99_ms'], 2)} | {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} | "
-              f"{f(r['host_us_per_token'], 2)} | {r['failed']} |")
+              f"{f(r['host_us_per_token'], 2)} | {f(r['engine_prefill_tok_s'])} | {r['failed']} |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -140,3 +141,23 @@ def sse_events(raw: bytes):
         assert "\n" not in block, f"multi-line SSE event {block!r}"
         out.append(block[len("data: "):])
     return out
+
+
+def concurrently(fn, items, timeout=600):
+    """fn(item) for every item, each on its own thread; results in order; fails with the
+    first errors if any call raised."""
+    got, errors = [None] * len(items), []
+
+    def run(i):
+        try:
+            got[i] = fn(items[i])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors[:3]
+    return got

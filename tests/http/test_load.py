@@ -8,7 +8,7 @@ import time
 
 import requests
 
-from conftest import TINY, sse_events
+from conftest import TINY, concurrently, sse_events
 
 PROMPTS = [[(7 * i + j) % 1000 + 1 for j in range(3 + i % 11)] for i in range(64)]
 
@@ -31,21 +31,7 @@ def stream_ids(srv, prompt, n_tokens):
 
 def test_64_concurrent_streams_match_solo_greedy(tiny):
     solo = [stream_ids(tiny, p, 24) for p in PROMPTS]
-    got = [None] * len(PROMPTS)
-    errors = []
-
-    def run(i):
-        try:
-            got[i] = stream_ids(tiny, PROMPTS[i], 24)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors[:3]
+    got = concurrently(lambda p: stream_ids(tiny, p, 24), PROMPTS, timeout=300)
     assert all(len(g) == 24 for g in got)
     assert got == solo
 

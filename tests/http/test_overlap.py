@@ -3,9 +3,8 @@ serial path: the same streamed bytes for many concurrent requests, nothing past 
 string / stop token / max_tokens ever reaching a client although the engine runs one step
 past a stop string, and the engine's KV back at its baseline afterwards."""
 import json
-import threading
 
-from conftest import SMOL, sse_events
+from conftest import SMOL, concurrently, sse_events
 from test_load import wait_for
 
 import pytest
@@ -47,24 +46,6 @@ def stream(srv, body):
             toks[i] += [t["token"] for t in c["logprobs"]["content"]]
         finish[i] = c["finish_reason"] or finish[i]
     return text, finish, toks, usage
-
-
-def concurrently(fn, items):
-    got, errors = [None] * len(items), []
-
-    def run(i):
-        try:
-            got[i] = fn(items[i])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert not errors, errors[:3]
-    return got
 
 
 def bodies():

@@ -1,9 +1,11 @@
 /* Sampling inside the runner's forward pass (runner_batch.sp, engine_step's composed
  * steps) against the engine's host sampler: the same requests, once plain (sampled in the
  * forward pass) and once with a feature that only the host path has and that does not
- * change the tokens (logprobs), must give identical tokens - greedy and seeded sampling
- * with top-k / top-p / min-p, alone and batched with prefill chunks and decode rows in the
- * same steps (requests admitted while others decode, a small token budget). */
+ * change the tokens (top logprobs), must give identical tokens - greedy and seeded
+ * sampling with top-k / top-p / min-p, alone and batched with prefill chunks and decode
+ * rows in the same steps (requests admitted while others decode, a small token budget).
+ * The chosen token's logprob, which the forward pass also returns, must equal the host's. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,11 +21,14 @@
 
 typedef struct {
     int32_t out[NREQ][MAXTOK];
+    float lp[NREQ][MAXTOK];
     int n[NREQ];
     engine_stats st;
 } run;
 
-static void sampling_of(int i, int host_feature, engine_sampling *sp) {
+/* mode 0: plain; 1: the chosen token's logprob (still sampled in the forward pass);
+ * 2: top logprobs (host sampling) */
+static void sampling_of(int i, int mode, engine_sampling *sp) {
     engine_sampling_defaults(sp);
     sp->max_tokens = MAXTOK;
     sp->ignore_eos = 1;
@@ -36,11 +41,11 @@ static void sampling_of(int i, int host_feature, engine_sampling *sp) {
         if (i % 3 == 1) sp->top_k = 20, sp->top_p = 0.9f;
         else sp->min_p = 0.05f;
     }
-    if (host_feature) sp->logprobs = 0;
+    if (mode) sp->logprobs = mode - 1;
 }
 
 /* Requests enter every other step, so prefill chunks share steps with decode rows. */
-static void run_all(int host_feature, int max_batch, run *r) {
+static void run_all(int mode, int max_batch, run *r) {
     char path[4096], err[1024] = "";
     snprintf(path, sizeof path, "%s/models/llama-tiny", fixtures_dir());
     engine_config c = {.model_path = path, .max_seq_len = 256, .max_batch = max_batch, .kv_bytes = 16u << 20,
@@ -55,7 +60,7 @@ static void run_all(int host_feature, int max_batch, run *r) {
             int np = 5 + 7 * added;   /* 5 .. 40 tokens: several need more than one chunk */
             for (int t = 0; t < np; t++) prompt[t] = (int32_t)((31 * added + 7 * t) % 1000 + 1);
             engine_sampling sp;
-            sampling_of(added, host_feature, &sp);
+            sampling_of(added, mode, &sp);
             assert_int_equal(engine_add(e, (uint64_t)added, prompt, np, &sp, err, sizeof err), 0);
             added++;
         }
@@ -63,7 +68,10 @@ static void run_all(int host_feature, int max_batch, run *r) {
         assert_int_equal(engine_step(e, &o), 0);
         for (int k = 0; k < o.n_events; k++) {
             const engine_event *ev = &o.events[k];
-            for (int t = 0; t < ev->n_tokens; t++) r->out[ev->req_id][r->n[ev->req_id]++] = ev->tokens[t].id;
+            for (int t = 0; t < ev->n_tokens; t++) {
+                r->lp[ev->req_id][r->n[ev->req_id]] = ev->tokens[t].logprob;
+                r->out[ev->req_id][r->n[ev->req_id]++] = ev->tokens[t].id;
+            }
         }
     }
     engine_get_stats(e, &r->st);
@@ -73,19 +81,29 @@ static void run_all(int host_feature, int max_batch, run *r) {
 static void test_forward_sampling_equals_host_sampling(void **s) {
     (void)s;
     for (int mb = 1; mb <= NREQ; mb += NREQ - 1) {   /* one at a time, then all batched */
-        run dev, host;
+        static run dev, devlp, host;
         run_all(0, mb, &dev);
-        run_all(1, mb, &host);
+        run_all(1, mb, &devlp);
+        run_all(2, mb, &host);
         assert_true(dev.st.steps_forward_sampled > 0);
+        assert_int_equal(devlp.st.steps_forward_sampled, dev.st.steps_forward_sampled);
         assert_int_equal(host.st.steps_forward_sampled, 0);
+        double worst = 0;
         for (int i = 0; i < NREQ; i++) {
             assert_int_equal(dev.n[i], MAXTOK);
             assert_int_equal(host.n[i], MAXTOK);
             assert_memory_equal(dev.out[i], host.out[i], sizeof(int32_t) * MAXTOK);
+            assert_memory_equal(devlp.out[i], host.out[i], sizeof(int32_t) * MAXTOK);
+            for (int t = 0; t < MAXTOK; t++) {
+                assert_true(host.lp[i][t] < 0);
+                double d = fabs((double)devlp.lp[i][t] - host.lp[i][t]);
+                if (d > worst) worst = d;
+            }
         }
-        printf("  max_batch %d: %d requests x %d tokens equal; %llu of %llu composed steps sampled in the "
-               "forward pass\n", mb, NREQ, MAXTOK, (unsigned long long)dev.st.steps_forward_sampled,
-               (unsigned long long)dev.st.steps_composed);
+        assert_true(worst <= 1e-6);
+        printf("  max_batch %d: %d requests x %d tokens equal, chosen-token logprobs within %.1e; %llu of %llu "
+               "composed steps sampled in the forward pass\n", mb, NREQ, MAXTOK, worst,
+               (unsigned long long)dev.st.steps_forward_sampled, (unsigned long long)dev.st.steps_composed);
     }
 }
 

@@ -179,10 +179,11 @@ static int alloc_buffers(engine *e) {
     e->dec_slots = malloc((size_t)B * sizeof(int));
     e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
     e->dec_out = malloc((size_t)B * sizeof(int32_t));
+    e->dec_lp = malloc((size_t)B * sizeof(float));
     e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
     e->spec_n = malloc((size_t)B * sizeof(int));
-    if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_sp || !e->spec_out || !e->spec_n)
+    if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -413,6 +414,7 @@ void engine_destroy(engine *e) {
     free(e->dec_slots);
     free(e->dec_tokens);
     free(e->dec_out);
+    free(e->dec_lp);
     free(e->dec_sp);
     free(e->spec_out);
     free(e->spec_n);

@@ -72,6 +72,7 @@ struct engine {
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
     int *dec_slots;              /* on-device decode fast path: (max_batch) each */
     int32_t *dec_tokens, *dec_out;
+    float *dec_lp;               /* (max_batch) the chosen tokens' logprobs from the device */
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
     int *spec_n;                 /* (max_batch) */
     runner_sampling *dec_sp;

@@ -79,11 +79,14 @@ static int is_eos(const engine *e, int32_t t) {
     return 0;
 }
 
-/* Record one emitted token (logprobs from the raw target logits). Returns a finish
- * reason when this token ends the request. */
-static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, const float *raw) {
+/* Record one emitted token (logprobs from the raw target logits, or the chosen token's
+ * logprob as the device computed it when dev_lp is given). Returns a finish reason when
+ * this token ends the request. */
+static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, const float *raw,
+                                const float *dev_lp) {
     engine_token *et = &ev->tokens[ev->n_tokens++];
     et->id = t;
+    if (dev_lp && r->sp.logprobs == 0) et->logprob = *dev_lp;
     if (raw && r->sp.logprobs >= 0) {
         et->logprob = sample_logprob(raw, e->vocab, t);
         if (r->sp.logprobs > 0)
@@ -217,15 +220,18 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
     e->run->ops->slot_set_len(e->run, s->slot, RUNNER_DRAFT, dlen < new_len ? dlen : new_len);
     s->n_computed = new_len;
     engine_finish f = ENGINE_RUNNING;
-    for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out[j], L + (size_t)j * V);
+    for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out[j], L + (size_t)j * V, NULL);
     return f;
 }
 
 /* The one list of sampling features the device sampler lacks (penalties, logit bias,
- * logprobs, min_tokens, recorded logits): a request that uses one is sampled on the host. */
-static int needs_host_sampling(const req *r) {
-    return r->record || r->sp.logprobs >= 0 || r->sp.n_logit_bias || r->sp.presence_penalty != 0 ||
-           r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens;
+ * top logprobs, min_tokens, recorded logits): a request that uses one is sampled on the
+ * host. The chosen token's logprob is a device feature where the path returns it
+ * (decode and the forward pass do; the speculative step does not). */
+static int needs_host_sampling(const req *r, int path_has_logprob) {
+    return r->record || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
+           r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f ||
+           r->n_out < r->sp.min_tokens;
 }
 
 static runner_sampling device_sampling(const req *r) {
@@ -240,7 +246,7 @@ static int device_decode_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r)) return 0;
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1)) return 0;
     }
     return 1;
 }
@@ -250,7 +256,7 @@ static int device_decode_ok(const engine *e, int n) {
 static int forward_sampling_ok(const engine *e, int n) {
     if (!e->run->forward_samples || e->k > 0) return 0;
     for (int i = 0; i < n; i++)
-        if (needs_host_sampling(e->plan[i].r)) return 0;
+        if (needs_host_sampling(e->plan[i].r, 1)) return 0;
     return 1;
 }
 
@@ -262,7 +268,7 @@ static int device_decode(engine *e, int n, engine_output *out) {
         e->dec_sp[i] = device_sampling(r);
     }
     runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
-                              .out_tokens = e->dec_out, .out_logprobs = NULL};
+                              .out_tokens = e->dec_out, .out_logprobs = e->dec_lp};
     int rc = e->run->ops->decode(e->run, &db);
     if (rc) return rc;
     for (int i = 0; i < n; i++) {
@@ -270,7 +276,7 @@ static int device_decode(engine *e, int n, engine_output *out) {
         sched_seq *s = &r->seq;
         s->n_computed += 1;
         engine_event *ev = new_event(e, out, r);
-        engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL);
+        engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL, &e->dec_lp[i]);
         kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed);
         ev->finish = f;
         fill_counts(ev, r);
@@ -286,7 +292,7 @@ static int runner_spec_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (!p->spec || r->seq.n_tokens < 2 || needs_host_sampling(r)) return 0;
+        if (!p->spec || r->seq.n_tokens < 2 || needs_host_sampling(r, 0)) return 0;
     }
     return 1;
 }
@@ -315,7 +321,8 @@ static int runner_spec(engine *e, int n, engine_output *out) {
         s->n_computed = L + m;
         engine_event *ev = new_event(e, out, r);
         engine_finish f = ENGINE_RUNNING;
-        for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out_tok[i * (k + 1) + j], NULL);
+        for (int j = 0; j < m && f == ENGINE_RUNNING; j++)
+            f = emit_token(e, r, ev, out_tok[i * (k + 1) + j], NULL, NULL);
         int dlen = L + k < L + m ? L + k : L + m;
         kv_seq_commit(e->kv, &s->kv, s->tokens, dlen < s->n_computed ? dlen : s->n_computed);
         ev->finish = f;
@@ -429,6 +436,7 @@ int engine_step(engine *e, engine_output *out) {
             if (e->plan[i].target_logits) e->dec_sp[e->plan[i].logits_off] = device_sampling(e->plan[i].r);
         tb.sp = e->dec_sp;
         tb.out_tokens = e->dec_out;
+        tb.out_logprobs = e->dec_lp;
         e->st.steps_forward_sampled++;
     }
     if (n && (rc = runner_forward(e->run, &tb))) goto fail;
@@ -447,13 +455,13 @@ int engine_step(engine *e, engine_output *out) {
             s->n_computed += p->n_new;
             if (p->target_logits && on_device) {
                 ev = new_event(e, out, r);
-                f = emit_token(e, r, ev, e->dec_out[p->logits_off], NULL);
+                f = emit_token(e, r, ev, e->dec_out[p->logits_off], NULL, &e->dec_lp[p->logits_off]);
             } else if (p->target_logits) {
                 float *lg = e->logits + (size_t)p->logits_off * V;
                 memcpy(e->work, lg, (size_t)V * sizeof(float));
                 int32_t t = sample_row(e, r, e->work, s->tokens, s->n_tokens);
                 ev = new_event(e, out, r);
-                f = emit_token(e, r, ev, t, lg);
+                f = emit_token(e, r, ev, t, lg, NULL);
             }
         }
         int dlen = e->k ? e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT) : s->n_computed;

@@ -123,6 +123,8 @@ typedef struct {
      * returned (CUDA: no vocab-wide copy to the host; CPU: the buffer is scratch). */
     const runner_sampling *sp;
     int32_t *out_tokens;
+    float *out_logprobs;     /* with sp, may be NULL: log softmax of the raw logits at the
+                              * sampled token, per logits row */
 } runner_batch;
 
 typedef struct runner runner;

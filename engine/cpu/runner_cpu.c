@@ -81,6 +81,7 @@ typedef struct {
     float *sp_res;          /* (vocab) */
     int *sp_scratch;        /* (vocab) */
     int *fs_scratch;        /* (vocab) forward sampling */
+    float *fs_raw;          /* (vocab) its raw logits, for the chosen token's logprob */
 } cpu_runner;
 
 /* ---- math kernels ------------------------------------------------------------------ */
@@ -490,8 +491,12 @@ static int cpu_forward(runner *base, const runner_batch *b) {
         matmul(r, b->logits, r->xn, m->lm_head, NULL, n_out, D, c->vocab);
         /* Sampled here exactly as the engine samples on the host (the reference for what
          * the CUDA runner does on the device); the logits buffer is the scratch. */
-        for (int i = 0; b->sp && i < n_out; i++)
-            b->out_tokens[i] = sample_row_in_place(b->logits + (size_t)i * c->vocab, c->vocab, &b->sp[i], r->fs_scratch);
+        for (int i = 0; b->sp && i < n_out; i++) {
+            float *lg = b->logits + (size_t)i * c->vocab;
+            if (b->out_logprobs) memcpy(r->fs_raw, lg, sizeof(float) * (size_t)c->vocab);
+            b->out_tokens[i] = sample_row_in_place(lg, c->vocab, &b->sp[i], r->fs_scratch);
+            if (b->out_logprobs) b->out_logprobs[i] = sample_logprob(r->fs_raw, c->vocab, b->out_tokens[i]);
+        }
     }
     for (int i = 0; i < b->n_rows; i++) r->len[b->which][b->rows[i].slot] += b->rows[i].n_new;
     return 0;
@@ -660,6 +665,7 @@ static void cpu_destroy(runner *base) {
     free(r->sp_res);
     free(r->sp_scratch);
     free(r->fs_scratch);
+    free(r->fs_raw);
     tp_destroy(r->pool);
     free(r);
 }
@@ -776,8 +782,9 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->tok_slot = malloc(T * sizeof(int));
     r->out_tok = malloc(T * sizeof(int));
     r->fs_scratch = malloc((size_t)r->base.vocab * sizeof(int));
+    r->fs_raw = malloc((size_t)r->base.vocab * sizeof(float));
     if (!r->x || !r->xn || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u ||
-        !r->tok_pos || !r->tok_slot || !r->out_tok || !r->fs_scratch)
+        !r->tok_pos || !r->tok_slot || !r->out_tok || !r->fs_scratch || !r->fs_raw)
         goto oom;
     r->base.forward_samples = cfg->tp_world <= 1;
     if (draft && cfg->num_draft_tokens > 0) {

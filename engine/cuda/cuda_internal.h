@@ -135,6 +135,7 @@ typedef struct {
     void *d_dec_out, *h_dec_out;   /* tok[MB] int32 | logprob[MB] float */
     void *d_fs_par, *h_fs_par;     /* eager forward sampling: k_sample_params [T] */
     int32_t *d_fs_tok, *h_fs_tok;  /* its tokens [T] */
+    float *d_fs_lp, *h_fs_lp;      /* and their logprobs [T] */
     int n_graphs;
     int graph_sizes[64];
     cudaGraphExec_t graphs[64];

@@ -155,20 +155,25 @@ static int cuda_forward(runner *base, const runner_batch *b) {
             if (cuda_enqueue_logits(r, which, dm + META_LOGIT_ROWS * T + o, cnt)) return SPECD_ECUDA;
             if (b->sp)
                 K_CHECK(r, k_sample(r->d_logits, cnt, vocab, (const k_sample_params *)r->d_fs_par + o,
-                                    r->d_fs_tok + o, NULL, s));
+                                    r->d_fs_tok + o, r->d_fs_lp + o, s));
             else
                 CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
                                             (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
         }
-        if (b->sp && n_out)
+        if (b->sp && n_out) {
             CU_CHECK(r, cudaMemcpyAsync(r->h_fs_tok, r->d_fs_tok, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
+            CU_CHECK(r, cudaMemcpyAsync(r->h_fs_lp, r->d_fs_lp, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
+        }
         K_CHECK(r, k_advance_lens(r->d_lens, dm + META_ROW_SLOT * T, dm + META_ROW_N_NEW * T, nr,
                                   which, r->dummy, s));
         CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * r->dummy, 0, 2 * sizeof(int32_t), s));
     }
     int rc_sync = cuda_step_sync(r);
     if (rc_sync) return rc_sync;
-    if (b->sp && nr > 0) memcpy(b->out_tokens, r->h_fs_tok, (size_t)n_out * sizeof(int32_t));
+    if (b->sp && nr > 0) {
+        memcpy(b->out_tokens, r->h_fs_tok, (size_t)n_out * sizeof(int32_t));
+        if (b->out_logprobs) memcpy(b->out_logprobs, r->h_fs_lp, (size_t)n_out * sizeof(float));
+    }
     for (int i = 0; i < nr; i++)
         if (row_slot[i] != r->dummy) r->h_len[row_slot[i] * 2 + which] += row_n[i];
     r->h_len[r->dummy * 2] = r->h_len[r->dummy * 2 + 1] = 0;
@@ -309,7 +314,7 @@ static void cuda_destroy(runner *base) {
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
-                   r->d_fs_par, r->d_fs_tok};
+                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (r->h_meta) cudaFreeHost(r->h_meta);
@@ -317,6 +322,7 @@ static void cuda_destroy(runner *base) {
     if (r->h_dec_out) cudaFreeHost(r->h_dec_out);
     if (r->h_fs_par) cudaFreeHost(r->h_fs_par);
     if (r->h_fs_tok) cudaFreeHost(r->h_fs_tok);
+    if (r->h_fs_lp) cudaFreeHost(r->h_fs_lp);
     if (r->blas) cublasDestroy(r->blas);
     if (r->stream) cudaStreamDestroy(r->stream);
     free(r->h_bt);
@@ -401,6 +407,7 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))) ||
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
         dmalloc(r, &r->d_fs_par, (size_t)T * sizeof(k_sample_params)) || dmalloc(r, &r->d_fs_tok, (size_t)T * 4) ||
+        dmalloc(r, &r->d_fs_lp, (size_t)T * 4) ||
         dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
         dmalloc(r, &r->d_xg, (size_t)CUDA_GEMV_MAX_ROWS * hid * 2) ||
         dmalloc(r, &r->d_ss, (size_t)2 * r->ss_layers * CUDA_GEMV_MAX_ROWS * sizeof(unsigned long long)) ||
@@ -412,6 +419,7 @@ static int alloc_work(cuda_runner *r) {
     CU_CHECK(r, cudaMallocHost(&r->h_dec_out, (size_t)MB * 8));
     CU_CHECK(r, cudaMallocHost(&r->h_fs_par, (size_t)T * sizeof(k_sample_params)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_tok, (size_t)T * 4));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_lp, (size_t)T * 4));
     memset(r->h_meta, 0, (size_t)META_N * T * 4);
     r->h_bt = calloc(slots * r->max_blocks, sizeof(int32_t));
     r->h_len = calloc(slots * 2, sizeof(int));

@@ -299,6 +299,7 @@ static void test_forward_sampling_matches_returned_logits(void **s) {
     int n = g->n_prompts, tok_total = 0;
     runner_row rows[8];
     int32_t *tokens = malloc(sizeof(int32_t) * 512), out[8];
+    float lp[8];
     float *logits = malloc(sizeof(float) * (size_t)f.vocab * n);
     for (int p = 0; p < n; p++) {
         rows[p] = (runner_row){.slot = p, .n_new = g->len[p], .tok_off = tok_total, .n_logits = 1, .logits_off = p};
@@ -313,16 +314,24 @@ static void test_forward_sampling_matches_returned_logits(void **s) {
                                       .seed = 7 + (uint64_t)p, .counter = 3};
         for (int p = 0; p < n; p++) out[p] = -1;
         runner_batch b = {.which = RUNNER_TARGET, .n_rows = n, .rows = rows, .tokens = tokens, .n_tokens = tok_total,
-                          .logits = logits, .sp = pass ? sp : NULL, .out_tokens = pass ? out : NULL};
+                          .logits = logits, .sp = pass ? sp : NULL, .out_tokens = pass ? out : NULL,
+                          .out_logprobs = pass ? lp : NULL};
         int rc = runner_forward(f.r, &b);
         if (rc) fail_msg("forward (pass %d): %d %s", pass, rc, cuda_runner_error(f.r));
         for (int p = 0; pass && p < n; p++) {
             int want = argmax(logits + (size_t)p * f.vocab, f.vocab);   /* from pass 0 */
             if (out[p] != want) fail_msg("pass %d row %d: sampled %d, argmax %d", pass, p, out[p], want);
+            /* the chosen token's log softmax, from the logits pass 0 returned */
+            const float *lg = logits + (size_t)p * f.vocab;
+            double mx = lg[0], z = 0;
+            for (int v = 1; v < f.vocab; v++) mx = lg[v] > mx ? lg[v] : mx;
+            for (int v = 0; v < f.vocab; v++) z += exp(lg[v] - mx);
+            double ref = lg[want] - mx - log(z);
+            if (fabs(lp[p] - ref) > 1e-4) fail_msg("pass %d row %d: logprob %.6f, host %.6f", pass, p, lp[p], ref);
         }
         for (int p = 0; p < n; p++) assert_int_equal(f.r->ops->slot_get_len(f.r, p, RUNNER_TARGET), g->len[p]);
     }
-    printf("    forward sampling: %d rows, greedy and top_k 1 equal the logits' argmax\n", n);
+    printf("    forward sampling: %d rows, greedy and top_k 1 equal the logits' argmax, logprobs within 1e-4\n", n);
     free(tokens);
     free(logits);
     fixture_close(&f);

@@ -487,7 +487,7 @@ static enum MHD_Result close_with(conn_ctx *x, int status, const char *msg, int 
     json_t *v = api_error_json(&e);
     char *s = json_dumps(v, JSON_COMPACT);
     json_decref(v);
-    if (status != 503) metrics_http_error(x->srv->m, status);   /* busy: counted by the caller */
+    metrics_http_error(x->srv->m, status);
     x->replied = 1;
     x->status = status;
     struct MHD_Response *resp = s ? MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE) : NULL;
@@ -630,10 +630,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = x;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         x->gc = ci ? ci->socket_context : NULL;
-        if (guard_over_cap(s->guard)) {
-            metrics_http_error(s->m, 503);
-            return reply_busy(x);
-        }
+        if (guard_over_cap(s->guard)) return reply_busy(x);
         enum MHD_Result ret;
         if (precheck(x, url, method, &ret)) return ret;
         return MHD_YES;

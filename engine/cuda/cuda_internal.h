@@ -80,6 +80,12 @@ typedef struct {
     int skip_dummy_reset;    /* SPECD_DEBUG_SKIP_DUMMY_RESET=1: spec graphs keep the dummy slot */
 } cuda_tuning;
 
+/* The device sampler's parameters for a row's runner_sampling. */
+static inline k_sample_params cuda_sample_params(const runner_sampling *x) {
+    return (k_sample_params){.temperature = x->temperature, .top_p = x->top_p, .min_p = x->min_p,
+                             .top_k = x->top_k, .seed = x->seed, .counter = x->counter};
+}
+
 /* Fill t from the environment; prints a warning for each debug switch that is on. */
 void cuda_tuning_read(cuda_tuning *t, int world);
 

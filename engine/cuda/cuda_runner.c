@@ -144,10 +144,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         if ((rc = cuda_enqueue_pass(r, &p))) return rc == SPECD_EUNSUPPORTED ? rc : SPECD_ECUDA;
         k_sample_params *par = r->h_fs_par;
         if (b->sp) {   /* sample on the device: only token ids come back */
-            for (int o = 0; o < n_out; o++)
-                par[o] = (k_sample_params){.temperature = b->sp[o].temperature, .top_p = b->sp[o].top_p,
-                                           .min_p = b->sp[o].min_p, .top_k = b->sp[o].top_k,
-                                           .seed = b->sp[o].seed, .counter = b->sp[o].counter};
+            for (int o = 0; o < n_out; o++) par[o] = cuda_sample_params(&b->sp[o]);
             CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)n_out * sizeof *par, cudaMemcpyHostToDevice, s));
         }
         for (int o = 0; o < n_out; o += r->LR) {

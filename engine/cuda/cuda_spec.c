@@ -208,12 +208,7 @@ static void fill_in(cuda_runner *r, const runner_spec_batch *b, int B) {
             tokens[2 * i] = b->tokens[2 * i];
             tokens[2 * i + 1] = b->tokens[2 * i + 1];
             slots[i] = b->slots[i];
-            if (b->sp) {
-                const runner_sampling *x = &b->sp[i];
-                q = (k_sample_params){.temperature = x->temperature, .top_p = x->top_p,
-                                      .min_p = x->min_p, .top_k = x->top_k, .seed = x->seed,
-                                      .counter = x->counter};
-            }
+            if (b->sp) q = cuda_sample_params(&b->sp[i]);
         } else {
             tokens[2 * i] = tokens[2 * i + 1] = 0;
             slots[i] = r->dummy;

@@ -258,15 +258,7 @@ static void fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B) {
         if (i < n) {
             tokens[i] = b->tokens[i];
             slots[i] = b->slots[i];
-            if (b->sp) {
-                const runner_sampling *x = &b->sp[i];
-                q.temperature = x->temperature;
-                q.top_p = x->top_p;
-                q.min_p = x->min_p;
-                q.top_k = x->top_k;
-                q.seed = x->seed;
-                q.counter = x->counter;
-            }
+            if (b->sp) q = cuda_sample_params(&b->sp[i]);
         } else {
             tokens[i] = 0;
             slots[i] = r->dummy;

@@ -492,12 +492,83 @@ static void test_q6_k_known_values(void **state) {
     assert_memory_equal(out, want, sizeof want);
 }
 
+/* Q5_0 / Q5_1 blocks from d (and m) and 32 5-bit codes: low nibbles in qs (element j low,
+ * j + 16 high), the fifth bits in the 32-bit qh (bit j for element j). */
+static void pack_q5(float d, float m, int has_min, const int *q, uint8_t *out) {
+    uint16_t hd = f16_exact(d), hm = f16_exact(m);
+    memcpy(out, &hd, 2);
+    if (has_min) memcpy(out + 2, &hm, 2);
+    uint8_t *p = out + (has_min ? 4 : 2), *qs = p + 4;
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(qh >> (8 * i));
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 0xf) | (q[j + 16] & 0xf) << 4);
+}
+
+/* Q5_K: Q4_K's packing of scales, mins and low nibbles, plus qh[32] of fifth bits. */
+static void pack_q5_k(float d, float dmin, const int *sc, const int *mn, const int *q, uint8_t *out) {
+    int lo[256];
+    uint8_t q4[144];
+    for (int e = 0; e < 256; e++) lo[e] = q[e] & 0xf;
+    pack_q4_k(d, dmin, sc, mn, lo, q4);
+    memcpy(out, q4, 16);            /* d, dmin, scales */
+    memcpy(out + 48, q4 + 16, 128); /* nibbles */
+    uint8_t *qh = out + 16;
+    memset(qh, 0, 32);
+    for (int e = 0; e < 256; e++)   /* sub-block e / 32 owns bit e / 32 of qh[e % 32] */
+        qh[e % 32] |= (uint8_t)((q[e] >> 4) << (e / 32));
+}
+
+static void test_q5_0_q5_1_q5_k_known_values(void **state) {
+    (void)state;
+    enum { R = 2, C = 256 };
+    uint8_t b50[R * C / 32][22], b51[R * C / 32][24], b5k[R * C / 256][176];
+    float w50[R * C], w51[R * C], w5k[R * C];
+    for (int b = 0; b < R * C / 32; b++) {
+        int q[32];
+        float d = 0.125f * (float)(b + 1), m = -0.5f * (float)(b % 5);
+        for (int j = 0; j < 32; j++) q[j] = j == 0 ? 0 : j == 1 ? 31 : (j * 11 + b * 5) % 32;   /* both ends */
+        pack_q5(d, 0, 0, q, b50[b]);
+        pack_q5(d, m, 1, q, b51[b]);
+        for (int j = 0; j < 32; j++) {
+            w50[b * 32 + j] = d * (float)(q[j] - 16);
+            w51[b * 32 + j] = d * (float)q[j] + m;
+        }
+    }
+    for (int b = 0; b < R * C / 256; b++) {
+        float d = 0.25f + 0.125f * (float)b, dmin = 0.5f * (float)(b + 1);
+        int sc[8], mn[8], q[256];
+        for (int j = 0; j < 8; j++) {
+            sc[j] = (j * 17 + b * 3 + 1) % 64;
+            mn[j] = 63 - (j * 5 + b * 9) % 64;
+        }
+        for (int e = 0; e < 256; e++) q[e] = (e * 13 + b * 7 + e / 32) % 32;
+        pack_q5_k(d, dmin, sc, mn, q, b5k[b]);
+        for (int e = 0; e < 256; e++)
+            w5k[b * 256 + e] = d * (float)sc[e / 32] * (float)q[e] - dmin * (float)mn[e / 32];
+    }
+    gw w;
+    gw_init(&w);
+    gw_tensor(&w, "q50", GGML_Q5_0, 2, C, R, b50, sizeof b50);
+    gw_tensor(&w, "q51", GGML_Q5_1, 2, C, R, b51, sizeof b51);
+    gw_tensor(&w, "q5k", GGML_Q5_K, 2, C, R, b5k, sizeof b5k);
+    gw_write(&w, tmp_path, NULL);
+    gw_free(&w);
+    float out[R * C];
+    dequant_file_tensor("q50", TDT_Q5_0, R, C, out);
+    assert_memory_equal(out, w50, sizeof w50);
+    dequant_file_tensor("q51", TDT_Q5_1, R, C, out);
+    assert_memory_equal(out, w51, sizeof w51);
+    dequant_file_tensor("q5k", TDT_Q5_K, R, C, out);
+    assert_memory_equal(out, w5k, sizeof w5k);
+}
+
 static void test_dequantize_rejects_partial_blocks_and_unknown_types(void **state) {
     (void)state;
     uint8_t b[34] = {0};
     float y[32];
     assert_int_equal(ggml_dequantize(GGML_Q8_0, b, y, 31), SPECD_EINVAL);
-    assert_int_equal(ggml_dequantize((ggml_type)13 /* Q5_K */, b, y, 256), SPECD_EUNSUPPORTED);
+    assert_int_equal(ggml_dequantize((ggml_type)11 /* Q3_K */, b, y, 256), SPECD_EUNSUPPORTED);
     assert_true(ggml_fp16_to_f32(0x7e00) != ggml_fp16_to_f32(0x7e00));   /* NaN */
     assert_true(ggml_fp16_to_f32(0x0400) == 6.103515625e-05f);            /* min normal */
     assert_true(ggml_fp16_to_f32(0x03ff) == 6.097555160522461e-05f);      /* max subnormal */
@@ -509,7 +580,7 @@ typedef struct {
     const char *arch;
     int layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
     int untied, bias, qk_norm, key_length;   /* key_length: write attention.key_length */
-    int skip_ffn_up, bad_ffn_up_shape, q5k_gate;
+    int skip_ffn_up, bad_ffn_up_shape, q3k_gate;
     int eot;
     int rope_dims, vocab_key;                /* write rope.dimension_count / vocab_size */
     const float *wq, *wk;                    /* stored rows as written (may be permuted) */
@@ -585,10 +656,10 @@ static void write_tiny(const tiny_gguf *t) {
             add_f32(&w, TN("attn_k_norm.weight"), 1, t->head_dim, NULL, 19 + l);
         }
         add_f32(&w, TN("ffn_norm.weight"), 1, H, NULL, 20 + l);
-        if (t->q5k_gate) {
-            size_t nb = (size_t)t->ffn * (size_t)H / 256 * 176;
+        if (t->q3k_gate) {
+            size_t nb = (size_t)t->ffn * (size_t)H / 256 * 110;
             uint8_t *z = calloc(1, nb);
-            gw_tensor(&w, TN("ffn_gate.weight"), 13 /* Q5_K */, 2, (uint64_t)H, (uint64_t)t->ffn, z, nb);
+            gw_tensor(&w, TN("ffn_gate.weight"), 11 /* Q3_K */, 2, (uint64_t)H, (uint64_t)t->ffn, z, nb);
             free(z);
         } else {
             add_f32(&w, TN("ffn_gate.weight"), t->ffn, H, NULL, 21 + l);
@@ -808,9 +879,9 @@ static void test_gguf_model_errors_name_file_and_problem(void **state) {
     t = tiny_llama();
     t.hidden = 256;
     t.head_dim = 64;
-    t.q5k_gate = 1;
+    t.q3k_gate = 1;
     write_tiny(&t);
-    expect_load_error("tensor blk.0.ffn_gate.weight has type Q5_K");
+    expect_load_error("tensor blk.0.ffn_gate.weight has type Q3_K");
     t = tiny_llama();
     t.kv_heads = 3;
     write_tiny(&t);
@@ -1006,6 +1077,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_q8_0_q4_0_q4_1_known_values, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_q4_k_known_values, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_q6_k_known_values, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_q5_0_q5_1_q5_k_known_values, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_dequantize_rejects_partial_blocks_and_unknown_types),
         cmocka_unit_test_setup_teardown(test_gguf_llama_config_from_metadata, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_gguf_qwen_variants, setup_tmp, teardown_tmp),

@@ -18,7 +18,9 @@
 
 #define LOGIT_TOL 1e-4
 
-static const char *const models[] = {"llama-tiny", "qwen2-tiny", "qwen3-tiny", "llama-draft", "mistral-swa-tiny"};
+static const char *const models[] = {"llama-tiny",   "qwen2-tiny",    "qwen3-tiny",
+                                     "llama-draft",  "mistral-swa-tiny", "gemma3-tiny",
+                                     "qwen3moe-tiny", "mixtral-tiny",  "phi3-tiny"};
 
 static engine *open_engine(const char *name, int max_batch) {
     char path[4096], err[1024] = "";
@@ -112,6 +114,11 @@ static void test_golden_llama_tiny(void **st) { (void)st; check_model("llama-tin
 static void test_golden_qwen2_tiny(void **st) { (void)st; check_model("qwen2-tiny", 0); }
 static void test_golden_qwen3_tiny(void **st) { (void)st; check_model("qwen3-tiny", 0); }
 static void test_golden_llama_draft(void **st) { (void)st; check_model("llama-draft", 0); }
+static void test_golden_mistral_swa_tiny(void **st) { (void)st; check_model("mistral-swa-tiny", 0); }
+static void test_golden_gemma3_tiny(void **st) { (void)st; check_model("gemma3-tiny", 0); }
+static void test_golden_qwen3moe_tiny(void **st) { (void)st; check_model("qwen3moe-tiny", 0); }
+static void test_golden_mixtral_tiny(void **st) { (void)st; check_model("mixtral-tiny", 0); }
+static void test_golden_phi3_tiny(void **st) { (void)st; check_model("phi3-tiny", 0); }
 
 static void test_golden_concurrent_batch_matches_single(void **st) {
     (void)st;
@@ -225,6 +232,11 @@ int main(void) {
         cmocka_unit_test(test_golden_qwen2_tiny),
         cmocka_unit_test(test_golden_qwen3_tiny),
         cmocka_unit_test(test_golden_llama_draft),
+        cmocka_unit_test(test_golden_mistral_swa_tiny),
+        cmocka_unit_test(test_golden_gemma3_tiny),
+        cmocka_unit_test(test_golden_qwen3moe_tiny),
+        cmocka_unit_test(test_golden_mixtral_tiny),
+        cmocka_unit_test(test_golden_phi3_tiny),
         cmocka_unit_test(test_golden_concurrent_batch_matches_single),
         cmocka_unit_test(test_golden_all_positions),
         cmocka_unit_test(test_pool_ignores_max_position_embeddings),

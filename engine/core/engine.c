@@ -103,6 +103,14 @@ static int load_draft(engine *e, char *err, size_t errlen) {
     return 0;
 }
 
+/* Add a token id to the stop set once (ignoring -1 and a full set). */
+static void add_stop_id(engine *e, int id) {
+    if (id < 0 || e->n_eos >= (int)(sizeof e->eos / sizeof e->eos[0])) return;
+    for (int i = 0; i < e->n_eos; i++)
+        if (e->eos[i] == id) return;
+    e->eos[e->n_eos++] = id;
+}
+
 static int load_tokenizer(engine *e, char *err, size_t errlen) {
     const char *tp = e->cfg.tokenizer_path ? e->cfg.tokenizer_path : e->cfg.model_path;
     char terr[512] = "";
@@ -123,11 +131,14 @@ static int load_tokenizer(engine *e, char *err, size_t errlen) {
         e->tmpl = tmpl_parse(t, strlen(t), terr, sizeof terr);
         if (!e->tmpl) fprintf(stderr, "specd: chat template does not parse (%s): chat disabled\n", terr);
     }
-    int eos = tok_eos_id(e->tok);
-    if (eos >= 0 && e->n_eos < MODEL_MAX_EOS + 1) {
-        int dup = 0;
-        for (int i = 0; i < e->n_eos; i++) dup |= e->eos[i] == eos;
-        if (!dup) e->eos[e->n_eos++] = eos;
+    add_stop_id(e, tok_eos_id(e->tok));
+    /* A chat model stops at its end-of-turn token; GGUF files name it in eot_token_id
+     * (read by the model loader), but many converters leave it out (Gemma 3's, ...).
+     * The families' end-of-turn tokens, when the vocabulary has them as special tokens. */
+    static const char *const eot[] = {"<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>"};
+    for (size_t i = 0; i < sizeof eot / sizeof eot[0]; i++) {
+        int id = tok_token_id(e->tok, eot[i], strlen(eot[i]));
+        if (id >= 0 && id < e->vocab && tok_is_special(e->tok, id)) add_stop_id(e, id);
     }
     return 0;
 }

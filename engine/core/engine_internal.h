@@ -52,7 +52,7 @@ struct engine {
     runner *run;
     int k;                       /* draft tokens per step (0: no speculation) */
     int vocab;
-    int32_t eos[MODEL_MAX_EOS + 1];
+    int32_t eos[MODEL_MAX_EOS + 5];  /* model, tokenizer and end-of-turn stop ids */
     int n_eos;
 
     req **reqs;                  /* live requests (unordered) */

@@ -2,10 +2,14 @@
  *
  * It reads like a textbook forward pass (llama2.c is the model): embed, then per layer
  * RMSNorm -> QKV (+bias) -> q/k norm -> rotary -> KV write through the block table ->
- * causal attention over the slot's context -> output projection -> residual, RMSNorm ->
- * SiLU(gate) * up -> down -> residual; final norm and lm_head only where logits are
- * wanted. Matrix-vector work is spread over the thread pool by output rows; attention
- * by (token, head). Numbers match HF transformers' fp32 forward to ~1e-5.
+ * causal attention over the slot's context (or its sliding window) -> output projection
+ * -> residual, RMSNorm -> act(gate) * up -> down -> residual; final norm and lm_head only
+ * where logits are wanted. The families' variations are explicit in cpu_forward: Gemma 3's
+ * scaled embeddings, (1 + w) norms, sandwich norms around each sublayer, GELU-tanh, local
+ * rotary base on sliding layers; mixture-of-experts MLPs (router softmax, top-k, each
+ * expert run on the tokens routed to it, weighted sum). Matrix-vector work is spread over
+ * the thread pool by output rows; attention by (token, head). Numbers match HF
+ * transformers' fp32 forward to ~1e-5.
  *
  * KV layout: per pool layer, K and V are [num_blocks][block_size][n_kv_heads*head_dim]
  * floats; target layers come first, then the draft's (pool layer L_target + i).
@@ -43,6 +47,11 @@ typedef struct {
     float *w_gate;      /* (ffn, hidden) */
     float *w_up;        /* (ffn, hidden) */
     float *w_down;      /* (hidden, ffn) */
+    float *post_attn_norm, *post_ffn_norm;  /* (hidden) sandwich norms, or NULL */
+    float *router;      /* (n_experts, hidden) or NULL: dense MLP */
+    float **exp_gate, **exp_up, **exp_down; /* (n_experts) each (moe_ffn, hidden) / (hidden, moe_ffn) */
+    const float *inv_freq; /* this layer's rotary frequencies (global or local) */
+    int window;         /* sliding window, 0: full attention */
 } cpu_layer;
 
 typedef struct {
@@ -52,6 +61,7 @@ typedef struct {
     float *lm_head;     /* (vocab, hidden); == tok_embd when tied */
     cpu_layer *layers;  /* (n_layers) */
     float *inv_freq;    /* (head_dim/2) rotary frequencies, llama3-scaled if asked */
+    float *inv_freq_local; /* (head_dim/2) sliding layers' frequencies (Gemma 3), or NULL */
     int pool_layer0;    /* first pool layer of this model */
     int loaded;
 } cpu_model;
@@ -68,6 +78,13 @@ typedef struct {
     tp_pool *pool;
     /* scratch, sized for max_tokens_per_step tokens of the wider model */
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u;
+    /* mixture of experts: router output, choices, gathered rows */
+    float *moe_logits;  /* (T, n_experts) */
+    int *moe_ids;       /* (T, n_experts_used) */
+    float *moe_w;       /* (T, n_experts_used) */
+    int *moe_rows;      /* (T) tokens routed to the current expert */
+    float *moe_wrow;    /* (T) their weights */
+    float *moe_x, *moe_y; /* (T, hidden) gathered inputs and expert outputs */
     int *tok_pos, *tok_slot;
     int *out_tok;       /* tokens whose logits are wanted, in output order */
     /* speculative step scratch (allocated when a draft and num_draft_tokens are given) */
@@ -286,20 +303,34 @@ static void free_model(cpu_model *m) {
     for (int l = 0; m->layers && l < m->c.n_layers; l++) {
         cpu_layer *L = &m->layers[l];
         float *ps[] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->q_norm,
-                       L->k_norm, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+                       L->k_norm, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down,
+                       L->post_attn_norm, L->post_ffn_norm, L->router};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
+        for (int e = 0; L->exp_gate && e < m->c.n_experts; e++) {
+            free(L->exp_gate[e]);
+            free(L->exp_up[e]);
+            free(L->exp_down[e]);
+        }
+        free(L->exp_gate);
     }
     free(m->layers);
     if (m->lm_head != m->tok_embd) free(m->lm_head);
     free(m->tok_embd);
     free(m->out_norm);
     free(m->inv_freq);
+    free(m->inv_freq_local);
     memset(m, 0, sizeof *m);
+}
+
+/* Gemma's checkpoints store RMSNorm scales as w with the norm computing (1 + w). */
+static void norm_plus_one(float *w, int64_t n) {
+    for (int64_t i = 0; w && i < n; i++) w[i] += 1.0f;
 }
 
 static int load_model(cpu_model *m, const model *src, int pool_layer0, int rope_bf16, char *err,
                       size_t errlen) {
     int rc;
+    const model_config *c = &src->cfg;
     m->c = src->cfg;
     m->pool_layer0 = pool_layer0;
     m->loaded = 1;
@@ -323,12 +354,44 @@ static int load_model(cpu_model *m, const model *src, int pool_layer0, int rope_
             {&L->bq, &S->bq, 0, "q bias"}, {&L->bk, &S->bk, 0, "k bias"}, {&L->bv, &S->bv, 0, "v bias"},
             {&L->q_norm, &S->q_norm, 0, "q_norm"}, {&L->k_norm, &S->k_norm, 0, "k_norm"},
             {&L->wo, &S->wo, 1, "o_proj"}, {&L->ffn_norm, &S->ffn_norm, 1, "ffn_norm"},
-            {&L->w_gate, &S->w_gate, 1, "gate_proj"}, {&L->w_up, &S->w_up, 1, "up_proj"},
-            {&L->w_down, &S->w_down, 1, "down_proj"},
+            {&L->w_gate, &S->w_gate, !c->n_experts, "gate_proj"}, {&L->w_up, &S->w_up, !c->n_experts, "up_proj"},
+            {&L->w_down, &S->w_down, !c->n_experts, "down_proj"},
+            {&L->post_attn_norm, &S->post_attn_norm, c->sandwich_norms, "post_attention_norm"},
+            {&L->post_ffn_norm, &S->post_ffn_norm, c->sandwich_norms, "post_feedforward_norm"},
+            {&L->router, &S->router, c->n_experts > 0, "router"},
         };
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             if ((rc = load_tensor(ts[i].dst, ts[i].t, ts[i].req, err, errlen, ts[i].name))) return rc;
+        if (c->n_experts) {
+            size_t E = (size_t)c->n_experts;
+            if (!(L->exp_gate = calloc(3 * E, sizeof(float *))))
+                return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+            L->exp_up = L->exp_gate + E;
+            L->exp_down = L->exp_gate + 2 * E;
+            for (size_t e = 0; e < E; e++)
+                if ((rc = load_tensor(&L->exp_gate[e], &S->exp_gate[e], 1, err, errlen, "expert gate")) ||
+                    (rc = load_tensor(&L->exp_up[e], &S->exp_up[e], 1, err, errlen, "expert up")) ||
+                    (rc = load_tensor(&L->exp_down[e], &S->exp_down[e], 1, err, errlen, "expert down")))
+                    return rc;
+        }
+        if (c->norm_plus_one) {
+            float *norms[] = {L->attn_norm, L->ffn_norm, L->post_attn_norm, L->post_ffn_norm};
+            for (size_t i = 0; i < sizeof norms / sizeof norms[0]; i++) norm_plus_one(norms[i], c->hidden);
+            norm_plus_one(L->q_norm, c->head_dim);
+            norm_plus_one(L->k_norm, c->head_dim);
+        }
+        L->window = model_layer_window(c, l);
+        L->inv_freq = m->inv_freq;
+        if (L->window && c->rope_local_theta > 0) {
+            if (!m->inv_freq_local) {
+                if (!(m->inv_freq_local = malloc(sizeof(float) * (size_t)(c->head_dim / 2))))
+                    return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+                model_rope_inv_freq_layer(c, l, rope_bf16, m->inv_freq_local);
+            }
+            L->inv_freq = m->inv_freq_local;
+        }
     }
+    if (c->norm_plus_one) norm_plus_one(m->out_norm, c->hidden);
     return 0;
 }
 
@@ -339,6 +402,7 @@ typedef struct {
     const cpu_model *m;
     int pool_layer;
     int T;
+    int window;         /* this layer's sliding window, 0: full */
 } attn_job;
 
 /* One (token, head): causal attention of the token's query over positions 0..pos of its
@@ -355,9 +419,9 @@ static void attn_task(void *ctx, int task) {
     float *out = r->att + (size_t)t * c->n_heads * hd + (size_t)h * hd;
     const int32_t *bt = r->bt + (size_t)r->tok_slot[t] * r->max_blocks;
     const float *K = r->k_cache[j->pool_layer], *V = r->v_cache[j->pool_layer];
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0.f;
+    float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0.f;
     for (int i = 0; i < hd; i++) out[i] = 0.f;
-    int pos = r->tok_pos[t], p0 = c->sliding_window > 0 && pos >= c->sliding_window ? pos - c->sliding_window + 1 : 0;
+    int pos = r->tok_pos[t], p0 = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
     for (int p = p0; p <= pos; p++) {   /* a sliding window sees the last W positions */
         size_t off = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kvd + (size_t)kvh * hd;
         float s = dot(q, K + off, hd) * scale;
@@ -415,6 +479,75 @@ static int reduce(const cpu_runner *r, const runner_batch *b, float *buf, size_t
     return cfg->allreduce(cfg->allreduce_ctx, buf, n);
 }
 
+/* x += norm(o) with a sandwich norm (Gemma 3), else x += o. o is overwritten. */
+static void residual_add(float *x, float *o, const float *post_norm, int T, int D, float eps) {
+    for (int t = 0; post_norm && t < T; t++) rmsnorm(o + (size_t)t * D, o + (size_t)t * D, post_norm, D, eps);
+    for (size_t i = 0; i < (size_t)T * D; i++) x[i] += o[i];
+}
+
+/* HF's gelu_pytorch_tanh. */
+static float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+/* y (T, D) = down(act(gate x) * up x) for x (T, D); scratch r->g, r->u of T x F. */
+static void gated_mlp(cpu_runner *r, ffn_act act, float *y, const float *x, const float *wg, const float *wu,
+                      const float *wd, int T, int D, int F) {
+    matmul(r, r->g, x, wg, NULL, T, D, F);
+    matmul(r, r->u, x, wu, NULL, T, D, F);
+    for (size_t i = 0; i < (size_t)T * F; i++) {
+        float g = r->g[i];
+        r->g[i] = (act == ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g))) * r->u[i];
+    }
+    matmul(r, y, r->g, wd, NULL, T, F, D);
+}
+
+/* Mixture of experts on the normed rows r->xn into r->o: the router's softmax over all
+ * experts, the top n_experts_used (renormalised when moe_norm_topk), then each expert's
+ * gated MLP over the rows routed to it, added with its weight. */
+static void moe_mlp(cpu_runner *r, const model_config *c, const cpu_layer *L, int T) {
+    int D = c->hidden, E = c->n_experts, K = c->n_experts_used;
+    matmul(r, r->moe_logits, r->xn, L->router, NULL, T, D, E);
+    for (int t = 0; t < T; t++) {
+        float *lg = r->moe_logits + (size_t)t * E, mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        for (int e = 0; e < E; e++) sum += (lg[e] = expf(lg[e] - mx));
+        for (int e = 0; e < E; e++) lg[e] /= sum;
+        int *ids = r->moe_ids + (size_t)t * K;
+        float *w = r->moe_w + (size_t)t * K, wsum = 0;
+        for (int k = 0; k < K; k++) {   /* top-k by selection; ties go to the lower id */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < k; q++) taken |= ids[q] == e;
+                if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
+            }
+            ids[k] = best;
+            wsum += (w[k] = lg[best]);
+        }
+        for (int k = 0; c->moe_norm_topk && k < K; k++) w[k] /= wsum;
+    }
+    memset(r->o, 0, sizeof(float) * (size_t)T * D);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++)
+                if (r->moe_ids[(size_t)t * K + k] == e) {
+                    r->moe_rows[n] = t;
+                    r->moe_wrow[n] = r->moe_w[(size_t)t * K + k];
+                    memcpy(r->moe_x + (size_t)n * D, r->xn + (size_t)t * D, sizeof(float) * D);
+                    n++;
+                }
+        if (!n) continue;
+        gated_mlp(r, c->act, r->moe_y, r->moe_x, L->exp_gate[e], L->exp_up[e], L->exp_down[e], n, D, c->moe_ffn);
+        for (int i = 0; i < n; i++) {
+            float *o = r->o + (size_t)r->moe_rows[i] * D;
+            const float *y = r->moe_y + (size_t)i * D;
+            for (int d = 0; d < D; d++) o[d] += r->moe_wrow[i] * y[d];
+        }
+    }
+}
+
 static int cpu_forward(runner *base, const runner_batch *b) {
     cpu_runner *r = (cpu_runner *)base;
     const cpu_model *m = &r->m[b->which == RUNNER_DRAFT];
@@ -440,6 +573,8 @@ static int cpu_forward(runner *base, const runner_batch *b) {
     }
     for (int t = 0; t < T; t++)
         memcpy(r->x + (size_t)t * D, m->tok_embd + (size_t)b->tokens[t] * D, sizeof(float) * D);
+    if (c->embed_scale > 0)
+        for (size_t i = 0; i < (size_t)T * D; i++) r->x[i] *= c->embed_scale;
 
     for (int l = 0; l < c->n_layers; l++) {
         const cpu_layer *L = &m->layers[l];
@@ -453,11 +588,11 @@ static int cpu_forward(runner *base, const runner_batch *b) {
             float *q = r->q + (size_t)t * qd, *k = r->k + (size_t)t * kvd;
             for (int h = 0; h < c->n_heads; h++) {
                 if (L->q_norm) rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->rms_eps);
-                rope(q + h * hd, hd, r->tok_pos[t], m->inv_freq);
+                rope(q + h * hd, hd, r->tok_pos[t], L->inv_freq);
             }
             for (int h = 0; h < c->n_kv_heads; h++) {
                 if (L->k_norm) rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->rms_eps);
-                rope(k + h * hd, hd, r->tok_pos[t], m->inv_freq);
+                rope(k + h * hd, hd, r->tok_pos[t], L->inv_freq);
             }
             /* KV write through the block table (padding rows land in null block 0). */
             int p = r->tok_pos[t];
@@ -466,23 +601,21 @@ static int cpu_forward(runner *base, const runner_batch *b) {
             memcpy(r->k_cache[pl] + off, k, sizeof(float) * kvd);
             memcpy(r->v_cache[pl] + off, r->v + (size_t)t * kvd, sizeof(float) * kvd);
         }
-        attn_job aj = {r, m, pl, T};
+        attn_job aj = {r, m, pl, T, L->window};
         tp_run(r->pool, attn_task, &aj, T * c->n_heads);
         matmul(r, r->o, r->att, L->wo, NULL, T, qd, D);
         if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
-        for (size_t i = 0; i < (size_t)T * D; i++) r->x[i] += r->o[i];
+        residual_add(r->x, r->o, L->post_attn_norm, T, D, c->rms_eps);
 
         for (int t = 0; t < T; t++)
             rmsnorm(r->xn + (size_t)t * D, r->x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
-        matmul(r, r->g, r->xn, L->w_gate, NULL, T, D, c->ffn);
-        matmul(r, r->u, r->xn, L->w_up, NULL, T, D, c->ffn);
-        for (size_t i = 0; i < (size_t)T * c->ffn; i++) {
-            float g = r->g[i];
-            r->g[i] = g / (1.0f + expf(-g)) * r->u[i];
+        if (L->router) {
+            moe_mlp(r, c, L, T);
+        } else {
+            gated_mlp(r, c->act, r->o, r->xn, L->w_gate, L->w_up, L->w_down, T, D, c->ffn);
+            if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
         }
-        matmul(r, r->o, r->g, L->w_down, NULL, T, c->ffn, D);
-        if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
-        for (size_t i = 0; i < (size_t)T * D; i++) r->x[i] += r->o[i];
+        residual_add(r->x, r->o, L->post_ffn_norm, T, D, c->rms_eps);
     }
 
     if (n_out > 0) {
@@ -650,7 +783,10 @@ static void cpu_destroy(runner *base) {
     free(r->bt);
     free(r->len[0]);
     free(r->len[1]);
-    float *bufs[] = {r->x, r->xn, r->q, r->k, r->v, r->att, r->o, r->g, r->u};
+    float *bufs[] = {r->x, r->xn, r->q, r->k, r->v, r->att, r->o, r->g, r->u,
+                     r->moe_logits, r->moe_w, r->moe_wrow, r->moe_x, r->moe_y};
+    free(r->moe_ids);
+    free(r->moe_rows);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(r->tok_pos);
     free(r->tok_slot);
@@ -768,7 +904,25 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         KVD = imax(KVD, draft->cfg.n_kv_heads * draft->cfg.head_dim);
         F = imax(F, draft->cfg.ffn);
     }
+    int E = target->cfg.n_experts, K = target->cfg.n_experts_used;
+    F = imax(F, target->cfg.moe_ffn);
+    if (draft) {
+        E = imax(E, draft->cfg.n_experts);
+        K = imax(K, draft->cfg.n_experts_used);
+        F = imax(F, draft->cfg.moe_ffn);
+    }
     size_t T = (size_t)cfg->max_tokens_per_step;
+    if (E) {
+        r->moe_logits = malloc(T * (size_t)E * sizeof(float));
+        r->moe_ids = malloc(T * (size_t)K * sizeof(int));
+        r->moe_w = malloc(T * (size_t)K * sizeof(float));
+        r->moe_rows = malloc(T * sizeof(int));
+        r->moe_wrow = malloc(T * sizeof(float));
+        r->moe_x = malloc(T * (size_t)D * sizeof(float));
+        r->moe_y = malloc(T * (size_t)D * sizeof(float));
+        if (!r->moe_logits || !r->moe_ids || !r->moe_w || !r->moe_rows || !r->moe_wrow || !r->moe_x || !r->moe_y)
+            goto oom;
+    }
     r->x = malloc(T * D * sizeof(float));
     r->xn = malloc(T * D * sizeof(float));
     r->q = malloc(T * QD * sizeof(float));

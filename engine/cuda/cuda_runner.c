@@ -565,6 +565,14 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         goto fail_free;
     }
     for (const model *mm = target; mm; mm = mm == target ? draft : NULL) {
+        const model_config *mc = &mm->cfg;
+        if (mc->n_experts || mc->sandwich_norms || mc->act != ACT_SILU || mc->norm_plus_one || mc->embed_scale > 0 ||
+            mc->attn_scale > 0 || mc->rope_local_theta > 0) {
+            specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                       "cuda runner: %s (%s) needs %s, which the CUDA runner does not implement yet: use --device cpu",
+                       mm->path, mc->arch_name, mc->n_experts ? "mixture-of-experts layers" : "Gemma 3's layers");
+            goto fail_free;
+        }
         /* The attention kernels have no window yet: below max_seq_len it would slide. */
         int w = mm->cfg.sliding_window;
         if (w > 0 && w < c->max_seq_len) {

@@ -154,14 +154,14 @@ static type_info ggml_info(int t) {
     case GGML_F16: return (type_info){1, 2, "F16"};
     case GGML_Q4_0: return (type_info){32, 18, "Q4_0"};
     case GGML_Q4_1: return (type_info){32, 20, "Q4_1"};
-    case 6: return (type_info){32, 22, "Q5_0"};
-    case 7: return (type_info){32, 24, "Q5_1"};
+    case GGML_Q5_0: return (type_info){32, 22, "Q5_0"};
+    case GGML_Q5_1: return (type_info){32, 24, "Q5_1"};
     case GGML_Q8_0: return (type_info){32, 34, "Q8_0"};
     case 9: return (type_info){32, 40, "Q8_1"};
     case 10: return (type_info){256, 84, "Q2_K"};
     case 11: return (type_info){256, 110, "Q3_K"};
     case GGML_Q4_K: return (type_info){256, 144, "Q4_K"};
-    case 13: return (type_info){256, 176, "Q5_K"};
+    case GGML_Q5_K: return (type_info){256, 176, "Q5_K"};
     case GGML_Q6_K: return (type_info){256, 210, "Q6_K"};
     case 15: return (type_info){256, 292, "Q8_K"};
     case 16: return (type_info){256, 66, "IQ2_XXS"};
@@ -670,6 +670,21 @@ static void deq_q4_1(const uint8_t *b, float *y) {
     }
 }
 
+/* Q5_0 / Q5_1: 32 values; the low 4 bits as in Q4_0 / Q4_1, the fifth bit of value j in
+ * bit j of the 32-bit qh. Q5_0 is centred at 16, Q5_1 has a min. */
+static void deq_q5(const uint8_t *b, float *y, int has_min) {
+    float d = rd_f16(b), m = has_min ? rd_f16(b + 2) : 0.f;
+    const uint8_t *p = b + (has_min ? 4 : 2), *qs = p + 4;
+    uint32_t qh = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    int off = has_min ? 0 : 16;
+    for (int j = 0; j < 16; j++) {
+        int lo = (qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+        int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+        y[j] = d * (float)(lo - off) + m;
+        y[j + 16] = d * (float)(hi - off) + m;
+    }
+}
+
 /* Sub-block j's 6-bit scale and min: the first four live in the low 6 bits of bytes 0..7;
  * the last four take 4 bits from bytes 8..11 and their top 2 bits from the spare high
  * bits of bytes 0..7. */
@@ -695,6 +710,23 @@ static void deq_q4_k(const uint8_t *b, float *y) {
         float d2 = d * (float)sc2, mn2 = dmin * (float)m2;
         for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0xf) - mn1;
         for (int l = 0; l < 32; l++) y[32 + l] = d2 * (float)(q[l] >> 4) - mn2;
+    }
+}
+
+/* Q5_K: Q4_K's layout (d, dmin, 12 bytes of scales and mins, 128 bytes of nibbles) plus
+ * 32 bytes qh after the scales: the fifth bit of element l of sub-block pair k (+0 for
+ * the low-nibble sub-block, +1 for the high one) is bit 2k (2k+1) of qh[l]. */
+static void deq_q5_k(const uint8_t *b, float *y) {
+    float d = rd_f16(b), dmin = rd_f16(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *q = b + 48;
+    for (int sb = 0; sb < 8; sb += 2, q += 32, y += 64) {
+        int sc1, m1, sc2, m2;
+        k4_scale_min(sb, scales, &sc1, &m1);
+        k4_scale_min(sb + 1, scales, &sc2, &m2);
+        float d1 = d * (float)sc1, mn1 = dmin * (float)m1;
+        float d2 = d * (float)sc2, mn2 = dmin * (float)m2;
+        for (int l = 0; l < 32; l++) y[l] = d1 * (float)((q[l] & 0xf) | ((qh[l] >> sb) & 1) << 4) - mn1;
+        for (int l = 0; l < 32; l++) y[32 + l] = d2 * (float)((q[l] >> 4) | ((qh[l] >> (sb + 1)) & 1) << 4) - mn2;
     }
 }
 
@@ -744,6 +776,9 @@ int ggml_dequantize(ggml_type t, const void *src, float *dst, int64_t n) {
     case GGML_Q4_0: for (int64_t i = 0; i < nb; i++) deq_q4_0(p + i * 18, dst + i * 32); return 0;
     case GGML_Q4_1: for (int64_t i = 0; i < nb; i++) deq_q4_1(p + i * 20, dst + i * 32); return 0;
     case GGML_Q4_K: for (int64_t i = 0; i < nb; i++) deq_q4_k(p + i * 144, dst + i * 256); return 0;
+    case GGML_Q5_0: for (int64_t i = 0; i < nb; i++) deq_q5(p + i * 22, dst + i * 32, 0); return 0;
+    case GGML_Q5_1: for (int64_t i = 0; i < nb; i++) deq_q5(p + i * 24, dst + i * 32, 1); return 0;
+    case GGML_Q5_K: for (int64_t i = 0; i < nb; i++) deq_q5_k(p + i * 176, dst + i * 256); return 0;
     case GGML_Q6_K: for (int64_t i = 0; i < nb; i++) deq_q6_k(p + i * 210, dst + i * 256); return 0;
     default: return SPECD_EUNSUPPORTED;
     }

@@ -72,6 +72,28 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *s) {
     else snprintf(buf, n, "[%lld, %lld]", (long long)s[0], (long long)s[1]);
 }
 
+/* The view dtype of a GGUF tensor, or an error naming it. */
+static int gguf_view_dtype(loader *L, const char *name, const gguf_tensor *t, tensor_view *out) {
+    switch (t->type) {
+    case GGML_F32: out->dtype = TDT_F32; return 0;
+    case GGML_F16: out->dtype = TDT_F16; return 0;
+    case GGML_BF16: out->dtype = TDT_BF16; return 0;
+    case GGML_Q8_0: out->dtype = TDT_Q8_0; return 0;
+    case GGML_Q4_0: out->dtype = TDT_Q4_0; return 0;
+    case GGML_Q4_1: out->dtype = TDT_Q4_1; return 0;
+    case GGML_Q4_K: out->dtype = TDT_Q4_K; return 0;
+    case GGML_Q6_K: out->dtype = TDT_Q6_K; return 0;
+    case GGML_Q5_0: out->dtype = TDT_Q5_0; return 0;
+    case GGML_Q5_1: out->dtype = TDT_Q5_1; return 0;
+    case GGML_Q5_K: out->dtype = TDT_Q5_K; return 0;
+    default:
+        return specd_errf(L->err, L->errlen, SPECD_EUNSUPPORTED,
+                          "%s: tensor %s has type %s, which specd cannot dequantize "
+                          "(F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
+                          L->m->path, name, ggml_type_name(t->type));
+    }
+}
+
 /* Find `name`, check its dtype and that its shape is [d0] (ndim 1) or [d0, d1]. A missing
  * tensor is an error when `required`, else the view is left with data == NULL. */
 static int get_tensor(loader *L, const char *name, int required, int ndim, int64_t d0,
@@ -83,21 +105,8 @@ static int get_tensor(loader *L, const char *name, int required, int ndim, int64
     if (L->p->g) {
         const gguf_tensor *t = gguf_find_tensor(L->p->g, name);
         if (t) {
-            switch (t->type) {
-            case GGML_F32: out->dtype = TDT_F32; break;
-            case GGML_F16: out->dtype = TDT_F16; break;
-            case GGML_BF16: out->dtype = TDT_BF16; break;
-            case GGML_Q8_0: out->dtype = TDT_Q8_0; break;
-            case GGML_Q4_0: out->dtype = TDT_Q4_0; break;
-            case GGML_Q4_1: out->dtype = TDT_Q4_1; break;
-            case GGML_Q4_K: out->dtype = TDT_Q4_K; break;
-            case GGML_Q6_K: out->dtype = TDT_Q6_K; break;
-            default:
-                return specd_errf(L->err, L->errlen, SPECD_EUNSUPPORTED,
-                                  "%s: tensor %s has type %s, which specd cannot dequantize "
-                                  "(F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q6_K)",
-                                  file, name, ggml_type_name(t->type));
-            }
+            int rc = gguf_view_dtype(L, name, t, out);
+            if (rc) return rc;
             /* ggml ne[0] is the row length: ne = [in, out] is a row-major [out, in].
              * Trailing dimensions of 1 carry no shape (converters may write [n, 1] for a
              * vector); anything with ne[2] or ne[3] > 1 is reported as 3-D. */
@@ -146,31 +155,54 @@ static int get_tensor(loader *L, const char *name, int required, int ndim, int64
     return 0;
 }
 
-/* Tensor names of one format; %d is the layer. */
+/* Tensor names of one format; %d is the layer (experts: layer, then expert). An empty
+ * name: the format has no such tensor. */
 typedef struct {
     const char *embd, *out_norm, *lm_head;
     const char *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo;
     const char *ffn_norm, *gate, *up, *down;
+    const char *qkv, *gate_up;                 /* fused (Phi-3) */
+    const char *post_attn_norm, *post_ffn_norm; /* sandwich norms (Gemma 3) */
+    const char *router, *exp_gate, *exp_up, *exp_down;    /* per-expert tensors */
+    const char *exps_gate, *exps_up, *exps_down;          /* GGUF: experts stacked, 3-D */
 } tensor_names;
 
 static const tensor_names hf_names = {
-    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-    "model.layers.%d.input_layernorm.weight", "model.layers.%d.self_attn.q_proj.weight",
-    "model.layers.%d.self_attn.k_proj.weight", "model.layers.%d.self_attn.v_proj.weight",
-    "model.layers.%d.self_attn.q_proj.bias", "model.layers.%d.self_attn.k_proj.bias",
-    "model.layers.%d.self_attn.v_proj.bias", "model.layers.%d.self_attn.q_norm.weight",
-    "model.layers.%d.self_attn.k_norm.weight", "model.layers.%d.self_attn.o_proj.weight",
-    "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.mlp.gate_proj.weight",
-    "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight",
+    .embd = "model.embed_tokens.weight", .out_norm = "model.norm.weight", .lm_head = "lm_head.weight",
+    .attn_norm = "model.layers.%d.input_layernorm.weight",
+    .wq = "model.layers.%d.self_attn.q_proj.weight", .wk = "model.layers.%d.self_attn.k_proj.weight",
+    .wv = "model.layers.%d.self_attn.v_proj.weight", .bq = "model.layers.%d.self_attn.q_proj.bias",
+    .bk = "model.layers.%d.self_attn.k_proj.bias", .bv = "model.layers.%d.self_attn.v_proj.bias",
+    .q_norm = "model.layers.%d.self_attn.q_norm.weight", .k_norm = "model.layers.%d.self_attn.k_norm.weight",
+    .wo = "model.layers.%d.self_attn.o_proj.weight",
+    .ffn_norm = "model.layers.%d.post_attention_layernorm.weight",
+    .gate = "model.layers.%d.mlp.gate_proj.weight", .up = "model.layers.%d.mlp.up_proj.weight",
+    .down = "model.layers.%d.mlp.down_proj.weight",
+    .qkv = "model.layers.%d.self_attn.qkv_proj.weight", .gate_up = "model.layers.%d.mlp.gate_up_proj.weight",
+    /* Gemma 3's and Mixtral's differences: load_hf */
+    .post_attn_norm = "model.layers.%d.post_attention_layernorm.weight",
+    .post_ffn_norm = "model.layers.%d.post_feedforward_layernorm.weight",
+    .router = "model.layers.%d.mlp.gate.weight",
+    .exp_gate = "model.layers.%d.mlp.experts.%d.gate_proj.weight",
+    .exp_up = "model.layers.%d.mlp.experts.%d.up_proj.weight",
+    .exp_down = "model.layers.%d.mlp.experts.%d.down_proj.weight",
 };
 
 static const tensor_names gguf_names = {
-    "token_embd.weight", "output_norm.weight", "output.weight",
-    "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight", "blk.%d.attn_k.weight",
-    "blk.%d.attn_v.weight", "blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias",
-    "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight", "blk.%d.attn_output.weight",
-    "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight",
-    "blk.%d.ffn_down.weight",
+    .embd = "token_embd.weight", .out_norm = "output_norm.weight", .lm_head = "output.weight",
+    .attn_norm = "blk.%d.attn_norm.weight", .wq = "blk.%d.attn_q.weight", .wk = "blk.%d.attn_k.weight",
+    .wv = "blk.%d.attn_v.weight", .bq = "blk.%d.attn_q.bias", .bk = "blk.%d.attn_k.bias",
+    .bv = "blk.%d.attn_v.bias", .q_norm = "blk.%d.attn_q_norm.weight", .k_norm = "blk.%d.attn_k_norm.weight",
+    .wo = "blk.%d.attn_output.weight", .ffn_norm = "blk.%d.ffn_norm.weight",
+    .gate = "blk.%d.ffn_gate.weight", .up = "blk.%d.ffn_up.weight", .down = "blk.%d.ffn_down.weight",
+    .qkv = "blk.%d.attn_qkv.weight", .gate_up = "blk.%d.ffn_up.weight",
+    .post_attn_norm = "blk.%d.post_attention_norm.weight", .post_ffn_norm = "blk.%d.post_ffw_norm.weight",
+    .router = "blk.%d.ffn_gate_inp.weight",
+    /* older Mixtral files: one tensor per expert */
+    .exp_gate = "blk.%d.ffn_gate.%d.weight", .exp_up = "blk.%d.ffn_up.%d.weight",
+    .exp_down = "blk.%d.ffn_down.%d.weight",
+    .exps_gate = "blk.%d.ffn_gate_exps.weight", .exps_up = "blk.%d.ffn_up_exps.weight",
+    .exps_down = "blk.%d.ffn_down_exps.weight",
 };
 
 static int get_layer_tensor(loader *L, const char *fmt, int layer, int required, int ndim,
@@ -178,6 +210,70 @@ static int get_layer_tensor(loader *L, const char *fmt, int layer, int required,
     char name[128];
     snprintf(name, sizeof name, fmt, layer);
     return get_tensor(L, name, required, ndim, d0, d1, out);
+}
+
+static size_t view_row_bytes(const tensor_view *t);
+
+/* Rows [r0, r0 + n) of a 2-D view, as a view of its own (fused tensors). */
+static tensor_view view_rows(const tensor_view *t, int64_t r0, int64_t n) {
+    tensor_view v = *t;
+    v.data = (const uint8_t *)t->data + (size_t)r0 * view_row_bytes(t);
+    v.shape[0] = n;
+    return v;
+}
+
+/* Expert e's [d0, d1] matrix of layer `layer`: a GGUF 3-D tensor of all experts (ggml ne
+ * [d1, d0, E]) when `stacked` names one in the file, else one tensor per expert. */
+static int get_experts(loader *L, const char *stacked, const char *per_expert, int layer, int64_t d0,
+                       int64_t d1, tensor_view *out) {
+    int E = L->m->cfg.n_experts, rc;
+    char name[160];
+    if (L->p->g && stacked) {
+        snprintf(name, sizeof name, stacked, layer);
+        const gguf_tensor *t = gguf_find_tensor(L->p->g, name);
+        if (t) {
+            tensor_view v;
+            if ((rc = gguf_view_dtype(L, name, t, &v))) return rc;
+            if (t->ne[0] != d1 || t->ne[1] != d0 || t->ne[2] != E || t->ne[3] != 1)
+                return specd_errf(L->err, L->errlen, SPECD_EFORMAT,
+                                  "%s: tensor %s has ggml shape [%lld, %lld, %lld, %lld], the config implies "
+                                  "[%lld, %lld, %d]", L->m->path, name, (long long)t->ne[0], (long long)t->ne[1],
+                                  (long long)t->ne[2], (long long)t->ne[3], (long long)d1, (long long)d0, E);
+            v.ndim = 2;
+            v.shape[0] = d0;
+            v.shape[1] = d1;
+            v.unpermute_heads = 0;
+            size_t bytes = (size_t)d0 * view_row_bytes(&v);
+            for (int e = 0; e < E; e++) {
+                out[e] = v;
+                out[e].data = (const uint8_t *)t->data + (size_t)e * bytes;
+            }
+            return 0;
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        snprintf(name, sizeof name, per_expert, layer, e);
+        if ((rc = get_tensor(L, name, 1, 2, d0, d1, &out[e]))) return rc;
+    }
+    return 0;
+}
+
+static int load_moe(loader *L, const tensor_names *nm, int i) {
+    const model_config *c = &L->m->cfg;
+    model_layer *ly = &L->m->layers[i];
+    int64_t H = c->hidden, F = c->moe_ffn;
+    size_t E = (size_t)c->n_experts;
+    ly->exp_gate = calloc(3 * E, sizeof(tensor_view));
+    if (!ly->exp_gate) return specd_errf(L->err, L->errlen, SPECD_ENOMEM, "%s: out of memory", L->m->path);
+    ly->exp_up = ly->exp_gate + E;
+    ly->exp_down = ly->exp_gate + 2 * E;
+    int rc;
+    if ((rc = get_layer_tensor(L, nm->router, i, 1, 2, c->n_experts, H, &ly->router)) ||
+        (rc = get_experts(L, nm->exps_gate, nm->exp_gate, i, F, H, ly->exp_gate)) ||
+        (rc = get_experts(L, nm->exps_up, nm->exp_up, i, F, H, ly->exp_up)) ||
+        (rc = get_experts(L, nm->exps_down, nm->exp_down, i, H, F, ly->exp_down)))
+        return rc;
+    return 0;
 }
 
 static int load_tensors(loader *L, const tensor_names *nm) {
@@ -199,14 +295,36 @@ static int load_tensors(loader *L, const tensor_names *nm) {
     for (int i = 0; i < c->n_layers; i++) {
         model_layer *ly = &m->layers[i];
         if ((rc = get_layer_tensor(L, nm->attn_norm, i, 1, 1, H, 0, &ly->attn_norm)) ||
-            (rc = get_layer_tensor(L, nm->wq, i, 1, 2, Q, H, &ly->wq)) ||
-            (rc = get_layer_tensor(L, nm->wk, i, 1, 2, KV, H, &ly->wk)) ||
-            (rc = get_layer_tensor(L, nm->wv, i, 1, 2, KV, H, &ly->wv)) ||
             (rc = get_layer_tensor(L, nm->wo, i, 1, 2, H, Q, &ly->wo)) ||
-            (rc = get_layer_tensor(L, nm->ffn_norm, i, 1, 1, H, 0, &ly->ffn_norm)) ||
-            (rc = get_layer_tensor(L, nm->gate, i, 1, 2, F, H, &ly->w_gate)) ||
-            (rc = get_layer_tensor(L, nm->up, i, 1, 2, F, H, &ly->w_up)) ||
-            (rc = get_layer_tensor(L, nm->down, i, 1, 2, H, F, &ly->w_down)))
+            (rc = get_layer_tensor(L, nm->ffn_norm, i, 1, 1, H, 0, &ly->ffn_norm)))
+            return rc;
+        if (c->arch == MODEL_ARCH_PHI3) {   /* fused: [q; k; v] and [gate; up] */
+            tensor_view qkv, gu;
+            if ((rc = get_layer_tensor(L, nm->qkv, i, 1, 2, Q + 2 * KV, H, &qkv)) ||
+                (rc = get_layer_tensor(L, nm->gate_up, i, 1, 2, 2 * F, H, &gu)))
+                return rc;
+            ly->wq = view_rows(&qkv, 0, Q);
+            ly->wk = view_rows(&qkv, Q, KV);
+            ly->wv = view_rows(&qkv, Q + KV, KV);
+            ly->w_gate = view_rows(&gu, 0, F);
+            ly->w_up = view_rows(&gu, F, F);
+        } else if ((rc = get_layer_tensor(L, nm->wq, i, 1, 2, Q, H, &ly->wq)) ||
+                   (rc = get_layer_tensor(L, nm->wk, i, 1, 2, KV, H, &ly->wk)) ||
+                   (rc = get_layer_tensor(L, nm->wv, i, 1, 2, KV, H, &ly->wv))) {
+            return rc;
+        }
+        if (c->n_experts) {
+            if ((rc = load_moe(L, nm, i))) return rc;
+        } else {
+            if (c->arch != MODEL_ARCH_PHI3 &&
+                ((rc = get_layer_tensor(L, nm->gate, i, 1, 2, F, H, &ly->w_gate)) ||
+                 (rc = get_layer_tensor(L, nm->up, i, 1, 2, F, H, &ly->w_up))))
+                return rc;
+            if ((rc = get_layer_tensor(L, nm->down, i, 1, 2, H, F, &ly->w_down))) return rc;
+        }
+        if (c->sandwich_norms &&
+            ((rc = get_layer_tensor(L, nm->post_attn_norm, i, 1, 1, H, 0, &ly->post_attn_norm)) ||
+             (rc = get_layer_tensor(L, nm->post_ffn_norm, i, 1, 1, H, 0, &ly->post_ffn_norm))))
             return rc;
         if (c->qkv_bias &&
             ((rc = get_layer_tensor(L, nm->bq, i, 1, 1, Q, 0, &ly->bq)) ||
@@ -217,8 +335,9 @@ static int load_tensors(loader *L, const tensor_names *nm) {
             ((rc = get_layer_tensor(L, nm->q_norm, i, 1, 1, c->head_dim, 0, &ly->q_norm)) ||
              (rc = get_layer_tensor(L, nm->k_norm, i, 1, 1, c->head_dim, 0, &ly->k_norm))))
             return rc;
-        /* llama.cpp's converter interleaves the rotary halves of Q and K rows for llama. */
-        if (m->is_gguf && c->arch == MODEL_ARCH_LLAMA) {
+        /* llama.cpp's converter interleaves the rotary halves of Q and K rows for llama
+         * (Mixtral's GGUF architecture is llama too). */
+        if (m->is_gguf && (c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MIXTRAL)) {
             ly->wq.unpermute_heads = c->n_heads;
             ly->wk.unpermute_heads = c->n_kv_heads;
         }
@@ -238,6 +357,9 @@ static int check_config(const model_config *c, const char *file, char *err, size
         if (pos[i].v <= 0 || pos[i].v > (1 << 24))
             return specd_errf(err, errlen, SPECD_EFORMAT, "%s: %s = %lld is out of range", file,
                               pos[i].name, (long long)pos[i].v);
+    if (c->n_layers > MODEL_MAX_LAYERS)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %d layers (at most %d)", file, c->n_layers,
+                          MODEL_MAX_LAYERS);
     if (c->n_heads % c->n_kv_heads)
         return specd_errf(err, errlen, SPECD_EFORMAT,
                           "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
@@ -248,6 +370,9 @@ static int check_config(const model_config *c, const char *file, char *err, size
     if (!(c->rms_eps > 0) || !(c->rope_theta > 0))
         return specd_errf(err, errlen, SPECD_EFORMAT,
                           "%s: rms_norm_eps and rope_theta must be positive", file);
+    if (c->n_experts && (c->n_experts > MODEL_MAX_EXPERTS || c->n_experts_used < 1 ||
+                         c->n_experts_used > c->n_experts || c->moe_ffn < 1 || c->moe_ffn > (1 << 24)))
+        return specd_errf(err, errlen, SPECD_EFORMAT, "%s: expert counts out of range", file);
     if (c->rope_type == ROPE_LLAMA3 &&
         (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor) ||
          c->rope_orig_max_pos <= 0))
@@ -304,9 +429,16 @@ static int hf_rope(const json_t *j, model_config *c, const char *file, char *err
         c->rope_type = ROPE_DEFAULT;
         return 0;
     }
+    if (!strcmp(type, "linear")) {
+        if (ju_num(sc, "factor", &v, file, err, errlen) || !(v > 0))
+            return specd_errf(err, errlen, SPECD_EFORMAT, "%s: linear rope needs a positive \"factor\"", file);
+        c->rope_type = ROPE_LINEAR;
+        c->rope_factor = (float)v;
+        return 0;
+    }
     if (strcmp(type, "llama3"))
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                          "%s: rope type \"%s\" is not supported (default, llama3)", file, type);
+                          "%s: rope type \"%s\" is not supported (default, linear, llama3)", file, type);
     c->rope_type = ROPE_LLAMA3;
     if (ju_num(sc, "factor", &v, file, err, errlen))
         return specd_errf(err, errlen, SPECD_EFORMAT, "%s: llama3 rope needs a numeric \"factor\"",
@@ -353,14 +485,15 @@ static int hf_special_tokens(const json_t *j, model_config *c, const char *file,
 }
 
 /* Sliding-window attention changes the math, so it is applied or refused, never ignored.
- * Mistral: "sliding_window" W (null: none) on every layer. Qwen2/Qwen3: the window applies
- * only with "use_sliding_window" true, and then only above "max_window_layers": refused. */
+ * Mistral, Mixtral, Phi-3: "sliding_window" W (null: none) on every layer. Qwen2/Qwen3
+ * (and MoE): the window applies only with "use_sliding_window" true, and then only above
+ * "max_window_layers": refused. Gemma 3: on the layers its layer_types mark (hf_family). */
 static int hf_sliding_window(const json_t *j, model_config *c, const char *file, char *err, size_t errlen) {
     int64_t w = 0;
     int use = 1, rc;
     if ((rc = ju_int(j, "sliding_window", &w, file, err, errlen)) < 0) return rc;
     if (rc == JU_ABSENT || w <= 0) return 0;
-    if (c->arch != MODEL_ARCH_LLAMA) {
+    if (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3MOE) {
         if ((rc = ju_bool(j, "use_sliding_window", &use, file, err, errlen)) < 0) return rc;
         if (rc == JU_ABSENT || !use) return 0;
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
@@ -369,6 +502,128 @@ static int hf_sliding_window(const json_t *j, model_config *c, const char *file,
     if (w > (1 << 24)) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: sliding_window %lld is out of range",
                                          file, (long long)w);
     c->sliding_window = (int)w;
+    if (c->arch != MODEL_ARCH_GEMMA3) memset(c->layer_swa, 1, sizeof c->layer_swa);
+    return 0;
+}
+
+/* A key that must be absent or null (a feature that would change the output). */
+static int hf_absent(const json_t *j, const char *key, const char *file, char *err, size_t errlen) {
+    const json_t *v = json_object_get(j, key);
+    if (!v || json_is_null(v) || json_is_false(v)) return 0;
+    return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: \"%s\" is not supported", file, key);
+}
+
+/* Gemma 3's config: layer pattern, rotary per layer type, scales, soft-capping. */
+static int hf_gemma3(const json_t *j, model_config *c, const char *file, char *err, size_t errlen) {
+    int rc;
+    double v;
+    if ((rc = hf_absent(j, "attn_logit_softcapping", file, err, errlen)) ||
+        (rc = hf_absent(j, "final_logit_softcapping", file, err, errlen)) ||
+        (rc = hf_absent(j, "use_bidirectional_attention", file, err, errlen)))
+        return rc;
+    c->norm_plus_one = 1;
+    c->sandwich_norms = 1;
+    c->embed_scale = sqrtf((float)c->hidden);
+    v = c->head_dim;
+    JU(ju_num(j, "query_pre_attn_scalar", &v, file, err, errlen));
+    if (!(v > 0)) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: query_pre_attn_scalar must be positive", file);
+    c->attn_scale = (float)(1.0 / sqrt(v));
+    /* rotary: transformers 5 nests {full_attention: {...}, sliding_attention: {...}};
+     * older configs give rope_theta (+ rope_scaling) and rope_local_base_freq */
+    const json_t *rp = json_object_get(j, "rope_parameters");
+    const json_t *full = json_is_object(rp) ? json_object_get(rp, "full_attention") : NULL;
+    double local = 10000.0;
+    if (json_is_object(full)) {
+        json_t *tmp = json_pack("{sO}", "rope_parameters", full);
+        rc = tmp ? hf_rope(tmp, c, file, err, errlen) : SPECD_ENOMEM;
+        json_decref(tmp);
+        if (rc) return rc;
+        const json_t *sl = json_object_get(rp, "sliding_attention");
+        const char *type = "default";
+        if (json_is_object(sl)) {
+            JU(ju_num(sl, "rope_theta", &local, file, err, errlen));
+            JU(ju_str(sl, "rope_type", &type, file, err, errlen));
+        }
+        if (strcmp(type, "default"))
+            return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                              "%s: rope type \"%s\" on sliding layers is not supported (default)", file, type);
+    } else {
+        if ((rc = hf_rope(j, c, file, err, errlen))) return rc;
+        JU(ju_num(j, "rope_local_base_freq", &local, file, err, errlen));
+    }
+    if (!(local > 0)) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: local rope base must be positive", file);
+    c->rope_local_theta = (float)local;
+    /* which layers slide: layer_types, else every sliding_window_pattern-th layer is full */
+    const json_t *lt = json_object_get(j, "layer_types");
+    if (json_is_array(lt)) {
+        if ((int)json_array_size(lt) != c->n_layers)
+            return specd_errf(err, errlen, SPECD_EFORMAT, "%s: layer_types has %zu entries for %d layers", file,
+                              json_array_size(lt), c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            const char *t = json_string_value(json_array_get(lt, (size_t)l));
+            if (!t || (strcmp(t, "sliding_attention") && strcmp(t, "full_attention")))
+                return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: layer_types[%d] \"%s\" is not supported "
+                                  "(sliding_attention, full_attention)", file, l, t ? t : "?");
+            c->layer_swa[l] = !strcmp(t, "sliding_attention");
+        }
+    } else {
+        int pat = 6;
+        if ((rc = hf_int(j, "sliding_window_pattern", 0, 6, &pat, file, err, errlen)) ||
+            (rc = hf_int(j, "_sliding_window_pattern", 0, pat, &pat, file, err, errlen)))
+            return rc;
+        if (pat < 1) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: sliding_window_pattern must be >= 1", file);
+        for (int l = 0; l < c->n_layers; l++) c->layer_swa[l] = (l + 1) % pat != 0;
+    }
+    return 0;
+}
+
+/* What each family adds to the llama config: experts, fused weights' rotary, Gemma 3. */
+static int hf_family(const json_t *j, model_config *c, const char *file, char *err, size_t errlen) {
+    int rc;
+    if (c->n_layers > MODEL_MAX_LAYERS)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %d layers (at most %d)", file, c->n_layers,
+                          MODEL_MAX_LAYERS);
+    if (c->arch == MODEL_ARCH_PHI3) {
+        double prf = 1.0;
+        const json_t *rp = json_object_get(j, "rope_parameters");
+        JU(ju_num(j, "partial_rotary_factor", &prf, file, err, errlen));
+        if (json_is_object(rp)) JU(ju_num(rp, "partial_rotary_factor", &prf, file, err, errlen));
+        if (prf != 1.0)
+            return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: partial_rotary_factor %g is not supported (1.0)",
+                              file, prf);
+    }
+    if (c->arch == MODEL_ARCH_MIXTRAL) {
+        c->moe_ffn = c->ffn;
+        c->moe_norm_topk = 1;
+        if ((rc = hf_int(j, "num_local_experts", 1, 0, &c->n_experts, file, err, errlen)) ||
+            (rc = hf_int(j, "num_experts_per_tok", 1, 0, &c->n_experts_used, file, err, errlen)))
+            return rc;
+    }
+    if (c->arch == MODEL_ARCH_QWEN3MOE) {
+        int step = 1;
+        int64_t n = 0;
+        if ((rc = ju_int(j, "num_experts", &n, file, err, errlen)) < 0) return rc;
+        if (rc == JU_ABSENT && (rc = ju_int(j, "num_local_experts", &n, file, err, errlen)) < 0) return rc;
+        if (rc == JU_ABSENT) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: missing \"num_experts\"", file);
+        c->n_experts = n > 0 && n <= MODEL_MAX_EXPERTS ? (int)n : -1;
+        if ((rc = hf_int(j, "num_experts_per_tok", 1, 0, &c->n_experts_used, file, err, errlen)) ||
+            (rc = hf_int(j, "moe_intermediate_size", 1, 0, &c->moe_ffn, file, err, errlen)) ||
+            (rc = hf_int(j, "decoder_sparse_step", 0, 1, &step, file, err, errlen)))
+            return rc;
+        JU(ju_bool(j, "norm_topk_prob", &c->moe_norm_topk, file, err, errlen));
+        const json_t *dense = json_object_get(j, "mlp_only_layers");
+        if (step != 1 || (json_is_array(dense) && json_array_size(dense)))
+            return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                              "%s: dense MLP layers between the MoE layers (decoder_sparse_step %d, mlp_only_layers) "
+                              "are not supported", file, step);
+        if ((rc = hf_absent(j, "shared_expert_intermediate_size", file, err, errlen))) return rc;
+    }
+    if (c->n_experts &&
+        (c->n_experts < 1 || c->n_experts > MODEL_MAX_EXPERTS || c->n_experts_used < 1 ||
+         c->n_experts_used > c->n_experts || c->moe_ffn < 1 || c->moe_ffn > (1 << 24)))
+        return specd_errf(err, errlen, SPECD_EFORMAT, "%s: expert counts out of range (%d experts, %d per token, "
+                          "%d wide)", file, c->n_experts, c->n_experts_used, c->moe_ffn);
+    if (c->arch == MODEL_ARCH_GEMMA3) return hf_gemma3(j, c, file, err, errlen);
     return 0;
 }
 
@@ -388,15 +643,24 @@ static int hf_config(const char *dir, model_config *c, char *err, size_t errlen)
         goto out;
     }
     snprintf(c->arch_name, sizeof c->arch_name, "%s", a);
-    if (!strcmp(a, "LlamaForCausalLM") || !strcmp(a, "MistralForCausalLM")) c->arch = MODEL_ARCH_LLAMA;
-    else if (!strcmp(a, "Qwen2ForCausalLM")) c->arch = MODEL_ARCH_QWEN2;
-    else if (!strcmp(a, "Qwen3ForCausalLM")) c->arch = MODEL_ARCH_QWEN3;
-    else {
+    static const struct { const char *name; model_arch arch; } known[] = {
+        {"LlamaForCausalLM", MODEL_ARCH_LLAMA},     {"MistralForCausalLM", MODEL_ARCH_LLAMA},
+        {"Qwen2ForCausalLM", MODEL_ARCH_QWEN2},     {"Qwen3ForCausalLM", MODEL_ARCH_QWEN3},
+        {"Phi3ForCausalLM", MODEL_ARCH_PHI3},       {"MixtralForCausalLM", MODEL_ARCH_MIXTRAL},
+        {"Qwen3MoeForCausalLM", MODEL_ARCH_QWEN3MOE}, {"Gemma3ForCausalLM", MODEL_ARCH_GEMMA3},
+    };
+    size_t ai = 0;
+    while (ai < sizeof known / sizeof known[0] && strcmp(a, known[ai].name)) ai++;
+    if (ai == sizeof known / sizeof known[0]) {
         rc = specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                        "%s: unknown architecture \"%s\" (supported: LlamaForCausalLM, "
-                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", file, a);
+                        "%s: unknown architecture \"%s\" (supported: LlamaForCausalLM, MistralForCausalLM, "
+                        "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, "
+                        "Qwen3MoeForCausalLM, Gemma3ForCausalLM%s)", file, a,
+                        strcmp(a, "Gemma3ForConditionalGeneration") ? "" :
+                        "; this is the multimodal Gemma 3 checkpoint: its text model alone is not supported yet");
         goto out;
     }
+    c->arch = known[ai].arch;
     if ((rc = hf_int(j, "num_hidden_layers", 1, 0, &c->n_layers, file, err, errlen)) ||
         (rc = hf_int(j, "hidden_size", 1, 0, &c->hidden, file, err, errlen)) ||
         (rc = hf_int(j, "num_attention_heads", 1, 0, &c->n_heads, file, err, errlen)) ||
@@ -420,11 +684,12 @@ static int hf_config(const char *dir, model_config *c, char *err, size_t errlen)
     c->rms_eps = (float)eps;
     c->max_pos = mp;
     if ((rc = hf_rope(j, c, file, err, errlen))) goto out;
-    c->tied_embeddings = 0;
+    c->tied_embeddings = c->arch == MODEL_ARCH_GEMMA3;   /* HF's default per family */
     if ((rc = ju_bool(j, "tie_word_embeddings", &c->tied_embeddings, file, err, errlen)) < 0) goto out;
     c->qkv_bias = c->arch == MODEL_ARCH_QWEN2;
-    c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
+    c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3MOE || c->arch == MODEL_ARCH_GEMMA3;
     if ((rc = hf_sliding_window(j, c, file, err, errlen))) goto out;
+    if ((rc = hf_family(j, c, file, err, errlen))) goto out;
     /* Options of these architectures that add tensors or ops specd does not have. */
     b = 0;
     if ((rc = ju_bool(j, "attention_bias", &b, file, err, errlen)) < 0) goto out;
@@ -438,10 +703,16 @@ static int hf_config(const char *dir, model_config *c, char *err, size_t errlen)
         rc = specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: mlp_bias true is not supported", file);
         goto out;
     }
-    if ((rc = ju_str(j, "hidden_act", &s, file, err, errlen)) < 0) goto out;
-    if (rc == 0 && strcmp(s, "silu")) {
-        rc = specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                        "%s: hidden_act \"%s\" is not supported (silu)", file, s);
+    /* Gemma names the activation hidden_activation; the others hidden_act */
+    const char *act_key = c->arch == MODEL_ARCH_GEMMA3 ? "hidden_activation" : "hidden_act";
+    if ((rc = ju_str(j, act_key, &s, file, err, errlen)) < 0) goto out;
+    if (rc == JU_ABSENT && c->arch == MODEL_ARCH_GEMMA3 &&
+        (rc = ju_str(j, "hidden_act", &s, file, err, errlen)) < 0)
+        goto out;
+    c->act = c->arch == MODEL_ARCH_GEMMA3 ? ACT_GELU_TANH : ACT_SILU;
+    if (rc == 0 && strcmp(s, c->act == ACT_SILU ? "silu" : "gelu_pytorch_tanh")) {
+        rc = specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %s \"%s\" is not supported (%s)", file, act_key, s,
+                        c->act == ACT_SILU ? "silu" : "gelu_pytorch_tanh");
         goto out;
     }
     if ((rc = hf_special_tokens(j, c, file, err, errlen))) goto out;
@@ -521,7 +792,18 @@ static int load_hf(loader *L, const char *dir) {
     int rc = hf_config(dir, &L->m->cfg, L->err, L->errlen);
     if (rc) return rc;
     if ((rc = hf_open_weights(L, dir))) return rc;
-    return load_tensors(L, &hf_names);
+    tensor_names nm = hf_names;
+    if (L->m->cfg.arch == MODEL_ARCH_GEMMA3) {   /* four norms per layer */
+        nm.ffn_norm = "model.layers.%d.pre_feedforward_layernorm.weight";
+        nm.post_attn_norm = "model.layers.%d.post_attention_layernorm.weight";
+    }
+    if (L->m->cfg.arch == MODEL_ARCH_MIXTRAL) {  /* w1 gate, w3 up, w2 down */
+        nm.router = "model.layers.%d.block_sparse_moe.gate.weight";
+        nm.exp_gate = "model.layers.%d.block_sparse_moe.experts.%d.w1.weight";
+        nm.exp_up = "model.layers.%d.block_sparse_moe.experts.%d.w3.weight";
+        nm.exp_down = "model.layers.%d.block_sparse_moe.experts.%d.w2.weight";
+    }
+    return load_tensors(L, &nm);
 }
 
 /* ---- GGUF ----------------------------------------------------------------------------- */
@@ -595,6 +877,82 @@ static int gguf_rope_freqs(loader *L, const char *arch, model_config *c) {
     return 0;
 }
 
+/* What each family adds in GGUF metadata: window, rope scaling, experts, Gemma 3. */
+static int gguf_family(loader *L, const char *arch, model_config *c) {
+    gguf *g = L->p->g;
+    const char *file = L->m->path, *s;
+    char *err = L->err, key[160];
+    size_t errlen = L->errlen, len;
+    int rc, win = 0;
+    /* <arch>.attention.sliding_window: every layer (Mistral, Phi-3), Gemma 3's pattern */
+    if ((rc = gguf_int(g, arch, "attention.sliding_window", 0, 0, &win, file, err, errlen))) return rc;
+    if (win > 0 && (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3MOE))
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %s.attention.sliding_window is not supported",
+                          file, arch);
+    c->sliding_window = win > 0 ? win : 0;
+    if (c->n_layers > MODEL_MAX_LAYERS)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %d layers (at most %d)", file, c->n_layers,
+                          MODEL_MAX_LAYERS);
+    if (c->arch != MODEL_ARCH_GEMMA3) memset(c->layer_swa, 1, sizeof c->layer_swa);
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(g, key, &s, &len) == 0 && !(len == 4 && !memcmp(s, "none", 4))) {
+        double f = 0;
+        if (!(len == 6 && !memcmp(s, "linear", 6)))
+            return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: rope scaling \"%.*s\" is not supported (linear)",
+                              file, (int)(len < 32 ? len : 32), s);
+        if ((rc = gguf_num(g, arch, "rope.scaling.factor", &f, file, err, errlen))) return rc;
+        if (!(f > 0)) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: linear rope scaling needs a factor", file);
+        c->rope_type = ROPE_LINEAR;
+        c->rope_factor = (float)f;
+    }
+    int ne = 0;
+    if ((rc = gguf_int(g, arch, "expert_count", 0, 0, &ne, file, err, errlen))) return rc;
+    if (ne > 0) {
+        if (c->arch == MODEL_ARCH_LLAMA) {           /* Mixtral is llama with experts */
+            c->arch = MODEL_ARCH_MIXTRAL;
+            c->moe_ffn = c->ffn;
+            c->moe_norm_topk = 1;
+        } else if (c->arch == MODEL_ARCH_QWEN3MOE) {
+            int norm = 1;   /* the released Qwen3-MoE models all renormalise (norm_topk_prob) */
+            if ((rc = gguf_int(g, arch, "expert_feed_forward_length", 1, 0, &c->moe_ffn, file, err, errlen)))
+                return rc;
+            snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+            if (gguf_get_bool(g, key, &norm) < 0 && gguf_find_key(g, key) >= 0)
+                return specd_errf(err, errlen, SPECD_EFORMAT, "%s: %s must be a bool", file, key);
+            c->moe_norm_topk = norm;
+        } else {
+            return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %s.expert_count on %s is not supported", file,
+                              arch, arch);
+        }
+        c->n_experts = ne;
+        if ((rc = gguf_int(g, arch, "expert_used_count", 1, 0, &c->n_experts_used, file, err, errlen))) return rc;
+        if (ne > MODEL_MAX_EXPERTS || c->n_experts_used < 1 || c->n_experts_used > ne)
+            return specd_errf(err, errlen, SPECD_EFORMAT, "%s: %d experts, %d used per token: out of range", file,
+                              ne, c->n_experts_used);
+    } else if (c->arch == MODEL_ARCH_QWEN3MOE) {
+        return specd_errf(err, errlen, SPECD_EFORMAT, "%s: missing metadata %s.expert_count", file, arch);
+    }
+    if (c->arch == MODEL_ARCH_GEMMA3) {
+        /* llama.cpp's converter stores Gemma's norms as 1 + w, so no offset here; the
+         * sliding layers' rotary base is not in the metadata (10k, as Gemma 3 defines it),
+         * nor is query_pre_attn_scalar: head_dim for every size but the 27B's, whose
+         * scalar is hidden / heads (168 with head_dim 128). */
+        int pat = 6;
+        c->sandwich_norms = 1;
+        c->act = ACT_GELU_TANH;
+        c->embed_scale = sqrtf((float)c->hidden);
+        c->rope_local_theta = 10000.0f;
+        c->attn_scale = 1.0f / sqrtf((float)(c->n_layers == 62 ? c->hidden / c->n_heads : c->head_dim));
+        if ((rc = gguf_int(g, arch, "attention.sliding_window_pattern", 0, 6, &pat, file, err, errlen))) return rc;
+        if (pat < 1) return specd_errf(err, errlen, SPECD_EFORMAT, "%s: sliding_window_pattern must be >= 1", file);
+        for (int l = 0; l < c->n_layers; l++) c->layer_swa[l] = (l + 1) % pat != 0;
+    }
+    if (c->ffn == 0 && c->n_experts) c->ffn = c->moe_ffn;   /* informational for MoE */
+    if (c->ffn == 0)
+        return specd_errf(err, errlen, SPECD_EFORMAT, "%s: missing metadata %s.feed_forward_length", file, arch);
+    return 0;
+}
+
 static int gguf_config(loader *L) {
     gguf *g = L->p->g;
     model_config *c = &L->m->cfg;
@@ -608,19 +966,24 @@ static int gguf_config(loader *L) {
         return specd_errf(err, errlen, SPECD_EFORMAT, "%s: missing general.architecture", file);
     snprintf(arch, sizeof arch, "%.*s", (int)(len < 31 ? len : 31), s);
     snprintf(c->arch_name, sizeof c->arch_name, "%s", arch);
-    if (len == 5 && !memcmp(s, "llama", 5)) c->arch = MODEL_ARCH_LLAMA;
-    else if (len == 5 && !memcmp(s, "qwen2", 5)) c->arch = MODEL_ARCH_QWEN2;
-    else if (len == 5 && !memcmp(s, "qwen3", 5)) c->arch = MODEL_ARCH_QWEN3;
-    else
+    static const struct { const char *name; model_arch arch; } known[] = {
+        {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
+        {"phi3", MODEL_ARCH_PHI3}, {"qwen3moe", MODEL_ARCH_QWEN3MOE}, {"gemma3", MODEL_ARCH_GEMMA3},
+    };
+    size_t ai = 0;
+    while (ai < sizeof known / sizeof known[0] && (strlen(known[ai].name) != len || memcmp(s, known[ai].name, len)))
+        ai++;
+    if (ai == sizeof known / sizeof known[0])
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                          "%s: unknown architecture \"%.*s\" (supported: llama, qwen2, qwen3)",
-                          file, (int)(len < 64 ? len : 64), s);
+                          "%s: unknown architecture \"%.*s\" (supported: llama (and Mixtral), qwen2, qwen3, "
+                          "phi3, qwen3moe, gemma3)", file, (int)(len < 64 ? len : 64), s);
+    c->arch = known[ai].arch;
     if ((rc = gguf_int(g, arch, "block_count", 1, 0, &c->n_layers, file, err, errlen)) ||
         (rc = gguf_int(g, arch, "embedding_length", 1, 0, &c->hidden, file, err, errlen)) ||
         (rc = gguf_int(g, arch, "attention.head_count", 1, 0, &c->n_heads, file, err, errlen)) ||
         (rc = gguf_int(g, arch, "attention.head_count_kv", 0, c->n_heads, &c->n_kv_heads, file, err,
                        errlen)) ||
-        (rc = gguf_int(g, arch, "feed_forward_length", 1, 0, &c->ffn, file, err, errlen)))
+        (rc = gguf_int(g, arch, "feed_forward_length", 0, 0, &c->ffn, file, err, errlen)))
         return rc;
     if (c->n_heads <= 0)
         return specd_errf(err, errlen, SPECD_EFORMAT, "%s: %s.attention.head_count must be positive",
@@ -637,19 +1000,7 @@ static int gguf_config(loader *L) {
     c->rms_eps = (float)eps;
     c->rope_theta = (float)theta;
     c->max_pos = mp;
-    /* llama.cpp writes a Mistral window as <arch>.attention.sliding_window */
-    int win = 0;
-    if ((rc = gguf_int(g, arch, "attention.sliding_window", 0, 0, &win, file, err, errlen))) return rc;
-    if (win > 0 && c->arch != MODEL_ARCH_LLAMA)
-        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %s.attention.sliding_window is not supported",
-                          file, arch);
-    c->sliding_window = win;
-    char key[160];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    if (gguf_get_str(g, key, &s, &len) == 0 && !(len == 4 && !memcmp(s, "none", 4)))
-        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                          "%s: rope scaling \"%.*s\" is not supported", file,
-                          (int)(len < 32 ? len : 32), s);
+    if ((rc = gguf_family(L, arch, c))) return rc;
     if ((rc = gguf_rope_freqs(L, arch, c))) return rc;
 
     const gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");
@@ -672,7 +1023,10 @@ static int gguf_config(loader *L) {
                           "supported", file, arch, rot, c->head_dim);
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
-    c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
+    c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3MOE || c->arch == MODEL_ARCH_GEMMA3;
+    if (c->arch == MODEL_ARCH_PHI3 && gguf_find_tensor(g, "rope_factors_long.weight"))
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: Phi-3 longrope scaling (rope_factors_long.weight) "
+                          "is not supported", file);
 
     uint64_t id;
     if (gguf_get_u64(g, "tokenizer.ggml.bos_token_id", &id) == 0) c->bos_id = (int)id;
@@ -729,6 +1083,7 @@ void model_free(model *m) {
         free(p->arena);
         free(p);
     }
+    for (int l = 0; m->layers && l < m->cfg.n_layers; l++) free(m->layers[l].exp_gate);
     free(m->layers);
     free(m);
 }
@@ -743,9 +1098,14 @@ static ggml_type view_ggml_type(tensor_dtype d) {
     static const ggml_type map[] = {
         [TDT_F32] = GGML_F32, [TDT_F16] = GGML_F16, [TDT_BF16] = GGML_BF16,
         [TDT_Q8_0] = GGML_Q8_0, [TDT_Q4_0] = GGML_Q4_0, [TDT_Q4_1] = GGML_Q4_1,
-        [TDT_Q4_K] = GGML_Q4_K, [TDT_Q6_K] = GGML_Q6_K,
+        [TDT_Q4_K] = GGML_Q4_K, [TDT_Q6_K] = GGML_Q6_K, [TDT_Q5_0] = GGML_Q5_0,
+        [TDT_Q5_1] = GGML_Q5_1, [TDT_Q5_K] = GGML_Q5_K,
     };
     return map[d];
+}
+
+static size_t view_row_bytes(const tensor_view *t) {
+    return ggml_row_size(view_ggml_type(t->dtype), t->ndim == 2 ? t->shape[1] : t->shape[0]);
 }
 
 /* Stored row of logical row r. llama.cpp's converter reshapes each head's rows as
@@ -765,7 +1125,7 @@ typedef struct {
 } view_geom;
 
 static int view_geometry(const tensor_view *t, view_geom *v) {
-    if (!t || !t->data || (t->ndim != 1 && t->ndim != 2) || (unsigned)t->dtype > TDT_Q6_K)
+    if (!t || !t->data || (t->ndim != 1 && t->ndim != 2) || (unsigned)t->dtype > TDT_Q5_K)
         return SPECD_EINVAL;
     v->rows = t->ndim == 2 ? t->shape[0] : 1;
     v->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
@@ -944,6 +1304,11 @@ model *model_random(const model_config *cfg, uint64_t seed, char *err, size_t er
         return NULL;
     }
     if (check_config(cfg, "random model config", err, errlen)) return NULL;
+    if (cfg->n_experts || cfg->sandwich_norms) {
+        specd_errf(err, errlen, SPECD_EUNSUPPORTED, "model_random: %s (experts, sandwich norms) has no random form yet",
+                   cfg->arch_name);
+        return NULL;
+    }
     /* check_config bounds every dimension by 2^24, so the count cannot overflow 64 bits. */
     rand_ctx r = { NULL, NULL, seed, 0 };
     uint64_t n = rand_all(&r, cfg);
@@ -1041,6 +1406,8 @@ void model_rope_inv_freq(const model_config *c, int round_to_bf16, float *inv) {
             inv[i] = f;
         }
     }
+    if (c->rope_type == ROPE_LINEAR)
+        for (int i = 0; i < half; i++) inv[i] /= c->rope_factor;
     if (round_to_bf16)
         for (int i = 0; i < half; i++) {
             uint32_t u;
@@ -1048,4 +1415,15 @@ void model_rope_inv_freq(const model_config *c, int round_to_bf16, float *inv) {
             u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
             memcpy(&inv[i], &u, 4);
         }
+}
+
+void model_rope_inv_freq_layer(const model_config *c, int layer, int round_to_bf16, float *inv) {
+    if (!(c->rope_local_theta > 0) || !model_layer_window(c, layer)) {
+        model_rope_inv_freq(c, round_to_bf16, inv);
+        return;
+    }
+    model_config local = *c;
+    local.rope_theta = c->rope_local_theta;
+    local.rope_type = ROPE_DEFAULT;
+    model_rope_inv_freq(&local, round_to_bf16, inv);
 }

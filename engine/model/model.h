@@ -11,10 +11,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch;
-typedef enum { ROPE_DEFAULT = 0, ROPE_LLAMA3 } rope_kind;
+/* Families. Mistral loads as LLAMA (same math; its window is sliding_window). Phi-3's
+ * fused qkv_proj / gate_up_proj are split into the plain views at load, so runners see a
+ * llama-shaped layer. */
+typedef enum {
+    MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_PHI3,
+    MODEL_ARCH_MIXTRAL, MODEL_ARCH_QWEN3MOE, MODEL_ARCH_GEMMA3,
+} model_arch;
+typedef enum { ROPE_DEFAULT = 0, ROPE_LLAMA3, ROPE_LINEAR } rope_kind;
+typedef enum { ACT_SILU = 0, ACT_GELU_TANH } ffn_act;
 
 #define MODEL_MAX_EOS 8
+#define MODEL_MAX_LAYERS 512
+#define MODEL_MAX_EXPERTS 512
 
 typedef struct {
     model_arch arch;
@@ -34,8 +43,24 @@ typedef struct {
     int tied_embeddings;     /* lm_head == token embedding */
     int qkv_bias;            /* Qwen2 */
     int qk_norm;             /* Qwen3 per-head RMSNorm on q and k */
-    int sliding_window;      /* > 0: every layer attends to the last W positions only (the
-                              * query's own included: keys p with pos - p < W); 0: all */
+    int sliding_window;      /* > 0: the layers marked in layer_swa attend to the last W
+                              * positions only (the query's own included: keys p with
+                              * pos - p < W); 0: none */
+    uint8_t layer_swa[MODEL_MAX_LAYERS]; /* 1: layer l is a sliding-window layer (Mistral:
+                              * all; Gemma 3: its layer_types); see model_layer_window */
+    float rope_local_theta;  /* sliding layers' rotary base when it differs (Gemma 3: 10k,
+                              * default rotary, no scaling); 0: the layers share rope_theta */
+    ffn_act act;             /* gate activation of the gated MLP */
+    int norm_plus_one;       /* RMSNorm scales by (1 + w), as Gemma stores its norms (HF);
+                              * GGUF files of Gemma hold 1 + w already (0 there) */
+    int sandwich_norms;      /* Gemma 3: post_attn_norm / post_ffn_norm on the sublayer
+                              * outputs before each residual add */
+    float embed_scale;       /* embeddings are multiplied by this (Gemma: sqrt(hidden)); 0: 1 */
+    float attn_scale;        /* softmax scale of q.k; 0: 1/sqrt(head_dim) */
+    /* Mixture of experts (n_experts > 0): every layer's MLP is n_experts gated MLPs of
+     * moe_ffn rows; the router's softmax over all experts picks the top n_experts_used,
+     * whose weights are renormalised to sum 1 when moe_norm_topk (Mixtral always). */
+    int n_experts, n_experts_used, moe_ffn, moe_norm_topk;
     int64_t max_pos;         /* max_position_embeddings: informational, never used to size */
     int bos_id;              /* -1 if none */
     int eos_ids[MODEL_MAX_EOS];
@@ -45,6 +70,7 @@ typedef struct {
 /* Storage type of a tensor view. Quantized types are GGUF's block formats. */
 typedef enum {
     TDT_F32 = 0, TDT_F16, TDT_BF16, TDT_Q8_0, TDT_Q4_0, TDT_Q4_1, TDT_Q4_K, TDT_Q6_K,
+    TDT_Q5_0, TDT_Q5_1, TDT_Q5_K,
 } tensor_dtype;
 
 typedef struct {
@@ -71,6 +97,12 @@ typedef struct {
     tensor_view w_gate;      /* [ffn, hidden] */
     tensor_view w_up;        /* [ffn, hidden] */
     tensor_view w_down;      /* [hidden, ffn] */
+    /* sandwich_norms (Gemma 3): norms of the attention and MLP outputs */
+    tensor_view post_attn_norm, post_ffn_norm;   /* [hidden] */
+    /* n_experts > 0: the router and each expert's gated MLP (w_gate/w_up/w_down empty) */
+    tensor_view router;      /* [n_experts, hidden] */
+    tensor_view *exp_gate, *exp_up;   /* [n_experts] views of [moe_ffn, hidden] */
+    tensor_view *exp_down;   /* [n_experts] views of [hidden, moe_ffn] */
 } model_layer;
 
 typedef struct model {
@@ -111,6 +143,15 @@ int tensor_to_bf16(const tensor_view *t, uint16_t *dst);
  * transformers' rotary buffer when a model is cast to bf16 as a whole and back (the
  * fixtures' reference outputs carry that rounding; its effect grows with position). */
 void model_rope_inv_freq(const model_config *c, int round_to_bf16, float *inv);
+
+/* The sliding window of layer l (0: full attention). */
+static inline int model_layer_window(const model_config *c, int l) {
+    return c->sliding_window > 0 && c->layer_swa[l] ? c->sliding_window : 0;
+}
+
+/* Rotary inverse frequencies of layer l: model_rope_inv_freq, or for a sliding layer of a
+ * model with rope_local_theta, the default rotary at that base. */
+void model_rope_inv_freq_layer(const model_config *c, int layer, int round_to_bf16, float *inv);
 
 /* Bytes of KV cache per token for all layers of this model (k and v, given element size). */
 size_t model_kv_bytes_per_token(const model_config *c, size_t elem_size);

@@ -35,6 +35,9 @@ static void dtype_block(tensor_dtype d, int64_t *blck, size_t *bytes) {
     case TDT_Q4_1: *blck = 32; *bytes = 20; return;
     case TDT_Q4_K: *blck = 256; *bytes = 144; return;
     case TDT_Q6_K: *blck = 256; *bytes = 210; return;
+    case TDT_Q5_0: *blck = 32; *bytes = 22; return;
+    case TDT_Q5_1: *blck = 32; *bytes = 24; return;
+    case TDT_Q5_K: *blck = 256; *bytes = 176; return;
     }
     *blck = 0;
     *bytes = 0;
@@ -176,6 +179,10 @@ int shard_check(const model_config *c, int world, char *err, size_t errlen) {
                           "--tensor-parallel-size %d does not divide the %d KV heads (GQA: "
                           "each rank must own whole KV heads; KV heads are not replicated)",
                           world, c->n_kv_heads);
+    if (world > 1 && (c->n_experts || c->sandwich_norms || c->act != ACT_SILU))
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "tensor parallelism for %s (experts, Gemma 3 layers) is not implemented: use "
+                          "--tensor-parallel-size 1", c->arch_name);
     if (c->ffn % world)
         return specd_errf(err, errlen, SPECD_EINVAL,
                           "--tensor-parallel-size %d does not divide the intermediate size %d",

@@ -109,7 +109,7 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
         c->rope_bf16_freqs = 1;
         return 1;
     }
-    static const char *const with_value[] = {"--model", "--tokenizer", "--draft-model",
+    static const char *const with_value[] = {"--model", "--tokenizer", "--chat-template", "--draft-model",
         "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch",
         "--kv-cache-bytes", "--threads", "--block-size", "--tensor-parallel-size", "--nnodes",
         "--node-rank", "--master-addr", "--master-port", "--shape", "--draft-shape"};
@@ -127,6 +127,7 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--shape")) c->random_shape = v;
     else if (!strcmp(a, "--draft-shape")) c->draft_random_shape = v;
     else if (!strcmp(a, "--tokenizer")) c->tokenizer_path = v;
+    else if (!strcmp(a, "--chat-template")) c->chat_template_path = v;
     else if (!strcmp(a, "--draft-model")) c->draft_path = v;
     else if (!strcmp(a, "--draft-layers")) bad = cli_int(v, 1, 1000, &c->draft_layers);
     else if (!strcmp(a, "--num-draft-tokens")) bad = cli_int(v, 1, ENGINE_MAX_STEP_TOKENS - 1, &c->num_draft_tokens);

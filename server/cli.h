@@ -37,6 +37,7 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
 #define CLI_ENGINE_HELP \
     "  --model PATH            HF checkpoint directory or .gguf file (or --shape)\n" \
     "  --tokenizer PATH        tokenizer.json / directory / .gguf (default: from --model)\n" \
+    "  --chat-template FILE    Jinja chat template instead of the model's own\n" \
     "  --draft-model PATH      draft model for speculative decoding\n" \
     "  --draft-layers N        self-speculation: draft = target's first N layers\n" \
     "  --num-draft-tokens K    draft tokens per step (default 4)\n" \

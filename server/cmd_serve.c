@@ -91,6 +91,7 @@ static void fill_engine_config(const srv_config *c, engine_config *ec) {
     ec->model_path = c->model[0] ? c->model : NULL;
     ec->random_shape = c->shape[0] ? c->shape : NULL;
     ec->tokenizer_path = c->tokenizer[0] ? c->tokenizer : NULL;
+    ec->chat_template_path = c->chat_template[0] ? c->chat_template : NULL;
     ec->draft_path = c->draft_model[0] ? c->draft_model : NULL;
     ec->draft_layers = c->draft_layers;
     ec->num_draft_tokens = c->num_draft_tokens;

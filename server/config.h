@@ -20,6 +20,7 @@ typedef struct {
     char model[SRV_PATH_MAX];
     char shape[SRV_NAME_MAX];           /* "" = none; else random weights of this shape */
     char tokenizer[SRV_PATH_MAX];       /* "" = from the model */
+    char chat_template[SRV_PATH_MAX];   /* Jinja file; "" = the model's own */
     char draft_model[SRV_PATH_MAX];     /* "" = no draft */
     int num_draft_tokens;               /* 0 = engine default (4) */
     int draft_layers;                   /* 0 = off */

@@ -18,8 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/core/engine.h"
 #include "engine/core/err.h"
 #include "engine/model/gguf.h"
+#include "engine/text/tmpl.h"
+#include "tests/fixtures.h"
 #include "engine/model/model.h"
 
 /* ---- a GGUF writer -------------------------------------------------------------------- */
@@ -1069,6 +1072,103 @@ static void test_smollm2_q4_1_gguf_loads(void **state) {
     model_free(m);
 }
 
+/* Render `msgs` (JSON) with an engine's template; caller frees. */
+static char *render_with(const tmpl_template *t, const char *msgs, int agp, const char *bos, const char *eos) {
+    json_t *m = json_loads(msgs, 0, NULL);
+    assert_non_null(m);
+    json_t *ctx = tmpl_chat_context(m, NULL, agp, bos, eos, NULL);
+    char *out = NULL, err[512];
+    size_t len = 0;
+    if (tmpl_render(t, ctx, &out, &len, err, sizeof err)) fail_msg("render: %s", err);
+    json_decref(ctx);
+    json_decref(m);
+    return out;
+}
+
+/* --chat-template FILE replaces the model's template: SmolLM2 with the Phi-3.5 template of
+ * the fixtures renders what HF transformers rendered with that template; a missing or
+ * broken file is an error naming the option. */
+static void test_chat_template_option_replaces_the_models(void **state) {
+    (void)state;
+    if (access(SMOL, R_OK) != 0) {
+        printf("SKIP: %s absent (run scripts/fetch-model.sh)\n", SMOL);
+        skip();
+    }
+    json_t *g = fixture_json("chat-templates/golden.json");
+    assert_non_null(g);
+    json_t *want = NULL, *r;
+    size_t i;
+    json_array_foreach(json_object_get(g, "renders"), i, r) {
+        if (!strcmp(json_string_value(json_object_get(r, "template")), "microsoft-Phi-3.5-mini-instruct") &&
+            json_object_get(r, "text") && !json_is_true(json_object_get(r, "tools")) &&
+            json_is_true(json_object_get(r, "add_generation_prompt"))) {
+            want = r;
+            break;
+        }
+    }
+    assert_non_null(want);
+    char *msgs = json_dumps(json_object_get(json_object_get(g, "conversations"),
+                                            json_string_value(json_object_get(want, "conversation"))), 0);
+    char err[1024] = "";
+    engine_config c = {.model_path = SMOL, .max_seq_len = 256, .max_batch = 1, .kv_bytes = 32u << 20, .threads = 1,
+                       .chat_template_path = fixture_path("chat-templates/templates/microsoft-Phi-3.5-mini-instruct.jinja")};
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fail_msg("%s", err);
+    char *out = render_with(engine_template(e), msgs, 1, json_string_value(json_object_get(want, "bos_token")),
+                            json_string_value(json_object_get(want, "eos_token")));
+    assert_string_equal(out, json_string_value(json_object_get(want, "text")));
+    free(out);
+    engine_destroy(e);
+    c.chat_template_path = "/nonexistent/template.jinja";
+    assert_null(engine_create(&c, err, sizeof err));
+    assert_non_null(strstr(err, "--chat-template /nonexistent/template.jinja"));
+    char bad[] = "/tmp/specd-bad-template-XXXXXX";
+    int fd = mkstemp(bad);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "{% for x in %}", 14), 14);
+    close(fd);
+    c.chat_template_path = bad;
+    assert_null(engine_create(&c, err, sizeof err));
+    assert_non_null(strstr(err, "--chat-template"));
+    unlink(bad);
+    free(msgs);
+    json_decref(g);
+}
+
+/* config/templates/gemma3.jinja, for Gemma GGUF files without a template: turns as Gemma
+ * formats them, the system message folded into the first user turn. */
+static void test_gemma3_template_file(void **state) {
+    (void)state;
+    size_t len = 0;
+    FILE *f = fopen("config/templates/gemma3.jinja", "rb");
+    assert_non_null(f);
+    char *src = malloc(1 << 16);
+    len = fread(src, 1, 1 << 16, f);
+    fclose(f);
+    char err[512];
+    tmpl_template *t = tmpl_parse(src, len, err, sizeof err);
+    free(src);
+    if (!t) fail_msg("%s", err);
+    char *out = render_with(t,
+                            "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+                            "{\"role\":\"assistant\",\"content\":\"Hello!\"},"
+                            "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Why?\"}]}]",
+                            1, "<bos>", "<eos>");
+    assert_string_equal(out, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                             "<start_of_turn>model\nHello!<end_of_turn>\n"
+                             "<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n");
+    free(out);
+    json_t *m = json_loads("[{\"role\":\"tool\",\"content\":\"x\"}]", 0, NULL);
+    json_t *ctx = tmpl_chat_context(m, NULL, 1, "<bos>", "<eos>", NULL);
+    char *o2 = NULL;
+    assert_int_equal(tmpl_render(t, ctx, &o2, &len, err, sizeof err), SPECD_ETEMPLATE);
+    assert_non_null(strstr(err, "user or assistant"));
+    free(o2);
+    json_decref(ctx);
+    json_decref(m);
+    tmpl_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_metadata_values_and_types, setup_tmp, teardown_tmp),
@@ -1087,6 +1187,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_truncated_gguf_every_header_offset, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_corrupted_gguf_headers, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_smollm2_q4_1_gguf_loads),
+        cmocka_unit_test(test_chat_template_option_replaces_the_models),
+        cmocka_unit_test(test_gemma3_template_file),
     };
     return cmocka_run_group_tests_name("gguf", tests, NULL, NULL);
 }

@@ -103,6 +103,25 @@ static int load_draft(engine *e, char *err, size_t errlen) {
     return 0;
 }
 
+/* A whole file as a NUL-terminated string (NULL on error). */
+static char *read_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && n < (1L << 26) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+        if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+            free(buf);
+            buf = NULL;
+        } else {
+            buf[n] = 0;
+            *len = (size_t)n;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
 /* Add a token id to the stop set once (ignoring -1 and a full set). */
 static void add_stop_id(engine *e, int id) {
     if (id < 0 || e->n_eos >= (int)(sizeof e->eos / sizeof e->eos[0])) return;
@@ -127,7 +146,17 @@ static int load_tokenizer(engine *e, char *err, size_t errlen) {
         fprintf(stderr, "specd: tokenizer has %d ids, model %d: larger ids are rejected\n",
                 tok_vocab_size(e->tok), e->vocab);
     const char *t = tok_chat_template(e->tok);
-    if (t) {
+    if (e->cfg.chat_template_path) {   /* the user's file: an error in it is fatal */
+        size_t n = 0;
+        char *text = read_text_file(e->cfg.chat_template_path, &n);
+        if (!text)
+            return specd_errf(err, errlen, SPECD_ENOTFOUND, "--chat-template %s: cannot read it",
+                              e->cfg.chat_template_path);
+        e->tmpl = tmpl_parse(text, n, terr, sizeof terr);
+        free(text);
+        if (!e->tmpl)
+            return specd_errf(err, errlen, SPECD_EFORMAT, "--chat-template %s: %s", e->cfg.chat_template_path, terr);
+    } else if (t) {
         e->tmpl = tmpl_parse(t, strlen(t), terr, sizeof terr);
         if (!e->tmpl) fprintf(stderr, "specd: chat template does not parse (%s): chat disabled\n", terr);
     }

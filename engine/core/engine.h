@@ -26,6 +26,8 @@ typedef struct {
     const char *random_shape;     /* instead of model_path: random weights of a named real
                                    * shape (model_shape_preset), for benchmarks */
     const char *tokenizer_path;   /* NULL: from model_path */
+    const char *chat_template_path; /* a Jinja file replacing the tokenizer's chat template
+                                   * (or giving one to a model that has none); NULL: none */
     const char *draft_path;       /* NULL: no draft model */
     const char *draft_random_shape; /* instead of draft_path: random weights of a named shape */
     int draft_layers;             /* > 0: self-speculation with the target's first N layers */

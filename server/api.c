@@ -232,6 +232,34 @@ static json_t *join_parts(json_t *parts, size_t mi, api_error *e) {
     return s;
 }
 
+/* An assistant message's tool_calls as templates expect them: function.arguments, a JSON
+ * string from OpenAI clients, becomes the value it encodes (as HF and vLLM pass it); a
+ * string that is not JSON stays a string. null or [] tool_calls are dropped, so a
+ * template's `'tool_calls' in message` sees none. */
+static int normalize_tool_calls(json_t *m, size_t mi, api_error *e) {
+    json_t *calls = json_object_get(m, "tool_calls");
+    if (!calls) return 0;
+    if (json_is_null(calls) || (json_is_array(calls) && !json_array_size(calls))) {
+        json_object_del(m, "tool_calls");
+        return 0;
+    }
+    if (!json_is_array(calls))
+        return api_fail(e, 400, NULL, "messages", NULL, "messages[%zu].tool_calls must be an array", mi);
+    size_t i;
+    json_t *tc;
+    json_array_foreach(calls, i, tc) {
+        json_t *fn = json_object_get(tc, "function");
+        if (!json_is_object(tc) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+            return api_fail(e, 400, NULL, "messages", NULL,
+                            "messages[%zu].tool_calls[%zu] must be an object with function.name", mi, i);
+        json_t *args = json_object_get(fn, "arguments");
+        if (!json_is_string(args)) continue;
+        json_t *v = json_loadb(json_string_value(args), json_string_length(args), JSON_DECODE_ANY, NULL);
+        if (v) json_object_set_new(fn, "arguments", v);
+    }
+    return 0;
+}
+
 json_t *api_normalize_messages(json_t *messages, api_error *e) {
     if (!messages || json_is_null(messages)) {
         api_fail(e, 400, NULL, "messages", NULL, "'messages' is required");
@@ -259,7 +287,9 @@ json_t *api_normalize_messages(json_t *messages, api_error *e) {
         else if (json_is_array(c)) {
             if (!(content = join_parts(c, i, e))) goto fail;
         } else if ((!c || json_is_null(c)) && !strcmp(json_string_value(role), "assistant")) {
-            content = json_null();  /* assistant turns that only carry tool_calls */
+            /* An assistant turn that only carries tool_calls: templates concatenate
+             * content, so it renders as "" (what vLLM passes for a null content). */
+            content = json_string("");
         } else {
             api_fail(e, 400, NULL, "messages", NULL,
                      "messages[%zu].content must be a string or an array of text parts", i);
@@ -273,6 +303,10 @@ json_t *api_normalize_messages(json_t *messages, api_error *e) {
         }
         json_t *copy = json_deep_copy(m);
         json_object_set_new(copy, "content", content);
+        if (normalize_tool_calls(copy, i, e)) {
+            json_decref(copy);
+            goto fail;
+        }
         json_array_append_new(out, copy);
     }
     return out;
@@ -367,20 +401,6 @@ static int parse_unsupported(json_t *o, const api_request *r, api_error *e) {
     int b = 0;
     if (get_bool(o, "continue_final_message", &b, e) < 0) return -1;
     if (b) return api_fail(e, 400, NULL, "continue_final_message", NULL, "'continue_final_message' is not supported");
-    if (get_bool(o, "parallel_tool_calls", &b, e) < 0) return -1;
-    json_t *tc = field(o, "tool_choice");
-    if (tc) {   /* "auto" and "none" need nothing: tool calls are not parsed out of the text */
-        const char *v = json_string_value(tc);
-        if (!json_is_string(tc) && !json_is_object(tc))
-            return api_fail(e, 400, NULL, "tool_choice", NULL, "'tool_choice' must be a string or an object");
-        if (!v || !strcmp(v, "required"))
-            return api_fail(e, 400, NULL, "tool_choice", NULL,
-                            "tool_choice '%s' (a forced tool call) is not supported; use 'auto' or 'none'",
-                            v ? v : "{function}");
-        if (strcmp(v, "auto") && strcmp(v, "none"))
-            return api_fail(e, 400, NULL, "tool_choice", NULL, "tool_choice must be 'auto', 'none', 'required' or "
-                            "an object naming a function, got '%s'", v);
-    }
     return 0;
 }
 
@@ -446,6 +466,50 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
     return parse_unsupported(o, r, e);
 }
 
+/* tool_choice and parallel_tool_calls (after tools). A named function must be one of the
+ * tools; "required" and a named function need tools. */
+static int parse_tool_choice(json_t *o, api_request *r, api_error *e) {
+    if (get_bool(o, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
+    json_t *tc = field(o, "tool_choice");
+    if (!tc) return 0;
+    const char *v = json_string_value(tc);
+    if (v) {
+        if (!strcmp(v, "auto")) r->tool_choice = API_TOOL_AUTO;
+        else if (!strcmp(v, "none")) r->tool_choice = API_TOOL_NONE;
+        else if (!strcmp(v, "required")) r->tool_choice = API_TOOL_REQUIRED;
+        else
+            return api_fail(e, 400, NULL, "tool_choice", NULL, "tool_choice must be 'auto', 'none', 'required' or "
+                            "an object naming a function, got '%s'", v);
+    } else {
+        json_t *fn = json_object_get(tc, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!json_is_object(tc) || !name)
+            return api_fail(e, 400, NULL, "tool_choice", NULL, "'tool_choice' must be a string or "
+                            "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        if (strlen(name) >= sizeof r->tool_name)
+            return api_fail(e, 400, NULL, "tool_choice", NULL, "tool_choice function name is too long");
+        r->tool_choice = API_TOOL_NAMED;
+        snprintf(r->tool_name, sizeof r->tool_name, "%s", name);
+        size_t i;
+        json_t *t;
+        int found = 0;
+        json_array_foreach(r->tools, i, t) {
+            const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+            found |= n && !strcmp(n, name);
+        }
+        if (!found)
+            return api_fail(e, 400, NULL, "tool_choice", NULL, "tool_choice names function '%s', which is not in 'tools'",
+                            name);
+    }
+    if ((r->tool_choice == API_TOOL_REQUIRED || r->tool_choice == API_TOOL_NAMED) && !r->tools)
+        return api_fail(e, 400, NULL, "tool_choice", NULL, "tool_choice '%s' needs 'tools'", v ? v : r->tool_name);
+    if (r->tool_choice == API_TOOL_REQUIRED || r->tool_choice == API_TOOL_NAMED)   /* needs constrained decoding */
+        return api_fail(e, 400, NULL, "tool_choice", NULL,
+                        "tool_choice '%s' (a forced tool call) is not supported yet; use 'auto' or 'none'",
+                        v ? v : r->tool_name);
+    return 0;
+}
+
 static int parse_chat(json_t *o, api_request *r, api_error *e) {
     if (!(r->messages = api_normalize_messages(json_object_get(o, "messages"), e))) return -1;
     json_t *t = field(o, "tools");
@@ -458,6 +522,7 @@ static int parse_chat(json_t *o, api_request *r, api_error *e) {
                 return api_fail(e, 400, NULL, "tools", NULL, "tools[%zu] must be an object", i);
         if (json_array_size(t)) r->tools = json_incref(t);
     }
+    if (parse_tool_choice(o, r, e) < 0) return -1;
     json_t *k = field(o, "chat_template_kwargs");
     if (k) {
         if (!json_is_object(k))
@@ -503,6 +568,7 @@ api_request *api_parse_request(api_kind kind, const char *body, size_t len,
     r->max_tokens = -1;
     r->logprobs = -1;
     r->add_generation_prompt = 1;
+    r->parallel_tool_calls = 1;
     r->skip_special = 1;
     engine_sampling_defaults(&r->sp);
     r->sp.temperature = 1.0f;  /* OpenAI's default */
@@ -678,6 +744,11 @@ json_t *api_chat_choice(int index, const char *text, size_t len, const char *fin
                      logprobs ? logprobs : json_null(), "finish_reason", str_or_null(finish));
 }
 
+json_t *api_chat_message_choice(int index, json_t *message, const char *finish, json_t *logprobs) {
+    return json_pack("{s:i, s:o, s:o, s:o}", "index", index, "message", message, "logprobs",
+                     logprobs ? logprobs : json_null(), "finish_reason", str_or_null(finish));
+}
+
 static json_t *chunk_head(api_kind kind, const char *id, long long created, const char *model) {
     json_t *o = json_object();
     json_object_set_new(o, "id", json_string(id));
@@ -700,6 +771,16 @@ json_t *api_chunk_json(api_kind kind, const char *id, long long created, const c
     } else {
         c = api_completion_choice(index, text, len, finish, logprobs);
     }
+    json_object_set_new(o, "choices", json_pack("[o]", c));
+    if (include_usage) json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+json_t *api_chat_delta_chunk(const char *id, long long created, const char *model, int index, json_t *delta,
+                             const char *finish, json_t *logprobs, int include_usage) {
+    json_t *o = chunk_head(API_CHAT, id, created, model);
+    json_t *c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
+                          logprobs ? logprobs : json_null(), "finish_reason", str_or_null(finish));
     json_object_set_new(o, "choices", json_pack("[o]", c));
     if (include_usage) json_object_set_new(o, "usage", json_null());
     return o;

@@ -24,6 +24,7 @@
 #define API_MAX_LOGIT_BIAS 1024
 
 typedef enum { API_COMPLETION = 0, API_CHAT = 1 } api_kind;
+typedef enum { API_TOOL_AUTO = 0, API_TOOL_NONE, API_TOOL_REQUIRED, API_TOOL_NAMED } api_tool_choice;
 
 /* An OpenAI error: {"error": {"message", "type", "param", "code"}} with an HTTP status. */
 typedef struct {
@@ -65,6 +66,9 @@ typedef struct {
     json_t *tools;
     json_t *chat_template_kwargs; /* object merged into the template context, or NULL */
     int add_generation_prompt;
+    api_tool_choice tool_choice;
+    char tool_name[256];     /* API_TOOL_NAMED: the function (one of tools) */
+    int parallel_tool_calls; /* default 1; 0: at most one call is returned */
     /* both */
     int n;
     int stream, include_usage;
@@ -132,6 +136,13 @@ json_t *api_completion_choice(int index, const char *text, size_t len, const cha
 /* {"index", "message": {"role": "assistant", "content"}, "logprobs", "finish_reason"} */
 json_t *api_chat_choice(int index, const char *text, size_t len, const char *finish,
                         json_t *logprobs);
+
+/* A chat choice around a message built by the caller (content, reasoning_content,
+ * tool_calls); message and logprobs stolen. */
+json_t *api_chat_message_choice(int index, json_t *message, const char *finish, json_t *logprobs);
+/* A chat chunk with one choice whose delta the caller built (stolen, as are logprobs). */
+json_t *api_chat_delta_chunk(const char *id, long long created, const char *model, int index, json_t *delta,
+                             const char *finish, json_t *logprobs, int include_usage);
 
 /* A streaming chunk with one choice. Chat: delta {"role"?, "content"?}; role is put in
  * when first is set; content when text is non-NULL; finish NULL -> null. include_usage

@@ -70,6 +70,8 @@ static const cfg_key keys[] = {
     {"total_buffer_bytes", K_I64, OFF(total_buffer_bytes), 0, 65536, 1.0e13, "unread bytes over all streams before streams with a backlog pause"},
     {"stall_timeout", K_DBL, OFF(stall_timeout), 0, 0, 1e9, "seconds a paused stream may stay paused before it is ended and its KV freed (0 = never)"},
     {"output_threads", K_INT, OFF(output_threads), 0, 0, 256, "threads turning tokens into text and SSE chunks (0 = half the cores, at most 8)"},
+    {"tool_call_parser", STR(tool_call_parser), 0, 0, "how tool calls are read from chat output: auto (from the chat template), hermes, llama3_json, mistral or none"},
+    {"reasoning_parser", STR(reasoning_parser), 0, 0, "split <think>...</think> into reasoning_content: none, deepseek_r1 or qwen3"},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -99,6 +101,8 @@ void srv_config_defaults(srv_config *c) {
     c->stream_buffer_bytes = 256 << 10;
     c->total_buffer_bytes = 256LL << 20;
     c->stall_timeout = 60;
+    snprintf(c->tool_call_parser, sizeof c->tool_call_parser, "auto");
+    snprintf(c->reasoning_parser, sizeof c->reasoning_parser, "none");
 }
 
 static const cfg_key *find_key(const char *name) {
@@ -142,6 +146,17 @@ static int check_enums(const srv_config *c, const char *what, char *err, size_t 
         return specd_errf(err, errlen, SPECD_EINVAL,
                           "%s: log_level must be debug, info, warn, error or off, got '%s'", what,
                           c->log_level);
+    static const char *const parsers[] = {"auto", "none", "hermes", "llama3_json", "mistral"};
+    int ok = 0;
+    for (size_t i = 0; i < sizeof parsers / sizeof parsers[0]; i++) ok |= !strcmp(c->tool_call_parser, parsers[i]);
+    if (!ok)
+        return specd_errf(err, errlen, SPECD_EINVAL,
+                          "%s: tool_call_parser must be auto, none, hermes, llama3_json or mistral, got '%s'", what,
+                          c->tool_call_parser);
+    if (strcmp(c->reasoning_parser, "none") && strcmp(c->reasoning_parser, "deepseek_r1") &&
+        strcmp(c->reasoning_parser, "qwen3"))
+        return specd_errf(err, errlen, SPECD_EINVAL, "%s: reasoning_parser must be none, deepseek_r1 or qwen3, got '%s'",
+                          what, c->reasoning_parser);
     return 0;
 }
 

@@ -59,6 +59,8 @@ typedef struct {
     long long stream_buffer_bytes;      /* backpressure: per stream */
     long long total_buffer_bytes;       /* backpressure: all streams */
     double stall_timeout;               /* seconds paused before a stream is ended */
+    char tool_call_parser[16];          /* auto | none | hermes | llama3_json | mistral */
+    char reasoning_parser[16];          /* none | deepseek_r1 | qwen3 */
 } srv_config;
 
 void srv_config_defaults(srv_config *c);

@@ -20,9 +20,12 @@
 
 #include "engine/core/err.h"
 #include "server/api.h"
+#include "server/cli.h"
 #include "server/guard.h"
 #include "server/log.h"
+#include "server/reasoning.h"
 #include "server/sse.h"
+#include "server/toolcall.h"
 #include "server/version.h"
 
 enum route {
@@ -61,6 +64,8 @@ struct http_server {
     _Atomic(const engine *) eng;
     const tok_tokenizer *tok;
     const tmpl_template *tmpl;
+    tc_format tool_format;     /* --tool-call-parser, resolved */
+    rp_mode reasoning;         /* --reasoning-parser */
     int vocab;
     _Atomic int pending;
     MHD_socket listen_fd;      /* after http_quiesce: ours to close */
@@ -319,8 +324,20 @@ static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error 
     if (r->kind == API_CHAT) {
         char *text = NULL;
         size_t len = 0;
-        if (render_chat(s, r->messages, r->tools, r->chat_template_kwargs, r->add_generation_prompt, &text, &len, e))
+        /* tool_choice none: the tools are not offered to the model at all (what vLLM does
+         * with --exclude-tools-when-tool-choice-none), so it has no reason to call one. */
+        int tools_on = r->tools && r->tool_choice != API_TOOL_NONE;
+        if (render_chat(s, r->messages, tools_on ? r->tools : NULL, r->chat_template_kwargs, r->add_generation_prompt,
+                        &text, &len, e))
             return -1;
+        job->reasoning = s->reasoning;
+        job->think_prompt = rp_prompt_state(text, len);
+        if (tools_on && s->tool_format != TC_NONE) {
+            job->tool_format = s->tool_format;
+            job->max_tool_calls = r->parallel_tool_calls ? 0 : 1;
+            /* Mistral's [TOOL_CALLS] / [ARGS] are special tokens: keep them in the text. */
+            if (s->tool_format == TC_MISTRAL) r->skip_special = 0;
+        }
         int n = encode(s, text, len, 0, 1, &job->prompt_ids[0], "messages", e);
         free(text);
         if (n < 0) return -1;
@@ -811,6 +828,19 @@ void http_set_engine(http_server *h, const engine *e) {
     h->tok = engine_tokenizer(e);
     h->tmpl = engine_template(e);
     h->vocab = engine_model_config(e)->vocab;
+    /* The tool-call format: the flag's, or what the chat template teaches the model. */
+    int f = TC_NONE;
+    tc_format_parse(h->cfg->tool_call_parser, &f);   /* validated by the config */
+    if (f < 0) {   /* the engine parsed --chat-template; its text is read again here */
+        char *own = h->cfg->chat_template[0] ? cli_read_file(h->cfg->chat_template, NULL) : NULL;
+        f = tc_detect(own ? own : h->tok ? tok_chat_template(h->tok) : NULL);
+        free(own);
+    }
+    h->tool_format = (tc_format)f;
+    rp_mode_parse(h->cfg->reasoning_parser, &h->reasoning);
+    if (h->tmpl)
+        log_msg(LOG_INFO, "chat: tool-call parser %s%s, reasoning parser %s", tc_format_name(h->tool_format),
+                strcmp(h->cfg->tool_call_parser, "auto") ? "" : " (auto)", rp_mode_name(h->reasoning));
     atomic_store_explicit(&h->eng, e, memory_order_release);
 }
 

@@ -108,6 +108,8 @@ void loop_job_free(loop_job *j) {
     for (int i = 0; i < j->n_choices; i++) {
         loop_choice *c = &j->choices[i];
         if (c->ts) tok_stream_free(c->ts);
+        rp_parser_free(c->rp);
+        tc_parser_free(c->tc);
         free(c->pending);
         free(c->text);
         json_decref(c->lp);

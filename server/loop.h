@@ -46,6 +46,10 @@ typedef struct loop_job {
     char path[32];               /* for the log line */
     char request_id[72];         /* X-Request-Id, for the log line */
     int fd;                      /* client socket, -1 if unknown (see check_clients) */
+    /* Chat output parsing, off when 0: tool_format a tc_format (toolcall.h) with at most
+     * max_tool_calls calls (0 = any); reasoning an rp_mode and think_prompt the rp_prompt
+     * the rendered prompt ended in (reasoning.h). */
+    int tool_format, max_tool_calls, reasoning, think_prompt;
     /* Loop-private from here on. */
     struct loop_job *next, *hnext;
     loop_choice *choices;

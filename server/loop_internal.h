@@ -19,6 +19,8 @@
 
 #include "engine/core/threadpool.h"
 #include "server/loop.h"
+#include "server/reasoning.h"
+#include "server/toolcall.h"
 
 #define LOOP_N_BUCKETS 1024
 #define LOOP_DETOK_CAP 65536
@@ -39,6 +41,8 @@ struct loop_choice {
     size_t tlen, tcap;
     long long offset;           /* bytes of text produced so far (logprobs text_offset) */
     json_t *lp;                 /* non-streaming logprobs accumulator */
+    rp_parser *rp;              /* streaming chat: reasoning split (NULL = off) */
+    tc_parser *tc;              /* streaming chat: tool calls (NULL = off) */
     int n_out;
     long long spec_verify, spec_draft, spec_accept;
     double t_last;

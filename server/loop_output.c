@@ -66,9 +66,46 @@ void loop_output_free(loop *l) {
  * chunk for every step that produced tokens, even when their text is empty (held back,
  * partial character, no tokenizer): the write is also how a vanished client is noticed
  * (a parked MHD connection sees no disconnects), so it must happen per step. */
+/* Streamed chat text through the choice's parsers (reasoning, then tool calls in what is
+ * left): the delta of what they let out. */
+static json_t *parsed_delta(loop_choice *c, const char *s, size_t n, int final) {
+    json_t *d = json_object();
+    const char *cs = s;
+    size_t cn = n;
+    if (c->rp) {
+        const char *rs;
+        size_t rn;
+        rp_feed(c->rp, s, n, final);
+        rp_take(c->rp, &rs, &rn, &cs, &cn);
+        if (rn) json_object_set_new(d, "reasoning_content", json_stringn(rs, rn));
+    }
+    json_t *calls = NULL;
+    if (c->tc) {
+        tc_feed(c->tc, cs, cn, final);
+        tc_take_content(c->tc, &cs, &cn);
+        calls = tc_take_deltas(c->tc);
+    }
+    if (cn) json_object_set_new(d, "content", json_stringn(cs, cn));
+    if (calls) json_object_set_new(d, "tool_calls", calls);
+    return d;
+}
+
 static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp, int had_tokens) {
     loop_job *job = c->job;
     api_request *r = job->req;
+    if (r->stream && (c->rp || c->tc)) {
+        json_t *d = parsed_delta(c, s, n, 0);
+        if (!json_object_size(d)) {
+            if (!lp && !had_tokens) {
+                json_decref(d);
+                return;
+            }
+            json_object_set_new(d, "content", json_string(""));   /* one write per step */
+        }
+        push_json(job, api_chat_delta_chunk(job->rid, job->created, l->cfg.model_name, c->index, d, NULL, lp,
+                                            r->include_usage));
+        return;
+    }
     if (r->stream) {
         if (!n && !lp && !had_tokens) return;
         push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 0, s,
@@ -108,6 +145,30 @@ static void send_error_body(loop_job *job) {
     free(s);
 }
 
+/* A non-streamed chat message through the choice's parsers, all text at once: content
+ * (null when empty and calls or reasoning came out), reasoning_content, tool_calls. With
+ * calls, a "stop" finish becomes "tool_calls". */
+static json_t *parsed_message(loop_choice *c, const char **finish) {
+    const char *cs = c->text ? c->text : "", *rs = "";
+    size_t cn = c->tlen, rn = 0;
+    if (c->rp) {   /* rs stays valid: rp is fed no more */
+        rp_feed(c->rp, cs, cn, 1);
+        rp_take(c->rp, &rs, &rn, &cs, &cn);
+    }
+    if (c->tc) {
+        tc_feed(c->tc, cs, cn, 1);
+        tc_take_content(c->tc, &cs, &cn);
+    }
+    int calls = c->tc ? tc_n_calls(c->tc) : 0;
+    json_t *m = json_object();
+    json_object_set_new(m, "role", json_string("assistant"));
+    json_object_set_new(m, "content", cn || !(calls || rn) ? json_stringn(cs, cn) : json_null());
+    if (c->rp) json_object_set_new(m, "reasoning_content", rn ? json_stringn(rs, rn) : json_null());
+    if (calls) json_object_set_new(m, "tool_calls", tc_calls_json(c->tc));
+    if (calls && *finish && !strcmp(*finish, "stop")) *finish = "tool_calls";
+    return m;
+}
+
 static void send_success(loop *l, loop_job *job) {
     api_request *r = job->req;
     api_usage u = job_usage(l, job);
@@ -122,6 +183,12 @@ static void send_success(loop *l, loop_job *job) {
         loop_choice *c = &job->choices[i];
         json_t *lp = c->lp;
         c->lp = NULL;
+        if (c->rp || c->tc) {
+            const char *finish = c->finish;
+            json_t *m = parsed_message(c, &finish);
+            json_array_append_new(choices, api_chat_message_choice(c->index, m, finish, lp));
+            continue;
+        }
         json_array_append_new(choices, r->kind == API_CHAT
                                             ? api_chat_choice(c->index, c->text, c->tlen, c->finish, lp)
                                             : api_completion_choice(c->index, c->text, c->tlen, c->finish, lp));
@@ -163,9 +230,19 @@ static void finish_choice(loop *l, loop_choice *c, const char *reason) {
     c->done = 1;
     c->finish = reason;
     loop_job *job = c->job;
-    if (job->req->stream && !job->error_status)
+    const char *shown = reason;
+    if (job->req->stream && !job->error_status) {
+        if (c->rp || c->tc) {   /* what the parsers still held, then the finish */
+            json_t *d = parsed_delta(c, "", 0, 1);
+            if (json_object_size(d))
+                push_json(job, api_chat_delta_chunk(job->rid, job->created, l->cfg.model_name, c->index, d, NULL,
+                                                    NULL, job->req->include_usage));
+            else json_decref(d);
+            if (c->tc && tc_n_calls(c->tc) && !strcmp(reason, "stop")) shown = "tool_calls";
+        }
         push_json(job, api_chunk_json(job->req->kind, job->rid, job->created, l->cfg.model_name, c->index,
-                                      0, NULL, 0, reason, NULL, job->req->include_usage));
+                                      0, NULL, 0, shown, NULL, job->req->include_usage));
+    }
     metrics_request_finished(l->m, reason);
     if (++job->n_done == job->n_choices) finish_job(l, job);
 }
@@ -187,8 +264,25 @@ void loop_fail_job(loop *l, loop_job *job, int status, const char *type, const c
     finish_job(l, job);
 }
 
+/* The chat output parsers the job asked for (tool calls, reasoning), per choice. */
+static int make_parsers(loop_job *job, loop_choice *c) {
+    if (job->req->kind != API_CHAT) return 0;
+    if (job->reasoning && !(c->rp = rp_parser_new((rp_mode)job->reasoning, (rp_prompt)job->think_prompt)))
+        return SPECD_ENOMEM;
+    if (job->tool_format) {
+        tc_config cfg = {(tc_format)job->tool_format, job->max_tool_calls, job->req->tools, 0};
+        if (!(c->tc = tc_parser_new(&cfg))) return SPECD_ENOMEM;
+    }
+    return 0;
+}
+
 void loop_output_start(loop *l, loop_job *job) {
     api_request *r = job->req;
+    for (int i = 0; i < job->n_choices; i++)
+        if (make_parsers(job, &job->choices[i])) {
+            loop_fail_job(l, job, 500, "server_error", "out of memory");
+            return;
+        }
     for (int i = 0; i < job->n_choices; i++) {
         loop_choice *c = &job->choices[i];
         const char *echo = job->echo_text ? job->echo_text[c->prompt] : NULL;

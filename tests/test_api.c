@@ -208,7 +208,9 @@ static void test_chat_messages_normalised(void **s) {
     assert_non_null(r);
     assert_int_equal(json_array_size(r->messages), 4);
     assert_string_equal(json_string_value(json_object_get(json_array_get(r->messages, 1), "content")), "a\nb");
-    assert_true(json_is_null(json_object_get(json_array_get(r->messages, 2), "content")));
+    /* an assistant turn with content null renders as "" (vLLM's choice); [] tool_calls go */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(r->messages, 2), "content")), "");
+    assert_null(json_object_get(json_array_get(r->messages, 2), "tool_calls"));
     assert_string_equal(json_string_value(json_object_get(json_array_get(r->messages, 3), "tool_call_id")), "c1");
     assert_int_equal(json_array_size(r->tools), 1);
     assert_int_equal(r->sp.logprobs, 3);
@@ -222,6 +224,48 @@ static void test_chat_messages_normalised(void **s) {
     assert_non_null(r);
     assert_int_equal(r->sp.logprobs, -1);
     api_request_free(r);
+}
+
+/* A tool-result turn as the OpenAI SDK sends it: arguments arrive as a JSON string and
+ * reach the template as the value it encodes (HF and vLLM do the same). */
+static void test_chat_tool_turns_and_tool_choice(void **s) {
+    (void)s;
+    api_error e;
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}]";
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},"
+             "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}},"
+             "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"not json\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"18\"}],%s,"
+             "\"tool_choice\":\"none\",\"parallel_tool_calls\":false}", tools);
+    api_request *r = parse(API_CHAT, body, &e);
+    if (!r) fail_msg("%s", e.message);
+    json_t *calls = json_object_get(json_array_get(r->messages, 1), "tool_calls");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(r->messages, 1), "content")), "");
+    json_t *args = json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments");
+    assert_true(json_is_object(args));
+    assert_string_equal(json_string_value(json_object_get(args, "city")), "Paris");
+    args = json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments");
+    assert_string_equal(json_string_value(args), "not json");
+    assert_int_equal(r->tool_choice, API_TOOL_NONE);
+    assert_int_equal(r->parallel_tool_calls, 0);
+    api_request_free(r);
+    r = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &e);
+    assert_int_equal(r->tool_choice, API_TOOL_AUTO);
+    assert_int_equal(r->parallel_tool_calls, 1);
+    api_request_free(r);
+    /* a named function must be one of the tools; required and named need tools */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}", tools);
+    expect_error(API_CHAT, body, 400, "tool_choice");
+    expect_error(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}",
+                 400, "tool_choice");
+    expect_error(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}",
+                 400, "tool_choice");
+    expect_error(API_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":1}]}]}",
+                 400, "messages");
 }
 
 static void test_chat_rejects_bad_messages(void **s) {
@@ -835,6 +879,7 @@ int main(void) {
         cmocka_unit_test(test_completion_rejects_bad_fields),
         cmocka_unit_test(test_invalid_json_bodies),
         cmocka_unit_test(test_chat_messages_normalised),
+        cmocka_unit_test(test_chat_tool_turns_and_tool_choice),
         cmocka_unit_test(test_chat_rejects_bad_messages),
         cmocka_unit_test(test_length_checks),
         cmocka_unit_test(test_tokenize_bodies),

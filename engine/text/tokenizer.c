@@ -316,6 +316,27 @@ int tok_is_special(const tok_tokenizer *t, int id) {
     return id >= 0 && id < t->n_vocab && t->is_special[id];
 }
 
+int tok_token_bytes(const tok_tokenizer *t, int id, const char **bytes, size_t *len) {
+    static const unsigned char all_bytes[256] = {
+#define B4(i) i, i + 1, i + 2, i + 3
+#define B16(i) B4(i), B4(i + 4), B4(i + 8), B4(i + 12)
+#define B64(i) B16(i), B16(i + 16), B16(i + 32), B16(i + 48)
+        B64(0), B64(64), B64(128), B64(192)
+#undef B64
+#undef B16
+#undef B4
+    };
+    if (id < 0 || id >= t->n_vocab) return SPECD_EINVAL;
+    if (t->piece_byte[id] >= 0) {
+        *bytes = (const char *)all_bytes + t->piece_byte[id];
+        *len = 1;
+    } else {
+        *bytes = t->piece_blob + t->piece_off[id];
+        *len = t->piece_len[id];
+    }
+    return 0;
+}
+
 /* ---- encode ---- */
 
 typedef struct {

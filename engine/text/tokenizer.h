@@ -34,6 +34,11 @@ const char *tok_chat_template(const tok_tokenizer *t);
 int tok_token_id(const tok_tokenizer *t, const char *s, size_t len);
 /* Whether an id is a special/control token (skipped by decode with skip_special). */
 int tok_is_special(const tok_tokenizer *t, int id);
+/* The bytes one token stands for in decoded text (byte-level mapped back, the
+ * SentencePiece word mark as a space, <0xNN> as that byte), before decode joins pieces
+ * (so without the first-token space strip some decoders apply). *bytes points into the
+ * tokenizer. Constrained decoding matches these. SPECD_EINVAL for an id out of range. */
+int tok_token_bytes(const tok_tokenizer *t, int id, const char **bytes, size_t *len);
 
 /* Encode UTF-8 text. add_special: add BOS/EOS as the tokenizer's config says.
  * Special tokens written in the text are matched (as HF does by default).

@@ -1,0 +1,402 @@
+/* Constrained decoding tests: compile errors name the problem; each kind (JSON, JSON
+ * Schema, regex, choice, GBNF) accepts and rejects the strings it should; and on the real
+ * Qwen3 and Llama-3.1 vocabularies the trie mask equals a brute-force check of every
+ * token, step by step while a valid document (tokenized as the tokenizer does) is fed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/core/err.h"
+#include "engine/text/grammar.h"
+#include "engine/text/tokenizer.h"
+#include "tests/fixtures.h"
+
+/* ---- helpers ---- */
+
+static grammar *compile_ok(grammar_kind k, const char *spec) {
+    char err[512] = "";
+    grammar *g = grammar_compile(k, spec, spec ? strlen(spec) : 0, err, sizeof err);
+    if (!g) print_error("compile(%s) failed: %s\n", spec ? spec : "(null)", err);
+    assert_non_null(g);
+    return g;
+}
+
+/* Compile must fail and the message must contain want. */
+static void compile_fails(grammar_kind k, const char *spec, const char *want) {
+    char err[512] = "";
+    grammar *g = grammar_compile(k, spec, strlen(spec), err, sizeof err);
+    if (g || !strstr(err, want)) print_error("compile(%s): got '%s', want an error with '%s'\n", spec, err, want);
+    assert_null(g);
+    assert_non_null(strstr(err, want));
+}
+
+/* 1: s is a complete sentence; 0: rejected somewhere or incomplete. */
+static int full_match(grammar *g, const char *s) {
+    matcher *m = matcher_new(g, NULL);
+    assert_non_null(m);
+    int ok = matcher_accept_bytes(m, s, strlen(s)) == 0 && matcher_accepting(m);
+    matcher_free(m);
+    return ok;
+}
+
+/* 1: s is a prefix of some sentence. */
+static int prefix_ok(grammar *g, const char *s) {
+    matcher *m = matcher_new(g, NULL);
+    int ok = matcher_check_bytes(m, s, strlen(s));
+    matcher_free(m);
+    return ok;
+}
+
+#define ACCEPT(g, s) do { if (!full_match(g, s)) print_error("should accept: %s\n", s); assert_true(full_match(g, s)); } while (0)
+#define REJECT(g, s) do { if (full_match(g, s)) print_error("should reject: %s\n", s); assert_false(full_match(g, s)); } while (0)
+
+/* ---- compile errors ---- */
+
+static void test_schema_errors_name_keyword_and_path(void **state) {
+    (void)state;
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"multipleOf\":2}}}",
+                  "/properties/age: 'multipleOf' is not supported");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"maximum\":5}", "'maximum' is not supported");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"not\":{}}", "'not' is not supported");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' is not supported");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"allOf\":[{},{}]}", "'allOf' is not supported");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"http://x/y.json\"}", "does not resolve");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"strung\"}", "unknown type 'strung'");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":", "not valid JSON");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"required\":[\"x\"]}", "required property 'x'");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"type\":\"string\"}],\"minLength\":2}", "next to 'anyOf'");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "false", "matches nothing");
+}
+
+static void test_regex_choice_gbnf_errors(void **state) {
+    (void)state;
+    compile_fails(GRAMMAR_REGEX, "a(?=b)", "lookaround");
+    compile_fails(GRAMMAR_REGEX, "a\\bc", "assertion");
+    compile_fails(GRAMMAR_REGEX, "(ab", "missing ')'");
+    compile_fails(GRAMMAR_REGEX, "a{2000}", "out of range");
+    compile_fails(GRAMMAR_REGEX, "*a", "nothing to repeat");
+    compile_fails(GRAMMAR_REGEX, "a^b", "anchors");
+    compile_fails(GRAMMAR_CHOICE, "[\"a\", 3]", "choice[1] is not a string");
+    compile_fails(GRAMMAR_CHOICE, "[]", "non-empty");
+    compile_fails(GRAMMAR_GBNF, "root ::= item\n", "'item' is used but not defined");
+    compile_fails(GRAMMAR_GBNF, "item ::= \"a\"\n", "no 'root' rule");
+    compile_fails(GRAMMAR_GBNF, "root ::= root \"a\" | \"b\"\n", "left-recursive");
+    compile_fails(GRAMMAR_GBNF, "root ::= \"a\"\nroot ::= \"b\"\n", "defined twice");
+}
+
+/* ---- languages ---- */
+
+static void test_json_object_accepts_json_rejects_other(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_JSON, NULL);
+    ACCEPT(g, "{}");
+    ACCEPT(g, "{\"a\": [1, -2.5e+3, \"x\\u00e9\\n\", true, null, {\"b\": {}}], \"c\": \"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}");
+    ACCEPT(g, "{\n  \"a\": 0\n}");
+    REJECT(g, "[1]");                 /* json_object: the root is an object */
+    REJECT(g, "{\"a\": 01}");
+    REJECT(g, "{\"a\": 1,}");
+    REJECT(g, "{\"a\" 1}");
+    REJECT(g, "{\"a\": \"\x01\"}");   /* raw control character */
+    REJECT(g, "{\"a\": \"\xc0\xaf\"}"); /* overlong UTF-8 */
+    REJECT(g, "{\"a\": \"\\q\"}");
+    REJECT(g, "{\"a\": 1} ");         /* nothing after the document */
+    /* bounded whitespace: a newline and up to 20 spaces, not 21; never two spaces */
+    ACCEPT(g, "{\n                    \"a\": 1}");
+    REJECT(g, "{\n                     \"a\": 1}");
+    REJECT(g, "{  \"a\": 1}");
+    /* bounded numbers: 16 integer digits, not 17 */
+    ACCEPT(g, "{\"a\": 1234567890123456}");
+    REJECT(g, "{\"a\": 12345678901234567}");
+    grammar_unref(g);
+}
+
+static const char *PERSON =
+    "{\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":20},"
+    "\"age\":{\"type\":\"integer\",\"minimum\":0},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":2},"
+    "\"kind\":{\"enum\":[\"cat\",\"dog\",7,null]},"
+    "\"ok\":{\"anyOf\":[{\"type\":\"boolean\"},{\"type\":\"null\"}]}},"
+    "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}";
+
+static void test_schema_object_required_optional_order(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, PERSON);
+    ACCEPT(g, "{\"name\":\"Bob\",\"age\":3}");
+    ACCEPT(g, "{ \"name\": \"Bob\", \"age\": 30, \"tags\": [\"a\", \"b\"], \"kind\": 7, \"ok\": null }");
+    ACCEPT(g, "{\"name\":\"B\",\"age\":0,\"ok\":false}");
+    ACCEPT(g, "{\"name\":\"B\",\"age\":0,\"kind\":\"dog\"}");
+    REJECT(g, "{\"name\":\"Bob\"}");                        /* age is required */
+    REJECT(g, "{\"age\":3,\"name\":\"Bob\"}");              /* schema order */
+    REJECT(g, "{\"name\":\"Bob\",\"age\":3,\"x\":1}");      /* no extra properties */
+    REJECT(g, "{\"name\":\"Bob\",\"age\":-3}");             /* minimum 0 */
+    REJECT(g, "{\"name\":\"Bob\",\"age\":3.5}");
+    REJECT(g, "{\"name\":\"\",\"age\":3}");                 /* minLength 1 */
+    REJECT(g, "{\"name\":\"123456789012345678901\",\"age\":3}"); /* maxLength 20 */
+    REJECT(g, "{\"name\":\"Bob\",\"age\":3,\"tags\":[\"a\",\"b\",\"c\"]}");
+    REJECT(g, "{\"name\":\"Bob\",\"age\":3,\"kind\":\"cow\"}");
+    REJECT(g, "{\"name\":\"Bob\",,\"age\":3}");
+    REJECT(g, "{\"name\":\"Bob\",\"age\":3,}");
+    grammar_unref(g);
+}
+
+static void test_schema_refs_recursion_and_defs(void **state) {
+    (void)state;
+    const char *tree =
+        "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+        "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\",\"kids\"]}},"
+        "\"$ref\":\"#/$defs/node\"}";
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, tree);
+    assert_true(grammar_n_rules(g) >= 2);   /* the recursive ref is a rule of its own */
+    ACCEPT(g, "{\"v\":1,\"kids\":[]}");
+    ACCEPT(g, "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3,\"kids\":[]}]},{\"v\":4,\"kids\":[]}]}");
+    REJECT(g, "{\"v\":1,\"kids\":[{\"v\":2}]}");
+    grammar_unref(g);
+    /* pydantic's shape: definitions under $defs, Optional as anyOf with null */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"$defs\":{\"Pet\":{\"properties\":{\"name\":{\"title\":\"Name\",\"type\":\"string\"}},"
+                   "\"required\":[\"name\"],\"title\":\"Pet\",\"type\":\"object\"}},"
+                   "\"properties\":{\"pet\":{\"anyOf\":[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}],\"default\":null},"
+                   "\"scores\":{\"additionalProperties\":{\"type\":\"number\"},\"type\":\"object\"},"
+                   "\"pair\":{\"maxItems\":2,\"minItems\":2,\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"type\":\"array\"}},"
+                   "\"required\":[\"pair\"],\"title\":\"Owner\",\"type\":\"object\"}");
+    ACCEPT(g, "{\"pet\":{\"name\":\"Rex\"},\"scores\":{\"a\":1.5,\"b\":-2},\"pair\":[1,\"x\"]}");
+    ACCEPT(g, "{\"pet\":null,\"pair\":[1, \"x\"]}");
+    REJECT(g, "{\"pair\":[1]}");
+    REJECT(g, "{\"scores\":{\"a\":\"x\"},\"pair\":[1,\"x\"]}");
+    grammar_unref(g);
+}
+
+static void test_schema_strings_pattern_format_const(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[a-z]{2,3}$\"}");
+    ACCEPT(g, "\"ab\"");
+    ACCEPT(g, "\"abc\"");
+    REJECT(g, "\"abcd\"");
+    REJECT(g, "\"a\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"a\\\"b\"}");   /* unanchored: a search */
+    ACCEPT(g, "\"xxa\\\"byy\"");
+    REJECT(g, "\"xxayy\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"date\"}");
+    ACCEPT(g, "\"2024-02-29\"");
+    REJECT(g, "\"2024-13-01\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"const\":{\"a\":[1,\"x\"]}}");
+    ACCEPT(g, "{\"a\":[1,\"x\"]}");
+    REJECT(g, "{\"a\":[1,\"y\"]}");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":[\"integer\",\"null\"]}");
+    ACCEPT(g, "-12");
+    ACCEPT(g, "null");
+    REJECT(g, "1.5");
+    grammar_unref(g);
+}
+
+static void test_regex_language(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_REGEX, "^(cat|dog)s?\\d{2}$");
+    ACCEPT(g, "cats12");
+    ACCEPT(g, "dog01");
+    REJECT(g, "cat1");
+    REJECT(g, "cow12");
+    REJECT(g, "cats123");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_REGEX, "[\xce\xb1-\xcf\x89]+ [^a-z\\s]\\w*\\.?");   /* Greek letters, a negated class */
+    ACCEPT(g, "\xce\xb1\xce\xb2\xce\xb3 X_1.");
+    ACCEPT(g, "\xcf\x89 \xe2\x82\xac");
+    REJECT(g, "abc X");
+    REJECT(g, "\xce\xb1 x");
+    REJECT(g, "\xce\xb1  ");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_REGEX, "(?:a|b){2,3}c*.");
+    ACCEPT(g, "abz");
+    ACCEPT(g, "abacccz");
+    REJECT(g, "az");
+    REJECT(g, "ab\n");   /* . is not a newline */
+    grammar_unref(g);
+}
+
+static void test_choice_and_gbnf(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_CHOICE, "[\"yes\", \"no\", \"yes!\"]");
+    ACCEPT(g, "yes");
+    ACCEPT(g, "yes!");
+    ACCEPT(g, "no");
+    REJECT(g, "ye");
+    assert_true(prefix_ok(g, "ye"));
+    assert_false(prefix_ok(g, "n!"));
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_GBNF,
+                   "# arithmetic\nroot ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\n"
+                   "term ::= [0-9]+ | \"(\" expr \")\"\n");
+    ACCEPT(g, "1+2");
+    ACCEPT(g, "(1+(22-3))-4");
+    REJECT(g, "1+");
+    REJECT(g, "(1+2");
+    grammar_unref(g);
+}
+
+/* The matcher reports completion: eos only when accepting; done when nothing can follow. */
+static void test_matcher_done_and_eos(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_CHOICE, "[\"ab\", \"abc\"]");
+    matcher *m = matcher_new(g, NULL);
+    assert_int_equal(matcher_accept_bytes(m, "ab", 2), 0);
+    assert_true(matcher_accepting(m));
+    assert_false(matcher_done(m));          /* "c" may still follow */
+    assert_int_equal(matcher_accept_bytes(m, "x", 1), SPECD_EINVAL);
+    assert_int_equal(matcher_accept_bytes(m, "c", 1), 0);
+    assert_true(matcher_done(m));
+    matcher_free(m);
+    grammar_unref(g);
+}
+
+/* ---- masks on real vocabularies ---- */
+
+typedef struct {
+    tok_tokenizer *tok;
+    vocab_trie *vt;
+    int n_vocab;
+    int32_t eos;
+    uint32_t *mask;
+} vocab_fx;
+
+static void vocab_load(vocab_fx *f, const char *rel) {
+    char err[512] = "";
+    f->tok = tok_load(fixture_path(rel), err, sizeof err);
+    if (!f->tok) print_error("tok_load(%s): %s\n", rel, err);
+    assert_non_null(f->tok);
+    f->n_vocab = tok_vocab_size(f->tok);
+    f->eos = tok_eos_id(f->tok);
+    assert_true(f->eos >= 0);
+    f->vt = vocab_trie_build(f->tok, f->n_vocab, &f->eos, 1, err, sizeof err);
+    assert_non_null(f->vt);
+    f->mask = malloc(vocab_mask_words(f->n_vocab) * sizeof *f->mask);
+    assert_non_null(f->mask);
+}
+
+static void vocab_free(vocab_fx *f) {
+    free(f->mask);
+    vocab_trie_free(f->vt);
+    tok_free(f->tok);
+}
+
+static int bit(const uint32_t *mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1; }
+
+/* The mask against every token checked alone. Returns the number of allowed tokens. */
+static int check_mask_brute(vocab_fx *f, matcher *m) {
+    int n = matcher_fill_mask(m, f->mask), count = 0;
+    for (int id = 0; id < f->n_vocab; id++) {
+        int want;
+        const char *p;
+        size_t len;
+        if (id == f->eos) want = matcher_accepting(m);
+        else if (tok_is_special(f->tok, id) || tok_token_bytes(f->tok, id, &p, &len) || !len) want = 0;
+        else want = matcher_check_bytes(m, p, len);
+        if (bit(f->mask, id) != want)
+            print_error("token %d: mask %d, brute force %d\n", id, bit(f->mask, id), want);
+        assert_int_equal(bit(f->mask, id), want);
+        count += want && id != f->eos;
+    }
+    assert_int_equal(n, count);
+    return count;
+}
+
+/* Feed doc's real tokenization; at every step the mask must equal brute force and allow
+ * the next token; at the end only eos may follow when the grammar cannot continue. */
+static void walk_document(vocab_fx *f, grammar *g, const char *doc, int expect_done) {
+    int32_t *ids;
+    char err[256];
+    int n = tok_encode(f->tok, doc, strlen(doc), 0, &ids, err, sizeof err);
+    assert_true(n > 0);
+    matcher *m = matcher_new(g, f->vt);
+    assert_non_null(m);
+    for (int i = 0; i < n; i++) {
+        int allowed = check_mask_brute(f, m);
+        assert_true(allowed > 0);
+        if (!bit(f->mask, ids[i])) print_error("step %d: token %d of the document is masked\n", i, ids[i]);
+        assert_true(bit(f->mask, ids[i]));
+        assert_int_equal(matcher_accept_token(m, ids[i]), 0);
+    }
+    int allowed = check_mask_brute(f, m);
+    assert_true(bit(f->mask, f->eos));
+    if (expect_done) {
+        assert_int_equal(allowed, 0);
+        assert_true(matcher_done(m));
+    }
+    assert_int_equal(matcher_accept_token(m, f->eos), 0);
+    assert_true(matcher_done(m));
+    matcher_free(m);
+    free(ids);
+}
+
+static void mask_suite(const char *rel) {
+    vocab_fx f;
+    vocab_load(&f, rel);
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, PERSON);
+    walk_document(&f, g, "{\"name\": \"Zo\xc3\xab \\\"Z\\\" \xe2\x82\xac\", \"age\": 42, \"tags\": [\"x\"], \"kind\": \"dog\"}", 0);
+    walk_document(&f, g, "{\n  \"name\": \"A\",\n  \"age\": 7,\n  \"ok\": true\n}", 1);
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON, NULL);
+    walk_document(&f, g, "{\"a\": [1, {\"b\": null}], \"text\": \"The quick brown fox\"}", 1);
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_REGEX, "[A-Z][a-z]+ [0-9]{3}");
+    walk_document(&f, g, "Hello 123", 1);
+    grammar_unref(g);
+    vocab_free(&f);
+}
+
+static void test_mask_equals_brute_force_qwen3(void **state) {
+    (void)state;
+    mask_suite("tokenizers/hf/qwen3/tokenizer.json");
+}
+
+static void test_mask_equals_brute_force_llama3(void **state) {
+    (void)state;
+    mask_suite("tokenizers/hf/llama3_1/tokenizer.json");
+}
+
+/* Special tokens are never allowed, even where their text would fit the grammar. */
+static void test_special_tokens_never_allowed(void **state) {
+    (void)state;
+    vocab_fx f;
+    vocab_load(&f, "tokenizers/hf/qwen3/tokenizer.json");
+    grammar *g = compile_ok(GRAMMAR_REGEX, "[<>|a-z_]*");
+    matcher *m = matcher_new(g, f.vt);
+    int32_t special = tok_token_id(f.tok, "<|im_start|>", 12);
+    assert_true(special >= 0 && tok_is_special(f.tok, special));
+    matcher_fill_mask(m, f.mask);
+    assert_false(bit(f.mask, special));
+    assert_true(bit(f.mask, f.eos));   /* the empty string is a sentence: eos allowed */
+    matcher_free(m);
+    grammar_unref(g);
+    vocab_free(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_schema_errors_name_keyword_and_path),
+        cmocka_unit_test(test_regex_choice_gbnf_errors),
+        cmocka_unit_test(test_json_object_accepts_json_rejects_other),
+        cmocka_unit_test(test_schema_object_required_optional_order),
+        cmocka_unit_test(test_schema_refs_recursion_and_defs),
+        cmocka_unit_test(test_schema_strings_pattern_format_const),
+        cmocka_unit_test(test_regex_language),
+        cmocka_unit_test(test_choice_and_gbnf),
+        cmocka_unit_test(test_matcher_done_and_eos),
+        cmocka_unit_test(test_mask_equals_brute_force_qwen3),
+        cmocka_unit_test(test_mask_equals_brute_force_llama3),
+        cmocka_unit_test(test_special_tokens_never_allowed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

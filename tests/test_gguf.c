@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "engine/core/engine.h"
+#include "engine/core/runner.h"
 #include "engine/core/err.h"
 #include "engine/model/gguf.h"
 #include "engine/text/tmpl.h"
@@ -43,12 +44,12 @@ static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }
 static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
 static void put_str(buf *b, const char *s) { put_u64(b, strlen(s)); put(b, s, strlen(s)); }
 
-#define GW_MAX_T 40
+#define GW_MAX_T 128
 typedef struct {
     uint32_t version, align;
     buf kv;
     uint64_t n_kv;
-    struct { char name[96]; uint32_t nd, type; uint64_t ne[2]; buf data; } t[GW_MAX_T];
+    struct { char name[96]; uint32_t nd, type; uint64_t ne[3]; buf data; } t[GW_MAX_T];
     int nt;
 } gw;
 
@@ -107,7 +108,7 @@ static buf gw_bytes(gw *w) {
     for (int i = 0; i < w->nt; i++) {
         put_str(&b, w->t[i].name);
         put_u32(&b, w->t[i].nd);
-        for (uint32_t d = 0; d < w->t[i].nd; d++) put_u64(&b, d < 2 ? w->t[i].ne[d] : 1);
+        for (uint32_t d = 0; d < w->t[i].nd; d++) put_u64(&b, d < 3 && w->t[i].ne[d] ? w->t[i].ne[d] : 1);
         put_u32(&b, w->t[i].type);
         put_u64(&b, off);
         off += w->t[i].data.n;
@@ -1169,6 +1170,177 @@ static void test_gemma3_template_file(void **state) {
     tmpl_free(t);
 }
 
+/* ---- the fixture families written as GGUF ----------------------------------------------- */
+
+/* A view as fp32, rows permuted as llama.cpp's converter stores Q and K (heads > 0: the
+ * inverse of what the loader undoes), + `add` to every element (Gemma's norms). */
+static float *view_f32(const tensor_view *v, int heads, float add) {
+    int64_t n = tensor_numel(v), rows = v->ndim == 2 ? v->shape[0] : 1, cols = n / rows;
+    float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+    assert_int_equal(tensor_to_f32(v, x), 0);
+    for (int64_t i = 0; i < n; i++) x[i] += add;
+    if (heads <= 0) {
+        free(y);
+        return x;
+    }
+    int64_t hd = rows / heads, half = hd / 2;
+    for (int64_t r = 0; r < rows; r++) {   /* logical row j*half + i of a head is stored at 2i + j */
+        int64_t h = r / hd, k = r % hd, st = h * hd + 2 * (k % half) + k / half;
+        memcpy(y + st * cols, x + r * cols, (size_t)cols * sizeof(float));
+    }
+    free(x);
+    return y;
+}
+
+static void put_view(gw *w, const char *name, const tensor_view *v, int heads, float add) {
+    float *x = view_f32(v, heads, add);
+    int64_t n = tensor_numel(v);
+    if (v->ndim == 2) gw_tensor(w, name, GGML_F32, 2, (uint64_t)v->shape[1], (uint64_t)v->shape[0], x, (size_t)n * 4);
+    else gw_tensor(w, name, GGML_F32, 1, (uint64_t)n, 1, x, (size_t)n * 4);
+    free(x);
+}
+
+/* Rows of several views of one width, one tensor (fused qkv / gate_up, stacked experts). */
+static void put_concat(gw *w, const char *name, const tensor_view *const *vs, int n, int stack) {
+    buf b = {0};
+    int64_t rows = 0, cols = vs[0]->shape[1];
+    for (int i = 0; i < n; i++) {
+        float *x = view_f32(vs[i], 0, 0);
+        put(&b, x, (size_t)tensor_numel(vs[i]) * 4);
+        rows += vs[i]->shape[0];
+        free(x);
+    }
+    gw_tensor(w, name, GGML_F32, stack ? 3 : 2, (uint64_t)cols, (uint64_t)(stack ? vs[0]->shape[0] : rows), b.p, b.n);
+    if (stack) w->t[w->nt - 1].ne[2] = (uint64_t)n;
+    free(b.p);
+}
+
+/* Write fixture model `name` (HF) as a GGUF file the way llama.cpp's converter lays it out,
+ * then check the GGUF load gives HF's logits: tensor names, fused and stacked layouts,
+ * Gemma's stored 1 + w norms, Mixtral's permuted Q/K and the metadata of each family. */
+static void check_family_gguf(const char *name, const char *arch) {
+    char dir[4096], err[512], key[160];
+    snprintf(dir, sizeof dir, "%s/models/%s", fixtures_dir(), name);
+    model *hf = model_load(dir, err, sizeof err);
+    if (!hf) fail_msg("%s", err);
+    const model_config *c = &hf->cfg;
+    int gemma = c->arch == MODEL_ARCH_GEMMA3, llama = !strcmp(arch, "llama");
+    float n1 = gemma ? 1.0f : 0.0f;
+    gw w;
+    gw_init(&w);
+    gw_str(&w, "general.architecture", arch);
+#define AK(s) (snprintf(key, sizeof key, "%s." s, arch), key)
+    gw_u32(&w, AK("block_count"), (uint32_t)c->n_layers);
+    gw_u32(&w, AK("embedding_length"), (uint32_t)c->hidden);
+    gw_u32(&w, AK("attention.head_count"), (uint32_t)c->n_heads);
+    gw_u32(&w, AK("attention.head_count_kv"), (uint32_t)c->n_kv_heads);
+    gw_u32(&w, AK("attention.key_length"), (uint32_t)c->head_dim);
+    gw_u32(&w, AK("feed_forward_length"), (uint32_t)c->ffn);
+    gw_f32(&w, AK("attention.layer_norm_rms_epsilon"), c->rms_eps);
+    gw_f32(&w, AK("rope.freq_base"), c->rope_theta);
+    if (c->n_experts) {
+        gw_u32(&w, AK("expert_count"), (uint32_t)c->n_experts);
+        gw_u32(&w, AK("expert_used_count"), (uint32_t)c->n_experts_used);
+        if (!llama) gw_u32(&w, AK("expert_feed_forward_length"), (uint32_t)c->moe_ffn);
+    }
+    if (c->sliding_window) gw_u32(&w, AK("attention.sliding_window"), (uint32_t)c->sliding_window);
+    if (gemma) {
+        int pat = 0;
+        while (pat < c->n_layers && c->layer_swa[pat]) pat++;
+        gw_u32(&w, AK("attention.sliding_window_pattern"), (uint32_t)(pat + 1));
+    }
+#undef AK
+    put_view(&w, "token_embd.weight", &hf->tok_embd, 0, 0);
+    put_view(&w, "output_norm.weight", &hf->out_norm, 0, n1);
+    if (!c->tied_embeddings) put_view(&w, "output.weight", &hf->lm_head, 0, 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &hf->layers[l];
+        char t[96];
+#define TN(s) (snprintf(t, sizeof t, "blk.%d." s, l), t)
+        put_view(&w, TN("attn_norm.weight"), &L->attn_norm, 0, n1);
+        put_view(&w, TN("ffn_norm.weight"), &L->ffn_norm, 0, n1);
+        put_view(&w, TN("attn_output.weight"), &L->wo, 0, 0);
+        if (c->arch == MODEL_ARCH_PHI3) {
+            const tensor_view *qkv[] = {&L->wq, &L->wk, &L->wv}, *gu[] = {&L->w_gate, &L->w_up};
+            put_concat(&w, TN("attn_qkv.weight"), qkv, 3, 0);
+            put_concat(&w, TN("ffn_up.weight"), gu, 2, 0);
+        } else {
+            put_view(&w, TN("attn_q.weight"), &L->wq, llama ? c->n_heads : 0, 0);
+            put_view(&w, TN("attn_k.weight"), &L->wk, llama ? c->n_kv_heads : 0, 0);
+            put_view(&w, TN("attn_v.weight"), &L->wv, 0, 0);
+            if (!c->n_experts) put_view(&w, TN("ffn_gate.weight"), &L->w_gate, 0, 0);
+            if (!c->n_experts) put_view(&w, TN("ffn_up.weight"), &L->w_up, 0, 0);
+        }
+        if (!c->n_experts) put_view(&w, TN("ffn_down.weight"), &L->w_down, 0, 0);
+        if (c->qk_norm) {
+            put_view(&w, TN("attn_q_norm.weight"), &L->q_norm, 0, n1);
+            put_view(&w, TN("attn_k_norm.weight"), &L->k_norm, 0, n1);
+        }
+        if (c->sandwich_norms) {
+            put_view(&w, TN("post_attention_norm.weight"), &L->post_attn_norm, 0, n1);
+            put_view(&w, TN("post_ffw_norm.weight"), &L->post_ffn_norm, 0, n1);
+        }
+        if (c->n_experts) {
+            const tensor_view *g[MODEL_MAX_EXPERTS], *u[MODEL_MAX_EXPERTS], *d[MODEL_MAX_EXPERTS];
+            for (int e = 0; e < c->n_experts; e++) {
+                g[e] = &L->exp_gate[e];
+                u[e] = &L->exp_up[e];
+                d[e] = &L->exp_down[e];
+            }
+            put_view(&w, TN("ffn_gate_inp.weight"), &L->router, 0, 0);
+            put_concat(&w, TN("ffn_gate_exps.weight"), g, c->n_experts, 1);
+            put_concat(&w, TN("ffn_up_exps.weight"), u, c->n_experts, 1);
+            put_concat(&w, TN("ffn_down_exps.weight"), d, c->n_experts, 1);
+        }
+#undef TN
+    }
+    gw_write(&w, tmp_path, NULL);
+    gw_free(&w);
+    model *gm = model_load(tmp_path, err, sizeof err);
+    if (!gm) fail_msg("%s as GGUF: %s", name, err);
+    assert_int_equal(gm->cfg.arch, c->arch);
+    assert_int_equal(gm->cfg.n_experts, c->n_experts);
+    assert_int_equal(gm->cfg.norm_plus_one, 0);   /* stored as 1 + w */
+    assert_memory_equal(gm->cfg.layer_swa, c->layer_swa, (size_t)c->n_layers);
+    /* last-position logits of the 100-token golden prompt (past Gemma's window of 64) */
+    snprintf(key, sizeof key, "models/%s/golden.json", name);
+    json_t *g = fixture_json(key), *cs = NULL, *p;
+    size_t i;
+    json_array_foreach(json_object_get(g, "prompts"), i, p)
+        if (json_array_size(json_object_get(p, "prompt")) == 100) cs = p;
+    assert_non_null(cs);
+    int n, V = c->vocab;
+    int32_t *ids = json_ids(json_object_get(cs, "prompt"), &n);
+    runner_config rc = {.num_blocks = 16, .block_size = 16, .max_batch = 1, .max_seq_len = 128,
+                        .max_tokens_per_step = 128, .threads = 2};
+    runner *r = runner_cpu_create(gm, NULL, &rc, err, sizeof err);
+    if (!r) fail_msg("%s", err);
+    int32_t blocks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    assert_int_equal(r->ops->slot_write_blocks(r, 0, 0, blocks, 8), 0);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    runner_row row = {.slot = 0, .n_new = n, .tok_off = 0, .n_logits = 1, .logits_off = 0};
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = ids, .n_tokens = n, .logits = lg};
+    assert_int_equal(runner_forward(r, &b), 0);
+    double rel = rel_err_json(lg, json_object_get(cs, "last_logits"), V);
+    printf("  %-14s as GGUF (%s): 100-token prompt, last logits rel err %.2e\n", name, arch, rel);
+    assert_true(rel < 1e-4);
+    free(lg);
+    free(ids);
+    runner_destroy(r);
+    json_decref(g);
+    model_free(gm);
+    model_free(hf);
+}
+
+static void test_fixture_families_as_gguf(void **state) {
+    (void)state;
+    check_family_gguf("gemma3-tiny", "gemma3");
+    check_family_gguf("qwen3moe-tiny", "qwen3moe");
+    check_family_gguf("mixtral-tiny", "llama");
+    check_family_gguf("phi3-tiny", "phi3");
+    check_family_gguf("mistral-swa-tiny", "llama");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_metadata_values_and_types, setup_tmp, teardown_tmp),
@@ -1189,6 +1361,7 @@ int main(void) {
         cmocka_unit_test(test_smollm2_q4_1_gguf_loads),
         cmocka_unit_test(test_chat_template_option_replaces_the_models),
         cmocka_unit_test(test_gemma3_template_file),
+        cmocka_unit_test_setup_teardown(test_fixture_families_as_gguf, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests_name("gguf", tests, NULL, NULL);
 }

@@ -893,7 +893,7 @@ static int gguf_family(loader *L, const char *arch, model_config *c) {
     if (c->n_layers > MODEL_MAX_LAYERS)
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %d layers (at most %d)", file, c->n_layers,
                           MODEL_MAX_LAYERS);
-    if (c->arch != MODEL_ARCH_GEMMA3) memset(c->layer_swa, 1, sizeof c->layer_swa);
+    if (c->sliding_window && c->arch != MODEL_ARCH_GEMMA3) memset(c->layer_swa, 1, sizeof c->layer_swa);
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if (gguf_get_str(g, key, &s, &len) == 0 && !(len == 4 && !memcmp(s, "none", 4))) {
         double f = 0;

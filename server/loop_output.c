@@ -145,9 +145,18 @@ static void send_error_body(loop_job *job) {
     free(s);
 }
 
+/* "stop" becomes "tool_calls" when the output held calls, except for a named function
+ * forced by tool_choice (OpenAI answers "stop" there, and vLLM does too). */
+static const char *shown_finish(const loop_choice *c, const char *reason) {
+    if (c->tc && tc_n_calls(c->tc) && reason && !strcmp(reason, "stop") &&
+        c->job->req->tool_choice != API_TOOL_NAMED)
+        return "tool_calls";
+    return reason;
+}
+
 /* A non-streamed chat message through the choice's parsers, all text at once: content
- * (null when empty and calls or reasoning came out), reasoning_content, tool_calls. With
- * calls, a "stop" finish becomes "tool_calls". */
+ * (null when empty and calls or reasoning came out), reasoning_content, tool_calls; the
+ * finish as shown_finish says. */
 static json_t *parsed_message(loop_choice *c, const char **finish) {
     const char *cs = c->text ? c->text : "", *rs = "";
     size_t cn = c->tlen, rn = 0;
@@ -165,7 +174,7 @@ static json_t *parsed_message(loop_choice *c, const char **finish) {
     json_object_set_new(m, "content", cn || !(calls || rn) ? json_stringn(cs, cn) : json_null());
     if (c->rp) json_object_set_new(m, "reasoning_content", rn ? json_stringn(rs, rn) : json_null());
     if (calls) json_object_set_new(m, "tool_calls", tc_calls_json(c->tc));
-    if (calls && *finish && !strcmp(*finish, "stop")) *finish = "tool_calls";
+    *finish = shown_finish(c, *finish);
     return m;
 }
 
@@ -238,7 +247,7 @@ static void finish_choice(loop *l, loop_choice *c, const char *reason) {
                 push_json(job, api_chat_delta_chunk(job->rid, job->created, l->cfg.model_name, c->index, d, NULL,
                                                     NULL, job->req->include_usage));
             else json_decref(d);
-            if (c->tc && tc_n_calls(c->tc) && !strcmp(reason, "stop")) shown = "tool_calls";
+            shown = shown_finish(c, reason);
         }
         push_json(job, api_chunk_json(job->req->kind, job->rid, job->created, l->cfg.model_name, c->index,
                                       0, NULL, 0, shown, NULL, job->req->include_usage));
@@ -270,7 +279,9 @@ static int make_parsers(loop_job *job, loop_choice *c) {
     if (job->reasoning && !(c->rp = rp_parser_new((rp_mode)job->reasoning, (rp_prompt)job->think_prompt)))
         return SPECD_ENOMEM;
     if (job->tool_format) {
-        tc_config cfg = {(tc_format)job->tool_format, job->max_tool_calls, job->req->tools, 0};
+        tc_config cfg = {.format = (tc_format)job->tool_format, .max_calls = job->max_tool_calls,
+                         .tools = job->req->tools, .forced_array = job->req->tool_choice == API_TOOL_REQUIRED,
+                         .forced_name = job->req->tool_choice == API_TOOL_NAMED ? job->req->tool_name : NULL};
         if (!(c->tc = tc_parser_new(&cfg))) return SPECD_ENOMEM;
     }
     return 0;

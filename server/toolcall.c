@@ -236,6 +236,8 @@ struct tc_parser {
     int after_call;            /* leading whitespace is dropped */
     int bare;                  /* this llama3_json sequence began without a tag */
     int elem_first;            /* S_M_ELEM: the array's first element (still pending) */
+    int forced_array;          /* the whole output is a JSON array of calls */
+    int forced;                /* forced_array or a named call: no content at all */
     /* the call being read */
     int co, key_kind, key_len, has_name, has_args, in_call, committed, discard, cur;
     int val_started;           /* the value after the key (or [ARGS]) has begun */
@@ -282,6 +284,10 @@ tc_format tc_detect(const char *src) {
     return TC_NONE;
 }
 
+static void open_pending(tc_parser *p, size_t mark, size_t resume, size_t pos, int st);
+static void call_reset(tc_parser *p);
+static int commit(tc_parser *p);
+
 tc_parser *tc_parser_new(const tc_config *cfg) {
     if (cfg->format == TC_NONE) return NULL;
     tc_parser *p = calloc(1, sizeof *p);
@@ -290,6 +296,8 @@ tc_parser *tc_parser_new(const tc_config *cfg) {
     p->max_calls = cfg->max_calls;
     p->rng = cfg->id_seed;
     p->at_start = 1;
+    p->forced_array = cfg->forced_array;
+    p->forced = cfg->forced_array || cfg->forced_name;
     size_t i;
     json_t *t;
     json_array_foreach(cfg->tools, i, t) {
@@ -300,6 +308,17 @@ tc_parser *tc_parser_new(const tc_config *cfg) {
         p->names = nn;
         if (!(p->names[p->n_names] = strdup(n))) goto fail;
         p->n_names++;
+    }
+    if (cfg->forced_array) {   /* as if a marker had just been read */
+        open_pending(p, 0, 0, 0, S_M_START);
+        p->at_start = 0;
+    } else if (cfg->forced_name) {   /* the call is known: everything is its arguments */
+        call_reset(p);
+        if (buf_add(&p->name, cfg->forced_name, strlen(cfg->forced_name)) || commit(p)) goto fail;
+        js_init(&p->js);
+        p->val_started = 0;
+        p->st = S_M_ARGVAL;
+        p->at_start = 0;
     }
     return p;
 fail:
@@ -346,7 +365,7 @@ static size_t trailing_ws(const char *s, size_t n) {
  * when content came before the call, the whitespace that stood between that content and
  * the call (or else this leading whitespace) goes out first as the separator. */
 static void give(tc_parser *p, const char *s, size_t n) {
-    if (!n) return;
+    if (!n || p->forced) return;   /* forced: the output is JSON, never prose */
     size_t lead = p->after_call ? leading_ws(s, n) : 0;
     if (lead == n && p->after_call) return;
     if (p->after_call && p->content_seen) {
@@ -497,7 +516,7 @@ static void fail(tc_parser *p) {
 /* After a complete call object. */
 static void object_done(tc_parser *p) {
     call_end(p);
-    p->st = p->format == TC_HERMES ? S_H_CLOSE : p->format == TC_MISTRAL ? S_M_SEP : S_L_SEP;
+    p->st = p->forced_array || p->format == TC_MISTRAL ? S_M_SEP : p->format == TC_HERMES ? S_H_CLOSE : S_L_SEP;
 }
 
 /* ---- TEXT --------------------------------------------------------------------------------------- */
@@ -868,4 +887,39 @@ json_t *tc_calls_json(const tc_parser *p) {
                                              c->args.p ? c->args.p : "", c->args.len));
     }
     return arr;
+}
+
+/* ---- forced calls ----------------------------------------------------------------------------- */
+
+static json_t *tool_params(json_t *tool) {
+    json_t *p = json_object_get(json_object_get(tool, "function"), "parameters");
+    return json_is_object(p) ? json_incref(p) : json_pack("{s:s}", "type", "object");
+}
+
+char *tc_forced_schema(json_t *tools, const char *name, int max_calls) {
+    json_t *alts = json_array(), *schema = NULL;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        if (!n) continue;
+        if (name) {
+            if (!strcmp(n, name)) {
+                schema = tool_params(t);
+                break;
+            }
+            continue;
+        }
+        json_array_append_new(alts, json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s, s], s:b}", "type", "object", "properties",
+                                              "name", "const", n, "parameters", tool_params(t), "required", "name",
+                                              "parameters", "additionalProperties", 0));
+    }
+    if (!name && json_array_size(alts)) {
+        schema = json_pack("{s:s, s:{s:O}, s:i}", "type", "array", "items", "anyOf", alts, "minItems", 1);
+        if (max_calls > 0) json_object_set_new(schema, "maxItems", json_integer(max_calls));
+    }
+    json_decref(alts);
+    char *s = schema ? json_dumps(schema, JSON_COMPACT) : NULL;
+    json_decref(schema);
+    return s;
 }

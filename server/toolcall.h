@@ -55,7 +55,19 @@ typedef struct {
     json_t *tools;          /* the request's tools (borrowed while creating): names for the
                              * llama3_json bare form */
     uint64_t id_seed;       /* 0: random call ids; else a reproducible sequence (tests) */
+    /* Forced calls (tool_choice required / a named function), whose output constrained
+     * decoding holds to tc_forced_schema: forced_array: the output is a JSON array of
+     * {"name", "parameters"}; forced_name: the output is that function's arguments. The
+     * format then only decides the ids' form; no text is content. */
+    int forced_array;
+    const char *forced_name;
 } tc_config;
+
+/* The JSON Schema (text, malloc'd) a forced call's output must follow: name given: the
+ * tool's parameters ({"type": "object"} when it has none); else an array of 1 to
+ * max_calls (0 = any) objects {"name": one tool's name, "parameters": its parameters}.
+ * NULL when the tools name no function (or name is not among them). */
+char *tc_forced_schema(json_t *tools, const char *name, int max_calls);
 
 typedef struct tc_parser tc_parser;
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/text/grammar.h"
 #include "server/reasoning.h"
 #include "server/toolcall.h"
 #include "tests/fixtures.h"
@@ -40,7 +41,7 @@ static void append(char **s, size_t *len, const char *add, size_t n) {
 }
 
 static tc_config config(tc_format f, json_t *tools, int max_calls) {
-    tc_config c = {f, max_calls, tools, 42};
+    tc_config c = {.format = f, .max_calls = max_calls, .tools = tools, .id_seed = 42};
     return c;
 }
 
@@ -305,6 +306,53 @@ static void test_detect_from_fixture_templates(void **s) {
     assert_null(tc_parser_new(&none));
 }
 
+/* ---- forced calls (tool_choice required / named) ------------------------------------------------ */
+
+static void test_forced_calls_parse_the_constrained_output(void **s) {
+    (void)s;
+    json_t *tools = weather_tools();
+    tc_config c = config(TC_HERMES, tools, 0);
+    c.forced_array = 1;
+    check(&c, "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}, {\"name\": \"get_time\", "
+              "\"parameters\": {}}]",
+          "", "[[\"get_weather\", \"{\\\"city\\\": \\\"Oslo\\\"}\"], [\"get_time\", \"{}\"]]");
+    tc_config n = config(TC_MISTRAL, tools, 0);
+    n.forced_name = "get_weather";
+    check(&n, "{\"city\": \"Oslo\"}", "", "[[\"get_weather\", \"{\\\"city\\\": \\\"Oslo\\\"}\"]]");
+    json_decref(tools);
+}
+
+static void test_forced_schema_compiles_and_names_the_tools(void **s) {
+    (void)s;
+    json_t *tools = weather_tools();
+    char *named = tc_forced_schema(tools, "get_weather", 0), *any = tc_forced_schema(tools, NULL, 1);
+    json_t *n = json_loads(named, 0, NULL), *a = json_loads(any, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(n, "properties"), "city"),
+                                                          "type")), "string");
+    assert_int_equal(json_integer_value(json_object_get(a, "minItems")), 1);
+    assert_int_equal(json_integer_value(json_object_get(a, "maxItems")), 1);
+    json_t *alts = json_object_get(json_object_get(a, "items"), "anyOf");
+    assert_int_equal(json_array_size(alts), 2);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(json_array_get(alts, 1),
+                                                          "properties"), "name"), "const")), "get_time");
+    /* get_time has no parameters: any object */
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(json_array_get(alts, 1),
+                                                          "properties"), "parameters"), "type")), "object");
+    char err[256] = "";
+    grammar *g1 = grammar_compile(GRAMMAR_JSON_SCHEMA, named, strlen(named), err, sizeof err);
+    if (!g1) fail_msg("named: %s", err);
+    grammar *g2 = grammar_compile(GRAMMAR_JSON_SCHEMA, any, strlen(any), err, sizeof err);
+    if (!g2) fail_msg("required: %s", err);
+    grammar_unref(g1);
+    grammar_unref(g2);
+    assert_null(tc_forced_schema(tools, "nope", 0));
+    json_decref(n);
+    json_decref(a);
+    free(named);
+    free(any);
+    json_decref(tools);
+}
+
 /* ---- reasoning -------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -436,6 +484,8 @@ int main(void) {
         cmocka_unit_test(test_llama3_json_calls),
         cmocka_unit_test(test_mistral_array_and_name_forms),
         cmocka_unit_test(test_detect_from_fixture_templates),
+        cmocka_unit_test(test_forced_calls_parse_the_constrained_output),
+        cmocka_unit_test(test_forced_schema_compiles_and_names_the_tools),
         cmocka_unit_test(test_reasoning_qwen3_and_r1),
         cmocka_unit_test(test_reasoning_prompt_state_and_names),
         cmocka_unit_test(test_reasoning_then_tool_call),

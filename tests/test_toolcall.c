@@ -306,6 +306,60 @@ static void test_detect_from_fixture_templates(void **s) {
     assert_null(tc_parser_new(&none));
 }
 
+/* ---- any text ------------------------------------------------------------------------------------- */
+
+/* Random texts of the pieces tool-call output is made of, well formed or not: whatever the
+ * text, the result is the same however it is cut, and the content plus what the calls
+ * consumed never invents bytes (content is at most the text). */
+static void test_random_texts_do_not_depend_on_cuts(void **s) {
+    (void)s;
+    static const char *const pieces[] = {
+        "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "{", "}", "[", "]", ":",
+        ",", ";", "\"name\"", "\"arguments\"", "\"parameters\"", "\"get_time\"", "\"f\"", "get_time", "\"",
+        "\\", " ", "\n", "x", "1", "-2.5e3", "true", "null", "<tool", "</think>", "\u00e9", "caf\xc3\xa9"};
+    const int n_pieces = (int)(sizeof pieces / sizeof pieces[0]);
+    json_t *tools = weather_tools();
+    uint64_t rng = 0x9e3779b97f4a7c15ULL;
+    for (int f = TC_HERMES; f <= TC_MISTRAL; f++) {
+        for (int iter = 0; iter < 300; iter++) {
+            char text[512] = "";
+            size_t len = 0;
+            int n = 1 + (int)(rng % 24);
+            for (int i = 0; i < n; i++) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                /* bias towards a well-formed call now and then */
+                const char *p = (rng >> 40) % 5 == 0
+                                    ? (f == TC_HERMES ? "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"a\": [1, \"x\"]}}</tool_call>"
+                                       : f == TC_MISTRAL ? "[TOOL_CALLS]get_time[ARGS]{\"a\": 1}"
+                                                         : "{\"name\": \"get_time\", \"parameters\": {}}")
+                                    : pieces[(rng >> 20) % (uint64_t)n_pieces];
+                size_t pl = strlen(p);
+                if (len + pl >= sizeof text) break;
+                memcpy(text + len, p, pl + 1);
+                len += pl;
+            }
+            for (int max_calls = 0; max_calls <= 1; max_calls++) {
+                tc_config c = config((tc_format)f, tools, max_calls);
+                tc_result one = run_cuts(&c, text, NULL, 0);
+                assert_true(one.clen <= len);
+                size_t *every = malloc((len ? len : 1) * sizeof *every);
+                for (size_t i = 0; i < len; i++) every[i] = i + 1;
+                tc_result bytes = run_cuts(&c, text, every, len ? (int)len - 1 : 0);
+                assert_same(&one, &bytes, text, 0);
+                size_t cut = len ? (size_t)(rng % len) : 0;
+                tc_result two = run_cuts(&c, text, &cut, 1);
+                assert_same(&one, &two, text, cut);
+                if (max_calls) assert_true(json_array_size(one.calls) <= 1);
+                result_free(&one);
+                result_free(&bytes);
+                result_free(&two);
+                free(every);
+            }
+        }
+    }
+    json_decref(tools);
+}
+
 /* ---- forced calls (tool_choice required / named) ------------------------------------------------ */
 
 static void test_forced_calls_parse_the_constrained_output(void **s) {
@@ -484,6 +538,7 @@ int main(void) {
         cmocka_unit_test(test_llama3_json_calls),
         cmocka_unit_test(test_mistral_array_and_name_forms),
         cmocka_unit_test(test_detect_from_fixture_templates),
+        cmocka_unit_test(test_random_texts_do_not_depend_on_cuts),
         cmocka_unit_test(test_forced_calls_parse_the_constrained_output),
         cmocka_unit_test(test_forced_schema_compiles_and_names_the_tools),
         cmocka_unit_test(test_reasoning_qwen3_and_r1),

@@ -375,29 +375,13 @@ static int parse_logit_bias(json_t *o, const api_limits *lim, api_request *r, ap
 
 /* Fields we know but do not implement: refuse rather than silently ignore. */
 static int parse_unsupported(json_t *o, const api_request *r, api_error *e) {
-    json_t *v = field(o, "response_format");
-    if (v) {
-        json_t *t = json_object_get(v, "type");
-        if (!json_is_object(v) || !json_is_string(t))
-            return api_fail(e, 400, NULL, "response_format", NULL, "'response_format' must be an object with a 'type'");
-        if (strcmp(json_string_value(t), "text"))
-            return api_fail(e, 400, NULL, "response_format", NULL,
-                            "response_format type '%s' is not supported (only 'text')", json_string_value(t));
-    }
-    v = field(o, "suffix");
+    json_t *v = field(o, "suffix");
     if (v && (!json_is_string(v) || json_string_length(v)))
         return api_fail(e, 400, NULL, "suffix", NULL, "'suffix' is not supported");
     long long best_of = 0;
     if (get_int(o, "best_of", 1, 128, &best_of, e) < 0) return -1;
     if (best_of > 1 && best_of != r->n)   /* ranking candidates by logprob is not done */
         return api_fail(e, 400, NULL, "best_of", NULL, "'best_of' other than 1 or n is not supported");
-    /* Constrained decoding (vLLM's and llama.cpp's spellings) is not implemented yet. */
-    static const char *const constrained[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                              "structured_outputs", "json_schema", "grammar"};
-    for (size_t i = 0; i < sizeof constrained / sizeof constrained[0]; i++)
-        if (field(o, constrained[i]))
-            return api_fail(e, 400, NULL, constrained[i], NULL, "'%s' (constrained decoding) is not supported",
-                            constrained[i]);
     int b = 0;
     if (get_bool(o, "continue_final_message", &b, e) < 0) return -1;
     if (b) return api_fail(e, 400, NULL, "continue_final_message", NULL, "'continue_final_message' is not supported");
@@ -463,6 +447,7 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
         return api_fail(e, 400, NULL, "min_tokens", NULL, "'min_tokens' must not exceed 'max_tokens'");
     if ((long long)r->n * (r->n_prompts ? r->n_prompts : 1) > API_MAX_CHOICES)
         return api_fail(e, 400, NULL, "n", NULL, "prompts x n must be at most %d", API_MAX_CHOICES);
+    if (api_parse_constraint(o, r, e) < 0) return -1;
     return parse_unsupported(o, r, e);
 }
 
@@ -595,6 +580,7 @@ void api_request_free(api_request *r) {
     json_decref(r->messages);
     json_decref(r->tools);
     json_decref(r->chat_template_kwargs);
+    grammar_unref(r->sp.grammar);
     free(r);
 }
 

@@ -76,11 +76,20 @@ typedef struct {
     int logprobs;            /* -1 none; else top N (completions: logprobs; chat: top_logprobs) */
     int n_stop;
     char *stop[API_MAX_STOP];
-    engine_sampling sp;      /* logit bias points into the arrays below */
+    engine_sampling sp;      /* logit bias points into the arrays below; sp.grammar is owned */
     int32_t bias_ids[API_MAX_LOGIT_BIAS];
     float bias_vals[API_MAX_LOGIT_BIAS];
     int skip_special;        /* decode: drop special tokens (default 1) */
 } api_request;
+
+/* Constrained decoding fields (api_constraint.c): response_format (json_object,
+ * json_schema), vLLM's guided_json / guided_regex / guided_choice / guided_grammar /
+ * structured_outputs, llama.cpp's json_schema / grammar. At most one; it is compiled into
+ * r->sp.grammar, which the request owns (api_request_free drops it). Other code that
+ * constrains a request (a forced tool call) sets r->sp.grammar the same way, from
+ * grammar_compile, after unreffing any previous one. Returns 0 (none), 1 (set) or -1
+ * (400 naming the field and the problem). */
+int api_parse_constraint(json_t *o, api_request *r, api_error *e);
 
 /* Parse and validate a request body. Returns a new request (free with api_request_free),
  * or NULL with *e filled (status 400 / 404). */

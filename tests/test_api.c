@@ -179,7 +179,15 @@ static void test_completion_rejects_bad_fields(void **s) {
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"echo\":\"no\"}", 400, "echo");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"echo\":true,\"logprobs\":1}", 400, "echo");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"min_tokens\":5,\"max_tokens\":2}", 400, "min_tokens");
-    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"yaml\"}}", 400, "response_format");
+    /* constrained decoding: a field that does not compile is a 400 naming it; two at once too */
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                 "{\"name\":\"x\",\"schema\":{\"type\":\"integer\",\"multipleOf\":2}}}}", 400, "response_format");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"guided_regex\":\"a(?=b)\"}", 400, "guided_regex");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"guided_choice\":[]}", 400, "guided_choice");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"grammar\":\"root ::= x\"}", 400, "grammar");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"structured_outputs\":{\"structural_tag\":\"t\"}}", 400, "structured_outputs");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]}", 400, "guided_choice");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"suffix\":\"end\"}", 400, "suffix");
 }
 

@@ -223,7 +223,8 @@ static int alloc_buffers(engine *e) {
     e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
     e->spec_n = malloc((size_t)B * sizeof(int));
-    if (!e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
+    e->mask = malloc(vocab_mask_words(V) * sizeof *e->mask);
+    if (!e->mask || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -357,6 +358,8 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     }
     if (check_config(e, err, errlen) || load_target(e, err, errlen)) goto fail;
     if (load_tokenizer(e, err, errlen)) goto fail;
+    /* after load_tokenizer: the eos list is complete */
+    if (e->tok && !(e->vtrie = vocab_trie_build(e->tok, e->vocab, e->eos, e->n_eos, err, errlen))) goto fail;
 
     runner_config rc = make_runner_config(e);
     if (size_pool(e, &rc, err, errlen)) goto fail;
@@ -415,6 +418,7 @@ static void req_free(req *r) {
     free(r->lb_ids);
     free(r->lb_vals);
     free(r->first_logits);
+    matcher_free(r->m);
     free(r);
 }
 
@@ -438,6 +442,8 @@ void engine_destroy(engine *e) {
         tp_children_free(e->tp_ch);
     }
     tmpl_free(e->tmpl);
+    vocab_trie_free(e->vtrie);
+    free(e->mask);
     tok_free(e->tok);
     model_free(e->draft);
     model_free(e->target);
@@ -532,6 +538,17 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
     }
     r->sp.logit_bias_ids = r->lb_ids;
     r->sp.logit_bias_vals = r->lb_vals;
+    r->sp.grammar = NULL;   /* the matcher holds the request's reference */
+    if (sp->grammar) {
+        if (!e->vtrie) {
+            req_free(r);
+            return specd_errf(err, errlen, SPECD_EINVAL, "constrained decoding needs the model's tokenizer");
+        }
+        if (!(r->m = matcher_new(sp->grammar, e->vtrie))) {
+            req_free(r);
+            return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+        }
+    }
     r->record = record;
     r->seq.id = req_id;
     r->seq.n_tokens = n_prompt;

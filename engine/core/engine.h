@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine/model/model.h"
+#include "engine/text/grammar.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tmpl.h"
 #include "engine/tp/tp.h"
@@ -75,6 +76,11 @@ typedef struct {
     int min_tokens;               /* EOS suppressed before this many */
     int ignore_eos;
     int logprobs;                 /* -1: none; 0: chosen token only; N: + top N (<= 20) */
+    /* Constrained decoding: every token keeps the output inside this grammar, and the
+     * request stops ("stop") once the grammar is complete and nothing may follow. NULL:
+     * none. Borrowed: engine_prepare / engine_add take their own reference. A constrained
+     * request is sampled on the host and does not speculate. */
+    grammar *grammar;
 } engine_sampling;
 
 void engine_sampling_defaults(engine_sampling *s);

@@ -27,6 +27,7 @@ typedef struct req {
     float *first_logits;
     int n_cached;                /* prompt tokens served from the prefix cache */
     int verify_steps, draft_tokens, accepted;
+    matcher *m;                  /* constrained decoding state, or NULL */
 } req;
 
 /* Per-row plan of one step. */
@@ -54,6 +55,9 @@ struct engine {
     int vocab;
     int32_t eos[MODEL_MAX_EOS + 5];  /* model, tokenizer and end-of-turn stop ids */
     int n_eos;
+    vocab_trie *vtrie;           /* the vocabulary as bytes, for constrained decoding (NULL
+                                  * without a tokenizer) */
+    uint32_t *mask;              /* (vocab_mask_words(vocab)) one row's allowed tokens */
 
     req **reqs;                  /* live requests (unordered) */
     int n_reqs, cap_reqs;

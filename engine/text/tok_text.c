@@ -353,12 +353,41 @@ void tok_pieces_free(tok_pieces *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* One interval of a piece: a regex match or the gap between two. */
+/* One interval of a piece: a regex match or the gap between two. An empty match is an
+ * interval of length 0: it cuts the text there (HF splits at a lookahead like
+ * "(?=(\d{3})+(?!\d))") and yields no piece of its own. */
 typedef struct { size_t s, e; int m; } span;
+
+/* Scratch reused across the pieces of one tok_pretokenize call. */
+typedef struct {
+    span *v;
+    size_t cap;
+    tok_buf map;        /* a piece in GPT-2 mapped chars (splits after a ByteLevel step) */
+    uint32_t *back;     /* mapped byte offset -> byte offset in the piece */
+    size_t back_cap;
+} split_scratch;
+
+static void split_scratch_free(split_scratch *ss) {
+    free(ss->v);
+    tok_buf_free(&ss->map);
+    free(ss->back);
+}
+
+static int span_push(split_scratch *ss, size_t *n, size_t s, size_t e, int m) {
+    if (*n == ss->cap) {
+        size_t cap = ss->cap ? ss->cap * 2 : 256;
+        span *v = realloc(ss->v, cap * sizeof *v);
+        if (!v) return SPECD_ENOMEM;
+        ss->v = v;
+        ss->cap = cap;
+    }
+    ss->v[(*n)++] = (span){s, e, m};
+    return 0;
+}
 
 /* Appends the pieces HF's Split gives for `behavior` over the intervals v[0..n). While
  * here a piece holds (start, end) relative to the split piece in (off, len); the caller
- * turns them into (offset, length). */
+ * turns them into (offset, length) and drops the empty ones. */
 static int split_emit(const span *v, size_t n, int behavior, tok_pieces *out) {
     size_t base = out->n;
     int prev_match = 0;
@@ -388,58 +417,75 @@ static int split_emit(const span *v, size_t n, int behavior, tok_pieces *out) {
     return 0;
 }
 
-/* Runs re over buf[pc.off .. +pc.len) and appends the resulting pieces to out. */
-static int split_piece(const tok_pre *st, const tok_buf *buf, tok_piece pc, span **sv,
-                       size_t *svcap, pcre2_match_data *md, tok_pieces *out) {
-    const PCRE2_SPTR subj = (PCRE2_SPTR)(buf->p + pc.off);
-    size_t n = 0, pos = 0, last = 0;
+/* The piece as HF's steps after a ByteLevel step see it: every byte as its GPT-2 mapped
+ * char (so "\s" no longer matches a space, which is now U+0120, and a UTF-8 continuation
+ * byte 0xB2 is the digit U+00B2). ss->back maps offsets in the mapped text back. */
+static int map_piece(const char *s, size_t n, split_scratch *ss) {
+    ss->map.len = 0;
+    if (tok_buf_reserve(&ss->map, 2 * n)) return SPECD_ENOMEM;
+    if (2 * n + 1 > ss->back_cap) {
+        uint32_t *b = realloc(ss->back, (2 * n + 1) * sizeof *b);
+        if (!b) return SPECD_ENOMEM;
+        ss->back = b;
+        ss->back_cap = 2 * n + 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t k = tok_utf8_encode(tok_byte_cp((unsigned char)s[i]), ss->map.p + ss->map.len);
+        for (size_t j = 0; j < k; j++) ss->back[ss->map.len + j] = (uint32_t)i;
+        ss->map.len += k;
+    }
+    ss->back[ss->map.len] = (uint32_t)n;
+    return 0;
+}
+
+/* Runs re over buf[pc.off .. +pc.len) (over its mapped chars if `mapped`) and appends the
+ * resulting pieces to out. */
+static int split_piece(const tok_pre *st, const tok_buf *buf, tok_piece pc, int mapped,
+                       split_scratch *ss, pcre2_match_data *md, tok_pieces *out) {
+    const char *subj = buf->p + pc.off;
+    size_t len = pc.len, n = 0, pos = 0, last = 0;
+    if (mapped) {
+        if (map_piece(subj, len, ss)) return SPECD_ENOMEM;
+        subj = ss->map.p;
+        len = ss->map.len;
+    }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     size_t start_out = out->n;
-    while (pos <= pc.len) {
-        int rc = tok_regex_match(st->re, (const char *)subj, pc.len, pos, md);
+    while (pos <= len) {
+        int rc = tok_regex_match(st->re, subj, len, pos, md);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) return rc == PCRE2_ERROR_NOMEMORY ? SPECD_ENOMEM : SPECD_EINVAL;
         size_t ms = ov[0], me = ov[1];
-        if (me == ms) {   /* empty match: step one char so we always progress */
-            if (ms >= pc.len) break;
-            pos = ms + 1;
-            while (pos < pc.len && (subj[pos] & 0xC0) == 0x80) pos++;
-            continue;
-        }
-        if (n + 2 > *svcap) {
-            size_t cap = *svcap ? *svcap * 2 : 256;
-            span *v = realloc(*sv, cap * sizeof *v);
-            if (!v) return SPECD_ENOMEM;
-            *sv = v;
-            *svcap = cap;
-        }
-        if (ms > last) (*sv)[n++] = (span){last, ms, st->invert};
-        (*sv)[n++] = (span){ms, me, !st->invert};
+        if (ms > last && span_push(ss, &n, last, ms, st->invert)) return SPECD_ENOMEM;
+        if (span_push(ss, &n, ms, me, !st->invert)) return SPECD_ENOMEM;
         last = pos = me;
-    }
-    if (last < pc.len) {
-        if (n + 1 > *svcap) {
-            size_t cap = *svcap ? *svcap * 2 : 256;
-            span *v = realloc(*sv, cap * sizeof *v);
-            if (!v) return SPECD_ENOMEM;
-            *sv = v;
-            *svcap = cap;
+        if (me == ms) {   /* empty match: step one char so we always progress */
+            if (ms >= len) break;
+            for (pos = ms + 1; pos < len && ((unsigned char)subj[pos] & 0xC0) == 0x80; pos++) {}
         }
-        (*sv)[n++] = (span){last, pc.len, st->invert};
     }
+    if (last < len && span_push(ss, &n, last, len, st->invert)) return SPECD_ENOMEM;
+    if (mapped)
+        for (size_t j = 0; j < n; j++) {
+            ss->v[j].s = ss->back[ss->v[j].s];
+            ss->v[j].e = ss->back[ss->v[j].e];
+        }
     if (st->behavior == TOK_SPLIT_ISOLATED) {   /* hot path: one piece per interval */
         for (size_t j = 0; j < n; j++)
-            if (pieces_push(out, pc.off + (*sv)[j].s, (*sv)[j].e - (*sv)[j].s, 0))
+            if (ss->v[j].e > ss->v[j].s &&
+                pieces_push(out, pc.off + ss->v[j].s, ss->v[j].e - ss->v[j].s, 0))
                 return SPECD_ENOMEM;
     } else {
-        int rc = split_emit(*sv, n, st->behavior, out);
+        int rc = split_emit(ss->v, n, st->behavior, out);
         if (rc) return rc;
-        /* split_emit stores (start, end) relative to the piece; make them absolute */
+        /* split_emit stores (start, end) relative to the piece: make them absolute and
+         * drop the empty ones */
+        size_t k = start_out;
         for (size_t j = start_out; j < out->n; j++) {
             size_t s = out->v[j].off, e = out->v[j].len;
-            out->v[j].off = pc.off + s;
-            out->v[j].len = e - s;
+            if (e > s) out->v[k++] = (tok_piece){pc.off + s, e - s, 0};
         }
+        out->n = k;
     }
     if (out->n > start_out && out->v[start_out].off == pc.off) out->v[start_out].first = pc.first;
     return 0;
@@ -473,9 +519,8 @@ static int metaspace_piece(const tok_pre *st, tok_buf *buf, tok_piece pc, tok_pi
 int tok_pretokenize(const tok_tokenizer *t, tok_buf *buf, int first, tok_pieces *out,
                     pcre2_match_data *md) {
     tok_pieces a = {0}, b = {0};
-    span *sv = NULL;
-    size_t svcap = 0;
-    int rc = 0;
+    split_scratch ss = {0};
+    int rc = 0, after_bytelevel = 0;
     out->n = 0;
     if (buf->len == 0) return 0;
     if (pieces_push(&a, 0, buf->len, first)) return SPECD_ENOMEM;
@@ -486,7 +531,7 @@ int tok_pretokenize(const tok_tokenizer *t, tok_buf *buf, int first, tok_pieces 
             tok_piece pc = a.v[j];
             switch (st->kind) {
             case TOK_PRE_SPLIT:
-                rc = split_piece(st, buf, pc, &sv, &svcap, md, &b);
+                rc = split_piece(st, buf, pc, after_bytelevel, &ss, md, &b);
                 break;
             case TOK_PRE_BYTELEVEL:
                 if (st->add_prefix_space && pc.len && buf->p[pc.off] != ' ') {
@@ -498,7 +543,7 @@ int tok_pretokenize(const tok_tokenizer *t, tok_buf *buf, int first, tok_pieces 
                     pc.off = off;
                     pc.len++;
                 }
-                rc = st->re ? split_piece(st, buf, pc, &sv, &svcap, md, &b)
+                rc = st->re ? split_piece(st, buf, pc, 0, &ss, md, &b)
                             : pieces_push(&b, pc.off, pc.len, pc.first);
                 break;
             case TOK_PRE_METASPACE:
@@ -506,11 +551,12 @@ int tok_pretokenize(const tok_tokenizer *t, tok_buf *buf, int first, tok_pieces 
                 break;
             }
         }
+        if (st->kind == TOK_PRE_BYTELEVEL) after_bytelevel = 1;
         tok_pieces sw = a;
         a = b;
         b = sw;
     }
-    free(sv);
+    split_scratch_free(&ss);
     tok_pieces_free(&b);
     if (rc) {
         tok_pieces_free(&a);

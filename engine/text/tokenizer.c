@@ -158,17 +158,21 @@ int tok_finish(tok_tokenizer *t, char *err, size_t errlen) {
                 break;
             }
     }
-    int live = 0;
+    int live = 0, seen_bytelevel = 0, mapped = 0;   /* mapped: a ByteLevel step before it */
     const tok_pre *only = NULL;
     for (int i = 0; i < t->n_pres; i++) {
         const tok_pre *p = &t->pres[i];
-        if (p->kind == TOK_PRE_BYTELEVEL && !p->re && !p->add_prefix_space) continue;
+        if (p->kind == TOK_PRE_BYTELEVEL && !p->re && !p->add_prefix_space) {
+            seen_bytelevel = 1;
+            continue;
+        }
         live++;
         only = p;
+        mapped = seen_bytelevel;
     }
     t->fast_none = live == 0;
     if (live == 1 && only->re && only->behavior == TOK_SPLIT_ISOLATED && !only->invert &&
-        !(only->kind == TOK_PRE_BYTELEVEL && only->add_prefix_space))
+        !mapped && !(only->kind == TOK_PRE_BYTELEVEL && only->add_prefix_space))
         t->fast_re = only->re;
     tok_buf blob = {0};
     t->piece_off = calloc((size_t)t->n_vocab + 1, sizeof *t->piece_off);
@@ -374,14 +378,13 @@ static int encode_fast(const tok_tokenizer *t, const char *s, size_t n, enc_stat
         if (m == PCRE2_ERROR_NOMATCH) break;
         if (m < 0) return m == PCRE2_ERROR_NOMEMORY ? SPECD_ENOMEM : SPECD_EINVAL;
         size_t ms = ov[0], me = ov[1];
-        if (me == ms) {   /* empty match: step one char */
+        if (ms > last) rc = encode_piece(t, s + last, ms - last, st, out);
+        if (!rc && me > ms) rc = encode_piece(t, s + ms, me - ms, st, out);
+        last = pos = me;
+        if (me == ms) {   /* an empty match cuts the text there; step one char */
             if (ms >= n) break;
             for (pos = ms + 1; pos < n && ((unsigned char)s[pos] & 0xC0) == 0x80; pos++) {}
-            continue;
         }
-        if (ms > last) rc = encode_piece(t, s + last, ms - last, st, out);
-        if (!rc) rc = encode_piece(t, s + ms, me - ms, st, out);
-        last = pos = me;
     }
     if (!rc && last < n) rc = encode_piece(t, s + last, n - last, st, out);
     return rc;

@@ -1,7 +1,8 @@
 /* Tokenizer (prefix tok_): encode / decode exactly as HF tokenizers does, loaded from a
  * tokenizer.json (+ tokenizer_config.json beside it) or from GGUF metadata
- * (tokenizer.ggml.*). Models: byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM) and
- * SentencePiece-style BPE with byte fallback (Llama-2, Phi-3, Mistral, TinyLlama).
+ * (tokenizer.ggml.*). Models: byte-level BPE (GPT-2, Llama-3, Qwen2/3, SmolLM, and every
+ * GGUF pre-tokenizer family: engine/text/tok_gguf.c) and SentencePiece-style BPE with byte
+ * fallback (Llama-2, Phi-3, Mistral, TinyLlama, Gemma 4).
  *
  * Ownership: a tok_tokenizer is immutable after creation and safe to use from many
  * threads at once (encode/decode keep their state on the stack or in the caller's

@@ -293,6 +293,16 @@ static void vocab_free(vocab_fx *f) {
 
 static int bit(const uint32_t *mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1; }
 
+static int token_with_bytes(vocab_fx *f, const char *s) {
+    for (int id = 0; id < f->n_vocab; id++) {
+        const char *p;
+        size_t len;
+        if (!tok_is_special(f->tok, id) && !tok_token_bytes(f->tok, id, &p, &len) && len == strlen(s) && !memcmp(p, s, len))
+            return id;
+    }
+    return -1;
+}
+
 /* The mask against every token checked alone. Returns the number of allowed tokens. */
 static int check_mask_brute(vocab_fx *f, matcher *m) {
     int n = matcher_fill_mask(m, f->mask), count = 0;
@@ -366,6 +376,51 @@ static void test_mask_equals_brute_force_llama3(void **state) {
     mask_suite("tokenizers/hf/llama3_1/tokenizer.json");
 }
 
+/* The shortest way to the end: the smallest valid document from the start, the closing
+ * bytes inside one; the budget mask keeps only tokens that leave a short enough way. */
+static void test_distance_and_budget_mask(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, PERSON);
+    matcher *m = matcher_new(g, NULL);
+    assert_int_equal(matcher_distance(m), (int)strlen("{\"name\":\"x\",\"age\":0}"));
+    matcher_free(m);
+    grammar_unref(g);
+    vocab_fx f;
+    vocab_load(&f, "tokenizers/hf/qwen3/tokenizer.json");
+    g = compile_ok(GRAMMAR_JSON, NULL);
+    m = matcher_new(g, f.vt);
+    const char *pre = "{\"a\": [1, {\"b\": \"xx";
+    assert_int_equal(matcher_accept_bytes(m, pre, strlen(pre)), 0);
+    assert_int_equal(matcher_distance(m), 4);   /* "}]} */
+    int n = matcher_fill_mask_within(m, f.mask, 3);
+    assert_true(n > 0);
+    static const struct { const char *tok; int allowed; } cases[] = {
+        {"\"", 1}, {"\"}", 1}, {"x", 0}, {"\",", 0}, {"ab", 0}, {" ", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int id = token_with_bytes(&f, cases[i].tok);
+        assert_true(id >= 0);
+        if (bit(f.mask, id) != cases[i].allowed) print_error("token '%s'\n", cases[i].tok);
+        assert_int_equal(bit(f.mask, id), cases[i].allowed);
+    }
+    /* every kept token is a valid continuation that leaves at most 3 bytes to go */
+    for (int id = 0; id < f.n_vocab; id++) {
+        const char *p;
+        size_t len;
+        if (!bit(f.mask, id) || id == f.eos) continue;
+        assert_int_equal(tok_token_bytes(f.tok, id, &p, &len), 0);
+        matcher *m2 = matcher_new(g, NULL);
+        assert_int_equal(matcher_accept_bytes(m2, pre, strlen(pre)), 0);
+        assert_int_equal(matcher_accept_bytes(m2, p, len), 0);
+        assert_true(matcher_distance(m2) <= 3);
+        matcher_free(m2);
+    }
+    assert_true(matcher_fill_mask(m, f.mask) > n);   /* without the budget: many more */
+    matcher_free(m);
+    grammar_unref(g);
+    vocab_free(&f);
+}
+
 /* Special tokens are never allowed, even where their text would fit the grammar. */
 static void test_special_tokens_never_allowed(void **state) {
     (void)state;
@@ -397,6 +452,7 @@ int main(void) {
         cmocka_unit_test(test_mask_equals_brute_force_qwen3),
         cmocka_unit_test(test_mask_equals_brute_force_llama3),
         cmocka_unit_test(test_special_tokens_never_allowed),
+        cmocka_unit_test(test_distance_and_budget_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -107,10 +107,22 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
     return ENGINE_RUNNING;
 }
 
+/* Within this many bytes of the last token, a constrained row keeps only tokens after which
+ * its grammar can still end in the tokens left (no single token lengthens the shortest
+ * way to the end by more than this in practice): the output stays valid at max_tokens. */
+#define GRAMMAR_BUDGET_SLACK 256
+
 /* Constrained decoding: tokens outside the grammar get -inf before any other processing.
  * Returns 0, or -1 when no token fits (a grammar needing bytes no token spells). */
 static int apply_grammar(engine *e, req *r, float *logits) {
-    int n_ok = matcher_fill_mask(r->m, e->mask);
+    int left = r->max_new - r->n_out, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens;
+    if (ctx_left < left) left = ctx_left;
+    int n_ok = -1;
+    if (left - 1 < matcher_distance(r->m) + GRAMMAR_BUDGET_SLACK) {
+        n_ok = matcher_fill_mask_within(r->m, e->mask, left - 1);
+        if (n_ok == 0 && !matcher_accepting(r->m)) n_ok = -1;   /* too late to close: plain mask */
+    }
+    if (n_ok < 0) n_ok = matcher_fill_mask(r->m, e->mask);
     if (n_ok == 0 && !matcher_accepting(r->m)) return -1;
     const uint32_t *mask = e->mask;
     for (int i = 0; i < e->vocab; i++)

@@ -458,6 +458,7 @@ void grammar_unref(grammar *g) {
     free(g->call_rule);
     free(g->call_to);
     free(g->flags);
+    free(g->dist);
     free(g->rule_start);
     free(g);
 }
@@ -650,6 +651,26 @@ static int finish_flags(gbuild *b, grammar *g) {
         if (out) g->flags[s] |= GS_HASOUT;
         if (g->call_off[s + 1] == g->call_off[s] && !(g->flags[s] & GS_FINAL)) g->flags[s] |= GS_SIMPLE;
     }
+    /* shortest way to each rule's end (relaxation; states are numbered roughly in
+     * breadth-first order, so a sweep from the back settles most of them at once) */
+    g->dist = malloc((size_t)S * sizeof *g->dist);
+    if (!g->dist) return gb_fail(b, "out of memory");
+    for (int32_t s = 0; s < S; s++) g->dist[s] = (g->flags[s] & GS_FINAL) ? 0 : GRAMMAR_DIST_INF;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int32_t s = S - 1; s >= 0; s--) {
+            int32_t best = g->dist[s];
+            const int32_t *row = g->trans + (size_t)s * g->n_cls;
+            for (int c = 0; c < g->n_cls; c++)
+                if (row[c] >= 0) best = best < gdist_add(1, g->dist[row[c]]) ? best : gdist_add(1, g->dist[row[c]]);
+            for (int32_t k = g->call_off[s]; k < g->call_off[s + 1]; k++) {
+                int32_t d = gdist_add(g->dist[g->rule_start[g->call_rule[k]]], g->dist[g->call_to[k]]);
+                best = best < d ? best : d;
+            }
+            if (best < g->dist[s]) g->dist[s] = best, changed = 1;
+        }
+    }
+    if (g->dist[g->rule_start[0]] >= GRAMMAR_DIST_INF) return gb_fail(b, "the grammar matches nothing");
     /* left recursion: from each rule's start, moves that read nothing */
     int32_t *seen = calloc((size_t)S, sizeof *seen), *stack = malloc((size_t)S * sizeof *stack);
     if (!seen || !stack) {

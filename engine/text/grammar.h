@@ -81,6 +81,14 @@ void matcher_free(matcher *m);
  * when all its bytes keep the matcher valid; the eos ids are set when the grammar is
  * complete here. Returns how many tokens other than eos are set. */
 int matcher_fill_mask(matcher *m, uint32_t *mask);
+/* The same, keeping only tokens after which the grammar can still end within max_dist
+ * bytes (the shortest way to the end, matcher_distance). With max_dist = tokens left - 1,
+ * a request near max_tokens is steered to close its document (single-byte tokens exist
+ * for the closing bytes in byte-level vocabularies), so the output stays valid. Not
+ * cached: use it only near the end. */
+int matcher_fill_mask_within(matcher *m, uint32_t *mask, int max_dist);
+/* Bytes on the shortest way from here to the end of the grammar (0 when complete). */
+int matcher_distance(const matcher *m);
 /* Advance by one token. An eos id is accepted when the grammar is complete (the matcher
  * is then finished). Returns 0, or SPECD_EINVAL (and the state is unchanged) when the
  * token is not allowed. */

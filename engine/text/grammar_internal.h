@@ -77,6 +77,10 @@ void gb_rule_set(gbuild *b, int32_t rule, gfrag body);
 /* NFA size limits: a front end stops early when it exceeds them (message recorded). */
 #define GB_MAX_STATES 400000
 #define GB_MAX_DFA_STATES 200000
+#define GRAMMAR_DIST_INF (1 << 28)
+static inline int32_t gdist_add(int32_t a, int32_t b) {
+    return a >= GRAMMAR_DIST_INF || b >= GRAMMAR_DIST_INF || a + b >= GRAMMAR_DIST_INF ? GRAMMAR_DIST_INF : a + b;
+}
 
 /* ---- front ends: fill rule 0 (the root) and maybe more; 0 or -1 (error recorded) ---- */
 
@@ -113,6 +117,8 @@ struct grammar {
     int32_t *call_off;         /* (n_states + 1) into call_rule / call_to */
     int32_t *call_rule, *call_to;
     uint8_t *flags;            /* GS_* per state */
+    int32_t *dist;             /* bytes on the shortest way from a state to its rule's end
+                                * (GRAMMAR_DIST_INF: none) */
     int32_t n_rules;
     int32_t *rule_start;       /* DFA start state of each rule */
     int32_t root;              /* rule_start[0] */

@@ -169,7 +169,7 @@ nomem:
 
 /* ---- matcher -------------------------------------------------------------------------- */
 
-typedef struct { int32_t state, parent, depth; } mt_frame;
+typedef struct { int32_t state, parent, depth, below; } mt_frame;   /* below: dist of the frames' states */
 typedef struct { int32_t top, parent; } mt_stack;
 
 struct matcher {
@@ -205,7 +205,8 @@ static int32_t push(matcher *m, int32_t state, int32_t parent) {
         m->fr = n;
         m->cap_fr = cap;
     }
-    m->fr[m->n_fr] = (mt_frame){state, parent, depth};
+    int32_t below = gdist_add(m->g->dist[state], parent < 0 ? 0 : m->fr[parent].below);
+    m->fr[m->n_fr] = (mt_frame){state, parent, depth, below};
     return m->n_fr++;
 }
 
@@ -262,6 +263,20 @@ static int stack_continues(const matcher *m, int32_t s, int32_t p) {
         s = m->fr[p].state;
         p = m->fr[p].parent;
     }
+}
+
+/* Bytes on the shortest way from stacks s[0..n) to the end of the grammar. */
+static int32_t stacks_dist(const matcher *m, const mt_stack *s, int n) {
+    int32_t best = GRAMMAR_DIST_INF;
+    for (int i = 0; i < n; i++) {
+        int32_t d = gdist_add(m->g->dist[s[i].top], s[i].parent < 0 ? 0 : m->fr[s[i].parent].below);
+        best = d < best ? d : best;
+    }
+    return best;
+}
+
+int matcher_distance(const matcher *m) {
+    return m->finished ? 0 : stacks_dist(m, m->cur, m->n_cur);
 }
 
 int matcher_accepting(const matcher *m) {
@@ -321,7 +336,8 @@ static void compact(matcher *m) {
         int32_t parent = -1;
         while (k > 0) {
             mt_frame f = m->fr[chain[--k]];
-            m->fr2[n2] = (mt_frame){f.state, parent, parent < 0 ? 1 : m->fr2[parent].depth + 1};
+            m->fr2[n2] = (mt_frame){f.state, parent, parent < 0 ? 1 : m->fr2[parent].depth + 1,
+                                    gdist_add(m->g->dist[f.state], parent < 0 ? 0 : m->fr2[parent].below)};
             parent = n2++;
         }
         m->cur[i].parent = parent;
@@ -397,7 +413,12 @@ static int state_key(const matcher *m, int32_t *key) {
     return n;
 }
 
-static int walk_mask(matcher *m, uint32_t *mask);
+static int walk_mask(matcher *m, uint32_t *mask, int32_t limit);
+
+int matcher_fill_mask_within(matcher *m, uint32_t *mask, int max_dist) {
+    if (m->finished || max_dist >= GRAMMAR_DIST_INF) return matcher_fill_mask(m, mask);
+    return walk_mask(m, mask, max_dist < 0 ? 0 : max_dist);
+}
 
 int matcher_fill_mask(matcher *m, uint32_t *mask) {
     size_t words = vocab_mask_words(m->v->n_vocab);
@@ -417,7 +438,7 @@ int matcher_fill_mask(matcher *m, uint32_t *mask) {
         }
         if (m->cache[i].used < m->cache[slot].used) slot = i;
     }
-    int count = walk_mask(m, mask);
+    int count = walk_mask(m, mask, GRAMMAR_DIST_INF);
     if (klen && (m->cache[slot].mask || (m->cache[slot].mask = malloc(words * sizeof *mask)))) {
         memcpy(m->cache[slot].key, key, (size_t)klen * sizeof *key);
         m->cache[slot].klen = klen;
@@ -428,8 +449,9 @@ int matcher_fill_mask(matcher *m, uint32_t *mask) {
     return count;
 }
 
-/* The trie scan (see the file comment). */
-static int walk_mask(matcher *m, uint32_t *mask) {
+/* The trie scan (see the file comment). limit: a token is kept only if the shortest way
+ * to the end after it is at most limit bytes (GRAMMAR_DIST_INF: no limit). */
+static int walk_mask(matcher *m, uint32_t *mask, int32_t limit) {
     const vocab_trie *v = m->v;
     const grammar *g = m->g;
     memset(mask, 0, vocab_mask_words(v->n_vocab) * sizeof *mask);
@@ -466,7 +488,7 @@ static int walk_mask(matcher *m, uint32_t *mask) {
             m->lvl_mark[d] = m->n_fr;
         }
         m->lvl_n[d] = nout;
-        if (nd->tok >= 0) {
+        if (nd->tok >= 0 && (limit >= GRAMMAR_DIST_INF || stacks_dist(m, out, nout) <= limit)) {
             int32_t t = nd->tok;
             mask[t >> 5] |= 1u << (t & 31);
             count++;

@@ -220,7 +220,7 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
             for (int i = 0; i < RPT; i++) {
                 int r = rg + 2 * i;
                 int qpos = len + q0 + r / G;
-                bool ok = r < rows && key < ke && key <= qpos;
+                bool ok = r < rows && key < ke && key <= qpos && (w.window <= 0 || qpos - key < w.window);
                 ps[r * ATT_TILE + k] = ok ? s[i] * scale : -INFINITY;
             }
         }
@@ -345,14 +345,16 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     int len = g.lens[slot * 2 + g.which], kend, ks0, ke, ns_keys;
     auto geometry = [&]() {
         kend = min(len + q0 + 1, g.max_blocks * g.block_size);   /* keys <= the query's position */
+        /* a sliding window: only the last `window` positions (one query: no mask needed) */
+        const int kbeg = w.window > 0 ? min(max(0, len + q0 + 1 - w.window), kend) : 0, span = kend - kbeg;
         int split_len = w.split_len;
         if (split_len <= 0) {
-            int per = (kend + w.n_splits - 1) / w.n_splits;
+            int per = (span + w.n_splits - 1) / w.n_splits;
             split_len = max(DEC_KPW * DEC_WARPS, (per + DEC_KPW - 1) / DEC_KPW * DEC_KPW);
         }
-        ks0 = split * split_len;
+        ks0 = kbeg + split * split_len;
         ke = split == w.n_splits - 1 ? kend : min(ks0 + split_len, kend);
-        ns_keys = min(w.n_splits, (kend + split_len - 1) / split_len);
+        ns_keys = min(w.n_splits, (span + split_len - 1) / split_len);
     };
     geometry();
     uint4 kr[KS8];
@@ -618,5 +620,10 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
     if (D == 32) return dispatch_rows<32>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 64) return dispatch_rows<64>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 128) return dispatch_rows<128>(rows, q, out, H, KVH, scale, g, w, s);
+    if (D == 256) {   /* Gemma 3: the tiled kernel, at most 32 rows (registers) */
+        if (rows <= 8) return launch_attention<256, 8>(q, out, H, KVH, scale, g, w, s);
+        if (rows <= 16) return launch_attention<256, 16>(q, out, H, KVH, scale, g, w, s);
+        if (rows <= 32) return launch_attention<256, 32>(q, out, H, KVH, scale, g, w, s);
+    }
     return -1;
 }

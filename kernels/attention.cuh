@@ -11,10 +11,11 @@
 #include "kernels/specd_kernels.h"
 
 /* One block's share of the work: query tokens tok0 .. tok0 + nq - 1 of row `row` (q0 ..
- * of its new tokens, rows = nq * G query rows), whose keys end at kend, and of those the
+ * of its new tokens, rows = nq * G query rows), whose keys lie in [kbeg, kend) (kbeg > 0
+ * only with a sliding window: the first query's oldest visible key), and of those the
  * keys [ks0, ke) of this split. */
 struct att_split {
-    int row, q0, slot, tok0, nq, rows, len, kend, split_len, ks0, ke, ns_keys;
+    int row, q0, slot, tok0, nq, rows, len, kbeg, kend, split_len, ks0, ke, ns_keys;
 };
 
 /* The geometry of split `split` of work item `item`; a split length computed here (w
@@ -32,16 +33,18 @@ __device__ __forceinline__ att_split att_split_geom(const k_kv_geom &g, const k_
     s.len = g.lens[s.slot * 2 + g.which];
     const int cap = g.max_blocks * g.block_size;
     s.kend = min(s.len + s.q0 + s.nq, cap);
+    s.kbeg = w.window > 0 ? min(max(0, s.len + s.q0 - w.window + 1), s.kend) : 0;
+    const int span = s.kend - s.kbeg;
     s.split_len = w.split_len;
     if (s.split_len <= 0) {
-        int per = (s.kend + w.n_splits - 1) / w.n_splits;
+        int per = (span + w.n_splits - 1) / w.n_splits;
         s.split_len = max(TILE, (per + TILE - 1) / TILE * TILE);
     }
-    s.ks0 = split * s.split_len;
+    s.ks0 = s.kbeg + split * s.split_len;
     /* The last split takes every remaining key, so a split count sized from a stale host
      * view of the lengths costs speed, never keys. */
     s.ke = split == w.n_splits - 1 ? s.kend : min(s.ks0 + s.split_len, s.kend);
-    s.ns_keys = min(w.n_splits, (s.kend + s.split_len - 1) / s.split_len);   /* splits holding keys */
+    s.ns_keys = min(w.n_splits, (span + s.split_len - 1) / s.split_len);   /* splits holding keys */
     return s;
 }
 

@@ -18,6 +18,7 @@
  * fragments of two adjacent 8-key tiles of S are exactly the A fragment of one 16-key
  * chunk of P. K tiles are stored [key][d], which is B "col" for S = Q K^T (ldmatrix);
  * V tiles are stored [key][d] too, which is B transposed for O = P V (ldmatrix.trans). */
+#include <limits.h>
 #include <math.h>
 
 #include "kernels/specd_kernels.h"
@@ -157,6 +158,9 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
     const int r0 = warp * 16 + gid, r1 = r0 + 8;
     const int qbase = len + q0;
     const int lim0 = min(qbase + r0 / G, ke - 1), lim1 = min(qbase + r1 / G, ke - 1);
+    /* ... and their first visible key (a sliding window; INT_MIN: none) */
+    const int lo0 = w.window > 0 ? qbase + r0 / G - w.window + 1 : INT_MIN;
+    const int lo1 = w.window > 0 ? qbase + r1 / G - w.window + 1 : INT_MIN;
     const bool active = warp * 16 < rows;   /* warp-uniform */
     const int wmin = qbase + (warp * 16) / G;                     /* first row's position */
     const int wmax = qbase + min(warp * 16 + 15, rows - 1) / G;   /* last real row's */
@@ -216,14 +220,14 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
 
             /* Scale; mask keys past a row's position or past ke (none when the whole
              * tile is below the warp's first row's position and below ke). */
-            const bool full = kt0 + TC_TILE - 1 <= min(ke - 1, wmin);
+            const bool full = kt0 + TC_TILE - 1 <= min(ke - 1, wmin) && (w.window <= 0 || kt0 > wmax - w.window);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int key = kt0 + 8 * j + 2 * tig;
-                s[j][0] = full || key <= lim0 ? s[j][0] * sl2 : -INFINITY;
-                s[j][1] = full || key + 1 <= lim0 ? s[j][1] * sl2 : -INFINITY;
-                s[j][2] = full || key <= lim1 ? s[j][2] * sl2 : -INFINITY;
-                s[j][3] = full || key + 1 <= lim1 ? s[j][3] * sl2 : -INFINITY;
+                s[j][0] = full || (key <= lim0 && key >= lo0) ? s[j][0] * sl2 : -INFINITY;
+                s[j][1] = full || (key + 1 <= lim0 && key + 1 >= lo0) ? s[j][1] * sl2 : -INFINITY;
+                s[j][2] = full || (key <= lim1 && key >= lo1) ? s[j][2] * sl2 : -INFINITY;
+                s[j][3] = full || (key + 1 <= lim1 && key + 1 >= lo1) ? s[j][3] * sl2 : -INFINITY;
             }
 
             /* Online softmax: a row lives in the 4 lanes of one quad. */

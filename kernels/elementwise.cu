@@ -93,6 +93,63 @@ extern "C" int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaSt
     return k_launch(silu_mul_kernel, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
 }
 
+__global__ void gelu_tanh_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t total) {
+    k_pdl_trigger();
+    k_pdl_wait();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / ffn, j = i % ffn;
+        float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
+        float gl = 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+        out[i] = k_f2bf(gl * u);
+    }
+}
+
+extern "C" int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
+    if (n < 0 || ffn <= 0) return -1;
+    if (n == 0) return 0;
+    size_t total = (size_t)n * ffn;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    return k_launch(gelu_tanh_mul_kernel, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
+}
+
+/* resid[t, :] += x[t, :] * rsqrt(mean(x[t, :]^2) + eps) * w: a sublayer output normed
+ * before its residual add (Gemma 3's post-attention / post-feedforward norms). */
+__global__ void rmsnorm_add_kernel(const float *x, const float *w, float *resid, int hidden, float eps) {
+    __shared__ float red[32];
+    k_pdl_trigger();
+    k_pdl_wait();
+    const float *xr = x + (size_t)blockIdx.x * hidden;
+    float *o = resid + (size_t)blockIdx.x * hidden;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss += xr[j] * xr[j];
+    ss = k_block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)hidden + eps);
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) o[j] += xr[j] * inv * w[j];
+}
+
+extern "C" int k_rmsnorm_add(const float *x, const float *w, float *resid, int n, int hidden, float eps,
+                             cudaStream_t s) {
+    if (n < 0 || hidden <= 0) return -1;
+    if (n == 0) return 0;
+    return k_launch(rmsnorm_add_kernel, dim3(n), dim3(256), 0, s, x, w, resid, hidden, eps);
+}
+
+__global__ void scale_kernel(float *x, size_t n, float a) {
+    k_pdl_trigger();
+    k_pdl_wait();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= a;
+}
+
+extern "C" int k_scale_f32(float *x, size_t n, float a, cudaStream_t s) {
+    if (n == 0) return 0;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    return k_launch(scale_kernel, dim3((unsigned)blocks), dim3(256), 0, s, x, n, a);
+}
+
 __global__ void advance_kernel(int32_t *lens, const int32_t *row_slot, const int32_t *row_n,
                                int n, int which, int dummy) {
     for (int r = threadIdx.x; r < n; r += blockDim.x) {

@@ -52,6 +52,13 @@ int k_rmsnorm(const float *x, const int32_t *rows, const float *w, uint16_t *out
 
 /* out[t, j] = bf16(silu(gu[t, j]) * gu[t, ffn + j]).  gu [n, 2*ffn] fp32 (gate | up). */
 int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s);
+/* The same with GELU (tanh approximation, HF's gelu_pytorch_tanh) for the gate: Gemma. */
+int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s);
+/* resid[t, :] += rmsnorm(x[t, :]) * w (fp32): a post-sublayer norm before the residual
+ * add (Gemma 3). x, resid [n, hidden], w [hidden]. */
+int k_rmsnorm_add(const float *x, const float *w, float *resid, int n, int hidden, float eps, cudaStream_t s);
+/* x[i] *= a for i < n (Gemma's scaled embeddings). */
+int k_scale_f32(float *x, size_t n, float a, cudaStream_t s);
 
 typedef struct {
     const int32_t *tok_slot;   /* [n] slot of each token */
@@ -77,7 +84,8 @@ int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
                   int n, int H, int KVH, int D, const k_kv_geom *g, cudaStream_t s);
 
 /* Paged attention for rows of n_new query tokens attending causally over the row's
- * context: query token j of row r sits at position len + j and sees keys 0..len + j.
+ * context: query token j of row r sits at position len + j and sees keys 0..len + j
+ * (with a sliding window W, keys len + j - W + 1 .. len + j).
  * One kernel serves decode (n_new = 1), speculative verify (n_new = k+1) and chunked
  * prefill. Work is split into items (row, first query token, up to qt tokens) per
  * KV head, and keys into n_splits chunks of split_len keys (flash-decoding); with
@@ -86,13 +94,16 @@ int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
  *   row_slot/row_tok_off/row_n_new [n_rows]; item_row/item_q0 [n_items].
  *   ws_o  [n_splits, n_tok, H, D] fp32, ws_ml [n_splits, n_tok, H, 2] fp32 (may be NULL
  *   when n_splits == 1). split_len == 0: each item divides its own context (read on the
- *   device) evenly over n_splits, so a captured graph spreads any length. D must be 32, 64 or 128; qt * (H / KVH) <= 64. */
+ *   device) evenly over n_splits, so a captured graph spreads any length. D must be 32, 64, 128 or 256; qt * (H / KVH) <= 64. */
 typedef struct {
     const int32_t *row_slot, *row_tok_off, *row_n_new;
     const int32_t *item_row, *item_q0;
     int n_items, qt, n_tok;
     int n_splits, split_len;
     float *ws_o, *ws_ml;
+    /* Sliding window (0: none): query position p sees keys p - window + 1 .. p only; the
+     * splits then divide that span (with split_len 0) instead of the whole context. */
+    int window;
     /* Optional (may be NULL): n_items * KVH zeroed counters. With them the SIMT kernel
      * merges the splits itself (the last split block of an item and KV head to finish
      * does the combine and re-zeroes its counter), so no combine kernel runs. */

@@ -27,6 +27,9 @@ typedef struct {
     float *ffn_norm;     /* hidden */
     uint16_t *wgu;       /* 2*ffn, hidden: gate rows, then up rows */
     uint16_t *wdown;     /* hidden, ffn */
+    float *post_attn_norm, *post_ffn_norm;  /* hidden, or NULL (Gemma 3's sandwich norms) */
+    const float *inv_freq; /* this layer's rotary frequencies: the model's global or local */
+    int window;          /* sliding window of this layer, 0: full attention */
 } cuda_layer;
 
 typedef struct {
@@ -40,6 +43,9 @@ typedef struct {
     int vocab_rows, vocab_row0;   /* this rank's lm_head rows: [vocab_row0, + vocab_rows) */
     float *out_norm;     /* hidden */
     float *inv_freq;     /* D/2 */
+    float *inv_freq_local; /* D/2, sliding layers' frequencies (Gemma 3), or NULL */
+    int plain;           /* 1: a Gemma-style layer (sandwich norms, GELU, scales): the
+                          * unfused kernels only */
     cuda_layer *layers;  /* n_layers (host array of device pointers) */
     size_t weight_bytes;
 } cuda_model;

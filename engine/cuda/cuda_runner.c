@@ -104,7 +104,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     }
     /* Items: up to qt query tokens of one row share a block (qt * G <= 64 rows of Q: the
      * tensor-core kernel's four 16-row warp tiles, so each K/V tile serves all of them). */
-    int G = cm->H / cm->KVH, cap_rows = 64;
+    int G = cm->H / cm->KVH, cap_rows = cm->D > 128 ? 32 : 64;   /* D 256: the tiled kernel's 32 */
     int qt = cap_rows / G < 1 ? 1 : cap_rows / G;
     if (qt > max_new) qt = max_new > 0 ? max_new : 1;
     int ni = 0;
@@ -381,6 +381,7 @@ static int alloc_work(cuda_runner *r) {
         x = x > F ? x : F;
         xbw = x > xbw ? x : xbw;
         size_t f = qkv > 2 * F ? qkv : 2 * F;
+        f = f > h ? f : h;   /* Gemma 3's O / down outputs before their post-norms */
         f32w = f > f32w ? f : f32w;
         vocab = (size_t)cm->c.vocab > vocab ? (size_t)cm->c.vocab : vocab;
         heads = (size_t)cm->H > heads ? (size_t)cm->H : heads;
@@ -566,20 +567,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     }
     for (const model *mm = target; mm; mm = mm == target ? draft : NULL) {
         const model_config *mc = &mm->cfg;
-        if (mc->n_experts || mc->sandwich_norms || mc->act != ACT_SILU || mc->norm_plus_one || mc->embed_scale > 0 ||
-            mc->attn_scale > 0 || mc->rope_local_theta > 0) {
+        if (mc->n_experts) {
             specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                       "cuda runner: %s (%s) needs %s, which the CUDA runner does not implement yet: use --device cpu",
-                       mm->path, mc->arch_name, mc->n_experts ? "mixture-of-experts layers" : "Gemma 3's layers");
-            goto fail_free;
-        }
-        /* The attention kernels have no window yet: below max_seq_len it would slide. */
-        int w = mm->cfg.sliding_window;
-        if (w > 0 && w < c->max_seq_len) {
-            specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                       "cuda runner: %s uses sliding-window attention (window %d), which the CUDA runner does "
-                       "not implement yet: use --max-seq-len %d or less (the window then never slides), or "
-                       "--device cpu", mm->path, w, w);
+                       "cuda runner: %s (%s) has mixture-of-experts layers, which the CUDA runner does not "
+                       "implement yet: use --device cpu", mm->path, mc->arch_name);
             goto fail_free;
         }
     }

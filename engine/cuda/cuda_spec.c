@@ -52,7 +52,7 @@ static size_t out_bytes(int MB, int k) { return (size_t)MB * (size_t)(k + 2) * 4
 
 /* Query tokens per attention item, as cuda_forward chooses them. */
 static int attn_qt(const cuda_model *cm, int n_new) {
-    int G = cm->H / cm->KVH, cap_rows = 64;
+    int G = cm->H / cm->KVH, cap_rows = cm->D > 128 ? 32 : 64;
     int qt = cap_rows / G < 1 ? 1 : cap_rows / G;
     return qt > n_new ? n_new : qt;
 }

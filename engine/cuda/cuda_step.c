@@ -77,14 +77,14 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     /* the target's row-parallel partials: only rank 0 adds the residual (see cuda_tp_allreduce) */
     const int partial = r->opts.world > 1 && (p->which == RUNNER_TARGET || r->tune.tp_shard_draft);
     const float beta_res = !partial || r->opts.rank == 0 ? 1.f : 0.f;
-    const float scale = 1.f / sqrtf((float)D);
+    const float scale = c->attn_scale > 0 ? c->attn_scale : 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
     /* Batch 1-2 on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
      * without q/k norm, rotary + KV write into the QKV GEMV (kernels/gemv.cu). Decode
      * attention merges its splits itself (no combine kernel). SPECD_CUDA_NO_FUSE=1 runs
      * the separate kernels. */
-    const int fused = n <= K_GEMV_FUSED_MAX_N && n <= CUDA_GEMV_MAX_ROWS && !r->tune.no_gemv && !r->tune.no_fuse &&
+    const int fused = !cm->plain && n <= K_GEMV_FUSED_MAX_N && n <= CUDA_GEMV_MAX_ROWS && !r->tune.no_gemv && !r->tune.no_fuse &&
                       hidden % 8 == 0 && F % 8 == 0;
     const int fuse_rope = fused && !cm->layers[0].q_norm;
     /* ... and, on one GPU, every RMSNorm but the first folds into the GEMVs around it: O
@@ -97,6 +97,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     k_norm_out nout_ffn = {0}, nout_attn = {0};
 
     K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
+    if (c->embed_scale > 0) K_CHECK(r, k_scale_f32(r->d_resid, (size_t)n * hidden, c->embed_scale, s));
     if (fuse_norm)
         CU_CHECK(r, cudaMemsetAsync(r->d_ss, 0, (size_t)2 * c->n_layers * CUDA_GEMV_MAX_ROWS * sizeof *r->d_ss, s));
     for (int l = 0; l < c->n_layers; l++) {
@@ -105,7 +106,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         k_attn_work w = {
             .row_slot = p->row_slot, .row_tok_off = p->row_tok_off, .row_n_new = p->row_n_new,
             .item_row = p->item_row, .item_q0 = p->item_q0, .n_items = p->n_items, .qt = p->qt,
-            .n_tok = n, .n_splits = p->n_splits, .split_len = p->split_len,
+            .n_tok = n, .n_splits = p->n_splits, .split_len = L->window ? 0 : p->split_len, .window = L->window,
             .ws_o = r->d_ws_o, .ws_ml = r->d_ws_ml, .counters = r->tune.no_fuse ? NULL : r->d_counts,
         };
         /* the norms folded into this layer's GEMVs: sums of squares [l][0] (attention input,
@@ -126,19 +127,22 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         if (r->tune.dbg_skip & 2) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fuse_rope) {
-            K_CHECK(r, k_gemv_qkv_rope(L->wqkv, qkv_x, L->bqkv, cm->inv_freq, r->d_q, n, H, KVH, D, hidden, &g,
+            K_CHECK(r, k_gemv_qkv_rope(L->wqkv, qkv_x, L->bqkv, L->inv_freq, r->d_q, n, H, KVH, D, hidden, &g,
                                        qkv_nin, s));
         } else if (qkv_nin) {
             K_CHECK(r, k_gemv_norm_bf16(L->wqkv, qkv_x, r->d_f32, qkvd, hidden, n, 0, qkv_nin, NULL, s));
-            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
+            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         } else {
             if ((rc = gemm(r, L->wqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
-            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, cm->inv_freq,
+            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
         if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
-        if (fuse_norm)
+        if (L->post_attn_norm) {   /* Gemma 3: the output normed, then added */
+            if ((rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_attn_norm, r->d_resid, n, hidden, c->rms_eps, s));
+        } else if (fuse_norm)
             K_CHECK(r, k_gemv_norm_bf16(L->wo, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
         else if (!(r->tune.dbg_skip & 8) && (rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
             return rc;
@@ -154,9 +158,13 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             act = r->d_act;
         } else {
             if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
-            K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
+            if (c->act == ACT_GELU_TANH) K_CHECK(r, k_gelu_tanh_mul(r->d_f32, r->d_xb, n, F, s));
+            else K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
-        if (fuse_norm && l + 1 < c->n_layers)
+        if (L->post_ffn_norm) {
+            if ((rc = gemm(r, L->wdown, hidden, F, act, n, r->d_f32, 0.f))) return rc;
+            K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_ffn_norm, r->d_resid, n, hidden, c->rms_eps, s));
+        } else if (fuse_norm && l + 1 < c->n_layers)
             K_CHECK(r, k_gemv_norm_bf16(L->wdown, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
         else if (!(r->tune.dbg_skip & 32) && (rc = gemm(r, L->wdown, hidden, F, act, n, r->d_resid, beta_res)))
             return rc;

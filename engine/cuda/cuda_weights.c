@@ -82,6 +82,18 @@ fail:
     return SPECD_ECUDA;
 }
 
+/* A norm's weights, as (1 + w) when the model stores them that way (Gemma, HF). */
+static int upload_norm(cuda_runner *r, staging *s, const tensor_view *t, int64_t n, float *dst, int plus_one) {
+    if (stage_reserve(s, (size_t)tensor_numel(t), 1)) return SPECD_ENOMEM;
+    int rc = tensor_to_f32(t, s->f);
+    if (rc) return rc;
+    for (int64_t i = 0; plus_one && i < n; i++) s->f[i] += 1.0f;
+    CU_CHECK(r, cudaMemcpy(dst, s->f, (size_t)n * 4, cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
 static uint64_t mix_seed(uint64_t seed, uint64_t tag) {
     uint64_t z = seed + 0x9E3779B97F4A7C15ull * (tag + 1);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -159,9 +171,17 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
         (rc = upload_bf16(r, s, &ml->w_gate, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu)) ||
         (rc = upload_bf16(r, s, &ml->w_up, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu + F * hidden)) ||
         (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown)) ||
-        (rc = upload_f32(r, s, &ml->attn_norm, 0, hidden, L->attn_norm)) ||
-        (rc = upload_f32(r, s, &ml->ffn_norm, 0, hidden, L->ffn_norm)))
+        (rc = upload_norm(r, s, &ml->attn_norm, hidden, L->attn_norm, c->norm_plus_one)) ||
+        (rc = upload_norm(r, s, &ml->ffn_norm, hidden, L->ffn_norm, c->norm_plus_one)))
         goto out;
+    if (L->post_attn_norm) {
+        if ((rc = check_view(&ml->post_attn_norm, hidden, 0, "post_attention_norm", l, err, errlen)) ||
+            (rc = check_view(&ml->post_ffn_norm, hidden, 0, "post_feedforward_norm", l, err, errlen)))
+            return rc;
+        if ((rc = upload_norm(r, s, &ml->post_attn_norm, hidden, L->post_attn_norm, c->norm_plus_one)) ||
+            (rc = upload_norm(r, s, &ml->post_ffn_norm, hidden, L->post_ffn_norm, c->norm_plus_one)))
+            goto out;
+    }
     if (L->bqkv) {
         if ((rc = check_view(&ml->bq, H * D, 0, "q_proj.bias", l, err, errlen)) ||
             (rc = check_view(&ml->bk, KVH * D, 0, "k_proj.bias", l, err, errlen)) ||
@@ -176,8 +196,8 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
         if ((rc = check_view(&ml->q_norm, D, 0, "q_norm", l, err, errlen)) ||
             (rc = check_view(&ml->k_norm, D, 0, "k_norm", l, err, errlen)))
             return rc;
-        if ((rc = upload_f32(r, s, &ml->q_norm, 0, D, L->q_norm)) ||
-            (rc = upload_f32(r, s, &ml->k_norm, 0, D, L->k_norm)))
+        if ((rc = upload_norm(r, s, &ml->q_norm, D, L->q_norm, c->norm_plus_one)) ||
+            (rc = upload_norm(r, s, &ml->k_norm, D, L->k_norm, c->norm_plus_one)))
             goto out;
     }
     return 0;
@@ -198,9 +218,10 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         return specd_errf(err, errlen, SPECD_EINVAL,
                           "cuda runner: %s: heads %d / kv heads %d / ffn %d do not split over %d ranks",
                           m->path, c->n_heads, c->n_kv_heads, c->ffn, world);
-    if (c->n_heads % c->n_kv_heads || (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128))
+    if (c->n_heads % c->n_kv_heads ||
+        (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256))
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                          "cuda runner: %s: head_dim %d (32, 64 or 128 supported), heads %d, kv heads %d",
+                          "cuda runner: %s: head_dim %d (32, 64, 128 or 256 supported), heads %d, kv heads %d",
                           m->path, c->head_dim, c->n_heads, c->n_kv_heads);
     cm->H = c->n_heads / world;
     cm->KVH = c->n_kv_heads / world;
@@ -221,6 +242,8 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         goto oom;
     if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
     if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
+    cm->plain = c->sandwich_norms || c->act != ACT_SILU || c->embed_scale > 0 || c->attn_scale > 0;
+    if (c->rope_local_theta > 0 && !(cm->inv_freq_local = dalloc(r, cm, D / 2 * 4))) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &cm->layers[l];
         if (!(L->wqkv = dalloc(r, cm, qkv * hidden * 2)) ||
@@ -232,12 +255,23 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         if (c->qkv_bias && !(L->bqkv = dalloc(r, cm, qkv * 4))) goto oom;
         if (c->qk_norm && (!(L->q_norm = dalloc(r, cm, D * 4)) || !(L->k_norm = dalloc(r, cm, D * 4))))
             goto oom;
+        if (c->sandwich_norms &&
+            (!(L->post_attn_norm = dalloc(r, cm, hidden * 4)) || !(L->post_ffn_norm = dalloc(r, cm, hidden * 4))))
+            goto oom;
+        L->window = model_layer_window(c, l);
+        L->inv_freq = L->window && cm->inv_freq_local ? cm->inv_freq_local : cm->inv_freq;
     }
 
     /* The same frequencies as the CPU reference (bf16-rounded only when asked). */
     float inv[128];
     model_rope_inv_freq(c, r->base.cfg.rope_bf16_freqs, inv);
     CU_CHECK(r, cudaMemcpy(cm->inv_freq, inv, D / 2 * 4, cudaMemcpyHostToDevice));
+    if (cm->inv_freq_local) {   /* any sliding layer: the local base */
+        int l = 0;
+        while (l < c->n_layers && !model_layer_window(c, l)) l++;
+        model_rope_inv_freq_layer(c, l < c->n_layers ? l : 0, r->base.cfg.rope_bf16_freqs, inv);
+        CU_CHECK(r, cudaMemcpy(cm->inv_freq_local, inv, D / 2 * 4, cudaMemcpyHostToDevice));
+    }
 
     if (r->opts.random_weights) {
         if ((rc = fill_random(r, cm, mix_seed(r->opts.seed, (uint64_t)cm->pool_layer0), rank)))
@@ -248,7 +282,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
             goto out;
         if ((rc = upload_bf16(r, &s, &m->tok_embd, c->vocab, c->hidden, 0, c->vocab, 0, c->hidden,
                               cm->embed)) ||
-            (rc = upload_f32(r, &s, &m->out_norm, 0, c->hidden, cm->out_norm)))
+            (rc = upload_norm(r, &s, &m->out_norm, c->hidden, cm->out_norm, c->norm_plus_one)))
             goto cuda_err;
         if (cm->lm_head != cm->embed) {
             const tensor_view *lv = c->tied_embeddings ? &m->tok_embd : &m->lm_head;
@@ -285,7 +319,7 @@ void cuda_model_free(cuda_model *cm) {
         for (int l = 0; l < cm->c.n_layers; l++) {
             cuda_layer *L = &cm->layers[l];
             void *ps[] = {L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->attn_norm, L->ffn_norm,
-                          L->wgu, L->wdown};
+                          L->wgu, L->wdown, L->post_attn_norm, L->post_ffn_norm};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
         free(cm->layers);
@@ -294,5 +328,6 @@ void cuda_model_free(cuda_model *cm) {
     cudaFree(cm->embed);
     cudaFree(cm->out_norm);
     cudaFree(cm->inv_freq);
+    cudaFree(cm->inv_freq_local);
     memset(cm, 0, sizeof *cm);
 }

@@ -1,7 +1,8 @@
 """Live comparison of specd's CUDA runner with HF transformers on the GPU machine.
 
 For random-initialised models of three real shapes (Llama-3.2-1B: GQA + llama3 rope;
-Qwen2.5-1.5B: q/k/v bias; Qwen3-1.7B: q/k norm, head_dim 128), saved as bf16
+Qwen2.5-1.5B: q/k/v bias; Qwen3-1.7B: q/k norm, head_dim 128; Gemma-3-270M: sliding
+window 512 crossed by the 512-token prompt, head_dim 256, sandwich norms), saved as bf16
 safetensors in a local temp dir: specd prefills a 512-token prompt (and two shorter
 ones) and takes 64 greedy steps (tests/gpu/gpu_generate, eager forward + host argmax),
 then HF transformers runs fp32 compute on the same bf16 weights over prompt + specd's
@@ -40,6 +41,14 @@ SHAPES = {
                        intermediate_size=6144, vocab_size=151936, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, max_position_embeddings=40960,
                        rope=dict(rope_type="default", rope_theta=1000000.0)),
+    # Gemma 3 270M: head_dim 256, one KV head, a window of 512 on five layers of six
+    # (local rotary base 10k, global 1M), sandwich norms, GELU-tanh, scaled embeddings
+    "gemma3-270m": dict(model_type="gemma3_text", hidden_size=640, num_hidden_layers=18,
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                        intermediate_size=2048, vocab_size=262144, rms_norm_eps=1e-6,
+                        tie_word_embeddings=True, max_position_embeddings=32768,
+                        sliding_window=512, query_pre_attn_scalar=256,
+                        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3, rope=None),
 }
 
 
@@ -47,6 +56,8 @@ def make_config(spec):
     spec = dict(spec)
     rope = spec.pop("rope")
     mt = spec.pop("model_type")
+    if rope is None:   # the family's own rotary defaults
+        return AutoConfig.for_model(mt, **spec)
     try:
         cfg = AutoConfig.for_model(mt, rope_parameters=dict(rope), **spec)
     except TypeError:
@@ -66,8 +77,8 @@ def build(name, out_dir, seed):
     # HF initialises norms to 1 and biases to 0; perturb them so those paths are tested.
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if "norm" in n:
-                p.uniform_(0.8, 1.2)
+            if "norm" in n:   # Gemma scales by 1 + w: the same gains either way
+                p.uniform_(-0.2, 0.2) if cfg.model_type.startswith("gemma") else p.uniform_(0.8, 1.2)
             elif n.endswith(".bias"):
                 p.normal_(0.0, 0.05)
     model = model.to(torch.bfloat16)
@@ -149,7 +160,10 @@ def main():
 
             # fp32 compute on the bf16 checkpoint as loaded in its own dtype (the fixtures'
             # reference does the same): the rotary buffer keeps its bf16 rounding.
-            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).cuda().float().eval()
+            if cfg.model_type.startswith("gemma"):   # fp32 buffers (embedding scale, rotary), as specd's
+                model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).cuda().eval()
+            else:
+                model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).cuda().float().eval()
             m16 = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).cuda().eval()
             for p, prompt in enumerate(prompts):
                 seq = torch.tensor([prompt + single_tok[p][:STEPS].tolist()], device="cuda")

@@ -248,6 +248,9 @@ static void test_qkv_rope_writes_q_and_paged_kv(void **state) {
 }
 
 /* Attention over rows with n_new queries each; compares all of out with a reference. */
+/* Sliding window of the next run_attention_case calls (0: full causal attention). */
+static int g_attn_window;
+
 static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow, int n_splits,
                                int split_len) {
     kvfix f;
@@ -256,7 +259,7 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
     int32_t row_slot[MAXB], row_off[MAXB], row_n[MAXB], item_row[512], item_q0[512];
     int n = 0, ni = 0, max_new = 0;
     for (int r = 0; r < nrow; r++) if (n_new[r] > max_new) max_new = n_new[r];
-    int cap_rows = D == 128 ? 32 : 64, qt = cap_rows / G < 1 ? 1 : cap_rows / G;
+    int cap_rows = D >= 128 ? 32 : 64, qt = cap_rows / G < 1 ? 1 : cap_rows / G;
     if (qt > max_new) qt = max_new;
     for (int r = 0; r < nrow; r++) {
         row_slot[r] = slots[r];
@@ -279,7 +282,7 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
     k_kv_geom g = kv_geom_of(&f, NULL, NULL);
     k_attn_work w = {.row_slot = d_rs, .row_tok_off = d_ro, .row_n_new = d_rn, .item_row = d_ir,
                      .item_q0 = d_iq, .n_items = ni, .qt = qt, .n_tok = n, .n_splits = n_splits,
-                     .split_len = split_len, .ws_o = d_wo, .ws_ml = d_wml};
+                     .split_len = split_len, .ws_o = d_wo, .ws_ml = d_wml, .window = g_attn_window};
     float scale = 1.f / sqrtf((float)D);
     assert_int_equal(k_attention(d_q, d_out, H, KVH, D, scale, &g, &w, 0), 0);
     uint16_t *o = malloc((size_t)n * H * D * 2);
@@ -291,10 +294,11 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
         int len = f.lens[row_slot[r] * 2];
         for (int j = 0; j < row_n[r]; j++) {
             int t = row_off[r] + j, qpos = len + j;
+            const int k0 = g_attn_window > 0 && qpos >= g_attn_window ? qpos - g_attn_window + 1 : 0;
             for (int h = 0; h < H; h++) {
                 int kvh = h / G;
                 double mx = -INFINITY, sum = 0;
-                for (int k = 0; k <= qpos; k++) {
+                for (int k = k0; k <= qpos; k++) {
                     double s = 0;
                     for (int d = 0; d < D; d++)
                         s += (double)q[((size_t)t * H + h) * D + d] *
@@ -302,10 +306,10 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
                     p[k] = s * scale;
                     if (p[k] > mx) mx = p[k];
                 }
-                for (int k = 0; k <= qpos; k++) { p[k] = exp(p[k] - mx); sum += p[k]; }
+                for (int k = k0; k <= qpos; k++) { p[k] = exp(p[k] - mx); sum += p[k]; }
                 for (int d = 0; d < D; d++) {
                     double acc = 0;
-                    for (int k = 0; k <= qpos; k++)
+                    for (int k = k0; k <= qpos; k++)
                         acc += p[k] * gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 1)]);
                     size_t i = ((size_t)t * H + h) * D + d;
                     ref[i] = acc / sum;
@@ -315,7 +319,8 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
         }
     }
     char name[96];
-    snprintf(name, sizeof name, "attention H%d KVH%d D%d rows%d splits%d", H, KVH, D, nrow, n_splits);
+    snprintf(name, sizeof name, "attention H%d KVH%d D%d rows%d splits%d window%d", H, KVH, D, nrow, n_splits,
+             g_attn_window);
     double e = gu_rel_err(got, ref, (size_t)n * H * D);
     report(name, e);
     assert_true(e < 1e-2);
@@ -351,6 +356,30 @@ static void test_attention_prefill_chunks_match_reference(void **state) {
     run_attention_case(8, 8, 64, nn, 3, 4, 128);
     run_attention_case(4, 2, 32, nn, 3, 1, 384);
     run_attention_case(2, 1, 32, nn, 3, 2, 192);
+}
+
+/* A sliding window (Mistral, Gemma 3) on every kernel k_attention picks: the decode
+ * kernel, the tiled SIMT kernel, the tensor-core kernel, with and without key splits, and
+ * head_dim 256 (Gemma 3) with and without a window. The windows start inside a tile and
+ * the contexts (up to ~370 keys) run past them. */
+static void test_attention_sliding_window_matches_reference(void **state) {
+    (void)state;
+    int dec[4] = {1, 1, 1, 1}, pre[3] = {37, 3, 70}, ver[3] = {5, 5, 5};
+    g_attn_window = 48;
+    run_attention_case(8, 2, 128, dec, 4, 1, 384);   /* decode kernel */
+    run_attention_case(8, 2, 128, dec, 4, 3, 0);     /* ... with splits sized on the device */
+    run_attention_case(4, 2, 32, dec, 4, 2, 128);    /* SIMT decode rows, host splits */
+    run_attention_case(8, 2, 128, pre, 3, 1, 384);   /* tensor cores */
+    run_attention_case(8, 2, 64, pre, 3, 4, 128);    /* tensor cores, splits */
+    run_attention_case(4, 2, 32, pre, 3, 1, 384);    /* SIMT prefill */
+    run_attention_case(16, 8, 128, ver, 3, 2, 0);    /* verify rows */
+    g_attn_window = 37;
+    run_attention_case(4, 1, 256, dec, 4, 2, 0);     /* head_dim 256 */
+    run_attention_case(4, 1, 256, pre, 3, 1, 384);
+    run_attention_case(8, 1, 256, pre, 3, 3, 0);
+    g_attn_window = 0;
+    run_attention_case(4, 1, 256, pre, 3, 2, 0);     /* head_dim 256, full attention */
+    run_attention_case(4, 1, 256, dec, 4, 1, 384);
 }
 
 /* Decode rows (one query each) with G = H / KVH small enough (qt * G < 16) that
@@ -920,6 +949,7 @@ int main(void) {
         cmocka_unit_test(test_attention_decode_rows_match_reference),
         cmocka_unit_test(test_attention_verify_rows_are_causal_among_new_tokens),
         cmocka_unit_test(test_attention_prefill_chunks_match_reference),
+        cmocka_unit_test(test_attention_sliding_window_matches_reference),
         cmocka_unit_test(test_attention_decode_split_counters_merge_in_kernel),
         cmocka_unit_test(test_attention_tc_prefill_from_empty_context_matches_reference),
         cmocka_unit_test(test_attention_tc_chunk_on_existing_context_matches_reference),

@@ -225,6 +225,9 @@ static void test_golden_llama_tiny(void **s) { (void)s; run_golden("llama-tiny")
 static void test_golden_qwen2_tiny(void **s) { (void)s; run_golden("qwen2-tiny"); }
 static void test_golden_qwen3_tiny(void **s) { (void)s; run_golden("qwen3-tiny"); }
 static void test_golden_llama_draft(void **s) { (void)s; run_golden("llama-draft"); }
+static void test_golden_mistral_swa_tiny(void **s) { (void)s; run_golden("mistral-swa-tiny"); }
+static void test_golden_gemma3_tiny(void **s) { (void)s; run_golden("gemma3-tiny"); }
+static void test_golden_phi3_tiny(void **s) { (void)s; run_golden("phi3-tiny"); }
 
 /* All prompts in one forward (6 rows), then a padded batched decode (6 rows -> graph 8). */
 static void run_batched(const char *name, int no_graphs) {
@@ -284,6 +287,8 @@ static void test_batched_padded_decode_matches_reference(void **s) {
     run_batched("llama-tiny", 0);
     run_batched("qwen3-tiny", 0);
     run_batched("qwen2-tiny", 1);
+    run_batched("gemma3-tiny", 0);
+    run_batched("mistral-swa-tiny", 1);
 }
 
 /* Sampling inside the forward pass (runner_batch.sp): all golden prompts in one eager
@@ -654,6 +659,9 @@ int main(void) {
         cmocka_unit_test(test_golden_llama_tiny),
         cmocka_unit_test(test_golden_qwen2_tiny),
         cmocka_unit_test(test_golden_qwen3_tiny),
+        cmocka_unit_test(test_golden_mistral_swa_tiny),
+        cmocka_unit_test(test_golden_gemma3_tiny),
+        cmocka_unit_test(test_golden_phi3_tiny),
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),
         cmocka_unit_test(test_forward_sampling_matches_returned_logits),

@@ -1,0 +1,103 @@
+"""Write a GGUF of a real model shape with random weights (BF16 matrices, F32 norms), so
+specd and llama.cpp read the very same file in side-by-side benchmarks.
+
+    python3 tests/gpu/make_gguf.py --shape gemma3-270m OUT.gguf [--seed N]
+
+Shapes: gemma3-270m (Gemma 3 270M: 18 layers, hidden 640, 4 heads / 1 KV head of 256,
+window 512 on five layers of six, vocabulary 262144). The vocabulary is a synthetic
+SentencePiece-style one (control tokens, 256 byte tokens, pieces) so that tokenizer
+loading works in both engines; prompts are token ids. Norms are stored as llama.cpp's
+converter stores Gemma's: 1 + w.
+"""
+import argparse
+
+import numpy as np
+import gguf
+
+SHAPES = {
+    "gemma3-270m": dict(arch="gemma3", layers=18, hidden=640, heads=4, kv_heads=1, head_dim=256,
+                        ffn=2048, vocab=262144, window=512, eps=1e-6, theta=1e6, ctx=32768),
+}
+
+
+def bf16(a):
+    """float32 array -> uint16 bf16 bits (round to nearest even)."""
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="gemma3-270m", choices=sorted(SHAPES))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("out")
+    a = ap.parse_args()
+    s = SHAPES[a.shape]
+    rng = np.random.default_rng(a.seed)
+    arch, H, D, V = s["arch"], s["hidden"], s["head_dim"], s["vocab"]
+    w = gguf.GGUFWriter(a.out, arch)
+    w.add_context_length(s["ctx"])
+    w.add_embedding_length(H)
+    w.add_block_count(s["layers"])
+    w.add_feed_forward_length(s["ffn"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_layer_norm_rms_eps(s["eps"])
+    w.add_rope_freq_base(s["theta"])
+    w.add_sliding_window(s["window"])
+    # vocabulary: <pad> <eos> <bos> <unk>, 256 byte tokens, then pieces
+    toks, scores, types = ["<pad>", "<eos>", "<bos>", "<unk>"], [0.0] * 4, [3, 3, 3, 2]
+    toks += [f"<0x{b:02X}>" for b in range(256)]
+    scores += [0.0] * 256
+    types += [6] * 256
+    n = V - len(toks)
+    toks += [f"\u2581p{i}" for i in range(n)]
+    scores += (-np.arange(n, dtype=np.float32) / n).tolist()
+    types += [1] * n
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_pad_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_bos_token_id(2)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+
+    def mat(name, rows, cols, std=0.02):
+        x = rng.uniform(-std * 3 ** 0.5, std * 3 ** 0.5, size=(rows, cols)).astype(np.float32)
+        w.add_tensor(name, bf16(x), raw_shape=(rows, cols), raw_dtype=gguf.GGMLQuantizationType.BF16)
+
+    def norm(name, n):
+        w.add_tensor(name, rng.uniform(0.8, 1.2, size=n).astype(np.float32))
+
+    mat("token_embd.weight", V, H)
+    norm("output_norm.weight", H)
+    q, kv, F = s["heads"] * D, s["kv_heads"] * D, s["ffn"]
+    for l in range(s["layers"]):
+        p = f"blk.{l}."
+        norm(p + "attn_norm.weight", H)
+        mat(p + "attn_q.weight", q, H)
+        mat(p + "attn_k.weight", kv, H)
+        mat(p + "attn_v.weight", kv, H)
+        norm(p + "attn_q_norm.weight", D)
+        norm(p + "attn_k_norm.weight", D)
+        mat(p + "attn_output.weight", H, q)
+        norm(p + "post_attention_norm.weight", H)
+        norm(p + "ffn_norm.weight", H)
+        mat(p + "ffn_gate.weight", F, H)
+        mat(p + "ffn_up.weight", F, H)
+        mat(p + "ffn_down.weight", H, F)
+        norm(p + "post_ffw_norm.weight", H)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"make_gguf: wrote {a.out} ({a.shape})")
+
+
+if __name__ == "__main__":
+    main()

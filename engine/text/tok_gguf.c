@@ -167,7 +167,7 @@ typedef struct {
 
 typedef struct {
     const char *names[24];   /* tokenizer.ggml.pre values, NULL-terminated */
-    pre_step steps[7];       /* STEP_END-terminated */
+    pre_step steps[8];       /* ended by STEP_END or the array's end */
     int ignore_merges;       /* the BPE model's ignore_merges: a whole-token piece is kept */
     int nfc;                 /* the tokenizer.json normalizes NFC */
     int add_bos;             /* llama.cpp adds BOS when tokenizer.ggml.add_bos_token is absent */
@@ -276,8 +276,8 @@ static const pre_family *find_family(const char *pre, size_t n) {
 
 /* Fills the normalizer, pre-tokenizer and model quirks of a "gpt2" vocabulary. */
 static int setup_bpe_pre(tok_tokenizer *t, const pre_family *fam, char *err, size_t errlen) {
-    int n = 0;
-    while (fam->steps[n].kind != STEP_END) n++;
+    int n = 0, max = (int)(sizeof fam->steps / sizeof fam->steps[0]);
+    while (n < max && fam->steps[n].kind != STEP_END) n++;
     t->pres = calloc((size_t)n + 1, sizeof *t->pres);
     t->norms = calloc(2, sizeof *t->norms);
     if (!t->pres || !t->norms) return SPECD_ENOMEM;

@@ -626,6 +626,34 @@ done:
     return b->failed ? -1 : 0;
 }
 
+/* Whether every text character (grammar_text_step) read from s comes back to s, through
+ * defined transitions only: walks the pairs (recognizer state, DFA state) from (0, s). */
+static int text_loop(const grammar *g, int32_t s) {
+    struct { int u; int32_t d; } seen[64];
+    int n = 1, next = 0;
+    seen[0].u = 0;
+    seen[0].d = s;
+    while (next < n) {
+        int u = seen[next].u;
+        int32_t d = seen[next++].d;
+        for (int b = 0; b < 256; b++) {
+            int u2 = grammar_text_step(u, b);
+            if (u2 < 0) continue;
+            int32_t t = g->trans[(size_t)d * g->n_cls + g->cls[b]];
+            if (t < 0 || (u2 == 0 && t != s)) return 0;
+            if (u2 == 0) continue;
+            int k = 0;
+            while (k < n && !(seen[k].u == u2 && seen[k].d == t)) k++;
+            if (k == n) {
+                if (n == 64) return 0;
+                seen[n].u = u2;
+                seen[n++].d = t;
+            }
+        }
+    }
+    return 1;
+}
+
 /* Flags after the table: FINALX (fixpoint through calls of rules that may match nothing),
  * HASOUT, SIMPLE; then refuse left recursion (a rule that can call itself before reading
  * a byte would make the matcher loop). */
@@ -650,6 +678,11 @@ static int finish_flags(gbuild *b, grammar *g) {
         for (int c = 0; c < g->n_cls && !out; c++) out = g->trans[(size_t)s * g->n_cls + c] >= 0;
         if (out) g->flags[s] |= GS_HASOUT;
         if (g->call_off[s + 1] == g->call_off[s] && !(g->flags[s] & GS_FINAL)) g->flags[s] |= GS_SIMPLE;
+        int loop = 1;
+        for (int c = 0x20; c < 0x7F && loop; c++)
+            if (grammar_plain_byte(c)) loop = g->trans[(size_t)s * g->n_cls + g->cls[c]] == s;
+        if (loop) g->flags[s] |= GS_PLAINLOOP;
+        if (loop && text_loop(g, s)) g->flags[s] |= GS_TEXTLOOP;
     }
     /* shortest way to each rule's end (relaxation; states are numbered roughly in
      * breadth-first order, so a sweep from the back settles most of them at once) */

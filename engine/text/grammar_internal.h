@@ -105,7 +105,38 @@ enum {
     GS_FINALX = 2,     /* may end here, counting calls of rules that may match nothing */
     GS_HASOUT = 4,     /* some byte or call leaves this state */
     GS_SIMPLE = 8,     /* no calls and not final: a byte step is one table lookup */
+    GS_PLAINLOOP = 16, /* every plain byte (grammar_plain_byte) leads back to this state */
+    GS_TEXTLOOP = 32,  /* every text character (grammar_text_step) leads back here */
 };
+
+/* Printable ASCII but the quote and backslash: what most tokens of text are made of, and
+ * what a JSON string takes as itself. A trie subtree of plain bytes only is accepted whole
+ * from a GS_PLAINLOOP state (see grammar_match.c). */
+static inline int grammar_plain_byte(int c) { return c >= 0x20 && c < 0x7F && c != '"' && c != '\\'; }
+
+/* Text as a JSON string holds it unescaped: plain bytes and well-formed UTF-8 characters
+ * (no overlong forms, no surrogates, at most U+10FFFF). A recognizer over bytes: state 0
+ * is a character boundary, others are inside a character; returns the next state or -1. */
+static inline int grammar_text_step(int u, int b) {
+    switch (u) {
+    case 0:
+        if (grammar_plain_byte(b)) return 0;
+        if (b >= 0xC2 && b <= 0xDF) return 1;
+        if (b == 0xE0) return 4;
+        if (b == 0xED) return 5;
+        if (b >= 0xE1 && b <= 0xEF) return 2;
+        if (b == 0xF0) return 6;
+        if (b >= 0xF1 && b <= 0xF3) return 3;
+        if (b == 0xF4) return 7;
+        return -1;
+    case 1: case 2: case 3: return b >= 0x80 && b <= 0xBF ? u - 1 : -1;
+    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;
+    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;
+    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;
+    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;
+    }
+    return -1;
+}
 
 struct grammar {
     atomic_int refs;

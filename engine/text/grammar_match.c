@@ -32,14 +32,22 @@ typedef struct {
     int32_t tok;         /* first token whose bytes end here, -1 */
     uint16_t depth;      /* 1 for a first byte */
     uint8_t byte;
-    uint8_t dup;         /* more tokens with these bytes: follow tok_next (rare) */
+    uint8_t flags;       /* VT_DUP, VT_PLAIN */
+    int32_t tlo, thi;    /* the subtree's tokens: sorted[tlo..thi) */
 } vt_node;
+
+enum {
+    VT_DUP = 1,          /* more tokens with these bytes: follow tok_next (rare) */
+    VT_PLAIN = 2,        /* every byte in the subtree is plain (grammar_plain_byte) */
+    VT_TEXT = 4,         /* every token in the subtree is text (grammar_text_step) */
+};
 
 struct vocab_trie {
     int n_vocab;
     vt_node *nodes;
     int32_t n_nodes;
     int32_t *tok_next;   /* (n_vocab) next token with the same bytes, -1 */
+    int32_t *sorted;     /* the trie's tokens in byte order (a subtree's are contiguous) */
     uint32_t *tok_off, *tok_len;   /* (n_vocab) into blob; len 0: never allowed */
     char *blob;
     uint8_t *is_eos;     /* (n_vocab) */
@@ -66,6 +74,7 @@ void vocab_trie_free(vocab_trie *v) {
     if (!v) return;
     free(v->nodes);
     free(v->tok_next);
+    free(v->sorted);
     free(v->tok_off);
     free(v->tok_len);
     free(v->blob);
@@ -122,8 +131,15 @@ vocab_trie *vocab_trie_build(const tok_tokenizer *t, int n_vocab, const int32_t 
     path = malloc(((size_t)v->max_depth + 1) * sizeof *path);
     if (!v->nodes || !path) goto nomem;
     int depth = 0;   /* nodes on the current path */
-    int32_t prev = -1, last_tok_at_node[1];
-    (void)last_tok_at_node;
+    int8_t *text_u = malloc(((size_t)v->max_depth + 2) * sizeof *text_u);   /* recognizer state by depth */
+    uint8_t *text_ok = malloc((total + 1) * sizeof *text_ok);               /* per node: path is text */
+    if (!text_u || !text_ok) {
+        free(text_u);
+        free(text_ok);
+        goto nomem;
+    }
+    text_u[0] = 0;
+    int32_t prev = -1;
     for (int k = 0; k < n_tok; k++) {
         int32_t id = order[k];
         const unsigned char *s = (const unsigned char *)v->blob + v->tok_off[id];
@@ -134,13 +150,20 @@ vocab_trie *vocab_trie_build(const tok_tokenizer *t, int n_vocab, const int32_t 
             uint32_t pn = v->tok_len[prev];
             while (lcp < pn && lcp < n && ps[lcp] == s[lcp]) lcp++;
         }
-        while (depth > (int)lcp) v->nodes[path[--depth]].skip = (uint32_t)v->n_nodes;
+        while (depth > (int)lcp) {
+            vt_node *nd = &v->nodes[path[--depth]];
+            nd->skip = (uint32_t)v->n_nodes;
+            nd->thi = k;
+        }
         for (uint32_t j = lcp; j < n; j++) {
             vt_node *nd = &v->nodes[v->n_nodes];
             nd->byte = s[j];
             nd->depth = (uint16_t)(j + 1);
             nd->tok = -1;
-            nd->dup = 0;
+            nd->flags = 0;
+            nd->tlo = k;
+            text_u[j + 1] = (int8_t)(text_u[j] < 0 ? -1 : grammar_text_step(text_u[j], s[j]));
+            text_ok[v->n_nodes] = text_u[j + 1] >= 0;
             path[depth++] = v->n_nodes++;
         }
         /* the token ends at the path's last node; equal byte strings chain */
@@ -148,15 +171,29 @@ vocab_trie *vocab_trie_build(const tok_tokenizer *t, int n_vocab, const int32_t 
         if (end->tok < 0) {
             end->tok = id;
         } else {
-            end->dup = 1;
+            end->flags |= VT_DUP;
             int32_t x = end->tok;
             while (v->tok_next[x] >= 0) x = v->tok_next[x];
             v->tok_next[x] = id;
         }
         prev = id;
     }
-    while (depth > 0) v->nodes[path[--depth]].skip = (uint32_t)v->n_nodes;
-    free(order);
+    while (depth > 0) {
+        vt_node *nd = &v->nodes[path[--depth]];
+        nd->skip = (uint32_t)v->n_nodes;
+        nd->thi = n_tok;
+    }
+    /* VT_PLAIN: no non-plain byte in [i, skip) (the next one, scanning from the back) */
+    uint32_t next_bad = (uint32_t)v->n_nodes, next_nontext = (uint32_t)v->n_nodes;
+    for (int32_t i = v->n_nodes - 1; i >= 0; i--) {
+        if (!grammar_plain_byte(v->nodes[i].byte)) next_bad = (uint32_t)i;
+        if (!text_ok[i]) next_nontext = (uint32_t)i;
+        if (next_bad >= v->nodes[i].skip) v->nodes[i].flags |= VT_PLAIN;
+        if (next_nontext >= v->nodes[i].skip) v->nodes[i].flags |= VT_TEXT;
+    }
+    free(text_u);
+    free(text_ok);
+    v->sorted = order;
     free(path);
     return v;
 nomem:
@@ -469,6 +506,22 @@ static int walk_mask(matcher *m, uint32_t *mask, int32_t limit) {
         const mt_stack *in = m->lvl + (size_t)(d - 1) * MT_MAX_STACKS;
         mt_stack *out = m->lvl + (size_t)d * MT_MAX_STACKS;
         int nin = m->lvl_n[d - 1], nout;
+        uint8_t top_flags = nin == 1 ? flags[in[0].top] : 0;
+        if ((top_flags & GS_SIMPLE) &&
+            (((nd->flags & VT_PLAIN) && (top_flags & GS_PLAINLOOP)) ||
+             ((nd->flags & VT_TEXT) && (top_flags & GS_TEXTLOOP) && limit >= GRAMMAR_DIST_INF))) {
+            /* text inside a string: every token below is taken (plain ones leave the state
+             * as it is, so its distance to the end too) */
+            if (limit >= GRAMMAR_DIST_INF || stacks_dist(m, in, 1) <= limit) {
+                for (int32_t k = nd->tlo; k < nd->thi; k++) {
+                    int32_t t = v->sorted[k];
+                    mask[t >> 5] |= 1u << (t & 31);
+                }
+                count += nd->thi - nd->tlo;
+            }
+            i = nd->skip;
+            continue;
+        }
         if (nin == 1 && (flags[in[0].top] & GS_SIMPLE)) {   /* the common case: one lookup */
             int32_t t = trans[(size_t)in[0].top * ncls + g->cls[nd->byte]];
             if (t < 0) {
@@ -492,7 +545,7 @@ static int walk_mask(matcher *m, uint32_t *mask, int32_t limit) {
             int32_t t = nd->tok;
             mask[t >> 5] |= 1u << (t & 31);
             count++;
-            if (nd->dup)
+            if (nd->flags & VT_DUP)
                 for (t = v->tok_next[t]; t >= 0; t = v->tok_next[t]) {
                     mask[t >> 5] |= 1u << (t & 31);
                     count++;

@@ -67,7 +67,8 @@ ifeq ($(HAVE_CUDA),1)
   $(BUILD)/engine/cuda/%.o: CFLAGS += -I$(CUDA_HOME)/include
 endif
 
-.PHONY: all test unit http asan tests-asan run clean setup fetch-model fetch-tokenizer-vectors gpu-test
+.PHONY: all test unit http asan tests-asan run clean setup fetch-model fetch-tokenizer-vectors gpu-test \
+        bench-grammar
 all: $(BUILD)/specd
 
 $(BUILD)/%.o: %.c
@@ -114,6 +115,12 @@ tests-asan: $(TEST_BIN)
 
 run: setup fetch-model all
 	$(BUILD)/specd serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf $(ARGS)
+
+# Constrained decoding: mask time per token at SmolLM2's vocabulary (49k) and Llama-3.1's
+# (128k); numbers in docs/structured-outputs.md.
+bench-grammar: $(BUILD)/tests/bench_grammar
+	$(BUILD)/tests/bench_grammar models/SmolLM2-135M-Instruct.Q4_1.gguf \
+		$${SPECD_FIXTURES:-../shared/fixtures}/tokenizers/hf/llama3_1/tokenizer.json
 
 # GPU tests and benchmarks (tests/gpu/): build them, then run on a machine with a GPU.
 gpu-test: all

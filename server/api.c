@@ -488,10 +488,6 @@ static int parse_tool_choice(json_t *o, api_request *r, api_error *e) {
     }
     if ((r->tool_choice == API_TOOL_REQUIRED || r->tool_choice == API_TOOL_NAMED) && !r->tools)
         return api_fail(e, 400, NULL, "tool_choice", NULL, "tool_choice '%s' needs 'tools'", v ? v : r->tool_name);
-    if (r->tool_choice == API_TOOL_REQUIRED || r->tool_choice == API_TOOL_NAMED)   /* needs constrained decoding */
-        return api_fail(e, 400, NULL, "tool_choice", NULL,
-                        "tool_choice '%s' (a forced tool call) is not supported yet; use 'auto' or 'none'",
-                        v ? v : r->tool_name);
     return 0;
 }
 

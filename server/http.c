@@ -309,6 +309,26 @@ static enum MHD_Result poll_reply(conn_ctx *x) {
     return reply_bytes(x, status, "application/json", data, len, 0);
 }
 
+/* tool_choice required or a named function: the output is held by constrained decoding
+ * to JSON the tool-call parser reads as calls (toolcall.h, tc_forced_schema): the named
+ * function's arguments, or an array of {"name", "parameters"}. */
+static int force_tool_call(api_request *r, loop_job *job, api_error *e) {
+    if (r->sp.grammar)
+        return api_fail(e, 400, NULL, "tool_choice", NULL,
+                        "tool_choice '%s' cannot be combined with another output constraint",
+                        r->tool_choice == API_TOOL_NAMED ? r->tool_name : "required");
+    int named = r->tool_choice == API_TOOL_NAMED;
+    char *schema = tc_forced_schema(r->tools, named ? r->tool_name : NULL, r->parallel_tool_calls ? 0 : 1);
+    if (!schema) return api_fail(e, 400, NULL, "tools", NULL, "'tools' names no function to call");
+    char err[256] = "";
+    job->tool_grammar = grammar_compile(GRAMMAR_JSON_SCHEMA, schema, strlen(schema), err, sizeof err);
+    free(schema);
+    if (!job->tool_grammar)
+        return api_fail(e, 400, NULL, "tools", NULL, "cannot force a call of %s%s: its parameters schema: %s",
+                        named ? "function " : "these tools", named ? r->tool_name : "", err);
+    return 0;
+}
+
 /* Build the loop job: tokenized prompts (+ echo text) for one request. */
 static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error *e) {
     int np = r->kind == API_CHAT ? 1 : r->n_prompts;
@@ -332,12 +352,14 @@ static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error 
             return -1;
         job->reasoning = s->reasoning;
         job->think_prompt = rp_prompt_state(text, len);
-        if (tools_on && s->tool_format != TC_NONE) {
-            job->tool_format = s->tool_format;
+        int forced = r->tool_choice == API_TOOL_REQUIRED || r->tool_choice == API_TOOL_NAMED;
+        if (tools_on && (s->tool_format != TC_NONE || forced)) {
+            job->tool_format = s->tool_format != TC_NONE ? s->tool_format : TC_HERMES;
             job->max_tool_calls = r->parallel_tool_calls ? 0 : 1;
             /* Mistral's [TOOL_CALLS] / [ARGS] are special tokens: keep them in the text. */
-            if (s->tool_format == TC_MISTRAL) r->skip_special = 0;
+            if (s->tool_format == TC_MISTRAL && !forced) r->skip_special = 0;
         }
+        if (forced && force_tool_call(r, job, e)) return -1;
         int n = encode(s, text, len, 0, 1, &job->prompt_ids[0], "messages", e);
         free(text);
         if (n < 0) return -1;

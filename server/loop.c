@@ -115,6 +115,7 @@ void loop_job_free(loop_job *j) {
         json_decref(c->lp);
     }
     free(j->choices);
+    grammar_unref(j->tool_grammar);
     for (int p = 0; p < j->n_prompts; p++) {
         if (j->prompt_ids) free(j->prompt_ids[p]);
         if (j->echo_text) free(j->echo_text[p]);
@@ -251,6 +252,7 @@ static void admit(loop *l, loop_job *job) {
     for (int i = 0; i < job->n_choices; i++) {
         loop_choice *c = &job->choices[i];
         engine_sampling sp = r->sp;
+        if (job->tool_grammar) sp.grammar = job->tool_grammar;
         int np = job->n_prompt_ids[c->prompt];
         sp.max_tokens = r->max_tokens > 0 ? r->max_tokens : api_default_max_tokens(r->kind, np, l->cfg.max_seq_len);
         if (sp.has_seed) sp.seed += (uint64_t)(i % r->n);

@@ -50,6 +50,9 @@ typedef struct loop_job {
      * max_tool_calls calls (0 = any); reasoning an rp_mode and think_prompt the rp_prompt
      * the rendered prompt ended in (reasoning.h). */
     int tool_format, max_tool_calls, reasoning, think_prompt;
+    /* tool_choice required / named: the grammar the output is held to (owned), used in
+     * place of the request's own */
+    grammar *tool_grammar;
     /* Loop-private from here on. */
     struct loop_job *next, *hnext;
     loop_choice *choices;

@@ -273,11 +273,15 @@ void loop_fail_job(loop *l, loop_job *job, int status, const char *type, const c
     finish_job(l, job);
 }
 
-/* The chat output parsers the job asked for (tool calls, reasoning), per choice. */
+/* The chat output parsers the job asked for (tool calls, reasoning), per choice. Output
+ * held to a grammar from its first token did not continue a <think> the prompt opened:
+ * it holds reasoning only when it starts with <think> itself (the grammar's choice). */
 static int make_parsers(loop_job *job, loop_choice *c) {
     if (job->req->kind != API_CHAT) return 0;
-    if (job->reasoning && !(c->rp = rp_parser_new((rp_mode)job->reasoning, (rp_prompt)job->think_prompt)))
-        return SPECD_ENOMEM;
+    int constrained = job->tool_grammar || job->req->sp.grammar;
+    rp_mode mode = constrained && job->reasoning ? RP_QWEN3 : (rp_mode)job->reasoning;
+    rp_prompt ps = constrained ? RP_PROMPT_NEUTRAL : (rp_prompt)job->think_prompt;
+    if (mode && !(c->rp = rp_parser_new(mode, ps))) return SPECD_ENOMEM;
     if (job->tool_format) {
         tc_config cfg = {.format = (tc_format)job->tool_format, .max_calls = job->max_tool_calls,
                          .tools = job->req->tools, .forced_array = job->req->tool_choice == API_TOOL_REQUIRED,

@@ -2,8 +2,10 @@
 templates from the fixtures (its own template knows no tools): tool-result turns with
 content null, tool_choice none, reasoning_content split by the prompt's <think> state,
 streamed deltas equal to the non-streamed message."""
+import json
 import os
 
+import jsonschema
 import openai
 import pytest
 
@@ -137,3 +139,154 @@ def test_reasoning_split_follows_the_prompt(r1):
     assert plain.choices[0].message.content
     s = collect(c.chat.completions.create(model=m, messages=msgs, max_tokens=16, temperature=0, stream=True))
     assert s[:3] == (plain.choices[0].message.content, "", [])
+
+
+# ---- tool_choice required / a named function: held to valid calls by constrained decoding ----
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the weather for a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "Current time in a time zone",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}, "hour24": {"type": "boolean"}},
+                       "required": ["tz", "hour24"], "additionalProperties": False}}},
+]
+ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
+
+
+def assert_valid_calls(calls, names=None):
+    """Every call names a declared tool and its arguments validate against its schema."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert calls
+    for c in calls:
+        assert c["name"] in (names or schemas), c
+        jsonschema.validate(json.loads(c["arguments"]), schemas[c["name"]])
+
+
+def message_calls(msg):
+    return [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments} for t in msg.tool_calls or []]
+
+
+@pytest.mark.parametrize("which", ["smol", "qwen"])
+def test_tool_choice_required_gives_a_valid_call_streamed_and_not(request, which):
+    srv = request.getfixturevalue(which)
+    c = client(srv)
+    m = model(srv)
+    kw = dict(model=m, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              max_tokens=120, temperature=0)
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.content is None
+    calls = message_calls(ch.message)
+    assert len(calls) == 1 and calls[0]["id"].startswith("call_")
+    assert_valid_calls(calls)
+    content, reasoning, streamed, finish = collect(c.chat.completions.create(stream=True, **kw))
+    assert (content, finish) == ("", "tool_calls")
+    assert [(x["name"], x["arguments"]) for x in streamed] == [(x["name"], x["arguments"]) for x in calls]
+
+
+def test_tool_choice_required_sampled_calls_all_validate(qwen):
+    c = client(qwen)
+    r = c.chat.completions.create(model=model(qwen), messages=ASK, tools=TOOLS, tool_choice="required",
+                                  parallel_tool_calls=False, max_tokens=120, temperature=1.0, n=4, seed=7)
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls"
+        assert_valid_calls(message_calls(ch.message))
+
+
+@pytest.mark.parametrize("name", ["get_weather", "get_time"])
+def test_named_function_is_called_streamed_and_not(qwen, name):
+    c = client(qwen)
+    kw = dict(model=model(qwen), messages=ASK, tools=TOOLS, max_tokens=120, temperature=0,
+              tool_choice={"type": "function", "function": {"name": name}})
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop"   # as OpenAI answers a forced function
+    calls = message_calls(ch.message)
+    assert [x["name"] for x in calls] == [name]
+    assert_valid_calls(calls, [name])
+    content, _, streamed, finish = collect(c.chat.completions.create(stream=True, **kw))
+    assert (content, finish) == ("", "stop")
+    assert [(x["name"], x["arguments"]) for x in streamed] == [(x["name"], x["arguments"]) for x in calls]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_agent_loop_call_result_answer(qwen, stream):
+    """tools -> tool_calls -> the tool's result sent back after the assistant turn as the
+    SDK returns it (content None) -> a final answer, streamed and not."""
+    c = client(qwen)
+    m = model(qwen)
+    msgs = list(ASK)
+    kw = dict(model=m, tools=TOOLS, max_tokens=120, temperature=0, parallel_tool_calls=False)
+    if stream:
+        content, _, calls, finish = collect(c.chat.completions.create(messages=msgs, tool_choice="required",
+                                                                      stream=True, **kw))
+        assistant = {"role": "assistant", "content": content or None, "tool_calls": [
+            {"id": x["id"], "type": "function", "function": {"name": x["name"], "arguments": x["arguments"]}}
+            for x in calls]}
+    else:
+        r = c.chat.completions.create(messages=msgs, tool_choice="required", **kw)
+        finish, calls = r.choices[0].finish_reason, message_calls(r.choices[0].message)
+        assistant = r.choices[0].message.model_dump(exclude_none=True)
+        assistant["content"] = None   # as the SDK's message object carries it
+    assert finish == "tool_calls"
+    assert_valid_calls(calls)
+    msgs.append(assistant)
+    for x in calls:
+        msgs.append({"role": "tool", "tool_call_id": x["id"], "content": "{\"temp_c\": 18, \"time\": \"12:00\"}"})
+    if stream:
+        content, _, more, finish = collect(c.chat.completions.create(messages=msgs, stream=True, **kw))
+    else:
+        r = c.chat.completions.create(messages=msgs, **kw)
+        content, more, finish = r.choices[0].message.content, message_calls(r.choices[0].message), \
+            r.choices[0].finish_reason
+    assert finish in ("stop", "length", "tool_calls")
+    assert content or more   # an answer (or, from a small model, another call)
+
+
+def test_auto_calls_reasoning_and_text_streamed_equal_non_streamed(qwen):
+    """tool_choice auto on output in the model's own formats (reasoning, text, two hermes
+    calls), made certain by a regex constraint: the parsers split it, and the streamed
+    deltas rebuild exactly the non-streamed message."""
+    c = client(qwen)
+    rx = (r'<think>\nThe user wants the weather\.\n</think>\n\nLet me check\.\n'
+          r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "unit": "celsius"\}\}\n'
+          r'</tool_call>\n<tool_call>\n\{"name": "get_time", "arguments": \{"tz": "Europe/Paris", "hour24": true\}\}'
+          r'\n</tool_call>')
+    kw = dict(model=model(qwen), messages=ASK, tools=TOOLS, max_tokens=150, temperature=0,
+              extra_body={"structured_outputs": {"regex": rx}})
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.content == "Let me check."
+    assert ch.message.reasoning_content == "The user wants the weather."
+    calls = message_calls(ch.message)
+    assert [x["name"] for x in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[1]["arguments"]) == {"tz": "Europe/Paris", "hour24": True}
+    assert_valid_calls(calls)
+    content, reasoning, streamed, finish = collect(c.chat.completions.create(stream=True, **kw))
+    assert (content, reasoning, finish) == (ch.message.content, ch.message.reasoning_content, "tool_calls")
+    assert [(x["name"], x["arguments"]) for x in streamed] == [(x["name"], x["arguments"]) for x in calls]
+    assert len({x["id"] for x in streamed + calls}) == 4   # fresh ids per call
+
+
+def test_forced_call_is_not_taken_for_reasoning(r1):
+    """R1's prompt opens <think>, but output held to a grammar from its first token is the
+    call, not reasoning."""
+    c = client(r1)
+    mode = {"type": "function", "function": {"name": "set_mode", "parameters": {
+        "type": "object", "properties": {"mode": {"enum": ["fast", "slow"]}}, "required": ["mode"]}}}
+    r = c.chat.completions.create(model=model(r1), messages=ASK, tools=[mode], tool_choice="required",
+                                  max_tokens=60, temperature=0,
+                                  extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.reasoning_content is None and ch.message.content is None
+    calls = message_calls(ch.message)
+    assert calls and all(x["name"] == "set_mode" and json.loads(x["arguments"])["mode"] in ("fast", "slow")
+                         for x in calls)

@@ -356,8 +356,15 @@ static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error 
         if (tools_on && (s->tool_format != TC_NONE || forced)) {
             job->tool_format = s->tool_format != TC_NONE ? s->tool_format : TC_HERMES;
             job->max_tool_calls = r->parallel_tool_calls ? 0 : 1;
-            /* Mistral's [TOOL_CALLS] / [ARGS] are special tokens: keep them in the text. */
-            if (s->tool_format == TC_MISTRAL && !forced) r->skip_special = 0;
+            /* A marker the tokenizer has as a special token (Mistral's [TOOL_CALLS] and
+             * [ARGS], Hermes-3's <tool_call>) must survive decoding: keep special tokens,
+             * all but the final stop token (as vLLM's parsers do). */
+            const char *mk = tc_marker(job->tool_format);
+            int id = forced || !mk ? -1 : tok_token_id(s->tok, mk, strlen(mk));
+            if (r->skip_special && id >= 0 && tok_is_special(s->tok, id)) {
+                r->skip_special = 0;
+                job->drop_stop_text = 1;
+            }
         }
         if (forced && force_tool_call(r, job, e)) return -1;
         int n = encode(s, text, len, 0, 1, &job->prompt_ids[0], "messages", e);

@@ -50,6 +50,7 @@ typedef struct loop_job {
      * max_tool_calls calls (0 = any); reasoning an rp_mode and think_prompt the rp_prompt
      * the rendered prompt ended in (reasoning.h). */
     int tool_format, max_tool_calls, reasoning, think_prompt;
+    int drop_stop_text;          /* special tokens kept for the parser: not the final one */
     /* tool_choice required / named: the grammar the output is held to (owned), used in
      * place of the request's own */
     grammar *tool_grammar;

@@ -380,7 +380,9 @@ static out_verdict process_event(loop *l, loop_choice *c, const engine_event *ev
         const engine_token *t = &ev->tokens[i];
         c->n_out++;
         if (lp) add_logprobs(l, c, lp, t);
-        if (c->ts) {
+        int stop_token = job->drop_stop_text && l->tok && ev->finish == ENGINE_FINISH_STOP && i == ev->n_tokens - 1 &&
+                         tok_is_special(l->tok, t->id);
+        if (c->ts && !stop_token) {
             int w = tok_stream_push(c->ts, t->id, detok, LOOP_DETOK_CAP);
             if (w > 0 && buf_append(&c->pending, &c->plen, &c->pcap, detok, (size_t)w)) w = -1;
             if (w < 0) {

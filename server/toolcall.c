@@ -521,8 +521,12 @@ static void object_done(tc_parser *p) {
 
 /* ---- TEXT --------------------------------------------------------------------------------------- */
 
+const char *tc_marker(tc_format f) {
+    return f == TC_HERMES ? HERMES_OPEN : f == TC_MISTRAL ? MISTRAL_TAG : f == TC_LLAMA3_JSON ? PYTHON_TAG : NULL;
+}
+
 static const char *marker(const tc_parser *p, size_t *len) {
-    const char *m = p->format == TC_HERMES ? HERMES_OPEN : p->format == TC_MISTRAL ? MISTRAL_TAG : PYTHON_TAG;
+    const char *m = tc_marker(p->format);
     *len = strlen(m);
     return m;
 }

@@ -44,6 +44,10 @@ typedef enum { TC_NONE = 0, TC_HERMES, TC_LLAMA3_JSON, TC_MISTRAL } tc_format;
  * caller detects); anything else -> -1. */
 int tc_format_parse(const char *name, int *f);
 const char *tc_format_name(tc_format f);
+/* The text that opens a format's calls ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>"),
+ * NULL for TC_NONE. Where a tokenizer has it as a special token, decoding must keep
+ * special tokens for the parser to see it. */
+const char *tc_marker(tc_format f);
 /* The format a chat template teaches its model, from the template's source: hermes when it
  * writes <tool_call>, mistral for [TOOL_CALLS], llama3_json for <|python_tag|> or the
  * {"name": ..., "parameters": ...} instruction; TC_NONE otherwise (or src NULL). */

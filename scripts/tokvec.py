@@ -8,6 +8,11 @@ Called by scripts/fetch-tokenizer-vectors.sh; writes into OUT (models/tokenizer-
                              tokenizer.ggml.pre = PRE, plus NAME.gguf.inp / .out: the
                              test strings and HF tokenizers' ids for them
                              (add_special_tokens=False), in llama.cpp's vocab-test format.
+  tekken TEKKEN_JSON NAME    Mistral's tekken vocabulary (mistral-common's file) as the
+                             GGUF llama.cpp's converter makes of it (ranks -> byte-level
+                             tokens after the 1000 special ids, merges recovered from the
+                             ranks), with ids from tiktoken run on the file's pattern and
+                             ranks, as mistral-common's Tekkenizer runs it.
   synth  BASE_JSON           for each pre-tokenizer family below, synth-<pre>.inp / .out:
                              HF tokenizers' ids on BASE_JSON's vocabulary (Llama 3's)
                              with the pre-tokenizer (and normalizer, ignore_merges) swapped
@@ -271,12 +276,86 @@ def synth(base_json, fixture_inp, out_dir):
         f.write("\n".join(FAMILIES) + "\n")
 
 
+# ---- tekken (tiktoken ranks) ----
+
+def byte_level(b):
+    """GPT-2's byte -> char map: printable Latin-1 stays, the rest go to U+0100.."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    table, extra = {}, 0
+    for x in range(256):
+        if x in keep:
+            table[x] = chr(x)
+        else:
+            table[x] = chr(256 + extra)
+            extra += 1
+    return "".join(table[x] for x in b)
+
+
+def rank_split(ranks, token, max_rank):
+    """The two parts BPE over `ranks` builds `token` from, using only ranks < max_rank."""
+    parts = [bytes([x]) for x in token]
+    while True:
+        best = None
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < max_rank and (best is None or r < best[0]):
+                best = (r, i)
+        if best is None:
+            return parts
+        i = best[1]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def write_tekken(tekken_json, fixture_inp, out_dir, name):
+    import base64
+    import tiktoken
+    j = json.load(open(tekken_json, encoding="utf-8"))
+    cfg = j["config"]
+    n_special = cfg["default_num_special_tokens"]
+    n_ranks = cfg["default_vocab_size"] - n_special
+    ranks = {base64.b64decode(v["token_bytes"]): v["rank"] for v in j["vocab"][:n_ranks]}
+    tokens = [f"<SPECIAL_{i}>" for i in range(n_special)]
+    types = [3] * n_special
+    by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
+    merges = []
+    for b, r in by_rank:
+        tokens.append(byte_level(b))
+        types.append(1)
+        if len(b) > 1:
+            parts = rank_split(ranks, b, r)
+            assert len(parts) == 2, (b, parts)
+            merges.append(byte_level(parts[0]) + " " + byte_level(parts[1]))
+    kvs = [
+        _kv("general.architecture", T_STRING, "llama"),
+        _kv("tokenizer.ggml.model", T_STRING, "gpt2"),
+        _kv("tokenizer.ggml.pre", T_STRING, "tekken"),
+        _kv("tokenizer.ggml.tokens", T_ARRAY, (T_STRING, tokens)),
+        _kv("tokenizer.ggml.token_type", T_ARRAY, (T_INT32, types)),
+        _kv("tokenizer.ggml.merges", T_ARRAY, (T_STRING, merges)),
+        _kv("tokenizer.ggml.add_bos_token", T_BOOL, False),
+    ]
+    path = f"{out_dir}/{name}.gguf"
+    with open(path, "wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs))
+    enc = tiktoken.Encoding(name="tekken", pat_str=cfg["pattern"], mergeable_ranks=ranks,
+                            special_tokens={})
+    strings = inp_strings(fixture_inp)
+    with open(path + ".inp", "w", encoding="utf-8", newline="") as f:
+        for s in strings:
+            f.write(s + SEP)
+    with open(path + ".out", "w", encoding="utf-8") as f:
+        for s in strings:
+            f.write(" ".join(str(i + n_special) for i in enc.encode_ordinary(s)) + "\n")
+
+
 def main():
     cmd, out_dir = sys.argv[1], sys.argv[2]
     if cmd == "gguf":
         src, pre, name, fixture_inp = sys.argv[3:7]
         write_gguf(src, pre, f"{out_dir}/{name}.gguf")
         write_vectors(Tokenizer.from_file(src), inp_strings(fixture_inp), f"{out_dir}/{name}.gguf")
+    elif cmd == "tekken":
+        write_tekken(sys.argv[3], sys.argv[5], out_dir, sys.argv[4])
     elif cmd == "synth":
         synth(sys.argv[3], sys.argv[4], out_dir)
     else:

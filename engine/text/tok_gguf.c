@@ -32,6 +32,8 @@
  *
  * The GGUF has no normalizer either: NFC is set for the families whose tokenizer.json is
  * known to have it (Qwen, OLMo 1.7); the others get none, as llama.cpp does.
+ * "default" (a file that records no pre-tokenizer) gets GPT-2's split, the one HF applies
+ * with a bare ByteLevel; llama.cpp falls back to a looser list of its own there.
  * Not here: "whitespace" (a tokenizer.ggml.model of its own, for one embedding model). */
 
 /* GPT-2's split (HF ByteLevel's use_regex) */

@@ -684,6 +684,12 @@ json_t *api_usage_json(const api_usage *u) {
                             json_pack("{s:I, s:I, s:I, s:f}", "draft_tokens", (json_int_t)u->draft_tokens,
                                       "accepted_tokens", (json_int_t)u->accepted_tokens, "verify_steps",
                                       (json_int_t)u->verify_steps, "acceptance_length", al));
+        json_t *sd = json_object_get(o, "spec_decode");
+        if (u->drafter) json_object_set_new(sd, "drafter", json_string(u->drafter));
+        if (u->decode_steps > 0) {   /* the share of decoding steps that verified drafts */
+            json_object_set_new(sd, "decode_steps", json_integer((json_int_t)u->decode_steps));
+            json_object_set_new(sd, "speculated_share", json_real((double)u->verify_steps / (double)u->decode_steps));
+        }
     }
     return o;
 }

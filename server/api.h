@@ -129,6 +129,8 @@ typedef struct {
     int prompt_tokens, completion_tokens;
     int spec;                /* include the spec_decode extension */
     long long draft_tokens, accepted_tokens, verify_steps;
+    const char *drafter;     /* "draft_model", "ngram" (NULL: not reported) */
+    long long decode_steps;  /* steps that decoded (a verify step is one of them) */
 } api_usage;
 
 json_t *api_usage_json(const api_usage *u);

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/core/ngram.h"
+
 int cli_parse_ids(const char *s, int32_t **out) {
     size_t cap = 16, n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
@@ -99,6 +101,13 @@ char *cli_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+int cli_speculative(const char *v, int *ngram) {
+    if (!strcmp(v, "ngram")) *ngram = 1;
+    else if (!strcmp(v, "none") || !*v) *ngram = 0;
+    else return -1;
+    return 0;
+}
+
 int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     if (!strcmp(a, "--no-prefix-cache")) {
@@ -109,10 +118,15 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
         c->rope_bf16_freqs = 1;
         return 1;
     }
+    if (!strcmp(a, "--spec-always")) {
+        c->spec_always = 1;
+        return 1;
+    }
     static const char *const with_value[] = {"--model", "--tokenizer", "--chat-template", "--draft-model",
         "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch",
         "--kv-cache-bytes", "--threads", "--block-size", "--tensor-parallel-size", "--nnodes",
-        "--node-rank", "--master-addr", "--master-port", "--shape", "--draft-shape"};
+        "--node-rank", "--master-addr", "--master-port", "--shape", "--draft-shape", "--speculative",
+        "--ngram-min", "--ngram-max"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
     if (!known) return 0;
@@ -131,6 +145,9 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--draft-model")) c->draft_path = v;
     else if (!strcmp(a, "--draft-layers")) bad = cli_int(v, 1, 1000, &c->draft_layers);
     else if (!strcmp(a, "--num-draft-tokens")) bad = cli_int(v, 1, ENGINE_MAX_STEP_TOKENS - 1, &c->num_draft_tokens);
+    else if (!strcmp(a, "--speculative")) bad = cli_speculative(v, &c->spec_ngram);
+    else if (!strcmp(a, "--ngram-min")) bad = cli_int(v, 1, NGRAM_MAX_N, &c->ngram_min);
+    else if (!strcmp(a, "--ngram-max")) bad = cli_int(v, 1, NGRAM_MAX_N, &c->ngram_max);
     else if (!strcmp(a, "--max-seq-len")) bad = cli_int(v, 2, 1 << 24, &c->max_seq_len);
     else if (!strcmp(a, "--max-batch")) bad = cli_int(v, 1, 4096, &c->max_batch);
     else if (!strcmp(a, "--threads")) bad = cli_int(v, 1, 1024, &c->threads);

@@ -22,6 +22,8 @@ char *cli_read_file(const char *path, size_t *len);
  * option (and its value: *i advances) and returns 1; 0 if not an engine option; -1 on
  * a bad value (message printed). */
 int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
+/* --speculative VALUE: "ngram" (prompt-lookup drafts) or "none". 0 ok, -1 bad. */
+int cli_speculative(const char *v, int *ngram);
 /* After parsing: complete the tensor-parallel options (c->tp) from the flags and, in a
  * spawned worker, from SPECD_TP_*; a process started by hand with
  * --tensor-parallel-size N > 1 gets tp_spawn_argv = main_argv (it starts its node's other
@@ -40,7 +42,13 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --chat-template FILE    Jinja chat template instead of the model's own\n" \
     "  --draft-model PATH      draft model for speculative decoding\n" \
     "  --draft-layers N        self-speculation: draft = target's first N layers\n" \
-    "  --num-draft-tokens K    draft tokens per step (default 4)\n" \
+    "  --num-draft-tokens K    draft tokens per step, at most (default 4)\n" \
+    "  --speculative ngram     prompt-lookup drafts: the tokens that followed the longest\n" \
+    "                          earlier match of a request's last tokens in its own prompt\n" \
+    "                          and output (no draft model; pays when output copies input)\n" \
+    "  --ngram-min N, --ngram-max N  n-gram lengths matched (default 2, 4)\n" \
+    "  --spec-always           speculate whenever drafts exist (skip the start-up cost model\n" \
+    "                          that turns drafts off where they would not pay)\n" \
     "  --device cpu|cuda       runner (default cpu)\n" \
     "  --max-seq-len N         context limit per sequence (default 4096)\n" \
     "  --max-batch N           running sequences at most (default 64)\n" \

@@ -95,6 +95,10 @@ static void fill_engine_config(const srv_config *c, engine_config *ec) {
     ec->draft_path = c->draft_model[0] ? c->draft_model : NULL;
     ec->draft_layers = c->draft_layers;
     ec->num_draft_tokens = c->num_draft_tokens;
+    cli_speculative(c->speculative, &ec->spec_ngram);   /* checked when the config was read */
+    ec->ngram_min = c->ngram_min;
+    ec->ngram_max = c->ngram_max;
+    ec->spec_always = !c->spec_cost_model;
     ec->device = strcmp(c->device, "cuda") ? ENGINE_DEVICE_CPU : ENGINE_DEVICE_CUDA;
     ec->max_seq_len = c->max_seq_len;
     ec->max_batch = c->max_batch;

@@ -36,6 +36,10 @@ static const cfg_key keys[] = {
     {"draft_model", STR(draft_model), 0, 0, "draft model for speculative decoding"},
     {"num_draft_tokens", K_INT, OFF(num_draft_tokens), 0, 0, 15, "draft tokens per step k (0 = engine default)"},
     {"draft_layers", K_INT, OFF(draft_layers), 0, 0, 1e6, "self-speculation with the target's first N layers"},
+    {"speculative", STR(speculative), 0, 0, "ngram: prompt-lookup drafting (drafts copied from the request's own earlier tokens; no draft model), or none"},
+    {"ngram_min", K_INT, OFF(ngram_min), 0, 0, 16, "shortest n-gram prompt lookup matches (0 = default 2)"},
+    {"ngram_max", K_INT, OFF(ngram_max), 0, 0, 16, "longest n-gram prompt lookup matches, tried first (0 = default 4)"},
+    {"spec_cost_model", K_BOOL, OFF(spec_cost_model), 0, 0, 1, "time plain and verify steps at start-up and draft only where speculation pays (false: always draft)"},
     {"tensor_parallel_size", K_INT, OFF(tensor_parallel_size), 0, 1, 256, "ranks (processes) the model is sharded over; rank 0 serves HTTP"},
     {"nnodes", K_INT, OFF(nnodes), 0, 1, 256, "hosts taking part in tensor parallelism"},
     {"node_rank", K_INT, OFF(node_rank), 0, 0, 255, "this host's index among nnodes"},
@@ -98,6 +102,7 @@ void srv_config_defaults(srv_config *c) {
     c->max_connections_per_ip = 1024;
     c->max_n = 16;
     c->overlap = 1;
+    c->spec_cost_model = 1;
     c->stream_buffer_bytes = 256 << 10;
     c->total_buffer_bytes = 256LL << 20;
     c->stall_timeout = 60;
@@ -141,6 +146,10 @@ static int check_enums(const srv_config *c, const char *what, char *err, size_t 
     if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
         return specd_errf(err, errlen, SPECD_EINVAL, "%s: device must be cpu or cuda, got '%s'",
                           what, c->device);
+    int ngram;
+    if (cli_speculative(c->speculative, &ngram))
+        return specd_errf(err, errlen, SPECD_EINVAL, "%s: speculative must be ngram or none, got '%s'", what,
+                          c->speculative);
     if (strcmp(c->log_level, "debug") && strcmp(c->log_level, "info") &&
         strcmp(c->log_level, "warn") && strcmp(c->log_level, "error") && strcmp(c->log_level, "off"))
         return specd_errf(err, errlen, SPECD_EINVAL,

@@ -24,6 +24,9 @@ typedef struct {
     char draft_model[SRV_PATH_MAX];     /* "" = no draft */
     int num_draft_tokens;               /* 0 = engine default (4) */
     int draft_layers;                   /* 0 = off */
+    char speculative[16];               /* "ngram" = prompt-lookup drafts; "" / "none" = off */
+    int ngram_min, ngram_max;           /* 0 = engine default (2, 4) */
+    int spec_cost_model;                /* 1: speculate only where the start-up timing says it pays */
     int tensor_parallel_size;           /* ranks over all nodes (1 = off) */
     int nnodes;                         /* hosts taking part */
     int node_rank;                      /* this host's index */

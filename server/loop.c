@@ -91,6 +91,7 @@ void loop_set_engine(loop *l, engine *e) {
     engine_stats st;
     engine_get_stats(e, &st);
     l->spec = st.num_draft_tokens > 0;
+    l->drafter = st.spec_drafter;
     metrics_set_engine(l->m, &st);
     l->snap = st;
     if (loop_engine_start(l)) {

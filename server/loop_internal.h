@@ -44,7 +44,7 @@ struct loop_choice {
     rp_parser *rp;              /* streaming chat: reasoning split (NULL = off) */
     tc_parser *tc;              /* streaming chat: tool calls (NULL = off) */
     int n_out;
-    long long spec_verify, spec_draft, spec_accept;
+    long long spec_verify, spec_draft, spec_accept, spec_decode;
     double t_last;
 };
 
@@ -81,6 +81,7 @@ struct loop {
     engine *eng;
     const tok_tokenizer *tok;
     int spec;
+    const char *drafter;        /* static string from the engine */
     _Atomic int state, failed, inflight;
     _Atomic uint64_t next_id;
     /* inbound, guarded by mu */

@@ -117,7 +117,7 @@ static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp, i
 }
 
 static api_usage job_usage(loop *l, loop_job *job) {
-    api_usage u = {0, 0, l->spec, 0, 0, 0};
+    api_usage u = {0, 0, l->spec, 0, 0, 0, l->drafter, 0};
     for (int p = 0; p < job->n_prompts; p++) u.prompt_tokens += job->n_prompt_ids[p];
     for (int i = 0; i < job->n_choices; i++) {
         loop_choice *c = &job->choices[i];
@@ -125,6 +125,7 @@ static api_usage job_usage(loop *l, loop_job *job) {
         u.draft_tokens += c->spec_draft;
         u.accepted_tokens += c->spec_accept;
         u.verify_steps += c->spec_verify;
+        u.decode_steps += c->spec_decode;
     }
     return u;
 }
@@ -365,6 +366,7 @@ static out_verdict process_event(loop *l, loop_choice *c, const engine_event *ev
     c->spec_verify = ev->spec_verify_steps;
     c->spec_draft = ev->spec_draft_tokens;
     c->spec_accept = ev->spec_accepted_tokens;
+    c->spec_decode = ev->spec_decode_steps;
     if (ev->n_tokens > 0) {
         if (job->t_first <= 0) {
             job->t_first = now;

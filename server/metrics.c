@@ -198,6 +198,14 @@ char *metrics_render(metrics *m) {
     counter(&b, mo, "spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", st->spec_accepted_tokens);
     gauge(&b, mo, "spec_decode_acceptance_length", "Mean tokens per verify step (1 + accepted / drafts).",
           st->spec_drafts ? 1.0 + (double)st->spec_accepted_tokens / (double)st->spec_drafts : 0.0);
+    counter(&b, mo, "spec_decode_num_decode_steps_total", "Engine steps with decoding rows.", st->spec_steps_decoding);
+    counter(&b, mo, "spec_decode_num_speculated_steps_total", "Engine steps in which a row verified drafts.",
+            st->spec_steps_speculated);
+    counter(&b, mo, "spec_decode_num_decode_rows_total", "Decoding rows over all steps (a verify is one).",
+            st->spec_rows_decoding);
+    head(&b, "spec_decode_drafter", "gauge", "The drafter in use (label kind), always 1.");
+    sb_printf(&b, "specd:spec_decode_drafter{kind=\"%s\",model_name=\"%s\"} 1\n",
+              st->spec_drafter ? st->spec_drafter : "none", mo);
     head(&b, "spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted draft tokens by position.");
     for (int i = 0; i < st->num_draft_tokens && i < ENGINE_MAX_STEP_TOKENS; i++)
         sb_printf(&b, "specd:spec_decode_num_accepted_tokens_per_pos{position=\"%d\",model_name=\"%s\"} %llu\n",

@@ -398,7 +398,7 @@ static void test_completion_response_shape(void **s) {
     (void)s;
     json_t *choices = json_array();
     json_array_append_new(choices, api_completion_choice(0, "hi", 2, "length", NULL));
-    api_usage u = {5, 2, 0, 0, 0, 0};
+    api_usage u = {5, 2, 0, 0, 0, 0, NULL, 0};
     char *got = dump(api_response_json(API_COMPLETION, "cmpl-1", 1700000000, "tiny", choices, &u));
     assert_string_equal(got,
                         "{\"choices\":[{\"finish_reason\":\"length\",\"index\":0,\"logprobs\":null,\"text\":\"hi\"}],"
@@ -411,7 +411,7 @@ static void test_chat_response_shape_with_spec_usage(void **s) {
     (void)s;
     json_t *choices = json_array();
     json_array_append_new(choices, api_chat_choice(1, "ok", 2, "stop", NULL));
-    api_usage u = {3, 4, 1, 12, 9, 3};
+    api_usage u = {3, 4, 1, 12, 9, 3, NULL, 0};
     char *got = dump(api_response_json(API_CHAT, "chatcmpl-x", 1, "m", choices, &u));
     assert_string_equal(got,
                         "{\"choices\":[{\"finish_reason\":\"stop\",\"index\":1,\"logprobs\":null,"
@@ -420,6 +420,15 @@ static void test_chat_response_shape_with_spec_usage(void **s) {
                         "\"system_fingerprint\":null,\"usage\":{\"completion_tokens\":4,\"prompt_tokens\":3,"
                         "\"spec_decode\":{\"acceptance_length\":4.0,\"accepted_tokens\":9,\"draft_tokens\":12,"
                         "\"verify_steps\":3},\"total_tokens\":7}}");
+    free(got);
+    /* with the drafter and the decoding steps: which share of them verified drafts */
+    json_t *choices2 = json_array();
+    json_array_append_new(choices2, api_chat_choice(0, "ok", 2, "stop", NULL));
+    api_usage u2 = {3, 4, 1, 12, 9, 3, "ngram", 12};
+    got = dump(api_response_json(API_CHAT, "chatcmpl-y", 1, "m", choices2, &u2));
+    assert_non_null(strstr(got, "\"spec_decode\":{\"acceptance_length\":4.0,\"accepted_tokens\":9,"
+                                "\"decode_steps\":12,\"draft_tokens\":12,\"drafter\":\"ngram\","
+                                "\"speculated_share\":0.25,\"verify_steps\":3}"));
     free(got);
 }
 
@@ -436,7 +445,7 @@ static void test_chat_chunk_shapes(void **s) {
                         "{\"choices\":[{\"delta\":{},\"finish_reason\":\"length\",\"index\":3,\"logprobs\":null}],"
                         "\"created\":2,\"id\":\"c\",\"model\":\"m\",\"object\":\"chat.completion.chunk\",\"usage\":null}");
     free(last);
-    api_usage u = {1, 2, 0, 0, 0, 0};
+    api_usage u = {1, 2, 0, 0, 0, 0, NULL, 0};
     char *usage = dump(api_usage_chunk_json(API_CHAT, "c", 2, "m", &u));
     assert_string_equal(usage,
                         "{\"choices\":[],\"created\":2,\"id\":\"c\",\"model\":\"m\",\"object\":\"chat.completion.chunk\","
@@ -844,6 +853,10 @@ static void test_metrics_text(void **s) {
     st.spec_accepted_tokens = 25;
     st.num_draft_tokens = 4;
     st.spec_accepted_per_pos[0] = 9;
+    st.spec_drafter = "ngram";
+    st.spec_steps_decoding = 30;
+    st.spec_steps_speculated = 8;
+    st.spec_rows_decoding = 70;
     metrics_set_engine(m, &st);
     metrics_observe_ttft(m, 0.003);
     metrics_observe_ttft(m, 100.0);
@@ -872,6 +885,10 @@ static void test_metrics_text(void **s) {
     assert_non_null(strstr(t, "specd:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 25\n"));
     assert_non_null(strstr(t, "specd:spec_decode_acceptance_length{model_name=\"tiny\"} 3.5\n"));
     assert_non_null(strstr(t, "specd:spec_decode_num_accepted_tokens_per_pos{position=\"0\",model_name=\"tiny\"} 9\n"));
+    assert_non_null(strstr(t, "specd:spec_decode_num_decode_steps_total{model_name=\"tiny\"} 30\n"));
+    assert_non_null(strstr(t, "specd:spec_decode_num_speculated_steps_total{model_name=\"tiny\"} 8\n"));
+    assert_non_null(strstr(t, "specd:spec_decode_num_decode_rows_total{model_name=\"tiny\"} 70\n"));
+    assert_non_null(strstr(t, "specd:spec_decode_drafter{kind=\"ngram\",model_name=\"tiny\"} 1\n"));
     assert_non_null(strstr(t, "# TYPE specd:inter_token_latency_seconds histogram\n"));
     assert_non_null(strstr(t, "# TYPE specd:e2e_request_latency_seconds histogram\n"));
     free(t);

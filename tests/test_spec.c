@@ -1,7 +1,8 @@
 /* Speculative decoding on the CPU runner: lossless greedy output (draft model, draft ==
- * target, self-speculation by layers) alone and in concurrent batches, the acceptance
- * length guard, the rejection sampler's output distribution, and KV accounting after
- * finished, cancelled and preempted speculative requests. */
+ * target, self-speculation by layers, prompt-lookup n-gram drafts) alone and in
+ * concurrent batches, the acceptance length guard, the rejection sampler's output
+ * distribution (also for point-mass n-gram proposals), and KV accounting after finished,
+ * cancelled and preempted speculative requests. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -54,7 +55,7 @@ static engine *make_engine(const char *draft, int draft_layers, int max_batch, s
     engine_config c = {.model_path = g_path[0], .draft_path = draft ? g_path[1] : NULL,
                        .draft_layers = draft_layers, .num_draft_tokens = 4, .max_seq_len = 512,
                        .max_batch = max_batch, .kv_bytes = kv_bytes ? kv_bytes : 64u << 20,
-                       .threads = 2};
+                       .threads = 2, .spec_always = 1};   /* the machinery, not the cost model's choice */
     char err[1024] = "";
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fprintf(stderr, "engine_create: %s\n", err);
@@ -415,6 +416,219 @@ static void test_spec_kv_returns_to_baseline(void **st) {
     free_prompts(&p);
 }
 
+/* ---- prompt-lookup (n-gram) drafts ------------------------------------------------- */
+
+/* An engine on llama-tiny drafting by prompt lookup; always_spec skips the cost model. */
+static engine *make_ngram_engine(int max_batch, size_t kv_bytes, int always_spec) {
+    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
+    engine_config c = {.model_path = g_path[0], .spec_ngram = 1, .num_draft_tokens = 5, .max_seq_len = 512,
+                       .max_batch = max_batch, .kv_bytes = kv_bytes ? kv_bytes : 64u << 20, .threads = 2,
+                       .spec_always = always_spec};
+    char err[1024] = "";
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fprintf(stderr, "engine_create: %s\n", err);
+    return e;
+}
+
+/* The golden prompts (random text, rarely matched) plus two that end in 160 tokens of
+ * the model's own greedy output: a random model falls into loops (prompt 5's output ends
+ * in one token repeated), which prompt lookup proposes and the target confirms. */
+static void load_ngram_prompts(prompts *p) {
+    load_prompts(p, "llama-tiny");
+    assert_true(p->np <= MAXP - 2);
+    engine *e = make_engine(NULL, 0, 8, 0);
+    assert_non_null(e);
+    run_greedy(e, p, p->np, 2, 160, &g_tmp);
+    engine_destroy(e);
+    int src[2] = {5, 0};
+    for (int j = 0; j < 2; j++) {
+        int n = p->n[src[j]], i = p->np++;
+        p->n[i] = n + g_tmp.nout[src[j]];
+        p->ids[i] = malloc(sizeof(int32_t) * (size_t)p->n[i]);
+        memcpy(p->ids[i], p->ids[src[j]], sizeof(int32_t) * (size_t)n);
+        memcpy(p->ids[i] + n, g_tmp.out[src[j]], sizeof(int32_t) * (size_t)g_tmp.nout[src[j]]);
+    }
+}
+
+static void test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted(void **st) {
+    (void)st;
+    prompts p;
+    load_ngram_prompts(&p);
+    engine *e = make_engine(NULL, 0, 8, 0);
+    run_greedy(e, &p, p.np, 1, 64, &g_plain);
+    engine_destroy(e);
+    for (int always = 1; always >= 0; always--) {
+        e = make_ngram_engine(8, 0, always);
+        assert_non_null(e);
+        int batches[] = {1, 3, 8};
+        for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+            run_greedy(e, &p, p.np, batches[b], 64, &g_tmp);
+            print_message("  ngram%s, %d at a time: AL %.3f over %ld verify steps, %ld of %ld drafts accepted\n",
+                          always ? " (always)" : " (cost model)", batches[b], al(&g_tmp), g_tmp.verify,
+                          g_tmp.accepted, g_tmp.drafted);
+            assert_same_tokens(&g_plain, &g_tmp, p.np);
+            if (always) {
+                /* a random model copies little, but what its loops repeat is accepted: AL
+                 * > 1.25 (drafts misplaced by a position would be accepted by chance only) */
+                assert_true(g_tmp.verify > 20);
+                assert_true(4 * g_tmp.accepted > g_tmp.verify);
+            }
+        }
+        engine_stats s;
+        engine_get_stats(e, &s);
+        assert_string_equal(s.spec_drafter, "ngram");
+        assert_int_equal(s.num_draft_tokens, 5);
+        assert_true(s.spec_steps_speculated <= s.spec_steps_decoding);
+        assert_true(s.spec_rows_decoding >= s.spec_drafts);
+        if (always) assert_true(s.spec_steps_speculated > 0);
+        assert_int_equal(s.kv_blocks_used, 0);
+        /* a draft model's path never ran: no runner speculative step, no draft passes */
+        assert_int_equal(s.steps_runner_spec, 0);
+        engine_destroy(e);
+    }
+    free_prompts(&p);
+}
+
+static void test_spec_ngram_sampled_output_is_seeded_and_counted(void **st) {
+    (void)st;
+    prompts p;
+    load_ngram_prompts(&p);
+    int32_t out[2][6][48];
+    long verify = 0, accepted = 0;
+    for (int run = 0; run < 2; run++) {
+        engine *e = make_ngram_engine(8, 0, 1);
+        assert_non_null(e);
+        char err[256];
+        for (int i = 0; i < 6; i++) {
+            engine_sampling sp;
+            engine_sampling_defaults(&sp);
+            sp.temperature = 0.1f;   /* a random model is flat: sharpen it so drafts can stand */
+            sp.top_p = 0.95f;
+            sp.seed = 1000 + (uint64_t)i;
+            sp.has_seed = 1;
+            sp.ignore_eos = 1;
+            sp.max_tokens = 48;
+            assert_int_equal(engine_add(e, (uint64_t)i, p.ids[p.np - 1 - i % 2], p.n[p.np - 1 - i % 2], &sp, err,
+                                        sizeof err), 0);
+        }
+        int nout[6] = {0};
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            for (int k = 0; k < o.n_events; k++) {
+                engine_event *ev = &o.events[k];
+                for (int t = 0; t < ev->n_tokens; t++) {
+                    assert_true(ev->tokens[t].id >= 0 && ev->tokens[t].id < 1024);
+                    out[run][ev->req_id][nout[ev->req_id]++] = ev->tokens[t].id;
+                }
+                if (ev->finish != ENGINE_RUNNING && run == 0) {
+                    verify += ev->spec_verify_steps;
+                    accepted += ev->spec_accepted_tokens;
+                    assert_true(ev->spec_decode_steps >= ev->spec_verify_steps);
+                }
+            }
+        }
+        for (int i = 0; i < 6; i++) assert_int_equal(nout[i], 48);
+        engine_destroy(e);
+    }
+    print_message("  sampled, temperature 0.1: %ld verify steps, %ld drafts accepted\n", verify, accepted);
+    assert_memory_equal(out[0], out[1], sizeof out[0]);
+    assert_true(verify > 0);
+    assert_true(accepted > 0);
+    free_prompts(&p);
+}
+
+/* A deterministic proposal is a point mass: accepting d with probability p(d) and on
+ * rejection drawing from p without d makes the emitted token follow p exactly. The same
+ * draws with the residual left as p (d not removed) must fail the check: the test can
+ * tell a wrong rule. */
+static void test_spec_point_mass_rejection_follows_target(void **st) {
+    (void)st;
+    enum { V = 1024, K = 2, N = 20000 };
+    int32_t prompt[7] = {17, 200, 3, 999, 45, 512, 8};
+    float *base = malloc(sizeof(float) * V), *p = malloc(sizeof(float) * V * (K + 1));
+    model_probs("llama-tiny", prompt, 7, base);
+    /* sharpen (temperature 0.5) so that the draft token carries real mass */
+    double z = 0;
+    for (int v = 0; v < V; v++) z += (double)base[v] * base[v];
+    for (int v = 0; v < V; v++) base[v] = (float)((double)base[v] * base[v] / z);
+    int top = 0;
+    for (int v = 1; v < V; v++)
+        if (base[v] > base[top]) top = v;
+    assert_true(base[top] > 0.05);
+    int32_t cases[2] = {top, (top + 1) % V};
+    for (int c = 0; c < 2; c++) {
+        for (int wrong = 0; wrong <= 1; wrong++) {
+            long *counts = calloc(V, sizeof(long));
+            for (long s = 0; s < N; s++) {
+                for (int j = 0; j <= K; j++) memcpy(p + (size_t)j * V, base, sizeof(float) * V);
+                int32_t drafts[K] = {cases[c], cases[c]}, out[K + 1];
+                double ua[K];
+                for (int j = 0; j < K; j++) ua[j] = sample_uniform((uint64_t)s, 200 + (uint64_t)j);
+                double ur = sample_uniform((uint64_t)s, 300);
+                if (!wrong) {
+                    int m = spec_accept_point(p, V, drafts, K, ua, ur, out);
+                    assert_true(m >= 1 && m <= K + 1);
+                } else {
+                    out[0] = ua[0] < base[cases[c]] ? cases[c] : sample_from_probs(base, V, ur);
+                }
+                counts[out[0]]++;
+            }
+            int df;
+            double chi = chi2_stat(counts, base, V, N, &df), crit = chi2_crit_001(df);
+            print_message("  point-mass draft %d (p %.3f)%s: chi2 %.1f, df %d, critical %.1f\n", cases[c],
+                          base[cases[c]], wrong ? " with the residual left as p" : "", chi, df, crit);
+            if (wrong && c == 0) assert_true(chi > crit);
+            if (!wrong) assert_true(chi < crit);
+            free(counts);
+        }
+    }
+    free(base);
+    free(p);
+}
+
+/* Finished, cancelled and preempted requests with n-gram drafts all give their blocks back. */
+static void test_spec_ngram_kv_returns_to_baseline(void **st) {
+    (void)st;
+    prompts p;
+    load_ngram_prompts(&p);
+    engine *e = make_ngram_engine(8, 0, 1);
+    engine_stats s0;
+    engine_get_stats(e, &s0);
+    engine_destroy(e);
+    size_t per_block = (64u << 20) / (size_t)s0.kv_blocks_total;
+    e = make_ngram_engine(8, per_block * (512 / 16 + 4), 1);
+    assert_non_null(e);
+    char err[256];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < p.np; i++) {
+            engine_sampling sp;
+            engine_sampling_defaults(&sp);
+            sp.temperature = i % 2 ? 0.7f : 0;
+            sp.max_tokens = 60 + 20 * i;
+            sp.ignore_eos = 1;
+            assert_int_equal(engine_add(e, (uint64_t)(round * 100 + i), p.ids[i], p.n[i], &sp, err, sizeof err), 0);
+        }
+        int steps = 0;
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            if (++steps == 5) engine_abort(e, (uint64_t)(round * 100 + 1));
+        }
+    }
+    engine_stats s;
+    engine_get_stats(e, &s);
+    print_message("  pool %d blocks, preemptions %llu, verify steps %llu, blocks in use at the end %d\n",
+                  s.kv_blocks_total, (unsigned long long)s.preemptions, (unsigned long long)s.spec_drafts,
+                  s.kv_blocks_used);
+    assert_true(s.preemptions > 0);
+    assert_true(s.spec_drafts > 0);
+    assert_int_equal(s.kv_blocks_used, 0);
+    assert_int_equal(s.running + s.waiting, 0);
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spec_draft_model_is_lossless_alone_and_padded),
@@ -425,6 +639,10 @@ int main(void) {
         cmocka_unit_test(test_spec_engine_first_token_follows_target),
         cmocka_unit_test(test_spec_seeded_sampling_is_reproducible),
         cmocka_unit_test(test_spec_kv_returns_to_baseline),
+        cmocka_unit_test(test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted),
+        cmocka_unit_test(test_spec_ngram_sampled_output_is_seeded_and_counted),
+        cmocka_unit_test(test_spec_point_mass_rejection_follows_target),
+        cmocka_unit_test(test_spec_ngram_kv_returns_to_baseline),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
 }

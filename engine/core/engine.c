@@ -23,7 +23,10 @@ void engine_config_defaults(engine_config *c) {
     if (!c->max_tokens_per_step) c->max_tokens_per_step = 2048;
     if (!c->block_size) c->block_size = 16;
     if (c->mem_fraction <= 0) c->mem_fraction = 0.9;
-    if ((c->draft_path || c->draft_layers > 0) && !c->num_draft_tokens) c->num_draft_tokens = 4;
+    if ((c->draft_path || c->draft_random_shape || c->draft_layers > 0 || c->spec_ngram) && !c->num_draft_tokens)
+        c->num_draft_tokens = 4;
+    if (!c->ngram_min) c->ngram_min = 2;
+    if (!c->ngram_max) c->ngram_max = c->ngram_min > 4 ? c->ngram_min : 4;
 }
 
 void engine_sampling_defaults(engine_sampling *s) {
@@ -70,9 +73,10 @@ static model *shape_model(const engine_config *c, const char *name, uint64_t see
 
 static int load_draft(engine *e, char *err, size_t errlen) {
     const engine_config *c = &e->cfg;
-    if (!!c->draft_path + !!c->draft_random_shape + (c->draft_layers > 0) > 1)
+    if (!!c->draft_path + !!c->draft_random_shape + (c->draft_layers > 0) + !!c->spec_ngram > 1)
         return specd_errf(err, errlen, SPECD_EINVAL,
-                          "--draft-model, --draft-shape and --draft-layers are exclusive: pick one");
+                          "--draft-model, --draft-shape, --draft-layers and --speculative ngram are "
+                          "exclusive: pick one");
     if (c->draft_path || c->draft_random_shape) {
         e->draft = c->draft_path ? model_load(c->draft_path, err, errlen)
                                  : shape_model(c, c->draft_random_shape, 2, err, errlen);
@@ -94,7 +98,14 @@ static int load_draft(engine *e, char *err, size_t errlen) {
         e->draft_view.priv = NULL;
         e->draft_used = &e->draft_view;
     }
-    if (e->draft_used) {
+    if (c->spec_ngram) {
+        if (c->ngram_min < 1 || c->ngram_max < c->ngram_min || c->ngram_max > NGRAM_MAX_N)
+            return specd_errf(err, errlen, SPECD_EINVAL, "--ngram-min %d / --ngram-max %d: need 1 <= min <= "
+                              "max <= %d", c->ngram_min, c->ngram_max, NGRAM_MAX_N);
+        e->drafter = ENGINE_DRAFTER_NGRAM;
+    }
+    if (e->draft_used) e->drafter = ENGINE_DRAFTER_MODEL;
+    if (e->drafter != ENGINE_DRAFTER_NONE) {
         if (c->num_draft_tokens < 1 || c->num_draft_tokens > ENGINE_MAX_STEP_TOKENS - 1)
             return specd_errf(err, errlen, SPECD_EINVAL, "--num-draft-tokens must be 1..%d",
                               ENGINE_MAX_STEP_TOKENS - 1);
@@ -210,8 +221,14 @@ static int alloc_buffers(engine *e) {
     e->rows = calloc((size_t)B, sizeof *e->rows);
     e->tokens = calloc((size_t)e->max_step_tokens, sizeof *e->tokens);
     e->logits = malloc((size_t)B * (K + 1) * V * sizeof(float));
-    e->dlogits = K ? malloc((size_t)B * V * sizeof(float)) : NULL;
-    e->dprobs = K ? malloc((size_t)B * K * V * sizeof(float)) : NULL;
+    int model = e->drafter == ENGINE_DRAFTER_MODEL;   /* prompt lookup has no draft logits */
+    e->dlogits = model ? malloc((size_t)B * V * sizeof(float)) : NULL;
+    e->dprobs = model ? malloc((size_t)B * K * V * sizeof(float)) : NULL;
+    e->cand_row = malloc((size_t)B * sizeof(int));
+    e->cand_avail = malloc((size_t)B * sizeof(int));
+    e->cand_k = malloc((size_t)B * sizeof(int));
+    e->cand_alpha = malloc((size_t)B * sizeof(float));
+    e->cands = malloc((size_t)B * (K + 1) * sizeof *e->cands);
     e->pprobs = malloc((size_t)(K + 1) * V * sizeof(float));
     e->work = malloc((size_t)V * sizeof(float));
     e->scratch = malloc((size_t)V * sizeof(int));
@@ -232,7 +249,8 @@ static int alloc_buffers(engine *e) {
     }
     e->cap_reqs = 64;
     e->reqs = malloc((size_t)e->cap_reqs * sizeof *e->reqs);
-    if (!e->plan || !e->rows || !e->tokens || !e->logits || (K && (!e->dlogits || !e->dprobs)) ||
+    if (!e->cand_row || !e->cand_avail || !e->cand_k || !e->cand_alpha || !e->cands) return SPECD_ENOMEM;
+    if (!e->plan || !e->rows || !e->tokens || !e->logits || (model && (!e->dlogits || !e->dprobs)) ||
         !e->pprobs || !e->work || !e->scratch || !e->hist || !e->events[0] || !e->events[1] || !e->reqs)
         return SPECD_ENOMEM;
     return 0;
@@ -387,6 +405,9 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     e->st.max_seq_len = c->max_seq_len;
     e->st.max_batch = c->max_batch;
     e->st.num_draft_tokens = e->k;
+    e->st.spec_drafter = engine_spec_drafter_name(e);
+    e->acc_s = 1;
+    e->acc_t = 2;
     if (c->verbose) {
         const model_config *m = &e->target->cfg;
         fprintf(stderr,
@@ -400,11 +421,17 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
         if (c->tp.world_size > 1)
             fprintf(stderr, "specd: tensor parallel over %d %s ranks (this is rank 0)\n", c->tp.world_size,
                     c->device == ENGINE_DEVICE_CUDA ? "GPU" : "CPU");
-        if (e->k)
+        if (e->drafter == ENGINE_DRAFTER_NGRAM)
+            fprintf(stderr, "specd: prompt-lookup drafts: %d..%d-gram matches, k <= %d\n", c->ngram_min,
+                    c->ngram_max, e->k);
+        else if (e->k)
             fprintf(stderr, "specd: draft %s (%d layers), k = %d\n",
                     c->draft_path ? c->draft_path : c->draft_random_shape ? c->draft_random_shape : "target prefix",
                     e->draft_used->cfg.n_layers, e->k);
     }
+    /* Speculation that costs more than it saves is turned off per step by the cost model
+     * (not with tensor parallelism: the timing passes would need the workers' part). */
+    if (e->k && !c->spec_always && c->tp.world_size <= 1 && engine_spec_measure(e, err, errlen)) goto fail;
     return e;
 fail:
     engine_destroy(e);
@@ -419,6 +446,7 @@ static void req_free(req *r) {
     free(r->lb_vals);
     free(r->first_logits);
     matcher_free(r->m);
+    ngram_destroy(r->ng);
     free(r);
 }
 
@@ -464,6 +492,11 @@ void engine_destroy(engine *e) {
     free(e->dec_sp);
     free(e->spec_out);
     free(e->spec_n);
+    free(e->cand_row);
+    free(e->cand_avail);
+    free(e->cand_k);
+    free(e->cand_alpha);
+    free(e->cands);
     free(e->events[0]);
     free(e->events[1]);
     for (int i = 0; i < e->n_rec; i++) free(e->rec[i].logits);
@@ -527,7 +560,8 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
     if (record) r->first_logits = malloc((size_t)e->vocab * sizeof(float));
     int max_blocks = (e->cfg.max_seq_len + e->k + e->cfg.block_size - 1) / e->cfg.block_size;
     if (!r->seq.tokens || (sp->n_logit_bias && (!r->lb_ids || !r->lb_vals)) ||
-        (record && !r->first_logits) || kv_seq_init(&r->seq.kv, max_blocks)) {
+        (record && !r->first_logits) || kv_seq_init(&r->seq.kv, max_blocks) ||
+        engine_spec_req_init(e, r, cap)) {
         req_free(r);
         return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
     }

@@ -32,7 +32,13 @@ typedef struct {
     const char *draft_path;       /* NULL: no draft model */
     const char *draft_random_shape; /* instead of draft_path: random weights of a named shape */
     int draft_layers;             /* > 0: self-speculation with the target's first N layers */
-    int num_draft_tokens;         /* k (default 4 when a draft is given) */
+    int num_draft_tokens;         /* k, at most (default 4 when a drafter is given) */
+    int spec_ngram;               /* prompt-lookup drafting (--speculative ngram): drafts are
+                                   * the tokens that followed the longest earlier match of a
+                                   * request's last tokens in its prompt and output */
+    int ngram_min, ngram_max;     /* n-gram lengths matched (default 2 .. 4) */
+    int spec_always;              /* skip the cost model: speculate whenever drafts exist
+                                   * (tests; the default measures when speculation pays) */
     engine_device device;
     int max_seq_len;              /* runtime context limit (default 4096) */
     int max_batch;                /* running sequences at most (default 64) */
@@ -107,6 +113,7 @@ typedef struct {
     int n_prompt_tokens, n_output_tokens, n_cached_tokens;
     /* speculative decoding counters of this request so far */
     int spec_verify_steps, spec_draft_tokens, spec_accepted_tokens;
+    int spec_decode_steps;         /* steps it decoded in, speculating or not */
 } engine_event;
 
 typedef struct {
@@ -129,6 +136,9 @@ typedef struct {
     uint64_t steps_runner_spec, steps_composed, steps_device_decode;
     uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
     int num_draft_tokens;
+    const char *spec_drafter;      /* "none", "draft_model" or "ngram" (static) */
+    /* steps with decoding rows, those of them where a row speculated, decoding rows */
+    uint64_t spec_steps_decoding, spec_steps_speculated, spec_rows_decoding;
     int failed;                    /* engine hit a runner error; every request fails */
 } engine_stats;
 

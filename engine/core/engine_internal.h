@@ -1,15 +1,17 @@
-/* Private to the engine's two files (engine.c: configuration, creation, requests;
- * engine_step.c: one step). Not part of the engine's interface: nothing outside engine/
- * engine*.c includes it. */
+/* Private to the engine's files (engine.c: configuration, creation, requests;
+ * engine_step.c: one step; engine_spec.c: the speculation policy). Not part of the
+ * engine's interface: nothing outside engine/core/engine*.c includes it. */
 #ifndef SPECD_ENGINE_INTERNAL_H
 #define SPECD_ENGINE_INTERNAL_H
 
 #include "engine/core/engine.h"
 #include "engine/core/kv.h"
+#include "engine/core/ngram.h"
 #include "engine/core/runner.h"
 #include "engine/tp/runner_tp.h"
 #include "engine/core/sample.h"
 #include "engine/core/sched.h"
+#include "engine/core/spec_cost.h"
 
 typedef struct req {
     sched_seq seq;               /* seq.user points back here */
@@ -28,13 +30,21 @@ typedef struct req {
     int n_cached;                /* prompt tokens served from the prefix cache */
     int verify_steps, draft_tokens, accepted;
     matcher *m;                  /* constrained decoding state, or NULL */
+    /* speculation policy (engine_spec.c) */
+    ngram_index *ng;             /* prompt lookup: the index of its tokens, or NULL */
+    float acc_s, acc_t;          /* decayed accepted / tried draft positions */
+    int fails, skip;             /* prompt lookup: failed verifies in a row, steps to skip */
+    int decode_steps;            /* steps in which it decoded (speculating or not) */
 } req;
+
+typedef enum { ENGINE_DRAFTER_NONE = 0, ENGINE_DRAFTER_MODEL, ENGINE_DRAFTER_NGRAM } engine_drafter;
 
 /* Per-row plan of one step. */
 typedef struct {
     req *r;
     int n_new;                   /* target tokens to feed (from the scheduler) */
-    int spec;                    /* decoding row that speculates this step */
+    int spec;                    /* draft tokens this decoding row verifies this step (0: none;
+                                  * before engine_spec_plan: 1 if it may speculate) */
     int target_logits;           /* 0, 1 or k+1 rows of target logits */
     int logits_off;              /* first target logits row */
     int32_t drafts[ENGINE_MAX_STEP_TOKENS];
@@ -51,7 +61,14 @@ struct engine {
     kv_pool *kv;
     sched *sched;
     runner *run;
-    int k;                       /* draft tokens per step (0: no speculation) */
+    int k;                       /* draft tokens per step at most (0: no speculation) */
+    engine_drafter drafter;
+    spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
+    float acc_s, acc_t;          /* decayed accepted / tried drafts over all requests */
+    int step_spec;               /* rows speculating in this step */
+    int *cand_row, *cand_avail, *cand_k;   /* (max_batch) engine_spec_plan scratch */
+    float *cand_alpha;
+    spec_cost_cand *cands;       /* (max_batch * k) */
     int vocab;
     int32_t eos[MODEL_MAX_EOS + 5];  /* model, tokenizer and end-of-turn stop ids */
     int n_eos;
@@ -100,5 +117,18 @@ struct engine {
 
 /* engine.c: take a request out of the scheduler and the table, and free it. */
 void engine_req_drop(engine *e, req *r);
+
+/* engine_spec.c */
+const char *engine_spec_drafter_name(const engine *e);
+/* A new request's speculation state (its n-gram index for `capacity` tokens). */
+int engine_spec_req_init(const engine *e, req *r, int capacity);
+/* Phase 1b of a step: on entry plan[i].spec says whether row i may speculate; on return
+ * it is the number of drafts row i verifies, with prompt-lookup drafts in plan[i].drafts,
+ * and e->step_spec counts the speculating rows. */
+void engine_spec_plan(engine *e, int n);
+/* A verify of k drafts of r accepted `accepted`. */
+void engine_spec_observe(engine *e, req *r, int k, int accepted);
+/* Measure the cost model (creation, before any request: it times passes on free slots). */
+int engine_spec_measure(engine *e, char *err, size_t errlen);
 
 #endif

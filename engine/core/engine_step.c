@@ -5,6 +5,9 @@
  *   1. the scheduler picks rows and how many tokens each feeds;
  *   2. slot sync: a row that got a (new) slot has its block table and lengths written
  *      into the runner; a row whose table grew has the new block ids appended;
+ *      the speculation policy (engine_spec.c) picks each decoding row's drafts: prompt
+ *      lookup proposes them from the row's own tokens, and the cost model keeps only drafts
+ *      expected to pay for their verify tokens;
  *   3. with a draft model: the draft catches up on every row (prefill chunks, tokens it
  *      has not seen) and proposes k tokens for each decoding row, one pass per token;
  *   4. one target pass over every row (prefill chunks and k+1 verify tokens);
@@ -71,6 +74,7 @@ static void fill_counts(engine_event *ev, const req *r) {
     ev->spec_verify_steps = r->verify_steps;
     ev->spec_draft_tokens = r->draft_tokens;
     ev->spec_accepted_tokens = r->accepted;
+    ev->spec_decode_steps = r->decode_steps;
 }
 
 static int is_eos(const engine *e, int32_t t) {
@@ -117,8 +121,9 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
 static int apply_grammar(engine *e, req *r, float *logits) {
     int left = r->max_new - r->n_out, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens;
     if (ctx_left < left) left = ctx_left;
-    int n_ok = -1;
-    if (left - 1 < matcher_distance(r->m) + GRAMMAR_BUDGET_SLACK) {
+    int n_ok = -1, dist = matcher_distance(r->m);
+    /* (not when even 8 bytes a token could not close it: then the plain mask only) */
+    if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * (left - 1)) {
         n_ok = matcher_fill_mask_within(r->m, e->mask, left - 1);
         if (n_ok == 0 && !matcher_accepting(r->m)) n_ok = -1;   /* too late to close: plain mask */
     }
@@ -204,12 +209,13 @@ static int draft_phase(engine *e, int n) {
 }
 
 /* Speculation counters of one verify step of one row (per request and engine-wide). */
-static void count_verify(engine *e, req *r, int accepted) {
+static void count_verify(engine *e, req *r, int k, int accepted) {
     r->verify_steps++;
-    r->draft_tokens += e->k;
+    r->draft_tokens += k;
     r->accepted += accepted;
+    engine_spec_observe(e, r, k, accepted);
     e->st.spec_drafts++;
-    e->st.spec_draft_tokens += (uint64_t)e->k;
+    e->st.spec_draft_tokens += (uint64_t)k;
     e->st.spec_accepted_tokens += (uint64_t)accepted;
     for (int j = 0; j < accepted; j++) e->st.spec_accepted_per_pos[j]++;
 }
@@ -218,7 +224,7 @@ static void count_verify(engine *e, req *r, int accepted) {
 static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
     req *r = p->r;
     sched_seq *s = &r->seq;
-    int k = e->k, V = e->vocab;
+    int k = p->spec, V = e->vocab;
     float *L = e->logits + (size_t)p->logits_off * V;   /* (k+1, V) raw target logits */
     int32_t out[ENGINE_MAX_STEP_TOKENS];
     int m;
@@ -239,17 +245,22 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
         double ua[ENGINE_MAX_STEP_TOKENS];
         for (int j = 0; j < k; j++) ua[j] = sample_uniform(r->seed ^ SPEC_SALT_ACCEPT, (uint64_t)r->n_out + j);
         int i = (int)(p - e->plan);
-        m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua,
-                               sample_uniform(r->seed, 2 * (uint64_t)r->n_out), e->work, 0, out);
+        double ur = sample_uniform(r->seed, 2 * (uint64_t)r->n_out);
+        if (e->drafter == ENGINE_DRAFTER_NGRAM)   /* a deterministic proposal: a point mass */
+            m = spec_accept_point(e->pprobs, V, p->drafts, k, ua, ur, out);
+        else
+            m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua, ur, e->work, 0, out);
     }
     int acc = m - 1;
-    count_verify(e, r, acc);
+    count_verify(e, r, k, acc);
     /* KV now holds the fed token and the accepted drafts; the emitted last token is not in
      * it yet. The draft saw the fed tokens and drafts 1..k-1. */
     int new_len = s->n_computed + 1 + acc;
-    int dlen = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
     e->run->ops->slot_set_len(e->run, s->slot, RUNNER_TARGET, new_len);
-    e->run->ops->slot_set_len(e->run, s->slot, RUNNER_DRAFT, dlen < new_len ? dlen : new_len);
+    if (e->drafter == ENGINE_DRAFTER_MODEL) {
+        int dlen = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
+        e->run->ops->slot_set_len(e->run, s->slot, RUNNER_DRAFT, dlen < new_len ? dlen : new_len);
+    }
     s->n_computed = new_len;
     engine_finish f = ENGINE_RUNNING;
     for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out[j], L + (size_t)j * V, NULL);
@@ -274,7 +285,7 @@ static runner_sampling device_sampling(const req *r) {
 /* Whether this step can use the runner's on-device decode (a captured graph on CUDA):
  * every row decodes one token and samples on the device. */
 static int device_decode_ok(const engine *e, int n) {
-    if (!e->run->ops->decode || e->k > 0 || n == 0) return 0;
+    if (!e->run->ops->decode || e->drafter == ENGINE_DRAFTER_MODEL || e->step_spec || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
@@ -286,7 +297,7 @@ static int device_decode_ok(const engine *e, int n) {
 /* Whether a composed step (prefill chunks and decode rows, no speculation) can sample on
  * the device inside its forward pass, so no logits travel to the host. */
 static int forward_sampling_ok(const engine *e, int n) {
-    if (!e->run->forward_samples || e->k > 0) return 0;
+    if (!e->run->forward_samples || e->drafter == ENGINE_DRAFTER_MODEL || e->step_spec) return 0;
     for (int i = 0; i < n; i++)
         if (needs_host_sampling(e->plan[i].r, 1)) return 0;
     return 1;
@@ -320,11 +331,11 @@ static int device_decode(engine *e, int n, engine_output *out) {
 /* Whether the whole step can be one runner speculative step (one graph on CUDA): every
  * row speculates, has at least two tokens, and needs no host-side sampling feature. */
 static int runner_spec_ok(const engine *e, int n) {
-    if (!e->run->ops->spec_step || e->k == 0 || n == 0) return 0;
+    if (!e->run->ops->spec_step || e->drafter != ENGINE_DRAFTER_MODEL || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (!p->spec || r->seq.n_tokens < 2 || needs_host_sampling(r, 0)) return 0;
+        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0)) return 0;
     }
     return 1;
 }
@@ -349,7 +360,7 @@ static int runner_spec(engine *e, int n, engine_output *out) {
         req *r = e->plan[i].r;
         sched_seq *s = &r->seq;
         int m = out_n[i], L = s->n_computed;
-        count_verify(e, r, m - 1);
+        count_verify(e, r, k, m - 1);
         s->n_computed = L + m;
         engine_event *ev = new_event(e, out, r);
         engine_finish f = ENGINE_RUNNING;
@@ -425,6 +436,7 @@ int engine_step(engine *e, engine_output *out) {
                   !r->m;   /* constrained rows do not speculate (docs/structured-outputs.md) */
         out->n_scheduled_tokens += p->n_new;
     }
+    engine_spec_plan(e, n);
     if (device_decode_ok(e, n)) {
         if ((rc = device_decode(e, n, out))) goto fail;
         e->st.steps_device_decode++;
@@ -437,7 +449,7 @@ int engine_step(engine *e, engine_output *out) {
     }
     if (n) e->st.steps_composed++;
     /* Phase 3: draft. */
-    if (e->k > 0 && n > 0 && (rc = draft_phase(e, n))) goto fail;
+    if (e->drafter == ENGINE_DRAFTER_MODEL && n > 0 && (rc = draft_phase(e, n))) goto fail;
 
     /* Phase 4: one target pass. */
     int nt = 0, no = 0;
@@ -448,8 +460,8 @@ int engine_step(engine *e, engine_output *out) {
         *row = (runner_row){.slot = s->slot, .tok_off = nt};
         if (p->spec) {
             e->tokens[nt] = s->tokens[s->n_computed];
-            memcpy(e->tokens + nt + 1, p->drafts, (size_t)e->k * sizeof(int32_t));
-            row->n_new = row->n_logits = e->k + 1;
+            memcpy(e->tokens + nt + 1, p->drafts, (size_t)p->spec * sizeof(int32_t));
+            row->n_new = row->n_logits = p->spec + 1;
         } else {
             memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
             row->n_new = p->n_new;
@@ -463,7 +475,7 @@ int engine_step(engine *e, engine_output *out) {
     }
     runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
                        .n_tokens = nt, .logits = e->logits};
-    int on_device = forward_sampling_ok(e, n);   /* then no rows speculate (k == 0) */
+    int on_device = forward_sampling_ok(e, n);   /* then no rows speculate */
     if (on_device) {
         for (int i = 0; i < n; i++)
             if (e->plan[i].target_logits) e->dec_sp[e->plan[i].logits_off] = device_sampling(e->plan[i].r);
@@ -502,7 +514,8 @@ int engine_step(engine *e, engine_output *out) {
                 }
             }
         }
-        int dlen = e->k ? e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT) : s->n_computed;
+        int dlen = e->drafter == ENGINE_DRAFTER_MODEL ? e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT)
+                                                      : s->n_computed;
         kv_seq_commit(e->kv, &s->kv, s->tokens, dlen < s->n_computed ? dlen : s->n_computed);
         if (ev) {
             ev->finish = f;

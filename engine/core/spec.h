@@ -35,4 +35,12 @@ int spec_accept_sample(const float *p, const float *q, int vocab, const int32_t 
                        const double *u_accept, double u_resample, float *residual,
                        int skip_accept_test, int32_t *out);
 
+/* Sampling with a deterministic drafter (prompt lookup): the proposal is a point mass on
+ * each draft token, so q_i(d) = 1 and the rule above becomes: accept d_i with probability
+ * p_i(d_i); on the first rejection draw from p_i with d_i removed and renormalised (the
+ * residual max(0, p_i - q_i)); after k acceptances draw the bonus from p_k. p: (k+1,
+ * vocab) target probabilities, modified (a rejected draft's entry is zeroed). */
+int spec_accept_point(float *p, int vocab, const int32_t *drafts, int k, const double *u_accept,
+                      double u_resample, int32_t *out);
+
 #endif

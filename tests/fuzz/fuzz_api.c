@@ -159,7 +159,7 @@ static void answer(api_request *r, const char *text, size_t len, uint32_t h) {
                                            ? api_chat_choice(i, text, len, "stop", NULL)
                                            : api_completion_choice(i, text, len, "length", NULL));
     CHECK(json_array_size(choices) == (size_t)nc);
-    api_usage u = {(int)(h & 0xffff), (int)(h >> 16), (int)(h & 1), h % 7, h % 5, h % 3};
+    api_usage u = {(int)(h & 0xffff), (int)(h >> 16), (int)(h & 1), h % 7, h % 5, h % 3, h & 2 ? "ngram" : NULL, h % 11};
     json_t *resp = api_response_json(kind, "cmpl-x", 1700000000, LIM.served_model, choices, &u);
     check_roundtrip_text(resp, kind, 0, text, len);
     json_decref(resp);

@@ -234,7 +234,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         }
         case 6: {  /* writer ends: usage chunk (maybe), [DONE], close */
-            api_usage u = {3, 5, op & 16 ? 1 : 0, 4, 3, 2};
+            api_usage u = {3, 5, op & 16 ? 1 : 0, 4, 3, 2, NULL, 0};
             if (include_usage) push_event(c, api_usage_chunk_json(kind, "chatcmpl-fuzz", 1, "m", &u), &sent, &h, closed);
             int rc = sse_chan_push(c, API_SSE_DONE, strlen(API_SSE_DONE));
             if (!rc) { buf_add(&sent, API_SSE_DONE, strlen(API_SSE_DONE)); done_sent = 1; }
@@ -272,7 +272,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (h.detached) break;
     }
     if (!closed) {  /* the loop always finishes a job */
-        api_usage u = {1, 1, 0, 0, 0, 0};
+        api_usage u = {1, 1, 0, 0, 0, 0, NULL, 0};
         if (include_usage) push_event(c, api_usage_chunk_json(kind, "chatcmpl-fuzz", 1, "m", &u), &sent, &h, closed);
         int rc = sse_chan_push(c, API_SSE_DONE, strlen(API_SSE_DONE));
         if (!rc) { buf_add(&sent, API_SSE_DONE, strlen(API_SSE_DONE)); done_sent = 1; }

@@ -1,0 +1,229 @@
+/* The engine's speculation policy (prefix engine_spec_): which decoding rows draft how many
+ * tokens in a step, for both drafters (a draft model: all speculating rows draft k; prompt
+ * lookup: each row drafts what its n-gram index proposes), each request's acceptance
+ * estimate and back-off, and the cost model measured at creation (spec_cost.h).
+ *
+ * A request's acceptance rate is estimated per draft position tried (a draft is tried
+ * only when every earlier one stood): an exponentially decayed count of accepted over
+ * tried drafts, starting from 1 of 2. With prompt lookup a row whose whole draft fails
+ * skips lookup for 1, 2, 4 .. 32 steps (reset by any accepted draft), so open chat, where
+ * matches are rare and wrong, costs almost nothing. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/core/engine_internal.h"
+#include "engine/core/err.h"
+
+#define SPEC_DECAY 0.7f          /* weight of a request's past in its acceptance estimate */
+#define SPEC_GLOBAL_DECAY 0.95f  /* the same over all requests (draft-model decisions) */
+#define SPEC_BACKOFF_MAX 32      /* steps a failing prompt-lookup row skips at most */
+
+const char *engine_spec_drafter_name(const engine *e) {
+    return e->drafter == ENGINE_DRAFTER_NGRAM ? "ngram" : e->drafter == ENGINE_DRAFTER_MODEL ? "draft_model" : "none";
+}
+
+int engine_spec_req_init(const engine *e, req *r, int capacity) {
+    r->acc_s = 1;
+    r->acc_t = 2;
+    if (e->drafter != ENGINE_DRAFTER_NGRAM) return 0;
+    r->ng = ngram_create(e->cfg.ngram_min, e->cfg.ngram_max, capacity);
+    return r->ng ? 0 : SPECD_ENOMEM;
+}
+
+void engine_spec_observe(engine *e, req *r, int k, int accepted) {
+    int tried = accepted + (accepted < k);
+    r->acc_s = SPEC_DECAY * r->acc_s + (float)accepted;
+    r->acc_t = SPEC_DECAY * r->acc_t + (float)tried;
+    e->acc_s = SPEC_GLOBAL_DECAY * e->acc_s + (float)accepted;
+    e->acc_t = SPEC_GLOBAL_DECAY * e->acc_t + (float)tried;
+    if (e->drafter != ENGINE_DRAFTER_NGRAM) return;
+    if (accepted > 0) {
+        r->fails = 0;
+    } else {
+        int skip = 1 << (r->fails < 5 ? r->fails : 5);
+        r->skip = skip < SPEC_BACKOFF_MAX ? skip : SPEC_BACKOFF_MAX;
+        r->fails++;
+    }
+}
+
+/* Expected accepted drafts of k tried at per-position rate a: a + a^2 + .. + a^k. */
+static double expected_accepted(double a, int k) {
+    double g = 1, s = 0;
+    for (int j = 0; j < k; j++) s += (g *= a);
+    return s;
+}
+
+/* Drafts a prompt-lookup row may propose: k, less near the end of its block table, its
+ * context, or its output limit (m emitted tokens need m - 1 drafts). */
+static int ngram_room(const engine *e, const req *r) {
+    const sched_seq *s = &r->seq;
+    int room = e->k;
+    int kv = s->kv.n_blocks * e->cfg.block_size - s->n_tokens, out = r->max_new - r->n_out - 1;
+    if (kv < room) room = kv;
+    if (out < room) room = out;
+    if (e->cfg.max_seq_len - s->n_tokens < room) room = e->cfg.max_seq_len - s->n_tokens;
+    return room > 0 ? room : 0;
+}
+
+void engine_spec_plan(engine *e, int n) {
+    int nd = 0, extra = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        row_plan *p = &e->plan[i];
+        req *r = p->r;
+        const sched_seq *s = &r->seq;
+        if (!(p->n_new == 1 && s->n_tokens - s->n_computed == 1)) {
+            extra += p->n_new;   /* prefill chunk */
+            p->spec = 0;
+            continue;
+        }
+        r->decode_steps++;
+        e->cand_row[nd] = i;
+        int avail = 0;
+        if (p->spec && e->drafter == ENGINE_DRAFTER_MODEL) {
+            avail = e->k;
+        } else if (p->spec && r->skip > 0) {
+            r->skip--;
+        } else if (p->spec) {
+            ngram_update(r->ng, s->tokens, s->n_tokens);
+            avail = ngram_draft(r->ng, s->tokens, s->n_tokens, ngram_room(e, r), p->drafts, NULL);
+        }
+        e->cand_avail[nd] = avail;
+        e->cand_alpha[nd] = r->acc_s / r->acc_t;
+        e->cand_k[nd] = avail;
+        nd++;
+    }
+    if (nd == 0) {
+        e->step_spec = 0;
+        return;
+    }
+    e->st.spec_rows_decoding += (uint64_t)nd;
+    e->st.spec_steps_decoding++;
+    if (e->cost.n_b > 0 && e->drafter == ENGINE_DRAFTER_MODEL) {
+        /* one k for every row (the draft passes are shared): all or nothing */
+        double a = e->acc_s / e->acc_t;
+        double plain = nd / spec_cost_step(&e->cost, nd, extra);
+        double spec = nd * (1 + expected_accepted(a, e->k)) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
+        if (spec <= plain)
+            for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
+    } else if (e->cost.n_b > 0) {
+        spec_cost_choose(&e->cost, nd, extra, e->cand_avail, e->cand_alpha, e->cand_k, e->cands);
+    }
+    for (int j = 0; j < nd; j++) {
+        e->plan[e->cand_row[j]].spec = e->cand_k[j];
+        total += e->cand_k[j] > 0;
+    }
+    e->step_spec = total;
+    if (total) e->st.spec_steps_speculated++;
+}
+
+/* ---- the cost model ------------------------------------------------------------------ */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds of one pass of `which` over B rows (slots 0..B-1, free at creation, so their
+ * block tables point at the null block and every write lands there) of k+1 tokens each
+ * after ctx tokens of context, with k+1 logits rows each (a verify), or for k = 0 the
+ * plain decode path: the runner's decode op, or a forward that samples where it can. */
+static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
+    runner *run = e->run;
+    int rc = 0, plain = k == 0 && which == RUNNER_TARGET;
+    for (int i = 0; i < B; i++) {
+        if ((rc = run->ops->slot_set_len(run, i, which, ctx))) return rc;
+        e->rows[i] = (runner_row){.slot = i, .n_new = k + 1, .tok_off = i * (k + 1),
+                                  .n_logits = which == RUNNER_DRAFT ? 1 : k + 1,
+                                  .logits_off = which == RUNNER_DRAFT ? i : i * (k + 1)};
+        for (int j = 0; j <= k; j++) e->tokens[i * (k + 1) + j] = (int32_t)((i * 31 + j * 7 + 1) % e->vocab);
+        e->dec_slots[i] = i;
+        e->dec_sp[i] = (runner_sampling){.temperature = 0, .top_p = 1};
+    }
+    runner_batch b = {.which = which, .n_rows = B, .rows = e->rows, .tokens = e->tokens,
+                      .n_tokens = B * (k + 1), .logits = which == RUNNER_DRAFT ? e->dlogits : e->logits};
+    double t0 = now_s();
+    if (plain && run->ops->decode && e->drafter == ENGINE_DRAFTER_NGRAM) {
+        runner_decode_batch db = {.n = B, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
+                                  .out_tokens = e->dec_out, .out_logprobs = e->dec_lp};
+        rc = run->ops->decode(run, &db);
+    } else {
+        if (plain && run->forward_samples) {
+            b.sp = e->dec_sp;
+            b.out_tokens = e->dec_out;
+            b.out_logprobs = e->dec_lp;
+        }
+        rc = runner_forward(run, &b);
+    }
+    *sec = now_s() - t0;
+    for (int i = 0; i < B; i++) run->ops->slot_set_len(run, i, which, 0);
+    return rc;
+}
+
+/* The fastest of a few passes (fewer for large ones: start-up time). */
+static int time_best(engine *e, int which, int B, int k, int ctx, double *best) {
+    int reps = B * (k + 1) <= 64 ? 3 : 1, rc;
+    *best = 1e30;
+    for (int i = 0; i < reps; i++) {
+        double t;
+        if ((rc = time_pass(e, which, B, k, ctx, &t))) return rc;
+        if (t < *best) *best = t;
+    }
+    return 0;
+}
+
+static void report(engine *e) {
+    spec_cost *c = &e->cost;
+    fprintf(stderr, "specd: speculation cost model (%s drafts; ms per step of B rows, k drafts per row):\n",
+            engine_spec_drafter_name(e));
+    for (int bi = 0; bi < c->n_b; bi++) {
+        char line[512];
+        int o = snprintf(line, sizeof line, "specd:   B %4d:", c->b[bi]);
+        for (int kj = 0; kj < c->n_k && o < (int)sizeof line - 32; kj++)
+            o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", c->k[kj], 1e3 * c->t[bi][kj]);
+        double a = 1.05;
+        if (e->drafter == ENGINE_DRAFTER_MODEL) {
+            for (int s = 0; s <= 20 && a > 1; s++) {
+                double al = 0.05 * s, B = c->b[bi];
+                if (B * (1 + expected_accepted(al, e->k)) / spec_cost_step(c, c->b[bi], c->b[bi] * e->k) >
+                    B / spec_cost_step(c, c->b[bi], 0))
+                    a = al;
+            }
+        } else {
+            a = spec_cost_break_even(c, c->b[bi], e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
+        }
+        if (a > 1) fprintf(stderr, "%s  -> never speculates\n", line);
+        else fprintf(stderr, "%s  -> speculates from acceptance %.2f\n", line, a);
+    }
+}
+
+int engine_spec_measure(engine *e, char *err, size_t errlen) {
+    spec_cost *c = &e->cost;
+    memset(c, 0, sizeof *c);
+    int B = e->cfg.max_batch, K = e->k, rc;
+    for (int b = 1; b < B && c->n_b < SPEC_COST_MAX_B - 1; b *= 2) c->b[c->n_b++] = b;
+    c->b[c->n_b++] = B;
+    static const int ks[] = {0, 1, 2, 4, 8};
+    for (size_t j = 0; j < sizeof ks / sizeof ks[0] && ks[j] < K; j++) c->k[c->n_k++] = ks[j];
+    c->k[c->n_k++] = K;
+    int ctx = e->cfg.max_seq_len - K - 2 < 256 ? e->cfg.max_seq_len - K - 2 : 256;
+    if (ctx < 0) ctx = 0;
+    double warm;
+    if ((rc = time_pass(e, RUNNER_TARGET, 1, 0, ctx, &warm))) goto fail;
+    for (int bi = 0; bi < c->n_b; bi++) {
+        double dpass = 0;
+        if (e->drafter == ENGINE_DRAFTER_MODEL && (rc = time_best(e, RUNNER_DRAFT, c->b[bi], 0, ctx, &dpass))) goto fail;
+        for (int kj = 0; kj < c->n_k; kj++) {
+            double t;
+            if ((rc = time_best(e, RUNNER_TARGET, c->b[bi], c->k[kj], ctx, &t))) goto fail;
+            /* a draft model also pays its passes: k proposing, or one catching up */
+            c->t[bi][kj] = t + dpass * (c->k[kj] ? c->k[kj] : 1);
+        }
+    }
+    if (e->cfg.verbose) report(e);
+    return 0;
+fail:
+    c->n_b = 0;
+    return specd_errf(err, errlen, rc, "speculation cost model: a timing pass failed: %s", specd_strerror(rc));
+}

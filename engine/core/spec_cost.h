@@ -1,0 +1,49 @@
+/* When speculation pays (prefix spec_cost_): a table of measured step times on this
+ * device and the choice of draft lengths that maximises expected output tokens per second.
+ * Pure logic (the engine measures the table, see engine_spec.c), so tests drive it with
+ * made-up times.
+ *
+ * The model: a step of B decoding rows that feeds X draft tokens in all (plus prefill
+ * tokens, counted as draft tokens of the same cost) takes t(B, X / B) seconds, measured
+ * at a few batch sizes and uniform draft lengths and interpolated linearly in both (and
+ * extrapolated from the last two points past the largest). A row whose recent drafts were
+ * accepted at rate a (per draft position tried) gains a^j expected tokens from its j-th
+ * draft (all earlier ones must stand). The step's value is (decoding rows + expected
+ * accepted drafts) / t: drafts are taken best gain first while the value grows, so a row
+ * whose drafts fail, or a batch where verify tokens cost as much as the rows they would
+ * save, drafts nothing and runs as plain decode. */
+#ifndef SPECD_SPEC_COST_H
+#define SPECD_SPEC_COST_H
+
+#define SPEC_COST_MAX_B 16
+#define SPEC_COST_MAX_K 8
+
+typedef struct {
+    int n_b, n_k;
+    int b[SPEC_COST_MAX_B];          /* batch sizes measured, ascending */
+    int k[SPEC_COST_MAX_K];          /* draft lengths measured, ascending, k[0] = 0 */
+    double t[SPEC_COST_MAX_B][SPEC_COST_MAX_K];   /* seconds per step */
+} spec_cost;
+
+/* Seconds of a step of `rows` decoding rows feeding `extra` draft (or prefill) tokens. */
+double spec_cost_step(const spec_cost *c, int rows, int extra);
+
+/* Scratch for spec_cost_choose: room for rows * max_k candidates. */
+typedef struct {
+    float gain;
+    int row, j;
+} spec_cost_cand;
+
+/* Draft lengths for one step: rows decoding rows, `extra` tokens fed besides them
+ * (prefill); row i may draft up to avail[i] tokens and is accepted at rate alpha[i].
+ * Writes k_out[i] (0..avail[i]) and returns the total drafted. cand: scratch of
+ * sum(avail) entries. */
+int spec_cost_choose(const spec_cost *c, int rows, int extra, const int *avail, const float *alpha,
+                     int *k_out, spec_cost_cand *cand);
+
+/* Smallest acceptance rate (in steps of 0.05) at which a batch of `rows` rows, each able to
+ * draft max_k tokens, drafts anything; 1.05 if none (for the start-up report). */
+double spec_cost_break_even(const spec_cost *c, int rows, int max_k, spec_cost_cand *cand, int *k_out,
+                            int *avail, float *alpha);
+
+#endif

@@ -191,6 +191,43 @@ static void test_completion_rejects_bad_fields(void **s) {
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"suffix\":\"end\"}", 400, "suffix");
 }
 
+/* Each spelling of a constraint compiles into the request's grammar, with the language
+ * asked for (checked by matching a sentence and a non-sentence). */
+static void test_constraint_fields_compile_into_the_request(void **s) {
+    (void)s;
+    static const struct { const char *body, *yes, *no; } cases[] = {
+        {"{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}", "{\"a\": [1]}", "[1]"},
+        {"{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+         "\"schema\":{\"type\":\"integer\"}}}}", "-12", "1.5"},
+        {"{\"prompt\":\"p\",\"response_format\":{\"type\":\"text\"}}", NULL, NULL},
+        {"{\"prompt\":\"p\",\"guided_json\":\"{\\\"type\\\":\\\"boolean\\\"}\"}", "true", "1"},
+        {"{\"prompt\":\"p\",\"json_schema\":{\"enum\":[\"a\",\"b\"]}}", "\"b\"", "\"c\""},
+        {"{\"prompt\":\"p\",\"guided_regex\":\"[0-9]{2}\"}", "42", "4"},
+        {"{\"prompt\":\"p\",\"guided_choice\":[\"yes\",\"no\"]}", "no", "nope"},
+        {"{\"prompt\":\"p\",\"grammar\":\"root ::= \\\"x\\\"+\"}", "xxx", "xy"},
+        {"{\"prompt\":\"p\",\"structured_outputs\":{\"choice\":[\"up\"]}}", "up", "down"},
+        {"{\"prompt\":\"p\",\"structured_outputs\":{\"json_object\":true}}", "{}", "1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        api_error e;
+        api_request *r = parse(API_COMPLETION, cases[i].body, &e);
+        if (!r) fail_msg("%s: %s", cases[i].body, e.message);
+        if (!cases[i].yes) {
+            assert_null(r->sp.grammar);
+        } else {
+            assert_non_null(r->sp.grammar);
+            matcher *m = matcher_new(r->sp.grammar, NULL);
+            assert_int_equal(matcher_accept_bytes(m, cases[i].yes, strlen(cases[i].yes)), 0);
+            assert_true(matcher_accepting(m));
+            matcher_free(m);
+            m = matcher_new(r->sp.grammar, NULL);
+            assert_false(matcher_accept_bytes(m, cases[i].no, strlen(cases[i].no)) == 0 && matcher_accepting(m));
+            matcher_free(m);
+        }
+        api_request_free(r);
+    }
+}
+
 static void test_invalid_json_bodies(void **s) {
     (void)s;
     expect_error(API_COMPLETION, "{\"prompt\":", 400, "");
@@ -902,6 +939,7 @@ int main(void) {
         cmocka_unit_test(test_single_token_array_is_one_prompt),
         cmocka_unit_test(test_null_fields_mean_default),
         cmocka_unit_test(test_completion_rejects_bad_fields),
+        cmocka_unit_test(test_constraint_fields_compile_into_the_request),
         cmocka_unit_test(test_invalid_json_bodies),
         cmocka_unit_test(test_chat_messages_normalised),
         cmocka_unit_test(test_chat_tool_turns_and_tool_choice),

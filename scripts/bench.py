@@ -17,7 +17,14 @@ generated token of output processing (from /metrics, host_output_seconds_total).
 
 Prompts are random (seeded): words from a fixed list, or random token ids for servers
 without a tokenizer (--prompt-kind tokens, completions endpoint only). Lengths are fixed
-or sampled uniformly in [len*(1-r), len*(1+r)] with --range-ratio r.
+or sampled uniformly in [len*(1-r), len*(1+r)] with --range-ratio r. Or they come from a
+workload file (--workload FILE, JSON lines {"set", "prompt", "max_tokens"}; --workload-set
+picks one set; requests cycle through the file's prompts): scripts/workloads/copy-chat.jsonl
+has copy-heavy tasks (summarise, extract, rewrite with small edits) over public-domain
+passages and an open-chat set, for speculative decoding. With --save-text every request's
+output text goes into bench.json (compare two runs: greedy output must be the same with and
+without speculation). The speculative columns (AL, share of decoding steps that verified
+drafts) come from usage.spec_decode.
 
 Example:
   python3 scripts/bench.py --base-url http://127.0.0.1:8000 --concurrency 1,4,16,64 \
@@ -57,8 +64,27 @@ def sample_len(rng, n, ratio):
     return max(1, rng.randint(int(n * (1 - ratio)), int(n * (1 + ratio))))
 
 
+def load_workload(path, which):
+    items = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            obj = json.loads(line)
+            if which and obj.get("set") != which:
+                continue
+            items.append((obj["prompt"], int(obj.get("max_tokens", 128))))
+    if not items:
+        sys.exit(f"{path}: no prompts{' in set ' + which if which else ''}")
+    return items
+
+
 def make_requests(args):
     rng = random.Random(args.seed)
+    if args.workload:
+        items = load_workload(args.workload, args.workload_set)
+        return [items[i % len(items)] for i in range(args.num_prompts)]
     reqs = []
     for _ in range(args.num_prompts):
         n_in = sample_len(rng, args.input_len, args.range_ratio)
@@ -83,7 +109,7 @@ async def one(client, args, prompt, max_tokens):
         path = "/v1/completions"
         body["prompt"] = prompt
     t0 = time.perf_counter()
-    first, last, gaps, usage, chunks, err = None, None, [], None, 0, None
+    first, last, gaps, usage, chunks, err, text = None, None, [], None, 0, None, []
     try:
         async with client.stream("POST", path, json=body) as r:
             if r.status_code != 200:
@@ -109,6 +135,7 @@ async def one(client, args, prompt, max_tokens):
                     continue  # the finish chunk carries no token
                 if not has_tokens or ("delta" in c and c["delta"].get("role") and not c["delta"].get("content")):
                     continue  # chat role chunk
+                text.append(c["text"] if "text" in c else c["delta"]["content"])
                 now = time.perf_counter()
                 chunks += 1
                 if first is None:
@@ -128,6 +155,7 @@ async def one(client, args, prompt, max_tokens):
         res["tpot"] = (end - first) / (n_out - 1)
     if usage and usage.get("spec_decode"):
         res["spec"] = usage["spec_decode"]
+    res["text"] = "".join(text)
     return res
 
 
@@ -137,12 +165,14 @@ async def share(args, concurrency, reqs):
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     results = []
-    queue = list(reqs)
+    queue = list(reqs)   # (index, (prompt, max_tokens))
     async with httpx.AsyncClient(base_url=args.base_url, timeout=args.timeout, limits=limits, headers=headers) as client:
         async def worker():
             while queue:
-                prompt, n_out = queue.pop(0)
-                results.append(await one(client, args, prompt, n_out))
+                i, (prompt, n_out) = queue.pop(0)
+                r = await one(client, args, prompt, n_out)
+                r["index"] = i
+                results.append(r)
 
         t0 = time.time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -161,14 +191,14 @@ def run_level(args, concurrency, reqs):
     """All processes' results and the wall time from the first start to the last end."""
     n = max(1, min(args.processes, concurrency))
     if n == 1:
-        results, t0, t1 = asyncio.run(share(args, concurrency, reqs))
+        results, t0, t1 = asyncio.run(share(args, concurrency, list(enumerate(reqs))))
         return results, t1 - t0
     import multiprocessing
     jobs = []
     start = time.time() + 1.0 + 0.05 * n
     for p in range(n):
         conc = concurrency // n + (1 if p < concurrency % n else 0)
-        jobs.append((args, conc, reqs[p::n], start))
+        jobs.append((args, conc, list(enumerate(reqs))[p::n], start))
     with multiprocessing.get_context("fork").Pool(n) as pool:
         parts = pool.map(share_in_process, jobs)
     results = [r for part in parts for r in part[0]]
@@ -213,12 +243,19 @@ def level(args, concurrency, reqs):
         acc = sum(s["accepted_tokens"] for s in spec)
         steps = sum(s["verify_steps"] for s in spec)
         row["acceptance_length"] = 1 + acc / steps if steps else None
+        dec = sum(s.get("decode_steps", 0) for s in spec)
+        if dec:
+            row["speculated_share"] = steps / dec
+        row["draft_tokens"] = sum(s["draft_tokens"] for s in spec)
+        row["accepted_tokens"] = acc
     if h0 and h1 and h1[1] > h0[1]:
         row["host_us_per_token"] = 1e6 * (h1[0] - h0[0]) / (h1[1] - h0[1])
     row["processes"] = max(1, min(args.processes, concurrency))
     errors = [r["error"] for r in results if not r["ok"]]
     if errors:
         row["first_error"] = errors[0]
+    if args.save_text:
+        row["texts"] = [r.get("text") for r in sorted(results, key=lambda r: r["index"])]
     return row
 
 
@@ -230,14 +267,15 @@ def markdown(rows, args):
     lines = [f"Server {args.base_url}, model `{args.model}`, endpoint {args.endpoint}, input {args.input_len} / output "
              f"{args.output_len} tokens (range ratio {args.range_ratio}), {args.num_prompts} requests per level, "
              f"seed {args.seed}.", "",
-             "| conc | req/s | out tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | TPOT p50 ms | AL | host us/tok "
-             "| procs | failed |",
-             "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+             "| conc | req/s | out tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | TPOT p50 ms | AL | spec share "
+             "| host us/tok | procs | failed |",
+             "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['concurrency']} | {fmt(r['requests_per_s'], 2)} | {fmt(r['output_tokens_per_s'])} | "
                      f"{fmt(r['ttft_p50_ms'])} / {fmt(r['ttft_p90_ms'])} / {fmt(r['ttft_p99_ms'])} | "
                      f"{fmt(r['itl_p50_ms'])} / {fmt(r['itl_p90_ms'])} / {fmt(r['itl_p99_ms'])} | "
                      f"{fmt(r['tpot_p50_ms'])} | {fmt(r.get('acceptance_length'), 2)} | "
+                     f"{fmt(r.get('speculated_share'), 2)} | "
                      f"{fmt(r.get('host_us_per_token'), 2)} | {r['processes']} | {r['failed']} |")
     return "\n".join(lines) + "\n"
 
@@ -288,6 +326,9 @@ def main():
     ap.add_argument("--no-plot", action="store_true", help="skip bench.png (no matplotlib needed)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--workload", help="JSON lines {set, prompt, max_tokens} instead of random prompts")
+    ap.add_argument("--workload-set", help="only the prompts of this set (e.g. copy, chat)")
+    ap.add_argument("--save-text", action="store_true", help="keep every request's output text in bench.json")
     args = ap.parse_args()
     if args.prompt_kind == "tokens" and args.endpoint == "chat":
         ap.error("--prompt-kind tokens needs --endpoint completions")

@@ -173,45 +173,59 @@ static int time_best(engine *e, int which, int B, int k, int ctx, double *best) 
     return 0;
 }
 
+/* The smallest acceptance rate at which a batch of B rows speculates (1.05: never). */
+static double break_even(engine *e, int B) {
+    const spec_cost *c = &e->cost;
+    if (e->drafter != ENGINE_DRAFTER_MODEL)
+        return spec_cost_break_even(c, B, e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
+    for (int s = 0; s <= 20; s++) {
+        double a = 0.05 * s;
+        if (B * (1 + expected_accepted(a, e->k)) / spec_cost_step(c, B, B * e->k) > B / spec_cost_step(c, B, 0))
+            return a;
+    }
+    return 1.05;
+}
+
 static void report(engine *e) {
     spec_cost *c = &e->cost;
     fprintf(stderr, "specd: speculation cost model (%s drafts; ms per step of B rows, k drafts per row):\n",
             engine_spec_drafter_name(e));
-    for (int bi = 0; bi < c->n_b; bi++) {
+    for (int bi = 0; bi <= c->n_b; bi++) {
         char line[512];
-        int o = snprintf(line, sizeof line, "specd:   B %4d:", c->b[bi]);
-        for (int kj = 0; kj < c->n_k && o < (int)sizeof line - 32; kj++)
-            o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", c->k[kj], 1e3 * c->t[bi][kj]);
-        double a = 1.05;
-        if (e->drafter == ENGINE_DRAFTER_MODEL) {
-            for (int s = 0; s <= 20 && a > 1; s++) {
-                double al = 0.05 * s, B = c->b[bi];
-                if (B * (1 + expected_accepted(al, e->k)) / spec_cost_step(c, c->b[bi], c->b[bi] * e->k) >
-                    B / spec_cost_step(c, c->b[bi], 0))
-                    a = al;
-            }
-        } else {
-            a = spec_cost_break_even(c, c->b[bi], e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
-        }
+        int o, B = bi < c->n_b ? c->b[bi] : e->cfg.max_batch;
+        if (bi == c->n_b && c->b[c->n_b - 1] == B) break;
+        o = snprintf(line, sizeof line, "specd:   B %4d:", B);
+        for (int kj = 0; kj < c->n_k && o < (int)sizeof line - 48; kj++)
+            o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", c->k[kj],
+                          1e3 * spec_cost_step(c, B, B * c->k[kj]));
+        if (bi == c->n_b) o += snprintf(line + o, sizeof line - (size_t)o, " (extrapolated)");
+        double a = break_even(e, B);
         if (a > 1) fprintf(stderr, "%s  -> never speculates\n", line);
         else fprintf(stderr, "%s  -> speculates from acceptance %.2f\n", line, a);
     }
 }
 
+/* Seconds the start-up timing may take before larger batches are left to extrapolation
+ * (a GPU measures every size in milliseconds; a small CPU stops after a few). */
+#define SPEC_MEASURE_BUDGET_S 2.0
+
 int engine_spec_measure(engine *e, char *err, size_t errlen) {
     spec_cost *c = &e->cost;
     memset(c, 0, sizeof *c);
     int B = e->cfg.max_batch, K = e->k, rc;
-    for (int b = 1; b < B && c->n_b < SPEC_COST_MAX_B - 1; b *= 2) c->b[c->n_b++] = b;
-    c->b[c->n_b++] = B;
-    static const int ks[] = {0, 1, 2, 4, 8};
-    for (size_t j = 0; j < sizeof ks / sizeof ks[0] && ks[j] < K; j++) c->k[c->n_k++] = ks[j];
+    int sizes[SPEC_COST_MAX_B], n_sizes = 0;
+    for (int b = 1; b < B && n_sizes < SPEC_COST_MAX_B - 1; b *= 2) sizes[n_sizes++] = b;
+    sizes[n_sizes++] = B;
+    /* 0, K/2 and K drafts per row: the step time is close to linear in between */
+    c->k[c->n_k++] = 0;
+    if (K / 2 >= 1 && K / 2 < K) c->k[c->n_k++] = K / 2;
     c->k[c->n_k++] = K;
     int ctx = e->cfg.max_seq_len - K - 2 < 256 ? e->cfg.max_seq_len - K - 2 : 256;
     if (ctx < 0) ctx = 0;
-    double warm;
+    double warm, t_start = now_s();
     if ((rc = time_pass(e, RUNNER_TARGET, 1, 0, ctx, &warm))) goto fail;
-    for (int bi = 0; bi < c->n_b; bi++) {
+    for (int bi = 0; bi < n_sizes && (bi < 3 || now_s() - t_start < SPEC_MEASURE_BUDGET_S); bi++) {
+        c->b[c->n_b++] = sizes[bi];
         double dpass = 0;
         if (e->drafter == ENGINE_DRAFTER_MODEL && (rc = time_best(e, RUNNER_DRAFT, c->b[bi], 0, ctx, &dpass))) goto fail;
         for (int kj = 0; kj < c->n_k; kj++) {

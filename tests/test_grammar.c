@@ -246,6 +246,23 @@ static void test_choice_and_gbnf(void **state) {
     grammar_unref(g);
 }
 
+/* The same spec compiles once and is shared; another spec is another grammar. */
+static void test_compile_cache_shares_grammars(void **state) {
+    (void)state;
+    grammar *a = compile_ok(GRAMMAR_REGEX, "cache-[0-9]+");
+    grammar *b = compile_ok(GRAMMAR_REGEX, "cache-[0-9]+");
+    grammar *c = compile_ok(GRAMMAR_CHOICE, "[\"cache-[0-9]+\"]");
+    grammar *d = compile_ok(GRAMMAR_REGEX, "cache-[0-9]*");
+    assert_ptr_equal(a, b);
+    assert_ptr_not_equal(a, c);   /* same text, another kind */
+    assert_ptr_not_equal(a, d);
+    grammar_unref(a);
+    assert_true(full_match(b, "cache-12"));   /* b's own reference still holds it */
+    grammar_unref(b);
+    grammar_unref(c);
+    grammar_unref(d);
+}
+
 /* The matcher reports completion: eos only when accepting; done when nothing can follow. */
 static void test_matcher_done_and_eos(void **state) {
     (void)state;
@@ -449,6 +466,7 @@ int main(void) {
         cmocka_unit_test(test_regex_language),
         cmocka_unit_test(test_choice_and_gbnf),
         cmocka_unit_test(test_matcher_done_and_eos),
+        cmocka_unit_test(test_compile_cache_shares_grammars),
         cmocka_unit_test(test_mask_equals_brute_force_qwen3),
         cmocka_unit_test(test_mask_equals_brute_force_llama3),
         cmocka_unit_test(test_special_tokens_never_allowed),

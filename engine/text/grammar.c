@@ -3,6 +3,7 @@
  * labels like bytes). See grammar.h for the model and grammar_internal.h for the builder's
  * contiguity rule. */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -745,8 +746,72 @@ const char *grammar_kind_name(grammar_kind k) {
     }
 }
 
+/* ---- compile cache ---------------------------------------------------------------------
+ * Clients send the same schema with every call (an agent's tools, a parse() model), so
+ * the last GC_SLOTS compiled grammars are kept by (kind, spec text) and shared: a grammar
+ * is immutable and reference counted. Process-wide, under one lock held only to look up
+ * and insert (compiling runs outside it). Specs over GC_MAX_SPEC bytes are not kept. */
+#define GC_SLOTS 32
+#define GC_MAX_SPEC 65536
+
+static struct {
+    grammar_kind kind;
+    char *spec;
+    size_t len;
+    grammar *g;
+    uint64_t used;
+} gc_slot[GC_SLOTS];
+static uint64_t gc_tick;
+static pthread_mutex_t gc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static grammar *gc_find(grammar_kind kind, const char *spec, size_t len) {
+    grammar *g = NULL;
+    pthread_mutex_lock(&gc_lock);
+    for (int i = 0; i < GC_SLOTS && !g; i++)
+        if (gc_slot[i].g && gc_slot[i].kind == kind && gc_slot[i].len == len &&
+            (!len || !memcmp(gc_slot[i].spec, spec, len))) {
+            gc_slot[i].used = ++gc_tick;
+            g = grammar_ref(gc_slot[i].g);
+        }
+    pthread_mutex_unlock(&gc_lock);
+    return g;
+}
+
+static void gc_insert(grammar_kind kind, const char *spec, size_t len, grammar *g) {
+    char *copy = malloc(len + 1);
+    if (!copy) return;
+    if (len) memcpy(copy, spec, len);
+    pthread_mutex_lock(&gc_lock);
+    int slot = 0;
+    for (int i = 1; i < GC_SLOTS; i++)
+        if (gc_slot[i].used < gc_slot[slot].used) slot = i;
+    grammar *old = gc_slot[slot].g;
+    char *old_spec = gc_slot[slot].spec;
+    gc_slot[slot].kind = kind;
+    gc_slot[slot].spec = copy;
+    gc_slot[slot].len = len;
+    gc_slot[slot].g = grammar_ref(g);
+    gc_slot[slot].used = ++gc_tick;
+    pthread_mutex_unlock(&gc_lock);
+    grammar_unref(old);
+    free(old_spec);
+}
+
+static grammar *compile_uncached(grammar_kind kind, const char *spec, size_t len, char *err, size_t errlen);
+
 grammar *grammar_compile(grammar_kind kind, const char *spec, size_t len, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
+    if (!spec) len = 0;
+    if (len <= GC_MAX_SPEC) {
+        grammar *g = gc_find(kind, spec, len);
+        if (g) return g;
+    }
+    grammar *g = compile_uncached(kind, spec, len, err, errlen);
+    if (g && len <= GC_MAX_SPEC) gc_insert(kind, spec, len, g);
+    return g;
+}
+
+static grammar *compile_uncached(grammar_kind kind, const char *spec, size_t len, char *err, size_t errlen) {
     gbuild b = {.err = err, .errlen = errlen};
     grammar *g = calloc(1, sizeof *g);
     if (!g) {

@@ -113,8 +113,8 @@ def test_gbnf_grammar_and_json_schema_llama_cpp_fields(smol):
 
 def test_streaming_under_a_schema(smol):
     c, mid = oc(smol), model_id(smol)
-    rf = {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
-                                                  "schema": openai.lib._pydantic.to_strict_json_schema(Person)}}
+    schema = dict(Person.model_json_schema(), additionalProperties=False)
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}}
     text, finish = "", None
     for ch in c.chat.completions.create(model=mid, messages=ASK, response_format=rf, temperature=1.0,
                                         max_tokens=400, seed=7, stream=True):

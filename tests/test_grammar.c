@@ -420,18 +420,24 @@ static void test_distance_and_budget_mask(void **state) {
         if (bit(f.mask, id) != cases[i].allowed) print_error("token '%s'\n", cases[i].tok);
         assert_int_equal(bit(f.mask, id), cases[i].allowed);
     }
-    /* every kept token is a valid continuation that leaves at most 3 bytes to go */
-    for (int id = 0; id < f.n_vocab; id++) {
-        const char *p;
-        size_t len;
-        if (!bit(f.mask, id) || id == f.eos) continue;
-        assert_int_equal(tok_token_bytes(f.tok, id, &p, &len), 0);
-        matcher *m2 = matcher_new(g, NULL);
-        assert_int_equal(matcher_accept_bytes(m2, pre, strlen(pre)), 0);
-        assert_int_equal(matcher_accept_bytes(m2, p, len), 0);
-        assert_true(matcher_distance(m2) <= 3);
-        matcher_free(m2);
+    /* at every budget, kept tokens are exactly the valid ones that leave at most that
+     * many bytes to go (brute force over the vocabulary) */
+    for (int limit = 3; limit <= 8; limit++) {
+        int kept = matcher_fill_mask_within(m, f.mask, limit);
+        int want_count = 0;
+        for (int id = 0; id < f.n_vocab; id++) {
+            const char *p;
+            size_t len;
+            if (id == f.eos || tok_is_special(f.tok, id) || tok_token_bytes(f.tok, id, &p, &len) || !len) continue;
+            int d = matcher_distance_after(m, p, len);
+            int want = d >= 0 && d <= limit;
+            if (bit(f.mask, id) != want) print_error("limit %d token %d: mask %d, distance after %d\n", limit, id, bit(f.mask, id), d);
+            assert_int_equal(bit(f.mask, id), want);
+            want_count += want;
+        }
+        assert_int_equal(kept, want_count);
     }
+    n = matcher_fill_mask_within(m, f.mask, 3);
     assert_true(matcher_fill_mask(m, f.mask) > n);   /* without the budget: many more */
     matcher_free(m);
     grammar_unref(g);

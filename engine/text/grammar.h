@@ -83,6 +83,9 @@ void matcher_free(matcher *m);
  * when all its bytes keep the matcher valid; the eos ids are set when the grammar is
  * complete here. Returns how many tokens other than eos are set. */
 int matcher_fill_mask(matcher *m, uint32_t *mask);
+/* Benchmarks and tests: with enabled 0, every mask is a full trie scan (the cost of a
+ * state's first visit) instead of a copy of a recent mask of the same state. */
+void matcher_set_cache(matcher *m, int enabled);
 /* The same, keeping only tokens after which the grammar can still end within max_dist
  * bytes (the shortest way to the end, matcher_distance). With max_dist = tokens left - 1,
  * a request near max_tokens is steered to close its document (single-byte tokens exist
@@ -91,6 +94,8 @@ int matcher_fill_mask(matcher *m, uint32_t *mask);
 int matcher_fill_mask_within(matcher *m, uint32_t *mask, int max_dist);
 /* Bytes on the shortest way from here to the end of the grammar (0 when complete). */
 int matcher_distance(const matcher *m);
+/* The same after bytes s (the state is not changed); -1 if s is not accepted. */
+int matcher_distance_after(matcher *m, const char *s, size_t n);
 /* Advance by one token. An eos id is accepted when the grammar is complete (the matcher
  * is then finished). Returns 0, or SPECD_EINVAL (and the state is unchanged) when the
  * token is not allowed. */

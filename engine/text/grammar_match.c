@@ -230,6 +230,7 @@ struct matcher {
         uint32_t *mask;
     } cache[MT_CACHE];
     uint64_t tick;
+    int no_cache;               /* matcher_set_cache(m, 0): every mask a full scan */
 };
 
 static int32_t push(matcher *m, int32_t state, int32_t parent) {
@@ -407,6 +408,16 @@ int matcher_check_bytes(matcher *m, const char *s, size_t n) {
     return ok;
 }
 
+int matcher_distance_after(matcher *m, const char *s, size_t n) {
+    if (m->finished) return -1;
+    int32_t mark = m->n_fr;
+    mt_stack out[MT_MAX_STACKS];
+    int k = run_bytes(m, s, n, out);
+    int d = k ? stacks_dist(m, out, k) : -1;
+    m->n_fr = mark;
+    return d;
+}
+
 int matcher_accept_bytes(matcher *m, const char *s, size_t n) {
     if (m->finished) return SPECD_EINVAL;
     int32_t mark = m->n_fr;
@@ -457,8 +468,11 @@ int matcher_fill_mask_within(matcher *m, uint32_t *mask, int max_dist) {
     return walk_mask(m, mask, max_dist < 0 ? 0 : max_dist);
 }
 
+void matcher_set_cache(matcher *m, int enabled) { m->no_cache = !enabled; }
+
 int matcher_fill_mask(matcher *m, uint32_t *mask) {
     size_t words = vocab_mask_words(m->v->n_vocab);
+    if (m->no_cache && !m->finished) return walk_mask(m, mask, GRAMMAR_DIST_INF);
     if (m->finished) {
         memset(mask, 0, words * sizeof *mask);
         return 0;
@@ -507,20 +521,25 @@ static int walk_mask(matcher *m, uint32_t *mask, int32_t limit) {
         mt_stack *out = m->lvl + (size_t)d * MT_MAX_STACKS;
         int nin = m->lvl_n[d - 1], nout;
         uint8_t top_flags = nin == 1 ? flags[in[0].top] : 0;
-        if ((top_flags & GS_SIMPLE) &&
-            (((nd->flags & VT_PLAIN) && (top_flags & GS_PLAINLOOP)) ||
-             ((nd->flags & VT_TEXT) && (top_flags & GS_TEXTLOOP) && limit >= GRAMMAR_DIST_INF))) {
-            /* text inside a string: every token below is taken (plain ones leave the state
-             * as it is, so its distance to the end too) */
-            if (limit >= GRAMMAR_DIST_INF || stacks_dist(m, in, 1) <= limit) {
+        int plain = (nd->flags & VT_PLAIN) && (top_flags & GS_PLAINLOOP);
+        if ((top_flags & GS_SIMPLE) && (plain || ((nd->flags & VT_TEXT) && (top_flags & GS_TEXTLOOP)))) {
+            /* text inside a string: every token below is taken. Plain tokens leave the
+             * state as it is (so its distance to the end); a token that ends inside a
+             * character is at most 3 bytes further from the end. */
+            int32_t d0 = limit >= GRAMMAR_DIST_INF ? 0 : stacks_dist(m, in, 1);
+            if (d0 + (plain ? 0 : 3) <= limit) {
                 for (int32_t k = nd->tlo; k < nd->thi; k++) {
                     int32_t t = v->sorted[k];
                     mask[t >> 5] |= 1u << (t & 31);
                 }
                 count += nd->thi - nd->tlo;
+                i = nd->skip;
+                continue;
             }
-            i = nd->skip;
-            continue;
+            if (d0 > limit) {   /* none of them can end in time */
+                i = nd->skip;
+                continue;
+            }
         }
         if (nin == 1 && (flags[in[0].top] & GS_SIMPLE)) {   /* the common case: one lookup */
             int32_t t = trans[(size_t)in[0].top * ncls + g->cls[nd->byte]];

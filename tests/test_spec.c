@@ -587,6 +587,36 @@ static void test_spec_point_mass_rejection_follows_target(void **st) {
     free(p);
 }
 
+/* With the cost model on, a draft model that is never right (llama-draft's AL is 1.00 on
+ * llama-tiny) and costs a pass per draft token is turned off: output unchanged, and only
+ * the occasional probe step (1 in 16 declined steps) verifies drafts. */
+static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
+    (void)st;
+    prompts p;
+    load_prompts(&p, "llama-tiny");
+    engine *e = make_engine(NULL, 0, 8, 0);
+    run_greedy(e, &p, p.np, 2, 64, &g_plain);
+    engine_destroy(e);
+    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
+    snprintf(g_path[1], sizeof g_path[1], "%s/models/llama-draft", fixtures_dir());
+    engine_config c = {.model_path = g_path[0], .draft_path = g_path[1], .num_draft_tokens = 4,
+                       .max_seq_len = 512, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2};
+    char err[1024] = "";
+    e = engine_create(&c, err, sizeof err);
+    assert_non_null(e);
+    run_greedy(e, &p, p.np, 2, 64, &g_tmp);
+    assert_same_tokens(&g_plain, &g_tmp, p.np);
+    engine_stats s;
+    engine_get_stats(e, &s);
+    print_message("  draft model under the cost model: %llu of %llu decoding rows verified drafts, AL %.3f\n",
+                  (unsigned long long)s.spec_drafts, (unsigned long long)s.spec_rows_decoding, al(&g_tmp));
+    assert_string_equal(s.spec_drafter, "draft_model");
+    assert_true(s.spec_drafts > 0);                          /* probes */
+    assert_true(4 * s.spec_drafts < s.spec_rows_decoding);   /* mostly plain decode */
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
 /* Finished, cancelled and preempted requests with n-gram drafts all give their blocks back. */
 static void test_spec_ngram_kv_returns_to_baseline(void **st) {
     (void)st;
@@ -643,6 +673,7 @@ int main(void) {
         cmocka_unit_test(test_spec_ngram_sampled_output_is_seeded_and_counted),
         cmocka_unit_test(test_spec_point_mass_rejection_follows_target),
         cmocka_unit_test(test_spec_ngram_kv_returns_to_baseline),
+        cmocka_unit_test(test_spec_cost_model_turns_a_failing_draft_model_off),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
 }

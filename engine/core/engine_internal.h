@@ -34,6 +34,7 @@ typedef struct req {
     ngram_index *ng;             /* prompt lookup: the index of its tokens, or NULL */
     float acc_s, acc_t;          /* decayed accepted / tried draft positions */
     int fails, skip;             /* prompt lookup: failed verifies in a row, steps to skip */
+    int declined;                /* prompt lookup: steps the cost model declined its drafts */
     int decode_steps;            /* steps in which it decoded (speculating or not) */
 } req;
 
@@ -65,6 +66,7 @@ struct engine {
     engine_drafter drafter;
     spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
     float acc_s, acc_t;          /* decayed accepted / tried drafts over all requests */
+    int declined;                /* draft model: steps the cost model turned speculation off */
     int step_spec;               /* rows speculating in this step */
     int *cand_row, *cand_avail, *cand_k;   /* (max_batch) engine_spec_plan scratch */
     float *cand_alpha;

@@ -7,7 +7,8 @@
  * only when every earlier one stood): an exponentially decayed count of accepted over
  * tried drafts, starting from 1 of 2. With prompt lookup a row whose whole draft fails
  * skips lookup for 1, 2, 4 .. 32 steps (reset by any accepted draft), so open chat, where
- * matches are rare and wrong, costs almost nothing. */
+ * matches are rare and wrong, costs almost nothing. Drafts the cost model declines are
+ * still tried now and then (SPEC_PROBE_EVERY), or an estimate that fell could never rise. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -18,6 +19,10 @@
 #define SPEC_DECAY 0.7f          /* weight of a request's past in its acceptance estimate */
 #define SPEC_GLOBAL_DECAY 0.95f  /* the same over all requests (draft-model decisions) */
 #define SPEC_BACKOFF_MAX 32      /* steps a failing prompt-lookup row skips at most */
+/* A declined drafter is still tried every this many declines (one draft token per row for
+ * prompt lookup, a whole step for a draft model), so that an acceptance estimate that once
+ * fell below the break-even point can rise again: it only moves when drafts are tried. */
+#define SPEC_PROBE_EVERY 16
 
 const char *engine_spec_drafter_name(const engine *e) {
     return e->drafter == ENGINE_DRAFTER_NGRAM ? "ngram" : e->drafter == ENGINE_DRAFTER_MODEL ? "draft_model" : "none";
@@ -104,10 +109,15 @@ void engine_spec_plan(engine *e, int n) {
         double a = e->acc_s / e->acc_t;
         double plain = nd / spec_cost_step(&e->cost, nd, extra);
         double spec = nd * (1 + expected_accepted(a, e->k)) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
-        if (spec <= plain)
+        if (spec <= plain && ++e->declined % SPEC_PROBE_EVERY)
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
     } else if (e->cost.n_b > 0) {
         spec_cost_choose(&e->cost, nd, extra, e->cand_avail, e->cand_alpha, e->cand_k, e->cands);
+        for (int j = 0; j < nd; j++) {
+            req *r = e->plan[e->cand_row[j]].r;
+            if (e->cand_k[j] == 0 && e->cand_avail[j] > 0 && ++r->declined % SPEC_PROBE_EVERY == 0)
+                e->cand_k[j] = 1;
+        }
     }
     for (int j = 0; j < nd; j++) {
         e->plan[e->cand_row[j]].spec = e->cand_k[j];

@@ -122,8 +122,9 @@ static int apply_grammar(engine *e, req *r, float *logits) {
     int left = r->max_new - r->n_out, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens;
     if (ctx_left < left) left = ctx_left;
     int n_ok = -1, dist = matcher_distance(r->m);
-    /* (not when even 8 bytes a token could not close it: then the plain mask only) */
-    if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * (left - 1)) {
+    /* (not when even 8 bytes a token could not close it: then the plain mask only; once
+     * the budget holds, dist <= left stays true, so it keeps holding to the end) */
+    if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * left) {
         n_ok = matcher_fill_mask_within(r->m, e->mask, left - 1);
         if (n_ok == 0 && !matcher_accepting(r->m)) n_ok = -1;   /* too late to close: plain mask */
     }

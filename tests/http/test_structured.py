@@ -73,6 +73,23 @@ def test_json_object_always_parses(smol):
     assert len(concurrently(one, list(range(12)))) == 12
 
 
+def test_documents_close_within_a_small_max_tokens(smol):
+    # the model would write far more than 16 tokens; near the end only tokens after which
+    # the document can still close in the tokens left are allowed, so it always parses
+    c, mid = oc(smol), model_id(smol)
+    msgs = [{"role": "user", "content": "Describe three cats in detail as a JSON object."}]
+
+    def one(i):
+        r = c.chat.completions.create(model=mid, messages=msgs, response_format={"type": "json_object"},
+                                      temperature=1.0, max_tokens=16, seed=100 + i)
+        assert r.usage.completion_tokens <= 16
+        assert isinstance(json.loads(r.choices[0].message.content), dict), r.choices[0].message.content
+        return r.usage.completion_tokens
+
+    used = concurrently(one, list(range(8)))
+    assert max(used) >= 12   # the budget was used, not a short answer by chance
+
+
 def test_regex_and_choice_hold(smol):
     c, mid = oc(smol), model_id(smol)
     msgs = [{"role": "user", "content": "What is the phone number of the office?"}]

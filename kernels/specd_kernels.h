@@ -57,6 +57,19 @@ int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t
 /* resid[t, :] += rmsnorm(x[t, :]) * w (fp32): a post-sublayer norm before the residual
  * add (Gemma 3). x, resid [n, hidden], w [hidden]. */
 int k_rmsnorm_add(const float *x, const float *w, float *resid, int n, int hidden, float eps, cudaStream_t s);
+/* Mixture of experts (kernels/moe.cu). Route: logits [n, E] fp32 -> ids, w [n, K] (top K
+ * of the softmax, renormalised when norm), each pair p = t*K + k appended to rows
+ * [E][n] of its expert; counts [E] must be zero before. K <= 16. */
+int k_moe_route(const float *logits, int n, int E, int K, int norm, int32_t *ids, float *w,
+                int32_t *counts, int32_t *rows, cudaStream_t s);
+/* Grouped GEMM over experts: for each expert e and each pair p in rows[e][0..counts[e]),
+ * out[p] = W_e . X[p / x_div]. gated: W [E][2N][Kd] (gate; up), Yb[p][N] = bf16(act(g) * u)
+ * with act GELU-tanh when gelu, else SiLU; plain: W [E][N][Kd], Yf[p][N] fp32. cap = n
+ * (the row lists' stride); Kd % 8 == 0. Blocks of experts without rows return at once. */
+int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows, const int32_t *counts,
+               int cap, int E, int N, int Kd, int gated, int gelu, float *Yf, uint16_t *Yb, cudaStream_t s);
+/* resid[t] += sum_k w[t, k] * out[t*K + k] (k in order), out [n*K, hidden] fp32. */
+int k_moe_combine(const float *out, const float *w, int n, int K, int hidden, float *resid, cudaStream_t s);
 /* x[i] *= a for i < n (Gemma's scaled embeddings). */
 int k_scale_f32(float *x, size_t n, float a, cudaStream_t s);
 

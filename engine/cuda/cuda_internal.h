@@ -29,6 +29,10 @@ typedef struct {
     uint16_t *wdown;     /* hidden, ffn */
     float *post_attn_norm, *post_ffn_norm;  /* hidden, or NULL (Gemma 3's sandwich norms) */
     const float *inv_freq; /* this layer's rotary frequencies: the model's global or local */
+    /* mixture of experts (c.n_experts > 0; wgu / wdown are then NULL) */
+    uint16_t *router;    /* n_experts, hidden */
+    uint16_t *exp_gu;    /* n_experts x [2*moe_ffn, hidden]: each expert's gate rows, then up rows */
+    uint16_t *exp_down;  /* n_experts x [hidden, moe_ffn] */
     int window;          /* sliding window of this layer, 0: full attention */
 } cuda_layer;
 
@@ -44,8 +48,8 @@ typedef struct {
     float *out_norm;     /* hidden */
     float *inv_freq;     /* D/2 */
     float *inv_freq_local; /* D/2, sliding layers' frequencies (Gemma 3), or NULL */
-    int plain;           /* 1: a Gemma-style layer (sandwich norms, GELU, scales): the
-                          * unfused kernels only */
+    int plain;           /* 1: Gemma-style layers (sandwich norms, GELU, scales) or experts:
+                          * the unfused kernels only */
     cuda_layer *layers;  /* n_layers (host array of device pointers) */
     size_t weight_bytes;
 } cuda_model;
@@ -136,6 +140,12 @@ typedef struct {
     unsigned *d_counts;  /* T * KVH zeroed counters, one per attention (item, KV head):
                             the last split block merges; kernels leave them zero */
     size_t ws_tok_splits;
+    /* mixture of experts (either model has experts): router logits [T, E], choices and
+     * weights [T, K], per-expert counts [E] and row lists [E, T], activations [T*K, F']
+     * bf16, expert outputs [T*K, hidden] fp32 */
+    float *d_moe_lg, *d_moe_w, *d_moe_out;
+    int32_t *d_moe_ids, *d_moe_cnt, *d_moe_rows;
+    uint16_t *d_moe_act;
     float *d_logits;     /* LR, vocab */
     int32_t *d_meta, *h_meta;  /* META_N * T int32, pinned host copy */
     int32_t *d_iota, *d_zeros, *d_ones;  /* T each: static graph inputs */

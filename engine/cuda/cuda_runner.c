@@ -311,7 +311,8 @@ static void cuda_destroy(runner *base) {
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
-                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp};
+                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
+                   r->d_moe_cnt, r->d_moe_rows, r->d_moe_act};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (r->h_meta) cudaFreeHost(r->h_meta);
@@ -390,6 +391,19 @@ static int alloc_work(cuda_runner *r) {
         if (cm->c.n_layers > r->ss_layers) r->ss_layers = cm->c.n_layers;
     }
     const size_t n_counts = (size_t)T * kvh;
+    size_t ne = 0, nk = 0, mf = 0;   /* mixture of experts: the wider model's sizes */
+    for (int i = 0; i < 2; i++)
+        if (r->m[i].loaded && r->m[i].c.n_experts) {
+            const model_config *mc = &r->m[i].c;
+            ne = (size_t)mc->n_experts > ne ? (size_t)mc->n_experts : ne;
+            nk = (size_t)mc->n_experts_used > nk ? (size_t)mc->n_experts_used : nk;
+            mf = (size_t)mc->moe_ffn > mf ? (size_t)mc->moe_ffn : mf;
+        }
+    if (ne && (dmalloc(r, &r->d_moe_lg, (size_t)T * ne * 4) || dmalloc(r, &r->d_moe_w, (size_t)T * nk * 4) ||
+               dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, ne * 4) ||
+               dmalloc(r, &r->d_moe_rows, ne * (size_t)T * 4) || dmalloc(r, &r->d_moe_act, (size_t)T * nk * mf * 2) ||
+               dmalloc(r, &r->d_moe_out, (size_t)T * nk * hid * 4)))
+        return SPECD_ECUDA;
     size_t slots = (size_t)MB + 1;
     if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||
         dmalloc(r, &r->d_pool_pp, sizeof(void *)) ||
@@ -567,10 +581,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     }
     for (const model *mm = target; mm; mm = mm == target ? draft : NULL) {
         const model_config *mc = &mm->cfg;
-        if (mc->n_experts) {
+        if (mc->n_experts && (mc->n_experts_used > 16 || mc->moe_ffn % 8 || mc->hidden % 8)) {
             specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                       "cuda runner: %s (%s) has mixture-of-experts layers, which the CUDA runner does not "
-                       "implement yet: use --device cpu", mm->path, mc->arch_name);
+                       "cuda runner: %s: %d experts per token of width %d (at most 16 per token, widths "
+                       "multiples of 8)", mm->path, mc->n_experts_used, mc->moe_ffn);
             goto fail_free;
         }
     }

@@ -4,8 +4,10 @@
  *
  * A pass, per layer: RMSNorm -> fused QKV GEMM -> bias / q,k-norm / rotary / KV write ->
  * paged attention -> O GEMM accumulated into the fp32 residual (beta = 1) -> RMSNorm ->
- * fused gate|up GEMM -> SiLU * up -> down GEMM accumulated into the residual. At batch
- * 1-2 the GEMVs absorb most of the small kernels (see cuda_enqueue_pass).
+ * fused gate|up GEMM -> SiLU * up -> down GEMM accumulated into the residual (a
+ * mixture-of-experts layer instead: router GEMM, top-k routing, grouped expert GEMMs that
+ * read only the chosen experts, weighted combine; kernels/moe.cu). At batch 1-2 the GEMVs
+ * absorb most of the small kernels (see cuda_enqueue_pass).
  * Everything that changes per step (tokens, slots, sampling parameters, lengths) lives in
  * device buffers at fixed addresses, so a captured step replays with fresh inputs. */
 #include <math.h>
@@ -150,6 +152,19 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         if (!(r->tune.dbg_skip & 1) && !fuse_norm)
             K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         const uint16_t *act = r->d_xb;
+        if (L->router) {   /* mixture of experts (kernels/moe.cu), added into the residual */
+            const int E = c->n_experts, K = c->n_experts_used, MF = c->moe_ffn;
+            if ((rc = gemm(r, L->router, E, hidden, r->d_xb, n, r->d_moe_lg, 0.f))) return rc;
+            CU_CHECK(r, cudaMemsetAsync(r->d_moe_cnt, 0, (size_t)E * sizeof(int32_t), s));
+            K_CHECK(r, k_moe_route(r->d_moe_lg, n, E, K, c->moe_norm_topk, r->d_moe_ids, r->d_moe_w, r->d_moe_cnt,
+                                   r->d_moe_rows, s));
+            K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, r->d_moe_rows, r->d_moe_cnt, n, E, MF, hidden, 1,
+                                  c->act == ACT_GELU_TANH, NULL, r->d_moe_act, s));
+            K_CHECK(r, k_moe_gemm(L->exp_down, r->d_moe_act, 1, r->d_moe_rows, r->d_moe_cnt, n, E, hidden, MF, 0, 0,
+                                  r->d_moe_out, NULL, s));
+            K_CHECK(r, k_moe_combine(r->d_moe_out, r->d_moe_w, n, K, hidden, r->d_resid, s));
+            continue;
+        }
         if (r->tune.dbg_skip & 16) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fused) {

@@ -126,10 +126,17 @@ static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank) 
         K_CHECK(r, k_fill_uniform_bf16_slice(k, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
         K_CHECK(r, k_fill_uniform_bf16_slice(v, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
         K_CHECK(r, k_fill_uniform_bf16_slice(L->wo, hidden, qd, 0, rk * qd, full_qd, mix_seed(seed, tag++), a, st));
-        K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu, F, hidden, rk * F, 0, hidden, mix_seed(seed, tag++), a, st));
-        K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu + F * hidden, F, hidden, rk * F, 0, hidden,
-                                             mix_seed(seed, tag++), a, st));
-        K_CHECK(r, k_fill_uniform_bf16_slice(L->wdown, hidden, F, 0, rk * F, full_F, mix_seed(seed, tag++), a, st));
+        if (L->router) {   /* experts (never sharded: TP refuses MoE) */
+            const size_t E = (size_t)c->n_experts, MF = (size_t)c->moe_ffn;
+            K_CHECK(r, k_fill_uniform_bf16(L->router, E * hidden, mix_seed(seed, tag++), a, st));
+            K_CHECK(r, k_fill_uniform_bf16(L->exp_gu, E * 2 * MF * hidden, mix_seed(seed, tag++), a, st));
+            K_CHECK(r, k_fill_uniform_bf16(L->exp_down, E * hidden * MF, mix_seed(seed, tag++), a, st));
+        } else {
+            K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu, F, hidden, rk * F, 0, hidden, mix_seed(seed, tag++), a, st));
+            K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu + F * hidden, F, hidden, rk * F, 0, hidden,
+                                                 mix_seed(seed, tag++), a, st));
+            K_CHECK(r, k_fill_uniform_bf16_slice(L->wdown, hidden, F, 0, rk * F, full_F, mix_seed(seed, tag++), a, st));
+        }
         K_CHECK(r, k_fill_uniform_f32(L->attn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
         K_CHECK(r, k_fill_uniform_f32(L->ffn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
         if (L->bqkv) {
@@ -157,9 +164,9 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
         (rc = check_view(&ml->wk, KVH * D, hidden, "k_proj", l, err, errlen)) ||
         (rc = check_view(&ml->wv, KVH * D, hidden, "v_proj", l, err, errlen)) ||
         (rc = check_view(&ml->wo, hidden, H * D, "o_proj", l, err, errlen)) ||
-        (rc = check_view(&ml->w_gate, c->ffn, hidden, "gate_proj", l, err, errlen)) ||
-        (rc = check_view(&ml->w_up, c->ffn, hidden, "up_proj", l, err, errlen)) ||
-        (rc = check_view(&ml->w_down, hidden, c->ffn, "down_proj", l, err, errlen)) ||
+        (!c->n_experts && (rc = check_view(&ml->w_gate, c->ffn, hidden, "gate_proj", l, err, errlen))) ||
+        (!c->n_experts && (rc = check_view(&ml->w_up, c->ffn, hidden, "up_proj", l, err, errlen))) ||
+        (!c->n_experts && (rc = check_view(&ml->w_down, hidden, c->ffn, "down_proj", l, err, errlen))) ||
         (rc = check_view(&ml->attn_norm, hidden, 0, "input_layernorm", l, err, errlen)) ||
         (rc = check_view(&ml->ffn_norm, hidden, 0, "post_attention_layernorm", l, err, errlen)))
         return rc;
@@ -168,9 +175,9 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
         (rc = upload_bf16(r, s, &ml->wk, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, k)) ||
         (rc = upload_bf16(r, s, &ml->wv, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, v)) ||
         (rc = upload_bf16(r, s, &ml->wo, hidden, H * D, 0, hidden, rank * h * D, h * D, L->wo)) ||
-        (rc = upload_bf16(r, s, &ml->w_gate, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu)) ||
-        (rc = upload_bf16(r, s, &ml->w_up, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu + F * hidden)) ||
-        (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown)) ||
+        (L->wgu && (rc = upload_bf16(r, s, &ml->w_gate, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu))) ||
+        (L->wgu && (rc = upload_bf16(r, s, &ml->w_up, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu + F * hidden))) ||
+        (L->wdown && (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown))) ||
         (rc = upload_norm(r, s, &ml->attn_norm, hidden, L->attn_norm, c->norm_plus_one)) ||
         (rc = upload_norm(r, s, &ml->ffn_norm, hidden, L->ffn_norm, c->norm_plus_one)))
         goto out;
@@ -181,6 +188,23 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
         if ((rc = upload_norm(r, s, &ml->post_attn_norm, hidden, L->post_attn_norm, c->norm_plus_one)) ||
             (rc = upload_norm(r, s, &ml->post_ffn_norm, hidden, L->post_ffn_norm, c->norm_plus_one)))
             goto out;
+    }
+    if (L->router) {   /* experts: the router, then each expert's [gate; up] and down */
+        const int64_t E = c->n_experts, MF = c->moe_ffn;
+        if ((rc = check_view(&ml->router, E, hidden, "router", l, err, errlen))) return rc;
+        for (int64_t e = 0; e < E; e++)
+            if ((rc = check_view(&ml->exp_gate[e], MF, hidden, "expert gate", l, err, errlen)) ||
+                (rc = check_view(&ml->exp_up[e], MF, hidden, "expert up", l, err, errlen)) ||
+                (rc = check_view(&ml->exp_down[e], hidden, MF, "expert down", l, err, errlen)))
+                return rc;
+        if ((rc = upload_bf16(r, s, &ml->router, E, hidden, 0, E, 0, hidden, L->router))) goto out;
+        for (int64_t e = 0; e < E; e++) {
+            uint16_t *gu = L->exp_gu + (size_t)e * 2 * MF * hidden, *dn = L->exp_down + (size_t)e * hidden * MF;
+            if ((rc = upload_bf16(r, s, &ml->exp_gate[e], MF, hidden, 0, MF, 0, hidden, gu)) ||
+                (rc = upload_bf16(r, s, &ml->exp_up[e], MF, hidden, 0, MF, 0, hidden, gu + MF * hidden)) ||
+                (rc = upload_bf16(r, s, &ml->exp_down[e], hidden, MF, 0, hidden, 0, MF, dn)))
+                goto out;
+        }
     }
     if (L->bqkv) {
         if ((rc = check_view(&ml->bq, H * D, 0, "q_proj.bias", l, err, errlen)) ||
@@ -226,7 +250,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     cm->H = c->n_heads / world;
     cm->KVH = c->n_kv_heads / world;
     cm->D = c->head_dim;
-    cm->ffn = c->ffn / world;
+    cm->ffn = c->n_experts ? c->moe_ffn : c->ffn / world;   /* MoE: an expert's width (buffers) */
     size_t hidden = (size_t)c->hidden, D = (size_t)cm->D, qkv = (size_t)(cm->H + 2 * cm->KVH) * D;
     cm->layers = calloc((size_t)c->n_layers, sizeof *cm->layers);
     if (!cm->layers) return specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of host memory");
@@ -242,16 +266,23 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         goto oom;
     if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
     if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
-    cm->plain = c->sandwich_norms || c->act != ACT_SILU || c->embed_scale > 0 || c->attn_scale > 0;
+    cm->plain = c->sandwich_norms || c->act != ACT_SILU || c->embed_scale > 0 || c->attn_scale > 0 || c->n_experts;
     if (c->rope_local_theta > 0 && !(cm->inv_freq_local = dalloc(r, cm, D / 2 * 4))) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &cm->layers[l];
         if (!(L->wqkv = dalloc(r, cm, qkv * hidden * 2)) ||
             !(L->wo = dalloc(r, cm, hidden * cm->H * D * 2)) ||
-            !(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * 2)) ||
-            !(L->wdown = dalloc(r, cm, hidden * cm->ffn * 2)) ||
             !(L->attn_norm = dalloc(r, cm, hidden * 4)) || !(L->ffn_norm = dalloc(r, cm, hidden * 4)))
             goto oom;
+        if (c->n_experts) {
+            size_t E = (size_t)c->n_experts, MF = (size_t)c->moe_ffn;
+            if (!(L->router = dalloc(r, cm, E * hidden * 2)) || !(L->exp_gu = dalloc(r, cm, E * 2 * MF * hidden * 2)) ||
+                !(L->exp_down = dalloc(r, cm, E * hidden * MF * 2)))
+                goto oom;
+        } else if (!(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * 2)) ||
+                   !(L->wdown = dalloc(r, cm, hidden * cm->ffn * 2))) {
+            goto oom;
+        }
         if (c->qkv_bias && !(L->bqkv = dalloc(r, cm, qkv * 4))) goto oom;
         if (c->qk_norm && (!(L->q_norm = dalloc(r, cm, D * 4)) || !(L->k_norm = dalloc(r, cm, D * 4))))
             goto oom;
@@ -319,7 +350,8 @@ void cuda_model_free(cuda_model *cm) {
         for (int l = 0; l < cm->c.n_layers; l++) {
             cuda_layer *L = &cm->layers[l];
             void *ps[] = {L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->attn_norm, L->ffn_norm,
-                          L->wgu, L->wdown, L->post_attn_norm, L->post_ffn_norm};
+                          L->wgu, L->wdown, L->post_attn_norm, L->post_ffn_norm, L->router, L->exp_gu,
+                          L->exp_down};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
         free(cm->layers);

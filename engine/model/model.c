@@ -1383,6 +1383,29 @@ int model_shape_preset(const char *name, model_config *c) {
         c->n_eos = 2;
         return 0;
     }
+    if (!strcmp(name, "qwen3-30b-a3b")) {   /* Qwen3-30B-A3B: 128 experts, 8 per token */
+        c->arch = MODEL_ARCH_QWEN3MOE;
+        snprintf(c->arch_name, sizeof c->arch_name, "Qwen3MoeForCausalLM");
+        c->n_layers = 48;
+        c->hidden = 2048;
+        c->n_heads = 32;
+        c->n_kv_heads = 4;
+        c->head_dim = 128;
+        c->ffn = 6144;
+        c->moe_ffn = 768;
+        c->n_experts = 128;
+        c->n_experts_used = 8;
+        c->moe_norm_topk = 1;
+        c->vocab = 151936;
+        c->rms_eps = 1e-6f;
+        c->rope_theta = 1000000.0f;
+        c->qk_norm = 1;
+        c->max_pos = 40960;
+        c->bos_id = 151643;
+        c->eos_ids[0] = 151645; c->eos_ids[1] = 151643;
+        c->n_eos = 2;
+        return 0;
+    }
     return SPECD_ENOTFOUND;
 }
 

@@ -22,6 +22,17 @@
  * these same golden logits at up to 3.0e-2 (llama-tiny, 250 tokens) and 2.9e-2
  * (qwen3-tiny, 100 tokens), so a correct bf16 runner can need 3e-2 here. */
 #define REL_TOL 3e-2
+/* Mixture of experts: a bf16 forward can pick another expert where two router scores
+ * nearly tie, which moves that position's logits far more than rounding does. HF
+ * transformers' own bf16 forward of the fixtures shows it (tests/gpu/moe_bf16_check.py, H200):
+ * qwen3moe-tiny 2 of 33 positions above REL_TOL (worst 0.20), mixtral-tiny 1 (0.30). So
+ * for MoE models up to MOE_FLIPS positions of the all-positions prompt may exceed REL_TOL
+ * (never the last-position logits of any prompt), and greedy tokens are compared up to
+ * the first step whose golden margin is below MOE_MARGIN of the largest logit (twice
+ * the dense bound: a qwen3moe-tiny greedy step of margin 0.054 flipped in the batched
+ * graph; bf16 rounding alone stays within REL_TOL). */
+#define MOE_FLIPS 3
+#define MOE_MARGIN 0.06
 #define MAXB 8
 #define SEQ 512
 #define BS 16
@@ -193,15 +204,23 @@ static void run_golden(const char *name) {
         printf("    %-12s prompt %d (%3d tokens): last logits rel err %.3e\n", name, p, g->len[p], e);
         if (e > worst) worst = e;
         if (e > REL_TOL) fail_msg("%s prompt %d: last logits rel err %.3e", name, p, e);
-        if (all)
+        const int moe = f.m->cfg.n_experts > 0;
+        if (all) {
+            int flips = 0;
             for (int t = 0; t < g->len[p]; t++) {
                 double ea = rel_err(logits + (size_t)t * f.vocab, g->all + (size_t)t * f.vocab, f.vocab);
+                if (ea > REL_TOL && moe && ea < 0.5 && ++flips <= MOE_FLIPS) {
+                    printf("    %-12s prompt %d position %d: rel err %.3e (a routing flip, %d of at most %d)\n", name,
+                           p, t, ea, flips, MOE_FLIPS);
+                    continue;
+                }
                 if (ea > worst) worst = ea;
                 if (ea > REL_TOL) fail_msg("%s prompt %d position %d: rel err %.3e", name, p, t, ea);
             }
+        }
         assert_int_equal(f.r->ops->slot_get_len(f.r, 0, RUNNER_TARGET), g->len[p]);
         /* Greedy: first token from the prefill logits, then the captured decode step. */
-        double tol_abs = REL_TOL * max_abs(g->last[p], f.vocab);
+        double tol_abs = (moe ? MOE_MARGIN : REL_TOL) * max_abs(g->last[p], f.vocab);
         int got[64], n = g->n_greedy[p];
         got[0] = argmax(last, f.vocab);
         for (int j = 1; j < n; j++) {
@@ -217,6 +236,7 @@ static void run_golden(const char *name) {
     }
     printf("    %-12s max rel err %.3e over %d prompts; greedy %d/%d steps compared (rest past a "
            "low-margin step)\n", name, worst, g->n_prompts, compared, total);
+    assert_true(compared > 0);   /* never vacuous */
     free(logits);
     fixture_close(&f);
 }
@@ -228,6 +248,8 @@ static void test_golden_llama_draft(void **s) { (void)s; run_golden("llama-draft
 static void test_golden_mistral_swa_tiny(void **s) { (void)s; run_golden("mistral-swa-tiny"); }
 static void test_golden_gemma3_tiny(void **s) { (void)s; run_golden("gemma3-tiny"); }
 static void test_golden_phi3_tiny(void **s) { (void)s; run_golden("phi3-tiny"); }
+static void test_golden_qwen3moe_tiny(void **s) { (void)s; run_golden("qwen3moe-tiny"); }
+static void test_golden_mixtral_tiny(void **s) { (void)s; run_golden("mixtral-tiny"); }
 
 /* All prompts in one forward (6 rows), then a padded batched decode (6 rows -> graph 8). */
 static void run_batched(const char *name, int no_graphs) {
@@ -271,12 +293,14 @@ static void run_batched(const char *name, int no_graphs) {
     }
     int compared = 0;
     for (int p = 0; p < n; p++) {
-        compared += compare_greedy(g, p, got[p], steps, REL_TOL * max_abs(g->last[p], f.vocab));
+        compared += compare_greedy(g, p, got[p], steps,
+                                   (f.m->cfg.n_experts ? MOE_MARGIN : REL_TOL) * max_abs(g->last[p], f.vocab));
         assert_int_equal(f.r->ops->slot_get_len(f.r, p, RUNNER_TARGET), g->len[p] + steps - 1);
     }
     assert_int_equal(f.r->ops->slot_get_len(f.r, MAXB, RUNNER_TARGET), 0);
     printf("    %-12s batched %s: max rel err %.3e, %d greedy steps compared\n", name,
            no_graphs ? "eager" : "graph", worst, compared);
+    assert_true(compared > 0);
     free(tokens);
     free(logits);
     fixture_close(&f);
@@ -289,6 +313,8 @@ static void test_batched_padded_decode_matches_reference(void **s) {
     run_batched("qwen2-tiny", 1);
     run_batched("gemma3-tiny", 0);
     run_batched("mistral-swa-tiny", 1);
+    run_batched("qwen3moe-tiny", 0);   /* routing inside the captured graph, dummy rows included */
+    run_batched("mixtral-tiny", 1);
 }
 
 /* Sampling inside the forward pass (runner_batch.sp): all golden prompts in one eager
@@ -662,6 +688,8 @@ int main(void) {
         cmocka_unit_test(test_golden_mistral_swa_tiny),
         cmocka_unit_test(test_golden_gemma3_tiny),
         cmocka_unit_test(test_golden_phi3_tiny),
+        cmocka_unit_test(test_golden_qwen3moe_tiny),
+        cmocka_unit_test(test_golden_mixtral_tiny),
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),
         cmocka_unit_test(test_forward_sampling_matches_returned_logits),

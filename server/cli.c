@@ -114,6 +114,10 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
         c->disable_prefix_cache = 1;
         return 1;
     }
+    if (!strcmp(a, "--keep-window-kv")) {
+        c->keep_window_kv = 1;
+        return 1;
+    }
     if (!strcmp(a, "--rope-bf16-freqs")) {
         c->rope_bf16_freqs = 1;
         return 1;

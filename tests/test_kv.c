@@ -340,6 +340,58 @@ static void test_kv_fork_shares_full_blocks_and_copies_partial(void **state) {
     kv_pool_destroy(p);
 }
 
+/* Blocks behind a sliding window: only committed ones drop, they become null entries
+ * (kv_check accepts exactly that), go back to the pool with their hash (a later request
+ * reuses them), release and fork skip them. */
+static void test_kv_drop_front_releases_committed_leading_blocks(void **state) {
+    (void)state;
+    kv_pool *p = make_pool(12, 4, 1);
+    kv_seq a, b, f;
+    seq(&a, 10);
+    seq(&b, 10);
+    seq(&f, 10);
+    int32_t t[22];
+    fill(t, 22, 7);
+    assert_int_equal(kv_seq_reserve(p, &a, 22), 0);     /* 6 blocks */
+    kv_seq_commit(p, &a, t, 17);                         /* 4 full blocks hashed */
+    int free0 = kv_num_free(p);
+    assert_int_equal(kv_seq_drop_front(p, &a, 3), 3);
+    assert_int_equal(kv_num_free(p), free0 + 3);
+    assert_int_equal(a.n_dropped, 3);
+    assert_int_equal(a.blocks[0] | a.blocks[1] | a.blocks[2], 0);
+    const kv_seq *ta[] = {&a};
+    check_ok(p, ta, 1);
+    assert_int_equal(kv_seq_drop_front(p, &a, 9), 1);   /* never past the committed blocks */
+    assert_int_equal(a.n_dropped, 4);
+    assert_int_equal(kv_seq_drop_front(p, &a, 2), 0);   /* already dropped */
+    check_ok(p, ta, 1);
+    /* the dropped blocks kept their hashes: the same prompt finds them */
+    assert_int_equal(kv_seq_match_prefix(p, &b, t, 22), 16);
+    const kv_seq *tab[] = {&a, &b};
+    check_ok(p, tab, 2);
+    /* fork of a table with dropped entries shares only the live ones */
+    int32_t cs, cd;
+    kv_seq_commit(p, &a, t, 20);
+    assert_true(kv_seq_fork(p, &a, &f, &cs, &cd) >= 0);
+    assert_int_equal(f.n_dropped, 4);
+    const kv_seq *tabf[] = {&a, &b, &f};
+    check_ok(p, tabf, 3);
+    /* a corrupted dropped entry is caught */
+    a.blocks[0] = b.blocks[0];
+    char err[256];
+    assert_int_equal(kv_check(p, tabf, 3, err, sizeof err), SPECD_ESTATE);
+    a.blocks[0] = 0;
+    kv_seq_release(p, &a);
+    kv_seq_release(p, &b);
+    kv_seq_release(p, &f);
+    assert_int_equal(kv_num_used(p), 0);
+    check_ok(p, NULL, 0);
+    kv_seq_destroy(&a);
+    kv_seq_destroy(&b);
+    kv_seq_destroy(&f);
+    kv_pool_destroy(p);
+}
+
 static void test_kv_check_detects_corruption(void **state) {
     (void)state;
     kv_pool *p = make_pool(6, 4, 1);
@@ -611,6 +663,7 @@ int main(void) {
         cmocka_unit_test(test_kv_cache_disabled_never_hits),
         cmocka_unit_test(test_kv_hash_depends_on_parent_tokens_order_and_length),
         cmocka_unit_test(test_kv_random_walk_keeps_invariants),
+        cmocka_unit_test(test_kv_drop_front_releases_committed_leading_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

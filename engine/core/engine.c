@@ -114,6 +114,14 @@ static int load_draft(engine *e, char *err, size_t errlen) {
     return 0;
 }
 
+/* The window when every layer of the model attends through the same sliding window
+ * (Mistral), else 0 (full layers, as Gemma 3 has, need the whole context). */
+static int all_layers_slide(const model_config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (model_layer_window(c, l) != c->sliding_window) return 0;
+    return c->sliding_window;
+}
+
 /* A whole file as a NUL-terminated string (NULL on error). */
 static char *read_text_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -395,6 +403,8 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     kv_pool_config kc = {.num_blocks = e->run->cfg.num_blocks, .block_size = c->block_size,
                          .enable_prefix_cache = !c->disable_prefix_cache};
     if (!(e->kv = kv_pool_create(&kc, err, errlen))) goto fail;
+    e->window_release = c->keep_window_kv ? 0 : all_layers_slide(&e->target->cfg);
+    if (e->draft_used && all_layers_slide(&e->draft_used->cfg) != e->window_release) e->window_release = 0;
     sched_config sc = {.max_batch = c->max_batch, .max_tokens_per_step = c->max_tokens_per_step,
                        .max_seq_len = c->max_seq_len + e->k, .lookahead = e->k};
     if (!(e->sched = sched_create(&sc, e->kv, err, errlen))) goto fail;

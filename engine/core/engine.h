@@ -48,6 +48,9 @@ typedef struct {
     size_t kv_bytes;              /* explicit KV budget in bytes; 0 = from mem_fraction */
     int threads;                  /* CPU runner threads (0 = all cores) */
     int disable_prefix_cache;     /* prefix caching is on unless set */
+    int keep_window_kv;           /* keep the KV blocks a sliding window has left behind
+                                   * (for A/B runs; by default they go back to the pool when
+                                   * every layer of the model(s) slides) */
     int rope_bf16_freqs;          /* bf16-rounded rotary frequencies (runner_config) */
     int verbose;                  /* print start-up decisions to stderr */
     /* Tensor parallelism (docs/tensor-parallel.md; CPU runner only so far): with

@@ -63,6 +63,8 @@ struct engine {
     sched *sched;
     runner *run;
     int k;                       /* draft tokens per step at most (0: no speculation) */
+    int window_release;          /* > 0: every layer slides with this window, so blocks
+                                  * behind it are released (kv_seq_drop_front) */
     engine_drafter drafter;
     spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
     float acc_s, acc_t;          /* decayed accepted / tried drafts over all requests */

@@ -53,6 +53,15 @@ static int sync_slot(engine *e, req *r) {
 
 /* Each buffer holds 3 * max_batch + 8 events; only mass rejection or failure can exceed
  * that, and then it grows (a caller holds a buffer only until the second call after). */
+/* Commit the computed blocks' hashes; with a model whose every layer slides, release the
+ * blocks every later query's window has left (the next queries sit at c or later and see
+ * keys from c - W + 1; two positions of margin for the draft's re-fed token). */
+static void commit_kv(engine *e, sched_seq *s, int c) {
+    kv_seq_commit(e->kv, &s->kv, s->tokens, c);
+    if (e->window_release > 0 && c - e->window_release - 1 > 0)
+        kv_seq_drop_front(e->kv, &s->kv, (c - e->window_release - 1) / kv_block_size(e->kv));
+}
+
 static engine_event *new_event(engine *e, engine_output *out, req *r) {
     int b = e->ev_cur;
     if (out->n_events == e->cap_events[b]) {
@@ -321,7 +330,7 @@ static int device_decode(engine *e, int n, engine_output *out) {
         s->n_computed += 1;
         engine_event *ev = new_event(e, out, r);
         engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL, &e->dec_lp[i]);
-        kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed);
+        commit_kv(e, s, s->n_computed);
         ev->finish = f;
         fill_counts(ev, r);
         if (f != ENGINE_RUNNING) engine_req_drop(e, r);
@@ -368,7 +377,7 @@ static int runner_spec(engine *e, int n, engine_output *out) {
         for (int j = 0; j < m && f == ENGINE_RUNNING; j++)
             f = emit_token(e, r, ev, out_tok[i * (k + 1) + j], NULL, NULL);
         int dlen = L + k < L + m ? L + k : L + m;
-        kv_seq_commit(e->kv, &s->kv, s->tokens, dlen < s->n_computed ? dlen : s->n_computed);
+        commit_kv(e, s, dlen < s->n_computed ? dlen : s->n_computed);
         ev->finish = f;
         fill_counts(ev, r);
         if (f != ENGINE_RUNNING) engine_req_drop(e, r);
@@ -517,7 +526,7 @@ int engine_step(engine *e, engine_output *out) {
         }
         int dlen = e->drafter == ENGINE_DRAFTER_MODEL ? e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT)
                                                       : s->n_computed;
-        kv_seq_commit(e->kv, &s->kv, s->tokens, dlen < s->n_computed ? dlen : s->n_computed);
+        commit_kv(e, s, dlen < s->n_computed ? dlen : s->n_computed);
         if (ev) {
             ev->finish = f;
             fill_counts(ev, r);

@@ -229,13 +229,25 @@ int kv_seq_init(kv_seq *s, int max_blocks) {
 void kv_seq_release(kv_pool *p, kv_seq *s) {
     /* Last block first: the tail end of the free list is evicted last, so the request's
      * first blocks (the prefix others are most likely to share) survive longest. */
-    for (int i = s->n_blocks - 1; i >= 0; i--) {
+    for (int i = s->n_blocks - 1; i >= s->n_dropped; i--) {
         int32_t b = s->blocks[i];
         if (--p->blk[b].ref == 0) free_push_tail(p, b);
     }
     s->n_blocks = 0;
     s->n_full_hashed = 0;
     s->last_hash = 0;
+    s->n_dropped = 0;
+}
+
+int kv_seq_drop_front(kv_pool *p, kv_seq *s, int upto) {
+    if (upto > s->n_full_hashed) upto = s->n_full_hashed;
+    int n = 0;
+    for (; s->n_dropped < upto; s->n_dropped++, n++) {
+        int32_t b = s->blocks[s->n_dropped];
+        if (--p->blk[b].ref == 0) free_push_tail(p, b);
+        s->blocks[s->n_dropped] = 0;
+    }
+    return n;
 }
 
 void kv_seq_destroy(kv_seq *s) {
@@ -323,9 +335,10 @@ int kv_seq_fork(kv_pool *p, const kv_seq *src, kv_seq *dst, int32_t *copy_src, i
     if (copy && p->n_free < 1) return SPECD_ENOSPACE;
     for (int i = 0; i < shared; i++) {
         int32_t b = src->blocks[i];
-        p->blk[b].ref++;             /* held by src, so never on the free list */
+        if (i >= src->n_dropped) p->blk[b].ref++;   /* held by src, so never on the free list */
         dst->blocks[i] = b;
     }
+    dst->n_dropped = src->n_dropped;
     dst->n_blocks = shared;
     dst->n_full_hashed = shared;
     dst->last_hash = src->last_hash;
@@ -348,8 +361,17 @@ static int check_tables(const kv_pool *p, const kv_seq *const *tables, int n_tab
             return specd_errf(err, errlen, SPECD_ESTATE,
                               "kv_check: table %d: n_blocks %d, n_full_hashed %d, cap %d",
                               t, s->n_blocks, s->n_full_hashed, s->cap);
+        if (s->n_dropped < 0 || s->n_dropped > s->n_full_hashed)
+            return specd_errf(err, errlen, SPECD_ESTATE, "kv_check: table %d: n_dropped %d, n_full_hashed %d", t,
+                              s->n_dropped, s->n_full_hashed);
         for (int i = 0; i < s->n_blocks; i++) {
             int32_t b = s->blocks[i];
+            if (i < s->n_dropped) {   /* released behind a window: the null block */
+                if (b != 0)
+                    return specd_errf(err, errlen, SPECD_ESTATE, "kv_check: table %d entry %d was dropped but holds %d",
+                                      t, i, b);
+                continue;
+            }
             if (b <= 0 || b >= p->num_blocks)
                 return specd_errf(err, errlen, SPECD_ESTATE,
                                   "kv_check: table %d entry %d holds block %d (null or out of range)",

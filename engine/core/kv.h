@@ -39,6 +39,8 @@ typedef struct {
                               * is computed; registered in the prefix cache unless caching
                               * is off or an identical block already was). Immutable. */
     uint64_t last_hash;      /* hash of block n_full_hashed-1 (chain input) */
+    int n_dropped;           /* leading entries released behind a sliding window
+                              * (kv_seq_drop_front): they hold the null block 0 */
 } kv_seq;
 
 kv_pool *kv_pool_create(const kv_pool_config *cfg, char *err, size_t errlen);
@@ -87,6 +89,14 @@ int kv_seq_blocks_needed(const kv_pool *p, const kv_seq *s, int n_tokens);
 /* Register hashes of full blocks whose KV is now computed: tokens[0..n_computed).
  * Call it after every step (it only hashes blocks not yet committed). */
 void kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_computed);
+
+/* Release the leading blocks [n_dropped, upto) of a table whose model attends through a
+ * sliding window that has left them behind: they become the null block 0 in the table
+ * (never read again: every later query's window starts past them) and go back to the
+ * pool, keeping their prefix hash so another request may still reuse them. Only
+ * committed (hashed) blocks are dropped, so the prefix chain stays intact. Returns the
+ * number released. */
+int kv_seq_drop_front(kv_pool *p, kv_seq *s, int upto);
 
 /* Share src's blocks with dst (empty) for parallel sampling: the committed full blocks
  * (src->n_full_hashed; call kv_seq_commit first) by ref++; the block after them, if src

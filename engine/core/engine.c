@@ -36,6 +36,7 @@ void engine_sampling_defaults(engine_sampling *s) {
     s->repetition_penalty = 1.0f;
     s->max_tokens = 16;
     s->logprobs = -1;
+    s->prompt_logprobs = -1;
 }
 
 static size_t mem_available(void) {
@@ -406,7 +407,8 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     e->window_release = c->keep_window_kv ? 0 : all_layers_slide(&e->target->cfg);
     if (e->draft_used && all_layers_slide(&e->draft_used->cfg) != e->window_release) e->window_release = 0;
     sched_config sc = {.max_batch = c->max_batch, .max_tokens_per_step = c->max_tokens_per_step,
-                       .max_seq_len = c->max_seq_len + e->k, .lookahead = e->k};
+                       .max_seq_len = c->max_seq_len + e->k, .lookahead = e->k,
+                       .max_logit_tokens = ENGINE_PROMPT_LOGIT_ROWS};
     if (!(e->sched = sched_create(&sc, e->kv, err, errlen))) goto fail;
     if (alloc_buffers(e)) {
         specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for step buffers");
@@ -455,6 +457,7 @@ static void req_free(req *r) {
     free(r->lb_ids);
     free(r->lb_vals);
     free(r->first_logits);
+    free(r->pl);
     matcher_free(r->m);
     ngram_destroy(r->ng);
     free(r);
@@ -509,6 +512,10 @@ void engine_destroy(engine *e) {
     free(e->cands);
     free(e->events[0]);
     free(e->events[1]);
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; i < e->n_pl_keep[b]; i++) free(e->pl_keep[b][i]);
+        free(e->pl_keep[b]);
+    }
     for (int i = 0; i < e->n_rec; i++) free(e->rec[i].logits);
     free(e);
 }
@@ -553,7 +560,8 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
                               "vocabulary (0..%d)", prompt[i], i, e->vocab - 1);
     if (sp->temperature < 0 || sp->top_p <= 0 || sp->top_p > 1 || sp->top_k < 0 || sp->min_p < 0 ||
         sp->min_p > 1 || sp->repetition_penalty <= 0 || sp->max_tokens < 0 ||
-        sp->logprobs > ENGINE_MAX_TOP_LOGPROBS || sp->n_logit_bias < 0)
+        sp->logprobs > ENGINE_MAX_TOP_LOGPROBS || sp->prompt_logprobs > ENGINE_MAX_TOP_LOGPROBS ||
+        sp->n_logit_bias < 0)
         return specd_errf(err, errlen, SPECD_EINVAL, "invalid sampling parameters");
     req *r = calloc(1, sizeof *r);
     if (!r) return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
@@ -568,9 +576,10 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
         r->lb_vals = malloc((size_t)sp->n_logit_bias * sizeof(float));
     }
     if (record) r->first_logits = malloc((size_t)e->vocab * sizeof(float));
+    if (sp->prompt_logprobs >= 0) r->pl = calloc((size_t)n_prompt, sizeof *r->pl);
     int max_blocks = (e->cfg.max_seq_len + e->k + e->cfg.block_size - 1) / e->cfg.block_size;
     if (!r->seq.tokens || (sp->n_logit_bias && (!r->lb_ids || !r->lb_vals)) ||
-        (record && !r->first_logits) || kv_seq_init(&r->seq.kv, max_blocks) ||
+        (record && !r->first_logits) || (sp->prompt_logprobs >= 0 && !r->pl) || kv_seq_init(&r->seq.kv, max_blocks) ||
         engine_spec_req_init(e, r, cap)) {
         req_free(r);
         return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
@@ -594,6 +603,10 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
         }
     }
     r->record = record;
+    if (r->pl) {   /* token ids now; logprobs as the prompt's chunks are computed */
+        for (int i = 0; i < n_prompt; i++) r->pl[i] = (engine_token){.id = prompt[i], .logprob = NAN};
+        r->seq.all_logits = 1;
+    }
     r->seq.id = req_id;
     r->seq.n_tokens = n_prompt;
     r->seq.n_prompt = n_prompt;
@@ -629,6 +642,17 @@ static int submit(engine *e, req *r, char *err, size_t errlen) {
         }
         e->reqs = n;
         e->cap_reqs *= 2;
+    }
+    if (r->pl && !e->pl_logit_rows) {
+        /* the first request for prompt logprobs: room for the prompt positions' logits */
+        size_t rows = (size_t)e->cfg.max_batch * (size_t)(e->k + 1) + ENGINE_PROMPT_LOGIT_ROWS;
+        float *n = realloc(e->logits, rows * (size_t)e->vocab * sizeof(float));
+        if (!n) {
+            rc = specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for prompt logits");
+            goto fail;
+        }
+        e->logits = n;
+        e->pl_logit_rows = ENGINE_PROMPT_LOGIT_ROWS;
     }
     if ((rc = sched_add(e->sched, &r->seq))) {
         rc = specd_errf(err, errlen, rc, "scheduler refused the request: %s", specd_strerror(rc));

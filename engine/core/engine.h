@@ -85,6 +85,12 @@ typedef struct {
     int min_tokens;               /* EOS suppressed before this many */
     int ignore_eos;
     int logprobs;                 /* -1: none; 0: chosen token only; N: + top N (<= 20) */
+    int prompt_logprobs;          /* -1: none; 0: each prompt token's logprob given the tokens
+                                   * before it; N: + top N (<= 20). The prompt is then
+                                   * computed in full (no prefix-cache hit) and its logprobs
+                                   * come with the event that ends the prompt (see
+                                   * engine_event.prompt_tokens). max_tokens 0 finishes
+                                   * ("length") right after the prompt, with or without. */
     /* Constrained decoding: every token keeps the output inside this grammar, and the
      * request stops ("stop") once the grammar is complete and nothing may follow. NULL:
      * none. Borrowed: engine_prepare / engine_add take their own reference. A constrained
@@ -113,6 +119,11 @@ typedef struct {
     int n_tokens;                  /* new tokens this step (0 is possible with finish) */
     engine_token tokens[ENGINE_MAX_STEP_TOKENS];
     engine_finish finish;          /* != RUNNING: the request is gone from the engine */
+    /* With sampling prompt_logprobs >= 0, on the event that ends the prompt (the first
+     * token's, or the finish of max_tokens 0): n_prompt entries, entry i is prompt token i
+     * with its logprob given tokens 0..i-1 (entry 0 has none: logprob NAN, n_top 0).
+     * Engine-owned, valid as long as the event. NULL otherwise. */
+    const engine_token *prompt_tokens;
     int n_prompt_tokens, n_output_tokens, n_cached_tokens;
     /* speculative decoding counters of this request so far */
     int spec_verify_steps, spec_draft_tokens, spec_accepted_tokens;

@@ -30,6 +30,8 @@ typedef struct req {
     int n_cached;                /* prompt tokens served from the prefix cache */
     int verify_steps, draft_tokens, accepted;
     matcher *m;                  /* constrained decoding state, or NULL */
+    engine_token *pl;            /* prompt logprobs (n_prompt), until the event that
+                                  * delivers them; NULL when not asked or delivered */
     /* speculation policy (engine_spec.c) */
     ngram_index *ng;             /* prompt lookup: the index of its tokens, or NULL */
     float acc_s, acc_t;          /* decayed accepted / tried draft positions */
@@ -37,6 +39,10 @@ typedef struct req {
     int declined;                /* prompt lookup: steps the cost model declined its drafts */
     int decode_steps;            /* steps in which it decoded (speculating or not) */
 } req;
+
+/* Prompt positions whose logits one step computes at most (prompt logprobs): the extra
+ * rows of e->logits they need (49k vocab: 50 MB), and the scheduler's max_logit_tokens. */
+#define ENGINE_PROMPT_LOGIT_ROWS 256
 
 typedef enum { ENGINE_DRAFTER_NONE = 0, ENGINE_DRAFTER_MODEL, ENGINE_DRAFTER_NGRAM } engine_drafter;
 
@@ -47,7 +53,8 @@ typedef struct {
     int spec;                    /* draft tokens this decoding row verifies this step (0: none;
                                   * before engine_spec_plan: 1 if it may speculate) */
     int target_logits;           /* 0, 1 or k+1 rows of target logits */
-    int logits_off;              /* first target logits row */
+    int logits_off;              /* first target logits row (sampling / verify) */
+    int pl_rows, pl_off;         /* logits rows of prompt positions (prompt logprobs) */
     int32_t drafts[ENGINE_MAX_STEP_TOKENS];
 } row_plan;
 
@@ -104,6 +111,11 @@ struct engine {
     engine_event *events[2];     /* double-buffered: step N's events stay valid while */
     int cap_events[2];           /* step N+1 runs (the server processes them meanwhile) */
     int ev_cur;                  /* the buffer this step writes */
+    engine_token **pl_keep[2];   /* prompt logprobs delivered with each event buffer: freed
+                                  * when that buffer is reused */
+    int n_pl_keep[2], cap_pl_keep[2];
+    int pl_logit_rows;           /* rows of e->logits beyond the sampling ones, for prompt
+                                  * positions (0 until a request asks for prompt logprobs) */
     int max_step_tokens;
 
     /* first-token logits of finished requests added with record=1, until read */

@@ -278,11 +278,11 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
 }
 
 /* The one list of sampling features the device sampler lacks (penalties, logit bias,
- * top logprobs, min_tokens, recorded logits, a grammar): a request that uses one is
+ * top logprobs, min_tokens, recorded logits, a grammar, prompt logprobs, max_tokens 0): a request that uses one is
  * sampled on the host. The chosen token's logprob is a device feature where the path returns it
  * (decode and the forward pass do; the speculative step does not). */
 static int needs_host_sampling(const req *r, int path_has_logprob) {
-    return r->record || r->m || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
+    return r->record || r->m || r->pl || r->max_new <= 0 || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f ||
            r->n_out < r->sp.min_tokens;
 }
@@ -409,10 +409,45 @@ static void record_finished_logits(engine *e, req *r) {
     r->first_logits = NULL;
 }
 
+/* Prompt logprobs of one prompt chunk (before n_computed advances): logits row j is
+ * position n_computed + j and gives the logprob of the prompt token after it. */
+static void record_prompt_logprobs(engine *e, req *r, const row_plan *p) {
+    const sched_seq *s = &r->seq;
+    for (int j = 0; j < p->pl_rows; j++) {
+        int t = s->n_computed + j + 1;
+        if (t >= s->n_prompt) break;
+        const float *lg = e->logits + (size_t)(p->pl_off + j) * e->vocab;
+        engine_token *et = &r->pl[t];
+        et->logprob = sample_logprob(lg, e->vocab, s->tokens[t]);
+        et->n_top = r->sp.prompt_logprobs > 0
+                        ? sample_top_logprobs(lg, e->vocab, r->sp.prompt_logprobs, et->top_ids, et->top_logprobs)
+                        : 0;
+    }
+}
+
+/* Hand the prompt logprobs to the event that ends the prompt; the array lives as long as
+ * the event buffer (freed when engine_step reuses it). */
+static void deliver_prompt_logprobs(engine *e, req *r, engine_event *ev) {
+    int b = e->ev_cur;
+    if (e->n_pl_keep[b] == e->cap_pl_keep[b]) {
+        int cap = e->cap_pl_keep[b] ? 2 * e->cap_pl_keep[b] : 16;
+        engine_token **n = realloc(e->pl_keep[b], (size_t)cap * sizeof *n);
+        if (!n) abort();   /* as new_event: an event cannot be lost */
+        e->pl_keep[b] = n;
+        e->cap_pl_keep[b] = cap;
+    }
+    e->pl_keep[b][e->n_pl_keep[b]++] = r->pl;
+    ev->prompt_tokens = r->pl;
+    r->pl = NULL;
+    r->seq.all_logits = 0;   /* a recompute after preemption may use the prefix cache */
+}
+
 int engine_step(engine *e, engine_output *out) {
     out->n_events = 0;
     e->ev_cur ^= 1;
     out->events = e->events[e->ev_cur];
+    for (int i = 0; i < e->n_pl_keep[e->ev_cur]; i++) free(e->pl_keep[e->ev_cur][i]);
+    e->n_pl_keep[e->ev_cur] = 0;
     out->n_scheduled_tokens = 0;
     if (e->failed) return SPECD_ESTATE;
     sched_batch sb;
@@ -476,10 +511,16 @@ int engine_step(engine *e, engine_output *out) {
             memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
             row->n_new = p->n_new;
             row->n_logits = s->n_computed + p->n_new == s->n_tokens ? 1 : 0;
+            if (p->r->pl && s->n_computed < s->n_prompt) {
+                /* prompt logprobs: logits at every position (the scheduler keeps these
+                 * within e->pl_logit_rows); the last one samples when the prompt ends */
+                p->pl_rows = row->n_logits = p->n_new;
+                p->pl_off = no;
+            }
         }
         row->logits_off = no;
-        p->logits_off = no;
-        p->target_logits = row->n_logits;
+        p->logits_off = p->pl_rows ? no + p->pl_rows - 1 : no;
+        p->target_logits = p->pl_rows ? s->n_computed + p->n_new == s->n_tokens : row->n_logits;
         no += row->n_logits;
         nt += row->n_new;
     }
@@ -507,8 +548,12 @@ int engine_step(engine *e, engine_output *out) {
             ev = new_event(e, out, r);
             f = accept_row(e, p, ev);
         } else {
+            if (p->pl_rows) record_prompt_logprobs(e, r, p);
             s->n_computed += p->n_new;
-            if (p->target_logits && on_device) {
+            if (p->target_logits && r->max_new <= 0) {   /* max_tokens 0: the prompt only */
+                ev = new_event(e, out, r);
+                f = ENGINE_FINISH_LENGTH;
+            } else if (p->target_logits && on_device) {
                 ev = new_event(e, out, r);
                 f = emit_token(e, r, ev, e->dec_out[p->logits_off], NULL, &e->dec_lp[p->logits_off]);
             } else if (p->target_logits) {
@@ -530,6 +575,7 @@ int engine_step(engine *e, engine_output *out) {
         if (ev) {
             ev->finish = f;
             fill_counts(ev, r);
+            if (r->pl && s->n_computed >= s->n_prompt) deliver_prompt_logprobs(e, r, ev);
         }
         if (f != ENGINE_RUNNING) {
             record_finished_logits(e, r);

@@ -199,13 +199,24 @@ void sched_remove(sched *s, sched_seq *q) {
     q->state = SEQ_FINISHED;
 }
 
+/* A prompt chunk of an all_logits sequence from n_computed: n_new capped by what is left
+ * of the step's logits budget (*logit_left, taken). */
+static int cap_logits(const sched_seq *q, int n_computed, int n_new, int *logit_left) {
+    if (!q->all_logits || n_computed >= q->n_prompt) return n_new;
+    if (n_new > *logit_left) n_new = *logit_left;
+    *logit_left -= n_new;
+    return n_new;
+}
+
 /* Phase 1: the running sequences, oldest first. Returns the budget left. */
-static int schedule_running(sched *s, sched_batch *out, int budget) {
+static int schedule_running(sched *s, sched_batch *out, int budget, int *logit_left) {
     sched_seq *q = s->running.head;
     while (q && budget > 0) {
         int remaining = q->n_tokens - q->n_computed;
         if (remaining <= 0 || q->paused) { q = q->next; continue; }   /* waits for its token / client */
         int n_new = remaining < budget ? remaining : budget, target = 0;
+        if (q->all_logits && q->n_computed < q->n_prompt && *logit_left == 0) { q = q->next; continue; }
+        n_new = cap_logits(q, q->n_computed, n_new, logit_left);
         int rc = target_tokens(s, q, q->n_computed, n_new, &target);
         if (rc) {
             sched_seq *nq = q->next;
@@ -229,14 +240,17 @@ static int schedule_running(sched *s, sched_batch *out, int budget) {
 }
 
 /* Phase 2: admit waiting sequences FCFS. */
-static void schedule_waiting(sched *s, sched_batch *out, int budget) {
+static void schedule_waiting(sched *s, sched_batch *out, int budget, int logit_left) {
     int bs = kv_block_size(s->kv);
     while (s->waiting.head && budget > 0 && s->n_free_slots > 0) {
         sched_seq *q = s->waiting.head;
         int evictable = 0, target = 0;
-        int hit = kv_prefix_lookup(s->kv, q->tokens, q->n_tokens, q->kv.cap, &evictable);
+        /* prompt logits need every prompt position computed: no hit */
+        int hit = q->all_logits ? 0 : kv_prefix_lookup(s->kv, q->tokens, q->n_tokens, q->kv.cap, &evictable);
         int remaining = q->n_tokens - hit;
         int n_new = remaining < budget ? remaining : budget;
+        if (q->all_logits && hit < q->n_prompt && logit_left == 0) break;   /* FCFS: wait */
+        n_new = cap_logits(q, hit, n_new, &logit_left);
         int rc = target_tokens(s, q, hit, n_new, &target);
         /* The whole sequence must fit one day, not just this chunk. */
         if (rc == 0 && kv_blocks_for(s->kv, q->n_tokens) > s->pool_blocks) rc = SPECD_ENOSPACE;
@@ -248,7 +262,7 @@ static void schedule_waiting(sched *s, sched_batch *out, int budget) {
         /* Hit blocks that sit on the free list stop being allocatable once taken. */
         int need = kv_blocks_for(s->kv, target) - hit / bs;
         if (need > kv_num_free(s->kv) - evictable) break;   /* FCFS: nobody jumps ahead */
-        int got = kv_seq_match_prefix(s->kv, &q->kv, q->tokens, q->n_tokens);
+        int got = q->all_logits ? 0 : kv_seq_match_prefix(s->kv, &q->kv, q->tokens, q->n_tokens);
         if (got != hit || kv_seq_reserve(s->kv, &q->kv, target) != 0) {
             kv_seq_release(s->kv, &q->kv);   /* cannot happen: lookup and match agree */
             break;
@@ -270,10 +284,11 @@ int sched_schedule(sched *s, sched_batch *out) {
     out->n_new = s->b_new;
     out->preempted = s->b_preempted;
     out->rejected = s->b_rejected;
-    int budget = schedule_running(s, out, s->cfg.max_tokens_per_step);
+    int logit_left = s->cfg.max_logit_tokens;
+    int budget = schedule_running(s, out, s->cfg.max_tokens_per_step, &logit_left);
     /* After a preemption the pool is tight: admitting newcomers would only get them
      * preempted again (thrashing), so wait for blocks to come back. */
-    if (out->n_preempted == 0) schedule_waiting(s, out, budget);
+    if (out->n_preempted == 0) schedule_waiting(s, out, budget, logit_left);
     return 0;
 }
 

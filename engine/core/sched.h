@@ -31,6 +31,9 @@
  *   2. if nothing was preempted: admit waiting sequences FCFS while budget, slots and
  *      blocks allow (prefix-cache hit first, then a prefill chunk of at most the budget
  *      left); stop at the first one whose chunk does not fit.
+ *   In both, a sequence with all_logits still in its prompt feeds at most what is left of
+ *   the step's max_logit_tokens (none left: a running one waits for the next step, a
+ *   waiting one stops admission, FCFS) and is admitted without a prefix-cache hit.
  * The engine then computes, advances n_computed by the tokens actually computed, calls
  * kv_seq_commit, and appends sampled tokens (n_tokens - n_computed may be > 1 after a
  * speculative step: the next step simply feeds them all).
@@ -63,6 +66,9 @@ typedef struct sched_seq {
     int paused;              /* set by the engine: a running sequence that keeps its KV and
                               * slot but is not scheduled (its client stopped reading); it
                               * can still be preempted */
+    int all_logits;          /* set by the engine: its prompt wants logits at every position
+                              * (prompt logprobs): no prefix-cache hit at admission, and its
+                              * prompt chunks count against max_logit_tokens */
     void *user;              /* engine's request */
     struct sched_seq *prev, *next; /* intrusive queue links (scheduler-owned) */
 } sched_seq;
@@ -75,6 +81,8 @@ typedef struct {
                               * a decoding sequence (prompt fully computed) gets blocks for
                               * n_computed + n_new + lookahead, clamped to its table's
                               * capacity (the engine must not draft past max_seq_len) */
+    int max_logit_tokens;    /* prompt tokens of all_logits sequences fed per step at most
+                              * (the engine's buffer for their logits; 0: none may run) */
 } sched_config;
 
 typedef struct sched sched;

@@ -400,7 +400,9 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
     long long x;
     double d;
     int rc, b;
-    if ((rc = get_int(o, "max_tokens", 1, 1 << 24, &x, e)) < 0) return -1;
+    /* completions' max_tokens may be 0: the prompt only (its logprobs with echo) */
+    int min_out = r->kind == API_COMPLETION ? 0 : 1;
+    if ((rc = get_int(o, "max_tokens", min_out, 1 << 24, &x, e)) < 0) return -1;
     if (rc) r->max_tokens = (int)x;
     if ((rc = get_int(o, "max_completion_tokens", 1, 1 << 24, &x, e)) < 0) return -1;
     if (rc) r->max_tokens = (int)x;
@@ -442,6 +444,10 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
     }
     json_t *u = field(o, "user");
     if (u && !json_is_string(u)) return api_fail(e, 400, NULL, "user", NULL, "'user' must be a string");
+    if ((rc = get_int(o, "prompt_logprobs", 0, API_MAX_TOP_LOGPROBS, &x, e)) < 0) return -1;
+    if (rc) r->prompt_logprobs = (int)x;
+    if (r->prompt_logprobs >= 0 && r->stream)
+        return api_fail(e, 400, NULL, "prompt_logprobs", NULL, "'prompt_logprobs' is not supported with 'stream'");
     if (parse_stop(o, r, e) < 0 || parse_logit_bias(o, lim, r, e) < 0) return -1;
     if (r->sp.min_tokens && r->max_tokens >= 0 && r->sp.min_tokens > r->max_tokens)
         return api_fail(e, 400, NULL, "min_tokens", NULL, "'min_tokens' must not exceed 'max_tokens'");
@@ -528,9 +534,6 @@ static int parse_completion(json_t *o, const api_limits *lim, api_request *r, ap
     if (rc < 0) return -1;
     if (rc) r->logprobs = (int)lp;
     if (get_bool(o, "echo", &r->echo, e) < 0) return -1;
-    if (r->echo && r->logprobs >= 0)
-        return api_fail(e, 400, NULL, "echo", NULL, "'echo' together with 'logprobs' is not supported "
-                        "(prompt logprobs are not computed)");
     return 0;
 }
 
@@ -548,6 +551,7 @@ api_request *api_parse_request(api_kind kind, const char *body, size_t len,
     r->n = 1;
     r->max_tokens = -1;
     r->logprobs = -1;
+    r->prompt_logprobs = -1;
     r->add_generation_prompt = 1;
     r->parallel_tool_calls = 1;
     r->skip_special = 1;
@@ -562,6 +566,7 @@ api_request *api_parse_request(api_kind kind, const char *body, size_t len,
         return NULL;
     }
     r->sp.logprobs = r->logprobs;
+    r->sp.prompt_logprobs = r->echo && r->logprobs > r->prompt_logprobs ? r->logprobs : r->prompt_logprobs;
     return r;
 }
 
@@ -808,6 +813,12 @@ void api_logprobs_add(json_t *lp, api_kind kind, const char *tok, size_t tok_len
         return;
     }
     json_array_append_new(json_object_get(lp, "tokens"), json_stringn(tok, tok_len));
+    if (isnan(logprob)) {   /* the first prompt token: nothing before it to predict it */
+        json_array_append_new(json_object_get(lp, "token_logprobs"), json_null());
+        json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
+        json_array_append_new(json_object_get(lp, "text_offset"), json_integer(text_offset));
+        return;
+    }
     json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(logprob));
     json_t *top = json_object();
     for (int i = 0; i < n_top; i++) {

@@ -74,6 +74,9 @@ typedef struct {
     int stream, include_usage;
     int max_tokens;          /* -1 = not given */
     int logprobs;            /* -1 none; else top N (completions: logprobs; chat: top_logprobs) */
+    int prompt_logprobs;     /* vLLM's prompt_logprobs: -1 none; else top N per prompt token.
+                              * sp.prompt_logprobs is the larger of it and, for completions
+                              * with echo, logprobs (the echoed prompt carries its logprobs) */
     int n_stop;
     char *stop[API_MAX_STOP];
     engine_sampling sp;      /* logit bias points into the arrays below; sp.grammar is owned */
@@ -169,6 +172,8 @@ json_t *api_usage_chunk_json(api_kind kind, const char *id, long long created,
  * chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
  * tok_text(id) gives a token's text; top may be empty (n_top 0). */
 json_t *api_logprobs_new(api_kind kind);
+/* A NAN logprob (the first prompt token's, which has none) is null, as are its top
+ * logprobs (completions). */
 void api_logprobs_add(json_t *lp, api_kind kind, const char *tok, size_t tok_len, float logprob,
                       int n_top, const char *const *top_tok, const size_t *top_len,
                       const float *top_lp, long long text_offset);

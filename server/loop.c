@@ -114,6 +114,7 @@ void loop_job_free(loop_job *j) {
         free(c->pending);
         free(c->text);
         json_decref(c->lp);
+        json_decref(c->prompt_lp);
     }
     free(j->choices);
     grammar_unref(j->tool_grammar);
@@ -255,7 +256,7 @@ static void admit(loop *l, loop_job *job) {
         engine_sampling sp = r->sp;
         if (job->tool_grammar) sp.grammar = job->tool_grammar;
         int np = job->n_prompt_ids[c->prompt];
-        sp.max_tokens = r->max_tokens > 0 ? r->max_tokens : api_default_max_tokens(r->kind, np, l->cfg.max_seq_len);
+        sp.max_tokens = r->max_tokens >= 0 ? r->max_tokens : api_default_max_tokens(r->kind, np, l->cfg.max_seq_len);
         if (sp.has_seed) sp.seed += (uint64_t)(i % r->n);
         char err[256] = "";
         engine_pending *p;

@@ -41,6 +41,7 @@ struct loop_choice {
     size_t tlen, tcap;
     long long offset;           /* bytes of text produced so far (logprobs text_offset) */
     json_t *lp;                 /* non-streaming logprobs accumulator */
+    json_t *prompt_lp;          /* vLLM's prompt_logprobs list, once the prompt is done */
     rp_parser *rp;              /* streaming chat: reasoning split (NULL = off) */
     tc_parser *tc;              /* streaming chat: tool calls (NULL = off) */
     int n_out;

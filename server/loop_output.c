@@ -12,6 +12,7 @@
  * A step with few events is processed on the loop thread alone (waking the pool would
  * cost more than it saves).
  * Host time of both phases is summed per generated token (loop_host_us_per_token). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,9 +200,13 @@ static void send_success(loop *l, loop_job *job) {
             json_array_append_new(choices, api_chat_message_choice(c->index, m, finish, lp));
             continue;
         }
-        json_array_append_new(choices, r->kind == API_CHAT
-                                            ? api_chat_choice(c->index, c->text, c->tlen, c->finish, lp)
-                                            : api_completion_choice(c->index, c->text, c->tlen, c->finish, lp));
+        json_t *ch = r->kind == API_CHAT ? api_chat_choice(c->index, c->text, c->tlen, c->finish, lp)
+                                         : api_completion_choice(c->index, c->text, c->tlen, c->finish, lp);
+        if (r->prompt_logprobs >= 0) {
+            json_object_set_new(ch, "prompt_logprobs", c->prompt_lp ? c->prompt_lp : json_null());
+            c->prompt_lp = NULL;
+        }
+        json_array_append_new(choices, ch);
     }
     json_t *v = api_response_json(r->kind, job->rid, job->created, l->cfg.model_name, choices, &u);
     char *s = json_dumps(v, JSON_COMPACT);
@@ -308,6 +313,8 @@ void loop_output_start(loop *l, loop_job *job) {
                                           NULL, NULL, r->include_usage));
         if (echo && r->echo) {
             c->offset = (long long)elen;
+            /* with logprobs, a stream's echo waits for the prompt's logprobs (prompt_output) */
+            if (r->stream && r->logprobs >= 0) continue;
             if (r->stream)
                 push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 0,
                                               echo, elen, NULL, NULL, r->include_usage));
@@ -343,6 +350,63 @@ static void add_logprobs(loop *l, loop_choice *c, json_t *lp, const engine_token
                      t->top_logprobs, c->offset + (long long)c->plen);
 }
 
+/* vLLM's prompt_logprobs entry of one prompt token: {"<id>": {logprob, rank,
+ * decoded_token}} for the token and its top N (null for the first token). */
+static json_t *prompt_lp_entry(loop *l, const engine_token *t, int top_n) {
+    if (isnan(t->logprob)) return json_null();
+    json_t *o = json_object();
+    char key[16], text[256];
+    size_t len;
+    int n = t->n_top < top_n ? t->n_top : top_n;
+    for (int i = -1; i < n; i++) {
+        int32_t id = i < 0 ? t->id : t->top_ids[i];
+        snprintf(key, sizeof key, "%d", (int)id);
+        if (i >= 0 && json_object_get(o, key)) continue;   /* the prompt token is among the top */
+        token_text(l, id, text, sizeof text, &len);
+        json_object_set_new(o, key, json_pack("{s:f, s:i, s:s%}", "logprob", (double)(i < 0 ? t->logprob : t->top_logprobs[i]),
+                                              "rank", i < 0 ? t->rank : i + 1, "decoded_token", text, len));
+    }
+    return o;
+}
+
+/* The event that ends the prompt brought its logprobs: the echoed prompt's logprobs
+ * (completions with echo and logprobs: text offsets from 0, the first token's null; a
+ * stream sends the echo now, with them) and vLLM's prompt_logprobs list. */
+static void prompt_output(loop *l, loop_choice *c, const engine_event *ev) {
+    loop_job *job = c->job;
+    api_request *r = job->req;
+    int n = ev->n_prompt_tokens;
+    if (r->echo && r->logprobs >= 0) {
+        json_t *lp = r->stream ? api_logprobs_new(r->kind) : json_incref(c->lp);
+        engine_token t0 = {0};
+        long long off = 0;
+        for (int i = 0; i < n; i++) {
+            const engine_token *t = &ev->prompt_tokens[i];
+            t0 = *t;
+            if (t0.n_top > r->logprobs) t0.n_top = r->logprobs;
+            char text[256];
+            size_t len;
+            token_text(l, t->id, text, sizeof text, &len);
+            c->offset = off;   /* add_logprobs' text_offset: offset + plen (plen is 0 here) */
+            add_logprobs(l, c, lp, &t0);
+            off += (long long)len;
+        }
+        const char *echo = job->echo_text ? job->echo_text[c->prompt] : NULL;
+        size_t elen = echo ? job->echo_len[c->prompt] : 0;
+        c->offset = (long long)elen;
+        if (r->stream)
+            push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 0,
+                                          echo ? echo : "", elen, NULL, lp, r->include_usage));
+        else json_decref(lp);
+    }
+    if (r->prompt_logprobs >= 0) {
+        json_decref(c->prompt_lp);
+        c->prompt_lp = json_array();
+        for (int i = 0; i < n; i++)
+            json_array_append_new(c->prompt_lp, prompt_lp_entry(l, &ev->prompt_tokens[i], r->prompt_logprobs));
+    }
+}
+
 /* Emit what the stop strings allow; returns 1 when a stop string ended the choice. With
  * final set, nothing more will come, so nothing is held back. */
 static int drain_pending(loop *l, loop_choice *c, json_t *lp, int final, int had_tokens) {
@@ -376,6 +440,7 @@ static out_verdict process_event(loop *l, loop_choice *c, const engine_event *ev
         }
         c->t_last = now;
     }
+    if (ev->prompt_tokens) prompt_output(l, c, ev);
     json_t *lp = r->logprobs >= 0 ? (r->stream ? api_logprobs_new(r->kind) : json_incref(c->lp)) : NULL;
     int stopped = 0;
     for (int i = 0; i < ev->n_tokens && !stopped; i++) {

@@ -112,6 +112,29 @@ static void test_single_token_array_is_one_prompt(void **s) {
     api_request_free(r);
 }
 
+/* echo + logprobs asks the engine for the prompt's logprobs (top N as logprobs), as does
+ * vLLM's prompt_logprobs (the larger N wins); max_tokens 0 is the prompt only. */
+static void test_echo_logprobs_ask_for_prompt_logprobs(void **s) {
+    (void)s;
+    api_error e;
+    static const struct { const char *body; int max_tokens, prompt_logprobs, engine; } cases[] = {
+        {"{\"prompt\":\"p\",\"echo\":true,\"logprobs\":1,\"max_tokens\":0}", 0, -1, 1},
+        {"{\"prompt\":\"p\",\"echo\":true,\"logprobs\":0}", -1, -1, 0},
+        {"{\"prompt\":\"p\",\"logprobs\":3}", -1, -1, -1},
+        {"{\"prompt\":\"p\",\"echo\":true}", -1, -1, -1},
+        {"{\"prompt\":\"p\",\"prompt_logprobs\":2,\"max_tokens\":0}", 0, 2, 2},
+        {"{\"prompt\":\"p\",\"echo\":true,\"logprobs\":4,\"prompt_logprobs\":2}", -1, 2, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        api_request *r = parse(API_COMPLETION, cases[i].body, &e);
+        assert_non_null(r);
+        assert_int_equal(r->max_tokens, cases[i].max_tokens);
+        assert_int_equal(r->prompt_logprobs, cases[i].prompt_logprobs);
+        assert_int_equal(r->sp.prompt_logprobs, cases[i].engine);
+        api_request_free(r);
+    }
+}
+
 static void test_null_fields_mean_default(void **s) {
     (void)s;
     api_error e;
@@ -140,7 +163,8 @@ static void test_completion_rejects_bad_fields(void **s) {
     expect_error(API_COMPLETION, "{\"prompt\":[1,-1]}", 400, "prompt");
     expect_error(API_COMPLETION, "{\"prompt\":[1,\"a\"]}", 400, "prompt");
     expect_error(API_COMPLETION, "{\"prompt\":[\"a\",[1]]}", 400, "prompt");
-    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"max_tokens\":0}", 400, "max_tokens");
+    expect_error(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400,
+                 "max_tokens");   /* completions may ask for 0 (the prompt only), chat not */
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"max_tokens\":-5}", 400, "max_tokens");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"max_tokens\":\"5\"}", 400, "max_tokens");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"max_tokens\":5.5}", 400, "max_tokens");
@@ -177,7 +201,8 @@ static void test_completion_rejects_bad_fields(void **s) {
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"logprobs\":21}", 400, "logprobs");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"logprobs\":true}", 400, "logprobs");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"echo\":\"no\"}", 400, "echo");
-    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"echo\":true,\"logprobs\":1}", 400, "echo");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"prompt_logprobs\":21}", 400, "prompt_logprobs");
+    expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"prompt_logprobs\":1,\"stream\":true}", 400, "prompt_logprobs");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"min_tokens\":5,\"max_tokens\":2}", 400, "min_tokens");
     expect_error(API_COMPLETION, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"yaml\"}}", 400, "response_format");
     /* constrained decoding: a field that does not compile is a 400 naming it; two at once too */
@@ -938,6 +963,7 @@ int main(void) {
         cmocka_unit_test(test_completion_token_prompts_and_fields),
         cmocka_unit_test(test_single_token_array_is_one_prompt),
         cmocka_unit_test(test_null_fields_mean_default),
+        cmocka_unit_test(test_echo_logprobs_ask_for_prompt_logprobs),
         cmocka_unit_test(test_completion_rejects_bad_fields),
         cmocka_unit_test(test_constraint_fields_compile_into_the_request),
         cmocka_unit_test(test_invalid_json_bodies),

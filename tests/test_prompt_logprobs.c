@@ -4,6 +4,7 @@
  * prompt already in the prefix cache; they come with the event that ends the prompt;
  * max_tokens 0 ends ("length") after the prompt with no token. */
 #include <math.h>
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@ typedef struct {
     json_t *all;                 /* all_logits of the 33-token prompt */
     int32_t *ids;
     int n, V;
+    double *ref;                 /* [n, V] log_softmax of all_logits */
 } golden_prompt;
 
 static void load_golden(const char *name, golden_prompt *gp) {
@@ -35,16 +37,18 @@ static void load_golden(const char *name, golden_prompt *gp) {
     gp->all = json_object_get(cs, "all_logits");
     gp->ids = json_ids(json_object_get(cs, "prompt"), &gp->n);
     gp->V = (int)json_array_size(json_array_get(gp->all, 0));
+    gp->ref = malloc(sizeof *gp->ref * (size_t)gp->n * gp->V);
+    for (int p = 0; p < gp->n; p++) {
+        json_t *row = json_array_get(gp->all, (size_t)p);
+        double *o = gp->ref + (size_t)p * gp->V, mx = -INFINITY, sum = 0;
+        for (int i = 0; i < gp->V; i++) mx = fmax(mx, o[i] = json_number_value(json_array_get(row, (size_t)i)));
+        for (int i = 0; i < gp->V; i++) sum += exp(o[i] - mx);
+        for (int i = 0; i < gp->V; i++) o[i] -= mx + log(sum);
+    }
 }
 
-/* log_softmax(all_logits[pos])[tok] in double precision. */
-static double ref_logprob(const golden_prompt *gp, int pos, int tok) {
-    json_t *row = json_array_get(gp->all, (size_t)pos);
-    double mx = -INFINITY, s = 0;
-    for (int i = 0; i < gp->V; i++) mx = fmax(mx, json_number_value(json_array_get(row, (size_t)i)));
-    for (int i = 0; i < gp->V; i++) s += exp(json_number_value(json_array_get(row, (size_t)i)) - mx);
-    return json_number_value(json_array_get(row, (size_t)tok)) - mx - log(s);
-}
+/* log_softmax(all_logits[pos])[tok] in double precision (gp->ref, filled once). */
+static double ref_logprob(const golden_prompt *gp, int pos, int tok) { return gp->ref[(size_t)pos * gp->V + tok]; }
 
 static engine *open_engine(const char *name, int max_tokens_per_step, int max_batch) {
     char path[4096], err[1024] = "";
@@ -119,6 +123,10 @@ static double check_against_golden(const golden_prompt *gp, const run_result *r,
             if (j) assert_true(t->top_logprobs[j] <= t->top_logprobs[j - 1]);
         }
         if (top_n) assert_true(t->top_logprobs[0] >= t->logprob - 1e-6);
+        int rank = 1;   /* under the reference */
+        for (int v = 0; v < gp->V; v++) rank += ref_logprob(gp, i - 1, v) > ref_logprob(gp, i - 1, gp->ids[i]) + 1e-5;
+        assert_true(abs(t->rank - rank) <= 1);   /* a near tie may order either way */
+        if (top_n && t->top_ids[0] == t->id) assert_int_equal(t->rank, 1);
     }
     return worst;
 }
@@ -185,6 +193,7 @@ static void check_model(const char *name) {
     print_message("  %-11s prompt logprobs, worst abs err: whole %.2e, cached %.2e, chunked %.2e\n", name, whole,
                   cached, chunked);
     free(gp.ids);
+    free(gp.ref);
     json_decref(gp.g);
 }
 
@@ -247,6 +256,7 @@ static void test_long_prompts_share_the_logits_budget(void **st) {
     free(b[0].prompt);
     free(ids);
     free(gp.ids);
+    free(gp.ref);
     json_decref(gp.g);
 }
 

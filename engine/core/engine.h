@@ -109,6 +109,8 @@ typedef enum { ENGINE_RUNNING = 0, ENGINE_FINISH_STOP, ENGINE_FINISH_LENGTH,
 typedef struct {
     int32_t id;
     float logprob;                 /* of the chosen token under the target */
+    int rank;                      /* prompt tokens (engine_event.prompt_tokens) only: 1 + the
+                                    * tokens more likely than it; 0 elsewhere */
     int n_top;
     int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
     float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];

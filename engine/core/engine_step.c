@@ -419,6 +419,8 @@ static void record_prompt_logprobs(engine *e, req *r, const row_plan *p) {
         const float *lg = e->logits + (size_t)(p->pl_off + j) * e->vocab;
         engine_token *et = &r->pl[t];
         et->logprob = sample_logprob(lg, e->vocab, s->tokens[t]);
+        et->rank = 1;
+        for (int v = 0; v < e->vocab; v++) et->rank += lg[v] > lg[s->tokens[t]];
         et->n_top = r->sp.prompt_logprobs > 0
                         ? sample_top_logprobs(lg, e->vocab, r->sp.prompt_logprobs, et->top_ids, et->top_logprobs)
                         : 0;

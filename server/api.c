@@ -581,6 +581,7 @@ void api_request_free(api_request *r) {
     json_decref(r->messages);
     json_decref(r->tools);
     json_decref(r->chat_template_kwargs);
+    json_decref(r->responses);
     grammar_unref(r->sp.grammar);
     free(r);
 }

@@ -83,6 +83,8 @@ typedef struct {
     int32_t bias_ids[API_MAX_LOGIT_BIAS];
     float bias_vals[API_MAX_LOGIT_BIAS];
     int skip_special;        /* decode: drop special tokens (default 1) */
+    json_t *responses;       /* POST /v1/responses (api_responses.h): the fields its response
+                              * echoes; NULL for chat and completions */
 } api_request;
 
 /* Constrained decoding fields (api_constraint.c): response_format (json_object,

@@ -20,6 +20,7 @@
 
 #include "engine/core/err.h"
 #include "server/api.h"
+#include "server/api_responses.h"
 #include "server/cli.h"
 #include "server/guard.h"
 #include "server/log.h"
@@ -30,7 +31,7 @@
 
 enum route {
     R_NONE = 0, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH, R_READY,
-    R_VERSION, R_METRICS, R_MODEL,
+    R_VERSION, R_METRICS, R_MODEL, R_RESPONSES,
 };
 
 static const struct {
@@ -41,6 +42,7 @@ static const struct {
 } routes[] = {
     {"/v1/completions", R_COMPLETIONS, "POST", 1},
     {"/v1/chat/completions", R_CHAT, "POST", 1},
+    {"/v1/responses", R_RESPONSES, "POST", 1},      /* mapped onto chat (api_responses.h) */
     {"/tokenize", R_TOKENIZE, "POST", 1},
     {"/detokenize", R_DETOKENIZE, "POST", 1},
     {"/v1/models", R_MODELS, "GET", 1},
@@ -406,10 +408,11 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     if (st != LOOP_READY) return fail(x, 503, "server_error", NULL, NULL, "the server is shutting down");
     if (loop_engine_failed(s->lp))
         return fail(x, 503, "server_error", NULL, NULL, "the engine has failed; the server needs a restart");
-    api_kind kind = x->route == R_CHAT ? API_CHAT : API_COMPLETION;
+    api_kind kind = x->route == R_CHAT || x->route == R_RESPONSES ? API_CHAT : API_COMPLETION;
     api_limits lim = {s->model_name, s->vocab, s->cfg->max_n};
     api_error e;
-    api_request *r = api_parse_request(kind, x->body ? x->body : "", x->len, &lim, &e);
+    api_request *r = x->route == R_RESPONSES ? api_resp_parse(x->body ? x->body : "", x->len, &lim, &e)
+                                             : api_parse_request(kind, x->body ? x->body : "", x->len, &lim, &e);
     if (!r) return reply_error(x, &e);
     loop_job *job = calloc(1, sizeof *job);
     if (!job) {
@@ -419,7 +422,7 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     job->req = r;
     job->t_arrival = loop_now();
     job->created = (long long)time(NULL);
-    api_make_id(job->rid, sizeof job->rid, kind == API_CHAT ? "chatcmpl-" : "cmpl-");
+    api_make_id(job->rid, sizeof job->rid, r->responses ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-");
     snprintf(job->path, sizeof job->path, "%s", routes[x->route_idx].path);
     snprintf(job->request_id, sizeof job->request_id, "%s", x->request_id);
     if (prepare_job(s, r, job, &e)) {
@@ -620,7 +623,7 @@ static enum MHD_Result dispatch(conn_ctx *x) {
     if ((x->route == R_TOKENIZE || x->route == R_DETOKENIZE) && !eng_of(x->srv))
         return fail(x, 503, "server_error", NULL, NULL, "the model is still loading");
     switch (x->route) {
-    case R_COMPLETIONS: case R_CHAT: return handle_generate(x);
+    case R_COMPLETIONS: case R_CHAT: case R_RESPONSES: return handle_generate(x);
     case R_TOKENIZE: return handle_tokenize(x);
     case R_DETOKENIZE: return handle_detokenize(x);
     case R_MODELS:

@@ -115,6 +115,7 @@ void loop_job_free(loop_job *j) {
         free(c->text);
         json_decref(c->lp);
         json_decref(c->prompt_lp);
+        api_rstream_free(c->rs);
     }
     free(j->choices);
     grammar_unref(j->tool_grammar);

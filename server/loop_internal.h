@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 
 #include "engine/core/threadpool.h"
+#include "server/api_responses.h"
 #include "server/loop.h"
 #include "server/reasoning.h"
 #include "server/toolcall.h"
@@ -42,6 +43,7 @@ struct loop_choice {
     long long offset;           /* bytes of text produced so far (logprobs text_offset) */
     json_t *lp;                 /* non-streaming logprobs accumulator */
     json_t *prompt_lp;          /* vLLM's prompt_logprobs list, once the prompt is done */
+    api_rstream *rs;            /* POST /v1/responses: its output items and events */
     rp_parser *rp;              /* streaming chat: reasoning split (NULL = off) */
     tc_parser *tc;              /* streaming chat: tool calls (NULL = off) */
     int n_out;

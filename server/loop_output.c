@@ -91,9 +91,37 @@ static json_t *parsed_delta(loop_choice *c, const char *s, size_t n, int final) 
     return d;
 }
 
+/* Responses events of a chat delta (stolen), pushed as SSE; a step that produced none
+ * still writes a comment line (the liveness write, see emit). */
+static void push_resp_events(loop_choice *c, json_t *delta, int keepalive) {
+    json_t *ev = json_array(), *e;
+    size_t i, len;
+    api_rstream_feed(c->rs, delta, ev);
+    json_decref(delta);
+    json_array_foreach(ev, i, e) {
+        char *sse = api_rstream_sse(e, &len);
+        if (sse) sse_chan_push(c->job->chan, sse, len);
+        free(sse);
+    }
+    if (!json_array_size(ev) && keepalive) sse_chan_push(c->job->chan, ":\n\n", 3);
+    json_decref(ev);
+}
+
+/* A chat delta of plain text (no parsers). */
+static json_t *text_delta(const char *s, size_t n) {
+    json_t *d = json_object();
+    if (n) json_object_set_new(d, "content", json_stringn(s, n));
+    return d;
+}
+
 static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp, int had_tokens) {
     loop_job *job = c->job;
     api_request *r = job->req;
+    if (c->rs && r->stream) {
+        json_decref(lp);
+        push_resp_events(c, c->rp || c->tc ? parsed_delta(c, s, n, 0) : text_delta(s, n), had_tokens);
+        return;
+    }
     if (r->stream && (c->rp || c->tc)) {
         json_t *d = parsed_delta(c, s, n, 0);
         if (!json_object_size(d)) {
@@ -180,9 +208,43 @@ static json_t *parsed_message(loop_choice *c, const char **finish) {
     return m;
 }
 
+/* POST /v1/responses: the response object (non-streamed) or the closing events. */
+static void send_responses(loop *l, loop_job *job, const api_usage *u) {
+    loop_choice *c = &job->choices[0];
+    const char *finish = c->finish;
+    if (!job->req->stream) {
+        json_t *m = c->rp || c->tc ? parsed_message(c, &finish) : text_delta(c->text, c->tlen);
+        api_rstream_feed(c->rs, m, NULL);
+        json_decref(m);
+    }
+    json_t *ev = job->req->stream ? json_array() : NULL, *e;
+    json_t *resp = api_rstream_close(c->rs, finish, u->prompt_tokens, u->completion_tokens, ev);
+    size_t i, len;
+    json_array_foreach(ev, i, e) {
+        char *sse = api_rstream_sse(e, &len);
+        if (sse) sse_chan_push(job->chan, sse, len);
+        free(sse);
+    }
+    json_decref(ev);
+    if (job->req->stream) {
+        json_decref(resp);
+        sse_chan_close(job->chan, 200);
+        return;
+    }
+    char *s = json_dumps(resp, JSON_COMPACT);
+    json_decref(resp);
+    sse_chan_push_close(job->chan, s ? s : "", s ? strlen(s) : 0, s ? 200 : 500);
+    free(s);
+    (void)l;
+}
+
 static void send_success(loop *l, loop_job *job) {
     api_request *r = job->req;
     api_usage u = job_usage(l, job);
+    if (job->n_choices && job->choices[0].rs) {
+        send_responses(l, job, &u);
+        return;
+    }
     if (r->stream) {
         if (r->include_usage) push_json(job, api_usage_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, &u));
         sse_chan_push(job->chan, API_SSE_DONE, strlen(API_SSE_DONE));
@@ -246,7 +308,10 @@ static void finish_choice(loop *l, loop_choice *c, const char *reason) {
     c->finish = reason;
     loop_job *job = c->job;
     const char *shown = reason;
-    if (job->req->stream && !job->error_status) {
+    if (c->rs && job->req->stream && !job->error_status) {
+        /* what the parsers still held; the closing events come with the usage */
+        if (c->rp || c->tc) push_resp_events(c, parsed_delta(c, "", 0, 1), 0);
+    } else if (job->req->stream && !job->error_status) {
         if (c->rp || c->tc) {   /* what the parsers still held, then the finish */
             json_t *d = parsed_delta(c, "", 0, 1);
             if (json_object_size(d))
@@ -300,10 +365,24 @@ static int make_parsers(loop_job *job, loop_choice *c) {
 void loop_output_start(loop *l, loop_job *job) {
     api_request *r = job->req;
     for (int i = 0; i < job->n_choices; i++)
-        if (make_parsers(job, &job->choices[i])) {
+        if (make_parsers(job, &job->choices[i]) ||
+            (r->responses && !(job->choices[i].rs = api_rstream_new(job->rid, job->created, l->cfg.model_name,
+                                                                    r->responses)))) {
             loop_fail_job(l, job, 500, "server_error", "out of memory");
             return;
         }
+    if (r->responses && r->stream) {
+        json_t *ev = json_array(), *e;
+        size_t i, len;
+        api_rstream_open(job->choices[0].rs, ev);
+        json_array_foreach(ev, i, e) {
+            char *sse = api_rstream_sse(e, &len);
+            if (sse) sse_chan_push(job->chan, sse, len);
+            free(sse);
+        }
+        json_decref(ev);
+        return;
+    }
     for (int i = 0; i < job->n_choices; i++) {
         loop_choice *c = &job->choices[i];
         const char *echo = job->echo_text ? job->echo_text[c->prompt] : NULL;

@@ -109,11 +109,19 @@ void engine_spec_plan(engine *e, int n) {
         double a = e->acc_s / e->acc_t;
         double plain = nd / spec_cost_step(&e->cost, nd, extra);
         double spec = nd * (1 + expected_accepted(a, e->k)) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
-        if (spec <= plain && ++e->declined % SPEC_PROBE_EVERY)
+        /* a probe only where drafts that all stand would pay: never at batch sizes whose
+         * verify costs more than k plain steps (on a GPU, a large batch) */
+        double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
+        if (spec <= plain && (best <= plain || ++e->declined % SPEC_PROBE_EVERY))
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
     } else if (e->cost.n_b > 0) {
         spec_cost_choose(&e->cost, nd, extra, e->cand_avail, e->cand_alpha, e->cand_k, e->cands);
-        for (int j = 0; j < nd; j++) {
+        /* a one-token probe only where a draft that stands would pay at this batch size */
+        int any = 0;
+        for (int j = 0; j < nd; j++) any |= e->cand_k[j] > 0;
+        const double plain = nd / spec_cost_step(&e->cost, nd, extra);
+        const int probe_pays = any || (nd + 1) / spec_cost_step(&e->cost, nd, extra + 1) > plain;
+        for (int j = 0; j < nd && probe_pays; j++) {
             req *r = e->plan[e->cand_row[j]].r;
             if (e->cand_k[j] == 0 && e->cand_avail[j] > 0 && ++r->declined % SPEC_PROBE_EVERY == 0)
                 e->cand_k[j] = 1;

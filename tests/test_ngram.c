@@ -225,6 +225,38 @@ static void test_spec_cost_drafts_only_where_they_pay(void **st) {
     assert_true(be > 0.05 && be < 0.2);
 }
 
+/* Start-up timing said verify tokens are cheap; speculating steps then took ten times
+ * what it predicted (host acceptance over full logits on a GPU): the learned scale makes
+ * the model stop drafting at that batch size, leaves the plain step alone, and the other
+ * batch size keeps its own scale. */
+static void test_spec_cost_learns_what_speculating_steps_cost(void **st) {
+    (void)st;
+    spec_cost c;
+    spec_cost_cand cand[16];
+    make_cost(&c, 0.0, 1.0, 0.1);
+    int avail[2] = {4, 4}, k[2];
+    float alpha[2] = {0.8f, 0.8f};
+    assert_true(spec_cost_choose(&c, 2, 0, avail, alpha, k, cand) > 0);
+    double plain = spec_cost_step(&c, 2, 0), pred = spec_cost_step(&c, 1, 4);
+    for (int i = 0; i < 20; i++) {
+        double predicted = spec_cost_step(&c, 1, 4);   /* nearest measured B: 1 */
+        spec_cost_observe(&c, 1, 4, 1.0 + 10 * (predicted - 1.0) / (c.scale[0] > 0 ? c.scale[0] : 1));
+    }
+    assert_true(c.scale[0] > 8 && c.scale[0] <= 10.01);
+    assert_float_equal(spec_cost_step(&c, 2, 0), plain, 1e-12);     /* plain steps unchanged */
+    assert_true(spec_cost_step(&c, 1, 4) > 3 * pred);   /* 1 + 0.4 x 10 against 1.4 */
+    assert_int_equal(spec_cost_choose(&c, 1, 0, avail, alpha, k, cand), 0);
+    assert_true(c.scale[1] == 0);                                     /* B 4 learned nothing */
+    assert_true(spec_cost_choose(&c, 4, 0, (int[]){4, 4, 4, 4}, (float[]){0.8f, 0.8f, 0.8f, 0.8f},
+                                 (int[4]){0}, cand) > 0);
+    /* nonsense observations are ignored or clamped */
+    spec_cost_observe(&c, 4, 0, 5.0);
+    spec_cost_observe(&c, 4, 4, -1.0);
+    assert_true(c.scale[1] == 0);
+    spec_cost_observe(&c, 4, 4, 1e9);
+    assert_true(c.scale[1] > 1 && c.scale[1] <= 0.7 + 0.3 * 50 + 1e-9);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_proposes_what_followed_the_earlier_match),
@@ -238,6 +270,7 @@ int main(void) {
         cmocka_unit_test(test_spec_cost_interpolates_and_extrapolates),
         cmocka_unit_test(test_spec_cost_free_verify_takes_every_draft),
         cmocka_unit_test(test_spec_cost_drafts_only_where_they_pay),
+        cmocka_unit_test(test_spec_cost_learns_what_speculating_steps_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,6 +74,7 @@ struct engine {
                                   * behind it are released (kv_seq_drop_front) */
     engine_drafter drafter;
     spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
+    int spec_rows, spec_extra;   /* this step's decoding rows and draft + prefill tokens */
     float acc_s, acc_t;          /* decayed accepted / tried drafts over all requests */
     int declined;                /* draft model: steps the cost model turned speculation off */
     int step_spec;               /* rows speculating in this step */

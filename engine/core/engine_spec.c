@@ -132,6 +132,9 @@ void engine_spec_plan(engine *e, int n) {
         total += e->cand_k[j] > 0;
     }
     e->step_spec = total;
+    e->spec_rows = nd;
+    e->spec_extra = extra;
+    for (int j = 0; j < nd; j++) e->spec_extra += e->cand_k[j];
     if (total) e->st.spec_steps_speculated++;
 }
 

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/core/engine_internal.h"
 #include "engine/core/err.h"
@@ -444,6 +445,12 @@ static void deliver_prompt_logprobs(engine *e, req *r, engine_event *ev) {
     r->seq.all_logits = 0;   /* a recompute after preemption may use the prefix cache */
 }
 
+static double step_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int engine_step(engine *e, engine_output *out) {
     out->n_events = 0;
     e->ev_cur ^= 1;
@@ -495,6 +502,8 @@ int engine_step(engine *e, engine_output *out) {
         return 0;
     }
     if (n) e->st.steps_composed++;
+    /* a speculating prompt-lookup step is timed: the cost model learns what it costs */
+    const double t_spec = e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b ? step_now() : 0;
     /* Phase 3: draft. */
     if (e->drafter == ENGINE_DRAFTER_MODEL && n > 0 && (rc = draft_phase(e, n))) goto fail;
 
@@ -584,6 +593,7 @@ int engine_step(engine *e, engine_output *out) {
             engine_req_drop(e, r);
         }
     }
+    if (t_spec > 0) spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra, step_now() - t_spec);
     return 0;
 fail:
     fprintf(stderr, "specd: engine step failed: %s\n", specd_strerror(rc));

@@ -16,7 +16,8 @@ static double at_k(const spec_cost *c, int bi, double kf) {
     return lerp(c->k[j], c->t[bi][j], c->k[j + 1], c->t[bi][j + 1], kf);
 }
 
-double spec_cost_step(const spec_cost *c, int rows, int extra) {
+/* The measured table, interpolated (no learned scale). */
+static double table_step(const spec_cost *c, int rows, int extra) {
     if (c->n_b == 0 || rows < 1) return 1.0;
     double kf = (double)extra / rows;
     if (c->n_b == 1) return at_k(c, 0, kf) * rows / c->b[0];
@@ -24,6 +25,32 @@ double spec_cost_step(const spec_cost *c, int rows, int extra) {
     while (i + 2 < c->n_b && rows > c->b[i + 1]) i++;
     double t = lerp(c->b[i], at_k(c, i, kf), c->b[i + 1], at_k(c, i + 1, kf), rows);
     return t > 0 ? t : 1e-9;
+}
+
+/* Index of the measured batch size nearest to rows. */
+static int nearest_b(const spec_cost *c, int rows) {
+    int bi = 0;
+    for (int i = 1; i < c->n_b; i++)
+        if (abs(c->b[i] - rows) < abs(c->b[bi] - rows)) bi = i;
+    return bi;
+}
+
+double spec_cost_step(const spec_cost *c, int rows, int extra) {
+    double t = table_step(c, rows, extra);
+    if (extra <= 0 || c->n_b == 0 || rows < 1) return t;
+    double s = c->scale[nearest_b(c, rows)], t0 = table_step(c, rows, 0);
+    return s > 0 && t > t0 ? t0 + (t - t0) * s : t;
+}
+
+void spec_cost_observe(spec_cost *c, int rows, int extra, double seconds) {
+    if (c->n_b == 0 || rows < 1 || extra <= 0 || !(seconds > 0)) return;
+    double t0 = table_step(c, rows, 0), tp = table_step(c, rows, extra);
+    if (!(tp > t0)) return;
+    double need = (seconds - t0) / (tp - t0);
+    need = need < 0.25 ? 0.25 : need > 50 ? 50 : need;
+    int bi = nearest_b(c, rows);
+    double s = c->scale[bi] > 0 ? c->scale[bi] : 1.0;
+    c->scale[bi] = 0.7 * s + 0.3 * need;
 }
 
 static int cand_cmp(const void *a, const void *b) {

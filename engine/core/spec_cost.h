@@ -23,10 +23,20 @@ typedef struct {
     int b[SPEC_COST_MAX_B];          /* batch sizes measured, ascending */
     int k[SPEC_COST_MAX_K];          /* draft lengths measured, ascending, k[0] = 0 */
     double t[SPEC_COST_MAX_B][SPEC_COST_MAX_K];   /* seconds per step */
+    /* Correction of the draft tokens' cost per measured batch size, learned from the
+     * steps that did speculate (spec_cost_observe): what start-up timing misses (host
+     * acceptance over full logits, mixed steps) scales the verify part. 0 = 1 (none yet). */
+    double scale[SPEC_COST_MAX_B];
 } spec_cost;
 
-/* Seconds of a step of `rows` decoding rows feeding `extra` draft (or prefill) tokens. */
+/* Seconds of a step of `rows` decoding rows feeding `extra` draft (or prefill) tokens:
+ * the plain step, plus the draft tokens' part times the learned scale. */
 double spec_cost_step(const spec_cost *c, int rows, int extra);
+
+/* A speculating step of `rows` rows and `extra` draft/prefill tokens took `seconds`:
+ * move the nearest batch size's scale toward what it would have needed (decayed; the
+ * scale stays within [0.25, 50]). */
+void spec_cost_observe(spec_cost *c, int rows, int extra, double seconds);
 
 /* Scratch for spec_cost_choose: room for rows * max_k candidates. */
 typedef struct {

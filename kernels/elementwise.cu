@@ -100,8 +100,7 @@ __global__ void gelu_tanh_mul_kernel(const float *gu, uint16_t *out, int ffn, si
          i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / ffn, j = i % ffn;
         float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-        float gl = 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-        out[i] = k_f2bf(gl * u);
+        out[i] = k_f2bf(k_gelu_tanh(g) * u);
     }
 }
 

@@ -98,6 +98,10 @@ __device__ __forceinline__ unsigned long long k_ss_units(float v) {
 __device__ __forceinline__ float k_ss_value(unsigned long long u) { return (float)K_SS_VALUE(u); }
 
 __device__ __forceinline__ float k_silu(float g) { return g / (1.f + expf(-g)); }
+/* HF's gelu_pytorch_tanh (Gemma's gate activation). */
+__device__ __forceinline__ float k_gelu_tanh(float g) {
+    return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
 
 /* Philox4x32-10 (Salmon et al., SC'11): key = seed, counter = (counter, 0, 0). */
 __host__ __device__ __forceinline__ void k_philox(uint64_t seed, uint64_t counter, uint32_t out[4]) {

@@ -22,6 +22,7 @@
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
+#include "kernels/tc.cuh"
 
 #define MOE_NT 256   /* threads of the GEMV and routing blocks */
 
@@ -89,27 +90,6 @@ extern "C" int k_moe_route(const float *logits, int n, int E, int K, int norm, i
 
 /* ---- the tiled grouped GEMM on tensor cores ---------------------------------------------- */
 
-__device__ __forceinline__ uint32_t moe_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16 bytes global -> shared asynchronously; ok == false writes zeros. */
-__device__ __forceinline__ void moe_cp16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void moe_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void moe_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void moe_ldsm4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
-/* c += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate */
-__device__ __forceinline__ void moe_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 #define MOE_TM 64     /* rows (pairs) per tile: 4 warps x 16 */
 #define MOE_TN 64     /* output columns per tile: 8 mma n-tiles */
 #define MOE_TK 32     /* reduction chunk: 2 mma k-steps */
@@ -145,16 +125,16 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
             const int idx = tid + i * MOE_TC_NT, r = idx / 4, c = (idx % 4) * 8;
             const bool kok = k0 + c < Kd;
             const int p = prow[r];
-            moe_cp16(moe_smem_addr(&as[st][r][c]), p >= 0 && kok ? X + (size_t)(p / x_div) * Kd + k0 + c : X,
+            tc_cp16(tc_smem_addr(&as[st][r][c]), p >= 0 && kok ? X + (size_t)(p / x_div) * Kd + k0 + c : X,
                      p >= 0 && kok);
 #pragma unroll
             for (int m = 0; m < NW; m++) {
                 const int col = c0 + r;
                 const bool ok = col < N && kok;
-                moe_cp16(moe_smem_addr(&bs[st][m][r][c]), ok ? We + ((size_t)m * N + col) * Kd + k0 + c : We, ok);
+                tc_cp16(tc_smem_addr(&bs[st][m][r][c]), ok ? We + ((size_t)m * N + col) * Kd + k0 + c : We, ok);
             }
         }
-        moe_commit();
+        tc_commit();
     };
     float acc[NW][8][4];
 #pragma unroll
@@ -167,23 +147,23 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
     for (int it = 0; it < nk; it++) {
         const int st = it & 1;
         if (it + 1 < nk) load(st ^ 1, (it + 1) * MOE_TK);
-        else moe_commit();
-        moe_wait<1>();
+        else tc_commit();
+        tc_wait<1>();
         __syncthreads();
         if (active) {
             uint32_t a[2][4];
 #pragma unroll
             for (int ks = 0; ks < 2; ks++)
-                moe_ldsm4(moe_smem_addr(&as[st][warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]), a[ks][0],
+                tc_ldsm4(tc_smem_addr(&as[st][warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]), a[ks][0],
                           a[ks][1], a[ks][2], a[ks][3]);
 #pragma unroll
             for (int m = 0; m < NW; m++)
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     uint32_t b0, b1, b2, b3;   /* n 8j + (lane & 7), k 8 (lane >> 3): k-steps 0 and 1 */
-                    moe_ldsm4(moe_smem_addr(&bs[st][m][8 * j + (lane & 7)][(lane >> 3) * 8]), b0, b1, b2, b3);
-                    moe_mma(acc[m][j], a[0], b0, b1);
-                    moe_mma(acc[m][j], a[1], b2, b3);
+                    tc_ldsm4(tc_smem_addr(&bs[st][m][8 * j + (lane & 7)][(lane >> 3) * 8]), b0, b1, b2, b3);
+                    tc_mma(acc[m][j], a[0], b0, b1);
+                    tc_mma(acc[m][j], a[1], b2, b3);
                 }
         }
         __syncthreads();
@@ -204,8 +184,7 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
                 const float g = acc[0][j][2 * h + q];
                 if (GATED) {
                     const float u = acc[NW - 1][j][2 * h + q];
-                    const float av = gelu ? 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-                                          : k_silu(g);
+                    const float av = gelu ? k_gelu_tanh(g) : k_silu(g);
                     Yb[(size_t)p * N + col] = k_f2bf(av * u);
                 } else {
                     Yf[(size_t)p * N + col] = g;
@@ -291,8 +270,7 @@ moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
             if (lane == 0) {
                 const int p = prow[r];
                 if (GATED) {
-                    const float a = gelu ? 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-                                         : k_silu(g);
+                    const float a = gelu ? k_gelu_tanh(g) : k_silu(g);
                     Yb[(size_t)p * N + col] = k_f2bf(a * u);
                 } else {
                     Yf[(size_t)p * N + col] = g;

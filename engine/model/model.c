@@ -484,6 +484,12 @@ static int hf_special_tokens(const json_t *j, model_config *c, const char *file,
     return 0;
 }
 
+/* Qwen2/Qwen3 (and MoE): a window applies only with use_sliding_window, above
+ * max_window_layers, which specd refuses. */
+static int qwen_window_rules(model_arch a) {
+    return a == MODEL_ARCH_QWEN2 || a == MODEL_ARCH_QWEN3 || a == MODEL_ARCH_QWEN3MOE;
+}
+
 /* Sliding-window attention changes the math, so it is applied or refused, never ignored.
  * Mistral, Mixtral, Phi-3: "sliding_window" W (null: none) on every layer. Qwen2/Qwen3
  * (and MoE): the window applies only with "use_sliding_window" true, and then only above
@@ -493,7 +499,7 @@ static int hf_sliding_window(const json_t *j, model_config *c, const char *file,
     int use = 1, rc;
     if ((rc = ju_int(j, "sliding_window", &w, file, err, errlen)) < 0) return rc;
     if (rc == JU_ABSENT || w <= 0) return 0;
-    if (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3MOE) {
+    if (qwen_window_rules(c->arch)) {
         if ((rc = ju_bool(j, "use_sliding_window", &use, file, err, errlen)) < 0) return rc;
         if (rc == JU_ABSENT || !use) return 0;
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
@@ -886,7 +892,7 @@ static int gguf_family(loader *L, const char *arch, model_config *c) {
     int rc, win = 0;
     /* <arch>.attention.sliding_window: every layer (Mistral, Phi-3), Gemma 3's pattern */
     if ((rc = gguf_int(g, arch, "attention.sliding_window", 0, 0, &win, file, err, errlen))) return rc;
-    if (win > 0 && (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3MOE))
+    if (win > 0 && qwen_window_rules(c->arch))
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: %s.attention.sliding_window is not supported",
                           file, arch);
     c->sliding_window = win > 0 ? win : 0;

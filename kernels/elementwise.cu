@@ -113,6 +113,24 @@ extern "C" int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, c
     return k_launch(gelu_tanh_mul_kernel, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
 }
 
+/* Grammar masks: row r of logits keeps token i only where bit i of its mask is set, for
+ * rows with has[r] != 0. */
+__global__ void mask_logits_kernel(float *logits, int vocab, const uint32_t *mask, const int32_t *has) {
+    k_pdl_trigger();
+    k_pdl_wait();
+    const int r = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (!has[r] || i >= vocab) return;
+    const size_t words = ((size_t)vocab + 31) / 32;
+    if (!((mask[(size_t)r * words + (i >> 5)] >> (i & 31)) & 1u)) logits[(size_t)r * vocab + i] = -INFINITY;
+}
+
+extern "C" int k_mask_logits(float *logits, int n, int vocab, const uint32_t *mask, const int32_t *has,
+                             cudaStream_t s) {
+    if (n < 0 || vocab <= 0) return -1;
+    if (n == 0) return 0;
+    return k_launch(mask_logits_kernel, dim3((vocab + 255) / 256, n), dim3(256), 0, s, logits, vocab, mask, has);
+}
+
 /* resid[t, :] += x[t, :] * rsqrt(mean(x[t, :]^2) + eps) * w: a sublayer output normed
  * before its residual add (Gemma 3's post-attention / post-feedforward norms). */
 __global__ void rmsnorm_add_kernel(const float *x, const float *w, float *resid, int hidden, float eps) {

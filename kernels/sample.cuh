@@ -168,9 +168,10 @@ __device__ __forceinline__ int sample_block_draw(int n, const W &weight, float u
     const int i0 = tid * chunk, i1 = min(n, i0 + chunk);
     float local = 0.f;
     int last = -1;
-    for (int i = i0; i < i1; i++) {
+    for (int i = i0; i < i1; i++) {   /* last: the last index of positive weight (a kept
+                                        * index may weigh 0: a grammar's -inf, an underflow) */
         float w;
-        if (weight(i, w)) { local += w; last = i; }
+        if (weight(i, w) && w > 0.f) { local += w; last = i; }
     }
     float excl, total;
     __syncthreads();   /* scan_tmp and pick_s may still be read by a previous call */
@@ -192,8 +193,8 @@ __device__ __forceinline__ int sample_block_draw(int n, const W &weight, float u
     }
     __syncthreads();
     if (pick_s < 0) {
-        /* u * total fell past the float sum by rounding: the last kept index, or `none`
-         * when nothing is kept. */
+        /* u * total fell past the float sum by rounding: the last index of positive
+         * weight, or `none` when there is none. */
         int lk = last;
         for (int o = 16; o > 0; o >>= 1) lk = max(lk, __shfl_xor_sync(0xffffffffu, lk, o));
         if (lane == 0) lk_s[warp] = lk;

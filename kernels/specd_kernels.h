@@ -70,6 +70,9 @@ int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *r
                int cap, int E, int N, int Kd, int gated, int gelu, float *Yf, uint16_t *Yb, cudaStream_t s);
 /* resid[t] += sum_k w[t, k] * out[t*K + k] (k in order), out [n*K, hidden] fp32. */
 int k_moe_combine(const float *out, const float *w, int n, int K, int hidden, float *resid, cudaStream_t s);
+/* logits [n, vocab]: for rows with has[r] != 0, ids whose bit in mask [n, ceil(vocab/32)]
+ * is 0 become -inf (a grammar's mask before on-device sampling). */
+int k_mask_logits(float *logits, int n, int vocab, const uint32_t *mask, const int32_t *has, cudaStream_t s);
 /* x[i] *= a for i < n (Gemma's scaled embeddings). */
 int k_scale_f32(float *x, size_t n, float a, cudaStream_t s);
 

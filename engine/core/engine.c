@@ -250,7 +250,8 @@ static int alloc_buffers(engine *e) {
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
     e->spec_n = malloc((size_t)B * sizeof(int));
     e->mask = malloc(vocab_mask_words(V) * sizeof *e->mask);
-    if (!e->mask || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
+    e->row_masks = malloc((size_t)B * vocab_mask_words(V) * sizeof *e->row_masks);
+    if (!e->mask || !e->row_masks || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -485,6 +486,7 @@ void engine_destroy(engine *e) {
     tmpl_free(e->tmpl);
     vocab_trie_free(e->vtrie);
     free(e->mask);
+    free(e->row_masks);
     tok_free(e->tok);
     model_free(e->draft);
     model_free(e->target);

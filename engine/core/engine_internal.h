@@ -87,6 +87,8 @@ struct engine {
     vocab_trie *vtrie;           /* the vocabulary as bytes, for constrained decoding (NULL
                                   * without a tokenizer) */
     uint32_t *mask;              /* (vocab_mask_words(vocab)) one row's allowed tokens */
+    uint32_t *row_masks;         /* (max_batch, vocab_mask_words) the step's grammar masks
+                                  * for a forward that samples on the device */
 
     req **reqs;                  /* live requests (unordered) */
     int n_reqs, cap_reqs;

@@ -126,20 +126,29 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
  * way to the end by more than this in practice): the output stays valid at max_tokens. */
 #define GRAMMAR_BUDGET_SLACK 256
 
-/* Constrained decoding: tokens outside the grammar get -inf before any other processing.
- * Returns 0, or -1 when no token fits (a grammar needing bytes no token spells). */
-static int apply_grammar(engine *e, req *r, float *logits) {
+/* A constrained row's mask for its next token into mask: the grammar's, narrowed near
+ * max_tokens to tokens after which the document can still close. Returns the number of
+ * tokens allowed besides eos, or -1 when nothing fits (a grammar needing bytes no token
+ * spells). */
+static int grammar_mask(engine *e, req *r, uint32_t *mask) {
     int left = r->max_new - r->n_out, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens;
     if (ctx_left < left) left = ctx_left;
     int n_ok = -1, dist = matcher_distance(r->m);
     /* (not when even 8 bytes a token could not close it: then the plain mask only; once
      * the budget holds, dist <= left stays true, so it keeps holding to the end) */
     if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * left) {
-        n_ok = matcher_fill_mask_within(r->m, e->mask, left - 1);
+        n_ok = matcher_fill_mask_within(r->m, mask, left - 1);
         if (n_ok == 0 && !matcher_accepting(r->m)) n_ok = -1;   /* too late to close: plain mask */
     }
-    if (n_ok < 0) n_ok = matcher_fill_mask(r->m, e->mask);
-    if (n_ok == 0 && !matcher_accepting(r->m)) return -1;
+    if (n_ok < 0) n_ok = matcher_fill_mask(r->m, mask);
+    return n_ok == 0 && !matcher_accepting(r->m) ? -1 : n_ok;
+}
+
+/* Constrained decoding: tokens outside the grammar get -inf before any other processing.
+ * Returns 0, or -1 when no token fits. */
+static int apply_grammar(engine *e, req *r, float *logits) {
+    int n_ok = grammar_mask(e, r, e->mask);
+    if (n_ok < 0) return -1;
     const uint32_t *mask = e->mask;
     for (int i = 0; i < e->vocab; i++)
         if (!((mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
@@ -281,9 +290,12 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
 /* The one list of sampling features the device sampler lacks (penalties, logit bias,
  * top logprobs, min_tokens, recorded logits, a grammar, prompt logprobs, max_tokens 0): a request that uses one is
  * sampled on the host. The chosen token's logprob is a device feature where the path returns it
- * (decode and the forward pass do; the speculative step does not). */
-static int needs_host_sampling(const req *r, int path_has_logprob) {
-    return r->record || r->m || r->pl || r->max_new <= 0 || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
+ * (decode and the forward pass do; the speculative step does not); so is a grammar's mask
+ * where the path takes masks (the forward pass, runner.forward_masks), unless the row
+ * wants logprobs: those are reported under the model's own distribution, as the host
+ * path computes them, and a device sampler that masks first would report the masked one. */
+static int needs_host_sampling(const req *r, int path_has_logprob, int path_has_mask) {
+    return r->record || (r->m && (!path_has_mask || r->sp.logprobs >= 0)) || r->pl || r->max_new <= 0 || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f ||
            r->n_out < r->sp.min_tokens;
 }
@@ -300,7 +312,7 @@ static int device_decode_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1)) return 0;
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1, 0)) return 0;
     }
     return 1;
 }
@@ -310,7 +322,7 @@ static int device_decode_ok(const engine *e, int n) {
 static int forward_sampling_ok(const engine *e, int n) {
     if (!e->run->forward_samples || e->drafter == ENGINE_DRAFTER_MODEL || e->step_spec) return 0;
     for (int i = 0; i < n; i++)
-        if (needs_host_sampling(e->plan[i].r, 1)) return 0;
+        if (needs_host_sampling(e->plan[i].r, 1, e->run->forward_masks)) return 0;
     return 1;
 }
 
@@ -346,7 +358,7 @@ static int runner_spec_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0)) return 0;
+        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0)) return 0;
     }
     return 1;
 }
@@ -538,9 +550,21 @@ int engine_step(engine *e, engine_output *out) {
     runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
                        .n_tokens = nt, .logits = e->logits};
     int on_device = forward_sampling_ok(e, n);   /* then no rows speculate */
+    /* constrained rows send their masks along; one whose grammar has no token left goes
+     * the host way, which reports it */
+    const size_t mw = vocab_mask_words(V);
+    for (int i = 0; on_device && i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        if (p->target_logits && p->r->m && grammar_mask(e, p->r, e->row_masks + (size_t)p->logits_off * mw) < 0)
+            on_device = 0;
+    }
     if (on_device) {
-        for (int i = 0; i < n; i++)
-            if (e->plan[i].target_logits) e->dec_sp[e->plan[i].logits_off] = device_sampling(e->plan[i].r);
+        for (int i = 0; i < n; i++) {
+            const row_plan *p = &e->plan[i];
+            if (!p->target_logits) continue;
+            e->dec_sp[p->logits_off] = device_sampling(p->r);
+            if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * mw;
+        }
         tb.sp = e->dec_sp;
         tb.out_tokens = e->dec_out;
         tb.out_logprobs = e->dec_lp;

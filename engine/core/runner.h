@@ -68,6 +68,10 @@ typedef struct {
     int top_k;
     uint64_t seed;           /* counter-based RNG: (seed, step counter) -> uniform */
     uint64_t counter;        /* e.g. the row's output position */
+    const uint32_t *mask;    /* NULL, or one bit per vocabulary id (bit i of word i / 32):
+                              * ids whose bit is 0 are never sampled (a grammar's mask,
+                              * applied before anything else); forward sampling only, where
+                              * runner.forward_masks */
 } runner_sampling;
 
 /* One decode step: n rows, one new token each (optional op). */
@@ -159,6 +163,7 @@ struct runner {
     const model *draft;      /* NULL without speculation */
     int vocab;
     int forward_samples;     /* forward() takes runner_batch.sp (set by the runner) */
+    int forward_masks;       /* ... and honours runner_sampling.mask */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }

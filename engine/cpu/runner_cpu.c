@@ -444,6 +444,8 @@ static void attn_task(void *ctx, int task) {
 /* Greedy argmax, or a draw from the filtered softmax with the uniform the engine's host
  * sampler uses at (seed, 2 * counter). logits is overwritten. */
 static int32_t sample_row_in_place(float *logits, int V, const runner_sampling *sp, int *scratch) {
+    for (int i = 0; sp->mask && i < V; i++)
+        if (!((sp->mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
     if (sp->temperature <= 0) return sample_argmax(logits, V);
     sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k, .min_p = sp->min_p};
     sample_probs(logits, V, &p, scratch);
@@ -941,6 +943,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         !r->tok_pos || !r->tok_slot || !r->out_tok || !r->fs_scratch || !r->fs_raw)
         goto oom;
     r->base.forward_samples = cfg->tp_world <= 1;
+    r->base.forward_masks = r->base.forward_samples;
     if (draft && cfg->num_draft_tokens > 0) {
         size_t B = (size_t)cfg->max_batch, K = (size_t)cfg->num_draft_tokens, V = (size_t)r->base.vocab;
         if (K > 15) {

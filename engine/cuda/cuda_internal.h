@@ -158,6 +158,8 @@ typedef struct {
     void *d_fs_par, *h_fs_par;     /* eager forward sampling: k_sample_params [T] */
     int32_t *d_fs_tok, *h_fs_tok;  /* its tokens [T] */
     float *d_fs_lp, *h_fs_lp;      /* and their logprobs [T] */
+    uint32_t *d_fs_mask, *h_fs_mask; /* grammar masks of sampled rows [max_batch][vocab/32] */
+    int32_t *d_fs_has, *h_fs_has;  /* which of them have one [max_batch] */
     int n_graphs;
     int graph_sizes[64];
     cudaGraphExec_t graphs[64];

@@ -143,13 +143,29 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         };
         if ((rc = cuda_enqueue_pass(r, &p))) return rc == SPECD_EUNSUPPORTED ? rc : SPECD_ECUDA;
         k_sample_params *par = r->h_fs_par;
+        int masked = 0;
+        const size_t mw = ((size_t)vocab + 31) / 32;
         if (b->sp) {   /* sample on the device: only token ids come back */
-            for (int o = 0; o < n_out; o++) par[o] = cuda_sample_params(&b->sp[o]);
+            for (int o = 0; o < n_out; o++) {
+                par[o] = cuda_sample_params(&b->sp[o]);
+                masked |= b->sp[o].mask != NULL;
+            }
             CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)n_out * sizeof *par, cudaMemcpyHostToDevice, s));
+            if (masked) {   /* grammar masks (one row each at most: n_out <= max_batch then) */
+                if (n_out > base->cfg.max_batch) return SPECD_EINVAL;
+                for (int o = 0; o < n_out; o++) {
+                    r->h_fs_has[o] = b->sp[o].mask != NULL;
+                    if (b->sp[o].mask) memcpy(r->h_fs_mask + (size_t)o * mw, b->sp[o].mask, mw * 4);
+                }
+                CU_CHECK(r, cudaMemcpyAsync(r->d_fs_mask, r->h_fs_mask, (size_t)n_out * mw * 4, cudaMemcpyHostToDevice, s));
+                CU_CHECK(r, cudaMemcpyAsync(r->d_fs_has, r->h_fs_has, (size_t)n_out * 4, cudaMemcpyHostToDevice, s));
+            }
         }
         for (int o = 0; o < n_out; o += r->LR) {
             int cnt = n_out - o < r->LR ? n_out - o : r->LR;
             if (cuda_enqueue_logits(r, which, dm + META_LOGIT_ROWS * T + o, cnt)) return SPECD_ECUDA;
+            if (masked)
+                K_CHECK(r, k_mask_logits(r->d_logits, cnt, vocab, r->d_fs_mask + (size_t)o * mw, r->d_fs_has + o, s));
             if (b->sp)
                 K_CHECK(r, k_sample(r->d_logits, cnt, vocab, (const k_sample_params *)r->d_fs_par + o,
                                     r->d_fs_tok + o, r->d_fs_lp + o, s));
@@ -311,7 +327,7 @@ static void cuda_destroy(runner *base) {
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
-                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
+                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_fs_mask, r->d_fs_has, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
                    r->d_moe_cnt, r->d_moe_rows, r->d_moe_act};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
@@ -321,6 +337,8 @@ static void cuda_destroy(runner *base) {
     if (r->h_fs_par) cudaFreeHost(r->h_fs_par);
     if (r->h_fs_tok) cudaFreeHost(r->h_fs_tok);
     if (r->h_fs_lp) cudaFreeHost(r->h_fs_lp);
+    if (r->h_fs_mask) cudaFreeHost(r->h_fs_mask);
+    if (r->h_fs_has) cudaFreeHost(r->h_fs_has);
     if (r->blas) cublasDestroy(r->blas);
     if (r->stream) cudaStreamDestroy(r->stream);
     free(r->h_bt);
@@ -420,6 +438,7 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
         dmalloc(r, &r->d_fs_par, (size_t)T * sizeof(k_sample_params)) || dmalloc(r, &r->d_fs_tok, (size_t)T * 4) ||
         dmalloc(r, &r->d_fs_lp, (size_t)T * 4) ||
+        dmalloc(r, &r->d_fs_mask, (size_t)MB * ((vocab + 31) / 32) * 4) || dmalloc(r, &r->d_fs_has, (size_t)MB * 4) ||
         dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
         dmalloc(r, &r->d_xg, (size_t)CUDA_GEMV_MAX_ROWS * hid * 2) ||
         dmalloc(r, &r->d_ss, (size_t)2 * r->ss_layers * CUDA_GEMV_MAX_ROWS * sizeof(unsigned long long)) ||
@@ -432,6 +451,8 @@ static int alloc_work(cuda_runner *r) {
     CU_CHECK(r, cudaMallocHost(&r->h_fs_par, (size_t)T * sizeof(k_sample_params)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_tok, (size_t)T * 4));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_lp, (size_t)T * 4));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_mask, (size_t)MB * ((vocab + 31) / 32) * 4));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_has, (size_t)MB * 4));
     memset(r->h_meta, 0, (size_t)META_N * T * 4);
     r->h_bt = calloc(slots * r->max_blocks, sizeof(int32_t));
     r->h_len = calloc(slots * 2, sizeof(int));
@@ -575,6 +596,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     k_set_tuning(&r->tune.k);
     /* composed steps sample on the device (one GPU: ranks would each need the params) */
     r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
+    r->base.forward_masks = r->base.forward_samples;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

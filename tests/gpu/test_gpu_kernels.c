@@ -94,6 +94,39 @@ static void test_silu_mul_matches_reference(void **state) {
     free(gu); free(o); free(of); free(ref);
 }
 
+/* Grammar masks before on-device sampling: rows with a mask keep exactly the ids whose
+ * bit is set (the rest -inf), rows without one are untouched, bit for bit. A vocabulary
+ * that is not a multiple of 32 checks the last word. */
+static void test_mask_logits_keeps_exactly_the_masked_ids(void **state) {
+    (void)state;
+    const int n = 5, V = 1000, W = (V + 31) / 32;
+    float *lg = malloc((size_t)n * V * 4), *got = malloc((size_t)n * V * 4);
+    uint32_t *mask = malloc((size_t)n * W * 4);
+    int32_t has[5] = {1, 0, 1, 1, 0};
+    for (int i = 0; i < n * V; i++) lg[i] = gu_uniform(&g_rng, -8, 8);
+    for (int i = 0; i < n * W; i++) mask[i] = (uint32_t)gu_next(&g_rng);
+    mask[2 * W] = 0;                 /* a row may allow a single id: row 2 keeps only 33 */
+    for (int w = 1; w < W; w++) mask[2 * W + w] = w == 1 ? 2u : 0u;
+    float *d_lg = gu_upload(lg, (size_t)n * V * 4);
+    uint32_t *d_mask = gu_upload(mask, (size_t)n * W * 4);
+    int32_t *d_has = gu_upload(has, sizeof has);
+    assert_int_equal(k_mask_logits(d_lg, n, V, d_mask, d_has, 0), 0);
+    gu_download(got, d_lg, (size_t)n * V * 4);
+    size_t bad = 0, kept2 = 0;
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < V; i++) {
+            float want = has[r] && !((mask[(size_t)r * W + i / 32] >> (i % 32)) & 1u) ? -INFINITY : lg[(size_t)r * V + i];
+            bad += memcmp(&want, &got[(size_t)r * V + i], 4) != 0;
+            kept2 += r == 2 && isfinite(got[(size_t)r * V + i]);
+        }
+    printf("    mask_logits: %zu of %d values differ from the reference; row 2 keeps %zu\n", bad, n * V, kept2);
+    assert_int_equal(bad, 0);
+    assert_int_equal(kept2, 1);
+    assert_true(isfinite(got[2 * V + 33]));
+    cudaFree(d_lg); cudaFree(d_mask); cudaFree(d_has);
+    free(lg); free(got); free(mask);
+}
+
 /* ---- paged KV fixture -------------------------------------------------------------- */
 
 #define MAXB 4            /* live slots; slot MAXB is the dummy */
@@ -950,6 +983,7 @@ int main(void) {
         cmocka_unit_test(test_attention_verify_rows_are_causal_among_new_tokens),
         cmocka_unit_test(test_attention_prefill_chunks_match_reference),
         cmocka_unit_test(test_attention_sliding_window_matches_reference),
+        cmocka_unit_test(test_mask_logits_keeps_exactly_the_masked_ids),
         cmocka_unit_test(test_attention_decode_split_counters_merge_in_kernel),
         cmocka_unit_test(test_attention_tc_prefill_from_empty_context_matches_reference),
         cmocka_unit_test(test_attention_tc_chunk_on_existing_context_matches_reference),

@@ -11,6 +11,7 @@
 
 #include "engine/core/engine_internal.h"
 #include "engine/core/err.h"
+#include "engine/core/threadpool.h"
 #ifdef SPECD_HAVE_CUDA
 #include "engine/cuda/cuda_runner.h"
 #endif
@@ -251,7 +252,9 @@ static int alloc_buffers(engine *e) {
     e->spec_n = malloc((size_t)B * sizeof(int));
     e->mask = malloc(vocab_mask_words(V) * sizeof *e->mask);
     e->row_masks = malloc((size_t)B * vocab_mask_words(V) * sizeof *e->row_masks);
-    if (!e->mask || !e->row_masks || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
+    e->mask_rows = malloc((size_t)B * sizeof(int));
+    e->mask_res = malloc((size_t)B * sizeof(int));
+    if (!e->mask || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -388,6 +391,14 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     if (load_tokenizer(e, err, errlen)) goto fail;
     /* after load_tokenizer: the eos list is complete */
     if (e->tok && !(e->vtrie = vocab_trie_build(e->tok, e->vocab, e->eos, e->n_eos, err, errlen))) goto fail;
+    if (e->vtrie) {   /* grammar masks between steps: half the cores, at most 8 (1: inline) */
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        int nt = nc >= 4 ? (int)(nc / 2 < 8 ? nc / 2 : 8) : 1;
+        if (!(e->mask_pool = tp_create(nt))) {
+            specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for the grammar mask threads");
+            goto fail;
+        }
+    }
 
     runner_config rc = make_runner_config(e);
     if (size_pool(e, &rc, err, errlen)) goto fail;
@@ -487,6 +498,9 @@ void engine_destroy(engine *e) {
     vocab_trie_free(e->vtrie);
     free(e->mask);
     free(e->row_masks);
+    free(e->mask_rows);
+    free(e->mask_res);
+    tp_destroy(e->mask_pool);
     tok_free(e->tok);
     model_free(e->draft);
     model_free(e->target);

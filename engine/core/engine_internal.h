@@ -89,6 +89,9 @@ struct engine {
     uint32_t *mask;              /* (vocab_mask_words(vocab)) one row's allowed tokens */
     uint32_t *row_masks;         /* (max_batch, vocab_mask_words) the step's grammar masks
                                   * for a forward that samples on the device */
+    int *mask_rows, *mask_res;   /* (max_batch) constrained rows of the step, their results */
+    struct tp_pool *mask_pool;   /* computes those masks in parallel (each row's matcher is
+                                  * its own; the trie and grammars are read only) */
 
     req **reqs;                  /* live requests (unordered) */
     int n_reqs, cap_reqs;

@@ -23,6 +23,7 @@
 #include "engine/core/err.h"
 #include "engine/core/sample.h"
 #include "engine/core/spec.h"
+#include "engine/core/threadpool.h"
 
 /* ---- one step -------------------------------------------------------------------------- */
 
@@ -61,6 +62,21 @@ static void commit_kv(engine *e, sched_seq *s, int c) {
     kv_seq_commit(e->kv, &s->kv, s->tokens, c);
     if (e->window_release > 0 && c - e->window_release - 1 > 0)
         kv_seq_drop_front(e->kv, &s->kv, (c - e->window_release - 1) / kv_block_size(e->kv));
+}
+
+/* Forward sampling of constrained rows: the mask of e->mask_rows[i] into its row_masks
+ * slot, its grammar_mask result into e->mask_res[i]. */
+typedef struct {
+    engine *e;
+    size_t mw;
+} mask_job;
+
+static int grammar_mask(engine *e, req *r, uint32_t *mask);
+
+static void mask_task(void *ctx, int i) {
+    const mask_job *j = ctx;
+    const row_plan *p = &j->e->plan[j->e->mask_rows[i]];
+    j->e->mask_res[i] = grammar_mask(j->e, p->r, j->e->row_masks + (size_t)p->logits_off * j->mw);
 }
 
 static engine_event *new_event(engine *e, engine_output *out, req *r) {
@@ -550,13 +566,17 @@ int engine_step(engine *e, engine_output *out) {
     runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
                        .n_tokens = nt, .logits = e->logits};
     int on_device = forward_sampling_ok(e, n);   /* then no rows speculate */
-    /* constrained rows send their masks along; one whose grammar has no token left goes
-     * the host way, which reports it */
+    /* constrained rows send their masks along, computed in parallel; one whose grammar has
+     * no token left sends the step the host way, which reports it */
     const size_t mw = vocab_mask_words(V);
-    for (int i = 0; on_device && i < n; i++) {
-        const row_plan *p = &e->plan[i];
-        if (p->target_logits && p->r->m && grammar_mask(e, p->r, e->row_masks + (size_t)p->logits_off * mw) < 0)
-            on_device = 0;
+    int nm = 0;
+    for (int i = 0; on_device && i < n; i++)
+        if (e->plan[i].target_logits && e->plan[i].r->m) e->mask_rows[nm++] = i;
+    if (nm) {
+        mask_job mj = {e, mw};
+        if (e->mask_pool) tp_run(e->mask_pool, mask_task, &mj, nm);
+        else for (int i = 0; i < nm; i++) mask_task(&mj, i);
+        for (int i = 0; i < nm; i++) on_device &= e->mask_res[i] >= 0;
     }
     if (on_device) {
         for (int i = 0; i < n; i++) {

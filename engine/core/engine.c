@@ -393,7 +393,7 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     if (e->tok && !(e->vtrie = vocab_trie_build(e->tok, e->vocab, e->eos, e->n_eos, err, errlen))) goto fail;
     if (e->vtrie) {   /* grammar masks between steps: half the cores, at most 8 (1: inline) */
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        int nt = nc >= 4 ? (int)(nc / 2 < 8 ? nc / 2 : 8) : 1;
+        int nt = e->cfg.grammar_threads > 0 ? e->cfg.grammar_threads : nc >= 4 ? (int)(nc / 2 < 8 ? nc / 2 : 8) : 1;
         if (!(e->mask_pool = tp_create(nt))) {
             specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for the grammar mask threads");
             goto fail;

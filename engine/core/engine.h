@@ -48,6 +48,8 @@ typedef struct {
     size_t kv_bytes;              /* explicit KV budget in bytes; 0 = from mem_fraction */
     int threads;                  /* CPU runner threads (0 = all cores) */
     int disable_prefix_cache;     /* prefix caching is on unless set */
+    int grammar_threads;          /* threads computing a step's grammar masks (0: half the
+                                   * cores, at most 8; 1: on the engine thread) */
     int keep_window_kv;           /* keep the KV blocks a sliding window has left behind
                                    * (for A/B runs; by default they go back to the pool when
                                    * every layer of the model(s) slides) */
@@ -94,7 +96,8 @@ typedef struct {
     /* Constrained decoding: every token keeps the output inside this grammar, and the
      * request stops ("stop") once the grammar is complete and nothing may follow. NULL:
      * none. Borrowed: engine_prepare / engine_add take their own reference. A constrained
-     * request is sampled on the host and does not speculate. */
+     * request is sampled with its mask (on the device where the runner takes masks) and
+     * does not speculate. */
     grammar *grammar;
 } engine_sampling;
 

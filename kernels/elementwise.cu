@@ -73,44 +73,35 @@ extern "C" int k_rmsnorm(const float *x, const int32_t *rows, const float *w, ui
     return k_launch(rmsnorm_kernel, dim3(n), dim3(nt), 0, s, x, rows, w, out, hidden, eps);
 }
 
-__global__ void silu_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t total) {
+/* out[t, j] = bf16(act(gate) * up) for gu [n, 2*ffn] (gate | up): SiLU, or GELU-tanh. */
+template <bool GELU>
+__global__ void gated_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t total) {
     k_pdl_trigger();
     k_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / ffn, j = i % ffn;
         float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-        out[i] = k_f2bf(k_silu(g) * u);
+        out[i] = k_f2bf((GELU ? k_gelu_tanh(g) : k_silu(g)) * u);
     }
+}
+
+template <bool GELU>
+static int launch_gated_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
+    if (n < 0 || ffn <= 0) return -1;
+    if (n == 0) return 0;
+    size_t total = (size_t)n * ffn;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    return k_launch(gated_mul_kernel<GELU>, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
 }
 
 extern "C" int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
-    if (n < 0 || ffn <= 0) return -1;
-    if (n == 0) return 0;
-    size_t total = (size_t)n * ffn;
-    size_t blocks = (total + 255) / 256;
-    if (blocks > 65535) blocks = 65535;
-    return k_launch(silu_mul_kernel, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
-}
-
-__global__ void gelu_tanh_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t total) {
-    k_pdl_trigger();
-    k_pdl_wait();
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t t = i / ffn, j = i % ffn;
-        float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-        out[i] = k_f2bf(k_gelu_tanh(g) * u);
-    }
+    return launch_gated_mul<false>(gu, out, n, ffn, s);
 }
 
 extern "C" int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
-    if (n < 0 || ffn <= 0) return -1;
-    if (n == 0) return 0;
-    size_t total = (size_t)n * ffn;
-    size_t blocks = (total + 255) / 256;
-    if (blocks > 65535) blocks = 65535;
-    return k_launch(gelu_tanh_mul_kernel, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
+    return launch_gated_mul<true>(gu, out, n, ffn, s);
 }
 
 /* Grammar masks: row r of logits keeps token i only where bit i of its mask is set, for

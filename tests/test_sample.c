@@ -1,7 +1,8 @@
 /* Host sampling against plain references written out in the test: temperature / top-k /
  * top-p / min-p filtering (the fast partial selection must keep exactly the set a full
- * sort keeps, ties included), penalties and logit bias, top logprobs, and the
- * counter-based uniforms. Inputs are random, seeded per run (the seed is printed). */
+ * sort keeps, ties included), penalties and logit bias (also from token statistics, as
+ * the runners take them), top logprobs, and the counter-based uniforms. Inputs are
+ * random, seeded per run (the seed is printed). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -146,6 +147,60 @@ static void test_penalties_and_bias(void **st) {
     }
 }
 
+/* The runners' form of the penalties: a request's token statistics, kept token by token,
+ * give bit-identical logits to the history form, with and without a repetition penalty
+ * (without one, only generated tokens are listed, as the engine does). */
+static void test_sparse_penalties_equal_history_penalties(void **st) {
+    (void)st;
+    enum { V = 300, NP = 40, NH = 160 };
+    uint64_t rs = g_seed ^ 0x5eed;
+    int32_t hist[NH], bias_ids[6] = {5, 17, 5, 299, 300, -1}, eos[3] = {2, 7, 2};
+    float bias_vals[6] = {1.5f, -2.25f, 0.75f, 3.0f, 9.0f, 9.0f};   /* 5 twice; 300, -1 skipped */
+    for (int i = 0; i < NH; i++) hist[i] = (int32_t)(urand(&rs) * 60);   /* many repeats */
+    int scratch[V];
+    for (int c = 0; c < 4; c++) {
+        sample_params sp = {.temperature = 1, .presence_penalty = c & 1 ? 0.5f : 0.f,
+                            .frequency_penalty = c & 1 ? 0.3f : 0.f, .repetition_penalty = c & 2 ? 1.7f : 1.f,
+                            .n_logit_bias = 6, .logit_bias_ids = bias_ids, .logit_bias_vals = bias_vals,
+                            .suppress_eos = c == 3, .eos_ids = eos, .n_eos = 3};
+        if (c == 0) sp.presence_penalty = -0.4f;   /* presence alone, negative */
+        int rep = c & 2;
+        sample_stats ts;
+        assert_int_equal(sample_stats_init(&ts, NH), 0);
+        for (int i = 0; i < NP && rep; i++) assert_int_equal(sample_stats_add(&ts, hist[i], 0), 0);
+        for (int n = NP; n <= NH; n += 20) {
+            for (int i = n - 20 < NP ? NP : n - 20; i < n; i++) assert_int_equal(sample_stats_add(&ts, hist[i], 1), 0);
+            float a[V], b[V];
+            for (int i = 0; i < V; i++) a[i] = b[i] = (float)(urand(&rs) * 8 - 4);
+            sample_apply_penalties(a, V, &sp, hist, n, NP, scratch);
+            sample_apply_penalties_sparse(b, V, &sp, ts.ids, ts.counts, ts.n);
+            assert_memory_equal(a, b, sizeof a);
+        }
+        /* every distinct id once, with its generated count */
+        for (int j = 0; j < ts.n; j++) {
+            int cnt = 0, seen = 0;
+            for (int i = 0; i < NH; i++) {
+                cnt += i >= NP && hist[i] == ts.ids[j];
+                seen |= hist[i] == ts.ids[j];
+            }
+            assert_true(seen);
+            assert_int_equal(ts.counts[j], cnt);
+            for (int k = 0; k < j; k++) assert_true(ts.ids[k] != ts.ids[j]);
+        }
+        sample_stats_free(&ts);
+    }
+    sample_stats ts;
+    assert_int_equal(sample_stats_init(&ts, 2), 0);
+    assert_int_equal(sample_stats_add(&ts, 4, 1), 0);
+    assert_int_equal(sample_stats_add(&ts, 9, 0), 0);
+    assert_int_equal(sample_stats_add(&ts, 4, 1), 0);
+    assert_int_equal(sample_stats_add(&ts, 5, 1), -1);   /* full */
+    assert_int_equal(ts.n, 2);
+    assert_int_equal(ts.counts[0], 2);
+    assert_int_equal(ts.counts[1], 0);
+    sample_stats_free(&ts);
+}
+
 static void test_top_logprobs_sorted_and_exact(void **st) {
     (void)st;
     enum { V = 3000 };
@@ -188,6 +243,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_filters_keep_exactly_the_reference_set),
         cmocka_unit_test(test_penalties_and_bias),
+        cmocka_unit_test(test_sparse_penalties_equal_history_penalties),
         cmocka_unit_test(test_top_logprobs_sorted_and_exact),
         cmocka_unit_test(test_uniforms_are_reproducible_and_uniform),
     };

@@ -19,8 +19,9 @@ double sample_uniform(uint64_t seed, uint64_t counter) {
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
-void sample_apply_penalties(float *logits, int vocab, const sample_params *p,
-                            const int32_t *history, int n_history, int n_prompt, int *scratch) {
+/* The first two steps: logit bias (in list order), then -inf for eos ids while
+ * min_tokens is not reached. */
+static void apply_bias_eos(float *logits, int vocab, const sample_params *p) {
     for (int i = 0; i < p->n_logit_bias; i++) {
         int id = p->logit_bias_ids[i];
         if (id >= 0 && id < vocab) logits[id] += p->logit_bias_vals[i];
@@ -28,6 +29,19 @@ void sample_apply_penalties(float *logits, int vocab, const sample_params *p,
     if (p->suppress_eos)
         for (int i = 0; i < p->n_eos; i++)
             if (p->eos_ids[i] >= 0 && p->eos_ids[i] < vocab) logits[p->eos_ids[i]] = -INFINITY;
+}
+
+/* The penalties of one distinct token of the history with `count` generated occurrences
+ * (the device sampler, kernels/sample.cu, repeats this arithmetic operation for operation). */
+static float penalize(float l, int count, const sample_params *p, int rep, int add) {
+    if (rep) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+    if (add && count > 0) l -= p->frequency_penalty * (float)count + p->presence_penalty;
+    return l;
+}
+
+void sample_apply_penalties(float *logits, int vocab, const sample_params *p,
+                            const int32_t *history, int n_history, int n_prompt, int *scratch) {
+    apply_bias_eos(logits, vocab, p);
     int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f;
     int add = p->presence_penalty != 0 || p->frequency_penalty != 0;
     if (!rep && !add) return;
@@ -40,13 +54,54 @@ void sample_apply_penalties(float *logits, int vocab, const sample_params *p,
         if (scratch[id] & DONE) continue;
         int count = scratch[id];
         scratch[id] |= DONE;
-        if (rep) {
-            float l = logits[id];
-            logits[id] = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
-        }
-        if (add && count > 0)
-            logits[id] -= p->frequency_penalty * (float)count + p->presence_penalty;
+        logits[id] = penalize(logits[id], count, p, rep, add);
     }
+}
+
+void sample_apply_penalties_sparse(float *logits, int vocab, const sample_params *p,
+                                   const int32_t *ids, const int32_t *counts, int n) {
+    apply_bias_eos(logits, vocab, p);
+    int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f;
+    int add = p->presence_penalty != 0 || p->frequency_penalty != 0;
+    if (!rep && !add) return;
+    for (int j = 0; j < n; j++)
+        if (ids[j] >= 0 && ids[j] < vocab) logits[ids[j]] = penalize(logits[ids[j]], counts[j], p, rep, add);
+}
+
+int sample_stats_init(sample_stats *s, int cap) {
+    memset(s, 0, sizeof *s);
+    uint32_t m = 16;
+    while (m < 2u * (uint32_t)(cap > 0 ? cap : 1)) m *= 2;   /* load at most 1/2 */
+    s->cap = cap > 0 ? cap : 1;
+    s->ids = malloc((size_t)s->cap * sizeof(int32_t));
+    s->counts = malloc((size_t)s->cap * sizeof(int32_t));
+    s->slots = calloc(m, sizeof(int32_t));
+    s->mask = m - 1;
+    if (!s->ids || !s->counts || !s->slots) {
+        sample_stats_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+int sample_stats_add(sample_stats *s, int32_t id, int generated) {
+    uint32_t h = ((uint32_t)id * 2654435761u) & s->mask;
+    while (s->slots[h] && s->ids[s->slots[h] - 1] != id) h = (h + 1) & s->mask;
+    if (!s->slots[h]) {
+        if (s->n == s->cap) return -1;
+        s->ids[s->n] = id;
+        s->counts[s->n] = 0;
+        s->slots[h] = ++s->n;
+    }
+    if (generated) s->counts[s->slots[h] - 1]++;
+    return 0;
+}
+
+void sample_stats_free(sample_stats *s) {
+    free(s->ids);
+    free(s->counts);
+    free(s->slots);
+    memset(s, 0, sizeof *s);
 }
 
 int sample_argmax(const float *logits, int vocab) {

@@ -31,6 +31,32 @@ double sample_uniform(uint64_t seed, uint64_t counter);
 void sample_apply_penalties(float *logits, int vocab, const sample_params *p,
                             const int32_t *history, int n_history, int n_prompt, int *scratch);
 
+/* The same from the history's statistics instead of the history itself (the form the
+ * runners take, runner_sampling): ids[0..n) distinct, counts[j] the occurrences of ids[j]
+ * among generated tokens. The repetition penalty applies to every listed id, presence and
+ * frequency to those with a count > 0, so the result equals sample_apply_penalties when
+ * the list holds every token of the history (or, without a repetition penalty, at least
+ * every generated one). */
+void sample_apply_penalties_sparse(float *logits, int vocab, const sample_params *p,
+                                   const int32_t *ids, const int32_t *counts, int n);
+
+/* A request's token statistics in that form, kept up to date token by token: each
+ * distinct id once (in order of first appearance) with its count among generated tokens.
+ * cap bounds the distinct ids (prompt + max new tokens). */
+typedef struct {
+    int n, cap;
+    int32_t *ids, *counts;    /* [cap] */
+    int32_t *slots;           /* [mask + 1] open addressing: index into ids + 1, 0 empty */
+    uint32_t mask;
+} sample_stats;
+
+/* 0, or -1 when out of memory. */
+int sample_stats_init(sample_stats *s, int cap);
+/* Count one occurrence of id: generated != 0 adds to its count, 0 (a prompt token) only
+ * lists it. Returns -1 when id is new and the list is full. */
+int sample_stats_add(sample_stats *s, int32_t id, int generated);
+void sample_stats_free(sample_stats *s);
+
 /* Turn processed logits into the sampling distribution in place (probabilities summing
  * to 1 over the kept tokens, 0 elsewhere) after temperature, top-k, top-p, min-p.
  * Requires temperature > 0. scratch: vocab ints. */

@@ -1,10 +1,13 @@
-/* Sampling inside the runner's forward pass (runner_batch.sp, engine_step's composed
- * steps) against the engine's host sampler: the same requests, once plain (sampled in the
- * forward pass) and once with a feature that only the host path has and that does not
- * change the tokens (top logprobs), must give identical tokens - greedy and seeded
- * sampling with top-k / top-p / min-p, alone and batched with prefill chunks and decode
- * rows in the same steps (requests admitted while others decode, a small token budget).
- * The chosen token's logprob, which the forward pass also returns, must equal the host's. */
+/* Sampling in the runner (the decode op and runner_batch.sp of engine_step's composed
+ * steps) against the engine's host sampler: the same requests, once as they are (sampled
+ * by the runner) and once with recorded first-token logits, a feature that keeps a
+ * request on the host path without changing its tokens, must give identical tokens,
+ * logprobs and top logprobs. The requests use every feature the runner samples with:
+ * greedy and seeded draws with top-k / top-p / min-p, presence, frequency and repetition
+ * penalties, logit bias, min_tokens (eos biased up, so suppressing it decides where the
+ * request ends) and top logprobs; alone and batched, with prefill chunks sharing steps
+ * with decode rows (requests admitted while others decode, a small token budget), so both
+ * the decode op and forward sampling run. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,22 +19,32 @@
 #include "engine/core/engine.h"
 #include "tests/fixtures.h"
 
-#define NREQ 6
+#define NREQ 8
 #define MAXTOK 40
+#define NTOP 5
+#define EOS 2   /* llama-tiny's */
 
 typedef struct {
     int32_t out[NREQ][MAXTOK];
     float lp[NREQ][MAXTOK];
+    int n_top[NREQ][MAXTOK];
+    int32_t top_ids[NREQ][MAXTOK][NTOP];
+    float top_lp[NREQ][MAXTOK][NTOP];
     int n[NREQ];
+    engine_finish finish[NREQ];
     engine_stats st;
 } run;
 
-/* mode 0: plain; 1: the chosen token's logprob (still sampled in the forward pass);
- * 2: top logprobs (host sampling) */
-static void sampling_of(int i, int mode, engine_sampling *sp) {
+static const int32_t g_bias_ids[] = {EOS, 17, 300, 17, 911};
+static const float g_bias_vals[] = {6.0f, 2.5f, -100.0f, 1.0f, 3.0f};
+
+/* Request i: a sampling mode (greedy, or a seeded draw through one of the filters) and a
+ * combination of the adjustments; every request reports the chosen token's logprob. */
+static void sampling_of(int i, engine_sampling *sp) {
     engine_sampling_defaults(sp);
     sp->max_tokens = MAXTOK;
     sp->ignore_eos = 1;
+    sp->logprobs = 0;
     if (i % 3 == 0) {
         sp->temperature = 0;                       /* greedy */
     } else {
@@ -41,11 +54,27 @@ static void sampling_of(int i, int mode, engine_sampling *sp) {
         if (i % 3 == 1) sp->top_k = 20, sp->top_p = 0.9f;
         else sp->min_p = 0.05f;
     }
-    if (mode) sp->logprobs = mode - 1;
+    switch (i) {
+    case 0: sp->presence_penalty = 1.5f; sp->logprobs = NTOP; break;
+    case 1: sp->frequency_penalty = 1.0f; break;
+    case 2: sp->repetition_penalty = 1.6f; sp->logprobs = NTOP; break;
+    case 3: /* min_tokens: eos biased up ends the request once it is allowed */
+        sp->n_logit_bias = 1, sp->min_tokens = 12, sp->ignore_eos = 0;
+        break;
+    case 4: sp->n_logit_bias = 5; sp->logprobs = NTOP; break;   /* 17 listed twice */
+    case 5: sp->logprobs = NTOP; break;
+    case 6: /* everything at once */
+        sp->presence_penalty = 0.5f, sp->frequency_penalty = 0.7f, sp->repetition_penalty = 1.3f;
+        sp->n_logit_bias = 5, sp->min_tokens = 20, sp->ignore_eos = 0, sp->logprobs = NTOP;
+        break;
+    case 7: sp->repetition_penalty = 0.8f; sp->frequency_penalty = -0.5f; break;   /* rewards */
+    }
+    sp->logit_bias_ids = g_bias_ids;
+    sp->logit_bias_vals = g_bias_vals;
 }
 
 /* Requests enter every other step, so prefill chunks share steps with decode rows. */
-static void run_all(int mode, int max_batch, run *r) {
+static void run_all(int host, int max_batch, run *r) {
     char path[4096], err[1024] = "";
     snprintf(path, sizeof path, "%s/models/llama-tiny", fixtures_dir());
     engine_config c = {.model_path = path, .max_seq_len = 256, .max_batch = max_batch, .kv_bytes = 16u << 20,
@@ -56,60 +85,83 @@ static void run_all(int mode, int max_batch, run *r) {
     int added = 0, step = 0;
     while (added < NREQ || engine_has_work(e)) {
         if (added < NREQ && step++ % 2 == 0) {
-            int32_t prompt[40];
-            int np = 5 + 7 * added;   /* 5 .. 40 tokens: several need more than one chunk */
-            for (int t = 0; t < np; t++) prompt[t] = (int32_t)((31 * added + 7 * t) % 1000 + 1);
+            int32_t prompt[60];
+            int np = 5 + 7 * added;   /* 5 .. 54 tokens: several need more than one chunk */
+            for (int t = 0; t < np; t++) prompt[t] = (int32_t)((31 * added + 7 * t) % 40 + 3);   /* repeats */
             engine_sampling sp;
-            sampling_of(added, mode, &sp);
-            assert_int_equal(engine_add(e, (uint64_t)added, prompt, np, &sp, err, sizeof err), 0);
+            sampling_of(added, &sp);
+            assert_int_equal(engine_add_ex(e, (uint64_t)added, prompt, np, &sp, host, err, sizeof err), 0);
             added++;
         }
         engine_output o;
         assert_int_equal(engine_step(e, &o), 0);
         for (int k = 0; k < o.n_events; k++) {
             const engine_event *ev = &o.events[k];
+            int id = (int)ev->req_id;
             for (int t = 0; t < ev->n_tokens; t++) {
-                r->lp[ev->req_id][r->n[ev->req_id]] = ev->tokens[t].logprob;
-                r->out[ev->req_id][r->n[ev->req_id]++] = ev->tokens[t].id;
+                const engine_token *et = &ev->tokens[t];
+                int j = r->n[id]++;
+                assert_true(j < MAXTOK);
+                r->out[id][j] = et->id;
+                r->lp[id][j] = et->logprob;
+                r->n_top[id][j] = et->n_top;
+                for (int q = 0; q < et->n_top && q < NTOP; q++) {
+                    r->top_ids[id][j][q] = et->top_ids[q];
+                    r->top_lp[id][j][q] = et->top_logprobs[q];
+                }
             }
+            if (ev->finish != ENGINE_RUNNING) r->finish[id] = ev->finish;
         }
     }
     engine_get_stats(e, &r->st);
     engine_destroy(e);
 }
 
-static void test_forward_sampling_equals_host_sampling(void **s) {
+static void test_runner_sampling_equals_host_sampling(void **s) {
     (void)s;
     for (int mb = 1; mb <= NREQ; mb += NREQ - 1) {   /* one at a time, then all batched */
-        static run dev, devlp, host;
+        static run dev, host;
         run_all(0, mb, &dev);
-        run_all(1, mb, &devlp);
-        run_all(2, mb, &host);
+        run_all(1, mb, &host);
+        /* the runner sampled in both of its ways; the recorded requests never */
         assert_true(dev.st.steps_forward_sampled > 0);
-        assert_int_equal(devlp.st.steps_forward_sampled, dev.st.steps_forward_sampled);
+        assert_true(dev.st.steps_device_decode > 0);
         assert_int_equal(host.st.steps_forward_sampled, 0);
+        assert_int_equal(host.st.steps_device_decode, 0);
         double worst = 0;
+        int tops = 0;
         for (int i = 0; i < NREQ; i++) {
-            assert_int_equal(dev.n[i], MAXTOK);
-            assert_int_equal(host.n[i], MAXTOK);
-            assert_memory_equal(dev.out[i], host.out[i], sizeof(int32_t) * MAXTOK);
-            assert_memory_equal(devlp.out[i], host.out[i], sizeof(int32_t) * MAXTOK);
-            for (int t = 0; t < MAXTOK; t++) {
+            engine_sampling sp;
+            sampling_of(i, &sp);
+            assert_int_equal(dev.n[i], host.n[i]);
+            assert_int_equal(dev.finish[i], host.finish[i]);
+            if (sp.ignore_eos) assert_int_equal(dev.n[i], MAXTOK);
+            else assert_true(dev.n[i] > sp.min_tokens);   /* eos suppressed until min_tokens */
+            assert_memory_equal(dev.out[i], host.out[i], sizeof(int32_t) * (size_t)dev.n[i]);
+            for (int t = 0; t < dev.n[i]; t++) {
                 assert_true(host.lp[i][t] < 0);
-                double d = fabs((double)devlp.lp[i][t] - host.lp[i][t]);
-                if (d > worst) worst = d;
+                double d = fabs((double)dev.lp[i][t] - host.lp[i][t]);
+                worst = d > worst ? d : worst;
+                assert_int_equal(dev.n_top[i][t], sp.logprobs > 0 ? NTOP : 0);
+                assert_int_equal(host.n_top[i][t], dev.n_top[i][t]);
+                for (int q = 0; q < dev.n_top[i][t]; q++, tops++) {
+                    assert_int_equal(dev.top_ids[i][t][q], host.top_ids[i][t][q]);
+                    d = fabs((double)dev.top_lp[i][t][q] - host.top_lp[i][t][q]);
+                    worst = d > worst ? d : worst;
+                }
             }
         }
         assert_true(worst <= 1e-6);
-        printf("  max_batch %d: %d requests x %d tokens equal, chosen-token logprobs within %.1e; %llu of %llu "
-               "composed steps sampled in the forward pass\n", mb, NREQ, MAXTOK, worst,
+        printf("  max_batch %d: %d requests equal (two end on eos after %d, %d tokens), %d top logprobs, logprobs within "
+               "%.1e; %llu decode-op steps, %llu of %llu composed steps sampled in the forward pass\n", mb, NREQ,
+               dev.n[3], dev.n[6], tops, worst, (unsigned long long)dev.st.steps_device_decode,
                (unsigned long long)dev.st.steps_forward_sampled, (unsigned long long)dev.st.steps_composed);
     }
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_sampling_equals_host_sampling),
+        cmocka_unit_test(test_runner_sampling_equals_host_sampling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -247,6 +247,8 @@ static int alloc_buffers(engine *e) {
     e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
     e->dec_out = malloc((size_t)B * sizeof(int32_t));
     e->dec_lp = malloc((size_t)B * sizeof(float));
+    e->dec_top_ids = malloc((size_t)B * RUNNER_MAX_TOP * sizeof(int32_t));
+    e->dec_top_lp = malloc((size_t)B * RUNNER_MAX_TOP * sizeof(float));
     e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
     e->spec_n = malloc((size_t)B * sizeof(int));
@@ -263,6 +265,7 @@ static int alloc_buffers(engine *e) {
     e->cap_reqs = 64;
     e->reqs = malloc((size_t)e->cap_reqs * sizeof *e->reqs);
     if (!e->cand_row || !e->cand_avail || !e->cand_k || !e->cand_alpha || !e->cands) return SPECD_ENOMEM;
+    if (!e->dec_top_ids || !e->dec_top_lp) return SPECD_ENOMEM;
     if (!e->plan || !e->rows || !e->tokens || !e->logits || (model && (!e->dlogits || !e->dprobs)) ||
         !e->pprobs || !e->work || !e->scratch || !e->hist || !e->events[0] || !e->events[1] || !e->reqs)
         return SPECD_ENOMEM;
@@ -468,6 +471,7 @@ static void req_free(req *r) {
     free(r->seq.tokens);
     free(r->lb_ids);
     free(r->lb_vals);
+    sample_stats_free(&r->stats);
     free(r->first_logits);
     free(r->pl);
     matcher_free(r->m);
@@ -518,6 +522,8 @@ void engine_destroy(engine *e) {
     free(e->dec_tokens);
     free(e->dec_out);
     free(e->dec_lp);
+    free(e->dec_top_ids);
+    free(e->dec_top_lp);
     free(e->dec_sp);
     free(e->spec_out);
     free(e->spec_n);
@@ -636,6 +642,17 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
         .logit_bias_ids = r->lb_ids, .logit_bias_vals = r->lb_vals, .eos_ids = e->eos,
         .n_eos = e->n_eos,
     };
+    /* A penalised request keeps its token statistics for the runners' on-device penalties;
+     * the repetition penalty covers the prompt too. */
+    int rep = sp->repetition_penalty != 1.0f;
+    if (rep || sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
+        int cap = (rep ? n_prompt : 0) + r->max_new;
+        if (sample_stats_init(&r->stats, cap < e->vocab ? cap : e->vocab)) {
+            req_free(r);
+            return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
+        }
+        for (int i = 0; rep && i < n_prompt; i++) sample_stats_add(&r->stats, prompt[i], 0);
+    }
     *out = r;
     return 0;
 }

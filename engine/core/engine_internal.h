@@ -20,6 +20,9 @@ typedef struct req {
     int32_t *lb_ids;
     float *lb_vals;
     sample_params spp;
+    sample_stats stats;          /* with a penalty: the distinct ids of its output (and of
+                                  * its prompt, with a repetition penalty) and their output
+                                  * counts, kept by emit_token, for on-device penalties */
     uint64_t seed;
     int max_new;                 /* new tokens at most */
     int n_out;                   /* generated so far */
@@ -111,6 +114,8 @@ struct engine {
     int *dec_slots;              /* on-device decode fast path: (max_batch) each */
     int32_t *dec_tokens, *dec_out;
     float *dec_lp;               /* (max_batch) the chosen tokens' logprobs from the device */
+    int32_t *dec_top_ids;        /* (max_batch, RUNNER_MAX_TOP) top logprobs from the device */
+    float *dec_top_lp;
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
     int *spec_n;                 /* (max_batch) */
     runner_sampling *dec_sp;

@@ -116,7 +116,7 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
                                 const float *dev_lp) {
     engine_token *et = &ev->tokens[ev->n_tokens++];
     et->id = t;
-    if (dev_lp && r->sp.logprobs == 0) et->logprob = *dev_lp;
+    if (dev_lp && r->sp.logprobs >= 0) et->logprob = *dev_lp;
     if (raw && r->sp.logprobs >= 0) {
         et->logprob = sample_logprob(raw, e->vocab, t);
         if (r->sp.logprobs > 0)
@@ -124,6 +124,7 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
     }
     if (raw && r->record && r->n_out == 0) memcpy(r->first_logits, raw, (size_t)e->vocab * sizeof(float));
     r->seq.tokens[r->seq.n_tokens++] = t;
+    if (r->stats.cap) sample_stats_add(&r->stats, t, 1);   /* capacity: prompt + max_new */
     r->n_out++;
     e->st.generation_tokens++;
     if (r->m) {
@@ -303,22 +304,55 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
     return f;
 }
 
-/* The one list of sampling features the device sampler lacks (penalties, logit bias,
- * top logprobs, min_tokens, recorded logits, a grammar, prompt logprobs, max_tokens 0): a request that uses one is
- * sampled on the host. The chosen token's logprob is a device feature where the path returns it
- * (decode and the forward pass do; the speculative step does not); so is a grammar's mask
- * where the path takes masks (the forward pass, runner.forward_masks), unless the row
- * wants logprobs: those are reported under the model's own distribution, as the host
- * path computes them, and a device sampler that masks first would report the masked one. */
-static int needs_host_sampling(const req *r, int path_has_logprob, int path_has_mask) {
-    return r->record || (r->m && (!path_has_mask || r->sp.logprobs >= 0)) || r->pl || r->max_new <= 0 || r->sp.logprobs > (path_has_logprob ? 0 : -1) || r->sp.n_logit_bias ||
-           r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f ||
-           r->n_out < r->sp.min_tokens;
+/* The one list of sampling features each path lacks: a request that uses one is sampled
+ * on the host. Host-only everywhere: recorded logits, prompt logprobs, max_tokens 0. The
+ * chosen token's logprob is a device feature where the path returns it (decode and the
+ * forward pass do; the speculative steps do not). Logit bias, min_tokens (eos suppression),
+ * presence / frequency / repetition penalties and top logprobs are device features where
+ * the path applies runner_sampling's adjustments (path_adjusts: decode and the forward pass
+ * where runner.sample_adjusts; never the speculative steps, whose acceptance would need
+ * them at every draft position). A grammar's mask is one where the path takes masks (the
+ * forward pass, runner.forward_masks), unless the row wants logprobs: those are reported
+ * under the model's own distribution, as the host path computes them, and a device
+ * sampler that masks first would report the masked one. */
+static int needs_host_sampling(const req *r, int path_has_logprob, int path_has_mask, int path_adjusts) {
+    if (r->record || r->pl || r->max_new <= 0) return 1;
+    if (r->m && (!path_has_mask || r->sp.logprobs >= 0)) return 1;
+    if (r->sp.logprobs > (!path_has_logprob ? -1 : path_adjusts ? ENGINE_MAX_TOP_LOGPROBS : 0)) return 1;
+    return !path_adjusts && (r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
+                             r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens);
 }
 
+_Static_assert(ENGINE_MAX_TOP_LOGPROBS <= RUNNER_MAX_TOP, "top logprobs the runners report");
+
+/* A row's runner_sampling: its filters and seed, and what the host sampler would apply
+ * before them (logit bias, eos suppressed before min_tokens, penalties over its token
+ * statistics), with the top logprobs it wants. Rows that reach the speculative paths have
+ * none of the latter (needs_host_sampling). */
 static runner_sampling device_sampling(const req *r) {
+    const int suppress = r->n_out < r->sp.min_tokens;
     return (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .min_p = r->sp.min_p,
-                             .top_k = r->sp.top_k, .seed = r->seed, .counter = (uint64_t)r->n_out};
+                             .top_k = r->sp.top_k, .seed = r->seed, .counter = (uint64_t)r->n_out,
+                             .n_logit_bias = r->sp.n_logit_bias, .logit_bias_ids = r->lb_ids,
+                             .logit_bias_vals = r->lb_vals, .n_suppress = suppress ? r->spp.n_eos : 0,
+                             .suppress_ids = suppress ? r->spp.eos_ids : NULL,
+                             .presence_penalty = r->sp.presence_penalty, .frequency_penalty = r->sp.frequency_penalty,
+                             .repetition_penalty = r->sp.repetition_penalty, .n_stats = r->stats.n,
+                             .stat_ids = r->stats.ids, .stat_counts = r->stats.counts,
+                             .n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0};
+}
+
+/* emit_token for the token the runner sampled into e->dec_out[i], with its logprob and
+ * top logprobs as the device computed them (raw logits, like emit_token's). */
+static engine_finish emit_sampled(engine *e, req *r, engine_event *ev, int i) {
+    engine_token *et = &ev->tokens[ev->n_tokens];
+    engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL, &e->dec_lp[i]);
+    if (r->sp.logprobs > 0) {
+        et->n_top = r->sp.logprobs < e->vocab ? r->sp.logprobs : e->vocab;
+        memcpy(et->top_ids, e->dec_top_ids + (size_t)i * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(int32_t));
+        memcpy(et->top_logprobs, e->dec_top_lp + (size_t)i * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(float));
+    }
+    return f;
 }
 
 /* Whether this step can use the runner's on-device decode (a captured graph on CUDA):
@@ -328,7 +362,8 @@ static int device_decode_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1, 0)) return 0;
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1, 0, e->run->sample_adjusts))
+            return 0;
     }
     return 1;
 }
@@ -338,7 +373,7 @@ static int device_decode_ok(const engine *e, int n) {
 static int forward_sampling_ok(const engine *e, int n) {
     if (!e->run->forward_samples || e->drafter == ENGINE_DRAFTER_MODEL || e->step_spec) return 0;
     for (int i = 0; i < n; i++)
-        if (needs_host_sampling(e->plan[i].r, 1, e->run->forward_masks)) return 0;
+        if (needs_host_sampling(e->plan[i].r, 1, e->run->forward_masks, e->run->sample_adjusts)) return 0;
     return 1;
 }
 
@@ -350,7 +385,8 @@ static int device_decode(engine *e, int n, engine_output *out) {
         e->dec_sp[i] = device_sampling(r);
     }
     runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
-                              .out_tokens = e->dec_out, .out_logprobs = e->dec_lp};
+                              .out_tokens = e->dec_out, .out_logprobs = e->dec_lp, .out_top_ids = e->dec_top_ids,
+                              .out_top_logprobs = e->dec_top_lp};
     int rc = e->run->ops->decode(e->run, &db);
     if (rc) return rc;
     for (int i = 0; i < n; i++) {
@@ -358,7 +394,7 @@ static int device_decode(engine *e, int n, engine_output *out) {
         sched_seq *s = &r->seq;
         s->n_computed += 1;
         engine_event *ev = new_event(e, out, r);
-        engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL, &e->dec_lp[i]);
+        engine_finish f = emit_sampled(e, r, ev, i);
         commit_kv(e, s, s->n_computed);
         ev->finish = f;
         fill_counts(ev, r);
@@ -374,7 +410,7 @@ static int runner_spec_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0)) return 0;
+        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0)) return 0;
     }
     return 1;
 }
@@ -585,9 +621,13 @@ int engine_step(engine *e, engine_output *out) {
             e->dec_sp[p->logits_off] = device_sampling(p->r);
             if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * mw;
         }
+        for (int j = 0; j < nm; j++)   /* only eos fits its grammar: min_tokens yields (apply_grammar) */
+            if (e->mask_res[j] == 0) e->dec_sp[e->plan[e->mask_rows[j]].logits_off].n_suppress = 0;
         tb.sp = e->dec_sp;
         tb.out_tokens = e->dec_out;
         tb.out_logprobs = e->dec_lp;
+        tb.out_top_ids = e->dec_top_ids;
+        tb.out_top_logprobs = e->dec_top_lp;
         e->st.steps_forward_sampled++;
     }
     if (n && (rc = runner_forward(e->run, &tb))) goto fail;
@@ -610,7 +650,7 @@ int engine_step(engine *e, engine_output *out) {
                 f = ENGINE_FINISH_LENGTH;
             } else if (p->target_logits && on_device) {
                 ev = new_event(e, out, r);
-                f = emit_token(e, r, ev, e->dec_out[p->logits_off], NULL, &e->dec_lp[p->logits_off]);
+                f = emit_sampled(e, r, ev, p->logits_off);
             } else if (p->target_logits) {
                 float *lg = e->logits + (size_t)p->logits_off * V;
                 memcpy(e->work, lg, (size_t)V * sizeof(float));

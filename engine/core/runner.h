@@ -61,7 +61,11 @@ typedef struct {
     void *allreduce_ctx;
 } runner_config;
 
-/* Per-row sampling parameters for on-device sampling (optional fast paths). */
+/* Top logprobs a sampling op reports per row at most (runner_sampling.n_top). */
+#define RUNNER_MAX_TOP 20
+
+/* Per-row sampling parameters for on-device sampling (optional fast paths). A zeroed
+ * struct is greedy with no adjustments. */
 typedef struct {
     float temperature;       /* 0: greedy argmax */
     float top_p, min_p;
@@ -72,6 +76,31 @@ typedef struct {
                               * ids whose bit is 0 are never sampled (a grammar's mask,
                               * applied before anything else); forward sampling only, where
                               * runner.forward_masks */
+    /* Logit adjustments, where runner.sample_adjusts (decode, and forward sampling): after
+     * the mask and before temperature and the filters, in the host sampler's order and
+     * arithmetic (engine/core/sample.c sample_apply_penalties_sparse):
+     *   1. logits[logit_bias_ids[j]] += logit_bias_vals[j], j in order (repeats add up);
+     *   2. logits[suppress_ids[j]] = -inf (eos while min_tokens is not reached);
+     *   3. for each stat_ids[j] (distinct ids): a repetition penalty (> 0, != 1) divides
+     *      a positive logit by it and multiplies a negative one; then, where
+     *      stat_counts[j] > 0, frequency_penalty * count + presence_penalty is subtracted.
+     * The stats list the row's history: its generated tokens with their counts, and, when
+     * the repetition penalty is on, its prompt tokens too (count 0 if only there). Ids
+     * outside the vocabulary are skipped. */
+    int n_logit_bias;
+    const int32_t *logit_bias_ids;
+    const float *logit_bias_vals;
+    int n_suppress;
+    const int32_t *suppress_ids;
+    float presence_penalty, frequency_penalty, repetition_penalty;   /* 0, 0, 0 or 1: off */
+    int n_stats;
+    const int32_t *stat_ids, *stat_counts;
+    /* Top logprobs wanted (0..RUNNER_MAX_TOP), where runner.sample_adjusts: the n_top
+     * largest log softmax values of the logits before the adjustments (as the chosen
+     * token's logprob; a masked row's may be of the masked logits, so the engine samples
+     * constrained rows that want logprobs on the host), descending, ties to the lower id
+     * (sample_top_logprobs), into the op's out_top_ids / out_top_logprobs row. */
+    int n_top;
 } runner_sampling;
 
 /* One decode step: n rows, one new token each (optional op). */
@@ -82,6 +111,8 @@ typedef struct {
     const runner_sampling *sp;    /* [n] */
     int32_t *out_tokens;          /* [n] sampled */
     float *out_logprobs;          /* [n] logprob of the sampled token (may be NULL) */
+    int32_t *out_top_ids;         /* [n, RUNNER_MAX_TOP]: row i's first sp[i].n_top entries */
+    float *out_top_logprobs;      /* (both may be NULL when no row has n_top > 0) */
 } runner_decode_batch;
 
 /* One speculative step (optional op), for rows whose target length L is the position of
@@ -129,6 +160,8 @@ typedef struct {
     int32_t *out_tokens;
     float *out_logprobs;     /* with sp, may be NULL: log softmax of the raw logits at the
                               * sampled token, per logits row */
+    int32_t *out_top_ids;    /* with sp, [logits rows, RUNNER_MAX_TOP]: sp[i].n_top top */
+    float *out_top_logprobs; /* logprobs of row i (may be NULL when no row wants any) */
 } runner_batch;
 
 typedef struct runner runner;
@@ -164,6 +197,8 @@ struct runner {
     int vocab;
     int forward_samples;     /* forward() takes runner_batch.sp (set by the runner) */
     int forward_masks;       /* ... and honours runner_sampling.mask */
+    int sample_adjusts;      /* decode() and, where forward_samples, forward() honour
+                              * runner_sampling's logit adjustments and n_top */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }

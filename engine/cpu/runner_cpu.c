@@ -99,6 +99,8 @@ typedef struct {
     int *sp_scratch;        /* (vocab) */
     int *fs_scratch;        /* (vocab) forward sampling */
     float *fs_raw;          /* (vocab) its raw logits, for the chosen token's logprob */
+    runner_row *dec_rows;   /* (max_batch) decode op, allocated on its first call */
+    float *dec_logits;      /* (max_batch, vocab) its logits (scratch) */
 } cpu_runner;
 
 /* ---- math kernels ------------------------------------------------------------------ */
@@ -441,13 +443,20 @@ static void attn_task(void *ctx, int task) {
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-/* Greedy argmax, or a draw from the filtered softmax with the uniform the engine's host
- * sampler uses at (seed, 2 * counter). logits is overwritten. */
+/* The engine's host sampler, step for step: the mask, then logit bias, eos suppression
+ * and penalties (from the row's token statistics), then greedy argmax, or a draw from the
+ * filtered softmax with the uniform the host uses at (seed, 2 * counter). logits is
+ * overwritten. */
 static int32_t sample_row_in_place(float *logits, int V, const runner_sampling *sp, int *scratch) {
     for (int i = 0; sp->mask && i < V; i++)
         if (!((sp->mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
+    sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k, .min_p = sp->min_p,
+                       .presence_penalty = sp->presence_penalty, .frequency_penalty = sp->frequency_penalty,
+                       .repetition_penalty = sp->repetition_penalty, .n_logit_bias = sp->n_logit_bias,
+                       .logit_bias_ids = sp->logit_bias_ids, .logit_bias_vals = sp->logit_bias_vals,
+                       .suppress_eos = sp->n_suppress > 0, .eos_ids = sp->suppress_ids, .n_eos = sp->n_suppress};
+    sample_apply_penalties_sparse(logits, V, &p, sp->stat_ids, sp->stat_counts, sp->n_stats);
     if (sp->temperature <= 0) return sample_argmax(logits, V);
-    sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k, .min_p = sp->min_p};
     sample_probs(logits, V, &p, scratch);
     return sample_from_probs(logits, V, sample_uniform(sp->seed, 2 * sp->counter));
 }
@@ -628,13 +637,46 @@ static int cpu_forward(runner *base, const runner_batch *b) {
          * the CUDA runner does on the device); the logits buffer is the scratch. */
         for (int i = 0; b->sp && i < n_out; i++) {
             float *lg = b->logits + (size_t)i * c->vocab;
-            if (b->out_logprobs) memcpy(r->fs_raw, lg, sizeof(float) * (size_t)c->vocab);
+            int n_top = b->out_top_ids && b->out_top_logprobs ? b->sp[i].n_top : 0;
+            n_top = n_top < RUNNER_MAX_TOP ? n_top : RUNNER_MAX_TOP;
+            if (b->out_logprobs || n_top > 0) memcpy(r->fs_raw, lg, sizeof(float) * (size_t)c->vocab);
             b->out_tokens[i] = sample_row_in_place(lg, c->vocab, &b->sp[i], r->fs_scratch);
             if (b->out_logprobs) b->out_logprobs[i] = sample_logprob(r->fs_raw, c->vocab, b->out_tokens[i]);
+            if (n_top > 0)
+                sample_top_logprobs(r->fs_raw, c->vocab, n_top, b->out_top_ids + (size_t)i * RUNNER_MAX_TOP,
+                                    b->out_top_logprobs + (size_t)i * RUNNER_MAX_TOP);
         }
     }
     for (int i = 0; i < b->n_rows; i++) r->len[b->which][b->rows[i].slot] += b->rows[i].n_new;
     return 0;
+}
+
+/* The decode op (runner.h): one forward pass of n one-token rows that samples where the
+ * logits are, as forward() with sp does; so the engine's device-decode path runs on the
+ * CPU too. Its logits scratch (max_batch x vocab) is allocated on the first call. */
+static int cpu_decode(runner *base, const runner_decode_batch *db) {
+    cpu_runner *r = (cpu_runner *)base;
+    const int MB = base->cfg.max_batch;
+    if (!db || db->n < 1 || db->n > MB || !db->slots || !db->tokens || !db->sp || !db->out_tokens)
+        return SPECD_EINVAL;
+    if (!r->dec_rows) {
+        r->dec_rows = malloc((size_t)MB * sizeof *r->dec_rows);
+        r->dec_logits = malloc((size_t)MB * (size_t)base->vocab * sizeof(float));
+        if (!r->dec_rows || !r->dec_logits) {
+            free(r->dec_rows);
+            free(r->dec_logits);
+            r->dec_rows = NULL;
+            r->dec_logits = NULL;
+            return SPECD_ENOMEM;
+        }
+    }
+    for (int i = 0; i < db->n; i++)
+        r->dec_rows[i] = (runner_row){.slot = db->slots[i], .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = db->n, .rows = r->dec_rows, .tokens = db->tokens,
+                      .n_tokens = db->n, .logits = r->dec_logits, .sp = db->sp, .out_tokens = db->out_tokens,
+                      .out_logprobs = db->out_logprobs, .out_top_ids = db->out_top_ids,
+                      .out_top_logprobs = db->out_top_logprobs};
+    return cpu_forward(base, &b);
 }
 
 /* ---- speculative step (reference for the CUDA graph; see runner.h) --------------------- */
@@ -804,6 +846,8 @@ static void cpu_destroy(runner *base) {
     free(r->sp_scratch);
     free(r->fs_scratch);
     free(r->fs_raw);
+    free(r->dec_rows);
+    free(r->dec_logits);
     tp_destroy(r->pool);
     free(r);
 }
@@ -815,7 +859,7 @@ static const runner_ops cpu_ops = {
     .slot_set_len = cpu_slot_set_len,
     .slot_get_len = cpu_slot_get_len,
     .copy_block = cpu_copy_block,
-    .decode = NULL,
+    .decode = cpu_decode,
     .spec_step = cpu_spec_step,
     .destroy = cpu_destroy,
 };
@@ -944,6 +988,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         goto oom;
     r->base.forward_samples = cfg->tp_world <= 1;
     r->base.forward_masks = r->base.forward_samples;
+    /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
+    r->base.sample_adjusts = cfg->tp_world <= 1;
     if (draft && cfg->num_draft_tokens > 0) {
         size_t B = (size_t)cfg->max_batch, K = (size_t)cfg->num_draft_tokens, V = (size_t)r->base.vocab;
         if (K > 15) {

@@ -189,21 +189,52 @@ int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, con
                     float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
                     const k_norm_in *nin, cudaStream_t s);
 
+/* One sparse logit adjustment of k_sample_params.adj: a logit_bias entry (v = the bias),
+ * a suppressed id (v unused) or a token statistic (v = its count among generated tokens,
+ * as a float). k_sample overwrites v with the logit it replaced, to put the row back. */
+typedef struct {
+    int32_t id;
+    float v;
+} k_logit_adj;
+
+/* Top logprobs k_sample reports per row at most (the stride of its top outputs). */
+#define K_MAX_TOP 20
+
 /* Per-row sampling parameters (same meaning as runner_sampling). */
 typedef struct {
     float temperature;     /* <= 0: greedy argmax */
     float top_p, min_p;
     int top_k;
     uint64_t seed, counter;
+    /* Logit adjustments before everything above, in device memory: adj[0, n_bias) bias
+     * entries, then n_suppress suppressed ids, then n_stats token statistics (distinct
+     * ids). NULL: none. The arithmetic is engine/core/sample.c's, operation for operation
+     * and rounded the same (no fused multiply-add):
+     *   x[id] += v for each bias entry, in order;  x[id] = -inf for each suppressed id;
+     *   for each statistic: x = x > 0 ? x / repetition : x * repetition when repetition
+     *   > 0 and != 1, then x -= frequency * count + presence when count > 0. */
+    k_logit_adj *adj;
+    int n_bias, n_suppress, n_stats;
+    float presence, frequency, repetition;
+    int n_top;             /* top logprobs wanted, 0..K_MAX_TOP */
 } k_sample_params;
 
-/* For each row r of logits [n, vocab] fp32: greedy argmax (temperature <= 0) or a draw
- * from softmax(logits / T) restricted by top_k, then top_p (on the renormalised top-k
- * distribution), then min_p (relative to the most likely token), using Philox4x32-10
- * keyed by seed at counter. out_tok [n]; out_logprob [n] (may be NULL) gets the log
- * softmax of the raw logits at the chosen token. */
-int k_sample(const float *logits, int n, int vocab, const k_sample_params *p,
-             int32_t *out_tok, float *out_logprob, cudaStream_t s);
+/* For each row r of logits [n, vocab] fp32: the row's logit adjustments (p.adj), then
+ * greedy argmax (temperature <= 0) or a draw from softmax(logits / T) restricted by
+ * top_k, then top_p (on the renormalised top-k distribution), then min_p (relative to the
+ * most likely token), using Philox4x32-10 keyed by seed at counter; then the row is put
+ * back as it was (the adjustments undone from the values their entries saved). out_tok
+ * [n]; out_logprob [n] (may be NULL) gets the log softmax of the logits as given (before
+ * the adjustments) at the chosen token; out_top_ids / out_top_lps [n, K_MAX_TOP] (may be
+ * NULL) get the first min(p.n_top, vocab) of the row's largest logprobs of that
+ * distribution, descending, ties to the lower id (engine/core/sample.c
+ * sample_top_logprobs). One block per row; the top ids come from a radix select of the
+ * n_top-th largest key and a block-wide scan in index order, without sorting the row. */
+int k_sample(float *logits, int n, int vocab, const k_sample_params *p, int32_t *out_tok, float *out_logprob,
+             int32_t *out_top_ids, float *out_top_lps, cudaStream_t s);
+/* k_sample's first step alone, left applied (for tests): each row's adjustments in place;
+ * their entries' v then hold the values they replaced. */
+int k_logit_adjust(float *logits, int n, int vocab, const k_sample_params *p, cudaStream_t s);
 
 /* The distribution k_sample draws from for each row of logits [n, vocab]: probs[r, :] =
  * the renormalised softmax(logits / T) after top_k, top_p, min_p (0 outside). Row r uses

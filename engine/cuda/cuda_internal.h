@@ -160,6 +160,14 @@ typedef struct {
     float *d_fs_lp, *h_fs_lp;      /* and their logprobs [T] */
     uint32_t *d_fs_mask, *h_fs_mask; /* grammar masks of sampled rows [max_batch][vocab/32] */
     int32_t *d_fs_has, *h_fs_has;  /* which of them have one [max_batch] */
+    /* on-device sampling of either kind: the step's logit adjustments (k_sample_params.adj
+     * points into d_adj; staged in h_adj, copied before the launch or graph replay; both
+     * grow, doubling, when a step needs more: graphs read them through the parameters),
+     * and the top logprobs of sampled rows [T, K_MAX_TOP] */
+    k_logit_adj *d_adj, *h_adj;
+    size_t adj_cap;
+    int32_t *d_top_ids, *h_top_ids;
+    float *d_top_lps, *h_top_lps;
     int n_graphs;
     int graph_sizes[64];
     cudaGraphExec_t graphs[64];
@@ -225,6 +233,14 @@ int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen);
 void cuda_destroy_graphs(cuda_runner *r);
 int cuda_decode(runner *base, const runner_decode_batch *b);
 int cuda_enqueue_logits_out(cuda_runner *r, int which, const int32_t *rows, int n, float *out);
+/* On-device sampling's buffers (d_adj, d_top_*; at creation) and their release. */
+int cuda_sample_alloc(cuda_runner *r);
+void cuda_sample_free(cuda_runner *r);
+/* q[0..n) = the k_sample_params of rows sp[0..n): the base fields, and where
+ * base.sample_adjusts the penalties, n_top and the adjustments, staged into h_adj (grown
+ * as needed) and copied to d_adj on r->stream. *want_top: whether a row wants top
+ * logprobs. Returns 0, SPECD_ENOMEM or SPECD_ECUDA. */
+int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, k_sample_params *q, int *want_top);
 void cuda_graph_size_list(int max_batch, int *sizes, int *n);
 /* engine/cuda/cuda_spec.c: buffers (before capture), capture, the op, cleanup. */
 int cuda_spec_alloc(cuda_runner *r, int k);

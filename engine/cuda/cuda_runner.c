@@ -129,6 +129,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     }
 
     cudaStream_t s = r->stream;
+    int want_top = 0;   /* a sampled row wants top logprobs */
     CU_CHECK(r, cudaMemcpyAsync(r->d_meta, hm, (size_t)META_N * T * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, s));
     const int32_t *dm = r->d_meta;
@@ -145,11 +146,10 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         k_sample_params *par = r->h_fs_par;
         int masked = 0;
         const size_t mw = ((size_t)vocab + 31) / 32;
-        if (b->sp) {   /* sample on the device: only token ids come back */
-            for (int o = 0; o < n_out; o++) {
-                par[o] = cuda_sample_params(&b->sp[o]);
-                masked |= b->sp[o].mask != NULL;
-            }
+        if (b->sp) {   /* sample on the device: only token ids (and wanted top logprobs) come back */
+            if ((rc = cuda_sample_prepare(r, b->sp, n_out, par, &want_top))) return rc;
+            want_top = want_top && b->out_top_ids && b->out_top_logprobs;
+            for (int o = 0; o < n_out; o++) masked |= b->sp[o].mask != NULL;
             CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)n_out * sizeof *par, cudaMemcpyHostToDevice, s));
             if (masked) {   /* grammar masks (one row each at most: n_out <= max_batch then) */
                 if (n_out > base->cfg.max_batch) return SPECD_EINVAL;
@@ -168,7 +168,8 @@ static int cuda_forward(runner *base, const runner_batch *b) {
                 K_CHECK(r, k_mask_logits(r->d_logits, cnt, vocab, r->d_fs_mask + (size_t)o * mw, r->d_fs_has + o, s));
             if (b->sp)
                 K_CHECK(r, k_sample(r->d_logits, cnt, vocab, (const k_sample_params *)r->d_fs_par + o,
-                                    r->d_fs_tok + o, r->d_fs_lp + o, s));
+                                    r->d_fs_tok + o, r->d_fs_lp + o, r->d_top_ids + (size_t)o * K_MAX_TOP,
+                                    r->d_top_lps + (size_t)o * K_MAX_TOP, s));
             else
                 CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
                                             (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -176,6 +177,11 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         if (b->sp && n_out) {
             CU_CHECK(r, cudaMemcpyAsync(r->h_fs_tok, r->d_fs_tok, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
             CU_CHECK(r, cudaMemcpyAsync(r->h_fs_lp, r->d_fs_lp, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
+        }
+        if (want_top) {
+            const size_t tk = (size_t)n_out * K_MAX_TOP;
+            CU_CHECK(r, cudaMemcpyAsync(r->h_top_ids, r->d_top_ids, tk * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+            CU_CHECK(r, cudaMemcpyAsync(r->h_top_lps, r->d_top_lps, tk * sizeof(float), cudaMemcpyDeviceToHost, s));
         }
         K_CHECK(r, k_advance_lens(r->d_lens, dm + META_ROW_SLOT * T, dm + META_ROW_N_NEW * T, nr,
                                   which, r->dummy, s));
@@ -186,6 +192,10 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     if (b->sp && nr > 0) {
         memcpy(b->out_tokens, r->h_fs_tok, (size_t)n_out * sizeof(int32_t));
         if (b->out_logprobs) memcpy(b->out_logprobs, r->h_fs_lp, (size_t)n_out * sizeof(float));
+    }
+    if (want_top) {   /* K_MAX_TOP == RUNNER_MAX_TOP: the same row stride */
+        memcpy(b->out_top_ids, r->h_top_ids, (size_t)n_out * K_MAX_TOP * sizeof(int32_t));
+        memcpy(b->out_top_logprobs, r->h_top_lps, (size_t)n_out * K_MAX_TOP * sizeof(float));
     }
     for (int i = 0; i < nr; i++)
         if (row_slot[i] != r->dummy) r->h_len[row_slot[i] * 2 + which] += row_n[i];
@@ -322,6 +332,7 @@ static void cuda_destroy(runner *base) {
     if (r->stream) cudaStreamSynchronize(r->stream);
     cuda_destroy_graphs(r);
     cuda_spec_free(r);
+    cuda_sample_free(r);
     cuda_model_free(&r->m[0]);
     cuda_model_free(&r->m[1]);
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
@@ -475,7 +486,7 @@ static int alloc_work(cuda_runner *r) {
     CU_CHECK(r, e3);
     CU_CHECK(r, cudaMemset(r->d_bt, 0, slots * r->max_blocks * 4));
     CU_CHECK(r, cudaMemset(r->d_lens, 0, slots * 2 * 4));
-    return 0;
+    return cuda_sample_alloc(r);
 fail:
     return SPECD_ECUDA;
 }
@@ -597,6 +608,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* composed steps sample on the device (one GPU: ranks would each need the params) */
     r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
     r->base.forward_masks = r->base.forward_samples;
+    /* logit adjustments and top logprobs in k_sample (one GPU: runner_sampling's lists are
+     * pointers that a tensor-parallel group does not ship to its other ranks) */
+    r->base.sample_adjusts = r->opts.world == 1;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

@@ -220,6 +220,93 @@ int cuda_enqueue_logits(cuda_runner *r, int which, const int32_t *rows, int n) {
     return cuda_enqueue_logits_out(r, which, rows, n, r->d_logits);
 }
 
+/* ---- on-device sampling's per-step inputs ---------------------------------------------- */
+
+_Static_assert(K_MAX_TOP == RUNNER_MAX_TOP, "top logprob rows are copied as they are");
+
+/* Room for this many adjustment entries in d_adj / h_adj (kept when large enough). */
+static int adj_reserve(cuda_runner *r, size_t n) {
+    if (n <= r->adj_cap) return 0;
+    size_t cap = r->adj_cap ? r->adj_cap : 1024;
+    while (cap < n) cap *= 2;
+    /* the previous step has finished (every op ends with a sync), so nothing reads them */
+    if (r->d_adj) cudaFree(r->d_adj);
+    if (r->h_adj) cudaFreeHost(r->h_adj);
+    r->d_adj = r->h_adj = NULL;
+    r->adj_cap = 0;
+    CU_CHECK(r, cudaMalloc((void **)&r->d_adj, cap * sizeof(k_logit_adj)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_adj, cap * sizeof(k_logit_adj)));
+    r->adj_cap = cap;
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+int cuda_sample_alloc(cuda_runner *r) {
+    const size_t tk = (size_t)r->T * K_MAX_TOP;
+    CU_CHECK(r, cudaMalloc((void **)&r->d_top_ids, tk * sizeof(int32_t)));
+    CU_CHECK(r, cudaMalloc((void **)&r->d_top_lps, tk * sizeof(float)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_top_ids, tk * sizeof(int32_t)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_top_lps, tk * sizeof(float)));
+    /* a few hundred entries a row before the first growth */
+    return adj_reserve(r, (size_t)r->base.cfg.max_batch * 256);
+fail:
+    return SPECD_ECUDA;
+}
+
+void cuda_sample_free(cuda_runner *r) {
+    if (r->d_adj) cudaFree(r->d_adj);
+    if (r->h_adj) cudaFreeHost(r->h_adj);
+    if (r->d_top_ids) cudaFree(r->d_top_ids);
+    if (r->d_top_lps) cudaFree(r->d_top_lps);
+    if (r->h_top_ids) cudaFreeHost(r->h_top_ids);
+    if (r->h_top_lps) cudaFreeHost(r->h_top_lps);
+    r->d_adj = r->h_adj = NULL;
+    r->d_top_ids = r->h_top_ids = NULL;
+    r->d_top_lps = r->h_top_lps = NULL;
+    r->adj_cap = 0;
+}
+
+static int nonneg(int v) { return v > 0 ? v : 0; }
+
+int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, k_sample_params *q, int *want_top) {
+    const int adjusts = r->base.sample_adjusts;
+    size_t need = 0, used = 0;
+    *want_top = 0;
+    for (int i = 0; adjusts && i < n; i++)
+        need += (size_t)nonneg(sp[i].n_logit_bias) + (size_t)nonneg(sp[i].n_suppress) + (size_t)nonneg(sp[i].n_stats);
+    int rc = adj_reserve(r, need);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        const runner_sampling *x = &sp[i];
+        q[i] = cuda_sample_params(x);
+        if (!adjusts) continue;
+        q[i].presence = x->presence_penalty;
+        q[i].frequency = x->frequency_penalty;
+        q[i].repetition = x->repetition_penalty;
+        q[i].n_top = x->n_top < K_MAX_TOP ? nonneg(x->n_top) : K_MAX_TOP;
+        *want_top |= q[i].n_top > 0;
+        const int nb = nonneg(x->n_logit_bias), ns = nonneg(x->n_suppress), nst = nonneg(x->n_stats);
+        if (nb + ns + nst == 0) continue;
+        k_logit_adj *a = r->h_adj + used;
+        for (int j = 0; j < nb; j++) a[j] = (k_logit_adj){x->logit_bias_ids[j], x->logit_bias_vals[j]};
+        for (int j = 0; j < ns; j++) a[nb + j] = (k_logit_adj){x->suppress_ids[j], 0.f};
+        for (int j = 0; j < nst; j++) a[nb + ns + j] = (k_logit_adj){x->stat_ids[j], (float)x->stat_counts[j]};
+        q[i].adj = r->d_adj + used;
+        q[i].n_bias = nb;
+        q[i].n_suppress = ns;
+        q[i].n_stats = nst;
+        used += (size_t)(nb + ns + nst);
+    }
+    if (used)
+        CU_CHECK(r, cudaMemcpyAsync(r->d_adj, r->h_adj, used * sizeof(k_logit_adj), cudaMemcpyHostToDevice, r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* ---- the decode step ------------------------------------------------------------------- */
+
 /* Decode-step buffers: in = tokens[MB] | slots[MB] | params[MB]; out = tok[MB] | lp[MB]. */
 static size_t dec_in_bytes(const cuda_runner *r) {
     return (size_t)r->base.cfg.max_batch * (8 + sizeof(k_sample_params));
@@ -259,7 +346,7 @@ int cuda_enqueue_decode(cuda_runner *r, int B) {
     }
     if ((rc = cuda_enqueue_pass(r, &p))) return rc;
     if ((rc = cuda_enqueue_logits(r, RUNNER_TARGET, NULL, B))) return rc;
-    K_CHECK(r, k_sample(r->d_logits, B, r->m[0].c.vocab, sp, out_tok, out_lp, s));
+    K_CHECK(r, k_sample(r->d_logits, B, r->m[0].c.vocab, sp, out_tok, out_lp, r->d_top_ids, r->d_top_lps, s));
     K_CHECK(r, k_advance_lens(r->d_lens, slots, r->d_ones, B, RUNNER_TARGET, r->dummy, s));
     /* The captured store that resets the dummy slot after the advance: padding rows never
      * accumulate context, whatever a previous step or a bug left there. */
@@ -270,24 +357,27 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* Fill the pinned decode inputs: n live rows then padding rows on the dummy slot. */
-static void fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B) {
+/* Fill the pinned decode inputs: n live rows then padding rows on the dummy slot (the
+ * live rows' adjustments go to the device on the stream, ahead of the step). */
+static int fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B, int *want_top) {
     const int MB = r->base.cfg.max_batch;
     int32_t *tokens = r->h_dec_in, *slots = tokens + MB;
     k_sample_params *sp = (k_sample_params *)(tokens + 2 * MB);
-    int n = b ? b->n : 0;
+    int n = b ? b->n : 0, rc;
+    *want_top = 0;
+    if (b && b->sp && (rc = cuda_sample_prepare(r, b->sp, n, sp, want_top))) return rc;
     for (int i = 0; i < B; i++) {
-        k_sample_params q = {0};
         if (i < n) {
             tokens[i] = b->tokens[i];
             slots[i] = b->slots[i];
-            if (b->sp) q = cuda_sample_params(&b->sp[i]);
+            if (!b->sp) sp[i] = (k_sample_params){0};
         } else {
             tokens[i] = 0;
             slots[i] = r->dummy;
+            sp[i] = (k_sample_params){0};
         }
-        sp[i] = q;
     }
+    return 0;
 }
 
 void cuda_graph_size_list(int max_batch, int *sizes, int *n) {
@@ -306,7 +396,8 @@ int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         int B = sizes[i], rc;
         cudaGraph_t g = NULL;
-        fill_dec_in(r, NULL, B);
+        int no_top;
+        if ((rc = fill_dec_in(r, NULL, B, &no_top))) goto fail_rc;
         /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
         if ((rc = cuda_enqueue_decode(r, B))) goto fail_rc;
         if ((rc = cuda_step_sync(r))) goto fail_rc;
@@ -350,21 +441,31 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     int gi = -1;
     for (int i = 0; i < r->n_graphs; i++)
         if (r->graph_sizes[i] >= b->n) gi = i;
-    int B = gi >= 0 ? r->graph_sizes[gi] : b->n;
-    fill_dec_in(r, b, B);
+    int B = gi >= 0 ? r->graph_sizes[gi] : b->n, want_top;
+    int rc = fill_dec_in(r, b, B, &want_top);
+    if (rc) return rc;
     if (gi >= 0) {
         CU_CHECK(r, cudaGraphLaunch(r->graphs[gi], r->stream));
     } else if (cuda_enqueue_decode(r, B)) {
         goto fail;
     }
-    int rc = cuda_step_sync(r);
-    if (rc) return rc;
+    want_top = want_top && b->out_top_ids && b->out_top_logprobs;
+    const size_t tk = (size_t)b->n * K_MAX_TOP;
+    if (want_top) {
+        CU_CHECK(r, cudaMemcpyAsync(r->h_top_ids, r->d_top_ids, tk * sizeof(int32_t), cudaMemcpyDeviceToHost, r->stream));
+        CU_CHECK(r, cudaMemcpyAsync(r->h_top_lps, r->d_top_lps, tk * sizeof(float), cudaMemcpyDeviceToHost, r->stream));
+    }
+    if ((rc = cuda_step_sync(r))) return rc;
     const int32_t *tok = r->h_dec_out;
     const float *lp = (const float *)(tok + MB);
     for (int i = 0; i < b->n; i++) {
         b->out_tokens[i] = tok[i];
         if (b->out_logprobs) b->out_logprobs[i] = lp[i];
         r->h_len[b->slots[i] * 2] += 1;
+    }
+    if (want_top) {   /* K_MAX_TOP == RUNNER_MAX_TOP: the same row stride */
+        memcpy(b->out_top_ids, r->h_top_ids, tk * sizeof(int32_t));
+        memcpy(b->out_top_logprobs, r->h_top_lps, tk * sizeof(float));
     }
     return 0;
 fail:

@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "engine/core/sample.h"
 #include "kernels/specd_kernels.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -899,7 +900,7 @@ static void test_sample_matches_reference_draws(void **state) {
     k_sample_params *d_sp = gu_upload(sp, sizeof sp);
     int32_t *d_tok = gu_dev(n * 4);
     float *d_lp = gu_dev(n * 4);
-    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, 0), 0);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, NULL, NULL, 0), 0);
     int32_t tok[64];
     float lp[64];
     gu_download(tok, d_tok, sizeof tok);
@@ -942,7 +943,7 @@ static void test_sample_same_seed_same_token_other_counter_varies(void **state) 
     float *d_x = gu_upload(x, (size_t)n * V * 4);
     k_sample_params *d_sp = gu_upload(sp, sizeof sp);
     int32_t *d_tok = gu_dev(n * 4);
-    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, NULL, 0), 0);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, NULL, NULL, NULL, 0), 0);
     int32_t tok[48];
     gu_download(tok, d_tok, sizeof tok);
     for (int r = 1; r < n / 2; r++) assert_int_equal(tok[r], tok[0]);
@@ -951,6 +952,201 @@ static void test_sample_same_seed_same_token_other_counter_varies(void **state) 
     assert_true(distinct > 0);
     cudaFree(d_x); cudaFree(d_sp); cudaFree(d_tok);
     free(x);
+}
+
+/* ---- logit adjustments and top logprobs (k_sample_params.adj, n_top) -------------------- */
+
+/* n rows of V random logits (every 4th row in steps of 0.25, so values tie) with each
+ * row's adjustments and sampling mode; the host side of the test. */
+typedef struct {
+    int n, V;
+    float *x;                  /* [n, V] raw logits */
+    k_sample_params sp[40];
+    k_logit_adj *adj;          /* all rows' entries, row r's at off[r] */
+    int off[41];
+} adj_case;
+
+static void adj_case_make(adj_case *c, int n, int V) {
+    assert_true(n <= 40);
+    c->n = n;
+    c->V = V;
+    c->x = malloc((size_t)n * V * 4);
+    c->adj = malloc(sizeof(k_logit_adj) * (size_t)n * 4000);
+    int used = 0;
+    for (int r = 0; r < n; r++) {
+        float *xr = c->x + (size_t)r * V;
+        for (int i = 0; i < V; i++) {
+            float v = gu_uniform(&g_rng, -4, 4);
+            xr[i] = r % 4 == 3 ? floorf(v * 4) / 4 : v;
+        }
+        int am = 0;
+        for (int i = 1; i < V; i++) if (xr[i] > xr[am]) am = i;
+        k_sample_params q = {0};
+        switch (r % 5) {   /* greedy, and each filter */
+        case 0: break;
+        case 1: q.temperature = 1; break;
+        case 2: q.temperature = 0.7f; q.top_k = 20; break;
+        case 3: q.temperature = 1.3f; q.top_p = 0.8f; break;
+        case 4: q.temperature = 0.9f; q.min_p = 0.1f; break;
+        }
+        q.seed = gu_next(&g_rng);
+        q.counter = (uint64_t)r * 3;
+        const int top_n[4] = {0, 1, 5, 20};
+        q.n_top = top_n[r % 4];
+        k_logit_adj *a = c->adj + used;
+        int nb = r % 3 == 2 ? 0 : 1 + r % 6, ns = r % 3 == 0 ? 3 : 0, nst = r % 7 == 6 ? 3000 : (r * 37) % 400;
+        for (int j = 0; j < nb; j++) {   /* a repeated id, ids outside the vocabulary, the argmax */
+            int32_t id = j == 0 ? am : j == 3 ? a[1].id : j == 4 ? -1 : j == 5 ? V : (int32_t)(gu_next(&g_rng) % V);
+            a[j] = (k_logit_adj){id, gu_uniform(&g_rng, -3, 3)};
+        }
+        for (int j = 0; j < ns; j++)   /* eos-like ids: the argmax (twice) and another */
+            a[nb + j] = (k_logit_adj){j == 1 ? (am + 7) % V : am, 0.f};
+        for (int j = 0; j < nst; j++)   /* distinct ids: a stride through the vocabulary */
+            a[nb + ns + j] = (k_logit_adj){(int32_t)((am + 1 + (size_t)j * 7) % V), (float)(gu_next(&g_rng) % 4)};
+        if (nst) {
+            q.presence = r % 2 ? 0.5f : 0.f;
+            q.frequency = r % 3 ? 0.3f : -0.2f;
+            q.repetition = r % 4 ? 1.3f : 0.8f;
+        }
+        q.n_bias = nb;
+        q.n_suppress = ns;
+        q.n_stats = nst;
+        c->off[r] = used;
+        used += nb + ns + nst;
+        c->sp[r] = q;
+    }
+    c->off[n] = used;
+}
+
+/* The row's adjustments on the host, by engine/core/sample.c. */
+static void adj_case_host(const adj_case *c, int r, float *xr) {
+    const k_sample_params *q = &c->sp[r];
+    const k_logit_adj *a = c->adj + c->off[r];
+    int32_t ids[4000], cnt[4000], bias_ids[8], sup[4];
+    float bias_vals[8];
+    for (int j = 0; j < q->n_bias; j++) bias_ids[j] = a[j].id, bias_vals[j] = a[j].v;
+    for (int j = 0; j < q->n_suppress; j++) sup[j] = a[q->n_bias + j].id;
+    for (int j = 0; j < q->n_stats; j++) {
+        ids[j] = a[q->n_bias + q->n_suppress + j].id;
+        cnt[j] = (int32_t)a[q->n_bias + q->n_suppress + j].v;
+    }
+    sample_params sp = {.temperature = q->temperature, .presence_penalty = q->presence,
+                        .frequency_penalty = q->frequency, .repetition_penalty = q->repetition,
+                        .n_logit_bias = q->n_bias, .logit_bias_ids = bias_ids, .logit_bias_vals = bias_vals,
+                        .suppress_eos = q->n_suppress > 0, .eos_ids = sup, .n_eos = q->n_suppress};
+    sample_apply_penalties_sparse(xr, c->V, &sp, ids, cnt, q->n_stats);
+}
+
+/* Fresh device copies of the logits, the entries and the parameters (pointing into them). */
+static void adj_case_upload(const adj_case *c, float **d_x, k_logit_adj **d_adj, k_sample_params **d_sp) {
+    *d_x = gu_upload(c->x, (size_t)c->n * c->V * 4);
+    *d_adj = gu_upload(c->adj, sizeof(k_logit_adj) * (size_t)(c->off[c->n] ? c->off[c->n] : 1));
+    k_sample_params sp[40];
+    for (int r = 0; r < c->n; r++) {
+        sp[r] = c->sp[r];
+        if (sp[r].n_bias + sp[r].n_suppress + sp[r].n_stats) sp[r].adj = *d_adj + c->off[r];
+    }
+    *d_sp = gu_upload(sp, sizeof(k_sample_params) * (size_t)c->n);
+}
+
+static void adj_case_free(adj_case *c) {
+    free(c->x);
+    free(c->adj);
+}
+
+/* k_logit_adjust writes exactly (bit for bit) the logits engine/core/sample.c's penalties
+ * write: bias in order with a repeated id, ids outside the vocabulary skipped, suppressed
+ * ids (one listed twice), repetition / presence / frequency over distinct statistics. */
+static void test_logit_adjust_equals_host_penalties(void **state) {
+    (void)state;
+    adj_case c;
+    adj_case_make(&c, 40, 5003);
+    float *d_x;
+    k_logit_adj *d_adj;
+    k_sample_params *d_sp;
+    adj_case_upload(&c, &d_x, &d_adj, &d_sp);
+    assert_int_equal(k_logit_adjust(d_x, c.n, c.V, d_sp, 0), 0);
+    float *got = malloc((size_t)c.n * c.V * 4), *want = malloc((size_t)c.V * 4);
+    gu_download(got, d_x, (size_t)c.n * c.V * 4);
+    int changed = 0;
+    for (int r = 0; r < c.n; r++) {
+        memcpy(want, c.x + (size_t)r * c.V, (size_t)c.V * 4);
+        adj_case_host(&c, r, want);
+        for (int i = 0; i < c.V; i++) {
+            const float g = got[(size_t)r * c.V + i];
+            if (memcmp(&g, &want[i], 4))
+                fail_msg("row %d id %d: device %.9g, host %.9g (raw %.9g)", r, i, g, want[i], c.x[(size_t)r * c.V + i]);
+            changed += want[i] != c.x[(size_t)r * c.V + i];
+        }
+    }
+    printf("    logit adjust: %d rows, %d entries, %d logits changed, all bit-identical to the host\n", c.n,
+           c.off[c.n], changed);
+    assert_true(changed > 1000);
+    cudaFree(d_x); cudaFree(d_adj); cudaFree(d_sp);
+    free(got); free(want);
+    adj_case_free(&c);
+}
+
+/* k_sample with adjustments: greedy rows pick the host's argmax of the adjusted logits,
+ * sampled rows the reference draw over them (but within rounding of an interval's edge);
+ * the logprob and the top logprobs are of the raw logits (top ids equal to
+ * sample_top_logprobs', ties to the lower id included; logprobs within 1e-4), and the
+ * logits come back unchanged. */
+static void test_sample_adjusted_matches_host_and_reports_raw_logprobs(void **state) {
+    (void)state;
+    adj_case c;
+    adj_case_make(&c, 40, 5003);
+    float *d_x;
+    k_logit_adj *d_adj;
+    k_sample_params *d_sp;
+    adj_case_upload(&c, &d_x, &d_adj, &d_sp);
+    const int n = c.n, V = c.V;
+    int32_t *d_tok = gu_dev(n * 4), *d_top = gu_dev((size_t)n * K_MAX_TOP * 4);
+    float *d_lp = gu_dev(n * 4), *d_tlp = gu_dev((size_t)n * K_MAX_TOP * 4);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, d_top, d_tlp, 0), 0);
+    int32_t tok[40], top[40][K_MAX_TOP];
+    float lp[40], tlp[40][K_MAX_TOP], *after = malloc((size_t)n * V * 4), *adj = malloc((size_t)V * 4);
+    gu_download(tok, d_tok, sizeof tok);
+    gu_download(lp, d_lp, sizeof lp);
+    gu_download(top, d_top, sizeof top);
+    gu_download(tlp, d_tlp, sizeof tlp);
+    gu_download(after, d_x, (size_t)n * V * 4);
+    assert_memory_equal(after, c.x, (size_t)n * V * 4);   /* the rows put back */
+    int near = 0, tops = 0, ties = 0;
+    double lp_err = 0;
+    for (int r = 0; r < n; r++) {
+        const float *xr = c.x + (size_t)r * V;
+        memcpy(adj, xr, (size_t)V * 4);
+        adj_case_host(&c, r, adj);
+        double margin;
+        int want = ref_sample(adj, V, &c.sp[r], &margin);
+        if (!(c.sp[r].temperature > 0)) assert_int_equal(tok[r], sample_argmax(adj, V));
+        if (tok[r] != want) {
+            assert_true(margin < 1e-5);
+            near++;
+        }
+        assert_true(adj[tok[r]] > -INFINITY);   /* never a suppressed id */
+        double d = fabs(lp[r] - sample_logprob(xr, V, tok[r]));
+        lp_err = d > lp_err ? d : lp_err;
+        int32_t ids[K_MAX_TOP];
+        float lps[K_MAX_TOP];
+        int k = c.sp[r].n_top ? sample_top_logprobs(xr, V, c.sp[r].n_top, ids, lps) : 0;
+        assert_int_equal(k, c.sp[r].n_top);
+        for (int j = 0; j < k; j++, tops++) {
+            if (top[r][j] != ids[j]) fail_msg("row %d top %d: device id %d, host %d", r, j, top[r][j], ids[j]);
+            ties += j > 0 && xr[ids[j]] == xr[ids[j - 1]];
+            d = fabs(tlp[r][j] - lps[j]);
+            lp_err = d > lp_err ? d : lp_err;
+        }
+    }
+    printf("    sample with adjustments: %d rows, %d edge draws, %d top logprobs (%d ties), max logprob abs err %.2e\n",
+           n, near, tops, ties, lp_err);
+    assert_true(near <= 2);
+    assert_true(ties > 0);
+    assert_true(lp_err < 1e-4);
+    cudaFree(d_x); cudaFree(d_adj); cudaFree(d_sp); cudaFree(d_tok); cudaFree(d_lp); cudaFree(d_top); cudaFree(d_tlp);
+    free(after); free(adj);
+    adj_case_free(&c);
 }
 
 static void test_advance_lens_skips_dummy_rows(void **state) {
@@ -996,6 +1192,8 @@ int main(void) {
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),
         cmocka_unit_test(test_sample_same_seed_same_token_other_counter_varies),
+        cmocka_unit_test(test_logit_adjust_equals_host_penalties),
+        cmocka_unit_test(test_sample_adjusted_matches_host_and_reports_raw_logprobs),
         cmocka_unit_test(test_advance_lens_skips_dummy_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

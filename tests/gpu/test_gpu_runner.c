@@ -5,7 +5,9 @@
  * padded decode equal to the reference, chunked prefill, and the dummy slot: a captured
  * step with padding rows over a dirtied dummy slot leaves it at length 0 and changes no
  * live block; the speculative graph: greedy output equal to plain decode, the same dummy
- * reset, and draft == target accepting nearly every draft (greedy and sampled). Fixtures come from $SPECD_FIXTURES (default ../shared/fixtures). */
+ * reset, and draft == target accepting nearly every draft (greedy and sampled); sampling
+ * with logit adjustments and top logprobs, in the forward pass against the host sampler
+ * and in the decode graph. Fixtures come from $SPECD_FIXTURES (default ../shared/fixtures). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -15,6 +17,7 @@
 
 #include "engine/cuda/cuda_runner.h"
 #include "engine/model/model.h"
+#include "engine/core/sample.h"
 #include "tests/gpu/gpu_util.h"
 
 /* bf16 tolerance on logits (max abs error / max abs logit). The fixtures README says
@@ -368,6 +371,176 @@ static void test_forward_sampling_matches_returned_logits(void **s) {
     fixture_close(&f);
 }
 
+/* ---- logit adjustments and top logprobs in the runner's sampling -------------------------- */
+
+/* Forward sampling with adjustments (eager; an identical pass without sp returns the
+ * reference logits): greedy rows with logit bias (an id repeated), a suppressed argmax and
+ * penalties over statistics lists long enough to grow the runner's adjustment buffers
+ * pick the token engine/core/sample.c picks from those logits; the logprob and the top
+ * logprobs are the raw logits' (ids equal, logprobs within 1e-4). */
+static void test_forward_sampling_adjustments_match_host(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    assert_int_equal(f.r->sample_adjusts, 1);
+    golden *g = &f.g;
+    const int n = g->n_prompts, V = f.vocab, NST = 600;
+    int tok_total = 0;
+    runner_row rows[8];
+    int32_t *tokens = malloc(sizeof(int32_t) * 512), out[8], top[8 * RUNNER_MAX_TOP];
+    float lp[8], tlp[8 * RUNNER_MAX_TOP], *logits = malloc(sizeof(float) * (size_t)V * n), *adj = malloc(sizeof(float) * V);
+    for (int p = 0; p < n; p++) {
+        rows[p] = (runner_row){.slot = p, .n_new = g->len[p], .tok_off = tok_total, .n_logits = 1, .logits_off = p};
+        memcpy(tokens + tok_total, g->prompt[p], sizeof(int32_t) * (size_t)g->len[p]);
+        tok_total += g->len[p];
+    }
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = n, .rows = rows, .tokens = tokens, .n_tokens = tok_total,
+                      .logits = logits};
+    for (int p = 0; p < n; p++) slot_reset(f.r, p);
+    if (runner_forward(f.r, &b)) fail_msg("forward: %s", cuda_runner_error(f.r));
+    static int32_t bias_ids[8][3], sup[8][1], st_ids[8][600], st_cnt[8][600];
+    static float bias_vals[8][3];
+    runner_sampling sp[8];
+    for (int p = 0; p < n; p++) {
+        const float *lg = logits + (size_t)p * V;
+        int am = argmax(lg, V);
+        bias_ids[p][0] = am, bias_ids[p][1] = (am + 5) % V, bias_ids[p][2] = am;
+        bias_vals[p][0] = -0.75f, bias_vals[p][1] = 0.5f + 0.25f * (float)p, bias_vals[p][2] = -0.5f;
+        sup[p][0] = (am + 1 + p) % V;
+        for (int j = 0; j < NST; j++) st_ids[p][j] = (int32_t)((p + 3 * j) % V), st_cnt[p][j] = j % 3;
+        sp[p] = (runner_sampling){.top_p = 1.f, .n_logit_bias = 3, .logit_bias_ids = bias_ids[p],
+                                  .logit_bias_vals = bias_vals[p], .n_suppress = p % 2, .suppress_ids = sup[p],
+                                  .presence_penalty = 0.4f, .frequency_penalty = 0.3f,
+                                  .repetition_penalty = p % 2 ? 1.25f : 0.9f, .n_stats = NST, .stat_ids = st_ids[p],
+                                  .stat_counts = st_cnt[p], .n_top = p % 2 ? 5 : RUNNER_MAX_TOP};
+    }
+    for (int p = 0; p < n; p++) slot_reset(f.r, p);
+    b.sp = sp;
+    b.out_tokens = out;
+    b.out_logprobs = lp;
+    b.out_top_ids = top;
+    b.out_top_logprobs = tlp;
+    if (runner_forward(f.r, &b)) fail_msg("forward with sampling: %s", cuda_runner_error(f.r));
+    double worst = 0;
+    int moved = 0;
+    for (int p = 0; p < n; p++) {
+        const float *lg = logits + (size_t)p * V;
+        memcpy(adj, lg, sizeof(float) * V);
+        sample_params hp = {.presence_penalty = sp[p].presence_penalty, .frequency_penalty = sp[p].frequency_penalty,
+                            .repetition_penalty = sp[p].repetition_penalty, .n_logit_bias = 3,
+                            .logit_bias_ids = bias_ids[p], .logit_bias_vals = bias_vals[p],
+                            .suppress_eos = sp[p].n_suppress, .eos_ids = sup[p], .n_eos = sp[p].n_suppress};
+        sample_apply_penalties_sparse(adj, V, &hp, st_ids[p], st_cnt[p], NST);
+        int want = sample_argmax(adj, V);
+        if (out[p] != want) fail_msg("row %d: sampled %d, host %d", p, out[p], want);
+        moved += want != argmax(lg, V);
+        worst = fmax(worst, fabs(lp[p] - sample_logprob(lg, V, out[p])));
+        int32_t ids[RUNNER_MAX_TOP];
+        float lps[RUNNER_MAX_TOP];
+        int k = sample_top_logprobs(lg, V, sp[p].n_top, ids, lps);
+        for (int j = 0; j < k; j++) {
+            if (top[p * RUNNER_MAX_TOP + j] != ids[j])
+                fail_msg("row %d top %d: %d, host %d", p, j, top[p * RUNNER_MAX_TOP + j], ids[j]);
+            worst = fmax(worst, fabs(tlp[p * RUNNER_MAX_TOP + j] - lps[j]));
+        }
+    }
+    printf("    forward sampling with adjustments: %d rows equal the host sampler (%d moved off the argmax), "
+           "raw logprobs and top logprobs within %.1e\n", n, moved, worst);
+    assert_true(moved > 0);
+    assert_true(worst < 1e-4);
+    free(tokens);
+    free(logits);
+    free(adj);
+    fixture_close(&f);
+}
+
+/* The decode graph with adjustments: eight twin rows (one prompt in every slot) replay a
+ * step twice (lengths rolled back). The first replay, plain, gives the raw top tokens T;
+ * in the second each row's adjustments decide its token among T whatever rounding
+ * separates the twins: a large bias, a repeated bias id, suppression after a bias,
+ * frequency and presence penalties (count 0 spared), a repetition penalty, and
+ * statistics over the whole vocabulary (which grow the adjustment buffers) on greedy and
+ * sampled rows. Row 0 replays exactly; every row reports raw logprobs. */
+static void test_decode_graph_adjustments_decide_tokens(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    runner *r = f.r;
+    golden *g = &f.g;
+    const int V = f.vocab, N = MAXB, L = g->len[0];
+    float *logits = malloc(sizeof(float) * V);
+    int slots[MAXB];
+    int32_t in[MAXB], out[MAXB], top[MAXB * RUNNER_MAX_TOP], T[RUNNER_MAX_TOP];
+    float lp[MAXB], tlp[MAXB * RUNNER_MAX_TOP], TL[RUNNER_MAX_TOP];
+    for (int i = 0; i < N; i++) {
+        slots[i] = i;
+        slot_reset(r, i);
+        prefill(&f, i, g->prompt[0], L, 1, logits);
+        in[i] = argmax(logits, V);
+    }
+    runner_sampling sp[MAXB];
+    for (int i = 0; i < N; i++) sp[i] = (runner_sampling){.top_p = 1.f, .n_top = RUNNER_MAX_TOP};
+    runner_decode_batch d = {.n = N, .slots = slots, .tokens = in, .sp = sp, .out_tokens = out, .out_logprobs = lp,
+                             .out_top_ids = top, .out_top_logprobs = tlp};
+    if (r->ops->decode(r, &d)) fail_msg("decode: %s", cuda_runner_error(r));
+    memcpy(T, top, sizeof T);
+    memcpy(TL, tlp, sizeof TL);
+    assert_int_equal(out[0], T[0]);
+    for (int j = 1; j < RUNNER_MAX_TOP; j++) assert_true(TL[j] <= TL[j - 1]);
+    /* the adjustments of replay 2, in terms of T */
+    static int32_t b_ids[MAXB][3], sup[2], st_ids[MAXB][1024], st_cnt[MAXB][1024];
+    static float b_vals[MAXB][3];
+    /* a repeated bias id: T3 twice (+1000 each) beats T4 (+1500) only if both apply */
+    sp[1].n_logit_bias = 3, b_ids[1][0] = T[3], b_ids[1][1] = T[4], b_ids[1][2] = T[3];
+    b_vals[1][0] = 1000.f, b_vals[1][1] = 1500.f, b_vals[1][2] = 1000.f;                      /* -> T3 */
+    sp[2].n_logit_bias = 2, b_ids[2][0] = T[0], b_ids[2][1] = T[5], b_vals[2][0] = b_vals[2][1] = 1000.f;
+    sp[2].n_suppress = 2, sup[0] = sup[1] = T[0];                                              /* -> T5 */
+    sp[3].n_logit_bias = 3, b_ids[3][0] = T[0], b_ids[3][1] = T[1], b_ids[3][2] = T[4];
+    b_vals[3][0] = b_vals[3][1] = b_vals[3][2] = 1000.f;
+    sp[3].frequency_penalty = 1000.f, sp[3].n_stats = 2;
+    st_ids[3][0] = T[0], st_cnt[3][0] = 1, st_ids[3][1] = T[1], st_cnt[3][1] = 2;              /* -> T4 */
+    sp[4].n_logit_bias = 2, b_ids[4][0] = T[0], b_ids[4][1] = T[1], b_vals[4][0] = b_vals[4][1] = 1000.f;
+    sp[4].presence_penalty = 1000.f, sp[4].n_stats = 2;
+    st_ids[4][0] = T[0], st_cnt[4][0] = 1, st_ids[4][1] = T[1], st_cnt[4][1] = 0;              /* -> T1 */
+    const int spare[MAXB] = {0, 0, 0, 0, 0, 6, 7, 2};
+    for (int i = 5; i < N; i++) {   /* statistics over every id but one */
+        int m = 0;
+        for (int v = 0; v < V; v++)
+            if (v != T[spare[i]]) st_ids[i][m] = v, st_cnt[i][m++] = i == 6 ? 0 : 1;
+        sp[i].n_stats = m;
+        if (i == 6) sp[i].repetition_penalty = 1e4f;
+        else sp[i].frequency_penalty = 1000.f;
+    }
+    sp[6].n_logit_bias = 2, b_ids[6][0] = T[0], b_ids[6][1] = T[7], b_vals[6][0] = b_vals[6][1] = 50.f;
+    sp[7].temperature = 0.8f, sp[7].top_p = 0.9f, sp[7].seed = 99, sp[7].counter = 4;
+    /* -> T6 (frequency), T7 (repetition: T0's +50 shrinks to 0.005), T2 (sampled) */
+    sp[0].n_logit_bias = 0;
+    for (int i = 1; i < N; i++) {
+        sp[i].logit_bias_ids = b_ids[i];
+        sp[i].logit_bias_vals = b_vals[i];
+        sp[i].suppress_ids = sup;
+        sp[i].stat_ids = st_ids[i];
+        sp[i].stat_counts = st_cnt[i];
+    }
+    for (int i = 0; i < N; i++) assert_int_equal(r->ops->slot_set_len(r, i, RUNNER_TARGET, L), 0);
+    if (r->ops->decode(r, &d)) fail_msg("decode with adjustments: %s", cuda_runner_error(r));
+    const int want[MAXB] = {0, 3, 5, 4, 1, 6, 7, 2};
+    double worst = 0;
+    assert_memory_equal(top, T, sizeof T);   /* row 0: the same replay, bit for bit */
+    assert_memory_equal(tlp, TL, sizeof TL);
+    for (int i = 0; i < N; i++) {
+        if (out[i] != T[want[i]]) fail_msg("row %d: token %d, want T%d = %d", i, out[i], want[i], T[want[i]]);
+        worst = fmax(worst, fabs(lp[i] - TL[want[i]]));   /* raw, not adjusted by ~1000 */
+        worst = fmax(worst, fabs(tlp[i * RUNNER_MAX_TOP] - TL[0]));
+        assert_int_equal(r->ops->slot_get_len(r, i, RUNNER_TARGET), L + 1);
+    }
+    printf("    decode graph with adjustments: 8 twin rows pick T0,T3,T5,T4,T1,T6,T7,T2 as adjusted; raw logprobs "
+           "within %.1e of row 0's\n", worst);
+    assert_true(worst < 2e-2);
+    free(logits);
+    fixture_close(&f);
+}
+
 static void test_chunked_prefill_matches_whole_prompt(void **s) {
     (void)s;
     fixture f;
@@ -693,6 +866,8 @@ int main(void) {
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),
         cmocka_unit_test(test_forward_sampling_matches_returned_logits),
+        cmocka_unit_test(test_forward_sampling_adjustments_match_host),
+        cmocka_unit_test(test_decode_graph_adjustments_decide_tokens),
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),

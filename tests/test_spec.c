@@ -418,12 +418,14 @@ static void test_spec_kv_returns_to_baseline(void **st) {
 
 /* ---- prompt-lookup (n-gram) drafts ------------------------------------------------- */
 
-/* An engine on llama-tiny drafting by prompt lookup; always_spec skips the cost model. */
-static engine *make_ngram_engine(int max_batch, size_t kv_bytes, int always_spec) {
+/* An engine on llama-tiny drafting by prompt lookup; always_spec skips the cost model;
+ * verify: the runner's verify op checks the drafts (the CUDA runner's path) instead of
+ * the engine's composed forward and host acceptance. */
+static engine *make_ngram_engine(int max_batch, size_t kv_bytes, int always_spec, int verify) {
     snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
     engine_config c = {.model_path = g_path[0], .spec_ngram = 1, .num_draft_tokens = 5, .max_seq_len = 512,
                        .max_batch = max_batch, .kv_bytes = kv_bytes ? kv_bytes : 64u << 20, .threads = 2,
-                       .spec_always = always_spec};
+                       .spec_always = always_spec, .cpu_verify = verify};
     char err[1024] = "";
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fprintf(stderr, "engine_create: %s\n", err);
@@ -457,15 +459,16 @@ static void test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted(void **st
     engine *e = make_engine(NULL, 0, 8, 0);
     run_greedy(e, &p, p.np, 1, 64, &g_plain);
     engine_destroy(e);
-    for (int always = 1; always >= 0; always--) {
-        e = make_ngram_engine(8, 0, always);
+    for (int mode = 0; mode < 4; mode++) {
+        int always = mode < 2, verify = mode & 1;
+        e = make_ngram_engine(8, 0, always, verify);
         assert_non_null(e);
         int batches[] = {1, 3, 8};
         for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
             run_greedy(e, &p, p.np, batches[b], 64, &g_tmp);
-            print_message("  ngram%s, %d at a time: AL %.3f over %ld verify steps, %ld of %ld drafts accepted\n",
-                          always ? " (always)" : " (cost model)", batches[b], al(&g_tmp), g_tmp.verify,
-                          g_tmp.accepted, g_tmp.drafted);
+            print_message("  ngram%s%s, %d at a time: AL %.3f over %ld verify steps, %ld of %ld drafts accepted\n",
+                          always ? " (always)" : " (cost model)", verify ? " runner verify" : "", batches[b],
+                          al(&g_tmp), g_tmp.verify, g_tmp.accepted, g_tmp.drafted);
             assert_same_tokens(&g_plain, &g_tmp, p.np);
             if (always) {
                 /* a random model copies little, but what its loops repeat is accepted: AL
@@ -481,6 +484,9 @@ static void test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted(void **st
         assert_true(s.spec_steps_speculated <= s.spec_steps_decoding);
         assert_true(s.spec_rows_decoding >= s.spec_drafts);
         if (always) assert_true(s.spec_steps_speculated > 0);
+        /* the runner's verify took the speculating steps, or never ran */
+        if (always && verify) assert_int_equal(s.steps_runner_verify, s.spec_steps_speculated);
+        if (!verify) assert_int_equal(s.steps_runner_verify, 0);
         assert_int_equal(s.kv_blocks_used, 0);
         /* a draft model's path never ran: no runner speculative step, no draft passes */
         assert_int_equal(s.steps_runner_spec, 0);
@@ -493,10 +499,10 @@ static void test_spec_ngram_sampled_output_is_seeded_and_counted(void **st) {
     (void)st;
     prompts p;
     load_ngram_prompts(&p);
-    int32_t out[2][6][48];
-    long verify = 0, accepted = 0;
-    for (int run = 0; run < 2; run++) {
-        engine *e = make_ngram_engine(8, 0, 1);
+    int32_t out[4][6][48];
+    long verify = 0, accepted = 0, runner_verify = 0;
+    for (int run = 0; run < 4; run++) {   /* twice composed, twice through the runner's verify */
+        engine *e = make_ngram_engine(8, 0, 1, run >= 2);
         assert_non_null(e);
         char err[256];
         for (int i = 0; i < 6; i++) {
@@ -521,7 +527,7 @@ static void test_spec_ngram_sampled_output_is_seeded_and_counted(void **st) {
                     assert_true(ev->tokens[t].id >= 0 && ev->tokens[t].id < 1024);
                     out[run][ev->req_id][nout[ev->req_id]++] = ev->tokens[t].id;
                 }
-                if (ev->finish != ENGINE_RUNNING && run == 0) {
+                if (ev->finish != ENGINE_RUNNING && run % 2 == 0) {
                     verify += ev->spec_verify_steps;
                     accepted += ev->spec_accepted_tokens;
                     assert_true(ev->spec_decode_steps >= ev->spec_verify_steps);
@@ -529,10 +535,16 @@ static void test_spec_ngram_sampled_output_is_seeded_and_counted(void **st) {
             }
         }
         for (int i = 0; i < 6; i++) assert_int_equal(nout[i], 48);
+        engine_stats s;
+        engine_get_stats(e, &s);
+        runner_verify += (long)s.steps_runner_verify;
         engine_destroy(e);
     }
-    print_message("  sampled, temperature 0.1: %ld verify steps, %ld drafts accepted\n", verify, accepted);
+    print_message("  sampled, temperature 0.1: %ld verify steps, %ld drafts accepted (both paths); "
+                  "%ld runner verify steps\n", verify, accepted, runner_verify);
     assert_memory_equal(out[0], out[1], sizeof out[0]);
+    assert_memory_equal(out[2], out[3], sizeof out[2]);
+    assert_true(runner_verify > 0);
     assert_true(verify > 0);
     assert_true(accepted > 0);
     free_prompts(&p);
@@ -622,12 +634,13 @@ static void test_spec_ngram_kv_returns_to_baseline(void **st) {
     (void)st;
     prompts p;
     load_ngram_prompts(&p);
-    engine *e = make_ngram_engine(8, 0, 1);
+    engine *e = make_ngram_engine(8, 0, 1, 0);
     engine_stats s0;
     engine_get_stats(e, &s0);
     engine_destroy(e);
     size_t per_block = (64u << 20) / (size_t)s0.kv_blocks_total;
-    e = make_ngram_engine(8, per_block * (512 / 16 + 4), 1);
+    for (int verify = 0; verify < 2; verify++) {   /* composed, then through the runner's verify */
+    e = make_ngram_engine(8, per_block * (512 / 16 + 4), 1, verify);
     assert_non_null(e);
     char err[256];
     for (int round = 0; round < 3; round++) {
@@ -653,9 +666,11 @@ static void test_spec_ngram_kv_returns_to_baseline(void **st) {
                   s.kv_blocks_used);
     assert_true(s.preemptions > 0);
     assert_true(s.spec_drafts > 0);
+    if (verify) assert_true(s.steps_runner_verify > 0);
     assert_int_equal(s.kv_blocks_used, 0);
     assert_int_equal(s.running + s.waiting, 0);
     engine_destroy(e);
+    }
     free_prompts(&p);
 }
 

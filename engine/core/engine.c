@@ -252,11 +252,12 @@ static int alloc_buffers(engine *e) {
     e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
     e->spec_n = malloc((size_t)B * sizeof(int));
+    e->spec_nd = malloc((size_t)B * sizeof(int));
     e->mask = malloc(vocab_mask_words(V) * sizeof *e->mask);
     e->row_masks = malloc((size_t)B * vocab_mask_words(V) * sizeof *e->row_masks);
     e->mask_rows = malloc((size_t)B * sizeof(int));
     e->mask_res = malloc((size_t)B * sizeof(int));
-    if (!e->mask || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n)
+    if (!e->mask || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -328,7 +329,7 @@ static runner_config make_runner_config(const engine *e) {
         .block_size = c->block_size, .max_batch = c->max_batch, .max_seq_len = c->max_seq_len + e->k,
         .threads = c->threads, .mem_fraction = c->mem_fraction, .kv_bytes = c->kv_bytes,
         .num_draft_tokens = e->k,
-        .rope_bf16_freqs = c->rope_bf16_freqs,
+        .rope_bf16_freqs = c->rope_bf16_freqs, .cpu_verify = c->cpu_verify,
         .random_weights_seed = c->random_shape && c->device == ENGINE_DEVICE_CUDA ? 1 : 0,
     };
     rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);
@@ -527,6 +528,7 @@ void engine_destroy(engine *e) {
     free(e->dec_sp);
     free(e->spec_out);
     free(e->spec_n);
+    free(e->spec_nd);
     free(e->cand_row);
     free(e->cand_avail);
     free(e->cand_k);

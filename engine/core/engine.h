@@ -37,6 +37,8 @@ typedef struct {
                                    * the tokens that followed the longest earlier match of a
                                    * request's last tokens in its prompt and output */
     int ngram_min, ngram_max;     /* n-gram lengths matched (default 2 .. 4) */
+    int cpu_verify;               /* the CPU runner verifies prompt-lookup drafts through its
+                                   * verify op, as the CUDA runner does (tests and A/B) */
     int spec_always;              /* skip the cost model: speculate whenever drafts exist
                                    * (tests; the default measures when speculation pays) */
     engine_device device;
@@ -152,7 +154,7 @@ typedef struct {
     uint64_t spec_accepted_per_pos[ENGINE_MAX_STEP_TOKENS];
     /* steps by path: whole-step runner speculation (one graph on CUDA), speculation
      * composed from forward passes (mixed batches), runner on-device decode */
-    uint64_t steps_runner_spec, steps_composed, steps_device_decode;
+    uint64_t steps_runner_spec, steps_runner_verify, steps_composed, steps_device_decode;
     uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
     int num_draft_tokens;
     const char *spec_drafter;      /* "none", "draft_model" or "ngram" (static) */

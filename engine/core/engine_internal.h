@@ -81,6 +81,9 @@ struct engine {
     float acc_s, acc_t;          /* decayed accepted / tried drafts over all requests */
     int declined;                /* draft model: steps the cost model turned speculation off */
     int step_spec;               /* rows speculating in this step */
+    int step_verify;             /* this step may be one runner verify (prompt lookup through
+                                  * runner_ops.verify: every row decodes, none samples on the
+                                  * host, all fit); engine_spec_plan then drafts a uniform depth */
     int *cand_row, *cand_avail, *cand_k;   /* (max_batch) engine_spec_plan scratch */
     float *cand_alpha;
     spec_cost_cand *cands;       /* (max_batch * k) */
@@ -118,6 +121,7 @@ struct engine {
     float *dec_top_lp;
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
     int *spec_n;                 /* (max_batch) */
+    int *spec_nd;                /* (max_batch) drafts per row of a runner verify step */
     runner_sampling *dec_sp;
     engine_event *events[2];     /* double-buffered: step N's events stay valid while */
     int cap_events[2];           /* step N+1 runs (the server processes them meanwhile) */

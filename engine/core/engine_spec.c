@@ -71,6 +71,35 @@ static int ngram_room(const engine *e, const req *r) {
     return room > 0 ? room : 0;
 }
 
+/* Prompt lookup through the runner's verify op: every row is padded to the step's deepest
+ * draft, so the choice is one depth cap k for the step (row j drafts min(avail, k)),
+ * the one with the most expected tokens per second; a declined row still probes one
+ * draft now and then where one that stands would pay. */
+static void choose_uniform(engine *e, int nd) {
+    const spec_cost *c = &e->cost;
+    int K = 0, best_k = 0;
+    for (int j = 0; j < nd; j++)
+        if (e->cand_avail[j] > K) K = e->cand_avail[j];
+    const double plain = nd / spec_cost_step(c, nd, 0);
+    double best = plain;
+    for (int k = 1; k <= K; k++) {
+        double gain = 0;
+        for (int j = 0; j < nd; j++)
+            gain += expected_accepted(e->cand_alpha[j], e->cand_avail[j] < k ? e->cand_avail[j] : k);
+        double v = (nd + gain) / spec_cost_step(c, nd, nd * k);
+        if (v > best) {
+            best = v;
+            best_k = k;
+        }
+    }
+    const int probe_pays = best_k == 0 && K > 0 && (nd + 1) / spec_cost_step(c, nd, nd) > plain;
+    for (int j = 0; j < nd; j++) {
+        int a = e->cand_avail[j];
+        e->cand_k[j] = a < best_k ? a : best_k;
+        if (probe_pays && a > 0 && ++e->plan[e->cand_row[j]].r->declined % SPEC_PROBE_EVERY == 0) e->cand_k[j] = 1;
+    }
+}
+
 void engine_spec_plan(engine *e, int n) {
     int nd = 0, extra = 0, total = 0;
     for (int i = 0; i < n; i++) {
@@ -114,6 +143,12 @@ void engine_spec_plan(engine *e, int n) {
         double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
         if (spec <= plain && (best <= plain || ++e->declined % SPEC_PROBE_EVERY))
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
+    } else if (e->run->ops->verify && e->drafter == ENGINE_DRAFTER_NGRAM) {
+        /* the cost model times the verify op: a step it cannot take drafts nothing */
+        if (!e->step_verify)
+            for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
+        else if (e->cost.n_b > 0)
+            choose_uniform(e, nd);
     } else if (e->cost.n_b > 0) {
         spec_cost_choose(&e->cost, nd, extra, e->cand_avail, e->cand_alpha, e->cand_k, e->cands);
         /* a one-token probe only where a draft that stands would pay at this batch size */
@@ -134,7 +169,12 @@ void engine_spec_plan(engine *e, int n) {
     e->step_spec = total;
     e->spec_rows = nd;
     e->spec_extra = extra;
-    for (int j = 0; j < nd; j++) e->spec_extra += e->cand_k[j];
+    int kmax = 0;
+    for (int j = 0; j < nd; j++) {
+        e->spec_extra += e->cand_k[j];
+        if (e->cand_k[j] > kmax) kmax = e->cand_k[j];
+    }
+    if (e->step_verify) e->spec_extra = nd * kmax;   /* every row is padded to the deepest */
     if (total) e->st.spec_steps_speculated++;
 }
 
@@ -144,6 +184,13 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Whether a prompt-lookup step of B rows with k drafts runs as the runner's verify op
+ * (and so is timed as one). */
+static int verify_times(const engine *e, int B, int k) {
+    const runner *run = e->run;
+    return e->drafter == ENGINE_DRAFTER_NGRAM && run->ops->verify && B <= run->verify_max_rows && k <= run->verify_max_k;
 }
 
 /* Seconds of one pass of `which` over B rows (slots 0..B-1, free at creation, so their
@@ -165,7 +212,12 @@ static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
     runner_batch b = {.which = which, .n_rows = B, .rows = e->rows, .tokens = e->tokens,
                       .n_tokens = B * (k + 1), .logits = which == RUNNER_DRAFT ? e->dlogits : e->logits};
     double t0 = now_s();
-    if (plain && run->ops->decode && e->drafter == ENGINE_DRAFTER_NGRAM) {
+    if (k > 0 && verify_times(e, B, k)) {
+        for (int i = 0; i < B; i++) e->spec_nd[i] = k;
+        runner_verify_batch vb = {.n = B, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .n_drafts = e->spec_nd,
+                                  .sp = e->dec_sp, .out_tokens = e->spec_out, .out_n = e->spec_n};
+        rc = run->ops->verify(run, &vb);
+    } else if (plain && run->ops->decode && e->drafter == ENGINE_DRAFTER_NGRAM) {
         runner_decode_batch db = {.n = B, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
                                   .out_tokens = e->dec_out, .out_logprobs = e->dec_lp};
         rc = run->ops->decode(run, &db);
@@ -197,6 +249,15 @@ static int time_best(engine *e, int which, int B, int k, int ctx, double *best) 
 /* The smallest acceptance rate at which a batch of B rows speculates (1.05: never). */
 static double break_even(engine *e, int B) {
     const spec_cost *c = &e->cost;
+    if (e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify) {
+        for (int s = 0; s <= 20; s++) {
+            double a = 0.05 * s;
+            for (int k = 1; k <= e->k; k++)
+                if (B * (1 + expected_accepted(a, k)) / spec_cost_step(c, B, B * k) > B / spec_cost_step(c, B, 0))
+                    return a;
+        }
+        return 1.05;
+    }
     if (e->drafter != ENGINE_DRAFTER_MODEL)
         return spec_cost_break_even(c, B, e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
     for (int s = 0; s <= 20; s++) {
@@ -215,6 +276,11 @@ static void report(engine *e) {
         char line[512];
         int o, B = bi < c->n_b ? c->b[bi] : e->cfg.max_batch;
         if (bi == c->n_b && c->b[c->n_b - 1] == B) break;
+        if (bi == c->n_b && e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify) {
+            fprintf(stderr, "specd:   B > %d: never speculates (the runner's verify takes %d rows)\n",
+                    c->b[c->n_b - 1], e->run->verify_max_rows);
+            break;
+        }
         o = snprintf(line, sizeof line, "specd:   B %4d:", B);
         for (int kj = 0; kj < c->n_k && o < (int)sizeof line - 48; kj++)
             o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", c->k[kj],
@@ -234,6 +300,9 @@ int engine_spec_measure(engine *e, char *err, size_t errlen) {
     spec_cost *c = &e->cost;
     memset(c, 0, sizeof *c);
     int B = e->cfg.max_batch, K = e->k, rc;
+    /* a verify op is timed up to the rows it takes; larger steps never draft */
+    if (e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify && B > e->run->verify_max_rows)
+        B = e->run->verify_max_rows;
     int sizes[SPEC_COST_MAX_B], n_sizes = 0;
     for (int b = 1; b < B && n_sizes < SPEC_COST_MAX_B - 1; b *= 2) sizes[n_sizes++] = b;
     sizes[n_sizes++] = B;

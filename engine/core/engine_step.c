@@ -450,6 +450,63 @@ static int runner_spec(engine *e, int n, engine_output *out) {
     return 0;
 }
 
+/* Whether the step may be one runner verify of prompt-lookup drafts (one graph on CUDA):
+ * the runner has the op, every row decodes one token, none needs host sampling, the rows
+ * fit the op, and every row has room for the deepest draft (padding positions are fed). */
+static int runner_verify_possible(const engine *e, int n) {
+    const runner *run = e->run;
+    if (!run->ops->verify || e->drafter != ENGINE_DRAFTER_NGRAM || n == 0 || n > run->verify_max_rows) return 0;
+    int K = e->k < run->verify_max_k ? e->k : run->verify_max_k;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const sched_seq *s = &p->r->seq;
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 0, 0, 0) ||
+            s->n_computed + K + 1 > run->cfg.max_seq_len)
+            return 0;
+    }
+    return 1;
+}
+
+/* The step as one runner verify: row i feeds its last token and its drafts, padded to the
+ * step's deepest draft; the runner accepts and advances the lengths. */
+static int runner_verify(engine *e, int n, engine_output *out) {
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (e->plan[i].spec > k) k = e->plan[i].spec;
+    const int K1 = k + 1;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const sched_seq *s = &p->r->seq;
+        int32_t *t = e->tokens + (size_t)i * K1;
+        t[0] = s->tokens[s->n_computed];
+        for (int j = 0; j < k; j++) t[1 + j] = j < p->spec ? p->drafts[j] : t[j];   /* padding: never accepted */
+        e->dec_slots[i] = s->slot;
+        e->spec_nd[i] = p->spec;
+        e->dec_sp[i] = device_sampling(p->r);
+    }
+    int32_t *out_tok = e->spec_out;
+    runner_verify_batch vb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .n_drafts = e->spec_nd,
+                              .sp = e->dec_sp, .out_tokens = out_tok, .out_n = e->spec_n};
+    int rc = e->run->ops->verify(e->run, &vb);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        req *r = p->r;
+        sched_seq *s = &r->seq;
+        int m = e->spec_n[i];
+        if (p->spec) count_verify(e, r, p->spec, m - 1);
+        s->n_computed += m;
+        engine_event *ev = new_event(e, out, r);
+        engine_finish f = ENGINE_RUNNING;
+        for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out_tok[i * K1 + j], NULL, NULL);
+        commit_kv(e, s, s->n_computed);
+        ev->finish = f;
+        fill_counts(ev, r);
+        if (f != ENGINE_RUNNING) engine_req_drop(e, r);
+    }
+    return 0;
+}
+
 static void fail_all(engine *e, engine_output *out) {
     e->failed = 1;
     e->st.failed = 1;
@@ -554,7 +611,15 @@ int engine_step(engine *e, engine_output *out) {
                   !r->m;   /* constrained rows do not speculate (docs/structured-outputs.md) */
         out->n_scheduled_tokens += p->n_new;
     }
+    e->step_verify = runner_verify_possible(e, n);
     engine_spec_plan(e, n);
+    if (e->step_verify && e->step_spec) {
+        const double t0 = e->cost.n_b ? step_now() : 0;
+        if ((rc = runner_verify(e, n, out))) goto fail;
+        e->st.steps_runner_verify++;
+        if (t0 > 0) spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra, step_now() - t0);
+        return 0;
+    }
     if (device_decode_ok(e, n)) {
         if ((rc = device_decode(e, n, out))) goto fail;
         e->st.steps_device_decode++;

@@ -38,11 +38,15 @@ typedef struct {
      * writes the result back into runner.cfg.num_blocks. */
     double mem_fraction;
     size_t kv_bytes;         /* CUDA runner: when > 0, caps that pool at this many bytes */
-    int num_draft_tokens;    /* k, for capturing speculative steps (0: none) */
+    int num_draft_tokens;    /* k, for capturing speculative steps with a draft model, or
+                              * without one the verify steps of 1..k drafts (0: none) */
     /* Round the rotary frequencies to bf16 (see model_rope_inv_freq): reproduces a
      * reference whose rotary buffer was held in bf16, as the fixtures' was. Off by default,
      * as in transformers' own bf16 inference and vLLM. */
     int rope_bf16_freqs;
+    /* CPU runner without a draft, num_draft_tokens > 0: also expose ops.verify (the CUDA
+     * runner always does); for tests and A/B, since its padding is real work on a CPU. */
+    int cpu_verify;
     /* CUDA runner: when nonzero the model's tensors are not read (it may be a model_shape)
      * and the weights are filled on the device with uniform random values from this seed:
      * benchmarks of real shapes without host weights. The CPU runner refuses it. */
@@ -137,6 +141,28 @@ typedef struct {
     int *out_n;                   /* [n] tokens emitted per row: accepted + 1 */
 } runner_spec_batch;
 
+/* One verify step of drafts proposed outside the runner (optional op; prompt lookup), for
+ * rows whose target length L is the position of their last token (not yet in the KV):
+ *   1. one target pass over [last, d1..dk] at positions L..L+k (row i's drafts past its
+ *      n_drafts[i] are padding: computed, never accepted);
+ *   2. acceptance of row i's first n_drafts[i] drafts as point masses (greedy: longest
+ *      prefix where the target's argmax equals the draft, then the target's token;
+ *      sampling: draft j stands when philox(seed ^ SPEC_SALT_ACCEPT, counter + j) < p_j(d_j),
+ *      else one draw at philox(seed, 2 * counter) from p_j without d_j; after n_drafts
+ *      standing drafts that draw is from p_n) -- engine/core/spec.h spec_accept_point;
+ *   3. target length = L + accepted + 1.
+ * Requires L + k + 1 <= max_seq_len for every row (padding positions are written too) and
+ * n <= runner.verify_max_rows. On CUDA one graph per (padded batch size, k). */
+typedef struct {
+    int n, k;                     /* k: 1..runner.verify_max_k, at least every n_drafts */
+    const int *slots;             /* [n] */
+    const int32_t *tokens;        /* [n, k+1]: the last token, then the drafts (padded) */
+    const int *n_drafts;          /* [n]: 0..k */
+    const runner_sampling *sp;    /* [n] (counter: output index of the first new token) */
+    int32_t *out_tokens;          /* [n, k+1]: accepted drafts then the target's token */
+    int *out_n;                   /* [n]: accepted + 1 */
+} runner_verify_batch;
+
 typedef struct {
     int slot;                /* row of the slot table (0..max_batch; max_batch = dummy) */
     int n_new;               /* tokens this row feeds, at positions len .. len+n_new-1 */
@@ -183,6 +209,7 @@ typedef struct {
      * from forward + host sampling). */
     int (*decode)(runner *r, const runner_decode_batch *b);
     int (*spec_step)(runner *r, const runner_spec_batch *b);
+    int (*verify)(runner *r, const runner_verify_batch *b);
     /* Optional, callable from any thread: a peer rank of a tensor-parallel group died, so
      * make the collective a step may be waiting in (and every later one) fail at once. */
     void (*abort_group)(runner *r);
@@ -199,6 +226,7 @@ struct runner {
     int forward_masks;       /* ... and honours runner_sampling.mask */
     int sample_adjusts;      /* decode() and, where forward_samples, forward() honour
                               * runner_sampling's logit adjustments and n_top */
+    int verify_max_k, verify_max_rows;   /* limits of ops.verify (set by the runner) */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }

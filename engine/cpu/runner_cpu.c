@@ -765,6 +765,50 @@ static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
     return 0;
 }
 
+/* The verify op (runner.h; the CUDA runner's graph has the same contract): one target pass
+ * over every row's [last, drafts] with logits at every position, then point-mass acceptance
+ * as the engine's host path does it. On only with runner_config.cpu_verify (tests and A/B):
+ * its padding costs real work on a CPU. */
+static int cpu_verify(runner *base, const runner_verify_batch *vb) {
+    cpu_runner *r = (cpu_runner *)base;
+    const runner_config *cfg = &base->cfg;
+    int n = vb->n, k = vb->k, K1 = k + 1, V = base->vocab, rc;
+    if (!r->sp_rows || n < 1 || n > base->verify_max_rows || k < 1 || k > base->verify_max_k || !vb->n_drafts)
+        return SPECD_EINVAL;
+    for (int i = 0; i < n; i++) {
+        int s = vb->slots[i], L = s >= 0 && s < cfg->max_batch ? r->len[0][s] : -1;
+        if (L < 0 || L + K1 > cfg->max_seq_len) return SPECD_ERANGE;
+        if (vb->n_drafts[i] < 0 || vb->n_drafts[i] > k) return SPECD_EINVAL;
+        for (int j = 0; j < i; j++)
+            if (vb->slots[j] == s) return SPECD_EINVAL;
+        r->sp_rows[i] = (runner_row){.slot = s, .n_new = K1, .tok_off = i * K1, .n_logits = K1, .logits_off = i * K1};
+    }
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = n, .rows = r->sp_rows, .tokens = vb->tokens,
+                      .n_tokens = n * K1, .logits = r->sp_tlogits};
+    if ((rc = cpu_forward(base, &b))) return rc;
+    for (int i = 0; i < n; i++) {
+        const runner_sampling *sp = &vb->sp[i];
+        const int32_t *drafts = vb->tokens + (size_t)i * K1 + 1;
+        float *tl = r->sp_tlogits + (size_t)i * K1 * V;
+        int32_t *out = vb->out_tokens + (size_t)i * K1;
+        int nd = vb->n_drafts[i], m;
+        if (sp->temperature <= 0) {
+            m = spec_accept_greedy(tl, V, drafts, nd, out);
+        } else {
+            sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+                               .min_p = sp->min_p};
+            double ua[16];
+            for (int j = 0; j <= nd; j++) sample_probs(tl + (size_t)j * V, V, &p, r->sp_scratch);
+            for (int j = 0; j < nd; j++) ua[j] = sample_uniform(sp->seed ^ SPEC_SALT_ACCEPT, sp->counter + (uint64_t)j);
+            m = spec_accept_point(tl, V, drafts, nd, ua, sample_uniform(sp->seed, 2 * sp->counter), out);
+        }
+        vb->out_n[i] = m;
+        int s = vb->slots[i];
+        r->len[0][s] += m - K1;   /* the pass advanced it by K1 */
+    }
+    return 0;
+}
+
 /* ---- slots and blocks --------------------------------------------------------------- */
 
 static int cpu_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
@@ -861,6 +905,19 @@ static const runner_ops cpu_ops = {
     .copy_block = cpu_copy_block,
     .decode = cpu_decode,
     .spec_step = cpu_spec_step,
+    .destroy = cpu_destroy,
+};
+
+/* The same with the verify op (runner_config.cpu_verify). */
+static const runner_ops cpu_ops_verify = {
+    .name = "cpu",
+    .forward = cpu_forward,
+    .slot_write_blocks = cpu_slot_write_blocks,
+    .slot_set_len = cpu_slot_set_len,
+    .slot_get_len = cpu_slot_get_len,
+    .copy_block = cpu_copy_block,
+    .decode = cpu_decode,
+    .verify = cpu_verify,
     .destroy = cpu_destroy,
 };
 
@@ -1008,6 +1065,21 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         if (!r->sp_rows || !r->sp_tokens || !r->sp_drafts || !r->sp_dlogits || !r->sp_tlogits ||
             !r->sp_q || !r->sp_p || !r->sp_res || !r->sp_scratch)
             goto oom;
+    }
+    if (!draft && cfg->num_draft_tokens > 0 && cfg->cpu_verify) {
+        size_t B = (size_t)(cfg->max_batch < 64 ? cfg->max_batch : 64), K = (size_t)cfg->num_draft_tokens,
+               V = (size_t)r->base.vocab;
+        if (K > 15) {
+            specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: at most 15 draft tokens");
+            goto fail;
+        }
+        r->sp_rows = malloc(B * sizeof *r->sp_rows);
+        r->sp_tlogits = malloc(B * (K + 1) * V * sizeof(float));
+        r->sp_scratch = malloc(V * sizeof(int));
+        if (!r->sp_rows || !r->sp_tlogits || !r->sp_scratch) goto oom;
+        r->base.ops = &cpu_ops_verify;
+        r->base.verify_max_k = (int)K;
+        r->base.verify_max_rows = (int)B;
     }
     return &r->base;
 oom:

@@ -101,6 +101,7 @@ void cuda_tuning_read(cuda_tuning *t, int world);
 
 typedef struct {
     runner base;
+    runner_ops ops;      /* base.ops points here: the shared table plus this runner's optional ops */
     cuda_runner_opts opts;
     cuda_tuning tune;
     float *d_lpart, *d_lgather;   /* vocabulary-split lm_head: [LR, V/world], [world, LR, V/world] */
@@ -184,9 +185,23 @@ typedef struct {
     int sp_graph_sizes[64];
     cudaGraphExec_t sp_graphs[64];
 
+    /* verify of drafts proposed outside the runner (cuda_spec.c), allocated without a draft
+     * model when k > 0: graphs per (padded batch size <= vf_mb, k in 1..vf_k) */
+    int vf_k, vf_mb;
+    void *d_vf_in, *h_vf_in;       /* tokens[vf_mb(vf_k+1)] | slots | n_drafts [vf_mb] | params */
+    void *d_vf_out, *h_vf_out;     /* tok[vf_mb(vf_k+1)] | n[vf_mb] */
+    int32_t *d_vf_i32;             /* per k: the pass's fixed layout; then tok_slot */
+    float *d_vf_tl;                /* vf_mb(vf_k+1), vocab: target logits / probabilities */
+    int vf_n_graphs;
+    int vf_graph_b[256], vf_graph_k[256];
+    cudaGraphExec_t vf_graphs[256];
+
     int failed;
     char errmsg[512];
 } cuda_runner;
+
+/* Rows a verify step takes at most (its logits buffer is rows x (k+1) x vocab floats). */
+#define CUDA_VERIFY_MAX_ROWS 64
 
 /* Record a CUDA / cuBLAS failure (file, line, call, text) and mark the runner failed. */
 void cuda_fail(cuda_runner *r, const char *file, int line, const char *what, const char *msg);
@@ -247,6 +262,10 @@ int cuda_spec_alloc(cuda_runner *r, int k);
 int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen);
 int cuda_spec_step(runner *base, const runner_spec_batch *b);
 void cuda_spec_free(cuda_runner *r);
+/* The verify op over outside drafts (same file): buffers for up to k drafts, capture, the op. */
+int cuda_verify_alloc(cuda_runner *r, int k);
+int cuda_verify_capture(cuda_runner *r, char *err, size_t errlen);
+int cuda_verify(runner *base, const runner_verify_batch *b);
 /* Tensor-parallel hook: sum a partial [n, hidden] fp32 across ranks (no-op at world 1 and
  * for the replicated draft). Enqueued on r->stream, so captured with the pass. */
 int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n);

@@ -359,6 +359,8 @@ static void cuda_destroy(runner *base) {
     free(r);
 }
 
+/* The ops every CUDA runner has; spec_step (with a draft model and k > 0) and verify
+ * (without one, k > 0) are set in the runner's own copy (cuda_runner.ops). */
 static const runner_ops cuda_ops = {
     .name = "cuda",
     .forward = cuda_forward,
@@ -367,21 +369,6 @@ static const runner_ops cuda_ops = {
     .slot_get_len = cuda_slot_get_len,
     .copy_block = cuda_copy_block,
     .decode = cuda_decode,
-    .spec_step = NULL,
-    .abort_group = cuda_abort_group,
-    .destroy = cuda_destroy,
-};
-
-/* With a draft and k > 0: the same ops plus the captured speculative step. */
-static const runner_ops cuda_ops_spec = {
-    .name = "cuda",
-    .forward = cuda_forward,
-    .slot_write_blocks = cuda_slot_write_blocks,
-    .slot_set_len = cuda_slot_set_len,
-    .slot_get_len = cuda_slot_get_len,
-    .copy_block = cuda_copy_block,
-    .decode = cuda_decode,
-    .spec_step = cuda_spec_step,
     .abort_group = cuda_abort_group,
     .destroy = cuda_destroy,
 };
@@ -571,7 +558,8 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of memory");
         return NULL;
     }
-    r->base.ops = &cuda_ops;
+    r->ops = cuda_ops;
+    r->base.ops = &r->ops;
     r->base.cfg = *cfg;
     r->base.target = target;
     r->base.draft = draft;
@@ -676,6 +664,14 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         goto fail_free;
     }
     if (spec_k && r->T < c->max_batch * (spec_k + 1)) r->T = c->max_batch * (spec_k + 1);
+    /* Without a draft, k > 0 asks for verify steps of outside drafts (prompt lookup). */
+    int vf_k = !draft && c->num_draft_tokens > 0 ? c->num_draft_tokens : 0;
+    int vf_mb = c->max_batch < CUDA_VERIFY_MAX_ROWS ? c->max_batch : CUDA_VERIFY_MAX_ROWS;
+    if (vf_k > 16) {
+        specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: num_draft_tokens %d > 16", vf_k);
+        goto fail_free;
+    }
+    if (vf_k && r->T < vf_mb * (vf_k + 1)) r->T = vf_mb * (vf_k + 1);
     r->LR = c->max_batch > 256 ? c->max_batch : (r->T < 256 ? r->T : 256);
     r->dec_split_len = DEC_SPLIT_LEN;
     r->dec_splits = (c->max_seq_len + DEC_SPLIT_LEN - 1) / DEC_SPLIT_LEN;
@@ -687,7 +683,15 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         int rc = cuda_spec_alloc(r, spec_k);
         if (rc == SPECD_ENOMEM) goto oom;
         if (rc) goto cuda_err;
-        r->base.ops = &cuda_ops_spec;
+        r->ops.spec_step = cuda_spec_step;
+    }
+    if (vf_k) {
+        int rc = cuda_verify_alloc(r, vf_k);
+        if (rc == SPECD_ENOMEM) goto oom;
+        if (rc) goto cuda_err;
+        r->ops.verify = cuda_verify;
+        r->base.verify_max_k = vf_k;
+        r->base.verify_max_rows = r->vf_mb;
     }
 
     /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot). */
@@ -699,6 +703,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     CU_CHECK(r, cudaMemGetInfo(&free0, &total));
     if (!r->opts.no_graphs && cuda_capture_graphs(r, err, errlen)) goto fail_free;
     if (!r->opts.no_graphs && r->sp_k && cuda_spec_capture(r, err, errlen)) goto fail_free;
+    if (!r->opts.no_graphs && r->vf_k && cuda_verify_capture(r, err, errlen)) goto fail_free;
     CU_CHECK(r, cudaMemGetInfo(&free1, &total));
     r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
     if (set_pool(r, NULL)) goto cuda_err;
@@ -737,6 +742,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
             n += (size_t)snprintf(gs + n, sizeof gs - n, "; speculative k=%d sizes ", r->sp_k);
         for (int i = 0; i < r->sp_n_graphs && n + 8 < sizeof gs; i++)
             n += (size_t)snprintf(gs + n, sizeof gs - n, "%s%d", i ? "," : "", r->sp_graph_sizes[i]);
+        if (r->vf_k && n + 64 < sizeof gs)
+            n += (size_t)snprintf(gs + n, sizeof gs - n, "; verify k=1..%d rows<=%d: %d graphs", r->vf_k,
+                                  r->vf_mb, r->vf_n_graphs);
         fprintf(stderr,
                 "cuda runner: %s, %d SMs: weights %.2f GiB, workspace %.2f GiB, graphs %.3f GiB, "
                 "KV %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "

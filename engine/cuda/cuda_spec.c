@@ -67,6 +67,8 @@ static int splits_for(const cuda_runner *r, int which, int n_items, int n_tok) {
     return n < 1 ? 1 : (int)n;
 }
 
+static void cuda_verify_free(cuda_runner *r);
+
 int cuda_spec_alloc(cuda_runner *r, int k) {
     const int MB = r->base.cfg.max_batch, K1 = k + 1, V = r->m[0].c.vocab;
     sp_layout l = layout(NULL, MB, k);
@@ -125,6 +127,7 @@ void cuda_spec_free(cuda_runner *r) {
     r->d_sp_tl = r->d_sp_q = NULL;
     r->d_sp_in = r->d_sp_out = r->h_sp_in = r->h_sp_out = NULL;
     r->sp_k = 0;
+    cuda_verify_free(r);
 }
 
 /* The whole step for B rows (live rows then padding rows), enqueued on the stream. */
@@ -289,6 +292,229 @@ int cuda_spec_step(runner *base, const runner_spec_batch *b) {
         b->out_n[i] = m;
         r->h_len[s * 2] = L + m;
         r->h_len[s * 2 + 1] = L + k < L + m ? L + k : L + m;
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* ---- verify of drafts proposed outside the runner (prompt lookup) ----------------------
+ * One target pass over [last, d1..dk] per row, then k_verify_accept (point-mass drafts) and
+ * the length advance, then the dummy reset and the outputs to pinned memory: captured per
+ * (padded batch size <= vf_mb, k in 1..vf_k), so a row's cost is that of the longest
+ * draft in its step (padding drafts are computed, never accepted).
+ *
+ * d_vf_i32: for each k, the pass's fixed layout over vf_mb rows of K1 = k + 1 tokens
+ *   tok_j[vf_mb*K1] row_off[vf_mb] kp1[vf_mb] item_row[vf_mb*K1] item_q0[vf_mb*K1]
+ * then tok_slot[vf_mb*(vf_k+1)] (written on the device every step). */
+
+typedef struct {
+    int32_t *tok_j, *row_off, *kp1, *item_row, *item_q0;
+} vf_layout;
+
+static size_t vf_layout_n(int MB, int K1) { return (size_t)MB * K1 * 3 + 2 * (size_t)MB; }
+
+/* Layout of k (1..vf_k) inside base (NULL: offsets only); *end: entries through it. */
+static vf_layout vf_lay(int32_t *base, int MB, int k, size_t *end) {
+    size_t o = 0;
+    for (int j = 1; j < k; j++) o += vf_layout_n(MB, j + 1);
+    size_t K1 = (size_t)k + 1;
+    vf_layout l;
+#define TAKE(f, cnt) (l.f = base ? base + o : NULL, o += (cnt))
+    TAKE(tok_j, MB * K1); TAKE(row_off, MB); TAKE(kp1, MB); TAKE(item_row, MB * K1); TAKE(item_q0, MB * K1);
+#undef TAKE
+    if (end) *end = o;
+    return l;
+}
+
+/* Inputs: tokens[MB*(kmax+1)] | slots[MB] | n_drafts[MB] | pad to 16 | params[MB]. */
+static size_t vf_par_off(int MB, int kmax) { return ((size_t)MB * (kmax + 3) * 4 + 15) / 16 * 16; }
+static size_t vf_in_bytes(int MB, int kmax) { return vf_par_off(MB, kmax) + (size_t)MB * sizeof(k_sample_params); }
+static size_t vf_out_bytes(int MB, int kmax) { return (size_t)MB * (size_t)(kmax + 2) * 4; }
+
+int cuda_verify_alloc(cuda_runner *r, int kmax) {
+    const int MB = r->base.cfg.max_batch < CUDA_VERIFY_MAX_ROWS ? r->base.cfg.max_batch : CUDA_VERIFY_MAX_ROWS;
+    const int V = r->m[0].c.vocab;
+    size_t n_lay = 0;
+    vf_lay(NULL, MB, kmax, &n_lay);
+    size_t n = n_lay + (size_t)MB * (kmax + 1);
+    int32_t *h = calloc(n, sizeof(int32_t));
+    if (!h) return SPECD_ENOMEM;
+    for (int k = 1; k <= kmax; k++) {
+        vf_layout l = vf_lay(h, MB, k, NULL);
+        int K1 = k + 1, qt = attn_qt(&r->m[0], K1), ipr = (K1 + qt - 1) / qt;
+        for (int i = 0; i < MB; i++) {
+            for (int j = 0; j < K1; j++) l.tok_j[i * K1 + j] = j;
+            l.row_off[i] = i * K1;
+            l.kp1[i] = K1;
+            for (int c = 0; c < ipr; c++) {
+                l.item_row[i * ipr + c] = i;
+                l.item_q0[i * ipr + c] = c * qt;
+            }
+        }
+    }
+    size_t tl = (size_t)MB * (kmax + 1) * V * sizeof(float);
+    CU_CHECK(r, cudaMalloc((void **)&r->d_vf_i32, n * sizeof(int32_t)));
+    CU_CHECK(r, cudaMemcpy(r->d_vf_i32, h, n * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CU_CHECK(r, cudaMalloc((void **)&r->d_vf_tl, tl));
+    CU_CHECK(r, cudaMalloc(&r->d_vf_in, vf_in_bytes(MB, kmax)));
+    CU_CHECK(r, cudaMalloc(&r->d_vf_out, vf_out_bytes(MB, kmax)));
+    CU_CHECK(r, cudaMallocHost(&r->h_vf_in, vf_in_bytes(MB, kmax)));
+    CU_CHECK(r, cudaMallocHost(&r->h_vf_out, vf_out_bytes(MB, kmax)));
+    memset(r->h_vf_in, 0, vf_in_bytes(MB, kmax));
+    r->work_bytes += n * sizeof(int32_t) + tl + vf_in_bytes(MB, kmax) + vf_out_bytes(MB, kmax);
+    r->vf_k = kmax;
+    r->vf_mb = MB;
+    free(h);
+    return 0;
+fail:
+    free(h);
+    return SPECD_ECUDA;
+}
+
+static void cuda_verify_free(cuda_runner *r) {
+    for (int i = 0; i < r->vf_n_graphs; i++) cudaGraphExecDestroy(r->vf_graphs[i]);
+    r->vf_n_graphs = 0;
+    if (r->d_vf_i32) cudaFree(r->d_vf_i32);
+    if (r->d_vf_tl) cudaFree(r->d_vf_tl);
+    if (r->d_vf_in) cudaFree(r->d_vf_in);
+    if (r->d_vf_out) cudaFree(r->d_vf_out);
+    if (r->h_vf_in) cudaFreeHost(r->h_vf_in);
+    if (r->h_vf_out) cudaFreeHost(r->h_vf_out);
+    r->d_vf_i32 = NULL;
+    r->d_vf_tl = NULL;
+    r->d_vf_in = r->d_vf_out = r->h_vf_in = r->h_vf_out = NULL;
+    r->vf_k = 0;
+}
+
+/* The verify step for B rows (live then padding) of k drafts each, enqueued on the stream. */
+static int verify_enqueue(cuda_runner *r, int B, int k) {
+    const int MB = r->vf_mb, K1 = k + 1, V = r->m[0].c.vocab, dummy = r->dummy;
+    size_t n_lay = 0;
+    vf_layout l = vf_lay(r->d_vf_i32, MB, k, NULL);
+    vf_lay(NULL, MB, r->vf_k, &n_lay);
+    int32_t *tok_slot = r->d_vf_i32 + n_lay;
+    int32_t *tokens = r->d_vf_in, *slots = tokens + (size_t)MB * (r->vf_k + 1), *nd = slots + MB;
+    const k_sample_params *par = (const k_sample_params *)((char *)r->d_vf_in + vf_par_off(MB, r->vf_k));
+    int32_t *out_tok = r->d_vf_out, *out_n = out_tok + (size_t)MB * (r->vf_k + 1);
+    cudaStream_t s = r->stream;
+    int rc;
+
+    CU_CHECK(r, cudaMemcpyAsync(r->d_vf_in, r->h_vf_in, vf_in_bytes(MB, r->vf_k), cudaMemcpyHostToDevice, s));
+    K_CHECK(r, k_verify_prep(slots, B, K1, tok_slot, s));
+    int qt = attn_qt(&r->m[0], K1), ni = B * ((K1 + qt - 1) / qt);
+    cuda_pass p = {
+        .which = RUNNER_TARGET, .n_tok = B * K1, .n_rows = B, .tokens = tokens,
+        .tok_slot = tok_slot, .tok_j = l.tok_j, .row_slot = slots, .row_tok_off = l.row_off,
+        .row_n_new = l.kp1, .item_row = l.item_row, .item_q0 = l.item_q0, .n_items = ni,
+        .qt = qt, .n_splits = splits_for(r, RUNNER_TARGET, ni, B * K1), .split_len = 0,
+    };
+    if ((rc = cuda_enqueue_pass(r, &p))) return rc;
+    if ((rc = cuda_enqueue_logits_out(r, RUNNER_TARGET, NULL, B * K1, r->d_vf_tl))) return rc;
+    K_CHECK(r, k_probs(r->d_vf_tl, r->d_vf_tl, B * K1, V, par, K1, s));
+    K_CHECK(r, k_verify_accept(r->d_vf_tl, B, V, K1, tokens, nd, par, slots, dummy, SPEC_SALT_ACCEPT,
+                               r->d_lens, out_tok, out_n, s));
+    if (!r->tune.skip_dummy_reset)
+        CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * dummy, 0, 2 * sizeof(int32_t), s));
+    CU_CHECK(r, cudaMemcpyAsync(r->h_vf_out, r->d_vf_out, vf_out_bytes(MB, r->vf_k), cudaMemcpyDeviceToHost, s));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* Pinned inputs of a step of k drafts: n live rows (row i's tokens at i * (k + 1)), then
+ * padding rows on the dummy slot. */
+static void verify_fill_in(cuda_runner *r, const runner_verify_batch *b, int B, int k) {
+    const int MB = r->vf_mb, K1 = k + 1;
+    int32_t *tokens = r->h_vf_in, *slots = tokens + (size_t)MB * (r->vf_k + 1), *nd = slots + MB;
+    k_sample_params *par = (k_sample_params *)((char *)r->h_vf_in + vf_par_off(MB, r->vf_k));
+    int n = b ? b->n : 0;
+    for (int i = 0; i < B; i++) {
+        k_sample_params q = {0};
+        if (i < n) {
+            memcpy(tokens + (size_t)i * K1, b->tokens + (size_t)i * K1, sizeof(int32_t) * (size_t)K1);
+            slots[i] = b->slots[i];
+            nd[i] = b->n_drafts[i];
+            if (b->sp) q = cuda_sample_params(&b->sp[i]);
+        } else {
+            memset(tokens + (size_t)i * K1, 0, sizeof(int32_t) * (size_t)K1);
+            slots[i] = r->dummy;
+            nd[i] = 0;
+        }
+        par[i] = q;
+    }
+}
+
+int cuda_verify_capture(cuda_runner *r, char *err, size_t errlen) {
+    int sizes[64], n = 0;
+    cuda_graph_size_list(r->vf_mb, sizes, &n);
+    for (int k = 1; k <= r->vf_k; k++) {
+        for (int i = 0; i < n && r->vf_n_graphs < 256; i++) {
+            int B = sizes[i], rc;
+            cudaGraph_t g = NULL;
+            verify_fill_in(r, NULL, B, k);
+            if ((rc = verify_enqueue(r, B, k))) goto fail;   /* eager first, outside capture */
+            if ((rc = cuda_step_sync(r))) goto fail;
+            CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+            rc = verify_enqueue(r, B, k);
+            cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+            if (rc) goto fail;
+            CU_CHECK(r, e);
+            e = cudaGraphInstantiate(&r->vf_graphs[r->vf_n_graphs], g, 0);
+            cudaGraphDestroy(g);
+            CU_CHECK(r, e);
+            r->vf_graph_b[r->vf_n_graphs] = B;
+            r->vf_graph_k[r->vf_n_graphs++] = k;
+            CU_CHECK(r, cudaGraphLaunch(r->vf_graphs[r->vf_n_graphs - 1], r->stream));
+            if ((rc = cuda_step_sync(r))) goto fail;
+        }
+    }
+    return 0;
+fail:
+    return specd_errf(err, errlen, SPECD_ECUDA, "cuda runner: capturing verify graphs: %s", r->errmsg);
+}
+
+int cuda_verify(runner *base, const runner_verify_batch *b) {
+    cuda_runner *r = (cuda_runner *)base;
+    const runner_config *cfg = &base->cfg;
+    if (r->failed) return SPECD_ECUDA;
+    if (!r->vf_k || !b || b->n < 1 || b->n > r->vf_mb || b->k < 1 || b->k > r->vf_k || !b->slots ||
+        !b->tokens || !b->n_drafts || !b->out_tokens || !b->out_n)
+        return SPECD_EINVAL;
+    const int k = b->k, K1 = k + 1, V = r->m[0].c.vocab;
+    for (int i = 0; i < b->n; i++) {
+        int s = b->slots[i];
+        if (s < 0 || s >= cfg->max_batch || b->n_drafts[i] < 0 || b->n_drafts[i] > k) return SPECD_EINVAL;
+        for (int j = 0; j < K1; j++)
+            if (b->tokens[(size_t)i * K1 + j] < 0 || b->tokens[(size_t)i * K1 + j] >= V) return SPECD_EINVAL;
+        if (r->h_len[s * 2] + K1 > cfg->max_seq_len) return SPECD_ERANGE;
+        for (int j = 0; j < i; j++)
+            if (b->slots[j] == s) return SPECD_EINVAL;
+    }
+    int gi = -1;   /* smallest captured size >= n for this k (sizes are largest first) */
+    for (int i = 0; i < r->vf_n_graphs; i++)
+        if (r->vf_graph_k[i] == k && r->vf_graph_b[i] >= b->n) gi = i;
+    int B = gi >= 0 ? r->vf_graph_b[gi] : b->n;
+    verify_fill_in(r, b, B, k);
+    if (gi >= 0) {
+        CU_CHECK(r, cudaGraphLaunch(r->vf_graphs[gi], r->stream));
+    } else if (verify_enqueue(r, B, k)) {
+        goto fail;
+    }
+    int rc = cuda_step_sync(r);
+    if (rc) return rc;
+    const int32_t *tok = r->h_vf_out, *cnt = tok + (size_t)r->vf_mb * (r->vf_k + 1);
+    for (int i = 0; i < b->n; i++) {
+        int m = cnt[i], s = b->slots[i];
+        if (m < 1 || m > b->n_drafts[i] + 1) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "row %d emitted %d tokens (%d drafts)", i, m, b->n_drafts[i]);
+            cuda_fail(r, __FILE__, __LINE__, "verify acceptance", msg);
+            return SPECD_ECUDA;
+        }
+        memcpy(b->out_tokens + (size_t)i * K1, tok + (size_t)i * K1, sizeof(int32_t) * (size_t)K1);
+        b->out_n[i] = m;
+        r->h_len[s * 2] += m;
     }
     return 0;
 fail:

@@ -18,6 +18,8 @@
 #include "engine/cuda/cuda_runner.h"
 #include "engine/model/model.h"
 #include "engine/core/sample.h"
+#include "engine/core/spec.h"
+#include "kernels/specd_kernels.h"
 #include "tests/gpu/gpu_util.h"
 
 /* bf16 tolerance on logits (max abs error / max abs logit). The fixtures README says
@@ -848,6 +850,181 @@ static void test_spec_graph_self_draft_accepts_nearly_all(void **s) {
     spec_close(&f);
 }
 
+/* ---- verify of outside drafts (cuda_spec.c's verify graphs) ------------------------------ */
+
+static runner *verify_open(model **t, golden *g) {
+    char tp[1024], err[512];
+    snprintf(tp, sizeof tp, "%s/models/llama-tiny", fixtures());
+    *t = model_load(tp, err, sizeof err);
+    if (!*t) fail_msg("model_load %s: %s", tp, err);
+    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
+                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9,
+                         .num_draft_tokens = SPK};
+    cuda_runner_opts o = {.world = 1, .quiet = 1};
+    runner *r = runner_cuda_create_ex(*t, NULL, &cfg, &o, err, sizeof err);
+    if (!r) fail_msg("runner_cuda_create: %s", err);
+    assert_non_null(r->ops->verify);
+    assert_null(r->ops->spec_step);
+    assert_int_equal(r->verify_max_k, SPK);
+    golden_load("llama-tiny", g);
+    return r;
+}
+
+/* Greedy: rows with 0..k drafts, some of them the plain decode's own tokens and some with
+ * a wrong one, emit exactly the plain decode's tokens, as many as the drafts that match
+ * plus one; padding rows leave the dummy slot at length 0. */
+static void test_verify_graph_greedy_equals_decode(void **s) {
+    (void)s;
+    model *t;
+    golden g;
+    runner *r = verify_open(&t, &g);
+    const int32_t *p = g.prompt[5];
+    int live[3] = {0, 2, 3}, twin[3] = {4, 5, 6}, plen[3] = {40, 33, 17};
+    assert_true(g.len[5] >= 40);
+    for (int i = 0; i < 3; i++) {
+        spec_prefill(r, live[i], p, plen[i] - 1, 0);
+        spec_prefill(r, twin[i], p, plen[i] - 1, 0);
+    }
+    enum { N = 3 * SPN };
+    int32_t exp[3][N + SPK + 1], cur[3], o[3];
+    runner_sampling sp[3] = {{0}};
+    for (int i = 0; i < 3; i++) cur[i] = p[plen[i] - 1];
+    for (int j = 0; j < N + SPK + 1; j++) {
+        runner_decode_batch d = {.n = 3, .slots = twin, .tokens = cur, .sp = sp, .out_tokens = o};
+        assert_int_equal(r->ops->decode(r, &d), 0);
+        for (int i = 0; i < 3; i++) exp[i][j] = cur[i] = o[i];
+    }
+    int done[3] = {0}, steps = 0, emitted = 0, drafted = 0, accepted = 0;
+    int32_t last[3];
+    for (int i = 0; i < 3; i++) last[i] = p[plen[i] - 1];
+    while (done[0] < N && done[1] < N && done[2] < N) {
+        int k = 1 + steps % SPK, nd[3], cnt[3], want[3];
+        int32_t tok[3 * (SPK + 1)], out[3 * (SPK + 1)];
+        for (int i = 0; i < 3; i++) {
+            nd[i] = (steps + i) % (k + 1);
+            int bad = (steps + 2 * i) % 3 == 0 && nd[i] > 0 ? (steps + i) % nd[i] : -1;
+            tok[i * (k + 1)] = last[i];
+            want[i] = nd[i] + 1;
+            for (int j = 0; j < k; j++) {
+                int32_t d = j < nd[i] ? exp[i][done[i] + j] : (int32_t)((steps * 7 + j) % 1000);
+                if (j == bad) {
+                    d = (d + 1) % 1000;
+                    want[i] = j + 1;
+                }
+                tok[i * (k + 1) + 1 + j] = d;
+            }
+            drafted += nd[i];
+        }
+        assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 100 + steps), 0);   /* dirty the dummy */
+        int L[3];
+        for (int i = 0; i < 3; i++) L[i] = r->ops->slot_get_len(r, live[i], RUNNER_TARGET);
+        runner_verify_batch b = {.n = 3, .k = k, .slots = live, .tokens = tok, .n_drafts = nd, .sp = sp,
+                                 .out_tokens = out, .out_n = cnt};
+        int rc = r->ops->verify(r, &b);
+        if (rc) fail_msg("verify: %d %s", rc, cuda_runner_error(r));
+        assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+        for (int i = 0; i < 3; i++) {
+            if (cnt[i] != want[i])
+                fail_msg("step %d row %d (%d drafts, k %d): %d tokens emitted, %d expected", steps, i, nd[i], k,
+                         cnt[i], want[i]);
+            assert_int_equal(r->ops->slot_get_len(r, live[i], RUNNER_TARGET), L[i] + cnt[i]);
+            for (int j = 0; j < cnt[i]; j++)
+                if (out[i * (k + 1) + j] != exp[i][done[i] + j])
+                    fail_msg("step %d row %d token %d: verify %d, plain decode %d", steps, i, done[i] + j,
+                             out[i * (k + 1) + j], exp[i][done[i] + j]);
+            accepted += cnt[i] - 1;
+            emitted += cnt[i];
+            done[i] += cnt[i];
+            last[i] = out[i * (k + 1) + cnt[i] - 1];
+        }
+        steps++;
+    }
+    printf("    llama-tiny, verify k=1..%d, 3 rows in a graph of 4: %d tokens = plain decode over %d steps "
+           "(%d of %d drafts accepted, as planted); dummy slot reset\n", SPK, emitted, steps, accepted, drafted);
+    runner_destroy(r);
+    model_free(t);
+    golden_free(&g);
+}
+
+/* Sampled: one verify step from fresh prefixes against the host's point-mass acceptance
+ * (engine/core/spec.c, given the device's uniforms) over the same runner's logits of the
+ * same tokens on a twin slot: the same tokens in all but rounding cases (at most 1 in 48). */
+static void test_verify_graph_sampled_matches_host_acceptance(void **s) {
+    (void)s;
+    model *t;
+    golden g;
+    runner *r = verify_open(&t, &g);
+    const int V = t->cfg.vocab, K1 = SPK + 1;
+    const int32_t *p = g.prompt[5];
+    int live[3] = {0, 1, 2}, twin[3] = {4, 5, 6}, same = 0, total = 0, acc = 0;
+    float *lg = malloc(sizeof(float) * (size_t)V * K1);
+    int *scratch = malloc(sizeof(int) * (size_t)V);
+    for (int trial = 0; trial < 16; trial++) {
+        runner_sampling sp[3];
+        int nd[3], cnt[3];
+        int32_t tok[3 * K1], out[3 * K1];
+        for (int i = 0; i < 3; i++) {
+            int n = 8 + trial + 3 * i;
+            spec_prefill(r, live[i], p, n, 0);
+            spec_prefill(r, twin[i], p, n, 0);
+            /* sharp rows accept their (greedy-looking) drafts often, flat ones reject */
+            sp[i] = (runner_sampling){.temperature = i == 0 ? 0.05f : i == 1 ? 0.3f : 1.0f, .top_p = i == 2 ? 0.9f : 1.0f,
+                                      .top_k = i == 1 ? 40 : 0, .seed = 1000 + (uint64_t)trial * 3 + (uint64_t)i,
+                                      .counter = (uint64_t)trial};
+            nd[i] = 1 + (trial + i) % SPK;
+            tok[i * K1] = p[n];
+            if (i < 2) {   /* the greedy continuation (slot 7): sharp rows accept it often */
+                spec_prefill(r, 7, p, n, 0);
+                int32_t cur = p[n], o1;
+                runner_sampling g0 = {0};
+                for (int j = 1; j < K1; j++) {
+                    int sl = 7;
+                    runner_decode_batch d = {.n = 1, .slots = &sl, .tokens = &cur, .sp = &g0, .out_tokens = &o1};
+                    assert_int_equal(r->ops->decode(r, &d), 0);
+                    tok[i * K1 + j] = cur = o1;
+                }
+            } else {
+                for (int j = 1; j < K1; j++) tok[i * K1 + j] = p[n + j];   /* the prompt's own continuation */
+            }
+        }
+        runner_verify_batch b = {.n = 3, .k = SPK, .slots = live, .tokens = tok, .n_drafts = nd, .sp = sp,
+                                 .out_tokens = out, .out_n = cnt};
+        int rc = r->ops->verify(r, &b);
+        if (rc) fail_msg("verify: %d %s", rc, cuda_runner_error(r));
+        for (int i = 0; i < 3; i++) {
+            runner_row row = {.slot = twin[i], .n_new = K1, .n_logits = K1};
+            runner_batch fb = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = tok + i * K1,
+                               .n_tokens = K1, .logits = lg};
+            if ((rc = runner_forward(r, &fb))) fail_msg("forward: %d %s", rc, cuda_runner_error(r));
+            sample_params q = {.temperature = sp[i].temperature, .top_p = sp[i].top_p, .top_k = sp[i].top_k};
+            for (int j = 0; j <= nd[i]; j++) sample_probs(lg + (size_t)j * V, V, &q, scratch);
+            /* the device's uniforms (Philox; the host sampler's own stream is another) */
+            double ua[SPK];
+            for (int j = 0; j < nd[i]; j++)
+                ua[j] = k_philox_uniform_host(sp[i].seed ^ SPEC_SALT_ACCEPT, sp[i].counter + (uint64_t)j);
+            int32_t ho[SPK + 1];
+            int m = spec_accept_point(lg, V, tok + i * K1 + 1, nd[i], ua,
+                                      k_philox_uniform_host(sp[i].seed, 2 * sp[i].counter), ho);
+            int eq = m == cnt[i] && !memcmp(ho, out + i * K1, sizeof(int32_t) * (size_t)m);
+            if (!eq)
+                printf("    trial %d row %d: verify %d tokens (last %d), host %d (last %d)\n", trial, i, cnt[i],
+                       out[i * K1 + cnt[i] - 1], m, ho[m - 1]);
+            same += eq;
+            total++;
+            acc += cnt[i] - 1;
+        }
+    }
+    printf("    llama-tiny, sampled verify k=%d: %d of %d rows equal to the host's acceptance (%d drafts accepted)\n",
+           SPK, same, total, acc);
+    assert_true(same >= total - 1);
+    assert_true(acc > 0 && acc < total * SPK);   /* both accepting and rejecting ran */
+    free(lg);
+    free(scratch);
+    runner_destroy(r);
+    model_free(t);
+    golden_free(&g);
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -873,6 +1050,8 @@ int main(void) {
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),
         cmocka_unit_test(test_spec_graph_greedy_equals_decode_and_dummy_reset),
         cmocka_unit_test(test_spec_graph_self_draft_accepts_nearly_all),
+        cmocka_unit_test(test_verify_graph_greedy_equals_decode),
+        cmocka_unit_test(test_verify_graph_sampled_matches_host_acceptance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

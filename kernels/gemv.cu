@@ -7,7 +7,8 @@
  * wait, so a GEMV starts pulling its weights while the kernel before it finishes.
  *
  * At batch 1 the kernels between the GEMVs cost about as much as their own work (a launch,
- * a ramp and a drain each), so the batch-1/2 path folds two of them into GEMV epilogues:
+ * a ramp and a drain each), so the small-batch path (up to K_GEMV_FUSED_MAX_N rows; the
+ * CUDA runner uses it up to cuda_tuning.gemv_rows, 2 by default) folds them into GEMV epilogues:
  *   - gated: a warp computes gate row o and up row F + o and writes silu(gate) * up;
  *   - rope: a warp computes the rotate_half pair (i, i + D/2) of a q/k/v head, adds the
  *     bias, rotates and writes q (fp32) and k, v (into the paged pool).
@@ -275,23 +276,19 @@ static int gemv_launch_ks(const uint4 *w, const uint4 *x, int n_units, int in8, 
 template <int MODE>
 static int gemv_launch(const uint16_t *W, const uint16_t *X, int n_units, int in, int n, const gemv_epi &e,
                        cudaStream_t s) {
-    const dim3 grid((n_units + GEMV_WARPS - 1) / GEMV_WARPS), block(GEMV_WARPS * 32);
     const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
     const int in8 = in / 8;
-    /* batch 1-2 (the fused forms serve only these) may split K; 3-8 rows keep a warp per row */
-    if (n == 1) return gemv_launch_ks<1, MODE>(w, x, n_units, in8, e, s);
-    if (n == 2) return gemv_launch_ks<2, MODE>(w, x, n_units, in8, e, s);
-    if constexpr (MODE == EPI_PLAIN) {
-        switch (n) {
-        case 3: return k_launch(gemv_kernel<3, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
-        case 4: return k_launch(gemv_kernel<4, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
-        case 5: return k_launch(gemv_kernel<5, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
-        case 6: return k_launch(gemv_kernel<6, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
-        case 7: return k_launch(gemv_kernel<7, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
-        default: return k_launch(gemv_kernel<8, MODE, 1>, grid, block, 0, s, w, x, n_units, in8, e);
-        }
+    switch (n) {   /* each row count its own kernel: the activations stay in registers */
+    case 1: return gemv_launch_ks<1, MODE>(w, x, n_units, in8, e, s);
+    case 2: return gemv_launch_ks<2, MODE>(w, x, n_units, in8, e, s);
+    case 3: return gemv_launch_ks<3, MODE>(w, x, n_units, in8, e, s);
+    case 4: return gemv_launch_ks<4, MODE>(w, x, n_units, in8, e, s);
+    case 5: return gemv_launch_ks<5, MODE>(w, x, n_units, in8, e, s);
+    case 6: return gemv_launch_ks<6, MODE>(w, x, n_units, in8, e, s);
+    case 7: return gemv_launch_ks<7, MODE>(w, x, n_units, in8, e, s);
+    case 8: return gemv_launch_ks<8, MODE>(w, x, n_units, in8, e, s);
+    default: return -1;
     }
-    return -1;
 }
 
 /* The consumer half of the norm fold (nin may be NULL). */

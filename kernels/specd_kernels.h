@@ -169,8 +169,8 @@ typedef struct {
 int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
                      const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s);
 
-/* Fused forms of the decode GEMV for n <= K_GEMV_FUSED_MAX_N rows (the batch-1/2 decode
- * path: they take kernels off the per-token chain). Same shape rules as k_gemv_bf16
+/* Fused forms of the decode GEMV for n <= K_GEMV_FUSED_MAX_N rows (small decode batches and
+ * verify steps: they take kernels off the per-token chain). Same shape rules as k_gemv_bf16
  * (in % 8 == 0, W and X 16-byte aligned); -1 when they do not hold. nin as above (NULL:
  * X is the normalised input).
  *
@@ -182,7 +182,7 @@ int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, in
  *   of a head, adds bias (may be NULL), rotates q and k, writes q to q_out [n, H, D] fp32
  *   and k, v into the paged pool (token t at slot g->tok_slot[t], position
  *   lens + g->tok_j[t]). */
-#define K_GEMV_FUSED_MAX_N 2
+#define K_GEMV_FUSED_MAX_N 8
 int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t *act, int F, int in, int n,
                       const k_norm_in *nin, cudaStream_t s);
 int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, const float *inv_freq,

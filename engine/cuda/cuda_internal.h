@@ -54,9 +54,11 @@ typedef struct {
     size_t weight_bytes;
 } cuda_model;
 
-/* Decode batches up to this many rows run their projections on kernels/gemv.cu's GEMV (and
- * its fused epilogues); larger ones on cuBLAS. */
-#define CUDA_GEMV_MAX_ROWS 2
+/* Passes of up to cuda_tuning.gemv_rows token rows (default CUDA_GEMV_DEFAULT_ROWS, at most
+ * CUDA_GEMV_MAX_ROWS: the fold buffers' size) run their projections on kernels/gemv.cu's
+ * GEMV and its fused epilogues; larger ones on cuBLAS. */
+#define CUDA_GEMV_MAX_ROWS 8
+#define CUDA_GEMV_DEFAULT_ROWS 2
 
 /* Device arrays describing one forward pass (all device pointers). */
 typedef struct {
@@ -78,6 +80,8 @@ typedef struct {
     int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: the batch-1/2 path without its fused epilogues */
     int no_fuse_norm;        /* SPECD_CUDA_NO_FUSE_NORM=1: ... with its RMSNorm kernels (the rest fused) */
     int no_gemv;             /* SPECD_CUDA_NO_GEMV=1: decode-sized GEMMs on cuBLAS (to bisect numerics) */
+    int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
+                              * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */

@@ -516,6 +516,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->no_fuse = env_flag("SPECD_CUDA_NO_FUSE", 0);
     t->no_fuse_norm = env_flag("SPECD_CUDA_NO_FUSE_NORM", 0);
     t->no_gemv = env_flag("SPECD_CUDA_NO_GEMV", 0);
+    t->gemv_rows = env_flag("SPECD_CUDA_GEMV_ROWS", CUDA_GEMV_DEFAULT_ROWS);
+    if (t->gemv_rows < 1 || t->gemv_rows > CUDA_GEMV_MAX_ROWS) t->gemv_rows = CUDA_GEMV_DEFAULT_ROWS;
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

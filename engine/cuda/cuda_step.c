@@ -23,10 +23,12 @@ static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16
                 float *Y, float beta) {
     const float alpha = 1.f;
     /* Batch 1-2 decode streams the weights through our GEMV (8B shape, batch 1: 7.13 ->
-     * 5.75 ms/token together with device-sized attention splits). At n = 8 it was slower
-     * than cuBLAS (9.2 vs 7.5 ms/step: fp32 FMA-bound), so larger n stay on cuBLAS;
-     * n = 3..4 is unmeasured. See tests/gpu/BENCH.md. */
-    if (n <= CUDA_GEMV_MAX_ROWS && in % 8 == 0 && !r->tune.no_gemv) {
+     * 5.75 ms/token together with device-sized attention splits). Above two rows its fp32
+     * FMAs, not memory, bound it: H200 start-up timings (decode step at batch 4 / 8, ms,
+     * cuBLAS vs GEMV rows): 8B 4.80 / 5.13 vs 5.67 / 10.35, 1B 1.13 / 1.19 vs 1.25 / 2.12,
+     * but SmolLM2-135M 0.99 vs 0.82 at batch 4 (launch-bound there), so the default stays
+     * 2 rows and SPECD_CUDA_GEMV_ROWS raises it (tests/gpu/BENCH.md). */
+    if (n <= r->tune.gemv_rows && in % 8 == 0 && !r->tune.no_gemv) {
         K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
@@ -82,11 +84,11 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const float scale = c->attn_scale > 0 ? c->attn_scale : 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
-    /* Batch 1-2 on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
+    /* Up to tune.gemv_rows tokens (batch 1-2 by default) on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
      * without q/k norm, rotary + KV write into the QKV GEMV (kernels/gemv.cu). Decode
      * attention merges its splits itself (no combine kernel). SPECD_CUDA_NO_FUSE=1 runs
      * the separate kernels. */
-    const int fused = !cm->plain && n <= K_GEMV_FUSED_MAX_N && n <= CUDA_GEMV_MAX_ROWS && !r->tune.no_gemv && !r->tune.no_fuse &&
+    const int fused = !cm->plain && n <= K_GEMV_FUSED_MAX_N && n <= r->tune.gemv_rows && !r->tune.no_gemv && !r->tune.no_fuse &&
                       hidden % 8 == 0 && F % 8 == 0;
     const int fuse_rope = fused && !cm->layers[0].q_norm;
     /* ... and, on one GPU, every RMSNorm but the first folds into the GEMVs around it: O

@@ -88,6 +88,8 @@ static void test_gemv_gated_matches_silu_of_gate_times_up(void **state) {
     check_gated(8192, 2048, 2);    /* Llama-3.2-1B gate|up, two rows */
     check_gated(172, 128, 1);      /* a tiny model's ffn, F not a multiple of 8 */
     check_gated(172, 128, 2);
+    check_gated(1536, 576, 5);     /* SmolLM2 gate|up, a verify step of 5 tokens */
+    check_gated(8192, 2048, 8);
 }
 
 /* ---- k_gemv_qkv_rope ----------------------------------------------------------------- */
@@ -226,12 +228,22 @@ static void test_gemv_qkv_rope_matches_gemv_then_qkv_rope_kv(void **state) {
     check_qkv_rope(12, 2, 128, 1536, 2, 1, 1000000.f, 0, s2, j2, NULL);  /* Qwen2.5-1.5B, two slots */
     check_qkv_rope(32, 8, 64, 2048, 2, 1, 500000.f, 1, ss, js, NULL);    /* one slot's two draft tokens */
     check_qkv_rope(12, 2, 128, 1536, 1, 1, 1000000.f, 1, s1, j1, NULL);
+    /* a verify step: one slot's last token and four drafts, and two slots of four tokens */
+    const int32_t s5[5] = {1, 1, 1, 1, 1}, j5[5] = {0, 1, 2, 3, 4};
+    const int32_t s8[8] = {0, 0, 0, 0, 3, 3, 3, 3}, j8[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+    check_qkv_rope(32, 8, 64, 2048, 5, 0, 500000.f, 0, s5, j5, NULL);
+    check_qkv_rope(12, 2, 128, 1536, 8, 1, 1000000.f, 0, s8, j8, NULL);
     /* with the norm fold: sums of squares far from 1 so a missing or wrong scale shows */
     const unsigned long long hss[2] = {(unsigned long long)(2048.0 * 37.0 * (1ull << K_SS_FRAC_BITS)),
                                        (unsigned long long)(1536.0 * 0.02 * (1ull << K_SS_FRAC_BITS))};
     unsigned long long *d_ss = gu_upload(hss, sizeof hss);
     check_qkv_rope(32, 8, 64, 2048, 1, 0, 500000.f, 0, s1, j1, d_ss);
     check_qkv_rope(12, 2, 128, 1536, 2, 1, 1000000.f, 0, s2, j2, d_ss);
+    cudaFree(d_ss);
+    unsigned long long h5[5];
+    for (int i = 0; i < 5; i++) h5[i] = (unsigned long long)(2048.0 * (0.5 + 9.0 * i) * (1ull << K_SS_FRAC_BITS));
+    d_ss = gu_upload(h5, sizeof h5);
+    check_qkv_rope(32, 8, 64, 2048, 5, 0, 500000.f, 0, s5, j5, d_ss);
     cudaFree(d_ss);
 }
 
@@ -242,16 +254,16 @@ static void test_fused_gemvs_reject_what_they_cannot_do(void **state) {
     uint16_t *d = gu_dev(1 << 22);
     float *f = gu_dev(1 << 22);
     /* k_gemv_gated_bf16 */
-    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, 3, NULL, 0), -1);
+    assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, K_GEMV_FUSED_MAX_N + 1, NULL, 0), -1);
     assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 100, 1, NULL, 0), -1);
     assert_int_equal(k_gemv_gated_bf16(d + 1, d + 65536, d + 131072, 64, 64, 1, NULL, 0), -1);
     assert_int_equal(k_gemv_gated_bf16(d, d + 65537, d + 131072, 64, 64, 1, NULL, 0), -1);
     const k_norm_in no_ss = {.ss = NULL, .eps = 1e-5f};
     assert_int_equal(k_gemv_gated_bf16(d, d + 65536, d + 131072, 64, 64, 1, &no_ss, 0), -1);
-    /* k_gemv_norm_bf16: the fold needs n <= 2, accumulate, and every pointer */
+    /* k_gemv_norm_bf16: the fold needs n <= K_GEMV_FUSED_MAX_N, accumulate, and every pointer */
     unsigned long long *u = (unsigned long long *)(f + 65536);
     const k_norm_out nout = {.g = f, .xg = d + 131072, .ss = u}, nout_nog = {.xg = d + 131072, .ss = u};
-    assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 3, 1, NULL, &nout, 0), -1);
+    assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, K_GEMV_FUSED_MAX_N + 1, 1, NULL, &nout, 0), -1);
     assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 0, NULL, &nout, 0), -1);
     assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 1, NULL, &nout_nog, 0), -1);
     assert_int_equal(k_gemv_norm_bf16(d, d + 65536, f + 1024, 64, 64, 1, 0, &no_ss, NULL, 0), -1);
@@ -260,7 +272,7 @@ static void test_fused_gemvs_reject_what_they_cannot_do(void **state) {
     const int32_t sl[3] = {0, 1, 2}, tj[3] = {0, 0, 0};
     pool_setup(&p, 2, 64, 3, sl, tj);
     k_kv_geom g = pool_geom(&p, 0, 0);
-    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 3, 4, 2, 64, 64, &g, NULL, 0), -1);
+    assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, K_GEMV_FUSED_MAX_N + 1, 4, 2, 64, 64, &g, NULL, 0), -1);
     assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 100, &g, NULL, 0), -1);
     assert_int_equal(k_gemv_qkv_rope(d, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 63, 64, &g, NULL, 0), -1);
     assert_int_equal(k_gemv_qkv_rope(d + 1, d + 1048576, NULL, f, f + 65536, 1, 4, 2, 64, 64, &g, NULL, 0), -1);
@@ -357,7 +369,7 @@ static void check_norm_fold(int hidden, int in_p, int F, int n) {
     uint16_t *A = malloc(((size_t)n * F + GUARD) * 2);
     float *h0 = malloc(sizeof(float) * nh), *h = malloc(sizeof(float) * nh), *g = malloc(sizeof(float) * hidden);
     float *Y = malloc(sizeof(float) * ((size_t)n * F + GUARD));
-    unsigned long long ss[4], ss2[4];
+    unsigned long long ss[K_GEMV_FUSED_MAX_N + 2], ss2[K_GEMV_FUSED_MAX_N + 2];
     fill_bf(Wp, (size_t)hidden * in_p, -0.05f, 0.05f);
     fill_bf(Xp, (size_t)n * in_p, -1.f, 1.f);
     fill_bf(Wc, (size_t)2 * F * hidden, -0.05f, 0.05f);
@@ -394,7 +406,7 @@ static void check_norm_fold(int hidden, int in_p, int F, int n) {
                K_SS_VALUE(ss[b]), sq, ss_rel);
         assert_true(ss_rel < 1e-5);
     }
-    for (int b = n; b < 4; b++) assert_true(ss[b] == 0);   /* rows past n untouched */
+    for (int b = n; b < K_GEMV_FUSED_MAX_N + 2; b++) assert_true(ss[b] == 0);   /* rows past n untouched */
     /* The sums must not depend on the order the blocks finish in: the same launch again
      * (from the same residual) gives the same bits, every time. */
     int differ = 0;
@@ -450,6 +462,8 @@ static void test_norm_fold_matches_rmsnorm_then_gemv(void **state) {
     check_norm_fold(4096, 4096, 1536, 1);   /* 8B O into the residual, then a gate|up slice */
     check_norm_fold(2048, 8192, 1024, 2);   /* 1B down, two rows */
     check_norm_fold(296, 128, 172, 1);      /* rows not a multiple of the units per block */
+    check_norm_fold(576, 1536, 576, 5);     /* SmolLM2 down, a verify step of 5 tokens */
+    check_norm_fold(2048, 8192, 1024, 8);
 }
 
 int main(void) {

@@ -40,12 +40,14 @@ static const float g_bias_vals[] = {6.0f, 2.5f, -100.0f, 1.0f, 3.0f};
 
 /* Request i: a sampling mode (greedy, or a seeded draw through one of the filters) and a
  * combination of the adjustments; every request reports the chosen token's logprob. */
+static int g_all_greedy;   /* the speculative test: every request greedy */
+
 static void sampling_of(int i, engine_sampling *sp) {
     engine_sampling_defaults(sp);
     sp->max_tokens = MAXTOK;
     sp->ignore_eos = 1;
     sp->logprobs = 0;
-    if (i % 3 == 0) {
+    if (i % 3 == 0 || g_all_greedy) {
         sp->temperature = 0;                       /* greedy */
     } else {
         sp->temperature = 0.7f + 0.1f * (float)i;  /* seeded draws, each filter in turn */
@@ -73,12 +75,15 @@ static void sampling_of(int i, engine_sampling *sp) {
     sp->logit_bias_vals = g_bias_vals;
 }
 
-/* Requests enter every other step, so prefill chunks share steps with decode rows. */
-static void run_all(int host, int max_batch, run *r) {
+/* Requests enter every other step, so prefill chunks share steps with decode rows. spec 1:
+ * prompt lookup drafts (the prompts repeat themselves), 2: the model drafts for itself;
+ * either verifies whenever a row has drafts (no cost model). */
+static void run_all(int host, int max_batch, int spec, run *r) {
     char path[4096], err[1024] = "";
     snprintf(path, sizeof path, "%s/models/llama-tiny", fixtures_dir());
     engine_config c = {.model_path = path, .max_seq_len = 256, .max_batch = max_batch, .kv_bytes = 16u << 20,
-                       .threads = 2, .max_tokens_per_step = 24};
+                       .threads = 2, .max_tokens_per_step = 24, .spec_ngram = spec == 1, .spec_always = spec != 0,
+                       .num_draft_tokens = spec ? 4 : 0, .draft_path = spec == 2 ? path : NULL};
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fail_msg("engine_create: %s", err);
     memset(r, 0, sizeof *r);
@@ -121,8 +126,8 @@ static void test_runner_sampling_equals_host_sampling(void **s) {
     (void)s;
     for (int mb = 1; mb <= NREQ; mb += NREQ - 1) {   /* one at a time, then all batched */
         static run dev, host;
-        run_all(0, mb, &dev);
-        run_all(1, mb, &host);
+        run_all(0, mb, 0, &dev);
+        run_all(1, mb, 0, &host);
         /* the runner sampled in both of its ways; the recorded requests never */
         assert_true(dev.st.steps_forward_sampled > 0);
         assert_true(dev.st.steps_device_decode > 0);
@@ -159,9 +164,59 @@ static void test_runner_sampling_equals_host_sampling(void **s) {
     }
 }
 
+/* Speculative rows: the same requests, all greedy, with drafts verified beside them must
+ * keep their tokens, logprobs and top logprobs: penalties, bias and eos suppression apply
+ * at every verified position with the drafts before it in the history. Prompt lookup's
+ * drafts stand where a request loops (the rewarded and unpenalised ones); the model
+ * drafting for itself proposes what the target would pick, so with every feature applied
+ * alike on both sides nearly all stand, and a feature applied at the wrong position makes
+ * the emitted tokens differ. */
+static void test_speculative_rows_keep_every_sampling_feature(void **s) {
+    (void)s;
+    g_all_greedy = 1;
+    for (int mode = 0; mode < 4; mode++) {
+        int mb = mode % 2 ? NREQ : 1, drafter = 1 + mode / 2;
+        static run plain, spec;
+        run_all(0, mb, 0, &plain);
+        run_all(0, mb, drafter, &spec);
+        assert_true(spec.st.spec_drafts > 0);
+        assert_true(spec.st.spec_accepted_tokens > 0);
+        double worst = 0;
+        int greedy_tokens = 0;
+        for (int i = 0; i < NREQ; i++) {
+            engine_sampling sp;
+            sampling_of(i, &sp);
+            if (sp.ignore_eos) assert_int_equal(spec.n[i], MAXTOK);
+            else assert_true(spec.n[i] > sp.min_tokens);
+            assert_int_equal(spec.n[i], plain.n[i]);
+            assert_int_equal(spec.finish[i], plain.finish[i]);
+            assert_memory_equal(spec.out[i], plain.out[i], sizeof(int32_t) * (size_t)plain.n[i]);
+            greedy_tokens += plain.n[i];
+            for (int t = 0; t < plain.n[i]; t++) {
+                double d = fabs((double)spec.lp[i][t] - plain.lp[i][t]);
+                worst = d > worst ? d : worst;
+                assert_int_equal(spec.n_top[i][t], plain.n_top[i][t]);
+                for (int q = 0; q < plain.n_top[i][t]; q++) {
+                    assert_int_equal(spec.top_ids[i][t][q], plain.top_ids[i][t][q]);
+                    d = fabs((double)spec.top_lp[i][t][q] - plain.top_lp[i][t][q]);
+                    worst = d > worst ? d : worst;
+                }
+            }
+        }
+        assert_true(worst <= 1e-4);
+        printf("  max_batch %d, %s: %llu verify rows, %llu of %llu drafts accepted; the greedy requests' "
+               "%d tokens equal to no speculation, logprobs within %.1e\n", mb,
+               drafter == 1 ? "prompt lookup" : "the model as its own draft",
+               (unsigned long long)spec.st.spec_drafts, (unsigned long long)spec.st.spec_accepted_tokens,
+               (unsigned long long)spec.st.spec_draft_tokens, greedy_tokens, worst);
+    }
+    g_all_greedy = 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_runner_sampling_equals_host_sampling),
+        cmocka_unit_test(test_speculative_rows_keep_every_sampling_feature),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

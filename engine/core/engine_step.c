@@ -79,6 +79,34 @@ static void mask_task(void *ctx, int i) {
     j->e->mask_res[i] = grammar_mask(j->e, p->r, j->e->row_masks + (size_t)p->logits_off * j->mw);
 }
 
+/* runner_batch.prepare_sp of a forward that samples constrained rows on the device: their
+ * masks (e->mask_rows, e->mask_res), in parallel, while the runner's pass runs. A row where
+ * only eos fits lets it through min_tokens (as apply_grammar does on the host); a row where
+ * nothing fits samples unmasked and is ended with an error after the step (mask_result). */
+static int prepare_masks(void *ctx) {
+    engine *e = ctx;
+    int nm = 0;
+    for (int i = 0; i < e->step_rows; i++)
+        if (e->plan[i].target_logits && e->plan[i].r->m) e->mask_rows[nm++] = i;
+    mask_job mj = {e, vocab_mask_words(e->vocab)};
+    if (e->mask_pool) tp_run(e->mask_pool, mask_task, &mj, nm);
+    else for (int i = 0; i < nm; i++) mask_task(&mj, i);
+    for (int j = 0; j < nm; j++) {
+        runner_sampling *sp = &e->dec_sp[e->plan[e->mask_rows[j]].logits_off];
+        if (e->mask_res[j] == 0) sp->n_suppress = 0;
+        if (e->mask_res[j] < 0) sp->mask = NULL;
+    }
+    e->masks_done = nm;
+    return 0;
+}
+
+/* The mask result of plan row i in this step's prepare_masks (-1: nothing fits). */
+static int mask_result(const engine *e, int i) {
+    for (int j = 0; j < e->masks_done; j++)
+        if (e->mask_rows[j] == i) return e->mask_res[j];
+    return -1;   /* not computed: treated as no fit (the runner did not call back) */
+}
+
 static engine_event *new_event(engine *e, engine_output *out, req *r) {
     int b = e->ev_cur;
     if (out->n_events == e->cap_events[b]) {
@@ -667,27 +695,24 @@ int engine_step(engine *e, engine_output *out) {
     runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
                        .n_tokens = nt, .logits = e->logits};
     int on_device = forward_sampling_ok(e, n);   /* then no rows speculate */
-    /* constrained rows send their masks along, computed in parallel; one whose grammar has
-     * no token left sends the step the host way, which reports it */
-    const size_t mw = vocab_mask_words(V);
+    /* constrained rows send their masks along, computed in parallel while the runner's pass
+     * runs (prepare_masks, called back by the runner) */
     int nm = 0;
     for (int i = 0; on_device && i < n; i++)
         if (e->plan[i].target_logits && e->plan[i].r->m) e->mask_rows[nm++] = i;
-    if (nm) {
-        mask_job mj = {e, mw};
-        if (e->mask_pool) tp_run(e->mask_pool, mask_task, &mj, nm);
-        else for (int i = 0; i < nm; i++) mask_task(&mj, i);
-        for (int i = 0; i < nm; i++) on_device &= e->mask_res[i] >= 0;
-    }
     if (on_device) {
         for (int i = 0; i < n; i++) {
             const row_plan *p = &e->plan[i];
             if (!p->target_logits) continue;
             e->dec_sp[p->logits_off] = device_sampling(p->r);
-            if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * mw;
+            if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * vocab_mask_words(V);
         }
-        for (int j = 0; j < nm; j++)   /* only eos fits its grammar: min_tokens yields (apply_grammar) */
-            if (e->mask_res[j] == 0) e->dec_sp[e->plan[e->mask_rows[j]].logits_off].n_suppress = 0;
+        e->step_rows = n;
+        e->masks_done = 0;
+        if (nm) {
+            tb.prepare_sp = prepare_masks;
+            tb.prepare_ctx = e;
+        }
         tb.sp = e->dec_sp;
         tb.out_tokens = e->dec_out;
         tb.out_logprobs = e->dec_lp;
@@ -713,6 +738,10 @@ int engine_step(engine *e, engine_output *out) {
             if (p->target_logits && r->max_new <= 0) {   /* max_tokens 0: the prompt only */
                 ev = new_event(e, out, r);
                 f = ENGINE_FINISH_LENGTH;
+            } else if (p->target_logits && on_device && r->m && mask_result(e, i) < 0) {
+                ev = new_event(e, out, r);   /* its draw was unconstrained: dropped */
+                fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
+                f = ENGINE_FINISH_ERROR;
             } else if (p->target_logits && on_device) {
                 ev = new_event(e, out, r);
                 f = emit_sampled(e, r, ev, p->logits_off);

@@ -188,6 +188,13 @@ typedef struct {
                               * sampled token, per logits row */
     int32_t *out_top_ids;    /* with sp, [logits rows, RUNNER_MAX_TOP]: sp[i].n_top top */
     float *out_top_logprobs; /* logprobs of row i (may be NULL when no row wants any) */
+    /* Optional, with sp: called once per forward after the pass is under way and before the
+     * runner reads sp (CUDA: enqueued, so the host work overlaps the device's; CPU: after the
+     * pass). The caller may fill or change sp then, masks included: the runner reads none of
+     * it before. A nonzero return fails the forward with that code. The engine computes its
+     * grammar masks here. */
+    int (*prepare_sp)(void *ctx);
+    void *prepare_ctx;
 } runner_batch;
 
 typedef struct runner runner;

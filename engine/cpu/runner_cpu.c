@@ -635,6 +635,7 @@ static int cpu_forward(runner *base, const runner_batch *b) {
         matmul(r, b->logits, r->xn, m->lm_head, NULL, n_out, D, c->vocab);
         /* Sampled here exactly as the engine samples on the host (the reference for what
          * the CUDA runner does on the device); the logits buffer is the scratch. */
+        if (b->sp && b->prepare_sp && (rc = b->prepare_sp(b->prepare_ctx))) return rc;
         for (int i = 0; b->sp && i < n_out; i++) {
             float *lg = b->logits + (size_t)i * c->vocab;
             int n_top = b->out_top_ids && b->out_top_logprobs ? b->sp[i].n_top : 0;

@@ -147,6 +147,11 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         int masked = 0;
         const size_t mw = ((size_t)vocab + 31) / 32;
         if (b->sp) {   /* sample on the device: only token ids (and wanted top logprobs) come back */
+            /* the caller's work on sp (grammar masks) runs while the device runs the pass */
+            if (b->prepare_sp && (rc = b->prepare_sp(b->prepare_ctx))) {
+                cudaStreamSynchronize(s);   /* the pass may still write; nothing is read back */
+                return rc;
+            }
             if ((rc = cuda_sample_prepare(r, b->sp, n_out, par, &want_top))) return rc;
             want_top = want_top && b->out_top_ids && b->out_top_logprobs;
             for (int o = 0; o < n_out; o++) masked |= b->sp[o].mask != NULL;

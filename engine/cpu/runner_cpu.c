@@ -101,6 +101,7 @@ typedef struct {
     float *fs_raw;          /* (vocab) its raw logits, for the chosen token's logprob */
     runner_row *dec_rows;   /* (max_batch) decode op, allocated on its first call */
     float *dec_logits;      /* (max_batch, vocab) its logits (scratch) */
+    runner_ops ops;         /* base.ops points here: cpu_ops, plus verify with cfg.cpu_verify */
 } cpu_runner;
 
 /* ---- math kernels ------------------------------------------------------------------ */
@@ -909,19 +910,6 @@ static const runner_ops cpu_ops = {
     .destroy = cpu_destroy,
 };
 
-/* The same with the verify op (runner_config.cpu_verify). */
-static const runner_ops cpu_ops_verify = {
-    .name = "cpu",
-    .forward = cpu_forward,
-    .slot_write_blocks = cpu_slot_write_blocks,
-    .slot_set_len = cpu_slot_set_len,
-    .slot_get_len = cpu_slot_get_len,
-    .copy_block = cpu_copy_block,
-    .decode = cpu_decode,
-    .verify = cpu_verify,
-    .destroy = cpu_destroy,
-};
-
 size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size) {
     size_t n = 2 * (size_t)target->cfg.n_layers * layer_block_floats(&target->cfg, block_size);
     if (draft) n += 2 * (size_t)draft->cfg.n_layers * layer_block_floats(&draft->cfg, block_size);
@@ -956,7 +944,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
         return NULL;
     }
-    r->base.ops = &cpu_ops;
+    r->ops = cpu_ops;
+    r->base.ops = &r->ops;
     r->base.cfg = *cfg;
     r->base.target = target;
     r->base.draft = draft;
@@ -1078,7 +1067,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         r->sp_tlogits = malloc(B * (K + 1) * V * sizeof(float));
         r->sp_scratch = malloc(V * sizeof(int));
         if (!r->sp_rows || !r->sp_tlogits || !r->sp_scratch) goto oom;
-        r->base.ops = &cpu_ops_verify;
+        r->ops.verify = cpu_verify;
         r->base.verify_max_k = (int)K;
         r->base.verify_max_rows = (int)B;
     }

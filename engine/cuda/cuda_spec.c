@@ -67,6 +67,22 @@ static int splits_for(const cuda_runner *r, int which, int n_items, int n_tok) {
     return n < 1 ? 1 : (int)n;
 }
 
+/* The fixed layout of a pass of MB rows feeding K1 tokens each, qt query tokens per
+ * attention item: token j of row i at i * K1, row offsets, lengths, and the items. */
+static void fill_rows_layout(int MB, int K1, int qt, int32_t *tok_j, int32_t *row_off, int32_t *n_new,
+                             int32_t *item_row, int32_t *item_q0) {
+    const int ipr = (K1 + qt - 1) / qt;
+    for (int i = 0; i < MB; i++) {
+        for (int j = 0; j < K1; j++) tok_j[i * K1 + j] = j;
+        row_off[i] = i * K1;
+        n_new[i] = K1;
+        for (int c = 0; c < ipr; c++) {
+            item_row[i * ipr + c] = i;
+            item_q0[i * ipr + c] = c * qt;
+        }
+    }
+}
+
 static void cuda_verify_free(cuda_runner *r);
 
 int cuda_spec_alloc(cuda_runner *r, int k) {
@@ -75,26 +91,9 @@ int cuda_spec_alloc(cuda_runner *r, int k) {
     int32_t *h = calloc(l.n, sizeof(int32_t));
     if (!h) return SPECD_ENOMEM;
     sp_layout hl = layout(h, MB, k);
-    int qt2 = attn_qt(&r->m[1], 2), qtv = attn_qt(&r->m[0], K1);
-    int ipr2 = (2 + qt2 - 1) / qt2, iprv = (K1 + qtv - 1) / qtv;
-    for (int i = 0; i < MB; i++) {
-        hl.tok_j2[2 * i] = 0;
-        hl.tok_j2[2 * i + 1] = 1;
-        hl.row_off2[i] = 2 * i;
-        hl.twos[i] = 2;
-        hl.lrows2[i] = 2 * i + 1;
-        for (int c = 0; c < ipr2; c++) {
-            hl.item2_row[i * ipr2 + c] = i;
-            hl.item2_q0[i * ipr2 + c] = c * qt2;
-        }
-        for (int j = 0; j < K1; j++) hl.tok_jv[i * K1 + j] = j;
-        hl.row_offv[i] = i * K1;
-        hl.kp1[i] = K1;
-        for (int c = 0; c < iprv; c++) {
-            hl.itemv_row[i * iprv + c] = i;
-            hl.itemv_q0[i * iprv + c] = c * qtv;
-        }
-    }
+    fill_rows_layout(MB, 2, attn_qt(&r->m[1], 2), hl.tok_j2, hl.row_off2, hl.twos, hl.item2_row, hl.item2_q0);
+    for (int i = 0; i < MB; i++) hl.lrows2[i] = 2 * i + 1;
+    fill_rows_layout(MB, K1, attn_qt(&r->m[0], K1), hl.tok_jv, hl.row_offv, hl.kp1, hl.itemv_row, hl.itemv_q0);
     size_t tl = (size_t)MB * K1 * V * sizeof(float), q = (size_t)k * MB * V * sizeof(float);
     CU_CHECK(r, cudaMalloc((void **)&r->d_sp_i32, l.n * sizeof(int32_t)));
     CU_CHECK(r, cudaMemcpy(r->d_sp_i32, h, l.n * sizeof(int32_t), cudaMemcpyHostToDevice));
@@ -342,16 +341,7 @@ int cuda_verify_alloc(cuda_runner *r, int kmax) {
     if (!h) return SPECD_ENOMEM;
     for (int k = 1; k <= kmax; k++) {
         vf_layout l = vf_lay(h, MB, k, NULL);
-        int K1 = k + 1, qt = attn_qt(&r->m[0], K1), ipr = (K1 + qt - 1) / qt;
-        for (int i = 0; i < MB; i++) {
-            for (int j = 0; j < K1; j++) l.tok_j[i * K1 + j] = j;
-            l.row_off[i] = i * K1;
-            l.kp1[i] = K1;
-            for (int c = 0; c < ipr; c++) {
-                l.item_row[i * ipr + c] = i;
-                l.item_q0[i * ipr + c] = c * qt;
-            }
-        }
+        fill_rows_layout(MB, k + 1, attn_qt(&r->m[0], k + 1), l.tok_j, l.row_off, l.kp1, l.item_row, l.item_q0);
     }
     size_t tl = (size_t)MB * (kmax + 1) * V * sizeof(float);
     CU_CHECK(r, cudaMalloc((void **)&r->d_vf_i32, n * sizeof(int32_t)));

@@ -228,6 +228,7 @@ static int alloc_buffers(engine *e) {
     int B = e->cfg.max_batch, K = e->k, V = e->vocab;
     e->max_step_tokens = e->cfg.max_tokens_per_step + B * (K + 1);
     e->plan = calloc((size_t)B, sizeof *e->plan);
+    e->res = calloc((size_t)B, sizeof *e->res);
     e->rows = calloc((size_t)B, sizeof *e->rows);
     e->tokens = calloc((size_t)e->max_step_tokens, sizeof *e->tokens);
     e->logits = malloc((size_t)B * (K + 1) * V * sizeof(float));
@@ -267,7 +268,7 @@ static int alloc_buffers(engine *e) {
     e->reqs = malloc((size_t)e->cap_reqs * sizeof *e->reqs);
     if (!e->cand_row || !e->cand_avail || !e->cand_k || !e->cand_alpha || !e->cands) return SPECD_ENOMEM;
     if (!e->dec_top_ids || !e->dec_top_lp) return SPECD_ENOMEM;
-    if (!e->plan || !e->rows || !e->tokens || !e->logits || (model && (!e->dlogits || !e->dprobs)) ||
+    if (!e->plan || !e->res || !e->rows || !e->tokens || !e->logits || (model && (!e->dlogits || !e->dprobs)) ||
         !e->pprobs || !e->work || !e->scratch || !e->hist || !e->events[0] || !e->events[1] || !e->reqs)
         return SPECD_ENOMEM;
     return 0;
@@ -510,6 +511,7 @@ void engine_destroy(engine *e) {
     model_free(e->draft);
     model_free(e->target);
     free(e->plan);
+    free(e->res);
     free(e->rows);
     free(e->tokens);
     free(e->logits);

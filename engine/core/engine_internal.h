@@ -61,6 +61,21 @@ typedef struct {
     int32_t drafts[ENGINE_MAX_STEP_TOKENS];
 } row_plan;
 
+/* What one step did for a row (engine_step's run phase, whatever path ran it), applied by
+ * its one commit loop (commit_and_emit). */
+typedef struct {
+    int event;                   /* the row reports this step (it sampled, or it ended) */
+    int fed;                     /* positions computed: n_computed advances by this */
+    int n;                       /* tokens to emit */
+    int32_t tok[ENGINE_MAX_STEP_TOKENS];
+    const float *raw;            /* host logits of token j at raw + j * vocab, or NULL */
+    int dev;                     /* >= 0: tok[0] was sampled by the runner; its logprob and top
+                                  * logprobs at this index of dec_lp / dec_top_* */
+    int drafted, accepted;       /* a verified row: drafts checked, drafts accepted */
+    int kv_cap;                  /* KV committed at most up to here (what a draft model holds) */
+    engine_finish forced;        /* an end the path decided (no token fits, max_tokens 0) */
+} row_result;
+
 struct engine {
     engine_config cfg;
     model *target;
@@ -106,6 +121,7 @@ struct engine {
 
     /* step buffers, sized at creation: no allocation per token */
     row_plan *plan;
+    row_result *res;             /* (max_batch) */
     runner_row *rows;
     int32_t *tokens;
     float *logits;               /* target: (max_batch*(k+1), vocab) */

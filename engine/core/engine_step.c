@@ -1,5 +1,5 @@
-/* One engine step = schedule -> run -> postprocess (see engine.h; creation and requests
- * are in engine.c).
+/* One engine step = schedule -> run -> commit and emit (see engine.h; creation and
+ * requests are in engine.c).
  *
  * Phases of engine_step:
  *   1. the scheduler picks rows and how many tokens each feeds;
@@ -8,11 +8,14 @@
  *      the speculation policy (engine_spec.c) picks each decoding row's drafts: prompt
  *      lookup proposes them from the row's own tokens, and the cost model keeps only drafts
  *      expected to pay for their verify tokens;
- *   3. with a draft model: the draft catches up on every row (prefill chunks, tokens it
- *      has not seen) and proposes k tokens for each decoding row, one pass per token;
- *   4. one target pass over every row (prefill chunks and k+1 verify tokens);
- *   5. sampling / acceptance, length rollback, prefix-cache commit, finish checks,
- *      events. */
+ *   3. run: the one runner path that fits every row -- the verify op (prompt-lookup
+ *      drafts), the decode op (every row decodes and samples in the runner), the
+ *      speculative step (a draft model), or a composed step (the draft's passes, one
+ *      target pass over prefill chunks, decode rows and drafts, sampling in the runner
+ *      where every row can, else on the host); each fills the rows' results (row_result);
+ *   4. commit and emit, the same for every path: speculation counters, computed
+ *      positions, tokens and their logprobs, prefix-cache commit, finish checks, events. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,13 +288,14 @@ static void count_verify(engine *e, req *r, int k, int accepted) {
     for (int j = 0; j < accepted; j++) e->st.spec_accepted_per_pos[j]++;
 }
 
-/* Phase 5 for a speculating row: acceptance, rollback, events. */
-static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
+/* A speculating row of a composed step: acceptance over the target's logits on the host,
+ * then the rollback of both models' lengths; its tokens go to o (emitted by
+ * commit_and_emit with their raw logits). */
+static void accept_row(engine *e, row_plan *p, row_result *o) {
     req *r = p->r;
     sched_seq *s = &r->seq;
     int k = p->spec, V = e->vocab;
     float *L = e->logits + (size_t)p->logits_off * V;   /* (k+1, V) raw target logits */
-    int32_t out[ENGINE_MAX_STEP_TOKENS];
     int m;
     /* processed target distributions at each position, history including earlier drafts */
     int nh = s->n_tokens;
@@ -305,31 +309,30 @@ static engine_finish accept_row(engine *e, row_plan *p, engine_event *ev) {
         if (r->sp.temperature > 0) sample_probs(pj, V, &r->spp, e->scratch);
     }
     if (r->sp.temperature <= 0) {
-        m = spec_accept_greedy(e->pprobs, V, p->drafts, k, out);
+        m = spec_accept_greedy(e->pprobs, V, p->drafts, k, o->tok);
     } else {
         double ua[ENGINE_MAX_STEP_TOKENS];
         for (int j = 0; j < k; j++) ua[j] = sample_uniform(r->seed ^ SPEC_SALT_ACCEPT, (uint64_t)r->n_out + j);
         int i = (int)(p - e->plan);
         double ur = sample_uniform(r->seed, 2 * (uint64_t)r->n_out);
         if (e->drafter == ENGINE_DRAFTER_NGRAM)   /* a deterministic proposal: a point mass */
-            m = spec_accept_point(e->pprobs, V, p->drafts, k, ua, ur, out);
+            m = spec_accept_point(e->pprobs, V, p->drafts, k, ua, ur, o->tok);
         else
-            m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua, ur, e->work, 0, out);
+            m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua, ur, e->work, 0, o->tok);
     }
-    int acc = m - 1;
-    count_verify(e, r, k, acc);
     /* KV now holds the fed token and the accepted drafts; the emitted last token is not in
      * it yet. The draft saw the fed tokens and drafts 1..k-1. */
-    int new_len = s->n_computed + 1 + acc;
+    int new_len = s->n_computed + m;
     e->run->ops->slot_set_len(e->run, s->slot, RUNNER_TARGET, new_len);
     if (e->drafter == ENGINE_DRAFTER_MODEL) {
         int dlen = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
         e->run->ops->slot_set_len(e->run, s->slot, RUNNER_DRAFT, dlen < new_len ? dlen : new_len);
     }
-    s->n_computed = new_len;
-    engine_finish f = ENGINE_RUNNING;
-    for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out[j], L + (size_t)j * V, NULL);
-    return f;
+    o->event = 1;
+    o->fed = o->n = m;
+    o->raw = L;
+    o->drafted = k;
+    o->accepted = m - 1;
 }
 
 /* The one list of sampling features each path lacks: a request that uses one is sampled
@@ -405,7 +408,7 @@ static int forward_sampling_ok(const engine *e, int n) {
     return 1;
 }
 
-static int device_decode(engine *e, int n, engine_output *out) {
+static int device_decode(engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const req *r = e->plan[i].r;
         e->dec_slots[i] = r->seq.slot;
@@ -416,19 +419,13 @@ static int device_decode(engine *e, int n, engine_output *out) {
                               .out_tokens = e->dec_out, .out_logprobs = e->dec_lp, .out_top_ids = e->dec_top_ids,
                               .out_top_logprobs = e->dec_top_lp};
     int rc = e->run->ops->decode(e->run, &db);
-    if (rc) return rc;
-    for (int i = 0; i < n; i++) {
-        req *r = e->plan[i].r;
-        sched_seq *s = &r->seq;
-        s->n_computed += 1;
-        engine_event *ev = new_event(e, out, r);
-        engine_finish f = emit_sampled(e, r, ev, i);
-        commit_kv(e, s, s->n_computed);
-        ev->finish = f;
-        fill_counts(ev, r);
-        if (f != ENGINE_RUNNING) engine_req_drop(e, r);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        row_result *o = &e->res[i];
+        o->event = o->fed = o->n = 1;
+        o->tok[0] = e->dec_out[i];
+        o->dev = i;
     }
-    return 0;
+    return rc;
 }
 
 /* Whether the whole step can be one runner speculative step (one graph on CUDA): every
@@ -443,7 +440,7 @@ static int runner_spec_ok(const engine *e, int n) {
     return 1;
 }
 
-static int runner_spec(engine *e, int n, engine_output *out) {
+static int runner_spec(engine *e, int n) {
     int k = e->k;
     for (int i = 0; i < n; i++) {
         const req *r = e->plan[i].r;
@@ -453,29 +450,20 @@ static int runner_spec(engine *e, int n, engine_output *out) {
         e->tokens[2 * i + 1] = s->tokens[s->n_tokens - 1];
         e->dec_sp[i] = device_sampling(r);
     }
-    int32_t *out_tok = e->spec_out;
-    int *out_n = e->spec_n;
     runner_spec_batch sb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
-                            .out_tokens = out_tok, .out_n = out_n};
+                            .out_tokens = e->spec_out, .out_n = e->spec_n};
     int rc = e->run->ops->spec_step(e->run, &sb);
-    if (rc) return rc;
-    for (int i = 0; i < n; i++) {
-        req *r = e->plan[i].r;
-        sched_seq *s = &r->seq;
-        int m = out_n[i], L = s->n_computed;
-        count_verify(e, r, k, m - 1);
-        s->n_computed = L + m;
-        engine_event *ev = new_event(e, out, r);
-        engine_finish f = ENGINE_RUNNING;
-        for (int j = 0; j < m && f == ENGINE_RUNNING; j++)
-            f = emit_token(e, r, ev, out_tok[i * (k + 1) + j], NULL, NULL);
-        int dlen = L + k < L + m ? L + k : L + m;
-        commit_kv(e, s, dlen < s->n_computed ? dlen : s->n_computed);
-        ev->finish = f;
-        fill_counts(ev, r);
-        if (f != ENGINE_RUNNING) engine_req_drop(e, r);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        row_result *o = &e->res[i];
+        int m = e->spec_n[i];
+        o->event = 1;
+        o->fed = o->n = m;
+        memcpy(o->tok, e->spec_out + (size_t)i * (k + 1), (size_t)m * sizeof(int32_t));
+        o->drafted = k;
+        o->accepted = m - 1;
+        o->kv_cap = e->plan[i].r->seq.n_computed + (k < m ? k : m);   /* what the draft holds */
     }
-    return 0;
+    return rc;
 }
 
 /* Whether the step may be one runner verify of prompt-lookup drafts (one graph on CUDA):
@@ -497,7 +485,7 @@ static int runner_verify_possible(const engine *e, int n) {
 
 /* The step as one runner verify: row i feeds its last token and its drafts, padded to the
  * step's deepest draft; the runner accepts and advances the lengths. */
-static int runner_verify(engine *e, int n, engine_output *out) {
+static int runner_verify(engine *e, int n) {
     int k = 0;
     for (int i = 0; i < n; i++)
         if (e->plan[i].spec > k) k = e->plan[i].spec;
@@ -512,27 +500,19 @@ static int runner_verify(engine *e, int n, engine_output *out) {
         e->spec_nd[i] = p->spec;
         e->dec_sp[i] = device_sampling(p->r);
     }
-    int32_t *out_tok = e->spec_out;
     runner_verify_batch vb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .n_drafts = e->spec_nd,
-                              .sp = e->dec_sp, .out_tokens = out_tok, .out_n = e->spec_n};
+                              .sp = e->dec_sp, .out_tokens = e->spec_out, .out_n = e->spec_n};
     int rc = e->run->ops->verify(e->run, &vb);
-    if (rc) return rc;
-    for (int i = 0; i < n; i++) {
-        const row_plan *p = &e->plan[i];
-        req *r = p->r;
-        sched_seq *s = &r->seq;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        row_result *o = &e->res[i];
         int m = e->spec_n[i];
-        if (p->spec) count_verify(e, r, p->spec, m - 1);
-        s->n_computed += m;
-        engine_event *ev = new_event(e, out, r);
-        engine_finish f = ENGINE_RUNNING;
-        for (int j = 0; j < m && f == ENGINE_RUNNING; j++) f = emit_token(e, r, ev, out_tok[i * K1 + j], NULL, NULL);
-        commit_kv(e, s, s->n_computed);
-        ev->finish = f;
-        fill_counts(ev, r);
-        if (f != ENGINE_RUNNING) engine_req_drop(e, r);
+        o->event = 1;
+        o->fed = o->n = m;
+        memcpy(o->tok, e->spec_out + (size_t)i * K1, (size_t)m * sizeof(int32_t));
+        o->drafted = e->plan[i].spec;
+        o->accepted = o->drafted ? m - 1 : 0;
     }
-    return 0;
+    return rc;
 }
 
 static void fail_all(engine *e, engine_output *out) {
@@ -594,75 +574,14 @@ static void deliver_prompt_logprobs(engine *e, req *r, engine_event *ev) {
     r->seq.all_logits = 0;   /* a recompute after preemption may use the prefix cache */
 }
 
-static double step_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-int engine_step(engine *e, engine_output *out) {
-    out->n_events = 0;
-    e->ev_cur ^= 1;
-    out->events = e->events[e->ev_cur];
-    for (int i = 0; i < e->n_pl_keep[e->ev_cur]; i++) free(e->pl_keep[e->ev_cur][i]);
-    e->n_pl_keep[e->ev_cur] = 0;
-    out->n_scheduled_tokens = 0;
-    if (e->failed) return SPECD_ESTATE;
-    sched_batch sb;
-    int rc = sched_schedule(e->sched, &sb);
-    if (rc) goto fail;
-    e->st.preemptions += (uint64_t)sb.n_preempted;
-    /* Sequences that can never fit (already out of the queues, KV and slot freed). */
-    for (int i = 0; i < sb.n_rejected; i++) {
-        req *r = sb.rejected[i]->user;
-        engine_event *ev = new_event(e, out, r);
-        ev->finish = ENGINE_FINISH_ERROR;
-        fill_counts(ev, r);
-        fprintf(stderr, "specd: request %llu rejected by the scheduler: %s\n",
-                (unsigned long long)r->id, specd_strerror(sb.rejected[i]->reject_code));
-        engine_req_drop(e, r);
-    }
-    int n = sb.n, V = e->vocab;
-
-    /* Phases 1-2: plan rows, sync slots. */
-    for (int i = 0; i < n; i++) {
-        req *r = sb.seqs[i]->user;
-        row_plan *p = &e->plan[i];
-        memset(p, 0, sizeof *p);
-        p->r = r;
-        p->n_new = sb.n_new[i];
-        if ((rc = sync_slot(e, r))) goto fail;
-        sched_seq *s = &r->seq;
-        p->spec = e->k > 0 && p->n_new == 1 && s->n_tokens - s->n_computed == 1 &&
-                  s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
-                  s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k &&
-                  !r->m;   /* constrained rows do not speculate (docs/structured-outputs.md) */
-        out->n_scheduled_tokens += p->n_new;
-    }
-    e->step_verify = runner_verify_possible(e, n);
-    engine_spec_plan(e, n);
-    if (e->step_verify && e->step_spec) {
-        const double t0 = e->cost.n_b ? step_now() : 0;
-        if ((rc = runner_verify(e, n, out))) goto fail;
-        e->st.steps_runner_verify++;
-        if (t0 > 0) spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra, step_now() - t0);
-        return 0;
-    }
-    if (device_decode_ok(e, n)) {
-        if ((rc = device_decode(e, n, out))) goto fail;
-        e->st.steps_device_decode++;
-        return 0;
-    }
-    if (runner_spec_ok(e, n)) {
-        if ((rc = runner_spec(e, n, out))) goto fail;
-        e->st.steps_runner_spec++;
-        return 0;
-    }
-    if (n) e->st.steps_composed++;
-    /* a speculating prompt-lookup step is timed: the cost model learns what it costs */
-    const double t_spec = e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b ? step_now() : 0;
+/* A composed step: the draft's passes (a draft model), then one target pass over every row
+ * (prefill chunks, decode rows, speculating rows' drafts) that samples in the runner where
+ * every row can, else returns logits and the rows sample or accept on the host. */
+static int composed_step(engine *e, int n) {
+    const int V = e->vocab;
     /* Phase 3: draft. */
-    if (e->drafter == ENGINE_DRAFTER_MODEL && n > 0 && (rc = draft_phase(e, n))) goto fail;
+    int rc;
+    if (e->drafter == ENGINE_DRAFTER_MODEL && n > 0 && (rc = draft_phase(e, n))) return rc;
 
     /* Phase 4: one target pass. */
     int nt = 0, no = 0;
@@ -720,47 +639,63 @@ int engine_step(engine *e, engine_output *out) {
         tb.out_top_logprobs = e->dec_top_lp;
         e->st.steps_forward_sampled++;
     }
-    if (n && (rc = runner_forward(e->run, &tb))) goto fail;
+    if (n && (rc = runner_forward(e->run, &tb))) return rc;
 
-    /* Phase 5: sample / accept, commit, finish. */
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
         req *r = p->r;
         sched_seq *s = &r->seq;
-        engine_finish f = ENGINE_RUNNING;
-        engine_event *ev = NULL;
+        row_result *o = &e->res[i];
         if (p->spec) {
-            ev = new_event(e, out, r);
-            f = accept_row(e, p, ev);
+            accept_row(e, p, o);
         } else {
             if (p->pl_rows) record_prompt_logprobs(e, r, p);
-            s->n_computed += p->n_new;
+            o->fed = p->n_new;
+            o->event = p->target_logits != 0;
             if (p->target_logits && r->max_new <= 0) {   /* max_tokens 0: the prompt only */
-                ev = new_event(e, out, r);
-                f = ENGINE_FINISH_LENGTH;
+                o->forced = ENGINE_FINISH_LENGTH;
             } else if (p->target_logits && on_device && r->m && mask_result(e, i) < 0) {
-                ev = new_event(e, out, r);   /* its draw was unconstrained: dropped */
                 fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
-                f = ENGINE_FINISH_ERROR;
+                o->forced = ENGINE_FINISH_ERROR;   /* its unconstrained draw is dropped */
             } else if (p->target_logits && on_device) {
-                ev = new_event(e, out, r);
-                f = emit_sampled(e, r, ev, p->logits_off);
+                o->n = 1;
+                o->tok[0] = e->dec_out[p->logits_off];
+                o->dev = p->logits_off;
             } else if (p->target_logits) {
                 float *lg = e->logits + (size_t)p->logits_off * V;
                 memcpy(e->work, lg, (size_t)V * sizeof(float));
                 int32_t t = sample_row(e, r, e->work, s->tokens, s->n_tokens);
-                ev = new_event(e, out, r);
                 if (t < 0) {
                     fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
-                    f = ENGINE_FINISH_ERROR;
+                    o->forced = ENGINE_FINISH_ERROR;
                 } else {
-                    f = emit_token(e, r, ev, t, lg, NULL);
+                    o->n = 1;
+                    o->tok[0] = t;
+                    o->raw = lg;
                 }
             }
         }
-        int dlen = e->drafter == ENGINE_DRAFTER_MODEL ? e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT)
-                                                      : s->n_computed;
-        commit_kv(e, s, dlen < s->n_computed ? dlen : s->n_computed);
+        if (e->drafter == ENGINE_DRAFTER_MODEL) o->kv_cap = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
+    }
+    return 0;
+}
+
+/* What every path did, applied the one way: speculation counters, the computed positions,
+ * the tokens (logprobs from raw logits, or as the runner sampled them), the KV prefix
+ * committed (no further than the draft holds), the event, and the end of a request. */
+static void commit_and_emit(engine *e, int n, engine_output *out) {
+    for (int i = 0; i < n; i++) {
+        req *r = e->plan[i].r;
+        sched_seq *s = &r->seq;
+        const row_result *o = &e->res[i];
+        if (o->drafted) count_verify(e, r, o->drafted, o->accepted);
+        s->n_computed += o->fed;
+        engine_event *ev = o->event ? new_event(e, out, r) : NULL;
+        engine_finish f = o->forced;
+        for (int j = 0; j < o->n && f == ENGINE_RUNNING; j++)
+            f = o->dev >= 0 ? emit_sampled(e, r, ev, o->dev)
+                            : emit_token(e, r, ev, o->tok[j], o->raw ? o->raw + (size_t)j * e->vocab : NULL, NULL);
+        commit_kv(e, s, o->kv_cap < s->n_computed ? o->kv_cap : s->n_computed);
         if (ev) {
             ev->finish = f;
             fill_counts(ev, r);
@@ -771,6 +706,75 @@ int engine_step(engine *e, engine_output *out) {
             engine_req_drop(e, r);
         }
     }
+}
+
+static double step_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int engine_step(engine *e, engine_output *out) {
+    out->n_events = 0;
+    e->ev_cur ^= 1;
+    out->events = e->events[e->ev_cur];
+    for (int i = 0; i < e->n_pl_keep[e->ev_cur]; i++) free(e->pl_keep[e->ev_cur][i]);
+    e->n_pl_keep[e->ev_cur] = 0;
+    out->n_scheduled_tokens = 0;
+    if (e->failed) return SPECD_ESTATE;
+    sched_batch sb;
+    int rc = sched_schedule(e->sched, &sb);
+    if (rc) goto fail;
+    e->st.preemptions += (uint64_t)sb.n_preempted;
+    /* Sequences that can never fit (already out of the queues, KV and slot freed). */
+    for (int i = 0; i < sb.n_rejected; i++) {
+        req *r = sb.rejected[i]->user;
+        engine_event *ev = new_event(e, out, r);
+        ev->finish = ENGINE_FINISH_ERROR;
+        fill_counts(ev, r);
+        fprintf(stderr, "specd: request %llu rejected by the scheduler: %s\n",
+                (unsigned long long)r->id, specd_strerror(sb.rejected[i]->reject_code));
+        engine_req_drop(e, r);
+    }
+    int n = sb.n;
+
+    /* Phases 1-2: plan rows, sync slots. */
+    for (int i = 0; i < n; i++) {
+        req *r = sb.seqs[i]->user;
+        row_plan *p = &e->plan[i];
+        memset(p, 0, sizeof *p);
+        p->r = r;
+        p->n_new = sb.n_new[i];
+        if ((rc = sync_slot(e, r))) goto fail;
+        sched_seq *s = &r->seq;
+        p->spec = e->k > 0 && p->n_new == 1 && s->n_tokens - s->n_computed == 1 &&
+                  s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
+                  s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k &&
+                  !r->m;   /* constrained rows do not speculate (docs/structured-outputs.md) */
+        out->n_scheduled_tokens += p->n_new;
+    }
+    e->step_verify = runner_verify_possible(e, n);
+    engine_spec_plan(e, n);
+    for (int i = 0; i < n; i++)
+        e->res[i] = (row_result){.dev = -1, .kv_cap = INT_MAX, .forced = ENGINE_RUNNING};
+    /* Run the step on the one path that fits every row, then commit and emit. Prompt-lookup
+     * steps that speculate are timed: the cost model learns what they cost. */
+    const double t_spec = e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b ? step_now() : 0;
+    if (e->step_verify && e->step_spec) {
+        rc = runner_verify(e, n);
+        e->st.steps_runner_verify++;
+    } else if (device_decode_ok(e, n)) {
+        rc = device_decode(e, n);
+        e->st.steps_device_decode++;
+    } else if (runner_spec_ok(e, n)) {
+        rc = runner_spec(e, n);
+        e->st.steps_runner_spec++;
+    } else {
+        rc = composed_step(e, n);
+        if (n) e->st.steps_composed++;
+    }
+    if (rc) goto fail;
+    commit_and_emit(e, n, out);
     if (t_spec > 0) spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra, step_now() - t_spec);
     return 0;
 fail:

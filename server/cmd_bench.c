@@ -34,6 +34,7 @@ typedef struct {
     int batch;
     double prefill_s, decode_s;
     long prefill_tokens, decode_tokens, decode_steps, verify, accepted;
+    double host_us_step;   /* decode phase: engine_step time outside its run phase, per step */
 } bench_row;
 
 static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_row *r) {
@@ -61,6 +62,7 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_r
     }
     int firsts = 0, rc = 0;
     double t0 = now_s(), t1 = t0;
+    engine_stats s0, s1;
     while (engine_has_work(e)) {
         engine_output o;
         if ((rc = engine_step(e, &o))) break;
@@ -82,11 +84,16 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_r
         if (firsts == B && t1 == t0) {
             t1 = now_s();   /* every sequence has its first token: prefill is over */
             r->decode_tokens = 0;
+            engine_get_stats(e, &s0);
         } else if (t1 != t0) {
             r->decode_steps++;
         }
     }
     double t2 = now_s();
+    engine_get_stats(e, &s1);
+    if (t1 != t0 && r->decode_steps)
+        r->host_us_step = 1e6 * ((s1.step_seconds - s0.step_seconds) - (s1.run_seconds - s0.run_seconds)) /
+                          (double)r->decode_steps;
     r->prefill_s = t1 - t0;
     r->decode_s = t2 - t1;
     r->prefill_tokens = (long)B * plen;
@@ -160,8 +167,9 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     if (!json)
-        printf("device %s, prompt %d, gen %d\n%6s %14s %14s %12s %8s\n", engine_device_name(e), plen, gen,
-               "batch", "prefill tok/s", "decode tok/s", "ms/step", "AL");
+        printf("device %s, prompt %d, gen %d (host us/step: engine_step's own work per decode step)\n"
+               "%6s %14s %14s %12s %8s %14s\n", engine_device_name(e), plen, gen,
+               "batch", "prefill tok/s", "decode tok/s", "ms/step", "AL", "host us/step");
     int rc = 0;
     for (int i = 0; i < nb && !rc; i++) {
         bench_row r;
@@ -174,10 +182,10 @@ int cmd_bench(int argc, char **argv) {
         double al = r.verify ? 1.0 + (double)r.accepted / r.verify : 0;
         if (json)
             printf("{\"device\":\"%s\",\"batch\":%d,\"prompt_len\":%d,\"gen\":%d,\"prefill_tok_s\":%.2f,"
-                   "\"decode_tok_s\":%.2f,\"ms_per_step\":%.3f,\"acceptance_length\":%.3f}\n",
-                   engine_device_name(e), r.batch, plen, gen, pf, dt, ms, al);
+                   "\"decode_tok_s\":%.2f,\"ms_per_step\":%.3f,\"acceptance_length\":%.3f,\"host_us_per_step\":%.1f}\n",
+                   engine_device_name(e), r.batch, plen, gen, pf, dt, ms, al, r.host_us_step);
         else
-            printf("%6d %14.1f %14.1f %12.2f %8.2f\n", r.batch, pf, dt, ms, al);
+            printf("%6d %14.1f %14.1f %12.2f %8.2f %14.1f\n", r.batch, pf, dt, ms, al, r.host_us_step);
         fflush(stdout);
     }
     engine_destroy(e);

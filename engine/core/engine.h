@@ -156,6 +156,10 @@ typedef struct {
      * composed from forward passes (mixed batches), runner on-device decode */
     uint64_t steps_runner_spec, steps_runner_verify, steps_composed, steps_device_decode;
     uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
+    /* seconds engine_step spent running its steps (the runner's op; on the composed path
+     * also the draft's picks and host sampling / acceptance) and in all of engine_step:
+     * the difference is the engine's own host work (scheduling, planning, commit, emit) */
+    double run_seconds, step_seconds;
     int num_draft_tokens;
     const char *spec_drafter;      /* "none", "draft_model" or "ngram" (static) */
     /* steps with decoding rows, those of them where a row speculated, decoding rows */

@@ -714,7 +714,16 @@ static double step_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int engine_step_timed(engine *e, engine_output *out);
+
 int engine_step(engine *e, engine_output *out) {
+    const double t0 = step_now();
+    int rc = engine_step_timed(e, out);
+    e->st.step_seconds += step_now() - t0;
+    return rc;
+}
+
+static int engine_step_timed(engine *e, engine_output *out) {
     out->n_events = 0;
     e->ev_cur ^= 1;
     out->events = e->events[e->ev_cur];
@@ -760,6 +769,7 @@ int engine_step(engine *e, engine_output *out) {
     /* Run the step on the one path that fits every row, then commit and emit. Prompt-lookup
      * steps that speculate are timed: the cost model learns what they cost. */
     const double t_spec = e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b ? step_now() : 0;
+    const double t_run = step_now();
     if (e->step_verify && e->step_spec) {
         rc = runner_verify(e, n);
         e->st.steps_runner_verify++;
@@ -773,6 +783,7 @@ int engine_step(engine *e, engine_output *out) {
         rc = composed_step(e, n);
         if (n) e->st.steps_composed++;
     }
+    e->st.run_seconds += step_now() - t_run;
     if (rc) goto fail;
     commit_and_emit(e, n, out);
     if (t_spec > 0) spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra, step_now() - t_spec);

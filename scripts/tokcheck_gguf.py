@@ -15,33 +15,10 @@ splitting every numeric character, tokenizes as specd does).
 """
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import types
 
-
-def hf_tokenizer(path):
-    from transformers import AutoTokenizer
-
-    class Any:
-        def __init__(self, *a, **k):
-            pass
-
-        def __call__(self, *a, **k):
-            return Any()
-
-        def __getattr__(self, n):
-            return Any()
-
-    class Torch(types.ModuleType):
-        def __getattr__(self, n):
-            return Any
-
-    sys.modules["torch"] = Torch("torch")
-    import transformers.modeling_gguf_pytorch_utils as g
-    g.is_torch_available = lambda: True   # metadata only: no tensor is read
-    return AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hfref import hf_tokenizer, specd_ids, torch_stand_in  # noqa: E402
 
 
 def strings(fixtures):
@@ -62,21 +39,20 @@ def main():
         sys.exit(__doc__)
     specd, gguf = sys.argv[1], sys.argv[2]
     fixtures = os.environ.get("SPECD_FIXTURES", "../shared/fixtures")
+    torch_stand_in()
     tok = hf_tokenizer(gguf)
     texts = strings(fixtures)
     same, diffs = 0, []
     for t in texts:
         ref = tok.encode(t, add_special_tokens=False)
-        with tempfile.NamedTemporaryFile("w", delete=False, encoding="utf-8") as f:
-            f.write(t)
-        r = subprocess.run([specd, "tokenize", "--tokenizer", gguf, "--text-file", f.name, "--json"],
-                           capture_output=True, text=True)
-        os.unlink(f.name)
-        ids = json.loads(r.stdout)["ids"] if r.returncode == 0 else None
+        try:
+            ids, err = specd_ids(specd, gguf, t), ""
+        except Exception as e:   # specd failed on it: a difference, reported
+            ids, err = None, str(e)
         if ids == ref:
             same += 1
         else:
-            diffs.append((t, ref, ids, r.stderr.strip()))
+            diffs.append((t, ref, ids, err))
     print(f"{os.path.basename(gguf)}: {type(tok).__name__}, vocabulary {len(tok)}: "
           f"{same} of {len(texts)} strings tokenized as HF does")
     for t, ref, ids, err in diffs[:10]:

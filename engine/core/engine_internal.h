@@ -111,7 +111,8 @@ struct engine {
     uint32_t *row_masks;         /* (max_batch, vocab_mask_words) the step's grammar masks
                                   * for a forward that samples on the device */
     int *mask_rows, *mask_res;   /* (max_batch) constrained rows of the step, their results */
-    int step_rows, masks_done;   /* rows of the step's plan; masks computed by prepare_masks */
+    int n_mask_rows, masks_done; /* the step's constrained rows (mask_rows); how many of their
+                                  * masks prepare_masks computed */
     struct tp_pool *mask_pool;   /* computes those masks in parallel (each row's matcher is
                                   * its own; the trie and grammars are read only) */
 

@@ -88,9 +88,7 @@ static void mask_task(void *ctx, int i) {
  * nothing fits samples unmasked and is ended with an error after the step (mask_result). */
 static int prepare_masks(void *ctx) {
     engine *e = ctx;
-    int nm = 0;
-    for (int i = 0; i < e->step_rows; i++)
-        if (e->plan[i].target_logits && e->plan[i].r->m) e->mask_rows[nm++] = i;
+    const int nm = e->n_mask_rows;
     mask_job mj = {e, vocab_mask_words(e->vocab)};
     if (e->mask_pool) tp_run(e->mask_pool, mask_task, &mj, nm);
     else for (int i = 0; i < nm; i++) mask_task(&mj, i);
@@ -619,6 +617,8 @@ static int composed_step(engine *e, int n) {
     int nm = 0;
     for (int i = 0; on_device && i < n; i++)
         if (e->plan[i].target_logits && e->plan[i].r->m) e->mask_rows[nm++] = i;
+    e->n_mask_rows = nm;
+    e->masks_done = 0;
     if (on_device) {
         for (int i = 0; i < n; i++) {
             const row_plan *p = &e->plan[i];
@@ -626,8 +626,6 @@ static int composed_step(engine *e, int n) {
             e->dec_sp[p->logits_off] = device_sampling(p->r);
             if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * vocab_mask_words(V);
         }
-        e->step_rows = n;
-        e->masks_done = 0;
         if (nm) {
             tb.prepare_sp = prepare_masks;
             tb.prepare_ctx = e;

@@ -71,6 +71,11 @@ static int ngram_room(const engine *e, const req *r) {
     return room > 0 ? room : 0;
 }
 
+/* Prompt lookup verified by the runner's verify op (the CUDA runner's graphs). */
+static int ngram_verifies(const engine *e) {
+    return e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify;
+}
+
 /* Prompt lookup through the runner's verify op: every row is padded to the step's deepest
  * draft, so the choice is one depth cap k for the step (row j drafts min(avail, k)),
  * the one with the most expected tokens per second; a declined row still probes one
@@ -143,7 +148,7 @@ void engine_spec_plan(engine *e, int n) {
         double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
         if (spec <= plain && (best <= plain || ++e->declined % SPEC_PROBE_EVERY))
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
-    } else if (e->run->ops->verify && e->drafter == ENGINE_DRAFTER_NGRAM) {
+    } else if (ngram_verifies(e)) {
         /* the cost model times the verify op: a step it cannot take drafts nothing */
         if (!e->step_verify)
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
@@ -189,8 +194,7 @@ static double now_s(void) {
 /* Whether a prompt-lookup step of B rows with k drafts runs as the runner's verify op
  * (and so is timed as one). */
 static int verify_times(const engine *e, int B, int k) {
-    const runner *run = e->run;
-    return e->drafter == ENGINE_DRAFTER_NGRAM && run->ops->verify && B <= run->verify_max_rows && k <= run->verify_max_k;
+    return ngram_verifies(e) && B <= e->run->verify_max_rows && k <= e->run->verify_max_k;
 }
 
 /* Seconds of one pass of `which` over B rows (slots 0..B-1, free at creation, so their
@@ -249,21 +253,14 @@ static int time_best(engine *e, int which, int B, int k, int ctx, double *best) 
 /* The smallest acceptance rate at which a batch of B rows speculates (1.05: never). */
 static double break_even(engine *e, int B) {
     const spec_cost *c = &e->cost;
-    if (e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify) {
-        for (int s = 0; s <= 20; s++) {
-            double a = 0.05 * s;
-            for (int k = 1; k <= e->k; k++)
-                if (B * (1 + expected_accepted(a, k)) / spec_cost_step(c, B, B * k) > B / spec_cost_step(c, B, 0))
-                    return a;
-        }
-        return 1.05;
-    }
-    if (e->drafter != ENGINE_DRAFTER_MODEL)
+    if (e->drafter != ENGINE_DRAFTER_MODEL && !ngram_verifies(e))
         return spec_cost_break_even(c, B, e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
+    /* one depth for every row: k for a draft model, the best of 1..k for verify steps */
     for (int s = 0; s <= 20; s++) {
         double a = 0.05 * s;
-        if (B * (1 + expected_accepted(a, e->k)) / spec_cost_step(c, B, B * e->k) > B / spec_cost_step(c, B, 0))
-            return a;
+        for (int k = e->drafter == ENGINE_DRAFTER_MODEL ? e->k : 1; k <= e->k; k++)
+            if (B * (1 + expected_accepted(a, k)) / spec_cost_step(c, B, B * k) > B / spec_cost_step(c, B, 0))
+                return a;
     }
     return 1.05;
 }
@@ -276,7 +273,7 @@ static void report(engine *e) {
         char line[512];
         int o, B = bi < c->n_b ? c->b[bi] : e->cfg.max_batch;
         if (bi == c->n_b && c->b[c->n_b - 1] == B) break;
-        if (bi == c->n_b && e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify) {
+        if (bi == c->n_b && ngram_verifies(e)) {
             fprintf(stderr, "specd:   B > %d: never speculates (the runner's verify takes %d rows)\n",
                     c->b[c->n_b - 1], e->run->verify_max_rows);
             break;
@@ -301,7 +298,7 @@ int engine_spec_measure(engine *e, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     int B = e->cfg.max_batch, K = e->k, rc;
     /* a verify op is timed up to the rows it takes; larger steps never draft */
-    if (e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify && B > e->run->verify_max_rows)
+    if (ngram_verifies(e) && B > e->run->verify_max_rows)
         B = e->run->verify_max_rows;
     int sizes[SPEC_COST_MAX_B], n_sizes = 0;
     for (int b = 1; b < B && n_sizes < SPEC_COST_MAX_B - 1; b *= 2) sizes[n_sizes++] = b;

@@ -303,10 +303,18 @@ int engine_spec_measure(engine *e, char *err, size_t errlen) {
     int sizes[SPEC_COST_MAX_B], n_sizes = 0;
     for (int b = 1; b < B && n_sizes < SPEC_COST_MAX_B - 1; b *= 2) sizes[n_sizes++] = b;
     sizes[n_sizes++] = B;
-    /* 0, K/2 and K drafts per row: the step time is close to linear in between */
+    /* 0, K/2 and K drafts per row: the step time is close to linear in between. Not for
+     * the verify graphs: a step of up to CUDA's GEMV rows tokens (at the default 2, one row
+     * with one draft) runs the fused GEMV forms, more run cuBLAS, so every depth is timed
+     * (up to the table's width, K last). */
     c->k[c->n_k++] = 0;
-    if (K / 2 >= 1 && K / 2 < K) c->k[c->n_k++] = K / 2;
-    c->k[c->n_k++] = K;
+    if (ngram_verifies(e)) {
+        for (int k = 1; k <= K && c->n_k < SPEC_COST_MAX_K; k++) c->k[c->n_k++] = k;
+        c->k[c->n_k - 1] = K;
+    } else {
+        if (K / 2 >= 1 && K / 2 < K) c->k[c->n_k++] = K / 2;
+        c->k[c->n_k++] = K;
+    }
     int ctx = e->cfg.max_seq_len - K - 2 < 256 ? e->cfg.max_seq_len - K - 2 : 256;
     if (ctx < 0) ctx = 0;
     double warm, t_start = now_s();

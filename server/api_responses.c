@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/sbuf.h"
+
 #define BAD_REQ "invalid_request_error"
 
 /* ---- request ---------------------------------------------------------------------------- */
@@ -384,17 +386,7 @@ static void add_text(api_rstream *s, int kind, const char *t, size_t n, json_t *
         push_ev(s, ev, json_pack("{s:s, s:s, s:i, s:i, s:o}", "type", "response.content_part.added", "item_id", iid,
                                  "output_index", s->text_at, "content_index", 0, "part", text_part(kind, "", 0)));
     }
-    if (s->tlen + n + 1 > s->tcap) {
-        size_t cap = s->tcap ? s->tcap : 256;
-        while (cap < s->tlen + n + 1) cap *= 2;
-        char *b = realloc(s->text, cap);
-        if (!b) return;
-        s->text = b;
-        s->tcap = cap;
-    }
-    memcpy(s->text + s->tlen, t, n);
-    s->tlen += n;
-    s->text[s->tlen] = 0;
+    if (sbuf_append(&s->text, &s->tlen, &s->tcap, t, n)) return;
     json_t *item = json_array_get(s->output, (size_t)s->text_at);
     json_t *d = json_pack("{s:s, s:O, s:i, s:i, s:s%}", "type",
                           kind == ITEM_MESSAGE ? "response.output_text.delta" : "response.reasoning_text.delta",

@@ -25,6 +25,7 @@
 #include "server/guard.h"
 #include "server/log.h"
 #include "server/reasoning.h"
+#include "server/sbuf.h"
 #include "server/sse.h"
 #include "server/toolcall.h"
 #include "server/version.h"
@@ -703,18 +704,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             x->len = x->cap = 0;
             return MHD_YES;
         }
-        if (x->len + n + 1 > x->cap) {
-            size_t cap = x->cap ? x->cap : 4096;
-            while (cap < x->len + n + 1) cap *= 2;
-            char *nb = realloc(x->body, cap);
-            if (!nb) return MHD_NO;
-            x->body = nb;
-            x->cap = cap;
-        }
-        memcpy(x->body + x->len, upload, n);
-        x->len += n;
-        x->body[x->len] = 0;
-        return MHD_YES;
+        return sbuf_append(&x->body, &x->len, &x->cap, upload, n) ? MHD_NO : MHD_YES;
     }
     /* The whole body is in. */
     if (x->chan) return x->stream ? MHD_YES : poll_reply(x);  /* resumed by the loop */

@@ -21,6 +21,7 @@
 #include "engine/core/err.h"
 #include "server/log.h"
 #include "server/loop_internal.h"
+#include "server/sbuf.h"
 
 static void push_json(loop_job *job, json_t *v) {
     size_t len;
@@ -28,21 +29,6 @@ static void push_json(loop_job *job, json_t *v) {
     json_decref(v);
     if (ev) sse_chan_push(job->chan, ev, len);
     free(ev);
-}
-
-static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t nc = *cap ? *cap : 256;
-        while (nc < *len + n + 1) nc *= 2;
-        char *nb = realloc(*buf, nc);
-        if (!nb) return SPECD_ENOMEM;
-        *buf = nb;
-        *cap = nc;
-    }
-    if (n) memcpy(*buf + *len, s, n);  /* s may be NULL when n is 0 */
-    *len += n;
-    (*buf)[*len] = 0;
-    return 0;
 }
 
 int loop_output_init(loop *l, int threads) {
@@ -142,7 +128,7 @@ static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp, i
         return;
     }
     json_decref(lp);
-    buf_append(&c->text, &c->tlen, &c->tcap, s, n);
+    sbuf_append(&c->text, &c->tlen, &c->tcap, s, n);
 }
 
 static api_usage job_usage(loop *l, loop_job *job) {
@@ -397,7 +383,7 @@ void loop_output_start(loop *l, loop_job *job) {
             if (r->stream)
                 push_json(job, api_chunk_json(r->kind, job->rid, job->created, l->cfg.model_name, c->index, 0,
                                               echo, elen, NULL, NULL, r->include_usage));
-            else buf_append(&c->text, &c->tlen, &c->tcap, echo, elen);
+            else sbuf_append(&c->text, &c->tlen, &c->tcap, echo, elen);
         }
     }
 }
@@ -530,7 +516,7 @@ static out_verdict process_event(loop *l, loop_choice *c, const engine_event *ev
                          tok_is_special(l->tok, t->id);
         if (c->ts && !stop_token) {
             int w = tok_stream_push(c->ts, t->id, detok, LOOP_DETOK_CAP);
-            if (w > 0 && buf_append(&c->pending, &c->plen, &c->pcap, detok, (size_t)w)) w = -1;
+            if (w > 0 && sbuf_append(&c->pending, &c->plen, &c->pcap, detok, (size_t)w)) w = -1;
             if (w < 0) {
                 json_decref(lp);
                 return OUT_FAIL;
@@ -545,7 +531,7 @@ static out_verdict process_event(loop *l, loop_choice *c, const engine_event *ev
     int final = ev->finish != ENGINE_RUNNING;
     if (final && c->ts && !stopped) {
         int w = tok_stream_flush(c->ts, detok, LOOP_DETOK_CAP);
-        if (w > 0) buf_append(&c->pending, &c->plen, &c->pcap, detok, (size_t)w);
+        if (w > 0) sbuf_append(&c->pending, &c->plen, &c->pcap, detok, (size_t)w);
     }
     if (drain_pending(l, c, r->stream ? lp : (json_decref(lp), NULL), final, ev->n_tokens > 0 && !final))
         return OUT_STOP;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/core/err.h"
+#include "server/sbuf.h"
 
 static const char OPEN_TAG[] = "<think>", CLOSE_TAG[] = "</think>";
 
@@ -12,34 +13,14 @@ static const char OPEN_TAG[] = "<think>", CLOSE_TAG[] = "</think>";
  * (skip_ws: still dropping the whitespace right after </think>). */
 enum { R_START, R_REASON, R_CONTENT };
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} rp_buf;
-
 struct rp_parser {
     rp_mode mode;
     rp_prompt prompt;
     int st;
     int lead_ws;               /* REASON / CONTENT: whitespace here is still dropped */
-    rp_buf in, reason, content;
+    sbuf in, reason, content;
     int ended, oom;
 };
-
-static int add(rp_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 64;
-        while (nc < b->len + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) return SPECD_ENOMEM;
-        b->p = np;
-        b->cap = nc;
-    }
-    if (n) memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -121,7 +102,7 @@ static int step(rp_parser *p, size_t *pos, int final) {
         return 1;
     }
     if (p->st == R_CONTENT) {
-        if (add(&p->content, t, n)) p->oom = 1;
+        if (sbuf_add(&p->content, t, n)) p->oom = 1;
         *pos += n;
         return 0;
     }
@@ -131,7 +112,7 @@ static int step(rp_parser *p, size_t *pos, int final) {
      * known it is held. */
     size_t keep = upto;
     while (keep && is_ws(t[keep - 1])) keep--;
-    if (add(&p->reason, t, keep)) p->oom = 1;
+    if (sbuf_add(&p->reason, t, keep)) p->oom = 1;
     if (hit) {
         *pos += upto + sizeof CLOSE_TAG - 1;
         p->st = R_CONTENT;
@@ -144,7 +125,7 @@ static int step(rp_parser *p, size_t *pos, int final) {
 
 int rp_feed(rp_parser *p, const char *s, size_t n, int final) {
     if (p->ended) return 0;
-    if (add(&p->in, s, n)) return SPECD_ENOMEM;
+    if (sbuf_add(&p->in, s, n)) return SPECD_ENOMEM;
     size_t pos = 0;
     while (step(p, &pos, final)) {}
     memmove(p->in.p, p->in.p + pos, p->in.len - pos);

@@ -16,32 +16,11 @@
 #include <sys/random.h>
 
 #include "engine/core/err.h"
+#include "server/sbuf.h"
 
 #define TC_MAX_DEPTH 64
 #define TC_MAX_NAME 256
 #define TC_MAX_KEY 16
-
-/* ---- growable byte buffers ------------------------------------------------------------- */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-} tc_buf;
-
-static int buf_add(tc_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 64;
-        while (nc < b->len + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) return SPECD_ENOMEM;
-        b->p = np;
-        b->cap = nc;
-    }
-    if (n) memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -216,7 +195,7 @@ static const char MISTRAL_TAG[] = "[TOOL_CALLS]", MISTRAL_ARGS[] = "[ARGS]";
 typedef struct {
     char id[40];
     char *name;
-    tc_buf args;
+    sbuf args;
     size_t sent;               /* argument bytes already in a delta */
     int hdr_sent;              /* the delta with id and name went out */
 } tc_call;
@@ -227,7 +206,7 @@ struct tc_parser {
     char **names;              /* declared tools (llama3_json bare form) */
     int n_names;
     uint64_t rng;              /* 0: getrandom */
-    tc_buf buf;                /* unconsumed input from index 0 */
+    sbuf buf;                /* unconsumed input from index 0 */
     size_t pos;                /* next byte to look at */
     size_t mark, resume;       /* pending structure: held text [mark, resume) */
     int pending;
@@ -243,12 +222,12 @@ struct tc_parser {
     int val_started;           /* the value after the key (or [ARGS]) has begun */
     char key[TC_MAX_KEY + 1];
     js_scan js;
-    tc_buf name, pre_args;     /* raw name bytes; arguments read before the name */
+    sbuf name, pre_args;     /* raw name bytes; arguments read before the name */
     size_t tag_got;            /* bytes of a tag matched so far (S_M_ARGSTAG) */
     tc_call *calls;
     int n_calls, cap_calls;
-    tc_buf out;                /* content since the last take */
-    tc_buf gap;                /* whitespace between content and the calls after it */
+    sbuf out;                /* content since the last take */
+    sbuf gap;                /* whitespace between content and the calls after it */
     int content_seen;          /* some content went out */
     int oom;
 };
@@ -314,7 +293,7 @@ tc_parser *tc_parser_new(const tc_config *cfg) {
         p->at_start = 0;
     } else if (cfg->forced_name) {   /* the call is known: everything is its arguments */
         call_reset(p);
-        if (buf_add(&p->name, cfg->forced_name, strlen(cfg->forced_name)) || commit(p)) goto fail;
+        if (sbuf_add(&p->name, cfg->forced_name, strlen(cfg->forced_name)) || commit(p)) goto fail;
         js_init(&p->js);
         p->val_started = 0;
         p->st = S_M_ARGVAL;
@@ -345,7 +324,7 @@ void tc_parser_free(tc_parser *p) {
 
 static void emit(tc_parser *p, const char *s, size_t n) {
     if (!n) return;
-    if (buf_add(&p->out, s, n)) p->oom = 1;
+    if (sbuf_add(&p->out, s, n)) p->oom = 1;
     p->at_start = 0;
 }
 
@@ -480,22 +459,22 @@ static int commit(tc_parser *p) {
     memset(c, 0, sizeof *c);
     c->name = name;
     make_id(p, c->id, sizeof c->id);
-    if (buf_add(&c->args, p->pre_args.p ? p->pre_args.p : "", p->pre_args.len)) p->oom = 1;
+    if (sbuf_add(&c->args, p->pre_args.p ? p->pre_args.p : "", p->pre_args.len)) p->oom = 1;
     p->cur = p->n_calls++;
     return 0;
 }
 
 static void args_add(tc_parser *p, char c) {
     if (!p->committed) {
-        if (buf_add(&p->pre_args, &c, 1)) p->oom = 1;
-    } else if (!p->discard && buf_add(&p->calls[p->cur].args, &c, 1)) {
+        if (sbuf_add(&p->pre_args, &c, 1)) p->oom = 1;
+    } else if (!p->discard && sbuf_add(&p->calls[p->cur].args, &c, 1)) {
         p->oom = 1;
     }
 }
 
 /* The call is complete (or cut off): give it "{}" when it had no arguments. */
 static void call_end(tc_parser *p) {
-    if (p->committed && !p->discard && !p->has_args && buf_add(&p->calls[p->cur].args, "{}", 2)) p->oom = 1;
+    if (p->committed && !p->discard && !p->has_args && sbuf_add(&p->calls[p->cur].args, "{}", 2)) p->oom = 1;
     p->in_call = 0;
     p->after_call = 1;
     p->at_start = 0;
@@ -552,7 +531,7 @@ static int step_text(tc_parser *p, int final) {
         if (ws_start) give(p, t, ws_start);
         if (!p->after_call) {
             p->gap.len = 0;
-            if (buf_add(&p->gap, t + ws_start, h - ws_start)) p->oom = 1;
+            if (sbuf_add(&p->gap, t + ws_start, h - ws_start)) p->oom = 1;
         }
         size_t mark = p->pos + ws_start;
         p->at_start = 0;
@@ -652,7 +631,7 @@ static int obj_byte(tc_parser *p, char c) {
             p->has_args = 1;
             args_add(p, c);
         } else if (p->key_kind == K_NAME && (r == JS_MORE) && started) {
-            if (buf_add(&p->name, &c, 1)) p->oom = 1;
+            if (sbuf_add(&p->name, &c, 1)) p->oom = 1;
         }
         if (r == JS_END) {
             p->co = CO_AFTER;
@@ -748,7 +727,7 @@ static int struct_byte(tc_parser *p, char c) {
                  c == '-' || c == '.';
         if (ok) {
             if (p->name.len >= TC_MAX_NAME) return -1;
-            if (buf_add(&p->name, &c, 1)) p->oom = 1;
+            if (sbuf_add(&p->name, &c, 1)) p->oom = 1;
             return 1;
         }
         if (c != '[') return -1;
@@ -830,7 +809,7 @@ static int step_struct(tc_parser *p, int final) {
 
 int tc_feed(tc_parser *p, const char *s, size_t n, int final) {
     if (p->ended) return 0;
-    if (buf_add(&p->buf, s, n)) return SPECD_ENOMEM;
+    if (sbuf_add(&p->buf, s, n)) return SPECD_ENOMEM;
     for (;;) {
         int progressed = p->st == S_TEXT ? step_text(p, final) : step_struct(p, final);
         if (!progressed && (p->st == S_TEXT || !final)) break;

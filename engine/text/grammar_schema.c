@@ -98,36 +98,35 @@ static gfrag js_number(gbuild *b, int sign) {
     return gb_seq(b, f, gb_opt(b, x));
 }
 
-/* '{' ws ( '}' | member (ws ',' ws member)* ws '}' ): member is key ws ':' ws value; values
- * are calls of value_rule. */
-static gfrag generic_object(gbuild *b, int32_t value_rule) {
+/* open ws ( close | item (ws ',' ws item)* ws close ): a JSON array of items, or an object
+ * of members; item loops back into itself through "ws , ws". */
+static gfrag json_list(gbuild *b, const char *open, gfrag item, const char *close) {
+    gfrag more = gb_seq(b, grammar_json_ws(b), gb_lit(b, ",", 1));
+    more = gb_seq(b, more, grammar_json_ws(b));
+    gb_eps(b, item.out, more.in);
+    gb_eps(b, more.out, item.in);
+    gfrag f = gb_seq(b, gb_lit(b, open, 1), grammar_json_ws(b));
+    f = gb_seq(b, f, gb_opt(b, item));
+    f = gb_seq(b, f, grammar_json_ws(b));
+    return gb_seq(b, f, gb_lit(b, close, 1));
+}
+
+/* key ws ':' ws value, for objects whose keys may be any string. */
+static gfrag any_key_member(gbuild *b, gfrag value) {
     gfrag m = js_string(b, 0, -1);
     m = gb_seq(b, m, grammar_json_ws(b));
     m = gb_seq(b, m, gb_lit(b, ":", 1));
     m = gb_seq(b, m, grammar_json_ws(b));
-    m = gb_seq(b, m, gb_call(b, value_rule));
-    gfrag more = gb_seq(b, grammar_json_ws(b), gb_lit(b, ",", 1));
-    more = gb_seq(b, more, grammar_json_ws(b));
-    /* more members: a loop back into m through "ws , ws" */
-    gb_eps(b, m.out, more.in);
-    gb_eps(b, more.out, m.in);
-    gfrag body = gb_opt(b, m);
-    gfrag f = gb_seq(b, gb_lit(b, "{", 1), grammar_json_ws(b));
-    f = gb_seq(b, f, body);
-    f = gb_seq(b, f, grammar_json_ws(b));
-    return gb_seq(b, f, gb_lit(b, "}", 1));
+    return gb_seq(b, m, value);
+}
+
+/* Objects and arrays whose values are calls of value_rule. */
+static gfrag generic_object(gbuild *b, int32_t value_rule) {
+    return json_list(b, "{", any_key_member(b, gb_call(b, value_rule)), "}");
 }
 
 static gfrag generic_array(gbuild *b, int32_t value_rule) {
-    gfrag m = gb_call(b, value_rule);
-    gfrag more = gb_seq(b, grammar_json_ws(b), gb_lit(b, ",", 1));
-    more = gb_seq(b, more, grammar_json_ws(b));
-    gb_eps(b, m.out, more.in);
-    gb_eps(b, more.out, m.in);
-    gfrag f = gb_seq(b, gb_lit(b, "[", 1), grammar_json_ws(b));
-    f = gb_seq(b, f, gb_opt(b, m));
-    f = gb_seq(b, f, grammar_json_ws(b));
-    return gb_seq(b, f, gb_lit(b, "]", 1));
+    return json_list(b, "[", gb_call(b, value_rule), "]");
 }
 
 /* The recursive rule "any JSON value"; its body is built at once (its own range). */
@@ -308,19 +307,7 @@ static gfrag sc_object(sc_ctx *c, json_t *s, int depth) {
         if (json_is_false(addl)) return gb_lit(b, "{}", 2);
         if (!addl || json_is_true(addl)) return generic_object(b, value_rule(b, &c->value));
         /* a map: string keys, values of the additionalProperties schema */
-        gfrag m = js_string(b, 0, -1);
-        m = gb_seq(b, m, grammar_json_ws(b));
-        m = gb_seq(b, m, gb_lit(b, ":", 1));
-        m = gb_seq(b, m, grammar_json_ws(b));
-        m = gb_seq(b, m, sc_child(c, addl, depth, "additionalProperties", NULL));
-        gfrag more = gb_seq(b, grammar_json_ws(b), gb_lit(b, ",", 1));
-        more = gb_seq(b, more, grammar_json_ws(b));
-        gb_eps(b, m.out, more.in);
-        gb_eps(b, more.out, m.in);
-        gfrag f = gb_seq(b, gb_lit(b, "{", 1), grammar_json_ws(b));
-        f = gb_seq(b, f, gb_opt(b, m));
-        f = gb_seq(b, f, grammar_json_ws(b));
-        return gb_seq(b, f, gb_lit(b, "}", 1));
+        return json_list(b, "{", any_key_member(b, sc_child(c, addl, depth, "additionalProperties", NULL)), "}");
     }
     /* at[i][e]: before property i, e = 1 when nothing was written yet */
     int32_t s0 = b->n_states, e0 = b->n_edges;

@@ -375,6 +375,28 @@ static void test_spec_seeded_sampling_is_reproducible(void **st) {
     assert_memory_equal(outs[0], outs[1], sizeof(int32_t) * 40);
 }
 
+/* Three rounds of every prompt (greedy and sampled in turn, 60 + 20 i tokens each, eos
+ * ignored), one request cancelled mid-flight in each, run until the engine is idle. */
+static void run_rounds_with_cancel(engine *e, const prompts *p) {
+    char err[256];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < p->np; i++) {
+            engine_sampling sp;
+            engine_sampling_defaults(&sp);
+            sp.temperature = i % 2 ? 0.7f : 0;
+            sp.max_tokens = 60 + 20 * i;
+            sp.ignore_eos = 1;
+            assert_int_equal(engine_add(e, (uint64_t)(round * 100 + i), p->ids[i], p->n[i], &sp, err, sizeof err), 0);
+        }
+        int steps = 0;
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            if (++steps == 5) engine_abort(e, (uint64_t)(round * 100 + 1));   /* cancel one mid-flight */
+        }
+    }
+}
+
 /* Finished, cancelled and preempted speculative requests all give their blocks back. */
 static void test_spec_kv_returns_to_baseline(void **st) {
     (void)st;
@@ -388,23 +410,7 @@ static void test_spec_kv_returns_to_baseline(void **st) {
     size_t per_block = (64u << 20) / (size_t)s0.kv_blocks_total;
     e = make_engine("llama-draft", 0, 8, per_block * (512 / 16 + 4));
     assert_non_null(e);
-    char err[256];
-    for (int round = 0; round < 3; round++) {
-        for (int i = 0; i < p.np; i++) {
-            engine_sampling sp;
-            engine_sampling_defaults(&sp);
-            sp.temperature = i % 2 ? 0.7f : 0;
-            sp.max_tokens = 60 + 20 * i;
-            sp.ignore_eos = 1;
-            assert_int_equal(engine_add(e, (uint64_t)(round * 100 + i), p.ids[i], p.n[i], &sp, err, sizeof err), 0);
-        }
-        int steps = 0;
-        while (engine_has_work(e)) {
-            engine_output o;
-            assert_int_equal(engine_step(e, &o), 0);
-            if (++steps == 5) engine_abort(e, (uint64_t)(round * 100 + 1));   /* cancel one mid-flight */
-        }
-    }
+    run_rounds_with_cancel(e, &p);
     engine_stats s;
     engine_get_stats(e, &s);
     print_message("  pool %d blocks, preemptions %llu, blocks in use at the end %d\n", s.kv_blocks_total,
@@ -640,36 +646,20 @@ static void test_spec_ngram_kv_returns_to_baseline(void **st) {
     engine_destroy(e);
     size_t per_block = (64u << 20) / (size_t)s0.kv_blocks_total;
     for (int verify = 0; verify < 2; verify++) {   /* composed, then through the runner's verify */
-    e = make_ngram_engine(8, per_block * (512 / 16 + 4), 1, verify);
-    assert_non_null(e);
-    char err[256];
-    for (int round = 0; round < 3; round++) {
-        for (int i = 0; i < p.np; i++) {
-            engine_sampling sp;
-            engine_sampling_defaults(&sp);
-            sp.temperature = i % 2 ? 0.7f : 0;
-            sp.max_tokens = 60 + 20 * i;
-            sp.ignore_eos = 1;
-            assert_int_equal(engine_add(e, (uint64_t)(round * 100 + i), p.ids[i], p.n[i], &sp, err, sizeof err), 0);
-        }
-        int steps = 0;
-        while (engine_has_work(e)) {
-            engine_output o;
-            assert_int_equal(engine_step(e, &o), 0);
-            if (++steps == 5) engine_abort(e, (uint64_t)(round * 100 + 1));
-        }
-    }
-    engine_stats s;
-    engine_get_stats(e, &s);
-    print_message("  pool %d blocks, preemptions %llu, verify steps %llu, blocks in use at the end %d\n",
-                  s.kv_blocks_total, (unsigned long long)s.preemptions, (unsigned long long)s.spec_drafts,
-                  s.kv_blocks_used);
-    assert_true(s.preemptions > 0);
-    assert_true(s.spec_drafts > 0);
-    if (verify) assert_true(s.steps_runner_verify > 0);
-    assert_int_equal(s.kv_blocks_used, 0);
-    assert_int_equal(s.running + s.waiting, 0);
-    engine_destroy(e);
+        e = make_ngram_engine(8, per_block * (512 / 16 + 4), 1, verify);
+        assert_non_null(e);
+        run_rounds_with_cancel(e, &p);
+        engine_stats s;
+        engine_get_stats(e, &s);
+        print_message("  pool %d blocks, preemptions %llu, verify steps %llu, blocks in use at the end %d\n",
+                      s.kv_blocks_total, (unsigned long long)s.preemptions, (unsigned long long)s.spec_drafts,
+                      s.kv_blocks_used);
+        assert_true(s.preemptions > 0);
+        assert_true(s.spec_drafts > 0);
+        if (verify) assert_true(s.steps_runner_verify > 0);
+        assert_int_equal(s.kv_blocks_used, 0);
+        assert_int_equal(s.running + s.waiting, 0);
+        engine_destroy(e);
     }
     free_prompts(&p);
 }

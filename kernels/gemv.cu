@@ -7,8 +7,7 @@
  * wait, so a GEMV starts pulling its weights while the kernel before it finishes.
  *
  * At batch 1 the kernels between the GEMVs cost about as much as their own work (a launch,
- * a ramp and a drain each), so the small-batch path (up to K_GEMV_FUSED_MAX_N rows; the
- * CUDA runner uses it up to cuda_tuning.gemv_rows, 2 by default) folds them into GEMV epilogues:
+ * a ramp and a drain each), so the batch-1/2 path folds two of them into GEMV epilogues:
  *   - gated: a warp computes gate row o and up row F + o and writes silu(gate) * up;
  *   - rope: a warp computes the rotate_half pair (i, i + D/2) of a q/k/v head, adds the
  *     bias, rotates and writes q (fp32) and k, v (into the paged pool).
@@ -23,6 +22,7 @@
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 #include "kernels/rope.cuh"
+#include "kernels/tc.cuh"
 
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 4
@@ -273,11 +273,196 @@ static int gemv_launch_ks(const uint4 *w, const uint4 *x, int n_units, int in8, 
 #undef GEMV_KS_CASE
 }
 
+/* ---- tensor-core form, 3..8 token rows ---------------------------------------------------
+ * Past two rows the FMA form above is bound by its fp32 arithmetic, not by memory (an 8B
+ * projection at 8 rows took twice cuBLAS's time), so 3..8 rows go through mma.sync
+ * m16n8k16: a warp computes 16 output rows ("items") for all (up to 8) tokens, the
+ * activations zero-padded to 8 columns. The loads stay 16-byte and streaming: k is
+ * permuted inside each group of 32 (the same permutation for W and X, so the dot products
+ * are unchanged): lane (g = lane / 4, q = lane % 4) loads 8 bf16 of W rows g and g + 8 and
+ * of token g's X at offset 8q, which are its fragments for two mma steps (words x, y for
+ * the first, z, w for the second). Units, split K and the epilogues (norm fold, gated,
+ * rope) are those of the FMA form, per (item, token) of the accumulator fragment: lane
+ * holds items g, g + 8 for tokens 2q, 2q + 1. Needs in % 32 == 0. */
+#define TCG_ITEMS 16
+
+/* Matrix rows of item j (which must be < items): first (and second, gated / rope). */
+template <int MODE>
+__device__ __forceinline__ void tc_item_rows(const gemv_epi &e, int j, int &r1, int &r2) {
+    if (MODE == EPI_GATED) {
+        r1 = j;
+        r2 = e.out + j;
+    } else if (MODE == EPI_ROPE) {
+        const int half = e.D / 2;
+        r1 = (j / half) * e.D + j % half;
+        r2 = r1 + half;
+    } else {
+        r1 = r2 = j;
+    }
+}
+
+__device__ __forceinline__ void tc_mma_group(float (&c)[4], const uint4 &wa, const uint4 &wb, const uint4 &x) {
+    const uint32_t a0[4] = {wa.x, wb.x, wa.y, wb.y}, a1[4] = {wa.z, wb.z, wa.w, wb.w};
+    tc_mma(c, a0, x.x, x.y);
+    tc_mma(c, a1, x.z, x.w);
+}
+
+template <int MODE, int KS>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_tc_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n, int items, int in8, gemv_epi e) {
+    constexpr bool TWO = MODE != EPI_PLAIN;
+    constexpr int UPB = GEMV_WARPS / KS, U = TWO ? 2 : 4;   /* 32-k groups in flight per lane */
+    k_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS, g = lane >> 2, q = lane & 3;
+    const int unit = blockIdx.x * UPB + warp / KS, j0 = unit * TCG_ITEMS;
+    const bool oka = j0 + g < items, okb = j0 + g + 8 < items, okx = g < n;
+    int ra1 = 0, ra2 = 0, rb1 = 0, rb2 = 0;
+    if (oka) tc_item_rows<MODE>(e, j0 + g, ra1, ra2);
+    if (okb) tc_item_rows<MODE>(e, j0 + g + 8, rb1, rb2);
+    const int len8 = in8 / KS, k0 = ks * len8 + q, ngr = len8 / 4;
+    const uint4 *wa = W + (size_t)ra1 * in8 + k0, *wb = W + (size_t)rb1 * in8 + k0;
+    const uint4 *wa2 = W + (size_t)ra2 * in8 + k0, *wb2 = W + (size_t)rb2 * in8 + k0;
+    const uint4 *xr = X + (size_t)(okx ? g : 0) * in8 + k0;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    uint4 pa[U], pb[U], pa2[U], pb2[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {   /* weights only before the wait */
+        const bool in = u < ngr;
+        pa[u] = in && oka ? __ldcs(wa + 4 * u) : z;
+        pb[u] = in && okb ? __ldcs(wb + 4 * u) : z;
+        if (TWO) {
+            pa2[u] = in && oka ? __ldcs(wa2 + 4 * u) : z;
+            pb2[u] = in && okb ? __ldcs(wb2 + 4 * u) : z;
+        }
+    }
+    k_pdl_wait();
+    float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int gi = 0; gi < ngr; gi += U) {
+        uint4 xs[U], na[U], nb[U], na2[U], nb2[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const bool cur = gi + u < ngr, nxt = gi + U + u < ngr;
+            xs[u] = cur && okx ? xr[4 * (gi + u)] : z;
+            na[u] = nxt && oka ? __ldcs(wa + 4 * (gi + U + u)) : z;
+            nb[u] = nxt && okb ? __ldcs(wb + 4 * (gi + U + u)) : z;
+            if (TWO) {
+                na2[u] = nxt && oka ? __ldcs(wa2 + 4 * (gi + U + u)) : z;
+                nb2[u] = nxt && okb ? __ldcs(wb2 + 4 * (gi + U + u)) : z;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            tc_mma_group(c1, pa[u], pb[u], xs[u]);
+            if (TWO) tc_mma_group(c2, pa2[u], pb2[u], xs[u]);
+            pa[u] = na[u];
+            pb[u] = nb[u];
+            if (TWO) {
+                pa2[u] = na2[u];
+                pb2[u] = nb2[u];
+            }
+        }
+    }
+    if (KS > 1) {   /* the unit's first warp gathers the other slices' fragments */
+        __shared__ float part[GEMV_WARPS][TWO ? 8 : 4][32];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            part[warp][i][lane] = c1[i];
+            if (TWO) part[warp][4 + i][lane] = c2[i];
+        }
+        __syncthreads();
+        if (ks == 0)
+#pragma unroll
+            for (int j = 1; j < KS; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    c1[i] += part[warp + j][i][lane];
+                    if (TWO) c2[i] += part[warp + j][4 + i][lane];
+                }
+    }
+    float hh[2] = {0.f, 0.f};   /* h^2 of tokens 2q, 2q + 1 over this lane's items (norm fold) */
+    if (ks == 0) {
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            const bool ok = ri ? okb : oka;
+            const int j = j0 + g + 8 * ri, r1 = ri ? rb1 : ra1;
+#pragma unroll
+            for (int ti = 0; ti < 2; ti++) {
+                const int t = 2 * q + ti;
+                if (!ok || t >= n) continue;
+                const float rs = e.ss_in ? rsqrtf(k_ss_value(e.ss_in[t]) * e.inv_in + e.eps) : 1.f;
+                const float v1 = c1[2 * ri + ti] * rs, v2 = c2[2 * ri + ti] * rs;
+                if (MODE == EPI_PLAIN) {
+                    const size_t o = (size_t)t * e.out + r1;
+                    const float h = (e.accumulate ? e.Y[o] : 0.f) + v1;
+                    e.Y[o] = h;
+                    if (e.xg) {
+                        e.xg[o] = k_f2bf(h * e.g_out[r1]);
+                        hh[ti] += h * h;
+                    }
+                } else if (MODE == EPI_GATED) {
+                    e.act[(size_t)t * e.out + j] = k_f2bf(k_silu(v1) * v2);
+                } else {
+                    rope_pair_pre rp;
+                    rope_pair_prepare(e.g, e.bias, e.inv_freq, e.H, e.KVH, e.D, t, r1 / e.D, r1 % e.D, rp);
+                    rope_store_pair(rp, e.q_out, e.H, e.D, t, r1 / e.D, r1 % e.D, v1, v2);
+                }
+            }
+        }
+    }
+    if (MODE == EPI_PLAIN && e.xg) {   /* the block's sums of h^2, one atomic per token (fixed point) */
+        __shared__ float hs[GEMV_WARPS][8];
+#pragma unroll
+        for (int ti = 0; ti < 2; ti++)
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) hh[ti] += __shfl_xor_sync(0xffffffffu, hh[ti], off);
+        if (g == 0) {
+            hs[warp][2 * q] = hh[0];
+            hs[warp][2 * q + 1] = hh[1];
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < n) {
+            float t = 0.f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) t += hs[w][threadIdx.x];
+            atomicAdd(e.ss_out + threadIdx.x, k_ss_units(t));
+        }
+    }
+}
+
+/* Warps per unit for the tensor-core form: split K until about 32 warps per multiprocessor,
+ * as long as each slice keeps whole groups of 32 and a few of them. */
+static int gemv_tc_ksplit(int n_units, int in8) {
+    const long want = (long)k_sm_count() * 32;
+    int ks = 1;
+    while (ks < 8 && (long)n_units * ks < want && in8 % (8 * ks) == 0 && in8 / (2 * ks) >= 4 * 4) ks *= 2;
+    return ks;
+}
+
+template <int MODE>
+static int gemv_tc_launch(const uint4 *w, const uint4 *x, int n, int items, int in8, const gemv_epi &e, cudaStream_t s) {
+    const int n_units = (items + TCG_ITEMS - 1) / TCG_ITEMS;
+    const dim3 block(GEMV_WARPS * 32);
+#define GEMV_TC_CASE(K)                                                                                   \
+    case K:                                                                                               \
+        return k_launch(gemv_tc_kernel<MODE, K>, dim3((n_units + GEMV_WARPS / K - 1) / (GEMV_WARPS / K)), \
+                        block, 0, s, w, x, n, items, in8, e)
+    switch (gemv_tc_ksplit(n_units, in8)) {
+        GEMV_TC_CASE(8);
+        GEMV_TC_CASE(4);
+        GEMV_TC_CASE(2);
+        GEMV_TC_CASE(1);
+    default:
+        return -1;
+    }
+#undef GEMV_TC_CASE
+}
+
 template <int MODE>
 static int gemv_launch(const uint16_t *W, const uint16_t *X, int n_units, int in, int n, const gemv_epi &e,
                        cudaStream_t s) {
     const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
     const int in8 = in / 8;
+    if (n >= 3 && in8 % 4 == 0) return gemv_tc_launch<MODE>(w, x, n, n_units, in8, e, s);
     switch (n) {   /* each row count its own kernel: the activations stay in registers */
     case 1: return gemv_launch_ks<1, MODE>(w, x, n_units, in8, e, s);
     case 2: return gemv_launch_ks<2, MODE>(w, x, n_units, in8, e, s);

@@ -82,3 +82,32 @@ extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y,
     default: return -1;
     }
 }
+
+/* A quantized matrix [rows, in] to bf16 [rows, in] (for GEMMs of more tokens than the
+ * GEMV takes: cuBLAS on the bf16 copy in a scratch buffer). One thread per 8 elements. */
+template <int T>
+__global__ void dequant_q_kernel(const uint8_t *__restrict__ W, uint16_t *out, int rows, int in) {
+    k_pdl_trigger();
+    const long per_row = in / 8, c = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    k_pdl_wait();   /* the scratch may still be read by the GEMM before */
+    if (c >= (long)rows * per_row) return;
+    const int r = (int)(c / per_row), k0 = (int)(c % per_row) * 8, E = qb_elems(T), S = qb_bytes(T);
+    float w[8];
+    qb_decode8(T, W + ((size_t)r * (in / E) + k0 / E) * S, k0 % E, w);
+    uint32_t p[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = (uint32_t)k_f2bf(w[2 * i]) | (uint32_t)k_f2bf(w[2 * i + 1]) << 16;
+    *(uint4 *)(out + (size_t)r * in + k0) = make_uint4(p[0], p[1], p[2], p[3]);
+}
+
+extern "C" int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, int in, cudaStream_t s) {
+    if (!qb_bytes(type) || rows <= 0 || in <= 0 || in % qb_elems(type) || ((uintptr_t)out % 16)) return -1;
+    const long n = (long)rows * (in / 8);
+    const dim3 grid((unsigned)((n + 255) / 256)), block(256);
+    switch (type) {
+    case QB_Q8_0: return k_launch(dequant_q_kernel<QB_Q8_0>, grid, block, 0, s, W, out, rows, in);
+    case QB_Q4_K: return k_launch(dequant_q_kernel<QB_Q4_K>, grid, block, 0, s, W, out, rows, in);
+    case QB_Q6_K: return k_launch(dequant_q_kernel<QB_Q6_K>, grid, block, 0, s, W, out, rows, in);
+    default: return -1;
+    }
+}

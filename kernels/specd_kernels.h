@@ -175,6 +175,8 @@ int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, in
  * bf16 16-byte aligned, n <= K_GEMV_MAX_N; -1 for anything else. */
 int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
              cudaStream_t s);
+/* The same matrix dequantized to bf16 out [rows, in] (16-byte aligned): for cuBLAS. */
+int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, int in, cudaStream_t s);
 
 /* Fused forms of the decode GEMV for n <= K_GEMV_FUSED_MAX_N rows (small decode batches and
  * verify steps: they take kernels off the per-token chain). Same shape rules as k_gemv_bf16

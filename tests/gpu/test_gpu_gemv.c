@@ -522,6 +522,17 @@ static void check_gemv_q(int t, int out, int in, int n) {
         assert_true(me / mr < 1e-4);
         cudaFree(dY);
     }
+    /* k_dequant_q: the bf16 copy equals the host decode rounded to bf16, element for element */
+    uint16_t *dB = gu_dev((size_t)out * in * 2), *B = malloc((size_t)out * in * 2);
+    assert_int_equal(k_dequant_q(t, dW, dB, out, in, 0), 0);
+    gu_download(B, dB, (size_t)out * in * 2);
+    long bad = 0;
+    for (int o = 0; o < out; o++) {
+        for (int k = 0; k < in; k += 8) qb_decode8(t, W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int k = 0; k < in; k++) bad += B[(size_t)o * in + k] != gu_f2bf(w[k]);
+    }
+    assert_int_equal(bad, 0);
+    cudaFree(dB), free(B);
     cudaFree(dW), cudaFree(dX);
     free(W), free(X), free(w), free(y0), free(Y), free(ref);
 }

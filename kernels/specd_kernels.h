@@ -169,6 +169,15 @@ typedef struct {
 int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
                      const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s);
 
+/* k_gemv_bf16 over GGUF-quantized weights read in place (kernels/gemv_q.cu; work in
+ * progress, not yet called by the runner): type is the ggml type id (8 Q8_0, 12 Q4_K, 14
+ * Q6_K, see kernels/quant_blocks.h), W's rows in / block elements blocks each; X [n, in]
+ * bf16 16-byte aligned, n <= K_GEMV_MAX_N; -1 for anything else. */
+int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+             cudaStream_t s);
+/* The same matrix dequantized to bf16 out [rows, in] (16-byte aligned): for cuBLAS. */
+int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, int in, cudaStream_t s);
+
 /* Fused forms of the decode GEMV for n <= K_GEMV_FUSED_MAX_N rows (small decode batches and
  * verify steps: they take kernels off the per-token chain). Same shape rules as k_gemv_bf16
  * (in % 8 == 0, W and X 16-byte aligned); -1 when they do not hold. nin as above (NULL:

@@ -820,6 +820,20 @@ static void test_gguf_unpermute_restores_hf_row_order(void **state) {
         memcpy(&f, &bits, 4);
         assert_true(f == k_hf[i]);
     }
+    /* the stored blocks in logical row order (what the CUDA runner keeps quantized): each
+     * row dequantizes to HF's row; a slice of rows is those rows' bytes */
+    size_t rb = 0;
+    uint8_t *raw = malloc((size_t)KV * 64), *part = malloc((size_t)2 * 64);
+    assert_int_equal(tensor_ggml_type(&m->layers[0].wk), GGML_Q8_0);
+    assert_int_equal(tensor_rows_raw(&m->layers[0].wk, 0, KV, raw, &rb), 0);
+    assert_int_equal(rb, (size_t)(H / 32) * 34);
+    for (int r = 0; r < KV; r++) assert_int_equal(ggml_dequantize(GGML_Q8_0, raw + (size_t)r * rb, out + (size_t)r * H, H), 0);
+    assert_memory_equal(out, k_hf, (size_t)KV * H * 4);
+    assert_int_equal(tensor_rows_raw(&m->layers[0].wk, 3, 2, part, NULL), 0);
+    assert_memory_equal(part, raw + 3 * rb, 2 * rb);
+    assert_int_equal(tensor_rows_raw(&m->layers[0].wk, KV - 1, 2, part, NULL), SPECD_EINVAL);
+    free(raw);
+    free(part);
     model_free(m);
 
     /* qwen2 keeps HF order in GGUF: the same stored rows come back as stored. */

@@ -17,6 +17,14 @@
 #include "engine/core/runner.h"
 #include "kernels/specd_kernels.h"
 
+/* A projection kept in its GGUF block format on the device (SPECD_CUDA_QUANT_WEIGHTS=1;
+ * work in progress): type 0 means the layer's bf16 matrix is used instead. */
+typedef struct {
+    uint8_t *w;          /* rows x row_bytes, logical row order */
+    int type;            /* ggml type id (kernels/quant_blocks.h), 0: not quantized */
+    int rows, cols;
+} cuda_qmat;
+
 typedef struct {
     uint16_t *wqkv;      /* (H+2KVH)*D, hidden: q rows, then k rows, then v rows */
     float *bqkv;         /* (H+2KVH)*D or NULL (Qwen2 bias) */
@@ -34,6 +42,7 @@ typedef struct {
     uint16_t *exp_gu;    /* n_experts x [2*moe_ffn, hidden]: each expert's gate rows, then up rows */
     uint16_t *exp_down;  /* n_experts x [hidden, moe_ffn] */
     int window;          /* sliding window of this layer, 0: full attention */
+    cuda_qmat qqkv, qo, qgu, qdown;   /* quantized forms (then the bf16 pointer is NULL) */
 } cuda_layer;
 
 typedef struct {
@@ -51,6 +60,7 @@ typedef struct {
     int plain;           /* 1: Gemma-style layers (sandwich norms, GELU, scales) or experts:
                           * the unfused kernels only */
     cuda_layer *layers;  /* n_layers (host array of device pointers) */
+    size_t q_scratch;    /* elements of the largest quantized projection (its bf16 copy) */
     size_t weight_bytes;
 } cuda_model;
 
@@ -80,6 +90,8 @@ typedef struct {
     int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: the batch-1/2 path without its fused epilogues */
     int no_fuse_norm;        /* SPECD_CUDA_NO_FUSE_NORM=1: ... with its RMSNorm kernels (the rest fused) */
     int no_gemv;             /* SPECD_CUDA_NO_GEMV=1: decode-sized GEMMs on cuBLAS (to bisect numerics) */
+    int quant_weights;       /* SPECD_CUDA_QUANT_WEIGHTS=1: GGUF Q8_0 / Q4_K / Q6_K projections stay
+                              * in their blocks on the device (one GPU; work in progress) */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
@@ -152,6 +164,7 @@ typedef struct {
     int32_t *d_moe_ids, *d_moe_cnt, *d_moe_rows;
     uint16_t *d_moe_act;
     float *d_logits;     /* LR, vocab */
+    uint16_t *d_qscratch;/* bf16 copy of one quantized projection, for passes past the GEMV */
     int32_t *d_meta, *h_meta;  /* META_N * T int32, pinned host copy */
     int32_t *d_iota, *d_zeros, *d_ones;  /* T each: static graph inputs */
     size_t work_bytes;

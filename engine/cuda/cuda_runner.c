@@ -343,7 +343,7 @@ static void cuda_destroy(runner *base) {
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
-                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_fs_mask, r->d_fs_has, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
+                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_fs_mask, r->d_fs_has, r->d_qscratch, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
                    r->d_moe_cnt, r->d_moe_rows, r->d_moe_act};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
@@ -420,6 +420,8 @@ static int alloc_work(cuda_runner *r) {
             nk = (size_t)mc->n_experts_used > nk ? (size_t)mc->n_experts_used : nk;
             mf = (size_t)mc->moe_ffn > mf ? (size_t)mc->moe_ffn : mf;
         }
+    size_t qs = r->m[0].q_scratch > r->m[1].q_scratch ? r->m[0].q_scratch : r->m[1].q_scratch;
+    if (qs && dmalloc(r, &r->d_qscratch, qs * 2)) return SPECD_ECUDA;
     if (ne && (dmalloc(r, &r->d_moe_lg, (size_t)T * ne * 4) || dmalloc(r, &r->d_moe_w, (size_t)T * nk * 4) ||
                dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, ne * 4) ||
                dmalloc(r, &r->d_moe_rows, ne * (size_t)T * 4) || dmalloc(r, &r->d_moe_act, (size_t)T * nk * mf * 2) ||
@@ -521,6 +523,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->no_fuse = env_flag("SPECD_CUDA_NO_FUSE", 0);
     t->no_fuse_norm = env_flag("SPECD_CUDA_NO_FUSE_NORM", 0);
     t->no_gemv = env_flag("SPECD_CUDA_NO_GEMV", 0);
+    t->quant_weights = world <= 1 && env_flag("SPECD_CUDA_QUANT_WEIGHTS", 0);
     t->gemv_rows = env_flag("SPECD_CUDA_GEMV_ROWS", CUDA_GEMV_DEFAULT_ROWS);
     if (t->gemv_rows < 1 || t->gemv_rows > CUDA_GEMV_MAX_ROWS) t->gemv_rows = CUDA_GEMV_DEFAULT_ROWS;
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);

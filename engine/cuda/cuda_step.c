@@ -41,6 +41,22 @@ fail:
     return SPECD_ECUDA;
 }
 
+/* gemm() for a projection that may be kept in its GGUF blocks (q->type, work in
+ * progress): up to K_GEMV_MAX_N token rows on the quantized GEMV, more through its bf16
+ * copy in the scratch buffer and cuBLAS. */
+static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, int out, int in, const uint16_t *X, int n,
+                  float *Y, float beta) {
+    if (!q->type) return gemm(r, W, out, in, X, n, Y, beta);
+    if (n <= K_GEMV_MAX_N) {
+        K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
+        return 0;
+    }
+    K_CHECK(r, k_dequant_q(q->type, q->w, r->d_qscratch, out, in, r->stream));
+    return gemm(r, r->d_qscratch, out, in, X, n, Y, beta);   /* n > 8: cuBLAS */
+fail:
+    return SPECD_ECUDA;
+}
+
 int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n) {
     /* Rank 0 accumulated its partial into the residual and the others started from zero,
      * so the sum over ranks is exactly the new residual, the same bits on every rank. */
@@ -138,17 +154,17 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         } else {
-            if ((rc = gemm(r, L->wqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wqkv, &L->qqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
         if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if (L->post_attn_norm) {   /* Gemma 3: the output normed, then added */
-            if ((rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wo, &L->qo, hidden, qd, r->d_xb, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_attn_norm, r->d_resid, n, hidden, c->rms_eps, s));
         } else if (fuse_norm)
             K_CHECK(r, k_gemv_norm_bf16(L->wo, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
-        else if (!(r->tune.dbg_skip & 8) && (rc = gemm(r, L->wo, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
+        else if (!(r->tune.dbg_skip & 8) && (rc = gemm_q(r, L->wo, &L->qo, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
             return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
         if (!(r->tune.dbg_skip & 1) && !fuse_norm)
@@ -174,16 +190,16 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                                          fuse_norm ? &nin_ffn : NULL, s));
             act = r->d_act;
         } else {
-            if ((rc = gemm(r, L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wgu, &L->qgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
             if (c->act == ACT_GELU_TANH) K_CHECK(r, k_gelu_tanh_mul(r->d_f32, r->d_xb, n, F, s));
             else K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
         if (L->post_ffn_norm) {
-            if ((rc = gemm(r, L->wdown, hidden, F, act, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wdown, &L->qdown, hidden, F, act, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_ffn_norm, r->d_resid, n, hidden, c->rms_eps, s));
         } else if (fuse_norm && l + 1 < c->n_layers)
             K_CHECK(r, k_gemv_norm_bf16(L->wdown, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
-        else if (!(r->tune.dbg_skip & 32) && (rc = gemm(r, L->wdown, hidden, F, act, n, r->d_resid, beta_res)))
+        else if (!(r->tune.dbg_skip & 32) && (rc = gemm_q(r, L->wdown, &L->qdown, hidden, F, act, n, r->d_resid, beta_res)))
             return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
     }

@@ -14,6 +14,7 @@
 
 #include "engine/cuda/cuda_internal.h"
 #include "engine/core/err.h"
+#include "kernels/quant_blocks.h"
 
 /* Host staging for one conversion, reused across tensors. */
 typedef struct {
@@ -94,6 +95,50 @@ fail:
     return SPECD_ECUDA;
 }
 
+/* ---- projections kept quantized (SPECD_CUDA_QUANT_WEIGHTS=1, one GPU; work in progress) --- */
+
+/* The block type all of views v[0..n) share when the kernels read it in place (Q8_0, Q4_K,
+ * Q6_K; rows a whole number of blocks), else 0: the matrix goes to bf16 as before. */
+static int quant_type(const cuda_runner *r, const tensor_view *const *v, int n) {
+    if (!r->tune.quant_weights || r->opts.random_weights || r->opts.world > 1) return 0;
+    int t = tensor_ggml_type(v[0]);
+    if (t != QB_Q8_0 && t != QB_Q4_K && t != QB_Q6_K) return 0;
+    for (int i = 0; i < n; i++)
+        if (!v[i]->data || v[i]->ndim != 2 || tensor_ggml_type(v[i]) != t || v[i]->shape[1] % qb_elems(t)) return 0;
+    return t;
+}
+
+/* Device storage for the concatenated rows of v[0..n) in type t (their logical rows, one
+ * after another, as the bf16 form fuses Q|K|V and gate|up). */
+static int quant_alloc(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tensor_view *const *v, int n, int t) {
+    int64_t rows = 0, cols = v[0]->shape[1];
+    for (int i = 0; i < n; i++) rows += v[i]->shape[0];
+    q->type = t;
+    q->rows = (int)rows;
+    q->cols = (int)cols;
+    if (!(q->w = dalloc(r, cm, (size_t)rows * (size_t)(cols / qb_elems(t)) * (size_t)qb_bytes(t)))) return SPECD_ENOMEM;
+    if ((size_t)rows * (size_t)cols > cm->q_scratch) cm->q_scratch = (size_t)rows * (size_t)cols;
+    return 0;
+}
+
+static int quant_upload(cuda_runner *r, const cuda_qmat *q, const tensor_view *const *v, int n) {
+    const size_t row_bytes = (size_t)(q->cols / qb_elems(q->type)) * (size_t)qb_bytes(q->type);
+    uint8_t *h = malloc((size_t)q->rows * row_bytes), *p = h;
+    int rc = h ? 0 : SPECD_ENOMEM;
+    for (int i = 0; i < n && !rc; i++) {
+        size_t rb = 0;
+        rc = tensor_rows_raw(v[i], 0, v[i]->shape[0], p, &rb);
+        if (!rc && rb != row_bytes) rc = SPECD_EFORMAT;
+        p += (size_t)v[i]->shape[0] * row_bytes;
+    }
+    if (!rc && cudaMemcpy(q->w, h, (size_t)q->rows * row_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cuda_fail(r, __FILE__, __LINE__, "cudaMemcpy(quantized weights)", "copy failed");
+        rc = SPECD_ECUDA;
+    }
+    free(h);
+    return rc;
+}
+
 static uint64_t mix_seed(uint64_t seed, uint64_t tag) {
     uint64_t z = seed + 0x9E3779B97F4A7C15ull * (tag + 1);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -170,11 +215,18 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
         (rc = check_view(&ml->attn_norm, hidden, 0, "input_layernorm", l, err, errlen)) ||
         (rc = check_view(&ml->ffn_norm, hidden, 0, "post_attention_layernorm", l, err, errlen)))
         return rc;
+    const tensor_view *vqkv[3] = {&ml->wq, &ml->wk, &ml->wv}, *vgu[2] = {&ml->w_gate, &ml->w_up};
+    const tensor_view *vo[1] = {&ml->wo}, *vdown[1] = {&ml->w_down};
+    if ((L->qqkv.type && (rc = quant_upload(r, &L->qqkv, vqkv, 3))) ||
+        (L->qo.type && (rc = quant_upload(r, &L->qo, vo, 1))) ||
+        (L->qgu.type && (rc = quant_upload(r, &L->qgu, vgu, 2))) ||
+        (L->qdown.type && (rc = quant_upload(r, &L->qdown, vdown, 1))))
+        goto out;
     uint16_t *q = L->wqkv, *k = q + h * D * hidden, *v = k + kvh * D * hidden;
-    if ((rc = upload_bf16(r, s, &ml->wq, H * D, hidden, rank * h * D, h * D, 0, hidden, q)) ||
-        (rc = upload_bf16(r, s, &ml->wk, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, k)) ||
-        (rc = upload_bf16(r, s, &ml->wv, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, v)) ||
-        (rc = upload_bf16(r, s, &ml->wo, hidden, H * D, 0, hidden, rank * h * D, h * D, L->wo)) ||
+    if ((L->wqkv && (rc = upload_bf16(r, s, &ml->wq, H * D, hidden, rank * h * D, h * D, 0, hidden, q))) ||
+        (L->wqkv && (rc = upload_bf16(r, s, &ml->wk, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, k))) ||
+        (L->wqkv && (rc = upload_bf16(r, s, &ml->wv, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, v))) ||
+        (L->wo && (rc = upload_bf16(r, s, &ml->wo, hidden, H * D, 0, hidden, rank * h * D, h * D, L->wo))) ||
         (L->wgu && (rc = upload_bf16(r, s, &ml->w_gate, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu))) ||
         (L->wgu && (rc = upload_bf16(r, s, &ml->w_up, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu + F * hidden))) ||
         (L->wdown && (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown))) ||
@@ -270,17 +322,24 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     if (c->rope_local_theta > 0 && !(cm->inv_freq_local = dalloc(r, cm, D / 2 * 4))) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &cm->layers[l];
-        if (!(L->wqkv = dalloc(r, cm, qkv * hidden * 2)) ||
-            !(L->wo = dalloc(r, cm, hidden * cm->H * D * 2)) ||
+        const model_layer *ml = r->opts.random_weights ? NULL : &m->layers[l];
+        const tensor_view *vqkv[3] = {ml ? &ml->wq : NULL, ml ? &ml->wk : NULL, ml ? &ml->wv : NULL};
+        const tensor_view *vo[1] = {ml ? &ml->wo : NULL}, *vgu[2] = {ml ? &ml->w_gate : NULL, ml ? &ml->w_up : NULL};
+        const tensor_view *vdown[1] = {ml ? &ml->w_down : NULL};
+        int tq = ml ? quant_type(r, vqkv, 3) : 0, to = ml ? quant_type(r, vo, 1) : 0;
+        int tgu = ml && !c->n_experts ? quant_type(r, vgu, 2) : 0, tdn = ml && !c->n_experts ? quant_type(r, vdown, 1) : 0;
+        if ((tq ? quant_alloc(r, cm, &L->qqkv, vqkv, 3, tq) : !(L->wqkv = dalloc(r, cm, qkv * hidden * 2))) ||
+            (to ? quant_alloc(r, cm, &L->qo, vo, 1, to) : !(L->wo = dalloc(r, cm, hidden * cm->H * D * 2))) ||
             !(L->attn_norm = dalloc(r, cm, hidden * 4)) || !(L->ffn_norm = dalloc(r, cm, hidden * 4)))
             goto oom;
+        if (tq || to || tgu || tdn) cm->plain = 1;   /* the fused GEMV forms read bf16 only */
         if (c->n_experts) {
             size_t E = (size_t)c->n_experts, MF = (size_t)c->moe_ffn;
             if (!(L->router = dalloc(r, cm, E * hidden * 2)) || !(L->exp_gu = dalloc(r, cm, E * 2 * MF * hidden * 2)) ||
                 !(L->exp_down = dalloc(r, cm, E * hidden * MF * 2)))
                 goto oom;
-        } else if (!(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * 2)) ||
-                   !(L->wdown = dalloc(r, cm, hidden * cm->ffn * 2))) {
+        } else if ((tgu ? quant_alloc(r, cm, &L->qgu, vgu, 2, tgu) : !(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * 2))) ||
+                   (tdn ? quant_alloc(r, cm, &L->qdown, vdown, 1, tdn) : !(L->wdown = dalloc(r, cm, hidden * cm->ffn * 2)))) {
             goto oom;
         }
         if (c->qkv_bias && !(L->bqkv = dalloc(r, cm, qkv * 4))) goto oom;
@@ -351,7 +410,7 @@ void cuda_model_free(cuda_model *cm) {
             cuda_layer *L = &cm->layers[l];
             void *ps[] = {L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->attn_norm, L->ffn_norm,
                           L->wgu, L->wdown, L->post_attn_norm, L->post_ffn_norm, L->router, L->exp_gu,
-                          L->exp_down};
+                          L->exp_down, L->qqkv.w, L->qo.w, L->qgu.w, L->qdown.w};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
         free(cm->layers);

@@ -1162,6 +1162,21 @@ int tensor_to_f32(const tensor_view *t, float *dst) {
     return 0;
 }
 
+int tensor_ggml_type(const tensor_view *t) {
+    return t && (unsigned)t->dtype <= TDT_Q5_K ? (int)view_ggml_type(t->dtype) : -1;
+}
+
+int tensor_rows_raw(const tensor_view *t, int64_t row0, int64_t nrows, void *dst, size_t *row_bytes) {
+    view_geom v;
+    int rc = view_geometry(t, &v);
+    if (rc) return rc;
+    if (t->ndim != 2 || row0 < 0 || nrows < 0 || row0 + nrows > v.rows) return SPECD_EINVAL;
+    for (int64_t r = 0; r < nrows; r++)
+        memcpy((uint8_t *)dst + (size_t)r * v.row_bytes, row_src(t, &v, row0 + r), v.row_bytes);
+    if (row_bytes) *row_bytes = v.row_bytes;
+    return 0;
+}
+
 static uint16_t f32_to_bf16(float f) {
     uint32_t b;
     memcpy(&b, &f, 4);

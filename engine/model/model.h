@@ -137,6 +137,11 @@ int64_t tensor_numel(const tensor_view *t);
  * applies unpermute_heads. Returns 0 or a negative code. */
 int tensor_to_f32(const tensor_view *t, float *dst);
 int tensor_to_bf16(const tensor_view *t, uint16_t *dst);
+/* A 2-D view's ggml type id (GGUF's block formats; 0 F32, 1 F16, 30 BF16, ...) and the
+ * stored bytes of its logical rows [row0, row0 + nrows) in order, Q/K permutation undone
+ * (rows are whole blocks): what a kernel that reads quantized weights in place takes. */
+int tensor_ggml_type(const tensor_view *t);
+int tensor_rows_raw(const tensor_view *t, int64_t row0, int64_t nrows, void *dst, size_t *row_bytes);
 
 /* Rotary inverse frequencies (head_dim/2 floats) as transformers computes them in fp32,
  * llama3-scaled if the config says so. round_to_bf16 rounds them to bf16, as happens to

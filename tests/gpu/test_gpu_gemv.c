@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "kernels/specd_kernels.h"
+#include "kernels/quant_blocks.h"
 #include "tests/gpu/gpu_util.h"
 
 #define GUARD 64   /* poisoned elements after every output */
@@ -466,6 +467,93 @@ static void test_norm_fold_matches_rmsnorm_then_gemv(void **state) {
     check_norm_fold(2048, 8192, 1024, 8);
 }
 
+/* ---- GEMV over quantized blocks (kernels/gemv_q.cu) ------------------------------------- */
+
+/* A random finite half scale of magnitude ~2^-10..2^-6 (realistic block scales). */
+static void put_scale(uint8_t *p) {
+    uint16_t h = (uint16_t)((5 + gu_next(&g_seed) % 4) << 10 | (gu_next(&g_seed) & 0x3ff));
+    if (gu_next(&g_seed) & 1) h |= 0x8000;
+    p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+}
+
+/* k_gemv_q on random blocks of type t (out rows of `in` elements) and n tokens, overwrite
+ * and accumulate, against the host decode (quant_blocks.h, checked against ggml_dequantize
+ * by tests/test_quant_blocks.c) and a double dot; rows past n and the guard untouched. */
+static void check_gemv_q(int t, int out, int in, int n) {
+    const int E = qb_elems(t), S = qb_bytes(t);
+    const size_t wbytes = (size_t)out * (in / E) * S, outn = (size_t)n * out, guard = 64;
+    uint8_t *W = malloc(wbytes);
+    for (size_t i = 0; i < wbytes; i++) W[i] = (uint8_t)gu_next(&g_seed);
+    for (size_t b = 0; b < wbytes / S; b++) {
+        uint8_t *blk = W + b * S;
+        if (t == QB_Q8_0) put_scale(blk);
+        if (t == QB_Q4_K) put_scale(blk), put_scale(blk + 2);
+        if (t == QB_Q6_K) put_scale(blk + 208);
+    }
+    uint16_t *X = malloc((size_t)n * in * 2);
+    fill_bf(X, (size_t)n * in, -1.f, 1.f);
+    float *w = malloc(sizeof(float) * (size_t)in), *y0 = malloc(sizeof(float) * outn);
+    float *Y = malloc(sizeof(float) * (outn + guard));
+    double *ref = malloc(sizeof(double) * outn);
+    for (int o = 0; o < out; o++) {
+        for (int k = 0; k < in; k += 8) qb_decode8(t, W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int b = 0; b < n; b++) {
+            double acc = 0;
+            for (int k = 0; k < in; k++) acc += (double)w[k] * gu_bf2f(X[(size_t)b * in + k]);
+            ref[(size_t)b * out + o] = acc;
+        }
+    }
+    fill(y0, outn, -1.f, 1.f);
+    void *dW = gu_upload(W, wbytes), *dX = gu_upload(X, (size_t)n * in * 2);
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        void *dY = gu_dev(sizeof(float) * (outn + guard));   /* NaN-poisoned */
+        if (accumulate) GPU_CHECK(cudaMemcpy(dY, y0, sizeof(float) * outn, cudaMemcpyHostToDevice));
+        assert_int_equal(k_gemv_q(t, dW, dX, dY, out, in, n, accumulate, 0), 0);
+        gu_download(Y, dY, sizeof(float) * (outn + guard));
+        double me = 0, mr = 0;
+        for (size_t i = 0; i < outn; i++) {
+            double r = ref[i] + (accumulate ? y0[i] : 0.0);
+            assert_false(isnan(Y[i]));
+            me = fmax(me, fabs(Y[i] - r));
+            mr = fmax(mr, fabs(r));
+        }
+        for (size_t i = outn; i < outn + guard; i++) assert_true(isnan(Y[i]));
+        printf("  gemv_q type %d out %d in %d n %d acc %d: rel err %.2e\n", t, out, in, n, accumulate, me / mr);
+        assert_true(me / mr < 1e-4);
+        cudaFree(dY);
+    }
+    /* k_dequant_q: the bf16 copy equals the host decode rounded to bf16, element for element */
+    uint16_t *dB = gu_dev((size_t)out * in * 2), *B = malloc((size_t)out * in * 2);
+    assert_int_equal(k_dequant_q(t, dW, dB, out, in, 0), 0);
+    gu_download(B, dB, (size_t)out * in * 2);
+    long bad = 0;
+    for (int o = 0; o < out; o++) {
+        for (int k = 0; k < in; k += 8) qb_decode8(t, W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int k = 0; k < in; k++) bad += B[(size_t)o * in + k] != gu_f2bf(w[k]);
+    }
+    assert_int_equal(bad, 0);
+    cudaFree(dB), free(B);
+    cudaFree(dW), cudaFree(dX);
+    free(W), free(X), free(w), free(y0), free(Y), free(ref);
+}
+
+static void test_gemv_q_matches_host_decode(void **state) {
+    (void)state;
+    check_gemv_q(QB_Q4_K, 2048, 2048, 1);   /* a 1B projection at batch 1 */
+    check_gemv_q(QB_Q6_K, 2048, 8192, 2);   /* 1B down (Q4_K_M keeps some in Q6_K) */
+    check_gemv_q(QB_Q8_0, 1000, 1024, 5);
+    check_gemv_q(QB_Q4_K, 300, 512, 8);     /* rows not a multiple of the warps per block */
+    check_gemv_q(QB_Q6_K, 77, 256, 3);
+    /* rejected: rows not whole blocks, too many tokens, an unsupported type, unaligned X */
+    uint8_t *d = gu_dev(1 << 20);
+    float *f = gu_dev(1 << 20);
+    assert_int_equal(k_gemv_q(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 200, 1, 0, 0), -1);
+    assert_int_equal(k_gemv_q(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 64, 9, 0, 0), -1);
+    assert_int_equal(k_gemv_q(2, d, (uint16_t *)(d + 65536), f, 8, 64, 1, 0, 0), -1);
+    assert_int_equal(k_gemv_q(QB_Q8_0, d, (uint16_t *)(d + 65538), f, 8, 64, 1, 0, 0), -1);
+    cudaFree(d), cudaFree(f);
+}
+
 int main(void) {
     g_seed = gu_seed();
     printf("test_gpu_gemv: seed %llu (SPECD_TEST_SEED replays)\n", (unsigned long long)g_seed);
@@ -476,6 +564,7 @@ int main(void) {
         cmocka_unit_test(test_plain_gemv_all_row_counts),
         cmocka_unit_test(test_plain_gemv_split_k_projection_shapes),
         cmocka_unit_test(test_norm_fold_matches_rmsnorm_then_gemv),
+        cmocka_unit_test(test_gemv_q_matches_host_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,103 @@
+/* GGUF quantized blocks decoded 8 elements at a time, for the kernels that read quantized
+ * weights in place (kernels/gemv_q.cu) and for their host tests: plain C that nvcc compiles
+ * for the device and cc for the host (tests/test_quant_blocks.c checks every chunk of
+ * every supported type against engine/model/gguf.c's ggml_dequantize).
+ *
+ * A row of a quantized matrix is a run of blocks (32 or 256 elements each); element k of
+ * the row is element k % QB_ELEMS(t) of block k / QB_ELEMS(t). qb_decode8(t, blk, e0, y)
+ * writes elements e0 .. e0 + 7 of one block (e0 a multiple of 8), so a kernel can walk a
+ * row in the 8-element steps its bf16 form takes. Layouts (ggml's, see gguf.c):
+ *   Q8_0 (32 elements, 34 bytes):  fp16 d, int8 q[32]                       x = d * q
+ *   Q4_K (256, 144):  fp16 d, fp16 dmin, u8 scales[12], u8 qs[128]; sub-block s (32
+ *                     elements) has a 6-bit scale and min; x = d * sc * nibble - dmin * m
+ *   Q6_K (256, 210):  u8 ql[128], u8 qh[64], int8 sc[16], fp16 d; x = d * sc * (q - 32) */
+#ifndef SPECD_QUANT_BLOCKS_H
+#define SPECD_QUANT_BLOCKS_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define QB_HD __host__ __device__ __forceinline__
+#else
+#define QB_HD static inline
+#endif
+
+enum { QB_Q8_0 = 8, QB_Q4_K = 12, QB_Q6_K = 14 };   /* ggml type ids */
+
+QB_HD int qb_elems(int t) { return t == QB_Q8_0 ? 32 : 256; }
+QB_HD int qb_bytes(int t) { return t == QB_Q8_0 ? 34 : t == QB_Q4_K ? 144 : t == QB_Q6_K ? 210 : 0; }
+
+/* IEEE half -> float without intrinsics (normal, subnormal, zero, inf / NaN). */
+QB_HD float qb_half(const uint8_t *p) {
+    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    const uint32_t sign = (h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    float v;
+    if (e == 0) {
+        v = (float)m * (1.0f / 16777216.0f);   /* m * 2^-24: subnormal (or zero) */
+    } else if (e == 31) {
+        union { uint32_t u; float f; } c;
+        c.u = 0x7f800000u | (m << 13);
+        v = c.f;
+    } else {
+        union { uint32_t u; float f; } c;
+        c.u = ((e + 112) << 23) | (m << 13);
+        v = c.f;
+    }
+    return sign ? -v : v;
+}
+
+/* Q4_K sub-block s's 6-bit scale and min (four in the low bits of bytes 0..7, four split
+ * between bytes 8..11 and the spare top bits of bytes 0..7). */
+QB_HD void qb_k4_scale_min(int s, const uint8_t *sc, int *scale, int *min) {
+    if (s < 4) {
+        *scale = sc[s] & 63;
+        *min = sc[s + 4] & 63;
+    } else {
+        *scale = (sc[s + 4] & 0xf) | ((sc[s - 4] >> 6) << 4);
+        *min = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+    }
+}
+
+QB_HD void qb_decode8_q8_0(const uint8_t *b, int e0, float *y) {
+    const float d = qb_half(b);
+    for (int j = 0; j < 8; j++) y[j] = d * (float)(int8_t)b[2 + e0 + j];
+}
+
+/* Elements e0..e0+7 of sub-block s = e0 / 32: the 32 bytes of qs at 32 * (s / 2) hold
+ * sub-block s's values in their low nibbles (s even) or high nibbles (s odd). */
+QB_HD void qb_decode8_q4_k(const uint8_t *b, int e0, float *y) {
+    const float d = qb_half(b), dmin = qb_half(b + 2);
+    const int s = e0 >> 5, l0 = e0 & 31;
+    int sc, mn;
+    qb_k4_scale_min(s, b + 4, &sc, &mn);
+    const float ds = d * (float)sc, dm = dmin * (float)mn;
+    const uint8_t *q = b + 16 + 32 * (s >> 1) + l0;
+    const int shift = (s & 1) * 4;
+    for (int j = 0; j < 8; j++) y[j] = ds * (float)((q[j] >> shift) & 0xf) - dm;
+}
+
+/* Q6_K: two halves of 128 elements; in a half, quarter u = (e % 128) / 32 of element l
+ * (l < 32) takes its low 4 bits from ql[l] (u 0, 2: low / high nibble) or ql[l + 32]
+ * (u 1, 3) and its top 2 bits from bits 2u, 2u+1 of qh[l]; group l / 16 + 2u of the
+ * half's 8 scales. */
+QB_HD void qb_decode8_q6_k(const uint8_t *b, int e0, float *y) {
+    const int half = e0 >> 7, r = e0 & 127, u = r >> 5, l0 = r & 31;
+    const uint8_t *ql = b + 64 * half + (u & 1) * 32, *qh = b + 128 + 32 * half;
+    const int8_t *sc = (const int8_t *)(b + 192) + 8 * half;
+    const float d = qb_half(b + 208) * (float)sc[(l0 >> 4) + 2 * u];
+    const int lo_shift = (u >> 1) * 4, hi_shift = 2 * u;
+    for (int j = 0; j < 8; j++) {
+        const int l = l0 + j;
+        const int q = (int)(((ql[l] >> lo_shift) & 0xf) | (((qh[l] >> hi_shift) & 3) << 4)) - 32;
+        y[j] = d * (float)q;
+    }
+}
+
+/* Elements e0..e0+7 of block b of type t (a supported one). */
+QB_HD void qb_decode8(int t, const uint8_t *b, int e0, float *y) {
+    if (t == QB_Q8_0) qb_decode8_q8_0(b, e0, y);
+    else if (t == QB_Q4_K) qb_decode8_q4_k(b, e0, y);
+    else qb_decode8_q6_k(b, e0, y);
+}
+
+#endif

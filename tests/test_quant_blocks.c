@@ -1,0 +1,88 @@
+/* kernels/quant_blocks.h (the 8-element block decoders the quantized-weight kernels use)
+ * against engine/model/gguf.c's ggml_dequantize, which the loader's tests check on blocks
+ * of known codes: every 8-element chunk of random blocks of each type must decode to the
+ * same floats, bit for bit; fp16 halves cover normal, subnormal and zero scales. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/model/gguf.h"
+#include "kernels/quant_blocks.h"
+
+static uint64_t g_state = 0x9e3779b97f4a7c15ULL;
+
+static uint32_t rnd(void) {
+    g_state ^= g_state << 13;
+    g_state ^= g_state >> 7;
+    g_state ^= g_state << 17;
+    return (uint32_t)(g_state >> 11);
+}
+
+/* A random finite half: mostly normal, sometimes subnormal or zero, either sign. */
+static void put_half(uint8_t *p) {
+    uint32_t r = rnd();
+    uint16_t h;
+    if (r % 17 == 0) h = 0;
+    else if (r % 13 == 0) h = (uint16_t)(rnd() & 0x3ff);                       /* subnormal */
+    else h = (uint16_t)(((rnd() % 30) + 1) << 10 | (rnd() & 0x3ff));            /* normal */
+    h |= (uint16_t)((r >> 20) & 1) << 15;
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static void check_type(int t, ggml_type gt, int n_blocks) {
+    const int E = qb_elems(t), S = qb_bytes(t);
+    uint8_t blk[256];
+    float ref[256], got[8];
+    long chunks = 0;
+    assert_true(S > 0 && S <= (int)sizeof blk);
+    for (int b = 0; b < n_blocks; b++) {
+        for (int i = 0; i < S; i++) blk[i] = (uint8_t)rnd();
+        if (t == QB_Q8_0) put_half(blk);
+        if (t == QB_Q4_K) put_half(blk), put_half(blk + 2);
+        if (t == QB_Q6_K) put_half(blk + 208);
+        assert_int_equal(ggml_dequantize(gt, blk, ref, E), 0);
+        for (int e0 = 0; e0 < E; e0 += 8, chunks++) {
+            qb_decode8(t, blk, e0, got);
+            for (int j = 0; j < 8; j++)
+                if (memcmp(&got[j], &ref[e0 + j], 4))
+                    fail_msg("type %d block %d element %d: %.9g, ggml_dequantize %.9g", t, b, e0 + j,
+                             (double)got[j], (double)ref[e0 + j]);
+        }
+    }
+    printf("  type %d: %d blocks, %ld chunks of 8 equal to ggml_dequantize\n", t, n_blocks, chunks);
+}
+
+static void test_decode8_equals_dequantize(void **st) {
+    (void)st;
+    check_type(QB_Q8_0, GGML_Q8_0, 2000);
+    check_type(QB_Q4_K, GGML_Q4_K, 2000);
+    check_type(QB_Q6_K, GGML_Q6_K, 2000);
+}
+
+/* qb_half on every one of the 65536 halves, NaNs by class. */
+static void test_half_every_value(void **st) {
+    (void)st;
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint8_t p[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
+        float a = qb_half(p), b = ggml_fp16_to_f32((uint16_t)h);
+        if (a != a || b != b) {
+            assert_true(a != a && b != b);
+            continue;
+        }
+        if (memcmp(&a, &b, 4)) fail_msg("half 0x%04x: %.9g vs %.9g", h, (double)a, (double)b);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decode8_equals_dequantize),
+        cmocka_unit_test(test_half_every_value),
+    };
+    return cmocka_run_group_tests_name("quant_blocks", tests, NULL, NULL);
+}

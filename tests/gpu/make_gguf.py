@@ -4,7 +4,11 @@ specd and llama.cpp read the very same file in side-by-side benchmarks.
     python3 tests/gpu/make_gguf.py --shape gemma3-270m OUT.gguf [--seed N]
 
 Shapes: gemma3-270m (Gemma 3 270M: 18 layers, hidden 640, 4 heads / 1 KV head of 256,
-window 512 on five layers of six, vocabulary 262144). The vocabulary is a synthetic
+window 512 on five layers of six, vocabulary 262144), llama-3.2-1b (16 layers, hidden 2048,
+32 heads / 8 KV heads of 64, FFN 8192, tied embeddings) and llama-3.1-8b (32 layers, hidden
+4096, 32 / 8 heads of 128, FFN 14336), both with the 128256-token vocabulary size and
+without Llama 3's rope scaling (random weights: only the shapes matter). Matrices are
+slices of one random pool (fast for 8B; every matrix still differs). The vocabulary is a synthetic
 SentencePiece-style one (control tokens, 256 byte tokens, pieces) so that tokenizer
 loading works in both engines; prompts are token ids. Norms are stored as llama.cpp's
 converter stores Gemma's: 1 + w.
@@ -17,6 +21,10 @@ import gguf
 SHAPES = {
     "gemma3-270m": dict(arch="gemma3", layers=18, hidden=640, heads=4, kv_heads=1, head_dim=256,
                         ffn=2048, vocab=262144, window=512, eps=1e-6, theta=1e6, ctx=32768),
+    "llama-3.2-1b": dict(arch="llama", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64,
+                         ffn=8192, vocab=128256, eps=1e-5, theta=5e5, ctx=131072, tied=True),
+    "llama-3.1-8b": dict(arch="llama", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+                         ffn=14336, vocab=128256, eps=1e-5, theta=5e5, ctx=131072, tied=False),
 }
 
 
@@ -29,10 +37,13 @@ def bf16(a):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="gemma3-270m", choices=sorted(SHAPES))
+    ap.add_argument("--vocab", type=int, help="vocabulary size other than the shape's")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("out")
     a = ap.parse_args()
-    s = SHAPES[a.shape]
+    s = dict(SHAPES[a.shape])
+    if a.vocab:
+        s["vocab"] = a.vocab
     rng = np.random.default_rng(a.seed)
     arch, H, D, V = s["arch"], s["hidden"], s["head_dim"], s["vocab"]
     w = gguf.GGUFWriter(a.out, arch)
@@ -46,7 +57,10 @@ def main():
     w.add_value_length(D)
     w.add_layer_norm_rms_eps(s["eps"])
     w.add_rope_freq_base(s["theta"])
-    w.add_sliding_window(s["window"])
+    gemma = arch == "gemma3"
+    if gemma:
+        w.add_sliding_window(s["window"])
+    w.add_rope_dimension_count(D)
     # vocabulary: <pad> <eos> <bos> <unk>, 256 byte tokens, then pieces
     toks, scores, types = ["<pad>", "<eos>", "<bos>", "<unk>"], [0.0] * 4, [3, 3, 3, 2]
     toks += [f"<0x{b:02X}>" for b in range(256)]
@@ -67,15 +81,26 @@ def main():
     w.add_unk_token_id(3)
     w.add_add_bos_token(True)
 
-    def mat(name, rows, cols, std=0.02):
-        x = rng.uniform(-std * 3 ** 0.5, std * 3 ** 0.5, size=(rows, cols)).astype(np.float32)
-        w.add_tensor(name, bf16(x), raw_shape=(rows, cols), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    pool = bf16(rng.uniform(-0.02 * 3 ** 0.5, 0.02 * 3 ** 0.5, size=1 << 25))
+    pool = np.concatenate([pool, pool])
+
+    def mat(name, rows, cols):
+        parts, left = [], rows * cols
+        while left:     # random slices of the pool, up to its size each
+            k = min(left, pool.size // 2)
+            o = int(rng.integers(0, pool.size // 2))
+            parts.append(pool[o:o + k])
+            left -= k
+        x = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        w.add_tensor(name, x.reshape(rows, cols), raw_shape=(rows, cols), raw_dtype=gguf.GGMLQuantizationType.BF16)
 
     def norm(name, n):
         w.add_tensor(name, rng.uniform(0.8, 1.2, size=n).astype(np.float32))
 
     mat("token_embd.weight", V, H)
     norm("output_norm.weight", H)
+    if not gemma and not s["tied"]:
+        mat("output.weight", V, H)
     q, kv, F = s["heads"] * D, s["kv_heads"] * D, s["ffn"]
     for l in range(s["layers"]):
         p = f"blk.{l}."
@@ -83,15 +108,18 @@ def main():
         mat(p + "attn_q.weight", q, H)
         mat(p + "attn_k.weight", kv, H)
         mat(p + "attn_v.weight", kv, H)
-        norm(p + "attn_q_norm.weight", D)
-        norm(p + "attn_k_norm.weight", D)
+        if gemma:
+            norm(p + "attn_q_norm.weight", D)
+            norm(p + "attn_k_norm.weight", D)
         mat(p + "attn_output.weight", H, q)
-        norm(p + "post_attention_norm.weight", H)
+        if gemma:
+            norm(p + "post_attention_norm.weight", H)
         norm(p + "ffn_norm.weight", H)
         mat(p + "ffn_gate.weight", F, H)
         mat(p + "ffn_up.weight", F, H)
         mat(p + "ffn_down.weight", H, F)
-        norm(p + "post_ffw_norm.weight", H)
+        if gemma:
+            norm(p + "post_ffw_norm.weight", H)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,18 +1,82 @@
-/* Decode GEMV over GGUF-quantized weights read in place (issue #17; work in progress: the
- * CUDA runner does not call it yet). Y[t, o] (+)= sum_k W[o, k] X[t, k] for t < n <= 8:
- * W's row o is in / qb_elems(type) blocks of qb_bytes(type) bytes (kernels/quant_blocks.h:
- * Q8_0, Q4_K, Q6_K), X [n, in] bf16, Y [n, out] fp32. One warp per output row; lane c
- * takes the row's 8-element chunks c, c + 32, ..., decodes each (qb_decode8, the same
- * code the host test checks against ggml_dequantize) and dots it with every token's 8
- * activations; a warp sum, then lane t writes token t. First form: written for
- * correctness, its loads are bytes (not yet the 16-byte streams of gemv.cu). */
+/* Decode GEMV over GGUF-quantized weights read in place (issue #17). Y[t, o] (+)= sum_k
+ * W[o, k] X[t, k] for t < n <= 8: W's row o is in / E blocks of S bytes (kernels/
+ * quant_blocks.h: Q8_0 32/34, Q4_K 256/144, Q6_K 256/210), X [n, in] bf16, Y [n, out] fp32.
+ *
+ * Written for memory bandwidth (batch 1 streams every weight byte once per token):
+ *   - A warp owns GEMVQ_ROWS consecutive rows and a contiguous run of their blocks (split
+ *     K over the warps of a block when there are too few rows to fill the GPU; partial
+ *     sums meet in shared memory). It walks the run in steps of 1024 elements.
+ *   - A step's bytes are copied global -> shared with 16-byte cp.async (coalesced,
+ *     L1-bypassing), GEMVQ_STAGES - 1 steps ahead, the first ones before the PDL wait.
+ *     Rows are contiguous, so each (row, step) is one byte range; the copy takes the
+ *     aligned 16-byte words that cover it, which is how Q8_0 and Q6_K rows (34- and
+ *     210-byte blocks: starts only 2-byte aligned) are read with wide loads. Needs W
+ *     16-byte aligned; the one word past the end of the matrix is zero-filled, not read.
+ *   - Each lane decodes one 32-element part of a block from shared memory (16-byte reads,
+ *     realigned with byte_perm where a block is not 4-byte aligned), in registers, and
+ *     dots it with every token's activations (16-byte __ldg, L1 resident); each
+ *     activation load serves all GEMVQ_ROWS rows.
+ *   - The integer codes become floats with one byte_perm each: the code is put into the
+ *     top mantissa bits of 0.5 (f = 0.5 + q * 2^-m), the part's dot sum(f x) is taken in
+ *     fp32 and sum(q x) = 2^m (sum(f x) - sum(x) / 2) recovered per 16 or 32
+ *     elements (Q4_K needs sum(x) for its mins anyway). This costs a few bits in the
+ *     products (f carries 4-6 bits of code in 24): the error vs the double host reference
+ *     should stay ~1e-6 relative (tests/gpu/test_gpu_gemv.c checks < 1e-4).
+ *     Q8_0 uses the exact 2^23 magic instead (its budget per weight is larger).
+ * The result equals the host decode (qb_decode8, bit-exact vs ggml) dotted in a different
+ * order and scaled per sub-block rather than per element, so it matches to fp32 rounding,
+ * not bit for bit. */
+#include <cuda_fp16.h>
+
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/tc.cuh"
 
 #define GEMVQ_WARPS 8
+#define GEMVQ_ROWS 2     /* rows per warp: each activation load and unpack serves all */
+#define GEMVQ_STAGES 3   /* shared-memory steps per warp: two in flight while one is used */
 
-__device__ __forceinline__ void gemvq_unpack8(uint4 v, float (&f)[8]) {
+/* Per type: elements E and bytes S of a block, blocks SB of a 1024-element step (lane
+ * l takes part l % (32 / SB) of block l / (32 / SB) in it). */
+template <int T> struct gq;
+template <> struct gq<QB_Q8_0> { enum { E = 32, S = 34, SB = 32 }; };
+template <> struct gq<QB_Q4_K> { enum { E = 256, S = 144, SB = 4 }; };
+template <> struct gq<QB_Q6_K> { enum { E = 256, S = 210, SB = 4 }; };
+
+/* uint4 words of one staged (row, step): its bytes from any 2-aligned start, plus a word
+ * of slack that gq_lds16's fifth read may touch. */
+template <int T> __host__ __device__ constexpr int gq_words() { return (gq<T>::SB * gq<T>::S + 15) / 16 + 2; }
+template <int T> constexpr size_t gq_smem_bytes() {
+    return (size_t)GEMVQ_WARPS * GEMVQ_STAGES * GEMVQ_ROWS * gq_words<T>() * 16;
+}
+
+/* 16 bytes global -> shared; only the first n (< 16 only for the matrix's last word) are
+ * read, the rest zero-filled. */
+__device__ __forceinline__ void gq_cp16(void *dst, const void *src, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_smem_addr(dst)), "l"(src), "r"(n)
+                 : "memory");
+}
+
+/* 16 bytes of shared memory at a 2-aligned address: five word reads, shifted by two bytes
+ * when p is not 4-aligned (blocks of 34 and 210 bytes). */
+__device__ __forceinline__ uint4 gq_lds16(const uint8_t *p) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sel = ((uintptr_t)p & 2) ? 0x5432u : 0x3210u;
+    const uint32_t w0 = a[0], w1 = a[1], w2 = a[2], w3 = a[3], w4 = a[4];
+    return make_uint4(__byte_perm(w0, w1, sel), __byte_perm(w1, w2, sel), __byte_perm(w2, w3, sel),
+                      __byte_perm(w3, w4, sel));
+}
+
+__device__ __forceinline__ float gq_h2f(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+/* Byte e of b (a code c in its bits 0..6) as the float with bits 0x3f000000 | c << 16, i.e.
+ * 0.5 * (1 + c * 2^-7): one byte_perm. */
+__device__ __forceinline__ float gq_half_plus(uint32_t b, int e) {
+    return __uint_as_float(__byte_perm(b, 0x3f000000u, 0x7044u | (uint32_t)e << 8));
+}
+
+__device__ __forceinline__ void gq_unpack8(uint4 v, float (&f)[8]) {
     const uint32_t a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -21,47 +85,300 @@ __device__ __forceinline__ void gemvq_unpack8(uint4 v, float (&f)[8]) {
     }
 }
 
-template <int NB, int T>
-__global__ void __launch_bounds__(GEMVQ_WARPS * 32)
-gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in,
-              int accumulate) {
-    k_pdl_trigger();
-    const int lane = threadIdx.x & 31, o = blockIdx.x * GEMVQ_WARPS + (threadIdx.x >> 5);
-    const int E = qb_elems(T), S = qb_bytes(T), chunks = in / 8;
-    const uint8_t *row = W + (size_t)(o < out ? o : 0) * (size_t)(in / E) * S;
-    float acc[NB];
-#pragma unroll
-    for (int t = 0; t < NB; t++) acc[t] = 0.f;
-    k_pdl_wait();
-    if (o >= out) return;
-    for (int c = lane; c < chunks; c += 32) {
-        const int k0 = c * 8;
-        float w[8];
-        qb_decode8(T, row + (size_t)(k0 / E) * S, k0 % E, w);
-#pragma unroll
-        for (int t = 0; t < NB; t++) {
-            float x[8];
-            gemvq_unpack8(*(const uint4 *)(X + (size_t)t * in + k0), x);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
-        }
-    }
+/* s[r][t] += f[r] . x[t] over 8 elements at x (token rows `in` apart); sx[t] += sum x[t]
+ * when SX. */
+template <int NB, bool SX>
+__device__ __forceinline__ void gq_fma8(const float (&f)[GEMVQ_ROWS][8], const uint16_t *x, int in,
+                                        float (&s)[GEMVQ_ROWS][NB], float (&sx)[NB]) {
 #pragma unroll
     for (int t = 0; t < NB; t++) {
-        const float v = k_warp_sum(acc[t]);
-        if (lane == t) {
+        float xf[8];
+        gq_unpack8(__ldg((const uint4 *)(x + (size_t)t * in)), xf);
+        if (SX) sx[t] += ((xf[0] + xf[1]) + (xf[2] + xf[3])) + ((xf[4] + xf[5]) + (xf[6] + xf[7]));
+#pragma unroll
+        for (int r = 0; r < GEMVQ_ROWS; r++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) s[r][t] = fmaf(f[r][e], xf[e], s[r][t]);
+    }
+}
+
+/* ---- per-type part decoders: acc[r][t] += part p of blk[r] . X[t, k0 + ...] ------------ */
+
+/* Q8_0: the part is the whole block (d, 32 int8). Codes + 128 go under the 2^23 magic:
+ * exact integers, one byte_perm and one add each. */
+template <int NB>
+__device__ __forceinline__ void gq_part_q8_0(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
+                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
+    (void)p;
+    uint4 q[GEMVQ_ROWS][2];
+    float d[GEMVQ_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++) {
+        d[r] = gq_h2f(*(const uint16_t *)blk[r]);
+        q[r][0] = gq_lds16(blk[r] + 2);
+        q[r][1] = gq_lds16(blk[r] + 18);
+    }
+    float s[GEMVQ_ROWS][NB], sx[NB];
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) s[r][t] = 0.f;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {   /* elements 8g .. 8g + 7 */
+        float f[GEMVQ_ROWS][8];
+#pragma unroll
+        for (int r = 0; r < GEMVQ_ROWS; r++) {
+            const uint4 v = q[r][g >> 1];
+            const uint32_t lo = ((g & 1) ? v.z : v.x) ^ 0x80808080u, hi = ((g & 1) ? v.w : v.y) ^ 0x80808080u;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                f[r][e] = __uint_as_float(__byte_perm(lo, 0x4b000000u, 0x7440u | (uint32_t)e)) - 8388736.f;
+                f[r][4 + e] = __uint_as_float(__byte_perm(hi, 0x4b000000u, 0x7440u | (uint32_t)e)) - 8388736.f;
+            }
+        }
+        gq_fma8<NB, false>(f, x + 8 * g, in, s, sx);
+    }
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) acc[r][t] = fmaf(d[r], s[r][t], acc[r][t]);
+}
+
+/* Q4_K: part p (0..7) is qs bytes 16p .. 16p + 15: low nibbles are elements 64j + l0 + i
+ * of sub-block 2j, high nibbles 64j + 32 + l0 + i of sub-block 2j + 1 (j = p / 2, l0 =
+ * 16 (p % 2)). The 6-bit scales and mins of all eight sub-blocks are unpacked four to a
+ * word (qb_k4_scale_min's layout). f = 0.5 + q / 32, so sum(q x) = 32 s - 16 sum(x). */
+template <int NB>
+__device__ __forceinline__ void gq_part_q4_k(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
+                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
+    const int j = p >> 1, l0 = (p & 1) * 16, sh = 16 * (j & 1);
+    uint4 q[GEMVQ_ROWS];
+    float ds[GEMVQ_ROWS][2], dm[GEMVQ_ROWS][2];
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++) {
+        const uint4 h = *(const uint4 *)blk[r];   /* d, dmin, scales[12]: 16-aligned */
+        q[r] = *(const uint4 *)(blk[r] + 16 + 16 * p);
+        const float d = gq_h2f(h.x & 0xffff), dmin = gq_h2f(h.x >> 16);
+        const uint32_t sc = j < 2 ? h.y & 0x3f3f3f3fu : (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+        const uint32_t mn = j < 2 ? h.z & 0x3f3f3f3fu : ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+        ds[r][0] = d * (float)((sc >> sh) & 0xff), dm[r][0] = dmin * (float)((mn >> sh) & 0xff);
+        ds[r][1] = d * (float)((sc >> (sh + 8)) & 0xff), dm[r][1] = dmin * (float)((mn >> (sh + 8)) & 0xff);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {   /* low nibbles (sub-block 2j), then high (2j + 1) */
+        float s[GEMVQ_ROWS][NB], sx[NB];
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            sx[t] = 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            float f[GEMVQ_ROWS][8];
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) {
+                const uint32_t w0 = g ? q[r].z : q[r].x, w1 = g ? q[r].w : q[r].y;
+                /* the nibble to bits 3..6 of its byte */
+                const uint32_t b0 = (hf ? w0 >> 1 : w0 << 3) & 0x78787878u, b1 = (hf ? w1 >> 1 : w1 << 3) & 0x78787878u;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    f[r][e] = gq_half_plus(b0, e);
+                    f[r][4 + e] = gq_half_plus(b1, e);
+                }
+            }
+            gq_fma8<NB, true>(f, x + 64 * j + 32 * hf + l0 + 8 * g, in, s, sx);
+        }
+#pragma unroll
+        for (int r = 0; r < GEMVQ_ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < NB; t++)
+                acc[r][t] += ds[r][hf] * (32.f * s[r][t] - 16.f * sx[t]) - dm[r][hf] * sx[t];
+    }
+}
+
+/* Q6_K: part p = (h, a, c) = (p / 4, p / 2 % 2, p % 2) is ql bytes 64h + 32a + 16c + i and
+ * qh bytes 32h + 16c + i (i < 16): elements 128h + 32u + 16c + i for u = a (low nibbles,
+ * qh bits 2a..2a+1) and u = a + 2 (high nibbles, bits 2a+4..2a+5), scales sc[8h + c + 2u].
+ * The 6-bit code goes to bits 1..6 of a byte: f = 0.5 + q / 128, sum((q - 32) x) =
+ * 128 s - 96 sum(x). */
+template <int NB>
+__device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
+                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
+    const int h = p >> 2, a = (p >> 1) & 1, c = p & 1;
+    uint4 ql[GEMVQ_ROWS], qh[GEMVQ_ROWS];
+    float dsc[GEMVQ_ROWS][2];
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++) {
+        ql[r] = gq_lds16(blk[r] + 64 * h + 32 * a + 16 * c);
+        qh[r] = gq_lds16(blk[r] + 128 + 32 * h + 16 * c);
+        const float d = gq_h2f(*(const uint16_t *)(blk[r] + 208));
+        const int8_t *sc = (const int8_t *)(blk[r] + 192 + 8 * h + c + 2 * a);
+        dsc[r][0] = d * (float)sc[0];
+        dsc[r][1] = d * (float)sc[4];
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {   /* u = a, then u = a + 2 */
+        float s[GEMVQ_ROWS][NB], sx[NB];
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            sx[t] = 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            float f[GEMVQ_ROWS][8];
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) {
+                const uint32_t l[2] = {g ? ql[r].z : ql[r].x, g ? ql[r].w : ql[r].y};
+                const uint32_t u[2] = {g ? qh[r].z : qh[r].x, g ? qh[r].w : qh[r].y};
+#pragma unroll
+                for (int w = 0; w < 2; w++) {
+                    const uint32_t hb = u[w] >> (2 * a);   /* this u's two bits at 0..1 (hf 0) or 4..5 */
+                    const uint32_t b = ((hf ? l[w] >> 3 : l[w] << 1) & 0x1e1e1e1eu) |
+                                       ((hf ? hb << 1 : hb << 5) & 0x60606060u);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) f[r][4 * w + e] = gq_half_plus(b, e);
+                }
+            }
+            gq_fma8<NB, true>(f, x + 128 * h + 32 * (a + 2 * hf) + 16 * c + 8 * g, in, s, sx);
+        }
+#pragma unroll
+        for (int r = 0; r < GEMVQ_ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < NB; t++) acc[r][t] += dsc[r][hf] * (128.f * s[r][t] - 96.f * sx[t]);
+    }
+}
+
+template <int T, int NB>
+__device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x, int in,
+                                        float (&acc)[GEMVQ_ROWS][NB]) {
+    if (T == QB_Q8_0) gq_part_q8_0<NB>(blk, p, x, in, acc);
+    else if (T == QB_Q4_K) gq_part_q4_k<NB>(blk, p, x, in, acc);
+    else gq_part_q6_k<NB>(blk, p, x, in, acc);
+}
+
+/* Copy step s of this warp's rows into its stage buffer s % GEMVQ_STAGES. */
+template <int T>
+__device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t row_bytes, const int (&row)[GEMVQ_ROWS],
+                                         int kb0, int kb1, int s, uint4 *buf, int lane) {
+    constexpr int S = gq<T>::S, SB = gq<T>::SB, WORDS = gq_words<T>();
+    const int b0 = kb0 + s * SB, b1 = min(kb1, b0 + SB);
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++) {
+        const size_t gs = (size_t)row[r] * row_bytes + (size_t)b0 * S, ge = (size_t)row[r] * row_bytes + (size_t)b1 * S;
+        const size_t w0 = gs >> 4;
+        const int nw = (int)(((ge + 15) >> 4) - w0);
+        uint4 *dst = buf + ((s % GEMVQ_STAGES) * GEMVQ_ROWS + r) * WORDS;
+        for (int l = lane; l < nw; l += 32) {
+            const size_t off = (w0 + (size_t)l) * 16;
+            gq_cp16(dst + l, W + off, total - off < 16 ? (int)(total - off) : 16);
+        }
+    }
+}
+
+/* Block: GEMVQ_WARPS warps, ks_n of them per unit of GEMVQ_ROWS rows, warp ks taking
+ * blocks [nb ks / ks_n, nb (ks + 1) / ks_n) of each row. */
+template <int T, int NB>
+__global__ void __launch_bounds__(GEMVQ_WARPS * 32)
+gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in, int ks_n,
+              int accumulate) {
+    constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, LPB = 32 / SB, WORDS = gq_words<T>();
+    constexpr int R = GEMVQ_ROWS, P = GEMVQ_STAGES;
+    extern __shared__ uint4 gq_smem[];
+    __shared__ float red[GEMVQ_WARPS][R * NB];
+    k_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % ks_n;
+    const int unit = blockIdx.x * (GEMVQ_WARPS / ks_n) + warp / ks_n;
+    const bool live = unit * R < out;
+    const int nb = in / E, kb0 = (int)((long)nb * ks / ks_n), kb1 = (int)((long)nb * (ks + 1) / ks_n);
+    const int nsteps = live ? (kb1 - kb0 + SB - 1) / SB : 0;
+    const size_t row_bytes = (size_t)nb * S, total = (size_t)out * row_bytes;
+    uint4 *buf = gq_smem + (size_t)warp * P * R * WORDS;
+    int row[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) row[r] = min(unit * R + r, out - 1);   /* past out: reread the last row */
+    /* weights only before the wait */
+#pragma unroll
+    for (int s = 0; s < P - 1; s++) {
+        if (s < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s, buf, lane);
+        tc_commit();
+    }
+    k_pdl_wait();
+    float acc[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) acc[r][t] = 0.f;
+    const int bl = lane / LPB, p = lane % LPB;
+    for (int s = 0; s < nsteps; s++) {
+        if (s + P - 1 < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s + P - 1, buf, lane);
+        tc_commit();
+        tc_wait<P - 1>();   /* step s's group has landed (this lane's copies) ... */
+        __syncwarp();       /* ... and every other lane's */
+        const int b = kb0 + s * SB + bl;
+        if (b < kb1) {
+            const uint8_t *blk[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const size_t gs = (size_t)row[r] * row_bytes + (size_t)(kb0 + s * SB) * S;
+                blk[r] = (const uint8_t *)(buf + ((s % P) * R + r) * WORDS) + (gs & 15) + bl * S;
+            }
+            gq_part<T, NB>(blk, p, X + (size_t)b * E, in, acc);
+        }
+        __syncwarp();       /* reads of this buffer done before the copy into it */
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            const float v = k_warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r * NB + t] = v;
+        }
+    __syncthreads();
+    if (live && ks == 0 && lane < R * NB) {   /* lane r NB + t writes row r, token t */
+        const int o = unit * R + lane / NB, t = lane % NB;
+        float v = 0.f;
+        for (int j = 0; j < ks_n; j++) v += red[warp + j][lane];
+        if (o < out) {
             float *y = Y + (size_t)t * out + o;
             *y = accumulate ? *y + v : v;
         }
     }
 }
 
+/* Warps per unit: split K until about 32 warps per multiprocessor are busy, as long as
+ * each keeps at least one full step. */
+static int gemvq_ksplit(int units, int nb, int sb) {
+    const long want = (long)k_sm_count() * 32;
+    int ks = 1;
+    while (ks < GEMVQ_WARPS && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
+    return ks;
+}
+
+template <int T, int NB>
+static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int accumulate,
+                           cudaStream_t s) {
+    static bool smem_set = false;
+    const size_t smem = gq_smem_bytes<T>();
+    if (!smem_set) {
+        if (cudaFuncSetAttribute(gemv_q_kernel<T, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            cudaSuccess)
+            return -1;
+        smem_set = true;
+    }
+    const int units = (out + GEMVQ_ROWS - 1) / GEMVQ_ROWS, ks = gemvq_ksplit(units, in / gq<T>::E, gq<T>::SB);
+    const int upb = GEMVQ_WARPS / ks;
+    return k_launch(gemv_q_kernel<T, NB>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W, X, Y,
+                    out, in, ks, accumulate);
+}
+
 template <int T>
 static int gemv_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
                          cudaStream_t s) {
-    const dim3 grid((out + GEMVQ_WARPS - 1) / GEMVQ_WARPS), block(GEMVQ_WARPS * 32);
 #define GEMVQ_CASE(N) \
-    case N: return k_launch(gemv_q_kernel<N, T>, grid, block, 0, s, W, X, Y, out, in, accumulate)
+    case N: return gemv_q_launch_n<T, N>(W, X, Y, out, in, accumulate, s)
     switch (n) {
         GEMVQ_CASE(1); GEMVQ_CASE(2); GEMVQ_CASE(3); GEMVQ_CASE(4);
         GEMVQ_CASE(5); GEMVQ_CASE(6); GEMVQ_CASE(7); GEMVQ_CASE(8);
@@ -73,7 +390,8 @@ static int gemv_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out,
 extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
                         int accumulate, cudaStream_t s) {
     const int bytes = qb_bytes(type);
-    if (!bytes || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_MAX_N || ((uintptr_t)X % 16))
+    if (!bytes || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_MAX_N ||
+        ((uintptr_t)X | (uintptr_t)W) % 16)
         return -1;
     switch (type) {
     case QB_Q8_0: return gemv_q_launch<QB_Q8_0>(W, X, Y, out, in, n, accumulate, s);

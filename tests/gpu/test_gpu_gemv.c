@@ -10,7 +10,10 @@
  *   whose rows are split over several warps (split-K), accumulating and not.
  * - the RMSNorm fold: a producer GEMV's residual, bf16(h * g) and sum of h^2 against the
  *   host; consumers (plain, gated, rope) scaling by rsqrt(mean + eps) against the host and
- *   against the unfused path. */
+ *   against the unfused path.
+ * - k_gemv_q / k_dequant_q (GGUF blocks read in place) against the host decode, every type
+ *   and token count, unaligned row starts; then a printed timing of k_gemv_q at batch 1
+ *   (GB/s of weight bytes) next to k_gemv_bf16 on the same shapes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -544,14 +547,110 @@ static void test_gemv_q_matches_host_decode(void **state) {
     check_gemv_q(QB_Q8_0, 1000, 1024, 5);
     check_gemv_q(QB_Q4_K, 300, 512, 8);     /* rows not a multiple of the warps per block */
     check_gemv_q(QB_Q6_K, 77, 256, 3);
-    /* rejected: rows not whole blocks, too many tokens, an unsupported type, unaligned X */
+    /* rejected: rows not whole blocks, too many tokens, an unsupported type, unaligned X or W */
     uint8_t *d = gu_dev(1 << 20);
     float *f = gu_dev(1 << 20);
     assert_int_equal(k_gemv_q(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 200, 1, 0, 0), -1);
     assert_int_equal(k_gemv_q(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 64, 9, 0, 0), -1);
     assert_int_equal(k_gemv_q(2, d, (uint16_t *)(d + 65536), f, 8, 64, 1, 0, 0), -1);
     assert_int_equal(k_gemv_q(QB_Q8_0, d, (uint16_t *)(d + 65538), f, 8, 64, 1, 0, 0), -1);
+    assert_int_equal(k_gemv_q(QB_Q8_0, d + 2, (uint16_t *)(d + 65536), f, 8, 64, 1, 0, 0), -1);
     cudaFree(d), cudaFree(f);
+}
+
+/* Every type at every token count (overwrite and accumulate inside check_gemv_q), on odd
+ * row counts and rows that are not whole 1024-element steps; Q8_0 rows of 3 blocks (102
+ * bytes) and Q6_K rows of 3 or 10 blocks (630, 2100 bytes) start at every even offset mod
+ * 16, and their matrices end inside a 16-byte word (the zero-filled last copy). The
+ * larger shapes split K over 2-4 warps with a partial last step. */
+static void test_gemv_q_every_type_and_token_count(void **state) {
+    (void)state;
+    const int types[3] = {QB_Q8_0, QB_Q4_K, QB_Q6_K};
+    for (int i = 0; i < 3; i++)
+        for (int n = 1; n <= K_GEMV_MAX_N; n++) check_gemv_q(types[i], 37 + 2 * n, types[i] == QB_Q8_0 ? 96 : 768, n);
+    check_gemv_q(QB_Q6_K, 333, 2560, 1);
+    check_gemv_q(QB_Q6_K, 333, 2560, 7);
+    check_gemv_q(QB_Q8_0, 257, 4160, 1);
+    check_gemv_q(QB_Q8_0, 257, 4160, 4);
+    check_gemv_q(QB_Q4_K, 129, 3328, 2);
+    check_gemv_q(QB_Q4_K, 1, 256, 1);       /* one row: the warp's second row is past out */
+}
+
+/* ---- timing (read from the log; asserts only that the launches succeed) ---------------- */
+
+/* Mean microseconds per batch-1 launch (type 0: k_gemv_bf16), rotating over `copies`
+ * copies of the matrix (so the 50 MB L2 holds none of them between uses). */
+static double time_gemv(int type, uint8_t *const *W, int copies, const uint16_t *X, float *Y, int out, int in) {
+    cudaEvent_t a, b;
+    GPU_CHECK(cudaEventCreate(&a));
+    GPU_CHECK(cudaEventCreate(&b));
+    const int iters = copies * (copies < 100 ? (100 + copies - 1) / copies : 1);
+    for (int pass = 0; pass < 2; pass++) {   /* the first pass warms up */
+        GPU_CHECK(cudaEventRecord(a, 0));
+        for (int i = 0; i < iters; i++) {
+            const uint8_t *w = W[i % copies];
+            int rc = type ? k_gemv_q(type, w, X, Y, out, in, 1, 0, 0) : k_gemv_bf16((const uint16_t *)w, X, Y, out, in, 1, 0, 0);
+            assert_int_equal(rc, 0);
+        }
+        GPU_CHECK(cudaEventRecord(b, 0));
+        GPU_CHECK(cudaEventSynchronize(b));
+    }
+    float ms = 0;
+    GPU_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return 1e3 * ms / iters;
+}
+
+static double bench_one(int type, int out, int in, const uint16_t *dX, float *dY, double bf16_us) {
+    const size_t bytes = type ? (size_t)out * (in / qb_elems(type)) * qb_bytes(type) : (size_t)out * in * 2;
+    int copies = (int)(512e6 / (double)bytes) + 1;
+    if (copies < 2) copies = 2;
+    if (copies > 64) copies = 64;
+    uint8_t *h = malloc(bytes), *W[64];
+    for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)gu_next(&g_seed);
+    if (type) {
+        const int S = qb_bytes(type);
+        for (size_t k = 0; k < bytes / S; k++) {
+            uint8_t *blk = h + k * S;
+            if (type == QB_Q8_0) put_scale(blk);
+            if (type == QB_Q4_K) put_scale(blk), put_scale(blk + 2);
+            if (type == QB_Q6_K) put_scale(blk + 208);
+        }
+    } else {
+        uint16_t *hb = (uint16_t *)h;
+        for (size_t i = 0; i < bytes / 2; i++) hb[i] = gu_f2bf(gu_uniform(&g_seed, -0.05f, 0.05f));
+    }
+    for (int c = 0; c < copies; c++) {
+        GPU_CHECK(cudaMalloc((void **)&W[c], bytes));
+        GPU_CHECK(cudaMemcpy(W[c], h, bytes, cudaMemcpyHostToDevice));
+    }
+    const double us = time_gemv(type, W, copies, dX, dY, out, in), gbs = (double)bytes / (us * 1e3);
+    const char *name = type == QB_Q8_0 ? "Q8_0" : type == QB_Q4_K ? "Q4_K" : type == QB_Q6_K ? "Q6_K" : "bf16";
+    printf("  bench gemv out %5d in %5d n 1 %s: %8.2f us  %7.1f GB/s  (%4.1f%% of 4.8 TB/s)", out, in, name, us, gbs,
+           gbs / 48.0);
+    if (bf16_us > 0) printf("  time %.2fx bf16's", us / bf16_us);
+    printf("\n");
+    for (int c = 0; c < copies; c++) cudaFree(W[c]);
+    free(h);
+    return us;
+}
+
+static void test_gemv_q_bandwidth_report(void **state) {
+    (void)state;
+    const int shapes[2][2] = {{2048, 8192}, {14336, 4096}};   /* 1B down, 8B gate (out, in) */
+    for (int i = 0; i < 2; i++) {
+        const int out = shapes[i][0], in = shapes[i][1];
+        uint16_t *X = malloc((size_t)in * 2);
+        fill_bf(X, in, -1.f, 1.f);
+        uint16_t *dX = gu_upload(X, (size_t)in * 2);
+        float *dY = gu_dev(sizeof(float) * out);
+        const double bf = bench_one(0, out, in, dX, dY, 0);
+        bench_one(QB_Q8_0, out, in, dX, dY, bf);
+        bench_one(QB_Q4_K, out, in, dX, dY, bf);
+        bench_one(QB_Q6_K, out, in, dX, dY, bf);
+        cudaFree(dX), cudaFree(dY);
+        free(X);
+    }
 }
 
 int main(void) {
@@ -565,6 +664,8 @@ int main(void) {
         cmocka_unit_test(test_plain_gemv_split_k_projection_shapes),
         cmocka_unit_test(test_norm_fold_matches_rmsnorm_then_gemv),
         cmocka_unit_test(test_gemv_q_matches_host_decode),
+        cmocka_unit_test(test_gemv_q_every_type_and_token_count),
+        cmocka_unit_test(test_gemv_q_bandwidth_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -549,6 +549,7 @@ void engine_destroy(engine *e) {
 const model_config *engine_model_config(const engine *e) { return &e->target->cfg; }
 const tok_tokenizer *engine_tokenizer(const engine *e) { return e->tok; }
 const tmpl_template *engine_template(const engine *e) { return e->tmpl; }
+int engine_max_token_bytes(const engine *e) { return e->vtrie ? vocab_trie_max_bytes(e->vtrie) : 0; }
 const char *engine_device_name(const engine *e) { return e->run->ops->name; }
 int engine_has_work(const engine *e) { return e->n_reqs > e->n_paused; }
 

@@ -181,8 +181,10 @@ static int grammar_mask(engine *e, req *r, uint32_t *mask) {
     if (ctx_left < left) left = ctx_left;
     int n_ok = -1, dist = matcher_distance(r->m);
     /* (not when even 8 bytes a token could not close it: then the plain mask only; once
-     * the budget holds, dist <= left stays true, so it keeps holding to the end) */
-    if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * left) {
+     * the budget holds, dist <= left stays true, so it keeps holding to the end; nor when
+     * no token can bring it within the budget, as a token shortens the way by at most its
+     * bytes: that walk would find nothing, and the plain mask is cached) */
+    if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * left && dist - e->max_tok_bytes <= left - 1) {
         n_ok = matcher_fill_mask_within(r->m, mask, left - 1);
         if (n_ok == 0 && !matcher_accepting(r->m)) n_ok = -1;   /* too late to close: plain mask */
     }

@@ -453,7 +453,7 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
         return api_fail(e, 400, NULL, "min_tokens", NULL, "'min_tokens' must not exceed 'max_tokens'");
     if ((long long)r->n * (r->n_prompts ? r->n_prompts : 1) > API_MAX_CHOICES)
         return api_fail(e, 400, NULL, "n", NULL, "prompts x n must be at most %d", API_MAX_CHOICES);
-    if (api_parse_constraint(o, r, e) < 0) return -1;
+    if (api_parse_constraint(o, lim, r, e) < 0) return -1;
     return parse_unsupported(o, r, e);
 }
 

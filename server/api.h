@@ -53,6 +53,7 @@ typedef struct {
     const char *served_model; /* the name "model" must equal */
     int vocab;                /* token ids must be < vocab (the model's) */
     int max_n;                /* largest n */
+    int max_token_bytes;      /* the vocabulary's longest token (grammar_prepare_masks) */
 } api_limits;
 
 typedef struct {
@@ -94,7 +95,7 @@ typedef struct {
  * constrains a request (a forced tool call) sets r->sp.grammar the same way, from
  * grammar_compile, after unreffing any previous one. Returns 0 (none), 1 (set) or -1
  * (400 naming the field and the problem). */
-int api_parse_constraint(json_t *o, api_request *r, api_error *e);
+int api_parse_constraint(json_t *o, const api_limits *lim, api_request *r, api_error *e);
 
 /* Parse and validate a request body. Returns a new request (free with api_request_free),
  * or NULL with *e filled (status 400 / 404). */

@@ -106,7 +106,7 @@ static int parse_structured(json_t *so, constraint *c, api_error *e) {
     return 0;
 }
 
-int api_parse_constraint(json_t *o, api_request *r, api_error *e) {
+int api_parse_constraint(json_t *o, const api_limits *lim, api_request *r, api_error *e) {
     constraint c = {0};
     json_t *v;
     if ((v = given(o, "response_format")) && parse_response_format(v, &c, e)) goto fail;
@@ -157,6 +157,8 @@ int api_parse_constraint(json_t *o, api_request *r, api_error *e) {
         goto fail;
     }
     free(c.spec);
+    /* its mask classes here, not on the engine thread (out of memory: the engine retries) */
+    if (lim->max_token_bytes > 0) grammar_prepare_masks(r->sp.grammar, lim->max_token_bytes);
     return 1;
 fail:
     free(c.spec);

@@ -70,6 +70,7 @@ struct http_server {
     tc_format tool_format;     /* --tool-call-parser, resolved */
     rp_mode reasoning;         /* --reasoning-parser */
     int vocab;
+    int max_token_bytes;       /* the vocabulary's longest token (grammar_prepare_masks) */
     _Atomic int pending;
     MHD_socket listen_fd;      /* after http_quiesce: ours to close */
     guard *guard;              /* receive deadlines, connection cap */
@@ -315,7 +316,7 @@ static enum MHD_Result poll_reply(conn_ctx *x) {
 /* tool_choice required or a named function: the output is held by constrained decoding
  * to JSON the tool-call parser reads as calls (toolcall.h, tc_forced_schema): the named
  * function's arguments, or an array of {"name", "parameters"}. */
-static int force_tool_call(api_request *r, loop_job *job, api_error *e) {
+static int force_tool_call(const http_server *s, api_request *r, loop_job *job, api_error *e) {
     if (r->sp.grammar)
         return api_fail(e, 400, NULL, "tool_choice", NULL,
                         "tool_choice '%s' cannot be combined with another output constraint",
@@ -329,6 +330,7 @@ static int force_tool_call(api_request *r, loop_job *job, api_error *e) {
     if (!job->tool_grammar)
         return api_fail(e, 400, NULL, "tools", NULL, "cannot force a call of %s%s: its parameters schema: %s",
                         named ? "function " : "these tools", named ? r->tool_name : "", err);
+    if (s->max_token_bytes > 0) grammar_prepare_masks(job->tool_grammar, s->max_token_bytes);
     return 0;
 }
 
@@ -369,7 +371,7 @@ static int prepare_job(http_server *s, api_request *r, loop_job *job, api_error 
                 job->drop_stop_text = 1;
             }
         }
-        if (forced && force_tool_call(r, job, e)) return -1;
+        if (forced && force_tool_call(s, r, job, e)) return -1;
         int n = encode(s, text, len, 0, 1, &job->prompt_ids[0], "messages", e);
         free(text);
         if (n < 0) return -1;
@@ -410,7 +412,7 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     if (loop_engine_failed(s->lp))
         return fail(x, 503, "server_error", NULL, NULL, "the engine has failed; the server needs a restart");
     api_kind kind = x->route == R_CHAT || x->route == R_RESPONSES ? API_CHAT : API_COMPLETION;
-    api_limits lim = {s->model_name, s->vocab, s->cfg->max_n};
+    api_limits lim = {s->model_name, s->vocab, s->cfg->max_n, s->max_token_bytes};
     api_error e;
     api_request *r = x->route == R_RESPONSES ? api_resp_parse(x->body ? x->body : "", x->len, &lim, &e)
                                              : api_parse_request(kind, x->body ? x->body : "", x->len, &lim, &e);
@@ -850,6 +852,7 @@ void http_set_engine(http_server *h, const engine *e) {
     h->tok = engine_tokenizer(e);
     h->tmpl = engine_template(e);
     h->vocab = engine_model_config(e)->vocab;
+    h->max_token_bytes = engine_max_token_bytes(e);
     /* The tool-call format: the flag's, or what the chat template teaches the model. */
     int f = TC_NONE;
     tc_format_parse(h->cfg->tool_call_parser, &f);   /* validated by the config */

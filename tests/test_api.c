@@ -19,7 +19,7 @@
 #include "server/metrics.h"
 #include "server/sse.h"
 
-static const api_limits LIM = {"tiny", 1024, 16};
+static const api_limits LIM = {"tiny", 1024, 16, 0};
 
 static api_request *parse(api_kind k, const char *body, api_error *e) {
     memset(e, 0, sizeof *e);

@@ -15,6 +15,7 @@
 #include "engine/core/engine.h"
 #include "engine/core/err.h"
 #include "engine/text/grammar.h"
+#include "engine/text/grammar_internal.h"
 #include <jansson.h>
 #include <unistd.h>
 #include "engine/text/tokenizer.h"
@@ -383,7 +384,54 @@ static void mask_suite(const char *rel) {
     g = compile_ok(GRAMMAR_REGEX, "[A-Z][a-z]+ [0-9]{3}");
     walk_document(&f, g, "Hello 123", 1);
     grammar_unref(g);
+    /* counted repetition: the cache keys merge positions far from the end (mask classes),
+     * the last ones must stay apart (a token longer than what is left does not fit) */
+    g = compile_ok(GRAMMAR_REGEX, "[a-z ,.]{70}");
+    walk_document(&f, g, "the quick brown fox jumps over the lazy dog, then sleeps. all is well.", 1);
+    grammar_unref(g);
     vocab_free(&f);
+}
+
+/* Mask classes: [a-z ]{300} has a state per position; for tokens of up to 16 bytes the
+ * positions with more than 16 bytes left read alike (one class: the refinement also keeps
+ * apart where the rule may end after 16 bytes, one round more than a mask needs), the
+ * last 17 differ from them and from each other. */
+static void test_mask_classes_merge_far_positions(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_REGEX, "[a-z ]{300}");
+    grammar_mask_classes *mc = grammar_mask_classes_make(g, 16);
+    assert_non_null(mc);
+    int n = grammar_n_states(g), distinct = 0;
+    int32_t *seen = calloc((size_t)n + 1, sizeof *seen);
+    for (int s = 0; s < n; s++) {
+        assert_true(mc->cls[s] >= 0 && mc->cls[s] < n);
+        if (!seen[mc->cls[s]]++) distinct++;
+    }
+    assert_int_equal(n, 301);
+    assert_int_equal(distinct, 18);   /* 0 .. 16 bytes left, and the rest */
+    assert_int_equal(mc->cls[g->root], mc->cls[g->trans[(size_t)g->root * g->n_cls + g->cls['a']]]);
+    free(seen);
+    free(mc);
+    grammar_unref(g);
+    /* with a longer token bound, fewer merge */
+    g = compile_ok(GRAMMAR_REGEX, "[a-z ]{300}");
+    mc = grammar_mask_classes_make(g, 64);
+    int same = 0;
+    int32_t s = g->root;
+    for (int k = 0; k < 300 && s >= 0; k++, s = g->trans[(size_t)s * g->n_cls + g->cls['a']]) same += mc->cls[s] == mc->cls[g->root];
+    assert_int_equal(same, 300 - 64);   /* positions 0 .. 235 */
+    free(mc);
+    /* prepared once for the longest token; a shorter bound is served by them, a longer
+     * one is not (a matcher would make its own) */
+    assert_null(atomic_load(&g->mclasses));
+    assert_int_equal(grammar_prepare_masks(g, 64), 0);
+    const grammar_mask_classes *held = atomic_load(&g->mclasses);
+    assert_non_null(held);
+    assert_int_equal(held->L, 64);
+    assert_int_equal(grammar_prepare_masks(g, 16), 0);
+    assert_int_equal(grammar_prepare_masks(g, 128), 0);
+    assert_ptr_equal(atomic_load(&g->mclasses), held);
+    grammar_unref(g);
 }
 
 static void test_mask_equals_brute_force_qwen3(void **state) {
@@ -464,10 +512,12 @@ static void test_special_tokens_never_allowed(void **state) {
     vocab_free(&f);
 }
 
-/* The engine's constrained path (masks computed per step, sampled in the forward pass):
- * 6 seeded requests at temperature 1 under a schema on SmolLM2 give schema-valid JSON,
- * and the same tokens whether the masks are computed on the engine thread or on 4 threads
- * (so the threaded mask path runs here even on a 2-core machine). */
+/* The engine's constrained path (masks computed per step while the pass runs, sampled
+ * where the logits are: prefill steps in the forward pass, decode steps in the runner's
+ * decode op, which is the captured graph on CUDA): 6 seeded requests at temperature 1
+ * under a schema on SmolLM2 give schema-valid JSON, and the same tokens whether the masks
+ * are computed on the engine thread or on 4 threads (so the threaded mask path runs here
+ * even on a 2-core machine); their decode steps took the decode op, not composed steps. */
 #define SMOL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 static void run_constrained(int threads, int32_t out[6][96], int nout[6]) {
     char err[512] = "";
@@ -509,6 +559,10 @@ static void run_constrained(int threads, int32_t out[6][96], int nout[6]) {
             if (o.events[k].finish != ENGINE_RUNNING) assert_int_equal(o.events[k].finish, ENGINE_FINISH_STOP);
         }
     }
+    engine_stats st;
+    engine_get_stats(e, &st);
+    assert_true(st.steps_device_decode > 10);   /* one step composes the 6 prefills */
+    assert_true(st.steps_composed <= 2);
     for (int i = 0; i < 6; i++) {
         char *txt = NULL;
         size_t len = 0;
@@ -556,6 +610,7 @@ int main(void) {
         cmocka_unit_test(test_mask_equals_brute_force_llama3),
         cmocka_unit_test(test_special_tokens_never_allowed),
         cmocka_unit_test(test_distance_and_budget_mask),
+        cmocka_unit_test(test_mask_classes_merge_far_positions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

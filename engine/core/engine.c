@@ -396,6 +396,7 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     if (load_tokenizer(e, err, errlen)) goto fail;
     /* after load_tokenizer: the eos list is complete */
     if (e->tok && !(e->vtrie = vocab_trie_build(e->tok, e->vocab, e->eos, e->n_eos, err, errlen))) goto fail;
+    e->max_tok_bytes = e->vtrie ? vocab_trie_max_bytes(e->vtrie) : 0;
     if (e->vtrie) {   /* grammar masks between steps: half the cores, at most 8 (1: inline) */
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         int nt = e->cfg.grammar_threads > 0 ? e->cfg.grammar_threads : nc >= 4 ? (int)(nc / 2 < 8 ? nc / 2 : 8) : 1;
@@ -549,6 +550,7 @@ void engine_destroy(engine *e) {
 const model_config *engine_model_config(const engine *e) { return &e->target->cfg; }
 const tok_tokenizer *engine_tokenizer(const engine *e) { return e->tok; }
 const tmpl_template *engine_template(const engine *e) { return e->tmpl; }
+int engine_max_token_bytes(const engine *e) { return e->max_tok_bytes; }
 const char *engine_device_name(const engine *e) { return e->run->ops->name; }
 int engine_has_work(const engine *e) { return e->n_reqs > e->n_paused; }
 

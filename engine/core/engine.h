@@ -3,8 +3,9 @@
  *
  * Threading: an engine is NOT thread safe. The server's engine thread runs steps back to
  * back and applies engine_submit / engine_abort between them; only engine_prepare may run
- * on another thread during a step. engine_model_config, engine_tokenizer and
- * engine_template return immutable objects any thread may use.
+ * on another thread during a step. engine_model_config, engine_tokenizer,
+ * engine_template and engine_max_token_bytes return what never changes: any thread may
+ * use them.
  *
  * Requests are identified by a caller-chosen uint64 id. Generated tokens come back in
  * engine_output events; stop strings and detokenization are the caller's (the loop's). */
@@ -180,6 +181,8 @@ int engine_tp_worker_run(const engine_config *cfg, char *err, size_t errlen);
 const model_config *engine_model_config(const engine *e);
 const tok_tokenizer *engine_tokenizer(const engine *e);  /* NULL if none */
 const tmpl_template *engine_template(const engine *e);   /* NULL if none */
+/* Bytes of the vocabulary's longest token, for grammar_prepare_masks (0: no tokenizer). */
+int engine_max_token_bytes(const engine *e);
 const char *engine_device_name(const engine *e);
 
 /* Queue a request. prompt is copied. Errors: SPECD_ERANGE (prompt + 1 > max_seq_len, or

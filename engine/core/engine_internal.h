@@ -107,6 +107,7 @@ struct engine {
     int n_eos;
     vocab_trie *vtrie;           /* the vocabulary as bytes, for constrained decoding (NULL
                                   * without a tokenizer) */
+    int max_tok_bytes;           /* its longest token */
     uint32_t *mask;              /* (vocab_mask_words(vocab)) one row's allowed tokens */
     uint32_t *row_masks;         /* (max_batch, vocab_mask_words) the step's grammar masks
                                   * for a forward that samples on the device */

@@ -181,8 +181,10 @@ static int grammar_mask(engine *e, req *r, uint32_t *mask) {
     if (ctx_left < left) left = ctx_left;
     int n_ok = -1, dist = matcher_distance(r->m);
     /* (not when even 8 bytes a token could not close it: then the plain mask only; once
-     * the budget holds, dist <= left stays true, so it keeps holding to the end) */
-    if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * left) {
+     * the budget holds, dist <= left stays true, so it keeps holding to the end; nor when
+     * no token can bring it within the budget, as a token shortens the way by at most its
+     * bytes: that walk would find nothing, and the plain mask is cached) */
+    if (left - 1 < dist + GRAMMAR_BUDGET_SLACK && dist <= 8 * left && dist - e->max_tok_bytes <= left - 1) {
         n_ok = matcher_fill_mask_within(r->m, mask, left - 1);
         if (n_ok == 0 && !matcher_accepting(r->m)) n_ok = -1;   /* too late to close: plain mask */
     }
@@ -385,13 +387,14 @@ static engine_finish emit_sampled(engine *e, req *r, engine_event *ev, int i) {
 }
 
 /* Whether this step can use the runner's on-device decode (a captured graph on CUDA):
- * every row decodes one token and samples on the device. */
+ * every row decodes one token and samples on the device (a constrained row with its mask
+ * where the decode op takes masks, runner.decode_masks). */
 static int device_decode_ok(const engine *e, int n) {
     if (!e->run->ops->decode || e->drafter == ENGINE_DRAFTER_MODEL || e->step_spec || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1, 0, e->run->sample_adjusts))
+        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts))
             return 0;
     }
     return 1;
@@ -406,20 +409,40 @@ static int forward_sampling_ok(const engine *e, int n) {
     return 1;
 }
 
+/* The decode op over the plan's rows; constrained rows' masks are computed while the pass
+ * runs (prepare_masks, as in a composed step), row i's in row_masks row i. */
 static int device_decode(engine *e, int n) {
+    const size_t mw = vocab_mask_words(e->vocab);
+    int nm = 0;
     for (int i = 0; i < n; i++) {
-        const req *r = e->plan[i].r;
+        row_plan *p = &e->plan[i];
+        const req *r = p->r;
         e->dec_slots[i] = r->seq.slot;
         e->dec_tokens[i] = r->seq.tokens[r->seq.n_computed];
         e->dec_sp[i] = device_sampling(r);
+        p->logits_off = i;
+        if (r->m) {
+            e->dec_sp[i].mask = e->row_masks + (size_t)i * mw;
+            e->mask_rows[nm++] = i;
+        }
     }
+    e->n_mask_rows = nm;
+    e->masks_done = 0;
     runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
                               .out_tokens = e->dec_out, .out_logprobs = e->dec_lp, .out_top_ids = e->dec_top_ids,
-                              .out_top_logprobs = e->dec_top_lp};
+                              .out_top_logprobs = e->dec_top_lp, .prepare_sp = nm ? prepare_masks : NULL,
+                              .prepare_ctx = e};
     int rc = e->run->ops->decode(e->run, &db);
     for (int i = 0; rc == 0 && i < n; i++) {
+        const req *r = e->plan[i].r;
         row_result *o = &e->res[i];
-        o->event = o->fed = o->n = 1;
+        o->event = o->fed = 1;
+        if (r->m && mask_result(e, i) < 0) {
+            fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
+            o->forced = ENGINE_FINISH_ERROR;   /* its unconstrained draw is dropped */
+            continue;
+        }
+        o->n = 1;
         o->tok[0] = e->dec_out[i];
         o->dev = i;
     }

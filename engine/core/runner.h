@@ -117,6 +117,10 @@ typedef struct {
     float *out_logprobs;          /* [n] logprob of the sampled token (may be NULL) */
     int32_t *out_top_ids;         /* [n, RUNNER_MAX_TOP]: row i's first sp[i].n_top entries */
     float *out_top_logprobs;      /* (both may be NULL when no row has n_top > 0) */
+    /* Optional, as runner_batch.prepare_sp: called once the pass is under way, before the
+     * runner reads sp; sp[i].mask is honoured where runner.decode_masks. */
+    int (*prepare_sp)(void *ctx);
+    void *prepare_ctx;
 } runner_decode_batch;
 
 /* One speculative step (optional op), for rows whose target length L is the position of
@@ -231,6 +235,7 @@ struct runner {
     int vocab;
     int forward_samples;     /* forward() takes runner_batch.sp (set by the runner) */
     int forward_masks;       /* ... and honours runner_sampling.mask */
+    int decode_masks;        /* decode() honours runner_sampling.mask and prepare_sp */
     int sample_adjusts;      /* decode() and, where forward_samples, forward() honour
                               * runner_sampling's logit adjustments and n_top */
     int verify_max_k, verify_max_rows;   /* limits of ops.verify (set by the runner) */

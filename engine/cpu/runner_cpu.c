@@ -677,7 +677,8 @@ static int cpu_decode(runner *base, const runner_decode_batch *db) {
     runner_batch b = {.which = RUNNER_TARGET, .n_rows = db->n, .rows = r->dec_rows, .tokens = db->tokens,
                       .n_tokens = db->n, .logits = r->dec_logits, .sp = db->sp, .out_tokens = db->out_tokens,
                       .out_logprobs = db->out_logprobs, .out_top_ids = db->out_top_ids,
-                      .out_top_logprobs = db->out_top_logprobs};
+                      .out_top_logprobs = db->out_top_logprobs, .prepare_sp = db->prepare_sp,
+                      .prepare_ctx = db->prepare_ctx};
     return cpu_forward(base, &b);
 }
 
@@ -1035,6 +1036,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         goto oom;
     r->base.forward_samples = cfg->tp_world <= 1;
     r->base.forward_masks = r->base.forward_samples;
+    r->base.decode_masks = r->base.forward_masks;   /* the decode op is a forward */
     /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
     r->base.sample_adjusts = cfg->tp_world <= 1;
     if (draft && cfg->num_draft_tokens > 0) {

@@ -189,6 +189,9 @@ typedef struct {
     int n_graphs;
     int graph_sizes[64];
     cudaGraphExec_t graphs[64];
+    /* the same step for constrained rows, split where the host's masks go in: [0] the pass
+     * to the logits, [1] mask, sample and advance (per graphs[] size, captured on first use) */
+    cudaGraphExec_t mgraphs[64][2];
     size_t graph_bytes;
 
     /* speculative step (engine/cuda/cuda_spec.c), allocated when a draft and k > 0 are given */

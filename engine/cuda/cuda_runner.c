@@ -606,6 +606,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* composed steps sample on the device (one GPU: ranks would each need the params) */
     r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
     r->base.forward_masks = r->base.forward_samples;
+    r->base.decode_masks = r->opts.world == 1;   /* split decode graphs (cuda_step.c) */
     /* logit adjustments and top logprobs in k_sample (one GPU: runner_sampling's lists are
      * pointers that a tensor-parallel group does not ship to its other ranks) */
     r->base.sample_adjusts = r->opts.world == 1;

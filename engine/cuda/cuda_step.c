@@ -340,13 +340,11 @@ static int dec_splits_for(const cuda_runner *r, int B) {
     return n < 1 ? 1 : (int)n;
 }
 
-int cuda_enqueue_decode(cuda_runner *r, int B) {
+/* The decode step's first part: its inputs to the device, the pass, the logits of B rows. */
+static int enqueue_decode_pass(cuda_runner *r, int B) {
     const int MB = r->base.cfg.max_batch;
     int32_t *in = r->d_dec_in;
     int32_t *tokens = in, *slots = in + MB;
-    const k_sample_params *sp = (const k_sample_params *)(in + 2 * MB);
-    int32_t *out_tok = r->d_dec_out;
-    float *out_lp = (float *)(out_tok + MB);
     cudaStream_t s = r->stream;
     int rc;
 
@@ -363,8 +361,25 @@ int cuda_enqueue_decode(cuda_runner *r, int B) {
         if ((size_t)p.n_splits * B > r->ws_tok_splits) p.n_splits = (int)(r->ws_tok_splits / B);
     }
     if ((rc = cuda_enqueue_pass(r, &p))) return rc;
-    if ((rc = cuda_enqueue_logits(r, RUNNER_TARGET, NULL, B))) return rc;
-    K_CHECK(r, k_sample(r->d_logits, B, r->m[0].c.vocab, sp, out_tok, out_lp, r->d_top_ids, r->d_top_lps, s));
+    return cuda_enqueue_logits(r, RUNNER_TARGET, NULL, B);
+fail:
+    return SPECD_ECUDA;
+}
+
+/* Its second part: sampling (masked: grammar masks and sampling parameters from the
+ * d_fs_* buffers the host fills after the pass is enqueued; else the parameters that came
+ * with the inputs), lengths advanced, the dummy slot reset, the tokens back to the host. */
+static int enqueue_decode_tail(cuda_runner *r, int B, int masked) {
+    const int MB = r->base.cfg.max_batch, vocab = r->m[0].c.vocab;
+    int32_t *in = r->d_dec_in;
+    int32_t *slots = in + MB;
+    const k_sample_params *sp = masked ? (const k_sample_params *)r->d_fs_par : (const k_sample_params *)(in + 2 * MB);
+    int32_t *out_tok = r->d_dec_out;
+    float *out_lp = (float *)(out_tok + MB);
+    cudaStream_t s = r->stream;
+
+    if (masked) K_CHECK(r, k_mask_logits(r->d_logits, B, vocab, r->d_fs_mask, r->d_fs_has, s));
+    K_CHECK(r, k_sample(r->d_logits, B, vocab, sp, out_tok, out_lp, r->d_top_ids, r->d_top_lps, s));
     K_CHECK(r, k_advance_lens(r->d_lens, slots, r->d_ones, B, RUNNER_TARGET, r->dummy, s));
     /* The captured store that resets the dummy slot after the advance: padding rows never
      * accumulate context, whatever a previous step or a bug left there. */
@@ -375,20 +390,25 @@ fail:
     return SPECD_ECUDA;
 }
 
+int cuda_enqueue_decode(cuda_runner *r, int B) {
+    int rc = enqueue_decode_pass(r, B);
+    return rc ? rc : enqueue_decode_tail(r, B, 0);
+}
+
 /* Fill the pinned decode inputs: n live rows then padding rows on the dummy slot (the
  * live rows' adjustments go to the device on the stream, ahead of the step). */
-static int fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B, int *want_top) {
+static int fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B, int params, int *want_top) {
     const int MB = r->base.cfg.max_batch;
     int32_t *tokens = r->h_dec_in, *slots = tokens + MB;
     k_sample_params *sp = (k_sample_params *)(tokens + 2 * MB);
     int n = b ? b->n : 0, rc;
     *want_top = 0;
-    if (b && b->sp && (rc = cuda_sample_prepare(r, b->sp, n, sp, want_top))) return rc;
+    if (params && b && b->sp && (rc = cuda_sample_prepare(r, b->sp, n, sp, want_top))) return rc;
     for (int i = 0; i < B; i++) {
         if (i < n) {
             tokens[i] = b->tokens[i];
             slots[i] = b->slots[i];
-            if (!b->sp) sp[i] = (k_sample_params){0};
+            if (!params || !b->sp) sp[i] = (k_sample_params){0};
         } else {
             tokens[i] = 0;
             slots[i] = r->dummy;
@@ -415,7 +435,7 @@ int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen) {
         int B = sizes[i], rc;
         cudaGraph_t g = NULL;
         int no_top;
-        if ((rc = fill_dec_in(r, NULL, B, &no_top))) goto fail_rc;
+        if ((rc = fill_dec_in(r, NULL, B, 1, &no_top))) goto fail_rc;
         /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
         if ((rc = cuda_enqueue_decode(r, B))) goto fail_rc;
         if ((rc = cuda_step_sync(r))) goto fail_rc;
@@ -438,8 +458,72 @@ fail_rc:
 }
 
 void cuda_destroy_graphs(cuda_runner *r) {
-    for (int i = 0; i < r->n_graphs; i++) cudaGraphExecDestroy(r->graphs[i]);
+    for (int i = 0; i < r->n_graphs; i++) {
+        cudaGraphExecDestroy(r->graphs[i]);
+        for (int h = 0; h < 2; h++)
+            if (r->mgraphs[i][h]) cudaGraphExecDestroy(r->mgraphs[i][h]);
+        r->mgraphs[i][0] = r->mgraphs[i][1] = NULL;
+    }
     r->n_graphs = 0;
+}
+
+/* Capture graph size gi's two halves for constrained rows (first use of that size; the
+ * stream is idle between steps). */
+static int capture_masked(cuda_runner *r, int gi) {
+    const int B = r->graph_sizes[gi];
+    for (int h = 0; h < 2; h++) {
+        cudaGraph_t g = NULL;
+        CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+        int rc = h == 0 ? enqueue_decode_pass(r, B) : enqueue_decode_tail(r, B, 1);
+        cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+        if (rc) return rc;
+        CU_CHECK(r, e);
+        e = cudaGraphInstantiate(&r->mgraphs[gi][h], g, 0);
+        cudaGraphDestroy(g);
+        CU_CHECK(r, e);
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* A decode step with grammar masks: the pass (graph half 0) is under way while the caller
+ * computes the masks (prepare_sp); then the sampling parameters and masks go to the device
+ * and half 1 masks, samples and advances. Padding rows are unmasked and sample greedily. */
+static int decode_masked(cuda_runner *r, const runner_decode_batch *b, int gi, int B, int *want_top) {
+    const int n = b->n;
+    const size_t mw = ((size_t)r->m[0].c.vocab + 31) / 32;
+    k_sample_params *par = r->h_fs_par;
+    cudaStream_t s = r->stream;
+    int rc;
+    *want_top = 0;
+    if (gi >= 0 && !r->mgraphs[gi][1] && (rc = capture_masked(r, gi))) return rc;
+    if ((rc = fill_dec_in(r, b, B, 0, want_top))) return rc;
+    if (gi >= 0) CU_CHECK(r, cudaGraphLaunch(r->mgraphs[gi][0], s));
+    else if ((rc = enqueue_decode_pass(r, B))) return rc;
+    if (b->prepare_sp && (rc = b->prepare_sp(b->prepare_ctx))) {
+        cudaStreamSynchronize(s);   /* the pass may still write; the lengths did not advance */
+        return rc;
+    }
+    if ((rc = cuda_sample_prepare(r, b->sp, n, par, want_top))) return rc;
+    int rows = 0;   /* masked rows are within [0, rows) */
+    for (int i = 0; i < B; i++) {
+        const uint32_t *m = i < n ? b->sp[i].mask : NULL;
+        if (i >= n) par[i] = (k_sample_params){0};
+        r->h_fs_has[i] = m != NULL;
+        if (m) {
+            memcpy(r->h_fs_mask + (size_t)i * mw, m, mw * 4);
+            rows = i + 1;
+        }
+    }
+    CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)B * sizeof *par, cudaMemcpyHostToDevice, s));
+    CU_CHECK(r, cudaMemcpyAsync(r->d_fs_has, r->h_fs_has, (size_t)B * 4, cudaMemcpyHostToDevice, s));
+    if (rows) CU_CHECK(r, cudaMemcpyAsync(r->d_fs_mask, r->h_fs_mask, (size_t)rows * mw * 4, cudaMemcpyHostToDevice, s));
+    if (gi >= 0) CU_CHECK(r, cudaGraphLaunch(r->mgraphs[gi][1], s));
+    else if ((rc = enqueue_decode_tail(r, B, 1))) return rc;
+    return 0;
+fail:
+    return SPECD_ECUDA;
 }
 
 int cuda_decode(runner *base, const runner_decode_batch *b) {
@@ -459,13 +543,18 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     int gi = -1;
     for (int i = 0; i < r->n_graphs; i++)
         if (r->graph_sizes[i] >= b->n) gi = i;
-    int B = gi >= 0 ? r->graph_sizes[gi] : b->n, want_top;
-    int rc = fill_dec_in(r, b, B, &want_top);
-    if (rc) return rc;
-    if (gi >= 0) {
-        CU_CHECK(r, cudaGraphLaunch(r->graphs[gi], r->stream));
-    } else if (cuda_enqueue_decode(r, B)) {
-        goto fail;
+    int B = gi >= 0 ? r->graph_sizes[gi] : b->n, want_top, rc, masked = b->prepare_sp != NULL;
+    for (int i = 0; b->sp && i < b->n; i++) masked |= b->sp[i].mask != NULL;
+    if (masked) {
+        if (!base->decode_masks || !b->sp) return SPECD_EINVAL;
+        if ((rc = decode_masked(r, b, gi, B, &want_top))) return rc;
+    } else {
+        if ((rc = fill_dec_in(r, b, B, 1, &want_top))) return rc;
+        if (gi >= 0) {
+            CU_CHECK(r, cudaGraphLaunch(r->graphs[gi], r->stream));
+        } else if (cuda_enqueue_decode(r, B)) {
+            goto fail;
+        }
     }
     want_top = want_top && b->out_top_ids && b->out_top_logprobs;
     const size_t tk = (size_t)b->n * K_MAX_TOP;

@@ -461,6 +461,7 @@ void grammar_unref(grammar *g) {
     free(g->flags);
     free(g->dist);
     free(g->rule_start);
+    free(atomic_load(&g->mclasses));
     free(g);
 }
 

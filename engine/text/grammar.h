@@ -72,8 +72,16 @@ vocab_trie *vocab_trie_build(const tok_tokenizer *t, int n_vocab, const int32_t 
 void vocab_trie_free(vocab_trie *v);
 int vocab_trie_n_vocab(const vocab_trie *v);
 int vocab_trie_n_nodes(const vocab_trie *v);
+/* Bytes of the longest token (the trie's depth). */
+int vocab_trie_max_bytes(const vocab_trie *v);
 /* Mask words: (n_vocab + 31) / 32; bit i of word i/32 is token i. */
 static inline size_t vocab_mask_words(int n_vocab) { return ((size_t)n_vocab + 31) / 32; }
+
+/* Make now what the grammar's first matcher over a vocabulary whose tokens have at most
+ * max_token_bytes bytes would make (the states' mask classes, shared by its matchers:
+ * milliseconds for a large schema), so that a request thread pays it, not the engine's.
+ * 0, or SPECD_ENOMEM (then the first matcher tries again). */
+int grammar_prepare_masks(grammar *g, int max_token_bytes);
 
 /* A matcher at the start of the grammar; takes a reference on g. NULL if out of memory. */
 matcher *matcher_new(grammar *g, const vocab_trie *v);

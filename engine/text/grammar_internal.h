@@ -138,8 +138,20 @@ static inline int grammar_text_step(int u, int b) {
     return -1;
 }
 
+/* States that read every byte string of up to L bytes alike (Moore's refinement stopped
+ * after L rounds; a state with calls is a class of its own): a matcher whose states map
+ * to the same classes has the same mask when no token is longer than L bytes. */
+typedef struct {
+    int L;
+    int32_t cls[];             /* (n_states) */
+} grammar_mask_classes;
+
+/* The classes for tokens of up to L bytes (malloc'd; NULL: out of memory). */
+grammar_mask_classes *grammar_mask_classes_make(const grammar *g, int L);
+
 struct grammar {
     atomic_int refs;
+    _Atomic(grammar_mask_classes *) mclasses;   /* made by the first matcher (grammar_match.c) */
     grammar_kind kind;
     int n_cls;
     uint8_t cls[256];          /* byte -> byte class */

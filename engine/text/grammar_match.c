@@ -84,6 +84,7 @@ void vocab_trie_free(vocab_trie *v) {
 
 int vocab_trie_n_vocab(const vocab_trie *v) { return v->n_vocab; }
 int vocab_trie_n_nodes(const vocab_trie *v) { return v->n_nodes; }
+int vocab_trie_max_bytes(const vocab_trie *v) { return v->max_depth; }
 
 vocab_trie *vocab_trie_build(const tok_tokenizer *t, int n_vocab, const int32_t *eos, int n_eos,
                              char *err, size_t errlen) {
@@ -231,6 +232,10 @@ struct matcher {
     } cache[MT_CACHE];
     uint64_t tick;
     int no_cache;               /* matcher_set_cache(m, 0): every mask a full scan */
+    /* cache keys name states by their mask class (grammar_mask_classes for the trie's
+     * longest token): the 1000 states of [a-z ]{1000} far from its end are one class */
+    const grammar_mask_classes *mc;
+    grammar_mask_classes *mc_own;   /* when the grammar's are for another length */
 };
 
 static int32_t push(matcher *m, int32_t state, int32_t parent) {
@@ -341,7 +346,107 @@ void matcher_free(matcher *m) {
     free(m->lvl_n);
     free(m->lvl_mark);
     for (int i = 0; i < MT_CACHE; i++) free(m->cache[i].mask);
+    free(m->mc_own);
     free(m);
+}
+
+/* ---- mask classes ---------------------------------------------------------------------- */
+
+#define MC_BUDGET 200000000.0   /* state x class x round steps at most, else no classes */
+
+/* One round of Moore's refinement: state s's signature is its class and its successors'
+ * classes per byte class (a state with calls keeps its own class: cur is unique there);
+ * new ids are dense in order of first appearance. Returns the number of classes. */
+static int32_t mc_round(const grammar *g, const int32_t *cur, int32_t *nxt, int32_t *table, uint32_t mask) {
+    const int C = g->n_cls;
+    int32_t n_new = 0;
+    int32_t *rep_of = nxt;   /* nxt doubles as the output; table holds representatives */
+    memset(table, -1, ((size_t)mask + 1) * sizeof *table);
+    for (int32_t s = 0; s < g->n_states; s++) {
+        const int32_t *ts = g->trans + (size_t)s * C;
+        uint64_t h = 1469598103934665603ull ^ (uint64_t)(uint32_t)cur[s];
+        for (int c = 0; c < C; c++) h = (h ^ (uint64_t)(uint32_t)(ts[c] < 0 ? -1 : cur[ts[c]])) * 1099511628211ull;
+        uint32_t i = (uint32_t)(h ^ (h >> 29)) & mask;
+        for (;; i = (i + 1) & mask) {
+            int32_t r = table[i];
+            if (r < 0) {
+                table[i] = s;
+                rep_of[s] = n_new++;
+                break;
+            }
+            const int32_t *tr = g->trans + (size_t)r * C;
+            int same = cur[r] == cur[s];
+            for (int c = 0; same && c < C; c++)
+                same = (ts[c] < 0 ? -1 : cur[ts[c]]) == (tr[c] < 0 ? -1 : cur[tr[c]]);
+            if (same) {
+                rep_of[s] = rep_of[r];
+                break;
+            }
+        }
+    }
+    return n_new;
+}
+
+grammar_mask_classes *grammar_mask_classes_make(const grammar *g, int L) {
+    const int32_t n = g->n_states;
+    grammar_mask_classes *mc = malloc(sizeof *mc + (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!mc) return NULL;
+    mc->L = L;
+    uint32_t mask = 1;
+    while (mask < 2u * (uint32_t)n) mask <<= 1;
+    int32_t *cur = mc->cls, *nxt = malloc((size_t)(n > 0 ? n : 1) * sizeof *nxt),
+            *table = malloc((size_t)mask * sizeof *table);
+    if (!nxt || !table) {
+        free(nxt);
+        free(table);
+        free(mc);
+        return NULL;
+    }
+    /* round 0: where a rule may end, and states with calls apart */
+    int32_t n_cls = 0;
+    for (int32_t s = 0; s < n; s++) {
+        int calls = g->call_off[s + 1] > g->call_off[s];
+        cur[s] = calls ? 4 + s : g->flags[s] & (GS_FINAL | GS_FINALX);
+    }
+    if ((double)n * (g->n_cls + 1) * L <= MC_BUDGET) {
+        n_cls = mc_round(g, cur, nxt, table, mask - 1);   /* densify, with the first round */
+        memcpy(cur, nxt, (size_t)n * sizeof *cur);
+        for (int k = 1; k < L; k++) {
+            int32_t m2 = mc_round(g, cur, nxt, table, mask - 1);
+            memcpy(cur, nxt, (size_t)n * sizeof *cur);
+            if (m2 == n_cls) break;   /* stable: no later round splits a class */
+            n_cls = m2;
+        }
+    } else {
+        for (int32_t s = 0; s < n; s++) cur[s] = s;   /* too large to refine: states themselves */
+    }
+    free(nxt);
+    free(table);
+    return mc;
+}
+
+/* The grammar's classes for tokens of up to L bytes, made once and shared by its matchers
+ * (any thread). Classes made for a larger L serve (they only merge less); for another L
+ * the caller gets its own in *own (NULL when none could be made). */
+static const grammar_mask_classes *mc_get(grammar *g, int L, grammar_mask_classes **own) {
+    grammar_mask_classes *have = atomic_load(&g->mclasses);
+    if (have && have->L >= L) return have;
+    grammar_mask_classes *mc = grammar_mask_classes_make(g, L);
+    if (!mc) return NULL;
+    if (!have && atomic_compare_exchange_strong(&g->mclasses, &have, mc)) return mc;
+    if (have && have->L >= L) {   /* another thread made them first */
+        free(mc);
+        return have;
+    }
+    *own = mc;
+    return mc;
+}
+
+int grammar_prepare_masks(grammar *g, int max_token_bytes) {
+    grammar_mask_classes *own = NULL;
+    const grammar_mask_classes *mc = mc_get(g, max_token_bytes, &own);
+    free(own);   /* the grammar holds others: a matcher makes its own */
+    return mc ? 0 : SPECD_ENOMEM;
 }
 
 matcher *matcher_new(grammar *g, const vocab_trie *v) {
@@ -362,6 +467,7 @@ matcher *matcher_new(grammar *g, const vocab_trie *v) {
     }
     m->cur[0] = (mt_stack){g->root, -1};
     m->n_cur = 1;
+    m->mc = v ? mc_get(g, v->max_depth, &m->mc_own) : NULL;   /* without them keys are states */
     return m;
 }
 
@@ -445,16 +551,17 @@ int matcher_accept_token(matcher *m, int32_t id) {
     return matcher_accept_bytes(m, v->blob + v->tok_off[id], v->tok_len[id]);
 }
 
-/* The committed state as ints (each stack: top, frame states bottom-up, -1); 0 if too
- * long to cache. */
+/* The committed state as ints (each stack: top, frame states from the top down, -1, each
+ * state as its mask class); 0 if too long to cache. */
 static int state_key(const matcher *m, int32_t *key) {
+    const int32_t *cls = m->mc ? m->mc->cls : NULL;
     int n = 0;
     for (int i = 0; i < m->n_cur; i++) {
         if (n + 2 > MT_KEY_MAX) return 0;
-        key[n++] = m->cur[i].top;
+        key[n++] = cls ? cls[m->cur[i].top] : m->cur[i].top;
         for (int32_t p = m->cur[i].parent; p >= 0; p = m->fr[p].parent) {
             if (n + 2 > MT_KEY_MAX) return 0;
-            key[n++] = m->fr[p].state;
+            key[n++] = cls ? cls[m->fr[p].state] : m->fr[p].state;
         }
         key[n++] = -1;
     }

@@ -543,6 +543,98 @@ static void test_decode_graph_adjustments_decide_tokens(void **s) {
     fixture_close(&f);
 }
 
+/* Grammar masks in the decode op (runner.decode_masks): twin rows, masks given by the
+ * prepare_sp callback once the pass is enqueued (the engine's way), pick the best allowed
+ * token of the unmasked replay's top list; a row without a mask is unchanged; padding rows
+ * (5 live rows in the graph of 8, then 3 in the graph of 4, then eager beyond the graphs
+ * is not reachable with MAXB) leave the dummy slot at length 0. */
+typedef struct {
+    runner_sampling *sp;
+    uint32_t *masks;
+    size_t mw;
+    int calls;
+} mask_cb;
+
+static int set_masks(void *ctx) {
+    mask_cb *c = ctx;
+    c->calls++;
+    for (int i = 1; i < 5; i++) c->sp[i].mask = c->masks + (size_t)i * c->mw;
+    return 0;
+}
+
+static void test_decode_graph_masks_decide_tokens(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    runner *r = f.r;
+    golden *g = &f.g;
+    const int V = f.vocab, L = g->len[0];
+    const size_t mw = ((size_t)V + 31) / 32;
+    assert_true(r->decode_masks);
+    float *logits = malloc(sizeof(float) * V);
+    uint32_t *masks = calloc((size_t)MAXB * mw, 4);
+    int slots[MAXB];
+    int32_t in[MAXB], out[MAXB], top[MAXB * RUNNER_MAX_TOP], T[RUNNER_MAX_TOP];
+    float tlp[MAXB * RUNNER_MAX_TOP];
+    for (int i = 0; i < MAXB; i++) {
+        slots[i] = i;
+        slot_reset(r, i);
+        prefill(&f, i, g->prompt[0], L, 1, logits);
+        in[i] = argmax(logits, V);
+    }
+    runner_sampling sp[MAXB];
+    for (int i = 0; i < MAXB; i++) sp[i] = (runner_sampling){.top_p = 1.f, .n_top = i == 0 ? RUNNER_MAX_TOP : 0};
+    runner_decode_batch d = {.n = 5, .slots = slots, .tokens = in, .sp = sp, .out_tokens = out,
+                             .out_top_ids = top, .out_top_logprobs = tlp};
+    if (r->ops->decode(r, &d)) fail_msg("decode: %s", cuda_runner_error(r));
+    memcpy(T, top, sizeof T);
+    assert_int_equal(out[0], T[0]);
+#define ALLOW(row, tok) (masks[(size_t)(row) * mw + (size_t)(tok) / 32] |= 1u << ((tok) % 32))
+    ALLOW(1, T[3]);                                        /* -> T3 */
+    ALLOW(2, T[5]), ALLOW(2, T[2]);                        /* -> T2, the better of the two */
+    for (int v = 0; v < V; v++)
+        if (v != T[0]) ALLOW(3, v);                        /* -> T1 */
+    ALLOW(4, T[6]);                                        /* sampled, one token allowed -> T6 */
+#undef ALLOW
+    sp[4].temperature = 1.5f, sp[4].seed = 7, sp[4].counter = 3;
+    mask_cb cb = {sp, masks, mw, 0};
+    d.prepare_sp = set_masks, d.prepare_ctx = &cb;
+    for (int round = 0; round < 2; round++) {   /* the second replays the captured halves */
+        for (int i = 0; i < MAXB; i++) assert_int_equal(r->ops->slot_set_len(r, i, RUNNER_TARGET, L), 0);
+        for (int i = 1; i < 5; i++) sp[i].mask = NULL;
+        if (r->ops->decode(r, &d)) fail_msg("masked decode: %s", cuda_runner_error(r));
+        assert_int_equal(cb.calls, round + 1);
+        const int want[5] = {0, 3, 2, 1, 6};
+        for (int i = 0; i < 5; i++) {
+            if (out[i] != T[want[i]]) fail_msg("round %d row %d: token %d, want T%d = %d", round, i, out[i], want[i], T[want[i]]);
+            assert_int_equal(r->ops->slot_get_len(r, i, RUNNER_TARGET), L + 1);
+        }
+        assert_memory_equal(top, T, sizeof T);   /* the unmasked row: the same replay */
+        assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    }
+    /* three rows (graph of 4), masks already in sp, no callback */
+    for (int i = 0; i < MAXB; i++) assert_int_equal(r->ops->slot_set_len(r, i, RUNNER_TARGET, L), 0);
+    d.n = 3, d.prepare_sp = NULL;
+    if (r->ops->decode(r, &d)) fail_msg("masked decode of 3: %s", cuda_runner_error(r));
+    assert_int_equal(out[0], T[0]);
+    assert_int_equal(out[1], T[3]);
+    assert_int_equal(out[2], T[2]);
+    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    /* and the plain graph after them: unmasked rows back to the argmax */
+    for (int i = 0; i < MAXB; i++) {
+        assert_int_equal(r->ops->slot_set_len(r, i, RUNNER_TARGET, L), 0);
+        sp[i] = (runner_sampling){.top_p = 1.f};
+    }
+    d.n = MAXB, d.out_top_ids = NULL, d.out_top_logprobs = NULL;
+    if (r->ops->decode(r, &d)) fail_msg("plain decode: %s", cuda_runner_error(r));
+    for (int i = 0; i < MAXB; i++) assert_int_equal(out[i], T[0]);
+    printf("    decode graph with grammar masks: rows pick T0,T3,T2,T1,T6 (graph of 8, twice; of 4), "
+           "dummy slot at 0, plain graph unchanged after\n");
+    free(masks);
+    free(logits);
+    fixture_close(&f);
+}
+
 static void test_chunked_prefill_matches_whole_prompt(void **s) {
     (void)s;
     fixture f;
@@ -1045,6 +1137,7 @@ int main(void) {
         cmocka_unit_test(test_forward_sampling_matches_returned_logits),
         cmocka_unit_test(test_forward_sampling_adjustments_match_host),
         cmocka_unit_test(test_decode_graph_adjustments_decide_tokens),
+        cmocka_unit_test(test_decode_graph_masks_decide_tokens),
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),

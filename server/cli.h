@@ -24,6 +24,8 @@ char *cli_read_file(const char *path, size_t *len);
 int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
 /* --speculative VALUE: "ngram" (prompt-lookup drafts) or "none". 0 ok, -1 bad. */
 int cli_speculative(const char *v, int *ngram);
+/* --dtype auto | bf16 | gguf -> ENGINE_WEIGHTS_*; -1 if none of them. */
+int cli_dtype(const char *v, int *dtype);
 /* After parsing: complete the tensor-parallel options (c->tp) from the flags and, in a
  * spawned worker, from SPECD_TP_*; a process started by hand with
  * --tensor-parallel-size N > 1 gets tp_spawn_argv = main_argv (it starts its node's other
@@ -50,6 +52,10 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --spec-always           speculate whenever drafts exist (skip the start-up cost model\n" \
     "                          that turns drafts off where they would not pay)\n" \
     "  --device cpu|cuda       runner (default cpu)\n" \
+    "  --dtype auto|bf16|gguf  a quantized GGUF on the GPU: gguf keeps its Q8_0 / Q4_K / Q6_K\n" \
+    "                          projections in their blocks (less memory, fastest at batch 1),\n" \
+    "                          bf16 dequantizes them at load (faster from batch 8); auto\n" \
+    "                          (default) keeps them when bf16 would take over half the GPU\n" \
     "  --max-seq-len N         context limit per sequence (default 4096)\n" \
     "  --max-batch N           running sequences at most (default 64)\n" \
     "  --kv-cache-bytes N      KV pool budget in bytes (default: from free memory)\n" \

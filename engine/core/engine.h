@@ -23,6 +23,11 @@
 
 typedef enum { ENGINE_DEVICE_CPU = 0, ENGINE_DEVICE_CUDA = 1 } engine_device;
 
+/* --dtype: GGUF Q8_0 / Q4_K / Q6_K projections kept in their blocks on the GPU when their
+ * bf16 form would take more than half of it (auto), always dequantized to bf16 at load
+ * (bf16), or always kept (gguf). */
+enum { ENGINE_WEIGHTS_AUTO = 0, ENGINE_WEIGHTS_BF16, ENGINE_WEIGHTS_GGUF };
+
 typedef struct {
     const char *model_path;
     const char *random_shape;     /* instead of model_path: random weights of a named real
@@ -57,6 +62,8 @@ typedef struct {
                                    * (for A/B runs; by default they go back to the pool when
                                    * every layer of the model(s) slides) */
     int rope_bf16_freqs;          /* bf16-rounded rotary frequencies (runner_config) */
+    int weights_dtype;            /* ENGINE_WEIGHTS_*: a quantized GGUF's projections on the
+                                   * GPU (runner_config.weights_gguf) */
     int verbose;                  /* print start-up decisions to stderr */
     /* Tensor parallelism (docs/tensor-parallel.md; CPU runner only so far): with
      * tp.world_size > 1 the target is split over that many processes. Rank 0 calls

@@ -47,6 +47,10 @@ typedef struct {
     /* CPU runner without a draft, num_draft_tokens > 0: also expose ops.verify (the CUDA
      * runner always does); for tests and A/B, since its padding is real work on a CPU. */
     int cpu_verify;
+    /* CUDA runner, one GPU: a GGUF's Q8_0 / Q4_K / Q6_K projections stay in their blocks on
+     * the device (1), are dequantized to bf16 at load (0), or -1: stay when the model's
+     * bf16 weights would take more than half of the GPU's memory. */
+    int weights_gguf;
     /* CUDA runner: when nonzero the model's tensors are not read (it may be a model_shape)
      * and the weights are filled on the device with uniform random values from this seed:
      * benchmarks of real shapes without host weights. The CPU runner refuses it. */

@@ -17,7 +17,7 @@
 #include "engine/core/runner.h"
 #include "kernels/specd_kernels.h"
 
-/* A projection kept in its GGUF block format on the device (SPECD_CUDA_QUANT_WEIGHTS=1;
+/* A projection kept in its GGUF block format on the device (--dtype gguf / auto;
  * work in progress): type 0 means the layer's bf16 matrix is used instead. */
 typedef struct {
     uint8_t *w;          /* rows x row_bytes, logical row order */
@@ -90,8 +90,8 @@ typedef struct {
     int no_fuse;             /* SPECD_CUDA_NO_FUSE=1: the batch-1/2 path without its fused epilogues */
     int no_fuse_norm;        /* SPECD_CUDA_NO_FUSE_NORM=1: ... with its RMSNorm kernels (the rest fused) */
     int no_gemv;             /* SPECD_CUDA_NO_GEMV=1: decode-sized GEMMs on cuBLAS (to bisect numerics) */
-    int quant_weights;       /* SPECD_CUDA_QUANT_WEIGHTS=1: GGUF Q8_0 / Q4_K / Q6_K projections stay
-                              * in their blocks on the device (one GPU; work in progress) */
+    int quant_weights;       /* from runner_config.weights_gguf (--dtype), not the environment:
+                              * GGUF Q8_0 / Q4_K / Q6_K projections stay in their blocks (one GPU) */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */

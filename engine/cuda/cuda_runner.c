@@ -523,7 +523,6 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->no_fuse = env_flag("SPECD_CUDA_NO_FUSE", 0);
     t->no_fuse_norm = env_flag("SPECD_CUDA_NO_FUSE_NORM", 0);
     t->no_gemv = env_flag("SPECD_CUDA_NO_GEMV", 0);
-    t->quant_weights = world <= 1 && env_flag("SPECD_CUDA_QUANT_WEIGHTS", 0);
     t->gemv_rows = env_flag("SPECD_CUDA_GEMV_ROWS", CUDA_GEMV_DEFAULT_ROWS);
     if (t->gemv_rows < 1 || t->gemv_rows > CUDA_GEMV_MAX_ROWS) t->gemv_rows = CUDA_GEMV_DEFAULT_ROWS;
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
@@ -628,6 +627,16 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     struct cudaDeviceProp prop;
     CU_CHECK(r, cudaGetDeviceProperties(&prop, c->device));
     r->n_sm = prop.multiProcessorCount;
+    if (r->opts.world <= 1 && c->weights_gguf != 0) {   /* --dtype: see runner_config.weights_gguf */
+        size_t free_b = 0, total_b = 0;
+        const model_config *mc = &target->cfg;
+        double bf16 = 2.0 * ((double)mc->hidden * (mc->n_heads + 2 * mc->n_kv_heads) * mc->head_dim +
+                             (double)mc->n_heads * mc->head_dim * mc->hidden + 3.0 * mc->hidden * mc->ffn) * mc->n_layers +
+                      2.0 * (double)mc->vocab * mc->hidden * (mc->tied_embeddings ? 1 : 2);
+        if (c->weights_gguf > 0) r->tune.quant_weights = 1;
+        else if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+            r->tune.quant_weights = bf16 > 0.5 * (double)total_b;
+    }
     CU_CHECK(r, cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking));
     BLAS_CHECK(r, cublasCreate(&r->blas));
     BLAS_CHECK(r, cublasSetStream(r->blas, r->stream));
@@ -757,10 +766,11 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
             n += (size_t)snprintf(gs + n, sizeof gs - n, "; verify k=1..%d rows<=%d: %d graphs", r->vf_k,
                                   r->vf_mb, r->vf_n_graphs);
         fprintf(stderr,
-                "cuda runner: %s, %d SMs: weights %.2f GiB, workspace %.2f GiB, graphs %.3f GiB, "
+                "cuda runner: %s, %d SMs: weights %.2f GiB%s, workspace %.2f GiB, graphs %.3f GiB, "
                 "KV %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "
                 "captured decode sizes [%s]\n",
                 prop.name, r->n_sm, (double)(r->m[0].weight_bytes + r->m[1].weight_bytes) / (1 << 30),
+                r->tune.quant_weights ? " (GGUF quantized projections kept in their blocks)" : "",
                 (double)r->work_bytes / (1 << 30), (double)r->graph_bytes / (1 << 30), c->num_blocks,
                 c->block_size, (long long)c->num_blocks * c->block_size,
                 (double)c->num_blocks * block_bytes / (1 << 30), c->max_batch, c->max_seq_len,

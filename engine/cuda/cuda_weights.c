@@ -95,7 +95,7 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* ---- projections kept quantized (SPECD_CUDA_QUANT_WEIGHTS=1, one GPU; work in progress) --- */
+/* ---- projections kept quantized (--dtype gguf, or auto on a GPU too small for bf16) ------ */
 
 /* The block type all of views v[0..n) share when the kernels read it in place (Q8_0, Q4_K,
  * Q6_K; rows a whole number of blocks), else 0: the matrix goes to bf16 as before. */

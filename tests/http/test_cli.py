@@ -34,7 +34,18 @@ def test_config_errors_exit_2(tmp_path):
     assert run("--model", TINY, "--port", "http").returncode == 2
     assert run("--bogus").returncode == 2
     assert run().returncode == 2  # no model
+    r = run("--model", TINY, "--dtype", "int3")
+    assert r.returncode == 2 and "dtype must be auto, bf16 or gguf" in r.stderr
     assert run("--help").returncode == 0
+
+
+def test_dtype_reaches_the_config(tmp_path):
+    assert json.loads(run("--model", TINY, "--print-config").stdout)["dtype"] in ("", "auto")
+    r = run("--model", TINY, "--dtype", "gguf", "--print-config")
+    assert r.returncode == 0 and json.loads(r.stdout)["dtype"] == "gguf"
+    r = subprocess.run([BIN, "generate", "--model", TINY, "--dtype", "fp4", "--prompt-ids", "1,2"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "bad value for --dtype" in r.stderr
 
 
 def test_example_config_file_loads(tmp_path):

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A quantized GGUF on one GPU (issue #17): specd with the file's Q8_0 / Q4_K / Q6_K
+# projections kept in their blocks (--dtype gguf) against the same file dequantized to
+# bf16 at load (--dtype bf16), and llama.cpp on the same file when its directory is given:
+# weights GiB, prefill and decode tok/s at batch 1 / 8 / 64 / 256 (128 prompt, 128
+# generated tokens), greedy tokens of the two specd forms and their top-5 logprobs.
+#   tests/gpu/quant_bench.sh MODEL.gguf [BIN] [LLAMA_CPP_DIR]
+# A file to run: tests/gpu/make_gguf.py --shape llama-3.2-1b, then llama-quantize ... Q4_K_M.
+# Run build/gpu/test_gpu_gemv first (k_gemv_q / k_dequant_q against the host decode).
+set -u
+cd "$(dirname "$0")/../.."
+M=${1:?a GGUF with Q4_K / Q6_K / Q8_0 matrices}
+S=${2:-build/specd}
+Q=${3:-}
+R=${OUT:-build/gpu/quant_logs}; mkdir -p "$R"
+P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
+for d in bf16 gguf; do
+    timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 --prompt-len 128 --gen 128 \
+        --max-batch 256 --max-seq-len 512 -v > "$R/bench_$d.log" 2>&1
+    echo "== specd --dtype $d (rc $?): $(grep -o 'weights [0-9.]* GiB' "$R/bench_$d.log" | head -1)"
+    tail -5 "$R/bench_$d.log"
+    "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json --top-logprobs 5 \
+        > "$R/gen_$d.json" 2> "$R/gen_$d.log"
+done
+python3 - "$R" <<'PY'
+import json, sys
+r = sys.argv[1]
+a, b = (json.load(open(f"{r}/gen_{d}.json")) for d in ("bf16", "gguf"))
+ta, tb = a["output_ids"], b["output_ids"]
+same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+print(f"greedy tokens equal for the first {same} of {len(ta)}")
+la, lb = a.get("top_logprobs"), b.get("top_logprobs")
+if la and lb:
+    d = max(abs(x[j][1] - y[j][1]) for x, y in zip(la[:same + 1], lb[:same + 1]) for j in range(min(len(x), len(y))))
+    print(f"top-5 logprobs up to the first difference: max |gguf - bf16| = {d:.3e}")
+PY
+if [ -n "$Q" ]; then
+    timeout 200 "$Q/llama-batched-bench" -m "$M" -c 70000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,64,256 \
+        -fa on -ngl 99 > "$R/llama_cpp.log" 2>&1
+    echo "== llama.cpp (rc $?)"
+    grep -E "^\|" "$R/llama_cpp.log"
+fi

@@ -51,8 +51,9 @@ template <int T> constexpr size_t gq_smem_bytes() {
     return (size_t)GEMVQ_WARPS * GEMVQ_STAGES * GEMVQ_ROWS * gq_words<T>() * 16;
 }
 
-/* 16 bytes global -> shared; only the first n (< 16 only for the matrix's last word) are
- * read, the rest zero-filled. */
+/* 16 bytes global -> shared, asynchronously; the first n read, the rest zero-filled
+ * (called with n = 16: compute-sanitizer counts a zero-filling copy as a 16-byte read, so
+ * the matrix's partial last word is copied with plain loads instead). */
 __device__ __forceinline__ void gq_cp16(void *dst, const void *src, int n) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_smem_addr(dst)), "l"(src), "r"(n)
                  : "memory");
@@ -273,7 +274,14 @@ __device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t 
         uint4 *dst = buf + ((s % GEMVQ_STAGES) * GEMVQ_ROWS + r) * WORDS;
         for (int l = lane; l < nw; l += 32) {
             const size_t off = (w0 + (size_t)l) * 16;
-            gq_cp16(dst + l, W + off, total - off < 16 ? (int)(total - off) : 16);
+            if (total - off >= 16) {
+                gq_cp16(dst + l, W + off, 16);
+            } else {   /* the matrix's last, partial word: plain loads (visible after the
+                        * step's __syncwarp), nothing read past its end */
+                uint8_t *d = (uint8_t *)(dst + l);
+                const int n = (int)(total - off);
+                for (int i = 0; i < 16; i++) d[i] = i < n ? W[off + i] : 0;
+            }
         }
     }
 }

@@ -434,6 +434,39 @@ static void test_mask_classes_merge_far_positions(void **state) {
     grammar_unref(g);
 }
 
+/* Masks shared by a grammar's matchers: the second request at a state copies the first's
+ * mask (one entry, the same bits); a matcher over another vocabulary takes the cache over
+ * and its masks are its own vocabulary's (brute force). */
+static void test_shared_masks_across_matchers_and_vocabularies(void **state) {
+    (void)state;
+    vocab_fx f, h;
+    vocab_load(&f, "tokenizers/hf/qwen3/tokenizer.json");
+    grammar *g = compile_ok(GRAMMAR_REGEX, "(cat|dog)s are [a-z]{3,9}\\.");
+    assert_int_equal(grammar_prepare_masks(g, 1024), 0);   /* classes both vocabularies use */
+    matcher *a = matcher_new(g, f.vt), *b = matcher_new(g, f.vt);
+    int na = check_mask_brute(&f, a);
+    assert_int_equal(g->shared.n, 1);
+    size_t words = vocab_mask_words(f.n_vocab);
+    uint32_t *first = malloc(words * sizeof *first);
+    memcpy(first, f.mask, words * sizeof *first);
+    assert_int_equal(check_mask_brute(&f, b), na);
+    assert_int_equal(g->shared.n, 1);
+    assert_memory_equal(first, f.mask, words * sizeof *first);
+    vocab_load(&h, "tokenizers/hf/llama3_1/tokenizer.json");
+    matcher *c = matcher_new(g, h.vt);
+    check_mask_brute(&h, c);
+    assert_int_equal(g->shared.n, 1);
+    assert_int_equal(matcher_accept_token(a, token_with_bytes(&f, "cat")), 0);
+    check_mask_brute(&f, a);   /* back to the first vocabulary: its own masks again */
+    matcher_free(a);
+    matcher_free(b);
+    matcher_free(c);
+    free(first);
+    grammar_unref(g);
+    vocab_free(&h);
+    vocab_free(&f);
+}
+
 static void test_mask_equals_brute_force_qwen3(void **state) {
     (void)state;
     mask_suite("tokenizers/hf/qwen3/tokenizer.json");
@@ -611,6 +644,7 @@ int main(void) {
         cmocka_unit_test(test_special_tokens_never_allowed),
         cmocka_unit_test(test_distance_and_budget_mask),
         cmocka_unit_test(test_mask_classes_merge_far_positions),
+        cmocka_unit_test(test_shared_masks_across_matchers_and_vocabularies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -462,6 +462,11 @@ void grammar_unref(grammar *g) {
     free(g->dist);
     free(g->rule_start);
     free(atomic_load(&g->mclasses));
+    for (int i = 0; i < g->shared.n; i++) {
+        free(g->shared.e[i].key);
+        free(g->shared.e[i].mask);
+    }
+    pthread_mutex_destroy(&g->shared.mu);
     free(g);
 }
 
@@ -820,6 +825,7 @@ static grammar *compile_uncached(grammar_kind kind, const char *spec, size_t len
         return NULL;
     }
     atomic_init(&g->refs, 1);
+    pthread_mutex_init(&g->shared.mu, NULL);
     g->kind = kind;
     gb_rule(&b);   /* rule 0: the root */
     int rc;

@@ -10,6 +10,7 @@
 #ifndef SPECD_GRAMMAR_INTERNAL_H
 #define SPECD_GRAMMAR_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -149,9 +150,27 @@ typedef struct {
 /* The classes for tokens of up to L bytes (malloc'd; NULL: out of memory). */
 grammar_mask_classes *grammar_mask_classes_make(const grammar *g, int L);
 
+/* Masks every matcher of a grammar may reuse (grammar_match.c): keyed by mask-class state
+ * keys, for one vocabulary trie at a time; requests under one schema meet the same states
+ * (a title's first characters, a field's opening quote), so one computes and the rest copy. */
+#define GRAMMAR_SHARED_MASKS 64
+typedef struct {
+    pthread_mutex_t mu;
+    uint64_t trie_id;          /* the vocabulary trie the masks are over (0: none yet) */
+    int n;
+    uint64_t tick;
+    struct {
+        int32_t *key;          /* (klen) */
+        int klen, count;
+        uint64_t used;
+        uint32_t *mask;
+    } e[GRAMMAR_SHARED_MASKS];
+} grammar_mask_cache;
+
 struct grammar {
     atomic_int refs;
     _Atomic(grammar_mask_classes *) mclasses;   /* made by the first matcher (grammar_match.c) */
+    grammar_mask_cache shared;                  /* used with mclasses only */
     grammar_kind kind;
     int n_cls;
     uint8_t cls[256];          /* byte -> byte class */

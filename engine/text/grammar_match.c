@@ -15,6 +15,7 @@
  * grow with the output. Stacks over MT_MAX_STACKS are dropped (the language narrows, the
  * mask and the accepts stay consistent); frames deeper than MT_MAX_FRAMES are refused
  * (JSON nested deeper than that cannot be produced). */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,7 +55,10 @@ struct vocab_trie {
     int32_t eos[16];
     int n_eos;
     int max_depth;
+    uint64_t id;         /* unique per trie built (never reused, unlike an address) */
 };
+
+static atomic_ullong trie_ids;
 
 /* ---- trie ----------------------------------------------------------------------------- */
 
@@ -89,6 +93,7 @@ int vocab_trie_max_bytes(const vocab_trie *v) { return v->max_depth; }
 vocab_trie *vocab_trie_build(const tok_tokenizer *t, int n_vocab, const int32_t *eos, int n_eos,
                              char *err, size_t errlen) {
     vocab_trie *v = calloc(1, sizeof *v);
+    if (v) v->id = atomic_fetch_add(&trie_ids, 1) + 1;
     int32_t *order = NULL, *path = NULL;
     if (!v || n_vocab <= 0) goto nomem;
     v->n_vocab = n_vocab;
@@ -577,6 +582,74 @@ int matcher_fill_mask_within(matcher *m, uint32_t *mask, int max_dist) {
 
 void matcher_set_cache(matcher *m, int enabled) { m->no_cache = !enabled; }
 
+/* The grammar's shared masks (grammar_mask_cache): usable when this matcher's keys are the
+ * grammar's classes and its trie is the cache's (the first to use it claims it). */
+static grammar_mask_cache *shared_of(matcher *m) {
+    grammar_mask_cache *c = &m->g->shared;
+    if (!m->mc || m->mc_own || m->mc != atomic_load(&m->g->mclasses)) return NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->trie_id != m->v->id) {   /* another vocabulary's masks: this one takes over */
+        for (int i = 0; i < c->n; i++) {
+            free(c->e[i].key);
+            free(c->e[i].mask);
+            c->e[i].key = NULL;
+            c->e[i].mask = NULL;
+        }
+        c->n = 0;
+        c->trie_id = m->v->id;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return c;
+}
+
+static int shared_get(grammar_mask_cache *c, uint64_t trie, const int32_t *key, int klen, uint32_t *mask,
+                      size_t words) {
+    int count = -1;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; c->trie_id == trie && i < c->n; i++)
+        if (c->e[i].klen == klen && !memcmp(c->e[i].key, key, (size_t)klen * sizeof *key)) {
+            c->e[i].used = ++c->tick;
+            memcpy(mask, c->e[i].mask, words * sizeof *mask);
+            count = c->e[i].count;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return count;
+}
+
+static void shared_put(grammar_mask_cache *c, uint64_t trie, const int32_t *key, int klen, const uint32_t *mask,
+                       size_t words, int count) {
+    int32_t *k = malloc((size_t)klen * sizeof *k);
+    uint32_t *mk = malloc(words * sizeof *mk);
+    if (!k || !mk) {   /* out of memory: only this cache misses out */
+        free(k);
+        free(mk);
+        return;
+    }
+    memcpy(k, key, (size_t)klen * sizeof *k);
+    memcpy(mk, mask, words * sizeof *mk);
+    pthread_mutex_lock(&c->mu);
+    if (c->trie_id != trie) {   /* taken over by another vocabulary meanwhile */
+        pthread_mutex_unlock(&c->mu);
+        free(k);
+        free(mk);
+        return;
+    }
+    int slot = 0;
+    if (c->n < GRAMMAR_SHARED_MASKS) slot = c->n++;
+    else   /* full: the least recently used goes */
+        for (int i = 1; i < c->n; i++)
+            if (c->e[i].used < c->e[slot].used) slot = i;
+    free(c->e[slot].key);
+    free(c->e[slot].mask);
+    c->e[slot].key = k;
+    c->e[slot].klen = klen;
+    c->e[slot].mask = mk;
+    c->e[slot].count = count;
+    c->e[slot].used = ++c->tick;
+    pthread_mutex_unlock(&c->mu);
+}
+
 int matcher_fill_mask(matcher *m, uint32_t *mask) {
     size_t words = vocab_mask_words(m->v->n_vocab);
     if (m->no_cache && !m->finished) return walk_mask(m, mask, GRAMMAR_DIST_INF);
@@ -596,7 +669,12 @@ int matcher_fill_mask(matcher *m, uint32_t *mask) {
         }
         if (m->cache[i].used < m->cache[slot].used) slot = i;
     }
-    int count = walk_mask(m, mask, GRAMMAR_DIST_INF);
+    grammar_mask_cache *sc = klen ? shared_of(m) : NULL;
+    int count = sc ? shared_get(sc, m->v->id, key, klen, mask, words) : -1;
+    if (count < 0) {
+        count = walk_mask(m, mask, GRAMMAR_DIST_INF);
+        if (sc) shared_put(sc, m->v->id, key, klen, mask, words, count);
+    }
     if (klen && (m->cache[slot].mask || (m->cache[slot].mask = malloc(words * sizeof *mask)))) {
         memcpy(m->cache[slot].key, key, (size_t)klen * sizeof *key);
         m->cache[slot].klen = klen;

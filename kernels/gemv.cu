@@ -27,16 +27,6 @@
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 4
 
-/* The 8 bf16 of a 16-byte load as fp32 (a shift or a mask each). */
-__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
-    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(a[i] << 16);
-        f[2 * i + 1] = __uint_as_float(a[i] & 0xffff0000u);
-    }
-}
-
 /* acc += (8 weights, unpacked) . (8 activations, packed) for the NB activation rows. */
 template <int NB, bool TWO>
 __device__ __forceinline__ void fma8(const float (&w1)[8], const float (&w2)[8], const uint4 *X, size_t xs8,
@@ -44,7 +34,7 @@ __device__ __forceinline__ void fma8(const float (&w1)[8], const float (&w2)[8],
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         float x[8];
-        unpack8(X[b * xs8], x);   /* once per row of X, for both weight rows */
+        k_bf16x8(X[b * xs8], x);   /* once per row of X, for both weight rows */
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             a1[b] = fmaf(w1[e], x[e], a1[b]);
@@ -83,14 +73,14 @@ __device__ __forceinline__ void warp_rows_dot(const uint4 *__restrict__ w1, cons
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            unpack8(v1[u], f1);
-            if (TWO) unpack8(v2[u], f2);
+            k_bf16x8(v1[u], f1);
+            if (TWO) k_bf16x8(v2[u], f2);
             fma8<NB, TWO>(f1, f2, X + k + 32 * u, xs8, a1, a2);
         }
     }
     for (; k < len8; k += 32) {
-        unpack8(__ldcs(w1 + k), f1);
-        if (TWO) unpack8(__ldcs(w2 + k), f2);
+        k_bf16x8(__ldcs(w1 + k), f1);
+        if (TWO) k_bf16x8(__ldcs(w2 + k), f2);
         fma8<NB, TWO>(f1, f2, X + k, xs8, a1, a2);
     }
 }

@@ -77,15 +77,6 @@ __device__ __forceinline__ float gq_half_plus(uint32_t b, int e) {
     return __uint_as_float(__byte_perm(b, 0x3f000000u, 0x7044u | (uint32_t)e << 8));
 }
 
-__device__ __forceinline__ void gq_unpack8(uint4 v, float (&f)[8]) {
-    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(a[i] << 16);
-        f[2 * i + 1] = __uint_as_float(a[i] & 0xffff0000u);
-    }
-}
-
 /* s[r][t] += f[r] . x[t] over 8 elements at x (token rows `in` apart); sx[t] += sum x[t]
  * when SX. */
 template <int NB, bool SX>
@@ -94,7 +85,7 @@ __device__ __forceinline__ void gq_fma8(const float (&f)[GEMVQ_ROWS][8], const u
 #pragma unroll
     for (int t = 0; t < NB; t++) {
         float xf[8];
-        gq_unpack8(__ldg((const uint4 *)(x + (size_t)t * in)), xf);
+        k_bf16x8(__ldg((const uint4 *)(x + (size_t)t * in)), xf);
         if (SX) sx[t] += ((xf[0] + xf[1]) + (xf[2] + xf[3])) + ((xf[4] + xf[5]) + (xf[6] + xf[7]));
 #pragma unroll
         for (int r = 0; r < GEMVQ_ROWS; r++)

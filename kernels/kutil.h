@@ -70,6 +70,16 @@ __device__ __forceinline__ uint16_t k_f2bf(float f) {
     return *reinterpret_cast<uint16_t *>(&h);
 }
 
+/* The 8 bf16 of a 16-byte load as fp32 (a shift or a mask each). */
+__device__ __forceinline__ void k_bf16x8(uint4 v, float (&f)[8]) {
+    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(a[i] << 16);
+        f[2 * i + 1] = __uint_as_float(a[i] & 0xffff0000u);
+    }
+}
+
 __device__ __forceinline__ float k_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

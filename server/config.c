@@ -88,6 +88,7 @@ void srv_config_defaults(srv_config *c) {
     c->max_batch = 64;
     c->mem_fraction = 0.9;
     snprintf(c->device, sizeof c->device, "cpu");
+    snprintf(c->dtype, sizeof c->dtype, "auto");
     c->tensor_parallel_size = 1;
     c->nnodes = 1;
     snprintf(c->master_addr, sizeof c->master_addr, "127.0.0.1");

@@ -25,7 +25,7 @@ typedef struct {
     int num_draft_tokens;               /* 0 = engine default (4) */
     int draft_layers;                   /* 0 = off */
     char speculative[16];               /* "ngram" = prompt-lookup drafts; "" / "none" = off */
-    char dtype[8];                      /* "auto" / "" , "bf16", "gguf" (cli_dtype) */
+    char dtype[8];                      /* "auto" (default), "bf16", "gguf" (cli_dtype) */
     int ngram_min, ngram_max;           /* 0 = engine default (2, 4) */
     int spec_cost_model;                /* 1: speculate only where the start-up timing says it pays */
     int tensor_parallel_size;           /* ranks over all nodes (1 = off) */

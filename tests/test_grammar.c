@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -467,6 +468,67 @@ static void test_shared_masks_across_matchers_and_vocabularies(void **state) {
     vocab_free(&f);
 }
 
+/* Matchers on 4 threads walking the same document at once: each mask equals one computed
+ * without any cache (a matcher that finds the shared entry pending waits for it). */
+typedef struct {
+    grammar *g;
+    const vocab_fx *f;
+    const int32_t *ids;
+    int n;
+    uint32_t *masks;   /* (n + 1) x words, out */
+} walk_job;
+
+static void *walk_thread(void *arg) {
+    walk_job *j = arg;
+    size_t words = vocab_mask_words(j->f->n_vocab);
+    matcher *m = matcher_new(j->g, j->f->vt);
+    for (int i = 0; i <= j->n; i++) {
+        matcher_fill_mask(m, j->masks + (size_t)i * words);
+        if (i < j->n && matcher_accept_token(m, j->ids[i])) break;
+    }
+    matcher_free(m);
+    return NULL;
+}
+
+static void test_shared_masks_on_threads_equal_uncached(void **state) {
+    (void)state;
+    vocab_fx f;
+    vocab_load(&f, "tokenizers/hf/qwen3/tokenizer.json");
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, PERSON);
+    assert_int_equal(grammar_prepare_masks(g, 1024), 0);
+    const char *doc = "{\"name\": \"Ada Lovelace\", \"age\": 36, \"tags\": [\"math\"], \"kind\": \"cat\"}";
+    int32_t *ids;
+    char err[256];
+    int n = tok_encode(f.tok, doc, strlen(doc), 0, &ids, err, sizeof err);
+    assert_true(n > 0);
+    size_t words = vocab_mask_words(f.n_vocab);
+    uint32_t *want = malloc((size_t)(n + 1) * words * sizeof *want);
+    matcher *ref = matcher_new(g, f.vt);
+    matcher_set_cache(ref, 0);
+    for (int i = 0; i <= n; i++) {
+        matcher_fill_mask(ref, want + (size_t)i * words);
+        if (i < n) assert_int_equal(matcher_accept_token(ref, ids[i]), 0);
+    }
+    matcher_free(ref);
+    pthread_t th[4];
+    walk_job jobs[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t] = (walk_job){g, &f, ids, n, malloc((size_t)(n + 1) * words * sizeof(uint32_t))};
+        assert_int_equal(pthread_create(&th[t], NULL, walk_thread, &jobs[t]), 0);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        assert_memory_equal(jobs[t].masks, want, (size_t)(n + 1) * words * sizeof *want);
+        free(jobs[t].masks);
+    }
+    assert_true(g->shared.n > 0);
+    for (int i = 0; i < g->shared.n; i++) assert_int_equal(g->shared.e[i].pending, 0);
+    free(want);
+    free(ids);
+    grammar_unref(g);
+    vocab_free(&f);
+}
+
 static void test_mask_equals_brute_force_qwen3(void **state) {
     (void)state;
     mask_suite("tokenizers/hf/qwen3/tokenizer.json");
@@ -645,6 +707,7 @@ int main(void) {
         cmocka_unit_test(test_distance_and_budget_mask),
         cmocka_unit_test(test_mask_classes_merge_far_positions),
         cmocka_unit_test(test_shared_masks_across_matchers_and_vocabularies),
+        cmocka_unit_test(test_shared_masks_on_threads_equal_uncached),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

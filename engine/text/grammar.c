@@ -467,6 +467,7 @@ void grammar_unref(grammar *g) {
         free(g->shared.e[i].mask);
     }
     pthread_mutex_destroy(&g->shared.mu);
+    pthread_cond_destroy(&g->shared.done);
     free(g);
 }
 
@@ -826,6 +827,7 @@ static grammar *compile_uncached(grammar_kind kind, const char *spec, size_t len
     }
     atomic_init(&g->refs, 1);
     pthread_mutex_init(&g->shared.mu, NULL);
+    pthread_cond_init(&g->shared.done, NULL);
     g->kind = kind;
     gb_rule(&b);   /* rule 0: the root */
     int rc;

@@ -152,16 +152,20 @@ grammar_mask_classes *grammar_mask_classes_make(const grammar *g, int L);
 
 /* Masks every matcher of a grammar may reuse (grammar_match.c): keyed by mask-class state
  * keys, for one vocabulary trie at a time; requests under one schema meet the same states
- * (a title's first characters, a field's opening quote), so one computes and the rest copy. */
+ * (a title's first characters, a field's opening quote), so one computes and the rest copy.
+ * An entry being computed is pending: a matcher that wants the same mask meanwhile (another
+ * row of the same step, on another mask thread) waits for it instead of walking too. */
 #define GRAMMAR_SHARED_MASKS 64
 typedef struct {
     pthread_mutex_t mu;
+    pthread_cond_t done;       /* a pending entry was filled, or the cache was taken over */
     uint64_t trie_id;          /* the vocabulary trie the masks are over (0: none yet) */
+    uint64_t gen;              /* bumped when another trie takes the cache over */
     int n;
     uint64_t tick;
     struct {
         int32_t *key;          /* (klen) */
-        int klen, count;
+        int klen, count, pending;
         uint64_t used;
         uint32_t *mask;
     } e[GRAMMAR_SHARED_MASKS];

@@ -597,56 +597,74 @@ static grammar_mask_cache *shared_of(matcher *m) {
         }
         c->n = 0;
         c->trie_id = m->v->id;
+        c->gen++;   /* a pending entry's owner drops its mask; its waiters walk */
+        pthread_cond_broadcast(&c->done);
     }
     pthread_mutex_unlock(&c->mu);
     return c;
 }
 
+/* The shared mask for key into mask (its count), waiting while another matcher computes
+ * it; else -1, and *slot >= 0 when this caller is to compute it (shared_fill with *gen). */
 static int shared_get(grammar_mask_cache *c, uint64_t trie, const int32_t *key, int klen, uint32_t *mask,
-                      size_t words) {
-    int count = -1;
+                      size_t words, int *slot, uint64_t *gen) {
+    *slot = -1;
     pthread_mutex_lock(&c->mu);
-    for (int i = 0; c->trie_id == trie && i < c->n; i++)
-        if (c->e[i].klen == klen && !memcmp(c->e[i].key, key, (size_t)klen * sizeof *key)) {
+    for (;;) {
+        if (c->trie_id != trie) break;
+        int i = 0;
+        while (i < c->n && !(c->e[i].klen == klen && !memcmp(c->e[i].key, key, (size_t)klen * sizeof *key))) i++;
+        if (i < c->n && c->e[i].pending) {
+            pthread_cond_wait(&c->done, &c->mu);
+            continue;   /* filled, evicted later, or the cache taken over: look again */
+        }
+        if (i < c->n) {
             c->e[i].used = ++c->tick;
             memcpy(mask, c->e[i].mask, words * sizeof *mask);
-            count = c->e[i].count;
+            int count = c->e[i].count;
+            pthread_mutex_unlock(&c->mu);
+            return count;
+        }
+        /* a miss: claim a slot (a new one, else the least recently used that is not pending) */
+        int s = -1;
+        if (c->n < GRAMMAR_SHARED_MASKS) s = c->n;
+        else
+            for (int k = 0; k < c->n; k++)
+                if (!c->e[k].pending && (s < 0 || c->e[k].used < c->e[s].used)) s = k;
+        if (s < 0) break;   /* all pending: compute without sharing */
+        int32_t *kb = malloc((size_t)klen * sizeof *kb);
+        uint32_t *mb = c->e[s].mask ? c->e[s].mask : malloc(words * sizeof *mb);
+        if (!kb || !mb) {   /* out of memory: only the sharing misses out */
+            free(kb);
+            if (mb != c->e[s].mask) free(mb);
             break;
         }
+        memcpy(kb, key, (size_t)klen * sizeof *kb);
+        free(c->e[s].key);
+        c->e[s].key = kb;
+        c->e[s].mask = mb;
+        c->e[s].klen = klen;
+        c->e[s].pending = 1;
+        c->e[s].used = ++c->tick;
+        if (s == c->n) c->n++;
+        *slot = s;
+        *gen = c->gen;
+        break;
+    }
     pthread_mutex_unlock(&c->mu);
-    return count;
+    return -1;
 }
 
-static void shared_put(grammar_mask_cache *c, uint64_t trie, const int32_t *key, int klen, const uint32_t *mask,
-                       size_t words, int count) {
-    int32_t *k = malloc((size_t)klen * sizeof *k);
-    uint32_t *mk = malloc(words * sizeof *mk);
-    if (!k || !mk) {   /* out of memory: only this cache misses out */
-        free(k);
-        free(mk);
-        return;
-    }
-    memcpy(k, key, (size_t)klen * sizeof *k);
-    memcpy(mk, mask, words * sizeof *mk);
+/* The claimed entry's mask, computed: ready for every matcher, its waiters woken. */
+static void shared_fill(grammar_mask_cache *c, int slot, uint64_t gen, const uint32_t *mask, size_t words,
+                        int count) {
     pthread_mutex_lock(&c->mu);
-    if (c->trie_id != trie) {   /* taken over by another vocabulary meanwhile */
-        pthread_mutex_unlock(&c->mu);
-        free(k);
-        free(mk);
-        return;
+    if (c->gen == gen) {   /* not taken over meanwhile (then the slot is another's) */
+        memcpy(c->e[slot].mask, mask, words * sizeof *mask);
+        c->e[slot].count = count;
+        c->e[slot].pending = 0;
     }
-    int slot = 0;
-    if (c->n < GRAMMAR_SHARED_MASKS) slot = c->n++;
-    else   /* full: the least recently used goes */
-        for (int i = 1; i < c->n; i++)
-            if (c->e[i].used < c->e[slot].used) slot = i;
-    free(c->e[slot].key);
-    free(c->e[slot].mask);
-    c->e[slot].key = k;
-    c->e[slot].klen = klen;
-    c->e[slot].mask = mk;
-    c->e[slot].count = count;
-    c->e[slot].used = ++c->tick;
+    pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -670,10 +688,12 @@ int matcher_fill_mask(matcher *m, uint32_t *mask) {
         if (m->cache[i].used < m->cache[slot].used) slot = i;
     }
     grammar_mask_cache *sc = klen ? shared_of(m) : NULL;
-    int count = sc ? shared_get(sc, m->v->id, key, klen, mask, words) : -1;
+    int claim = -1;
+    uint64_t gen = 0;
+    int count = sc ? shared_get(sc, m->v->id, key, klen, mask, words, &claim, &gen) : -1;
     if (count < 0) {
         count = walk_mask(m, mask, GRAMMAR_DIST_INF);
-        if (sc) shared_put(sc, m->v->id, key, klen, mask, words, count);
+        if (claim >= 0) shared_fill(sc, claim, gen, mask, words, count);
     }
     if (klen && (m->cache[slot].mask || (m->cache[slot].mask = malloc(words * sizeof *mask)))) {
         memcpy(m->cache[slot].key, key, (size_t)klen * sizeof *key);

@@ -53,7 +53,7 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "                          that turns drafts off where they would not pay)\n" \
     "  --device cpu|cuda       runner (default cpu)\n" \
     "  --dtype auto|bf16|gguf  a quantized GGUF on the GPU: gguf keeps its Q8_0 / Q4_K / Q6_K\n" \
-    "                          projections in their blocks (less memory, fastest at batch 1),\n" \
+    "                          projections in their blocks (less memory; as fast at batch 1),\n" \
     "                          bf16 dequantizes them at load (faster from batch 8); auto\n" \
     "                          (default) keeps them when bf16 would take over half the GPU\n" \
     "  --max-seq-len N         context limit per sequence (default 4096)\n" \

@@ -37,7 +37,7 @@ static const cfg_key keys[] = {
     {"num_draft_tokens", K_INT, OFF(num_draft_tokens), 0, 0, 15, "draft tokens per step k (0 = engine default)"},
     {"draft_layers", K_INT, OFF(draft_layers), 0, 0, 1e6, "self-speculation with the target's first N layers"},
     {"speculative", STR(speculative), 0, 0, "ngram: prompt-lookup drafting (drafts copied from the request's own earlier tokens; no draft model), or none"},
-    {"dtype", STR(dtype), 0, 0, "a quantized GGUF on the GPU: gguf keeps its Q8_0 / Q4_K / Q6_K projections in their blocks (less memory; fastest at batch 1, slower than bf16 from batch 8), bf16 dequantizes them at load, auto (default) keeps them when the bf16 weights would take over half the GPU"},
+    {"dtype", STR(dtype), 0, 0, "a quantized GGUF on the GPU: gguf keeps its Q8_0 / Q4_K / Q6_K projections in their blocks (less memory; as fast as bf16 at batch 1, slower from batch 8), bf16 dequantizes them at load, auto (default) keeps them when the bf16 weights would take over half the GPU"},
     {"ngram_min", K_INT, OFF(ngram_min), 0, 0, 16, "shortest n-gram prompt lookup matches (0 = default 2)"},
     {"ngram_max", K_INT, OFF(ngram_max), 0, 0, 16, "longest n-gram prompt lookup matches, tried first (0 = default 4)"},
     {"spec_cost_model", K_BOOL, OFF(spec_cost_model), 0, 0, 1, "time plain and verify steps at start-up and draft only where speculation pays (false: always draft)"},

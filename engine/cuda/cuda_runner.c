@@ -770,7 +770,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
                 "KV %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "
                 "captured decode sizes [%s]\n",
                 prop.name, r->n_sm, (double)(r->m[0].weight_bytes + r->m[1].weight_bytes) / (1 << 30),
-                r->tune.quant_weights ? " (GGUF quantized projections kept in their blocks)" : "",
+                r->m[0].q_scratch || r->m[1].q_scratch ? " (GGUF quantized projections kept in their blocks)" : "",
                 (double)r->work_bytes / (1 << 30), (double)r->graph_bytes / (1 << 30), c->num_blocks,
                 c->block_size, (long long)c->num_blocks * c->block_size,
                 (double)c->num_blocks * block_bytes / (1 << 30), c->max_batch, c->max_seq_len,

@@ -409,6 +409,24 @@ static int forward_sampling_ok(const engine *e, int n) {
     return 1;
 }
 
+/* A constrained row whose grammar lets no token through ends with an error. */
+static void grammar_dead_end(const req *r, row_result *o) {
+    fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
+    o->forced = ENGINE_FINISH_ERROR;
+}
+
+/* Plan row i's token as the runner sampled it into e->dec_out[j], unless its mask found
+ * nothing (mask_result): then its unconstrained draw is dropped. */
+static void take_sampled(engine *e, const req *r, row_result *o, int i, int j) {
+    if (r->m && mask_result(e, i) < 0) {
+        grammar_dead_end(r, o);
+        return;
+    }
+    o->n = 1;
+    o->tok[0] = e->dec_out[j];
+    o->dev = j;
+}
+
 /* The decode op over the plan's rows; constrained rows' masks are computed while the pass
  * runs (prepare_masks, as in a composed step), row i's in row_masks row i. */
 static int device_decode(engine *e, int n) {
@@ -434,17 +452,9 @@ static int device_decode(engine *e, int n) {
                               .prepare_ctx = e};
     int rc = e->run->ops->decode(e->run, &db);
     for (int i = 0; rc == 0 && i < n; i++) {
-        const req *r = e->plan[i].r;
         row_result *o = &e->res[i];
         o->event = o->fed = 1;
-        if (r->m && mask_result(e, i) < 0) {
-            fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
-            o->forced = ENGINE_FINISH_ERROR;   /* its unconstrained draw is dropped */
-            continue;
-        }
-        o->n = 1;
-        o->tok[0] = e->dec_out[i];
-        o->dev = i;
+        take_sampled(e, e->plan[i].r, o, i, i);
     }
     return rc;
 }
@@ -675,20 +685,14 @@ static int composed_step(engine *e, int n) {
             o->event = p->target_logits != 0;
             if (p->target_logits && r->max_new <= 0) {   /* max_tokens 0: the prompt only */
                 o->forced = ENGINE_FINISH_LENGTH;
-            } else if (p->target_logits && on_device && r->m && mask_result(e, i) < 0) {
-                fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
-                o->forced = ENGINE_FINISH_ERROR;   /* its unconstrained draw is dropped */
             } else if (p->target_logits && on_device) {
-                o->n = 1;
-                o->tok[0] = e->dec_out[p->logits_off];
-                o->dev = p->logits_off;
+                take_sampled(e, r, o, i, p->logits_off);
             } else if (p->target_logits) {
                 float *lg = e->logits + (size_t)p->logits_off * V;
                 memcpy(e->work, lg, (size_t)V * sizeof(float));
                 int32_t t = sample_row(e, r, e->work, s->tokens, s->n_tokens);
                 if (t < 0) {
-                    fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
-                    o->forced = ENGINE_FINISH_ERROR;
+                    grammar_dead_end(r, o);
                 } else {
                     o->n = 1;
                     o->tok[0] = t;

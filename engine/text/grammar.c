@@ -462,10 +462,7 @@ void grammar_unref(grammar *g) {
     free(g->dist);
     free(g->rule_start);
     free(atomic_load(&g->mclasses));
-    for (int i = 0; i < g->shared.n; i++) {
-        free(g->shared.e[i].key);
-        free(g->shared.e[i].mask);
-    }
+    grammar_mask_cache_clear(&g->shared);
     pthread_mutex_destroy(&g->shared.mu);
     pthread_cond_destroy(&g->shared.done);
     free(g);

@@ -171,6 +171,9 @@ typedef struct {
     } e[GRAMMAR_SHARED_MASKS];
 } grammar_mask_cache;
 
+/* Frees a cache's entries (the caller holds its lock, or is its grammar's last user). */
+void grammar_mask_cache_clear(grammar_mask_cache *c);
+
 struct grammar {
     atomic_int refs;
     _Atomic(grammar_mask_classes *) mclasses;   /* made by the first matcher (grammar_match.c) */

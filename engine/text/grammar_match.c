@@ -584,18 +584,22 @@ void matcher_set_cache(matcher *m, int enabled) { m->no_cache = !enabled; }
 
 /* The grammar's shared masks (grammar_mask_cache): usable when this matcher's keys are the
  * grammar's classes and its trie is the cache's (the first to use it claims it). */
+void grammar_mask_cache_clear(grammar_mask_cache *c) {
+    for (int i = 0; i < c->n; i++) {
+        free(c->e[i].key);
+        free(c->e[i].mask);
+        c->e[i].key = NULL;
+        c->e[i].mask = NULL;
+    }
+    c->n = 0;
+}
+
 static grammar_mask_cache *shared_of(matcher *m) {
     grammar_mask_cache *c = &m->g->shared;
     if (!m->mc || m->mc_own || m->mc != atomic_load(&m->g->mclasses)) return NULL;
     pthread_mutex_lock(&c->mu);
     if (c->trie_id != m->v->id) {   /* another vocabulary's masks: this one takes over */
-        for (int i = 0; i < c->n; i++) {
-            free(c->e[i].key);
-            free(c->e[i].mask);
-            c->e[i].key = NULL;
-            c->e[i].mask = NULL;
-        }
-        c->n = 0;
+        grammar_mask_cache_clear(c);
         c->trie_id = m->v->id;
         c->gen++;   /* a pending entry's owner drops its mask; its waiters walk */
         pthread_cond_broadcast(&c->done);

@@ -215,14 +215,16 @@ static void refresh_stats(loop *l) {
     if (!l->eng) return;
     engine_stats st;
     uint64_t failed[64];
+    double out_wait_s;
     int n;
-    while ((n = loop_engine_snapshot(l, &st, failed, 64)) > 0)
+    while ((n = loop_engine_snapshot(l, &st, &out_wait_s, failed, 64)) > 0)
         for (int i = 0; i < n; i++) {
             loop_job *job = loop_find_job(l, failed[i] >> 8);
             if (job) loop_fail_job(l, job, 503, "server_error", "the engine could not take the request");
         }
     if (st.failed) atomic_store(&l->failed, 1);
     metrics_set_engine(l->m, &st);
+    metrics_set_engine_wait(l->m, out_wait_s);
     metrics_set_host_output(l->m, (double)atomic_load(&l->host_ns) * 1e-9,
                             (unsigned long long)atomic_load(&l->host_tokens));
 }

@@ -9,6 +9,7 @@
  * next one starts as soon as the last returns, unless the loop is a whole step behind. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/core/err.h"
 #include "server/log.h"
@@ -70,6 +71,12 @@ static void apply_cmds(loop *l) {
     l->n_cmds = 0;
 }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void *engine_main(void *arg) {
     loop *l = arg;
     pthread_mutex_lock(&l->emu);
@@ -77,8 +84,11 @@ static void *engine_main(void *arg) {
         apply_cmds(l);
         engine_get_stats(l->eng, &l->snap);
         if (l->quit) break;
-        if (!engine_has_work(l->eng) || l->n_pub > (l->cfg.overlap ? 1 : 0)) {
+        const int has_work = engine_has_work(l->eng);
+        if (!has_work || l->n_pub > (l->cfg.overlap ? 1 : 0)) {
+            const double t0 = has_work ? mono_s() : 0;
             pthread_cond_wait(&l->ecv, &l->emu);
+            if (has_work) l->out_wait_s += mono_s() - t0;
             continue;
         }
         pthread_mutex_unlock(&l->emu);
@@ -128,9 +138,10 @@ void loop_engine_done(loop *l) {
     pthread_mutex_unlock(&l->emu);
 }
 
-int loop_engine_snapshot(loop *l, engine_stats *st, uint64_t *failed, int cap) {
+int loop_engine_snapshot(loop *l, engine_stats *st, double *out_wait_s, uint64_t *failed, int cap) {
     pthread_mutex_lock(&l->emu);
     *st = l->snap;
+    *out_wait_s = l->out_wait_s;
     int n = l->n_add_failed < cap ? l->n_add_failed : cap;
     if (n) {
         memcpy(failed, l->add_failed, (size_t)n * sizeof *failed);

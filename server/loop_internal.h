@@ -125,6 +125,8 @@ struct loop {
     out_item *items;
     int cap_items;
     _Atomic long long host_ns, host_tokens; /* output processing: wall ns, tokens */
+    double out_wait_s;                 /* engine thread: had work, waited for the loop to take
+                                        * its outputs (emu held) */
 };
 
 /* loop.c */
@@ -145,7 +147,7 @@ void loop_pause_req(loop *l, uint64_t req_id, int paused);
 int loop_engine_next(loop *l, loop_step *s);
 void loop_engine_done(loop *l);
 /* Latest engine stats and up to cap request ids whose submit failed (taken). */
-int loop_engine_snapshot(loop *l, engine_stats *st, uint64_t *failed, int cap);
+int loop_engine_snapshot(loop *l, engine_stats *st, double *out_wait_s, uint64_t *failed, int cap);
 
 /* loop_output.c */
 int loop_output_init(loop *l, int threads);

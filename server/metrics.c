@@ -38,7 +38,7 @@ struct metrics {
     histogram ttft, itl, e2e;
     unsigned long long finished[N_REASONS];
     unsigned long long http_errors[N_STATUSES];
-    double host_output_s;
+    double host_output_s, engine_wait_s;
     unsigned long long host_output_tokens;
 };
 
@@ -87,6 +87,11 @@ void metrics_set_host_output(metrics *m, double seconds, unsigned long long toke
     pthread_mutex_lock(&m->mu);
     m->host_output_s = seconds;
     m->host_output_tokens = tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+void metrics_set_engine_wait(metrics *m, double seconds) {
+    pthread_mutex_lock(&m->mu);
+    m->engine_wait_s = seconds;
     pthread_mutex_unlock(&m->mu);
 }
 void metrics_observe_e2e(metrics *m, double s) { observe(m, &m->e2e, s, 1); }
@@ -144,6 +149,11 @@ static void counter(sbuf *b, const char *model, const char *name, const char *he
     sb_printf(b, "specd:%s{model_name=\"%s\"} %llu\n", name, model, v);
 }
 
+static void fcounter(sbuf *b, const char *model, const char *name, const char *help, double v) {
+    head(b, name, "counter", help);
+    sb_printf(b, "specd:%s{model_name=\"%s\"} %.9f\n", name, model, v);
+}
+
 static void hist(sbuf *b, const char *model, const char *name, const char *help, const histogram *h) {
     head(b, name, "histogram", help);
     unsigned long long cum = 0;
@@ -188,11 +198,24 @@ char *metrics_render(metrics *m) {
     hist(&b, mo, "time_to_first_token_seconds", "Time to first token.", &m->ttft);
     hist(&b, mo, "inter_token_latency_seconds", "Time between output tokens.", &m->itl);
     hist(&b, mo, "e2e_request_latency_seconds", "Request latency, arrival to finish.", &m->e2e);
-    head(&b, "host_output_seconds_total", "counter",
-         "Wall time the serving loop spent turning engine events into text and chunks.");
-    sb_printf(&b, "specd:host_output_seconds_total{model_name=\"%s\"} %.9f\n", mo, m->host_output_s);
+    fcounter(&b, mo, "host_output_seconds_total",
+             "Wall time the serving loop spent turning engine events into text and chunks.", m->host_output_s);
     counter(&b, mo, "host_output_tokens_total", "Generated tokens that output processing handled.",
             m->host_output_tokens);
+    head(&b, "engine_steps_total", "counter", "Engine steps by the runner path that ran them.");
+    const struct { const char *path; uint64_t n; } paths[] = {
+        {"decode", st->steps_device_decode}, {"verify", st->steps_runner_verify},
+        {"speculative", st->steps_runner_spec}, {"composed", st->steps_composed}};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        sb_printf(&b, "specd:engine_steps_total{path=\"%s\",model_name=\"%s\"} %llu\n", paths[i].path, mo,
+                  (unsigned long long)paths[i].n);
+    fcounter(&b, mo, "engine_step_seconds_total", "Wall time of engine steps (schedule, run, commit, emit).",
+             st->step_seconds);
+    fcounter(&b, mo, "engine_run_seconds_total", "Wall time of the runner's work within engine steps.",
+             st->run_seconds);
+    fcounter(&b, mo, "engine_output_wait_seconds_total",
+             "Wall time the engine thread had work but waited for the loop to take earlier outputs.",
+             m->engine_wait_s);
     counter(&b, mo, "spec_decode_num_drafts_total", "Speculative verify steps.", st->spec_drafts);
     counter(&b, mo, "spec_decode_num_draft_tokens_total", "Draft tokens proposed.", st->spec_draft_tokens);
     counter(&b, mo, "spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", st->spec_accepted_tokens);

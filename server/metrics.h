@@ -23,6 +23,8 @@ void metrics_observe_ttft(metrics *m, double seconds);
 void metrics_observe_itl_n(metrics *m, double seconds, int n);
 /* Output processing so far: wall seconds and tokens (host cost per token = s / tokens). */
 void metrics_set_host_output(metrics *m, double seconds, unsigned long long tokens);
+/* Seconds the engine thread, with work queued, waited for the loop to take its outputs. */
+void metrics_set_engine_wait(metrics *m, double seconds);
 void metrics_observe_e2e(metrics *m, double seconds);
 /* reason: "stop", "length", "abort", "error" */
 void metrics_request_finished(metrics *m, const char *reason);

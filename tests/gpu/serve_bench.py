@@ -76,7 +76,50 @@ def client(port, endpoint, kind, conc, n, procs, out):
 
 
 def requests_for(conc):
-    return {1: 24, 16: 64}.get(conc, 256)
+    """Four waves of requests per stream above 16 streams, so the figure is a steady state
+    (staggered arrivals, prefill mixed into decode steps) and not one burst."""
+    return {1: 24, 16: 64}.get(conc, 4 * conc)
+
+
+def scrape(port):
+    """The server's counters as {name or name{path}: value}."""
+    vals = {}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+        if not line.startswith("specd:"):
+            continue
+        name, _, v = line.rpartition(" ")
+        key = name.split("{")[0][6:]
+        if 'path="' in name:
+            key += "." + name.split('path="')[1].split('"')[0]
+        try:
+            vals[key] = float(v)
+        except ValueError:
+            pass
+    return vals
+
+
+def engine_view(m0, m1, wall):
+    """Where the engine thread's time went while the client ran: steps by path, mean step
+    time, the runner's share, waits for output processing, decoding rows per step."""
+    d = lambda k: m1.get(k, 0.0) - m0.get(k, 0.0)
+    steps = sum(d("engine_steps_total." + p) for p in ("decode", "verify", "speculative", "composed"))
+    dec_steps = d("spec_decode_num_decode_steps_total")
+    return {"steps": int(steps), "steps_composed": int(d("engine_steps_total.composed")),
+            "step_ms": 1e3 * d("engine_step_seconds_total") / steps if steps else None,
+            "run_ms": 1e3 * d("engine_run_seconds_total") / steps if steps else None,
+            "busy": d("engine_step_seconds_total") / wall if wall else None,
+            "out_wait": d("engine_output_wait_seconds_total") / wall if wall else None,
+            "rows_per_step": d("spec_decode_num_decode_rows_total") / dec_steps if dec_steps else None,
+            "prompt_tok": int(d("prompt_tokens_total"))}
+
+
+def e2e(e):
+    """The engine's own rate for the same shape with its prefill counted: every stream's
+    128 prompt tokens at the prefill rate, then 128 tokens at the decode rate."""
+    if not e.get("decode_tok_s") or not e.get("prefill_tok_s"):
+        return None
+    b, plen, gen = e["batch"], e["prompt_len"], e["gen"]
+    return b * gen / (b * plen / e["prefill_tok_s"] + b * (gen - 1) / e["decode_tok_s"])
 
 
 def main():
@@ -124,14 +167,18 @@ def main():
                 if variant == "new":
                     runs.append((levels[-1], 2 * a.procs))
                 for conc, procs in runs:
+                    m0, t0 = scrape(port), time.time()
                     r = client(port, endpoint, kind, conc, requests_for(conc), procs,
                                os.path.join(a.out, f"b_{name}_{variant}_{conc}_{procs}"))
+                    ev = engine_view(m0, scrape(port), time.time() - t0)
                     e = rates.get(conc, {})
                     eng = e.get("decode_tok_s")
                     step = e.get("ms_per_step")
                     row = {"model": name, "variant": variant, "streams": conc, "procs": procs,
                            "http_tok_s": r["output_tokens_per_s"], "engine_tok_s": eng,
                            "ratio": r["output_tokens_per_s"] / eng if eng else None, "step_ms": step,
+                           "engine_e2e_tok_s": e2e(e),
+                           "ratio_e2e": r["output_tokens_per_s"] / e2e(e) if e2e(e) else None, **ev,
                            "engine_prefill_tok_s": e.get("prefill_tok_s"),
                            "itl_p50_ms": r["itl_p50_ms"], "itl_p99_ms": r["itl_p99_ms"],
                            "ttft_p50_ms": r["ttft_p50_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
@@ -147,14 +194,22 @@ def main():
     with open(os.path.join(a.out, "serve_bench.json"), "w") as f:
         json.dump(rows, f, indent=1)
     f = lambda v, nd=1: "-" if v is None else f"{v:.{nd}f}"
-    print("\n| model | variant | streams | procs | HTTP out tok/s | engine tok/s | ratio | step ms | ITL p50/p99 ms "
-          "| TTFT p50/p99 ms | host us/tok | engine prefill tok/s | failed |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|")
+    print("\n| model | variant | streams | procs | HTTP out tok/s | engine tok/s | ratio | engine e2e tok/s "
+          "| ratio e2e | step ms | ITL p50/p99 ms | TTFT p50/p99 ms | host us/tok | failed |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|")
     for r in rows:
         print(f"| {r['model']} | {r['variant']} | {r['streams']} | {r['procs']} | {f(r['http_tok_s'])} | "
-              f"{f(r['engine_tok_s'])} | {f(r['ratio'], 3)} | {f(r['step_ms'], 2)} | {f(r['itl_p50_ms'], 2)} / "
-              f"{f(r['itl_p99_ms'], 2)} | {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} | "
-              f"{f(r['host_us_per_token'], 2)} | {f(r['engine_prefill_tok_s'])} | {r['failed']} |")
+              f"{f(r['engine_tok_s'])} | {f(r['ratio'], 3)} | {f(r['engine_e2e_tok_s'])} | {f(r['ratio_e2e'], 3)} | "
+              f"{f(r['step_ms'], 2)} | {f(r['itl_p50_ms'], 2)} / {f(r['itl_p99_ms'], 2)} | "
+              f"{f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} | {f(r['host_us_per_token'], 2)} | {r['failed']} |")
+    print("\nEngine thread while the client ran (from /metrics): steps (composed), mean step and runner ms, "
+          "busy share, share waiting for output processing, decoding rows per step, prompt tokens")
+    print("| model | variant | streams | steps (composed) | step ms | run ms | busy | out wait | rows/step | prompt tok |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['variant']} | {r['streams']} | {r['steps']} ({r['steps_composed']}) | "
+              f"{f(r['step_ms'], 3)} | {f(r['run_ms'], 3)} | {f(r['busy'], 2)} | {f(r['out_wait'], 2)} | "
+              f"{f(r['rows_per_step'], 1)} | {r['prompt_tok']} |")
 
 
 if __name__ == "__main__":

@@ -138,8 +138,16 @@ def test_metrics_content(tiny):
                  "generation_tokens_total", "time_to_first_token_seconds", "inter_token_latency_seconds",
                  "e2e_request_latency_seconds", "request_success_total", "spec_decode_num_drafts_total",
                  "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
-                 "spec_decode_acceptance_length"]:
+                 "spec_decode_acceptance_length", "engine_steps_total", "engine_step_seconds_total",
+                 "engine_run_seconds_total", "engine_output_wait_seconds_total"]:
         assert f"# TYPE specd:{name} " in text, name
+    # a prompt step and at least one decode step, timed: the runner's part within the step
+    steps = {line.split('path="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+             for line in text.splitlines() if line.startswith("specd:engine_steps_total{")}
+    assert set(steps) == {"decode", "verify", "speculative", "composed"}
+    assert steps["composed"] >= 1 and steps["decode"] + steps["composed"] >= 2
+    assert tiny.metric("engine_step_seconds_total") >= tiny.metric("engine_run_seconds_total") > 0
+    assert tiny.metric("engine_output_wait_seconds_total") >= 0
     assert tiny.metric("generation_tokens_total") >= 2
     assert tiny.metric("prompt_tokens_total") >= 2
     assert 'specd:request_success_total{finished_reason="length",model_name="llama-tiny"}' in text

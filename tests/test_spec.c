@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "engine/core/engine.h"
+#include "engine/core/engine_internal.h"   /* the cost table, set by hand */
 #include "engine/core/err.h"
 #include "engine/core/runner.h"
 #include "engine/core/sample.h"
@@ -635,6 +636,46 @@ static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
     free_prompts(&p);
 }
 
+/* A draft model under the cost model runs only when its rows speculate: plain steps (the
+ * runner's decode op) leave it behind and a speculating step catches it up first. The cost
+ * table is set by hand (white box: measured CPU timings are noise) so that a step of k = 4
+ * drafts costs 2.5 plain steps, and the acceptance estimate starts at 0: that declines,
+ * but drafts that all stand would pay, so the 17th declined step is a probe. Draft ==
+ * target: once caught up, the draft proposes exactly the target's tokens (AL near k + 1 =
+ * 5), which it cannot if the catch-up skipped or repeated a token; the probe's acceptance
+ * turns speculation on for good, through the runner's speculative step. The output must
+ * equal plain decoding. */
+static void test_spec_lagging_draft_catches_up(void **st) {
+    (void)st;
+    prompts p;
+    load_prompts(&p, "llama-tiny");
+    engine *e = make_engine(NULL, 0, 8, 0);
+    run_greedy(e, &p, p.np, 8, 64, &g_plain);
+    engine_destroy(e);
+    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
+    engine_config c = {.model_path = g_path[0], .draft_path = g_path[0], .num_draft_tokens = 4,
+                       .max_seq_len = 512, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2};
+    char err[1024] = "";
+    e = engine_create(&c, err, sizeof err);
+    assert_non_null(e);
+    e->cost = (spec_cost){.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 2.5e-3}, {1e-3, 2.5e-3}}};
+    e->acc_s = 0;   /* no draft accepted yet: not even a step with a prefill chunk speculates */
+    e->acc_t = 1;
+    run_greedy(e, &p, p.np, 8, 64, &g_tmp);
+    assert_same_tokens(&g_plain, &g_tmp, p.np);
+    engine_stats s;
+    engine_get_stats(e, &s);
+    print_message("  draft == target under the cost model: %llu plain decode steps, %llu composed, %llu speculative; "
+                  "%llu of %llu decoding rows verified drafts, AL %.3f\n", (unsigned long long)s.steps_device_decode,
+                  (unsigned long long)s.steps_composed, (unsigned long long)s.steps_runner_spec,
+                  (unsigned long long)s.spec_drafts, (unsigned long long)s.spec_rows_decoding, al(&g_tmp));
+    assert_true(s.steps_device_decode >= 8);   /* the draft fell behind (16 declined steps, prefill ones too) */
+    assert_true(s.steps_runner_spec > 0);                      /* and was caught up */
+    assert_true(al(&g_tmp) > 4.5);
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
 /* Finished, cancelled and preempted requests with n-gram drafts all give their blocks back. */
 static void test_spec_ngram_kv_returns_to_baseline(void **st) {
     (void)st;
@@ -679,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_spec_point_mass_rejection_follows_target),
         cmocka_unit_test(test_spec_ngram_kv_returns_to_baseline),
         cmocka_unit_test(test_spec_cost_model_turns_a_failing_draft_model_off),
+        cmocka_unit_test(test_spec_lagging_draft_catches_up),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
 }

@@ -439,6 +439,7 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     e->st.spec_drafter = engine_spec_drafter_name(e);
     e->acc_s = 1;
     e->acc_t = 2;
+    e->probe_every = SPEC_PROBE_EVERY;
     if (c->verbose) {
         const model_config *m = &e->target->cfg;
         fprintf(stderr,

@@ -13,6 +13,11 @@
 #include "engine/core/sched.h"
 #include "engine/core/spec_cost.h"
 
+/* A declined drafter is still tried every this many declines (one draft token per row for
+ * prompt lookup, a whole step for a draft model), so that an acceptance estimate that once
+ * fell below the break-even point can rise again: it only moves when drafts are tried. */
+#define SPEC_PROBE_EVERY 16
+
 typedef struct req {
     sched_seq seq;               /* seq.user points back here */
     uint64_t id;
@@ -94,7 +99,8 @@ struct engine {
     spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
     int spec_rows, spec_extra;   /* this step's decoding rows and draft + prefill tokens */
     float acc_s, acc_t;          /* decayed accepted / tried drafts over all requests */
-    int declined;                /* draft model: steps the cost model turned speculation off */
+    int declined;                /* draft model: steps declined since the last probe */
+    int probe_every;             /* draft model: declined steps between probes (backs off) */
     int step_spec;               /* rows speculating in this step */
     int step_verify;             /* this step may be one runner verify (prompt lookup through
                                   * runner_ops.verify: every row decodes, none samples on the

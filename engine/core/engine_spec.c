@@ -8,7 +8,10 @@
  * tried drafts, starting from 1 of 2. With prompt lookup a row whose whole draft fails
  * skips lookup for 1, 2, 4 .. 32 steps (reset by any accepted draft), so open chat, where
  * matches are rare and wrong, costs almost nothing. Drafts the cost model declines are
- * still tried now and then (SPEC_PROBE_EVERY), or an estimate that fell could never rise. */
+ * still tried now and then (SPEC_PROBE_EVERY; a draft model's probes back off up to
+ * SPEC_PROBE_MAX), or an estimate that fell could never rise. A draft model only runs when
+ * its row speculates or feeds a prompt chunk; plain steps leave it behind and the next
+ * speculating step catches it up (engine_step.c). */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -19,10 +22,9 @@
 #define SPEC_DECAY 0.7f          /* weight of a request's past in its acceptance estimate */
 #define SPEC_GLOBAL_DECAY 0.95f  /* the same over all requests (draft-model decisions) */
 #define SPEC_BACKOFF_MAX 32      /* steps a failing prompt-lookup row skips at most */
-/* A declined drafter is still tried every this many declines (one draft token per row for
- * prompt lookup, a whole step for a draft model), so that an acceptance estimate that once
- * fell below the break-even point can rise again: it only moves when drafts are tried. */
-#define SPEC_PROBE_EVERY 16
+/* A draft model's probes (whole speculative steps, and the draft's catch-up on the tokens
+ * it skipped) back off: each declined probe doubles the interval, up to this many steps. */
+#define SPEC_PROBE_MAX 1024
 
 const char *engine_spec_drafter_name(const engine *e) {
     return e->drafter == ENGINE_DRAFTER_NGRAM ? "ngram" : e->drafter == ENGINE_DRAFTER_MODEL ? "draft_model" : "none";
@@ -146,8 +148,16 @@ void engine_spec_plan(engine *e, int n) {
         /* a probe only where drafts that all stand would pay: never at batch sizes whose
          * verify costs more than k plain steps (on a GPU, a large batch) */
         double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
-        if (spec <= plain && (best <= plain || ++e->declined % SPEC_PROBE_EVERY))
+        if (spec > plain) {
+            e->probe_every = SPEC_PROBE_EVERY;
+        } else if (best <= plain || ++e->declined < e->probe_every) {
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
+        } else {   /* a probe of one draft per row (the cheapest verify that still measures
+                    * acceptance); the next comes twice as late unless speculation resumes */
+            for (int j = 0; j < nd; j++) e->cand_k[j] = 1;
+            e->declined = 0;
+            if (e->probe_every < SPEC_PROBE_MAX) e->probe_every *= 2;
+        }
     } else if (ngram_verifies(e)) {
         /* the cost model times the verify op: a step it cannot take drafts nothing */
         if (!e->step_verify)
@@ -221,7 +231,7 @@ static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
         runner_verify_batch vb = {.n = B, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .n_drafts = e->spec_nd,
                                   .sp = e->dec_sp, .out_tokens = e->spec_out, .out_n = e->spec_n};
         rc = run->ops->verify(run, &vb);
-    } else if (plain && run->ops->decode && e->drafter == ENGINE_DRAFTER_NGRAM) {
+    } else if (plain && run->ops->decode) {
         runner_decode_batch db = {.n = B, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
                                   .out_tokens = e->dec_out, .out_logprobs = e->dec_lp};
         rc = run->ops->decode(run, &db);
@@ -326,8 +336,8 @@ int engine_spec_measure(engine *e, char *err, size_t errlen) {
         for (int kj = 0; kj < c->n_k; kj++) {
             double t;
             if ((rc = time_best(e, RUNNER_TARGET, c->b[bi], c->k[kj], ctx, &t))) goto fail;
-            /* a draft model also pays its passes: k proposing, or one catching up */
-            c->t[bi][kj] = t + dpass * (c->k[kj] ? c->k[kj] : 1);
+            /* a draft model also pays its k proposing passes; a plain step leaves it behind */
+            c->t[bi][kj] = t + dpass * c->k[kj];
         }
     }
     if (e->cfg.verbose) report(e);

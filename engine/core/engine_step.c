@@ -216,13 +216,22 @@ static int32_t sample_row(engine *e, req *r, float *logits, const int32_t *hist,
 }
 
 
-/* Phase 3: the draft catches up on every row and proposes k tokens for speculating rows. */
+/* Whether row p feeds a prompt chunk (not one decoded token). */
+static int is_prefill_row(const row_plan *p) {
+    return !(p->n_new == 1 && p->r->seq.n_tokens - p->r->seq.n_computed == 1);
+}
+
+/* Phase 3: the draft takes in prompt chunks with the target and proposes k tokens for
+ * speculating rows, first catching up on the tokens it has not seen. A decoding row that
+ * does not speculate leaves the draft behind (its KV is written the next time the row
+ * speculates), so a step where no row speculates costs what plain decoding costs. */
 static int draft_phase(engine *e, int n) {
     runner *run = e->run;
     int nr = 0, nt = 0, no = 0;
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
         sched_seq *s = &p->r->seq;
+        if (!p->spec && !is_prefill_row(p)) continue;
         int dlen = run->ops->slot_get_len(run, s->slot, RUNNER_DRAFT);
         int upto = p->spec ? s->n_tokens : s->n_computed + p->n_new;
         if (upto <= dlen) continue;
@@ -236,12 +245,15 @@ static int draft_phase(engine *e, int n) {
     runner_batch b = {.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows, .tokens = e->tokens,
                       .n_tokens = nt, .logits = e->dlogits};
     int rc = nr ? runner_forward(run, &b) : 0;
-    for (int j = 0; rc == 0 && j < e->k; j++) {
-        /* pick draft token j for each speculating row, then feed it (except the last) */
+    int kmax = 0;   /* a probe drafts fewer than k */
+    for (int i = 0; i < n; i++)
+        if (e->plan[i].spec > kmax) kmax = e->plan[i].spec;
+    for (int j = 0; rc == 0 && j < kmax; j++) {
+        /* pick draft token j for each row drafting that far, then feed it (except its last) */
         nr = 0;
         for (int i = 0; i < n; i++) {
             row_plan *p = &e->plan[i];
-            if (!p->spec) continue;
+            if (j >= p->spec) continue;
             req *r = p->r;
             float *lg = e->dlogits + (size_t)p->logits_off * e->vocab;
             int32_t d;
@@ -260,13 +272,13 @@ static int draft_phase(engine *e, int n) {
                 d = sample_from_probs(q, e->vocab, sample_uniform(r->seed ^ SPEC_SALT_DRAFT, (uint64_t)r->n_out + j));
             }
             p->drafts[j] = d;
-            if (j + 1 < e->k) {
+            if (j + 1 < p->spec) {
                 e->rows[nr] = (runner_row){.slot = r->seq.slot, .n_new = 1, .tok_off = nr,
                                            .n_logits = 1, .logits_off = p->logits_off};
                 e->tokens[nr++] = d;
             }
         }
-        if (j + 1 < e->k && nr) {
+        if (nr) {
             /* logits rows are addressed by logits_off; keep the rows in plan order */
             b = (runner_batch){.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows,
                                .tokens = e->tokens, .n_tokens = nr, .logits = e->dlogits};
@@ -390,7 +402,7 @@ static engine_finish emit_sampled(engine *e, req *r, engine_event *ev, int i) {
  * every row decodes one token and samples on the device (a constrained row with its mask
  * where the decode op takes masks, runner.decode_masks). */
 static int device_decode_ok(const engine *e, int n) {
-    if (!e->run->ops->decode || e->drafter == ENGINE_DRAFTER_MODEL || e->step_spec || n == 0) return 0;
+    if (!e->run->ops->decode || e->step_spec || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
@@ -403,7 +415,7 @@ static int device_decode_ok(const engine *e, int n) {
 /* Whether a composed step (prefill chunks and decode rows, no speculation) can sample on
  * the device inside its forward pass, so no logits travel to the host. */
 static int forward_sampling_ok(const engine *e, int n) {
-    if (!e->run->forward_samples || e->drafter == ENGINE_DRAFTER_MODEL || e->step_spec) return 0;
+    if (!e->run->forward_samples || e->step_spec) return 0;
     for (int i = 0; i < n; i++)
         if (needs_host_sampling(e->plan[i].r, 1, e->run->forward_masks, e->run->sample_adjusts)) return 0;
     return 1;
@@ -455,18 +467,24 @@ static int device_decode(engine *e, int n) {
         row_result *o = &e->res[i];
         o->event = o->fed = 1;
         take_sampled(e, e->plan[i].r, o, i, i);
+        if (e->drafter == ENGINE_DRAFTER_MODEL)   /* the draft stays behind: commit what it holds */
+            o->kv_cap = e->run->ops->slot_get_len(e->run, e->plan[i].r->seq.slot, RUNNER_DRAFT);
     }
     return rc;
 }
 
 /* Whether the whole step can be one runner speculative step (one graph on CUDA): every
- * row speculates, has at least two tokens, and needs no host-side sampling feature. */
+ * row speculates, has at least two tokens, needs no host-side sampling feature, and its
+ * draft holds every token but the last two (the op re-feeds those; a draft further
+ * behind catches up in a composed step first). */
 static int runner_spec_ok(const engine *e, int n) {
     if (!e->run->ops->spec_step || e->drafter != ENGINE_DRAFTER_MODEL || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0)) return 0;
+        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0) ||
+            e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT) < r->seq.n_tokens - 2)
+            return 0;
     }
     return 1;
 }

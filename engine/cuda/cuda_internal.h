@@ -132,8 +132,15 @@ typedef struct {
     int max_blocks, dummy;
     int32_t *d_bt;       /* (max_batch+1) * max_blocks */
     int32_t *d_lens;     /* (max_batch+1) * 2 */
-    int32_t *h_bt;       /* host copy of d_bt */
-    int *h_len;          /* host mirror of d_lens (validation, split sizing) */
+    int32_t *h_bt;       /* host copy of d_bt (pinned) */
+    int *h_len;          /* host mirror of d_lens (pinned; each op advances it as its
+                          * kernels advance the device's) */
+    /* Slot changes not yet on the device (cuda_upload_slots, at the start of every op):
+     * block-table rows [bt_lo, bt_hi) and the lengths flagged in len_dirty, listed in
+     * len_list. Writing a slot costs no device round trip. */
+    int bt_lo, bt_hi, n_len_dirty;
+    uint8_t *len_dirty;
+    int *len_list;
 
     /* KV pool */
     int n_pool_layers;
@@ -293,5 +300,8 @@ int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n);
  * wait with a deadline that also watches NCCL's asynchronous errors (a dead or hung peer
  * becomes an error, never a hang). Returns 0 or SPECD_ECUDA / SPECD_ETIMEOUT. */
 int cuda_step_sync(cuda_runner *r);
+/* Enqueue the slot changes written since the last op (block tables, lengths) on the
+ * stream; every op calls it before its first kernel. */
+int cuda_upload_slots(cuda_runner *r);
 
 #endif

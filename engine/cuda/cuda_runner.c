@@ -65,7 +65,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->failed) return SPECD_ECUDA;
     int rc = check_batch(r, b);
-    if (rc) return rc;
+    if (rc || (rc = cuda_upload_slots(r))) return rc;
     const int T = r->T, which = b->which, vocab = r->m[which].c.vocab;
     const cuda_model *cm = &r->m[which];
     int32_t *hm = r->h_meta;
@@ -212,6 +212,9 @@ fail:
 
 /* ---- slots and blocks --------------------------------------------------------------- */
 
+/* Slot writes stay on the host until the next op uploads them (cuda_upload_slots): the
+ * engine writes a row's table and lengths between steps, and a round trip per write
+ * (a synchronised copy) cost ~10 us each, 16 of them per step at 256 rows. */
 static int cuda_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->failed) return SPECD_ECUDA;
@@ -221,19 +224,16 @@ static int cuda_slot_write_blocks(runner *base, int slot, int first, const int32
     for (int i = 0; i < n; i++)
         if (blocks[i] < 0 || blocks[i] >= base->cfg.num_blocks) return SPECD_EINVAL;
     memcpy(row + first, blocks, (size_t)n * sizeof(int32_t));
-    int lo = first, hi = first + n;
-    if (first == 0) {
+    if (first == 0)
         for (int i = n; i < r->max_blocks; i++) row[i] = 0;
-        hi = r->max_blocks;
+    if (r->bt_hi <= r->bt_lo) {
+        r->bt_lo = slot;
+        r->bt_hi = slot + 1;
+    } else {
+        if (slot < r->bt_lo) r->bt_lo = slot;
+        if (slot + 1 > r->bt_hi) r->bt_hi = slot + 1;
     }
-    if (hi > lo)
-        CU_CHECK(r, cudaMemcpyAsync(r->d_bt + (size_t)slot * r->max_blocks + lo, row + lo,
-                                    (size_t)(hi - lo) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                    r->stream));
-    CU_CHECK(r, cudaStreamSynchronize(r->stream));
     return 0;
-fail:
-    return SPECD_ECUDA;
 }
 
 static int cuda_slot_set_len(runner *base, int slot, int which, int len) {
@@ -242,26 +242,37 @@ static int cuda_slot_set_len(runner *base, int slot, int which, int len) {
     if (slot < 0 || slot > base->cfg.max_batch || which < 0 || which > 1 || len < 0 ||
         len > base->cfg.max_seq_len)
         return SPECD_EINVAL;
-    r->h_len[slot * 2 + which] = len;
-    CU_CHECK(r, cudaMemcpyAsync(r->d_lens + slot * 2 + which, &r->h_len[slot * 2 + which],
-                                sizeof(int32_t), cudaMemcpyHostToDevice, r->stream));
-    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    const int i = slot * 2 + which;
+    r->h_len[i] = len;
+    if (!r->len_dirty[i]) {
+        r->len_dirty[i] = 1;
+        r->len_list[r->n_len_dirty++] = i;
+    }
     return 0;
-fail:
-    return SPECD_ECUDA;
 }
 
-/* Reads the device: the lengths are advanced there, inside graphs. */
+/* The host mirror: every op advances it as it advances the device's lengths. */
 static int cuda_slot_get_len(runner *base, int slot, int which) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->failed) return SPECD_ECUDA;
     if (slot < 0 || slot > base->cfg.max_batch || which < 0 || which > 1) return SPECD_EINVAL;
-    int32_t v = 0;
-    CU_CHECK(r, cudaMemcpyAsync(&v, r->d_lens + slot * 2 + which, sizeof v, cudaMemcpyDeviceToHost,
-                                r->stream));
-    CU_CHECK(r, cudaStreamSynchronize(r->stream));
-    r->h_len[slot * 2 + which] = v;
-    return v;
+    return r->h_len[slot * 2 + which];
+}
+
+int cuda_upload_slots(cuda_runner *r) {
+    if (r->bt_hi > r->bt_lo) {
+        const size_t off = (size_t)r->bt_lo * r->max_blocks, n = (size_t)(r->bt_hi - r->bt_lo) * r->max_blocks;
+        CU_CHECK(r, cudaMemcpyAsync(r->d_bt + off, r->h_bt + off, n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                    r->stream));
+        r->bt_lo = r->bt_hi = 0;
+    }
+    for (int j = 0; j < r->n_len_dirty; j++) {   /* one by one: the others' device lengths may be ahead */
+        const int i = r->len_list[j];
+        CU_CHECK(r, cudaMemcpyAsync(r->d_lens + i, r->h_len + i, sizeof(int32_t), cudaMemcpyHostToDevice, r->stream));
+        r->len_dirty[i] = 0;
+    }
+    r->n_len_dirty = 0;
+    return 0;
 fail:
     return SPECD_ECUDA;
 }
@@ -284,6 +295,19 @@ fail:
 /* ---- test hooks ---------------------------------------------------------------------- */
 
 size_t cuda_runner_block_bytes(runner *base) { return ((cuda_runner *)base)->block_elems * 2; }
+
+int cuda_runner_device_len(runner *base, int slot, int which) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->failed) return SPECD_ECUDA;
+    if (slot < 0 || slot > base->cfg.max_batch || which < 0 || which > 1) return SPECD_EINVAL;
+    int32_t v = 0;
+    if (cuda_upload_slots(r)) goto fail;
+    CU_CHECK(r, cudaMemcpyAsync(&v, r->d_lens + slot * 2 + which, sizeof v, cudaMemcpyDeviceToHost, r->stream));
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    return v;
+fail:
+    return SPECD_ECUDA;
+}
 
 int cuda_runner_read_block(runner *base, int block, void *host) {
     cuda_runner *r = (cuda_runner *)base;
@@ -357,8 +381,10 @@ static void cuda_destroy(runner *base) {
     if (r->h_fs_has) cudaFreeHost(r->h_fs_has);
     if (r->blas) cublasDestroy(r->blas);
     if (r->stream) cudaStreamDestroy(r->stream);
-    free(r->h_bt);
-    free(r->h_len);
+    if (r->h_bt) cudaFreeHost(r->h_bt);
+    if (r->h_len) cudaFreeHost(r->h_len);
+    free(r->len_dirty);
+    free(r->len_list);
     free(r->layer_off);
     cuda_tp_destroy(r->opts.tp);
     free(r);
@@ -459,10 +485,14 @@ static int alloc_work(cuda_runner *r) {
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_mask, (size_t)MB * ((vocab + 31) / 32) * 4));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_has, (size_t)MB * 4));
     memset(r->h_meta, 0, (size_t)META_N * T * 4);
-    r->h_bt = calloc(slots * r->max_blocks, sizeof(int32_t));
-    r->h_len = calloc(slots * 2, sizeof(int));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_bt, slots * r->max_blocks * sizeof(int32_t)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_len, slots * 2 * sizeof(int)));
+    memset(r->h_bt, 0, slots * r->max_blocks * sizeof(int32_t));
+    memset(r->h_len, 0, slots * 2 * sizeof(int));
+    r->len_dirty = calloc(slots * 2, 1);
+    r->len_list = calloc(slots * 2, sizeof(int));
     int32_t *tmp = malloc((size_t)T * 3 * sizeof(int32_t));
-    if (!r->h_bt || !r->h_len || !tmp) {
+    if (!r->len_dirty || !r->len_list || !tmp) {
         free(tmp);
         return SPECD_ENOMEM;
     }

@@ -41,6 +41,9 @@ size_t runner_cuda_block_bytes(const model *target, const model *draft, int bloc
 size_t cuda_runner_block_bytes(runner *r);
 /* Copy pool block `block` (all layers, bf16) into host memory of block_bytes. */
 int cuda_runner_read_block(runner *r, int block, void *host);
+/* A slot length as the device holds it (slot_get_len answers from the host's mirror,
+ * which every op keeps equal to it): tests compare the two. */
+int cuda_runner_device_len(runner *r, int slot, int which);
 /* Overwrite pool block `block` with host bytes (block_bytes). */
 int cuda_runner_write_block(runner *r, int block, const void *host);
 /* Captured decode batch sizes, largest first; returns how many (<= max). */

@@ -271,6 +271,7 @@ int cuda_spec_step(runner *base, const runner_spec_batch *b) {
         if (r->sp_graph_sizes[i] >= b->n) gi = i;
     int B = gi >= 0 ? r->sp_graph_sizes[gi] : b->n;
     fill_in(r, b, B);
+    if (cuda_upload_slots(r)) goto fail;
     if (gi >= 0) {
         CU_CHECK(r, cudaGraphLaunch(r->sp_graphs[gi], r->stream));
     } else if (spec_enqueue(r, B)) {
@@ -292,6 +293,7 @@ int cuda_spec_step(runner *base, const runner_spec_batch *b) {
         r->h_len[s * 2] = L + m;
         r->h_len[s * 2 + 1] = L + k < L + m ? L + k : L + m;
     }
+    if (!r->tune.skip_dummy_reset) r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;
     return 0;
 fail:
     return SPECD_ECUDA;
@@ -486,6 +488,7 @@ int cuda_verify(runner *base, const runner_verify_batch *b) {
         if (r->vf_graph_k[i] == k && r->vf_graph_b[i] >= b->n) gi = i;
     int B = gi >= 0 ? r->vf_graph_b[gi] : b->n;
     verify_fill_in(r, b, B, k);
+    if (cuda_upload_slots(r)) goto fail;
     if (gi >= 0) {
         CU_CHECK(r, cudaGraphLaunch(r->vf_graphs[gi], r->stream));
     } else if (verify_enqueue(r, B, k)) {
@@ -506,6 +509,7 @@ int cuda_verify(runner *base, const runner_verify_batch *b) {
         b->out_n[i] = m;
         r->h_len[s * 2] += m;
     }
+    if (!r->tune.skip_dummy_reset) r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;
     return 0;
 fail:
     return SPECD_ECUDA;

@@ -544,6 +544,7 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     for (int i = 0; i < r->n_graphs; i++)
         if (r->graph_sizes[i] >= b->n) gi = i;
     int B = gi >= 0 ? r->graph_sizes[gi] : b->n, want_top, rc, masked = b->prepare_sp != NULL;
+    if ((rc = cuda_upload_slots(r))) return rc;
     for (int i = 0; b->sp && i < b->n; i++) masked |= b->sp[i].mask != NULL;
     if (masked) {
         if (!base->decode_masks || !b->sp) return SPECD_EINVAL;
@@ -570,6 +571,7 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
         if (b->out_logprobs) b->out_logprobs[i] = lp[i];
         r->h_len[b->slots[i] * 2] += 1;
     }
+    r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;   /* as the captured reset did */
     if (want_top) {   /* K_MAX_TOP == RUNNER_MAX_TOP: the same row stride */
         memcpy(b->out_top_ids, r->h_top_ids, tk * sizeof(int32_t));
         memcpy(b->out_top_logprobs, r->h_top_lps, tk * sizeof(float));

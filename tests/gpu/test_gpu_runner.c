@@ -66,6 +66,14 @@ static float *json_floats(json_t *a, int *n) {
     return v;
 }
 
+/* A slot length as the device holds it, checked against the host mirror that
+ * slot_get_len answers from (each op must advance both alike). */
+static int dev_len(runner *r, int slot, int which) {
+    int d = cuda_runner_device_len(r, slot, which);
+    assert_int_equal(r->ops->slot_get_len(r, slot, which), d);
+    return d;
+}
+
 static void golden_load(const char *name, golden *g) {
     char path[1024];
     snprintf(path, sizeof path, "%s/models/%s/golden.json", fixtures(), name);
@@ -223,7 +231,7 @@ static void run_golden(const char *name) {
                 if (ea > REL_TOL) fail_msg("%s prompt %d position %d: rel err %.3e", name, p, t, ea);
             }
         }
-        assert_int_equal(f.r->ops->slot_get_len(f.r, 0, RUNNER_TARGET), g->len[p]);
+        assert_int_equal(dev_len(f.r, 0, RUNNER_TARGET), g->len[p]);
         /* Greedy: first token from the prefill logits, then the captured decode step. */
         double tol_abs = (moe ? MOE_MARGIN : REL_TOL) * max_abs(g->last[p], f.vocab);
         int got[64], n = g->n_greedy[p];
@@ -300,9 +308,9 @@ static void run_batched(const char *name, int no_graphs) {
     for (int p = 0; p < n; p++) {
         compared += compare_greedy(g, p, got[p], steps,
                                    (f.m->cfg.n_experts ? MOE_MARGIN : REL_TOL) * max_abs(g->last[p], f.vocab));
-        assert_int_equal(f.r->ops->slot_get_len(f.r, p, RUNNER_TARGET), g->len[p] + steps - 1);
+        assert_int_equal(dev_len(f.r, p, RUNNER_TARGET), g->len[p] + steps - 1);
     }
-    assert_int_equal(f.r->ops->slot_get_len(f.r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(dev_len(f.r, MAXB, RUNNER_TARGET), 0);
     printf("    %-12s batched %s: max rel err %.3e, %d greedy steps compared\n", name,
            no_graphs ? "eager" : "graph", worst, compared);
     assert_true(compared > 0);
@@ -365,7 +373,7 @@ static void test_forward_sampling_matches_returned_logits(void **s) {
             double ref = lg[want] - mx - log(z);
             if (fabs(lp[p] - ref) > 1e-4) fail_msg("pass %d row %d: logprob %.6f, host %.6f", pass, p, lp[p], ref);
         }
-        for (int p = 0; p < n; p++) assert_int_equal(f.r->ops->slot_get_len(f.r, p, RUNNER_TARGET), g->len[p]);
+        for (int p = 0; p < n; p++) assert_int_equal(dev_len(f.r, p, RUNNER_TARGET), g->len[p]);
     }
     printf("    forward sampling: %d rows, greedy and top_k 1 equal the logits' argmax, logprobs within 1e-4\n", n);
     free(tokens);
@@ -534,7 +542,7 @@ static void test_decode_graph_adjustments_decide_tokens(void **s) {
         if (out[i] != T[want[i]]) fail_msg("row %d: token %d, want T%d = %d", i, out[i], want[i], T[want[i]]);
         worst = fmax(worst, fabs(lp[i] - TL[want[i]]));   /* raw, not adjusted by ~1000 */
         worst = fmax(worst, fabs(tlp[i * RUNNER_MAX_TOP] - TL[0]));
-        assert_int_equal(r->ops->slot_get_len(r, i, RUNNER_TARGET), L + 1);
+        assert_int_equal(dev_len(r, i, RUNNER_TARGET), L + 1);
     }
     printf("    decode graph with adjustments: 8 twin rows pick T0,T3,T5,T4,T1,T6,T7,T2 as adjusted; raw logprobs "
            "within %.1e of row 0's\n", worst);
@@ -607,10 +615,10 @@ static void test_decode_graph_masks_decide_tokens(void **s) {
         const int want[5] = {0, 3, 2, 1, 6};
         for (int i = 0; i < 5; i++) {
             if (out[i] != T[want[i]]) fail_msg("round %d row %d: token %d, want T%d = %d", round, i, out[i], want[i], T[want[i]]);
-            assert_int_equal(r->ops->slot_get_len(r, i, RUNNER_TARGET), L + 1);
+            assert_int_equal(dev_len(r, i, RUNNER_TARGET), L + 1);
         }
         assert_memory_equal(top, T, sizeof T);   /* the unmasked row: the same replay */
-        assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+        assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
     }
     /* three rows (graph of 4), masks already in sp, no callback */
     for (int i = 0; i < MAXB; i++) assert_int_equal(r->ops->slot_set_len(r, i, RUNNER_TARGET, L), 0);
@@ -619,7 +627,7 @@ static void test_decode_graph_masks_decide_tokens(void **s) {
     assert_int_equal(out[0], T[0]);
     assert_int_equal(out[1], T[3]);
     assert_int_equal(out[2], T[2]);
-    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
     /* and the plain graph after them: unmasked rows back to the argmax */
     for (int i = 0; i < MAXB; i++) {
         assert_int_equal(r->ops->slot_set_len(r, i, RUNNER_TARGET, L), 0);
@@ -692,11 +700,11 @@ static void test_dummy_slot_reset_in_graph_and_live_blocks_untouched(void **s) {
     runner_sampling sp[3] = {{0}};
     runner_decode_batch d = {.n = 3, .slots = live, .tokens = in, .sp = sp, .out_tokens = out};
     assert_int_equal(r->ops->decode(r, &d), 0);
-    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
-    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_DRAFT), 0);
+    assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(dev_len(r, MAXB, RUNNER_DRAFT), 0);
     int changed_live = 0;
     for (int sl = 0; sl < 4; sl++) {
-        int len = r->ops->slot_get_len(r, sl, RUNNER_TARGET);
+        int len = dev_len(r, sl, RUNNER_TARGET);
         int written_blk = sl == 1 ? -1 : (len - 1) / BS;
         for (int b = 0; b < MAXBLK; b++) {
             assert_int_equal(cuda_runner_read_block(r, 1 + sl * MAXBLK + b, buf), 0);
@@ -707,12 +715,12 @@ static void test_dummy_slot_reset_in_graph_and_live_blocks_untouched(void **s) {
         }
     }
     assert_int_equal(changed_live, 3);   /* each live row wrote its own new token */
-    assert_int_equal(r->ops->slot_get_len(r, 0, RUNNER_TARGET), 41);
-    assert_int_equal(r->ops->slot_get_len(r, 1, RUNNER_TARGET), 30);
+    assert_int_equal(dev_len(r, 0, RUNNER_TARGET), 41);
+    assert_int_equal(dev_len(r, 1, RUNNER_TARGET), 30);
     /* Replays keep resetting it. */
     assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 3), 0);
     assert_int_equal(r->ops->decode(r, &d), 0);
-    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
     printf("    dummy slot: reset to 0 after padded graph replays; idle and full live blocks unchanged\n");
     free(buf);
     free(logits);
@@ -822,8 +830,8 @@ static int spec_run(runner *r, const int *slots, int n, int32_t hist[][600], int
         for (int i = 0; i < n; i++) {
             assert_true(cnt[i] >= 1 && cnt[i] <= SPK + 1);
             int L = hl[i] - 1;
-            assert_int_equal(r->ops->slot_get_len(r, slots[i], RUNNER_TARGET), L + cnt[i]);
-            assert_int_equal(r->ops->slot_get_len(r, slots[i], RUNNER_DRAFT),
+            assert_int_equal(dev_len(r, slots[i], RUNNER_TARGET), L + cnt[i]);
+            assert_int_equal(dev_len(r, slots[i], RUNNER_DRAFT),
                              L + SPK < L + cnt[i] ? L + SPK : L + cnt[i]);
             for (int j = 0; j < cnt[i]; j++) hist[i][hl[i]++] = out[i * (SPK + 1) + j];
             emitted += cnt[i];
@@ -879,8 +887,8 @@ static void test_spec_graph_greedy_equals_decode_and_dummy_reset(void **s) {
     runner_spec_batch b = {.n = 3, .k = SPK, .slots = live, .tokens = tok, .sp = sp,
                            .out_tokens = out, .out_n = cnt};
     assert_int_equal(r->ops->spec_step(r, &b), 0);
-    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
-    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_DRAFT), 0);
+    assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(dev_len(r, MAXB, RUNNER_DRAFT), 0);
     for (int sl = 0; sl < 4; sl++) {
         int li = sl == 0 ? 0 : sl - 1, L = plen[li] - 1;
         /* a live row writes positions L-1 (draft) .. L+k (target) */
@@ -893,14 +901,14 @@ static void test_spec_graph_greedy_equals_decode_and_dummy_reset(void **s) {
     }
     for (int i = 0; i < 3; i++) {
         int L = plen[i] - 1;
-        assert_int_equal(r->ops->slot_get_len(r, live[i], RUNNER_TARGET), L + cnt[i]);
+        assert_int_equal(dev_len(r, live[i], RUNNER_TARGET), L + cnt[i]);
         for (int j = 0; j < cnt[i]; j++) hist[i][hl[i]++] = out[i * (SPK + 1) + j];
     }
     /* Replays keep resetting it. */
     assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 3), 0);
     int steps = 1, emitted = cnt[0] + cnt[1] + cnt[2];
     emitted += spec_run(r, live, 3, hist, hl, sp, &steps);
-    assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+    assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < SPN; j++)
             if (hist[i][plen[i] + j] != exp[i][j])
@@ -1009,17 +1017,17 @@ static void test_verify_graph_greedy_equals_decode(void **s) {
         }
         assert_int_equal(r->ops->slot_set_len(r, MAXB, RUNNER_TARGET, 100 + steps), 0);   /* dirty the dummy */
         int L[3];
-        for (int i = 0; i < 3; i++) L[i] = r->ops->slot_get_len(r, live[i], RUNNER_TARGET);
+        for (int i = 0; i < 3; i++) L[i] = dev_len(r, live[i], RUNNER_TARGET);
         runner_verify_batch b = {.n = 3, .k = k, .slots = live, .tokens = tok, .n_drafts = nd, .sp = sp,
                                  .out_tokens = out, .out_n = cnt};
         int rc = r->ops->verify(r, &b);
         if (rc) fail_msg("verify: %d %s", rc, cuda_runner_error(r));
-        assert_int_equal(r->ops->slot_get_len(r, MAXB, RUNNER_TARGET), 0);
+        assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
         for (int i = 0; i < 3; i++) {
             if (cnt[i] != want[i])
                 fail_msg("step %d row %d (%d drafts, k %d): %d tokens emitted, %d expected", steps, i, nd[i], k,
                          cnt[i], want[i]);
-            assert_int_equal(r->ops->slot_get_len(r, live[i], RUNNER_TARGET), L[i] + cnt[i]);
+            assert_int_equal(dev_len(r, live[i], RUNNER_TARGET), L[i] + cnt[i]);
             for (int j = 0; j < cnt[i]; j++)
                 if (out[i * (k + 1) + j] != exp[i][done[i] + j])
                     fail_msg("step %d row %d token %d: verify %d, plain decode %d", steps, i, done[i] + j,

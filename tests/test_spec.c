@@ -63,8 +63,8 @@ static engine *make_engine(const char *draft, int draft_layers, int max_batch, s
     return e;
 }
 
-/* Run prompts [0, n) with `concurrent` at a time, greedy, max_tokens each. */
-static void run_greedy(engine *e, const prompts *p, int n, int concurrent, int max_tokens, run_result *r) {
+/* Run prompts [0, n) with `concurrent` at a time, greedy, max_tokens[i] each. */
+static void run_greedy_n(engine *e, const prompts *p, int n, int concurrent, const int *max_tokens, run_result *r) {
     memset(r, 0, sizeof *r);
     char err[256];
     int next = 0, live = 0;
@@ -74,7 +74,7 @@ static void run_greedy(engine *e, const prompts *p, int n, int concurrent, int m
             engine_sampling_defaults(&sp);
             sp.temperature = 0;
             sp.ignore_eos = 1;
-            sp.max_tokens = max_tokens;
+            sp.max_tokens = max_tokens[next];
             assert_int_equal(engine_add(e, (uint64_t)next, p->ids[next], p->n[next], &sp, err, sizeof err), 0);
             next++;
             live++;
@@ -93,6 +93,12 @@ static void run_greedy(engine *e, const prompts *p, int n, int concurrent, int m
             }
         }
     }
+}
+
+static void run_greedy(engine *e, const prompts *p, int n, int concurrent, int max_tokens, run_result *r) {
+    int mt[MAXP];
+    for (int i = 0; i < MAXP; i++) mt[i] = max_tokens;
+    run_greedy_n(e, p, n, concurrent, mt, r);
 }
 
 static double al(const run_result *r) { return r->verify ? 1.0 + (double)r->accepted / r->verify : 0; }
@@ -637,20 +643,22 @@ static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
 }
 
 /* A draft model under the cost model runs only when its rows speculate: plain steps (the
- * runner's decode op) leave it behind and a speculating step catches it up first. The cost
- * table is set by hand (white box: measured CPU timings are noise) so that a step of k = 4
- * drafts costs 2.5 plain steps, and the acceptance estimate starts at 0: that declines,
- * but drafts that all stand would pay, so the 17th declined step is a probe. Draft ==
- * target: once caught up, the draft proposes exactly the target's tokens (AL near k + 1 =
- * 5), which it cannot if the catch-up skipped or repeated a token; the probe's acceptance
- * turns speculation on for good, through the runner's speculative step. The output must
- * equal plain decoding. */
-static void test_spec_lagging_draft_catches_up(void **st) {
-    (void)st;
-    prompts p;
-    load_prompts(&p, "llama-tiny");
+ * runner's decode op) leave it behind and a speculating step catches it up first. Draft ==
+ * target, so once caught up the draft proposes exactly the target's tokens and every
+ * draft stands, which it cannot if the catch-up skipped or repeated a token; the output
+ * must equal plain decoding. The cost tables are set by hand (white box: measured CPU
+ * timings are noise):
+ *   1. k = 4 drafts cost 2.5 plain steps and the acceptance estimate starts at 0: steps
+ *      decline until a probe (one draft per row) catches the draft up, then its
+ *      acceptance turns speculation on, through the runner's speculative step;
+ *   2. drafts never pay at 6 rows but do at 1 (acceptance 1/2 as at start): the one long
+ *      request left after five short ones speculates at once, k = 4, with a draft that is
+ *      ~24 tokens behind, so that step must catch it up rather than take the runner's
+ *      speculative step (which only re-feeds two tokens). */
+static void lagging_draft_case(const prompts *p, const int *max_tokens, const spec_cost *cost, float acc_s,
+                               float acc_t) {
     engine *e = make_engine(NULL, 0, 8, 0);
-    run_greedy(e, &p, p.np, 8, 64, &g_plain);
+    run_greedy_n(e, p, p->np, 8, max_tokens, &g_plain);
     engine_destroy(e);
     snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
     engine_config c = {.model_path = g_path[0], .draft_path = g_path[0], .num_draft_tokens = 4,
@@ -658,21 +666,38 @@ static void test_spec_lagging_draft_catches_up(void **st) {
     char err[1024] = "";
     e = engine_create(&c, err, sizeof err);
     assert_non_null(e);
-    e->cost = (spec_cost){.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 2.5e-3}, {1e-3, 2.5e-3}}};
-    e->acc_s = 0;   /* no draft accepted yet: not even a step with a prefill chunk speculates */
-    e->acc_t = 1;
-    run_greedy(e, &p, p.np, 8, 64, &g_tmp);
-    assert_same_tokens(&g_plain, &g_tmp, p.np);
+    e->cost = *cost;
+    e->acc_s = acc_s;
+    e->acc_t = acc_t;
+    run_greedy_n(e, p, p->np, 8, max_tokens, &g_tmp);
+    assert_same_tokens(&g_plain, &g_tmp, p->np);
     engine_stats s;
     engine_get_stats(e, &s);
     print_message("  draft == target under the cost model: %llu plain decode steps, %llu composed, %llu speculative; "
-                  "%llu of %llu decoding rows verified drafts, AL %.3f\n", (unsigned long long)s.steps_device_decode,
-                  (unsigned long long)s.steps_composed, (unsigned long long)s.steps_runner_spec,
-                  (unsigned long long)s.spec_drafts, (unsigned long long)s.spec_rows_decoding, al(&g_tmp));
-    assert_true(s.steps_device_decode >= 8);   /* the draft fell behind (16 declined steps, prefill ones too) */
-    assert_true(s.steps_runner_spec > 0);                      /* and was caught up */
-    assert_true(al(&g_tmp) > 4.5);
+                  "%llu of %llu decoding rows verified drafts, %ld of %ld drafts accepted\n",
+                  (unsigned long long)s.steps_device_decode, (unsigned long long)s.steps_composed,
+                  (unsigned long long)s.steps_runner_spec, (unsigned long long)s.spec_drafts,
+                  (unsigned long long)s.spec_rows_decoding, g_tmp.accepted, g_tmp.drafted);
+    assert_true(s.steps_device_decode >= 8);   /* the draft fell behind */
+    assert_true(s.steps_runner_spec > 0);      /* and was caught up */
+    assert_true(g_tmp.drafted >= 16);
+    assert_int_equal(g_tmp.accepted, g_tmp.drafted);   /* every draft stands */
     engine_destroy(e);
+}
+
+static void test_spec_lagging_draft_catches_up(void **st) {
+    (void)st;
+    prompts p;
+    load_prompts(&p, "llama-tiny");
+    assert_true(p.np >= 2);
+    int mt[MAXP];
+    for (int i = 0; i < MAXP; i++) mt[i] = 64;
+    spec_cost probe = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 2.5e-3}, {1e-3, 2.5e-3}}};
+    lagging_draft_case(&p, mt, &probe, 0, 1);
+    for (int i = 0; i < p.np - 1; i++) mt[i] = 24;
+    mt[p.np - 1] = 96;
+    spec_cost alone = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.2e-3}, {1e-3, 10e-3}}};
+    lagging_draft_case(&p, mt, &alone, 1, 2);
     free_prompts(&p);
 }
 

@@ -9,7 +9,8 @@
  * skips lookup for 1, 2, 4 .. 32 steps (reset by any accepted draft), so open chat, where
  * matches are rare and wrong, costs almost nothing. Drafts the cost model declines are
  * still tried now and then (SPEC_PROBE_EVERY; a draft model's probes back off up to
- * SPEC_PROBE_MAX), or an estimate that fell could never rise. A draft model only runs when
+ * SPEC_PROBE_MAX and are spaced so that they cost at most 1% of the plain steps between
+ * them), or an estimate that fell could never rise. A draft model only runs when
  * its row speculates or feeds a prompt chunk; plain steps leave it behind and the next
  * speculating step catches it up (engine_step.c). */
 #include <stdio.h>
@@ -107,6 +108,17 @@ static void choose_uniform(engine *e, int nd) {
     }
 }
 
+/* Declined steps before a draft model's next probe: the current back-off, and at least
+ * so many that a probe's extra time (a verify of one draft per row over a plain step, from
+ * the cost table) stays within SPEC_PROBE_SHARE of the plain steps between probes. */
+#define SPEC_PROBE_SHARE 0.01
+static int probe_spacing(const engine *e, int nd, int extra) {
+    const double plain = spec_cost_step(&e->cost, nd, extra);
+    const double floor = (spec_cost_step(&e->cost, nd, extra + nd) - plain) / (SPEC_PROBE_SHARE * plain);
+    if (floor >= SPEC_PROBE_MAX) return SPEC_PROBE_MAX;
+    return floor > e->probe_every ? (int)floor + 1 : e->probe_every;
+}
+
 void engine_spec_plan(engine *e, int n) {
     int nd = 0, extra = 0, total = 0;
     for (int i = 0; i < n; i++) {
@@ -150,7 +162,7 @@ void engine_spec_plan(engine *e, int n) {
         double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
         if (spec > plain) {
             e->probe_every = SPEC_PROBE_EVERY;
-        } else if (best <= plain || ++e->declined < e->probe_every) {
+        } else if (best <= plain || ++e->declined < probe_spacing(e, nd, extra)) {
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
         } else {   /* a probe of one draft per row (the cheapest verify that still measures
                     * acceptance); the next comes twice as late unless speculation resumes */

@@ -26,8 +26,9 @@ static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16
      * 5.75 ms/token together with device-sized attention splits). Above two rows its fp32
      * FMAs, not memory, bound it: H200 start-up timings (decode step at batch 4 / 8, ms,
      * cuBLAS vs GEMV rows): 8B 4.80 / 5.13 vs 5.67 / 10.35, 1B 1.13 / 1.19 vs 1.25 / 2.12,
-     * but SmolLM2-135M 0.99 vs 0.82 at batch 4 (launch-bound there), so the default stays
-     * 2 rows and SPECD_CUDA_GEMV_ROWS raises it (tests/gpu/BENCH.md). */
+     * and SmolLM2-135M no longer gains either (captured step of 4 rows, 2026-12-02: GEMV
+     * 0.873 vs cuBLAS 0.832 ms; an earlier build measured 0.82 vs 0.99), so the default
+     * stays 2 rows and SPECD_CUDA_GEMV_ROWS raises it (tests/gpu/BENCH.md). */
     if (n <= r->tune.gemv_rows && in % 8 == 0 && !r->tune.no_gemv) {
         K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;

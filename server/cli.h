@@ -58,6 +58,8 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "                          (default) keeps them when bf16 would take over half the GPU\n" \
     "  --max-seq-len N         context limit per sequence (default 4096)\n" \
     "  --max-batch N           running sequences at most (default 64)\n" \
+    "  --max-num-batched-tokens N  tokens one step feeds at most, decode rows and prompt\n" \
+    "                          chunks together (default 2048, at least --max-batch)\n" \
     "  --kv-cache-bytes N      KV pool budget in bytes (default: from free memory)\n" \
     "  --threads N             CPU runner threads (default: all cores)\n" \
     "  --block-size N          tokens per KV block (default 16)\n" \

@@ -51,6 +51,7 @@ static const cfg_key keys[] = {
     {"served_model_name", STR(served_model_name), 0, 0, "model name clients must send (default: model file/dir name)"},
     {"max_seq_len", K_INT, OFF(max_seq_len), 0, 2, 1 << 24, "context limit per sequence (prompt + output)"},
     {"max_batch", K_INT, OFF(max_batch), 0, 1, 4096, "running sequences at most"},
+    {"max_num_batched_tokens", K_INT, OFF(max_num_batched_tokens), 0, 0, 1 << 20, "tokens one step feeds at most, decode rows and prompt chunks together (0 = 2048; at least max_batch): lower keeps decode steps short while prompts arrive (inter-token latency), higher fills prompts faster (time to first token)"},
     {"mem_fraction", K_DBL, OFF(mem_fraction), 0, 0.01, 1.0, "share of free memory for the KV cache"},
     {"kv_cache_bytes", K_I64, OFF(kv_cache_bytes), 0, 0, 9.0e18, "explicit KV cache size in bytes (0 = from mem_fraction)"},
     {"device", STR(device), 0, 0, "cpu or cuda"},

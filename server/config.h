@@ -38,6 +38,7 @@ typedef struct {
     char served_model_name[SRV_NAME_MAX]; /* "" = basename of model */
     int max_seq_len;
     int max_batch;
+    int max_num_batched_tokens;         /* scheduler token budget per step (0 = engine default) */
     double mem_fraction;
     long long kv_cache_bytes;           /* 0 = from mem_fraction */
     char device[16];                    /* "cpu" | "cuda" */

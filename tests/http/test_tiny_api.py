@@ -182,3 +182,26 @@ def test_spec_decode_usage_and_lossless_greedy(tiny, server_factory):
     usage = json.loads(sse_events(r.content)[-2])["usage"]
     assert usage["spec_decode"]["acceptance_length"] == 4.0
     assert "spec_decode" not in tiny.post("/v1/completions", {"prompt": [1], "max_tokens": 2}).json()["usage"]
+
+
+def composed_steps(srv):
+    text = requests.get(srv.url + "/metrics", timeout=5).text
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith('specd:engine_steps_total{path="composed"'))
+
+
+def test_max_num_batched_tokens_chunks_prompts(tiny, server_factory):
+    from conftest import BIN, TINY
+    prompt = [(7 * i) % 500 + 1 for i in range(100)]
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    # the default budget (2048) takes the 100-token prompt in one step
+    before = composed_steps(tiny)
+    want = tiny.post("/v1/completions", body).json()["choices"][0]["text"]
+    assert composed_steps(tiny) - before == 1
+    # 16 tokens a step: the prompt goes in 7 chunks, the output is the same
+    srv = server_factory(TINY, "--max-batch", "8", "--max-num-batched-tokens", "16", name="budget16")
+    assert srv.post("/v1/completions", body).json()["choices"][0]["text"] == want
+    assert composed_steps(srv) == 7
+    eff = json.loads(subprocess.run([BIN, "serve", "--model", TINY, "--max-num-batched-tokens", "16",
+                                     "--print-config"], capture_output=True, text=True, timeout=30).stdout)
+    assert eff["max_num_batched_tokens"] == 16

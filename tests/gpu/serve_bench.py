@@ -8,6 +8,7 @@ same lengths, ignore_eos) at the same numbers of streams, for each server varian
   serial   this build with --overlap 0 --output-threads 1 (the old serving path's shape)
   base     an earlier binary (--base-bin), when given; only for file models (--model)
   http8    this build with 8 HTTP threads instead of 4
+  tokN     this build with --max-num-batched-tokens N (default 2048)
   hostsample  this build with SPECD_CUDA_NO_FORWARD_SAMPLING=1 (composed steps copy
            logits to the host and sample there); its engine figures are measured with
            the same setting
@@ -156,6 +157,8 @@ def main():
                 extra = ["--overlap", "0", "--output-threads", "1"]
             elif variant == "http8":
                 extra = ["--http-threads", "8"]
+            elif variant.startswith("tok"):   # tokN: --max-num-batched-tokens N
+                extra = ["--max-num-batched-tokens", variant[3:]]
             elif variant == "base":
                 if not a.base_bin or model_args[0] != "--model":
                     continue

@@ -131,6 +131,8 @@ def main():
     ap.add_argument("--models", default="smol,1b,8b")
     ap.add_argument("--variants", default="new,serial,base")
     ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--procs-from", type=int, default=64,
+                    help="streams from which the client runs in --procs processes (fewer: one)")
     ap.add_argument("--out", default="serve-bench")
     ap.add_argument("--levels", help="streams, comma separated (default: per model)")
     ap.add_argument("--device", default="cuda")
@@ -166,7 +168,7 @@ def main():
             port += 1
             srv = serve(bin_, model_args, extra, port, os.path.join(a.out, f"serve_{name}_{variant}.log"), env)
             try:
-                runs = [(c, a.procs if c >= 64 else 1) for c in levels]
+                runs = [(c, min(a.procs, c) if c >= a.procs_from else 1) for c in levels]
                 if variant == "new":
                     runs.append((levels[-1], 2 * a.procs))
                 for conc, procs in runs:

@@ -66,6 +66,11 @@ typedef struct {
     int32_t drafts[ENGINE_MAX_STEP_TOKENS];
 } row_plan;
 
+/* Whether row p decodes this step (feeds its one new token), as opposed to a prompt chunk. */
+static inline int row_decodes(const row_plan *p) {
+    return p->n_new == 1 && p->r->seq.n_tokens - p->r->seq.n_computed == 1;
+}
+
 /* What one step did for a row (engine_step's run phase, whatever path ran it), applied by
  * its one commit loop (commit_and_emit). */
 typedef struct {

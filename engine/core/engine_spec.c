@@ -125,7 +125,7 @@ void engine_spec_plan(engine *e, int n) {
         row_plan *p = &e->plan[i];
         req *r = p->r;
         const sched_seq *s = &r->seq;
-        if (!(p->n_new == 1 && s->n_tokens - s->n_computed == 1)) {
+        if (!row_decodes(p)) {
             extra += p->n_new;   /* prefill chunk */
             p->spec = 0;
             continue;

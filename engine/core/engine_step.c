@@ -216,11 +216,6 @@ static int32_t sample_row(engine *e, req *r, float *logits, const int32_t *hist,
 }
 
 
-/* Whether row p feeds a prompt chunk (not one decoded token). */
-static int is_prefill_row(const row_plan *p) {
-    return !(p->n_new == 1 && p->r->seq.n_tokens - p->r->seq.n_computed == 1);
-}
-
 /* Phase 3: the draft takes in prompt chunks with the target and proposes k tokens for
  * speculating rows, first catching up on the tokens it has not seen. A decoding row that
  * does not speculate leaves the draft behind (its KV is written the next time the row
@@ -231,7 +226,7 @@ static int draft_phase(engine *e, int n) {
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
         sched_seq *s = &p->r->seq;
-        if (!p->spec && !is_prefill_row(p)) continue;
+        if (!p->spec && row_decodes(p)) continue;
         int dlen = run->ops->slot_get_len(run, s->slot, RUNNER_DRAFT);
         int upto = p->spec ? s->n_tokens : s->n_computed + p->n_new;
         if (upto <= dlen) continue;
@@ -405,8 +400,7 @@ static int device_decode_ok(const engine *e, int n) {
     if (!e->run->ops->decode || e->step_spec || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
-        const sched_seq *s = &p->r->seq;
-        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts))
+        if (!row_decodes(p) || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts))
             return 0;
     }
     return 1;
@@ -525,7 +519,7 @@ static int runner_verify_possible(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (p->n_new != 1 || s->n_tokens - s->n_computed != 1 || needs_host_sampling(p->r, 0, 0, 0) ||
+        if (!row_decodes(p) || needs_host_sampling(p->r, 0, 0, 0) ||
             s->n_computed + K + 1 > run->cfg.max_seq_len)
             return 0;
     }
@@ -799,7 +793,7 @@ static int engine_step_timed(engine *e, engine_output *out) {
         p->n_new = sb.n_new[i];
         if ((rc = sync_slot(e, r))) goto fail;
         sched_seq *s = &r->seq;
-        p->spec = e->k > 0 && p->n_new == 1 && s->n_tokens - s->n_computed == 1 &&
+        p->spec = e->k > 0 && row_decodes(p) &&
                   s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
                   s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k &&
                   !r->m;   /* constrained rows do not speculate (docs/structured-outputs.md) */

@@ -5,8 +5,9 @@
 # (ms per plain / verify step) from the server log. Extra serve options (e.g. an
 # environment switch's A/B) go in SERVE_ARGS; the numbers in README.md came from this.
 #   tests/gpu/ngram_bench.sh MODEL.gguf [BIN] [CONCURRENCY]
-# Logs and bench.json files go to $OUT (or build/gpu/ngram_logs). Takes ~2-3 minutes on an
-# H200 with SmolLM2-135M at 1,8,64,256 and 64 prompts per level.
+# Logs and bench.json files go to $OUT (or build/gpu/ngram_logs), one run per level with
+# four requests per stream (at least 64). Until 2026-12-02 every level had 64 requests, so
+# its 256-stream level ran 64 at once.
 set -u
 cd "$(dirname "$0")/../.."
 M=${1:?model file}
@@ -28,20 +29,31 @@ B="python3 scripts/bench.py --base-url http://127.0.0.1:$PORT --endpoint chat --
 for mode in plain ngram; do
     if [ $mode = ngram ]; then serve $mode --speculative ngram || exit 1; else serve $mode || exit 1; fi
     for set in copy chat; do
-        timeout 200 $B --workload-set $set --concurrency "$C" --num-prompts 64 --out "$R/b_${mode}_$set" \
-            > "$R/b_${mode}_$set.log" 2>&1
-        echo "== $mode $set (rc $?)"
-        grep -E "^concurrency" "$R/b_${mode}_$set.log"
+        # each level on its own, with four requests per stream (at least 64): a level of
+        # more streams than requests would run fewer at once than it says
+        for c in ${C//,/ }; do
+            n=$((4 * c)); [ $n -lt 64 ] && n=64
+            timeout 200 $B --workload-set $set --concurrency "$c" --num-prompts $n --out "$R/b_${mode}_${set}_$c" \
+                > "$R/b_${mode}_${set}_$c.log" 2>&1
+            echo "== $mode $set $c streams, $n requests (rc $?)"
+            grep -E "^concurrency" "$R/b_${mode}_${set}_$c.log"
+        done
     done
     stop
 done
 grep -E "speculation cost|B +[0-9]+:|never spec|verify k=" "$R/serve_ngram.log"
-python3 - "$R" <<'PY'
+python3 - "$R" "$C" <<'PY'
 import json, sys
-r = sys.argv[1]
+r, levels = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
+def rate(mode, s, c):
+    try:
+        return json.load(open(f"{r}/b_{mode}_{s}_{c}/bench.json"))["results"][0]["output_tokens_per_s"]
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
 for s in ("copy", "chat"):
-    a = json.load(open(f"{r}/b_plain_{s}/bench.json"))["results"]
-    b = {lv["concurrency"]: lv for lv in json.load(open(f"{r}/b_ngram_{s}/bench.json"))["results"]}
-    print(s + ": " + ", ".join(f"{lv['concurrency']}: {b[lv['concurrency']]['output_tokens_per_s'] / lv['output_tokens_per_s']:.2f}x"
-                               for lv in a if lv["concurrency"] in b and lv.get("output_tokens_per_s")))
+    parts = []
+    for c in levels:
+        a, b = rate("plain", s, c), rate("ngram", s, c)
+        parts.append(f"{c}: {b / a:.2f}x" if a and b else f"{c}: -")
+    print(s + ": " + ", ".join(parts))
 PY

@@ -283,6 +283,34 @@ static void test_matcher_done_and_eos(void **state) {
     grammar_unref(g);
 }
 
+/* Going back to a saved state (speculative drafts tried ahead of the output): the state
+ * after restore accepts, refuses and completes exactly as it did when saved, also after
+ * the tried bytes made the matcher push frames (nested objects) and finish. */
+static void test_matcher_save_restore(void **state) {
+    (void)state;
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                            "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"object\",\"properties\":"
+                            "{\"b\":{\"type\":\"integer\"}},\"required\":[\"b\"]}},\"required\":[\"a\"]}");
+    matcher *m = matcher_new(g, NULL);
+    matcher_saved *sv = matcher_saved_new();
+    assert_non_null(sv);
+    assert_int_equal(matcher_accept_bytes(m, "{\"a\":", 5), 0);
+    const int dist = matcher_distance(m);
+    matcher_save(m, sv);
+    assert_int_equal(matcher_accept_bytes(m, " {\"b\": 12}}", 11), 0);
+    assert_true(matcher_accepting(m));
+    matcher_restore(m, sv);
+    assert_false(matcher_accepting(m));
+    assert_int_equal(matcher_distance(m), dist);
+    assert_int_equal(matcher_check_bytes(m, "}", 1), 0);           /* "a" still needs its value */
+    assert_int_equal(matcher_check_bytes(m, "{\"b\":7}}", 8), 1);
+    assert_int_equal(matcher_accept_bytes(m, "{\"b\":7}}", 8), 0);  /* a different value this time */
+    assert_true(matcher_accepting(m));
+    matcher_free(m);
+    matcher_saved_free(sv);
+    grammar_unref(g);
+}
+
 /* ---- masks on real vocabularies ---- */
 
 typedef struct {
@@ -688,9 +716,88 @@ static void test_engine_constrained_rows_valid_and_thread_independent(void **sta
     }
 }
 
+/* Prompt lookup on constrained rows: drafts are cut where the grammar refuses them and
+ * each verified position is masked with the grammar's state after the drafts before it.
+ * Greedy on SmolLM2, three requests asked to copy a line under a regex that allows only
+ * the three lines: the tokens equal those of the same engine without speculation, the text
+ * matches the regex, and drafts were proposed and accepted (the copy is in the prompt). */
+static void run_copy(int ngram, int32_t out[3][64], int nout[3], long *drafted, long *accepted) {
+    char err[512] = "";
+    engine_config c = {.model_path = SMOL, .max_seq_len = 256, .max_batch = 4, .kv_bytes = 64u << 20, .threads = 2,
+                       .spec_ngram = ngram, .spec_always = 1};
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fail_msg("%s", err);
+    static const char *lines[3] = {"the cat sat on the mat and the dog sat on the log",
+                                   "a small boat drifts along the quiet river at dawn",
+                                   "seven green apples fell from the old tree in the yard"};
+    /* one of the lines: which tokens may come next changes at every position */
+    char re[512];
+    snprintf(re, sizeof re, " (%s|%s|%s)\\.", lines[0], lines[1], lines[2]);
+    grammar *g = compile_ok(GRAMMAR_REGEX, re);
+    const tok_tokenizer *tok = engine_tokenizer(e);
+    *drafted = *accepted = 0;
+    for (int i = 0; i < 3; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "Copy each line exactly.\nLine: %s.\nCopy: %s.\nLine: %s.\nCopy:", lines[(i + 1) % 3],
+                 lines[(i + 1) % 3], lines[i]);
+        int32_t *ids = NULL;
+        char terr[256];
+        int n = tok_encode(tok, text, strlen(text), 1, &ids, terr, sizeof terr);
+        assert_true(n > 0);
+        engine_sampling sp;
+        engine_sampling_defaults(&sp);
+        sp.temperature = 0;
+        sp.max_tokens = 64;
+        sp.grammar = g;
+        assert_int_equal(engine_add_ex(e, (uint64_t)i, ids, n, &sp, 0, err, sizeof err), 0);
+        free(ids);
+        nout[i] = 0;
+    }
+    while (engine_has_work(e)) {
+        engine_output o;
+        assert_int_equal(engine_step(e, &o), 0);
+        for (int k = 0; k < o.n_events; k++) {
+            const engine_event *ev = &o.events[k];
+            int r = (int)ev->req_id;
+            for (int t = 0; t < ev->n_tokens && nout[r] < 64; t++) out[r][nout[r]++] = ev->tokens[t].id;
+            if (ev->finish == ENGINE_RUNNING) continue;
+            assert_int_equal(ev->finish, ENGINE_FINISH_STOP);
+            *drafted += ev->spec_draft_tokens;
+            *accepted += ev->spec_accepted_tokens;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        char *txt = NULL;
+        size_t len = 0;
+        assert_int_equal(tok_decode(tok, out[i], (size_t)nout[i], 1, &txt, &len), 0);
+        if (!full_match(g, txt)) fail_msg("request %d: %s does not match the regex", i, txt);
+        free(txt);
+    }
+    grammar_unref(g);
+    engine_destroy(e);
+}
+
+static void test_engine_prompt_lookup_on_constrained_rows(void **state) {
+    (void)state;
+    if (access(SMOL, R_OK) != 0) fail_msg("%s absent: run scripts/fetch-model.sh", SMOL);
+    static int32_t a[3][64], b[3][64];
+    int na[3], nb[3];
+    long d0, a0, d1, a1;
+    run_copy(0, a, na, &d0, &a0);
+    run_copy(1, b, nb, &d1, &a1);
+    print_message("  prompt lookup under a regex: %ld of %ld drafts accepted\n", a1, d1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(na[i], nb[i]);
+        assert_memory_equal(a[i], b[i], sizeof(int32_t) * (size_t)na[i]);
+    }
+    assert_int_equal(d0, 0);
+    assert_true(a1 >= 10 && a1 <= d1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_constrained_rows_valid_and_thread_independent),
+        cmocka_unit_test(test_engine_prompt_lookup_on_constrained_rows),
         cmocka_unit_test(test_schema_errors_name_keyword_and_path),
         cmocka_unit_test(test_regex_choice_gbnf_errors),
         cmocka_unit_test(test_json_object_accepts_json_rejects_other),
@@ -700,6 +807,7 @@ int main(void) {
         cmocka_unit_test(test_regex_language),
         cmocka_unit_test(test_choice_and_gbnf),
         cmocka_unit_test(test_matcher_done_and_eos),
+        cmocka_unit_test(test_matcher_save_restore),
         cmocka_unit_test(test_compile_cache_shares_grammars),
         cmocka_unit_test(test_mask_equals_brute_force_qwen3),
         cmocka_unit_test(test_mask_equals_brute_force_llama3),

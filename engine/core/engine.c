@@ -255,10 +255,11 @@ static int alloc_buffers(engine *e) {
     e->spec_n = malloc((size_t)B * sizeof(int));
     e->spec_nd = malloc((size_t)B * sizeof(int));
     e->mask = malloc(vocab_mask_words(V) * sizeof *e->mask);
+    e->msave = matcher_saved_new();
     e->row_masks = malloc((size_t)B * vocab_mask_words(V) * sizeof *e->row_masks);
     e->mask_rows = malloc((size_t)B * sizeof(int));
     e->mask_res = malloc((size_t)B * sizeof(int));
-    if (!e->mask || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
+    if (!e->mask || !e->msave || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -506,6 +507,7 @@ void engine_destroy(engine *e) {
     tmpl_free(e->tmpl);
     vocab_trie_free(e->vtrie);
     free(e->mask);
+    matcher_saved_free(e->msave);
     free(e->row_masks);
     free(e->mask_rows);
     free(e->mask_res);

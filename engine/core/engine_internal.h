@@ -120,6 +120,8 @@ struct engine {
                                   * without a tokenizer) */
     int max_tok_bytes;           /* its longest token */
     uint32_t *mask;              /* (vocab_mask_words(vocab)) one row's allowed tokens */
+    matcher_saved *msave;        /* a constrained row's grammar state while its drafts are
+                                  * tried ahead of it (prompt lookup) */
     uint32_t *row_masks;         /* (max_batch, vocab_mask_words) the step's grammar masks
                                   * for a forward that samples on the device */
     int *mask_rows, *mask_res;   /* (max_batch) constrained rows of the step, their results */

@@ -119,6 +119,16 @@ static int probe_spacing(const engine *e, int nd, int extra) {
     return floor > e->probe_every ? (int)floor + 1 : e->probe_every;
 }
 
+/* How many of a constrained row's n drafts its grammar takes in a row (the matcher is
+ * walked ahead and put back). */
+static int grammar_prefix(engine *e, req *r, const int32_t *drafts, int n) {
+    matcher_save(r->m, e->msave);
+    int ok = 0;
+    while (ok < n && matcher_accept_token(r->m, drafts[ok]) == 0) ok++;
+    matcher_restore(r->m, e->msave);
+    return ok;
+}
+
 void engine_spec_plan(engine *e, int n) {
     int nd = 0, extra = 0, total = 0;
     for (int i = 0; i < n; i++) {
@@ -140,6 +150,7 @@ void engine_spec_plan(engine *e, int n) {
         } else if (p->spec) {
             ngram_update(r->ng, s->tokens, s->n_tokens);
             avail = ngram_draft(r->ng, s->tokens, s->n_tokens, ngram_room(e, r), p->drafts, NULL);
+            if (r->m) avail = grammar_prefix(e, r, p->drafts, avail);
         }
         e->cand_avail[nd] = avail;
         e->cand_alpha[nd] = r->acc_s / r->acc_t;

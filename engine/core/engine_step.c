@@ -176,8 +176,8 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
  * max_tokens to tokens after which the document can still close. Returns the number of
  * tokens allowed besides eos, or -1 when nothing fits (a grammar needing bytes no token
  * spells). */
-static int grammar_mask(engine *e, req *r, uint32_t *mask) {
-    int left = r->max_new - r->n_out, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens;
+static int grammar_mask_ahead(engine *e, req *r, int ahead, uint32_t *mask) {
+    int left = r->max_new - r->n_out - ahead, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens - ahead;
     if (ctx_left < left) left = ctx_left;
     int n_ok = -1, dist = matcher_distance(r->m);
     /* (not when even 8 bytes a token could not close it: then the plain mask only; once
@@ -192,10 +192,14 @@ static int grammar_mask(engine *e, req *r, uint32_t *mask) {
     return n_ok == 0 && !matcher_accepting(r->m) ? -1 : n_ok;
 }
 
+/* The mask for the row's next token (ahead = 0), or for the token after `ahead` drafts
+ * the matcher has been walked through (prompt lookup, accept_row). */
+static int grammar_mask(engine *e, req *r, uint32_t *mask) { return grammar_mask_ahead(e, r, 0, mask); }
+
 /* Constrained decoding: tokens outside the grammar get -inf before any other processing.
  * Returns 0, or -1 when no token fits. */
-static int apply_grammar(engine *e, req *r, float *logits) {
-    int n_ok = grammar_mask(e, r, e->mask);
+static int apply_grammar(engine *e, req *r, int ahead, float *logits) {
+    int n_ok = grammar_mask_ahead(e, r, ahead, e->mask);
     if (n_ok < 0) return -1;
     const uint32_t *mask = e->mask;
     for (int i = 0; i < e->vocab; i++)
@@ -208,7 +212,7 @@ static int apply_grammar(engine *e, req *r, float *logits) {
  * constrained row has no allowed token. */
 static int32_t sample_row(engine *e, req *r, float *logits, const int32_t *hist, int n_hist) {
     r->spp.suppress_eos = r->n_out < r->sp.min_tokens;
-    if (r->m && apply_grammar(e, r, logits)) return -1;
+    if (r->m && apply_grammar(e, r, 0, logits)) return -1;
     sample_apply_penalties(logits, e->vocab, &r->spp, hist, n_hist, r->seq.n_prompt, e->scratch);
     if (r->sp.temperature <= 0) return sample_argmax(logits, e->vocab);
     sample_probs(logits, e->vocab, &r->spp, e->scratch);
@@ -295,6 +299,12 @@ static void count_verify(engine *e, req *r, int k, int accepted) {
     for (int j = 0; j < accepted; j++) e->st.spec_accepted_per_pos[j]++;
 }
 
+/* A constrained row whose grammar lets no token through ends with an error. */
+static void grammar_dead_end(const req *r, row_result *o) {
+    fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
+    o->forced = ENGINE_FINISH_ERROR;
+}
+
 /* A speculating row of a composed step: acceptance over the target's logits on the host,
  * then the rollback of both models' lengths; its tokens go to o (emitted by
  * commit_and_emit with their raw logits). */
@@ -308,12 +318,29 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
     int nh = s->n_tokens;
     memcpy(e->hist, s->tokens, (size_t)nh * sizeof(int32_t));
     memcpy(e->hist + nh, p->drafts, (size_t)k * sizeof(int32_t));
+    /* A constrained row (prompt lookup only) masks each position with its grammar's state
+     * after the drafts before it (the drafts were checked against the grammar when they
+     * were made), walking the matcher ahead and back; where nothing fits after a draft,
+     * that draft and those after it are dropped. */
+    if (r->m) matcher_save(r->m, e->msave);
     for (int j = 0; j <= k; j++) {
         float *pj = e->pprobs + (size_t)j * V;
         memcpy(pj, L + (size_t)j * V, (size_t)V * sizeof(float));
         r->spp.suppress_eos = r->n_out + j < r->sp.min_tokens;
+        if (r->m && apply_grammar(e, r, j, pj)) {
+            k = j - 1;
+            break;
+        }
         sample_apply_penalties(pj, V, &r->spp, e->hist, nh + j, s->n_prompt, e->scratch);
         if (r->sp.temperature > 0) sample_probs(pj, V, &r->spp, e->scratch);
+        if (r->m && j < k && matcher_accept_token(r->m, p->drafts[j])) k = j;   /* cannot happen: checked */
+    }
+    if (r->m) matcher_restore(r->m, e->msave);
+    if (k < 0) {   /* nothing fits the row's grammar even now */
+        e->run->ops->slot_set_len(e->run, s->slot, RUNNER_TARGET, s->n_computed);
+        grammar_dead_end(r, o);
+        o->event = 1;
+        return;
     }
     if (r->sp.temperature <= 0) {
         m = spec_accept_greedy(e->pprobs, V, p->drafts, k, o->tok);
@@ -413,12 +440,6 @@ static int forward_sampling_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++)
         if (needs_host_sampling(e->plan[i].r, 1, e->run->forward_masks, e->run->sample_adjusts)) return 0;
     return 1;
-}
-
-/* A constrained row whose grammar lets no token through ends with an error. */
-static void grammar_dead_end(const req *r, row_result *o) {
-    fprintf(stderr, "specd: request %llu: no token fits its grammar here\n", (unsigned long long)r->id);
-    o->forced = ENGINE_FINISH_ERROR;
 }
 
 /* Plan row i's token as the runner sampled it into e->dec_out[j], unless its mask found
@@ -796,7 +817,8 @@ static int engine_step_timed(engine *e, engine_output *out) {
         p->spec = e->k > 0 && row_decodes(p) &&
                   s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
                   s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k &&
-                  !r->m;   /* constrained rows do not speculate (docs/structured-outputs.md) */
+                  (!r->m || e->drafter == ENGINE_DRAFTER_NGRAM);   /* constrained rows: prompt
+                                            * lookup only, drafts checked against the grammar */
         out->n_scheduled_tokens += p->n_new;
     }
     e->step_verify = runner_verify_possible(e, n);

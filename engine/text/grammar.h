@@ -112,6 +112,14 @@ int matcher_accept_token(matcher *m, int32_t id);
 int matcher_accept_bytes(matcher *m, const char *s, size_t n);
 /* Whether bytes s would be accepted from here (the state is not changed). */
 int matcher_check_bytes(matcher *m, const char *s, size_t n);
+/* A matcher's committed state, to come back to after trying tokens ahead of the output
+ * (speculative drafts): matcher_save copies it, matcher_restore puts it back (on the same
+ * matcher). NULL / SPECD_ENOMEM when out of memory. */
+typedef struct matcher_saved matcher_saved;
+matcher_saved *matcher_saved_new(void);
+void matcher_saved_free(matcher_saved *s);
+void matcher_save(const matcher *m, matcher_saved *s);
+void matcher_restore(matcher *m, const matcher_saved *s);
 /* The output so far is a complete sentence of the grammar (eos is allowed). */
 int matcher_accepting(const matcher *m);
 /* Complete and nothing may follow (or eos was accepted): the request can stop now. */

@@ -476,6 +476,34 @@ matcher *matcher_new(grammar *g, const vocab_trie *v) {
     return m;
 }
 
+/* After compaction the committed state is cur[0, n_cur), the frames [0, n_fr) they
+ * point into, and finished: a saved state is a copy of those. */
+struct matcher_saved {
+    mt_stack cur[MT_MAX_STACKS];
+    int n_cur, finished;
+    int32_t n_fr;
+    mt_frame fr[MT_MAX_STACKS * MT_MAX_FRAMES];
+};
+
+matcher_saved *matcher_saved_new(void) { return malloc(sizeof(matcher_saved)); }
+void matcher_saved_free(matcher_saved *s) { free(s); }
+
+void matcher_save(const matcher *m, matcher_saved *s) {
+    memcpy(s->cur, m->cur, (size_t)m->n_cur * sizeof *m->cur);
+    s->n_cur = m->n_cur;
+    s->finished = m->finished;
+    s->n_fr = m->n_fr;
+    memcpy(s->fr, m->fr, (size_t)m->n_fr * sizeof *m->fr);
+}
+
+void matcher_restore(matcher *m, const matcher_saved *s) {
+    memcpy(m->cur, s->cur, (size_t)s->n_cur * sizeof *m->cur);
+    m->n_cur = s->n_cur;
+    m->finished = s->finished;
+    m->n_fr = s->n_fr;
+    memcpy(m->fr, s->fr, (size_t)s->n_fr * sizeof *m->fr);
+}
+
 /* Copy the committed stacks' frames to the bottom of the arena. */
 static void compact(matcher *m) {
     int32_t n2 = 0, chain[MT_MAX_FRAMES];

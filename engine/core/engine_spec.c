@@ -147,7 +147,9 @@ void engine_spec_plan(engine *e, int n) {
             avail = e->k;
         } else if (p->spec && r->skip > 0) {
             r->skip--;
-        } else if (p->spec) {
+        } else if (p->spec && (!ngram_verifies(e) || e->step_verify)) {
+            /* (a step the runner's verify op cannot take drafts nothing: no lookup; the
+             * index catches up on the tokens the next time) */
             ngram_update(r->ng, s->tokens, s->n_tokens);
             avail = ngram_draft(r->ng, s->tokens, s->n_tokens, ngram_room(e, r), p->drafts, NULL);
             if (r->m) avail = grammar_prefix(e, r, p->drafts, avail);

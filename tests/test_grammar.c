@@ -642,6 +642,34 @@ static void test_special_tokens_never_allowed(void **state) {
  * are computed on the engine thread or on 4 threads (so the threaded mask path runs here
  * even on a 2-core machine); their decode steps took the decode op, not composed steps. */
 #define SMOL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* Queue request id: text in the engine's tokenizer, sampled as sp says. */
+static void add_text_request(engine *e, uint64_t id, const char *text, const engine_sampling *sp) {
+    char err[512], terr[256];
+    int32_t *ids = NULL;
+    int n = tok_encode(engine_tokenizer(e), text, strlen(text), 1, &ids, terr, sizeof terr);
+    assert_true(n > 0);
+    assert_int_equal(engine_add_ex(e, id, ids, n, sp, 0, err, sizeof err), 0);
+    free(ids);
+}
+
+/* Step until done, collecting each request's tokens (at most cap) into out[id]; every
+ * request must end with stop. With drafted / accepted, their speculation counts are summed. */
+static void drain(engine *e, int32_t *out, int cap, int *nout, long *drafted, long *accepted) {
+    while (engine_has_work(e)) {
+        engine_output o;
+        assert_int_equal(engine_step(e, &o), 0);
+        for (int k = 0; k < o.n_events; k++) {
+            const engine_event *ev = &o.events[k];
+            int r = (int)ev->req_id;
+            for (int t = 0; t < ev->n_tokens && nout[r] < cap; t++) out[(size_t)r * cap + nout[r]++] = ev->tokens[t].id;
+            if (ev->finish == ENGINE_RUNNING) continue;
+            assert_int_equal(ev->finish, ENGINE_FINISH_STOP);
+            if (drafted) *drafted += ev->spec_draft_tokens;
+            if (accepted) *accepted += ev->spec_accepted_tokens;
+        }
+    }
+}
 static void run_constrained(int threads, int32_t out[6][96], int nout[6]) {
     char err[512] = "";
     engine_config c = {.model_path = SMOL, .max_seq_len = 256, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2,
@@ -658,10 +686,6 @@ static void run_constrained(int threads, int32_t out[6][96], int nout[6]) {
     for (int i = 0; i < 6; i++) {
         char text[128];
         snprintf(text, sizeof text, "Person %d as JSON:", i);
-        int32_t *ids = NULL;
-        char terr[256];
-        int n = tok_encode(tok, text, strlen(text), 1, &ids, terr, sizeof terr);
-        assert_true(n > 0);
         engine_sampling sp;
         engine_sampling_defaults(&sp);
         sp.temperature = 1.0f;
@@ -669,19 +693,10 @@ static void run_constrained(int threads, int32_t out[6][96], int nout[6]) {
         sp.has_seed = 1;
         sp.max_tokens = 96;
         sp.grammar = g;
-        assert_int_equal(engine_add_ex(e, (uint64_t)i, ids, n, &sp, 0, err, sizeof err), 0);
-        free(ids);
+        add_text_request(e, (uint64_t)i, text, &sp);
         nout[i] = 0;
     }
-    while (engine_has_work(e)) {
-        engine_output o;
-        assert_int_equal(engine_step(e, &o), 0);
-        for (int k = 0; k < o.n_events; k++) {
-            int r = (int)o.events[k].req_id;
-            for (int t = 0; t < o.events[k].n_tokens && nout[r] < 96; t++) out[r][nout[r]++] = o.events[k].tokens[t].id;
-            if (o.events[k].finish != ENGINE_RUNNING) assert_int_equal(o.events[k].finish, ENGINE_FINISH_STOP);
-        }
-    }
+    drain(e, &out[0][0], 96, nout, NULL, NULL);
     engine_stats st;
     engine_get_stats(e, &st);
     assert_true(st.steps_device_decode > 10);   /* one step composes the 6 prefills */
@@ -740,32 +755,15 @@ static void run_copy(int ngram, int32_t out[3][64], int nout[3], long *drafted, 
         char text[512];
         snprintf(text, sizeof text, "Copy each line exactly.\nLine: %s.\nCopy: %s.\nLine: %s.\nCopy:", lines[(i + 1) % 3],
                  lines[(i + 1) % 3], lines[i]);
-        int32_t *ids = NULL;
-        char terr[256];
-        int n = tok_encode(tok, text, strlen(text), 1, &ids, terr, sizeof terr);
-        assert_true(n > 0);
         engine_sampling sp;
         engine_sampling_defaults(&sp);
         sp.temperature = 0;
         sp.max_tokens = 64;
         sp.grammar = g;
-        assert_int_equal(engine_add_ex(e, (uint64_t)i, ids, n, &sp, 0, err, sizeof err), 0);
-        free(ids);
+        add_text_request(e, (uint64_t)i, text, &sp);
         nout[i] = 0;
     }
-    while (engine_has_work(e)) {
-        engine_output o;
-        assert_int_equal(engine_step(e, &o), 0);
-        for (int k = 0; k < o.n_events; k++) {
-            const engine_event *ev = &o.events[k];
-            int r = (int)ev->req_id;
-            for (int t = 0; t < ev->n_tokens && nout[r] < 64; t++) out[r][nout[r]++] = ev->tokens[t].id;
-            if (ev->finish == ENGINE_RUNNING) continue;
-            assert_int_equal(ev->finish, ENGINE_FINISH_STOP);
-            *drafted += ev->spec_draft_tokens;
-            *accepted += ev->spec_accepted_tokens;
-        }
-    }
+    drain(e, &out[0][0], 64, nout, drafted, accepted);
     for (int i = 0; i < 3; i++) {
         char *txt = NULL;
         size_t len = 0;

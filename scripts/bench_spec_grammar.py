@@ -7,10 +7,11 @@ same with and without speculation (greedy is lossless).
   python3 scripts/bench_spec_grammar.py [--bin build/specd] [--model M] [--device cpu] [--reps 3]
 """
 import argparse
-import subprocess
 import time
 
 import httpx
+
+import serverproc
 
 # Written for this benchmark (no source text).
 PASSAGES = [
@@ -30,17 +31,7 @@ def serve(a, port, ngram):
     cmd = [a.bin, "serve", "--model", a.model, "--device", a.device, "--port", str(port), "--log-level", "warn"]
     if ngram:
         cmd += ["--speculative", "ngram"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(480):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            pass
-        if p.poll() is not None:
-            raise RuntimeError("server exited")
-        time.sleep(0.25)
-    raise RuntimeError("server not ready")
+    return serverproc.start(cmd, port, timeout_s=120)
 
 
 def run(port, constrained, reps):

@@ -30,6 +30,8 @@ import httpx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "..", "scripts", "bench.py")
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+import serverproc  # noqa: E402
 
 
 DEVICE = "cuda"
@@ -53,17 +55,7 @@ def engine_rates(bin_, model_args, batches, out, env=None):
 def serve(bin_, model_args, extra, port, log, env=None):
     cmd = [bin_, "serve", "--device", DEVICE, *model_args, "--port", str(port), "--max-batch", "256",
            "--max-seq-len", "512", "--max-queued", "4096", "--log-level", "warn", *extra]
-    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
-    for _ in range(1200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            pass
-        if p.poll() is not None:
-            raise RuntimeError(f"server exited: {open(log).read()[-2000:]}")
-        time.sleep(0.25)
-    raise RuntimeError("server not ready")
+    return serverproc.start(cmd, port, log=log, env=env)
 
 
 def client(port, endpoint, kind, conc, n, procs, out):

@@ -176,6 +176,18 @@ extern "C" int k_advance_lens(int32_t *lens, const int32_t *row_slot, const int3
     return K_LAUNCH_RESULT();
 }
 
+__global__ void feed_prev_kernel(int32_t *tokens, const int32_t *prev, const int32_t *prev_out, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (prev[i] >= 0) tokens[i] = prev_out[prev[i]];
+}
+
+extern "C" int k_feed_prev(int32_t *tokens, const int32_t *prev, const int32_t *prev_out, int n, cudaStream_t s) {
+    if (n < 0) return -1;
+    if (n == 0) return 0;
+    feed_prev_kernel<<<1, 256, 0, s>>>(tokens, prev, prev_out, n);
+    return K_LAUNCH_RESULT();
+}
+
 extern "C" float k_philox_uniform_host(uint64_t seed, uint64_t counter) {
     return k_philox_u01(seed, counter);
 }

@@ -293,6 +293,10 @@ int k_verify_accept(const float *tl, int B, int vocab, int K1, const int32_t *to
                     int dummy, uint64_t salt_accept, int32_t *lens, int32_t *out_tok, int32_t *out_n,
                     cudaStream_t s);
 
+/* Async decode steps: tokens[i] = prev_out[prev[i]] where prev[i] >= 0 (the token the
+ * step before sampled in that row, without a trip through the host); others unchanged. */
+int k_feed_prev(int32_t *tokens, const int32_t *prev, const int32_t *prev_out, int n, cudaStream_t s);
+
 /* lens[row_slot[r]*2 + which] += row_n[r] for each row whose slot != dummy. Callers then
  * zero the dummy slot's lengths with a captured memset. */
 int k_advance_lens(int32_t *lens, const int32_t *row_slot, const int32_t *row_n, int n,

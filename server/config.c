@@ -71,6 +71,7 @@ static const cfg_key keys[] = {
     {"http_threads", K_INT, OFF(http_threads), 0, 1, 256, "HTTP worker threads"},
     {"allowed_origins", STR(allowed_origins), 0, 0, "CORS: browser origins allowed to call the API, comma separated, or * (default: none)"},
     {"max_n", K_INT, OFF(max_n), 0, 1, 128, "largest n (choices per prompt) accepted"},
+    {"async_scheduling", K_BOOL, OFF(async_scheduling), 0, 0, 1, "queue the next decode step on the GPU before the engine commits the running one (its tokens fed on the device; an end is known a step late and the extra token dropped)"},
     {"overlap", K_BOOL, OFF(overlap), 0, 0, 1, "queue the next engine step before processing the last one's outputs"},
     {"stream_buffer_bytes", K_I64, OFF(stream_buffer_bytes), 0, 4096, 1.0e12, "unread bytes a stream may hold before its sequence pauses (resumes at half)"},
     {"total_buffer_bytes", K_I64, OFF(total_buffer_bytes), 0, 65536, 1.0e13, "unread bytes over all streams before streams with a backlog pause"},
@@ -105,6 +106,7 @@ void srv_config_defaults(srv_config *c) {
     c->max_connections_per_ip = 1024;
     c->max_n = 16;
     c->overlap = 1;
+    c->async_scheduling = 1;
     c->spec_cost_model = 1;
     c->stream_buffer_bytes = 256 << 10;
     c->total_buffer_bytes = 256LL << 20;

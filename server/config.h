@@ -59,6 +59,7 @@ typedef struct {
     int max_connections_per_ip;         /* 0 = none */
     int max_n;                          /* largest n accepted */
     char allowed_origins[SRV_PATH_MAX]; /* CORS: "" none, "*" any, or "a,b" */
+    int async_scheduling;               /* 1: engine_config.sync_scheduling = 0 */
     int overlap;                        /* 1: host work overlaps the next step */
     int output_threads;                 /* 0 = auto */
     long long stream_buffer_bytes;      /* backpressure: per stream */

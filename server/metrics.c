@@ -209,6 +209,9 @@ char *metrics_render(metrics *m) {
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
         sb_printf(&b, "specd:engine_steps_total{path=\"%s\",model_name=\"%s\"} %llu\n", paths[i].path, mo,
                   (unsigned long long)paths[i].n);
+    counter(&b, mo, "engine_async_steps_total",
+            "Decode steps queued before the engine committed the step in flight (their inputs fed on the device).",
+            st->steps_async);
     fcounter(&b, mo, "engine_step_seconds_total", "Wall time of engine steps (schedule, run, commit, emit).",
              st->step_seconds);
     fcounter(&b, mo, "engine_run_seconds_total", "Wall time of the runner's work within engine steps.",

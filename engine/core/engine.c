@@ -224,6 +224,21 @@ static int size_pool(engine *e, runner_config *rc, char *err, size_t errlen) {
     return 0;
 }
 
+
+static int dec_outs_alloc(dec_outs *d, int rows) {
+    d->tok = malloc((size_t)rows * sizeof(int32_t));
+    d->lp = malloc((size_t)rows * sizeof(float));
+    d->top_ids = malloc((size_t)rows * RUNNER_MAX_TOP * sizeof(int32_t));
+    d->top_lp = malloc((size_t)rows * RUNNER_MAX_TOP * sizeof(float));
+    return d->tok && d->lp && d->top_ids && d->top_lp ? 0 : SPECD_ENOMEM;
+}
+
+static void dec_outs_free(dec_outs *d) {
+    free(d->tok);
+    free(d->lp);
+    free(d->top_ids);
+    free(d->top_lp);
+}
 static int alloc_buffers(engine *e) {
     int B = e->cfg.max_batch, K = e->k, V = e->vocab;
     e->max_step_tokens = e->cfg.max_tokens_per_step + B * (K + 1);
@@ -246,10 +261,13 @@ static int alloc_buffers(engine *e) {
     e->hist = malloc((size_t)(e->cfg.max_seq_len + K + 1) * sizeof(int32_t));
     e->dec_slots = malloc((size_t)B * sizeof(int));
     e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
-    e->dec_out = malloc((size_t)B * sizeof(int32_t));
-    e->dec_lp = malloc((size_t)B * sizeof(float));
-    e->dec_top_ids = malloc((size_t)B * RUNNER_MAX_TOP * sizeof(int32_t));
-    e->dec_top_lp = malloc((size_t)B * RUNNER_MAX_TOP * sizeof(float));
+    e->dec_prev = malloc((size_t)B * sizeof(int));
+    int outs_ok = dec_outs_alloc(&e->dec, B) == 0;
+    for (int i = 0; i < 2; i++) {
+        e->pend[i].plan = malloc((size_t)B * sizeof *e->pend[i].plan);
+        e->pend[i].res = malloc((size_t)B * sizeof *e->pend[i].res);
+        outs_ok = outs_ok && e->pend[i].plan && e->pend[i].res && dec_outs_alloc(&e->pend[i].o, B) == 0;
+    }
     e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
     e->spec_n = malloc((size_t)B * sizeof(int));
@@ -259,7 +277,7 @@ static int alloc_buffers(engine *e) {
     e->row_masks = malloc((size_t)B * vocab_mask_words(V) * sizeof *e->row_masks);
     e->mask_rows = malloc((size_t)B * sizeof(int));
     e->mask_res = malloc((size_t)B * sizeof(int));
-    if (!e->mask || !e->msave || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !e->dec_out || !e->dec_lp || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
+    if (!e->mask || !e->msave || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !outs_ok || !e->dec_prev || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -268,7 +286,6 @@ static int alloc_buffers(engine *e) {
     e->cap_reqs = 64;
     e->reqs = malloc((size_t)e->cap_reqs * sizeof *e->reqs);
     if (!e->cand_row || !e->cand_avail || !e->cand_k || !e->cand_alpha || !e->cands) return SPECD_ENOMEM;
-    if (!e->dec_top_ids || !e->dec_top_lp) return SPECD_ENOMEM;
     if (!e->plan || !e->res || !e->rows || !e->tokens || !e->logits || (model && (!e->dlogits || !e->dprobs)) ||
         !e->pprobs || !e->work || !e->scratch || !e->hist || !e->events[0] || !e->events[1] || !e->reqs)
         return SPECD_ENOMEM;
@@ -489,6 +506,7 @@ void engine_destroy(engine *e) {
     if (!e) return;
     /* Workers that exit after STOP must not look like failures to the watchdog. */
     tp_watchdog_stop(e->tp_wd);
+    if (e->run) engine_step_drain(e);
     for (int i = 0; i < e->n_reqs; i++) {
         if (e->sched) sched_remove(e->sched, &e->reqs[i]->seq);
         req_free(e->reqs[i]);
@@ -528,10 +546,13 @@ void engine_destroy(engine *e) {
     free(e->hist);
     free(e->dec_slots);
     free(e->dec_tokens);
-    free(e->dec_out);
-    free(e->dec_lp);
-    free(e->dec_top_ids);
-    free(e->dec_top_lp);
+    free(e->dec_prev);
+    dec_outs_free(&e->dec);
+    for (int i = 0; i < 2; i++) {
+        free(e->pend[i].plan);
+        free(e->pend[i].res);
+        dec_outs_free(&e->pend[i].o);
+    }
     free(e->dec_sp);
     free(e->spec_out);
     free(e->spec_n);
@@ -556,7 +577,7 @@ const tok_tokenizer *engine_tokenizer(const engine *e) { return e->tok; }
 const tmpl_template *engine_template(const engine *e) { return e->tmpl; }
 int engine_max_token_bytes(const engine *e) { return e->max_tok_bytes; }
 const char *engine_device_name(const engine *e) { return e->run->ops->name; }
-int engine_has_work(const engine *e) { return e->n_reqs > e->n_paused; }
+int engine_has_work(const engine *e) { return e->n_reqs > e->n_paused || e->pend[0].n || e->pend[1].n; }
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -569,6 +590,7 @@ static int find_req(const engine *e, uint64_t id) {
 void engine_req_drop(engine *e, req *r) {
     int i = find_req(e, r->id);
     if (r->seq.paused) e->n_paused--;
+    engine_step_forget(e, r);
     sched_remove(e->sched, &r->seq);
     if (i >= 0) e->reqs[i] = e->reqs[--e->n_reqs];
     req_free(r);

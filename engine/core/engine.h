@@ -51,6 +51,13 @@ typedef struct {
     int max_seq_len;              /* runtime context limit (default 4096) */
     int max_batch;                /* running sequences at most (default 64) */
     int max_tokens_per_step;      /* scheduler token budget (default 2048) */
+    int sync_scheduling;          /* 1: every step is committed before the next is queued.
+                                   * Default 0 (async scheduling): while a decode step runs
+                                   * where the runner pipelines decodes (runner.decode_async),
+                                   * the next decode step is scheduled and queued before the
+                                   * host commits the running one, its tokens fed on the
+                                   * device; a request that ends is known a step late and its
+                                   * extra token is dropped (engine_step) */
     int block_size;               /* default 16 */
     double mem_fraction;          /* share of free memory for the KV pool (default 0.9) */
     size_t kv_bytes;              /* explicit KV budget in bytes; 0 = from mem_fraction */
@@ -164,6 +171,8 @@ typedef struct {
      * composed from forward passes (mixed batches), runner on-device decode */
     uint64_t steps_runner_spec, steps_runner_verify, steps_composed, steps_device_decode;
     uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
+    uint64_t steps_async;            /* decode steps queued while the one before was in flight
+                                      * (async scheduling; counted in steps_device_decode) */
     /* seconds engine_step spent running its steps (the runner's op; on the composed path
      * also the draft's picks and host sampling / acceptance) and in all of engine_step:
      * the difference is the engine's own host work (scheduling, planning, commit, emit) */
@@ -215,10 +224,13 @@ int engine_abort(engine *e, uint64_t req_id);
 /* Pause (1) or resume (0) a request: paused, it keeps its KV (unless preempted) but gets
  * no steps, and engine_has_work does not count it. SPECD_ENOTFOUND if unknown. */
 int engine_pause(engine *e, uint64_t req_id, int paused);
+/* Requests to step (paused ones aside), or a step still in flight (async scheduling). */
 int engine_has_work(const engine *e);
 
-/* One step. Fills out with an event for each request that produced tokens or finished.
- * A runner failure returns SPECD_ECUDA (or the runner's code), marks the engine failed,
+/* One step. Fills out with at most one event per request, for each request that produced
+ * tokens or finished. With async scheduling a call may queue a decode step and return
+ * before it is done (its tokens come with the next call's events), or commit the step in
+ * flight and run another (the request's tokens of both in its one event). A runner failure returns SPECD_ECUDA (or the runner's code), marks the engine failed,
  * and finishes every request with ENGINE_FINISH_ERROR events. */
 int engine_step(engine *e, engine_output *out);
 

@@ -46,6 +46,12 @@ typedef struct req {
     int fails, skip;             /* prompt lookup: failed verifies in a row, steps to skip */
     int declined;                /* prompt lookup: steps the cost model declined its drafts */
     int decode_steps;            /* steps in which it decoded (speculating or not) */
+    /* async scheduling (engine_step.c) */
+    int pend_row;                /* its row in the last decode step queued */
+    int pend_tok;                /* its last token is a placeholder for the token the step in
+                                  * flight samples (fed to the next step on the device) */
+    uint64_t ev_stamp;           /* the engine_step call whose output has its event ... */
+    int ev_idx;                  /* ... at this index */
 } req;
 
 /* Prompt positions whose logits one step computes at most (prompt logprobs): the extra
@@ -71,6 +77,14 @@ static inline int row_decodes(const row_plan *p) {
     return p->n_new == 1 && p->r->seq.n_tokens - p->r->seq.n_computed == 1;
 }
 
+/* Where a decode op puts its outputs (the runner's out_* arrays), per row. */
+typedef struct {
+    int32_t *tok;
+    float *lp;
+    int32_t *top_ids;            /* (rows, RUNNER_MAX_TOP) */
+    float *top_lp;
+} dec_outs;
+
 /* What one step did for a row (engine_step's run phase, whatever path ran it), applied by
  * its one commit loop (commit_and_emit). */
 typedef struct {
@@ -84,7 +98,18 @@ typedef struct {
     int drafted, accepted;       /* a verified row: drafts checked, drafts accepted */
     int kv_cap;                  /* KV committed at most up to here (what a draft model holds) */
     engine_finish forced;        /* an end the path decided (no token fits, max_tokens 0) */
+    int placed;                  /* tok[0] replaces the placeholder at the end of its tokens
+                                  * (async scheduling: n_computed already advanced) */
 } row_result;
+
+/* A decode step queued without waiting for it (async scheduling): its rows (r NULL once
+ * the request is dropped) and where the runner leaves its outputs. */
+typedef struct {
+    int n;                       /* 0: none in flight */
+    row_plan *plan;              /* (max_batch) */
+    row_result *res;             /* (max_batch) */
+    dec_outs o;
+} pend_step;
 
 struct engine {
     engine_config cfg;
@@ -147,10 +172,15 @@ struct engine {
     int *scratch;                /* (vocab) */
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
     int *dec_slots;              /* on-device decode fast path: (max_batch) each */
-    int32_t *dec_tokens, *dec_out;
-    float *dec_lp;               /* (max_batch) the chosen tokens' logprobs from the device */
-    int32_t *dec_top_ids;        /* (max_batch, RUNNER_MAX_TOP) top logprobs from the device */
-    float *dec_top_lp;
+    int32_t *dec_tokens;
+    dec_outs dec;                /* (max_batch) the decode op's sampled tokens, their
+                                  * logprobs, top logprobs (max_batch, RUNNER_MAX_TOP) */
+    int *dec_prev;               /* (max_batch) runner_decode_batch.prev_row */
+    pend_step pend[2];           /* async scheduling: the step in flight is pend[pend_cur]
+                                  * (when its n > 0); the next one is queued in the other */
+    int pend_cur;
+    int n_plan;                  /* rows of e->plan in use (a dropped request leaves them) */
+    uint64_t out_stamp;          /* engine_step calls: one event per request per call */
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
     int *spec_n;                 /* (max_batch) */
     int *spec_nd;                /* (max_batch) drafts per row of a runner verify step */
@@ -180,6 +210,10 @@ struct engine {
 
 /* engine.c: take a request out of the scheduler and the table, and free it. */
 void engine_req_drop(engine *e, req *r);
+/* engine_step.c: clear r from the step in flight and the step being planned. */
+void engine_step_forget(engine *e, const req *r);
+/* engine_step.c: wait for any step in flight and forget it (failure, destruction). */
+void engine_step_drain(engine *e);
 
 /* engine_spec.c */
 const char *engine_spec_drafter_name(const engine *e);
@@ -191,6 +225,10 @@ int engine_spec_req_init(const engine *e, req *r, int capacity);
 void engine_spec_plan(engine *e, int n);
 /* A verify of k drafts of r accepted `accepted`. */
 void engine_spec_observe(engine *e, req *r, int k, int accepted);
+/* Whether a step of n decoding rows drafts nothing, whatever its rows hold: no drafter,
+ * or prompt lookup through the runner's verify op with more rows than that op takes
+ * (engine_spec_plan then looks nothing up). */
+int engine_spec_never(const engine *e, int n);
 /* Measure the cost model (creation, before any request: it times passes on free slots). */
 int engine_spec_measure(engine *e, char *err, size_t errlen);
 

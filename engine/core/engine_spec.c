@@ -79,6 +79,10 @@ static int ngram_verifies(const engine *e) {
     return e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify;
 }
 
+int engine_spec_never(const engine *e, int n) {
+    return e->k == 0 || (ngram_verifies(e) && n > e->run->verify_max_rows);
+}
+
 /* Prompt lookup through the runner's verify op: every row is padded to the step's deepest
  * draft, so the choice is one depth cap k for the step (row j drafts min(avail, k)),
  * the one with the most expected tokens per second; a declined row still probes one
@@ -258,13 +262,13 @@ static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
         rc = run->ops->verify(run, &vb);
     } else if (plain && run->ops->decode) {
         runner_decode_batch db = {.n = B, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
-                                  .out_tokens = e->dec_out, .out_logprobs = e->dec_lp};
+                                  .out_tokens = e->dec.tok, .out_logprobs = e->dec.lp};
         rc = run->ops->decode(run, &db);
     } else {
         if (plain && run->forward_samples) {
             b.sp = e->dec_sp;
-            b.out_tokens = e->dec_out;
-            b.out_logprobs = e->dec_lp;
+            b.out_tokens = e->dec.tok;
+            b.out_logprobs = e->dec.lp;
         }
         rc = runner_forward(run, &b);
     }

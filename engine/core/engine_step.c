@@ -14,7 +14,9 @@
  *      target pass over prefill chunks, decode rows and drafts, sampling in the runner
  *      where every row can, else on the host); each fills the rows' results (row_result);
  *   4. commit and emit, the same for every path: speculation counters, computed
- *      positions, tokens and their logprobs, prefix-cache commit, finish checks, events. */
+ *      positions, tokens and their logprobs, prefix-cache commit, finish checks, events.
+ * With async scheduling a decode step may instead be queued in flight and committed by
+ * the next call (see "async scheduling" below). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -108,7 +110,11 @@ static int mask_result(const engine *e, int i) {
     return -1;   /* not computed: treated as no fit (the runner did not call back) */
 }
 
+/* The request's event in this call's output: a new one, or (async scheduling, where one
+ * call commits the step in flight and then runs another) the one it already has, so a
+ * request reports at most once per call and its tokens stay in order. */
 static engine_event *new_event(engine *e, engine_output *out, req *r) {
+    if (r->ev_stamp == e->out_stamp) return &out->events[r->ev_idx];
     int b = e->ev_cur;
     if (out->n_events == e->cap_events[b]) {
         engine_event *n = realloc(e->events[b], sizeof *n * (size_t)e->cap_events[b] * 2);
@@ -116,6 +122,8 @@ static engine_event *new_event(engine *e, engine_output *out, req *r) {
         e->events[b] = out->events = n;
         e->cap_events[b] *= 2;
     }
+    r->ev_stamp = e->out_stamp;
+    r->ev_idx = out->n_events;
     engine_event *ev = &e->events[b][out->n_events++];
     memset(ev, 0, sizeof *ev);
     ev->req_id = r->id;
@@ -393,11 +401,12 @@ _Static_assert(ENGINE_MAX_TOP_LOGPROBS <= RUNNER_MAX_TOP, "top logprobs the runn
 /* A row's runner_sampling: its filters and seed, and what the host sampler would apply
  * before them (logit bias, eos suppressed before min_tokens, penalties over its token
  * statistics), with the top logprobs it wants. Rows that reach the speculative paths have
- * none of the latter (needs_host_sampling). */
-static runner_sampling device_sampling(const req *r) {
-    const int suppress = r->n_out < r->sp.min_tokens;
+ * none of the latter (needs_host_sampling). `ahead`: tokens the row will have emitted
+ * before this one (async scheduling: the one the step in flight samples). */
+static runner_sampling device_sampling(const req *r, int ahead) {
+    const int n_out = r->n_out + ahead, suppress = n_out < r->sp.min_tokens;
     return (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .min_p = r->sp.min_p,
-                             .top_k = r->sp.top_k, .seed = r->seed, .counter = (uint64_t)r->n_out,
+                             .top_k = r->sp.top_k, .seed = r->seed, .counter = (uint64_t)n_out,
                              .n_logit_bias = r->sp.n_logit_bias, .logit_bias_ids = r->lb_ids,
                              .logit_bias_vals = r->lb_vals, .n_suppress = suppress ? r->spp.n_eos : 0,
                              .suppress_ids = suppress ? r->spp.eos_ids : NULL,
@@ -407,15 +416,15 @@ static runner_sampling device_sampling(const req *r) {
                              .n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0};
 }
 
-/* emit_token for the token the runner sampled into e->dec_out[i], with its logprob and
- * top logprobs as the device computed them (raw logits, like emit_token's). */
-static engine_finish emit_sampled(engine *e, req *r, engine_event *ev, int i) {
+/* emit_token for the token the runner sampled into d->tok[i], with its logprob and top
+ * logprobs as the device computed them (raw logits, like emit_token's). */
+static engine_finish emit_sampled(engine *e, req *r, engine_event *ev, const dec_outs *d, int i) {
     engine_token *et = &ev->tokens[ev->n_tokens];
-    engine_finish f = emit_token(e, r, ev, e->dec_out[i], NULL, &e->dec_lp[i]);
+    engine_finish f = emit_token(e, r, ev, d->tok[i], NULL, &d->lp[i]);
     if (r->sp.logprobs > 0) {
         et->n_top = r->sp.logprobs < e->vocab ? r->sp.logprobs : e->vocab;
-        memcpy(et->top_ids, e->dec_top_ids + (size_t)i * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(int32_t));
-        memcpy(et->top_logprobs, e->dec_top_lp + (size_t)i * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(float));
+        memcpy(et->top_ids, d->top_ids + (size_t)i * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(int32_t));
+        memcpy(et->top_logprobs, d->top_lp + (size_t)i * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(float));
     }
     return f;
 }
@@ -442,7 +451,7 @@ static int forward_sampling_ok(const engine *e, int n) {
     return 1;
 }
 
-/* Plan row i's token as the runner sampled it into e->dec_out[j], unless its mask found
+/* Plan row i's token as the runner sampled it into e->dec.tok[j], unless its mask found
  * nothing (mask_result): then its unconstrained draw is dropped. */
 static void take_sampled(engine *e, const req *r, row_result *o, int i, int j) {
     if (r->m && mask_result(e, i) < 0) {
@@ -450,7 +459,7 @@ static void take_sampled(engine *e, const req *r, row_result *o, int i, int j) {
         return;
     }
     o->n = 1;
-    o->tok[0] = e->dec_out[j];
+    o->tok[0] = e->dec.tok[j];
     o->dev = j;
 }
 
@@ -464,7 +473,7 @@ static int device_decode(engine *e, int n) {
         const req *r = p->r;
         e->dec_slots[i] = r->seq.slot;
         e->dec_tokens[i] = r->seq.tokens[r->seq.n_computed];
-        e->dec_sp[i] = device_sampling(r);
+        e->dec_sp[i] = device_sampling(r, 0);
         p->logits_off = i;
         if (r->m) {
             e->dec_sp[i].mask = e->row_masks + (size_t)i * mw;
@@ -474,8 +483,8 @@ static int device_decode(engine *e, int n) {
     e->n_mask_rows = nm;
     e->masks_done = 0;
     runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
-                              .out_tokens = e->dec_out, .out_logprobs = e->dec_lp, .out_top_ids = e->dec_top_ids,
-                              .out_top_logprobs = e->dec_top_lp, .prepare_sp = nm ? prepare_masks : NULL,
+                              .out_tokens = e->dec.tok, .out_logprobs = e->dec.lp, .out_top_ids = e->dec.top_ids,
+                              .out_top_logprobs = e->dec.top_lp, .prepare_sp = nm ? prepare_masks : NULL,
                               .prepare_ctx = e};
     int rc = e->run->ops->decode(e->run, &db);
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -512,7 +521,7 @@ static int runner_spec(engine *e, int n) {
         e->dec_slots[i] = s->slot;
         e->tokens[2 * i] = s->tokens[s->n_tokens - 2];
         e->tokens[2 * i + 1] = s->tokens[s->n_tokens - 1];
-        e->dec_sp[i] = device_sampling(r);
+        e->dec_sp[i] = device_sampling(r, 0);
     }
     runner_spec_batch sb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
                             .out_tokens = e->spec_out, .out_n = e->spec_n};
@@ -562,7 +571,7 @@ static int runner_verify(engine *e, int n) {
         for (int j = 0; j < k; j++) t[1 + j] = j < p->spec ? p->drafts[j] : t[j];   /* padding: never accepted */
         e->dec_slots[i] = s->slot;
         e->spec_nd[i] = p->spec;
-        e->dec_sp[i] = device_sampling(p->r);
+        e->dec_sp[i] = device_sampling(p->r, 0);
     }
     runner_verify_batch vb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .n_drafts = e->spec_nd,
                               .sp = e->dec_sp, .out_tokens = e->spec_out, .out_n = e->spec_n};
@@ -579,7 +588,16 @@ static int runner_verify(engine *e, int n) {
     return rc;
 }
 
+void engine_step_drain(engine *e) {
+    for (int q = 0; q < 2; q++)
+        if (e->pend[q].n) {
+            e->run->ops->decode_wait(e->run);   /* a failed runner answers at once */
+            e->pend[q].n = 0;
+        }
+}
+
 static void fail_all(engine *e, engine_output *out) {
+    engine_step_drain(e);
     e->failed = 1;
     e->st.failed = 1;
     while (e->n_reqs > 0) {
@@ -689,7 +707,7 @@ static int composed_step(engine *e, int n) {
         for (int i = 0; i < n; i++) {
             const row_plan *p = &e->plan[i];
             if (!p->target_logits) continue;
-            e->dec_sp[p->logits_off] = device_sampling(p->r);
+            e->dec_sp[p->logits_off] = device_sampling(p->r, 0);
             if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * vocab_mask_words(V);
         }
         if (nm) {
@@ -697,10 +715,10 @@ static int composed_step(engine *e, int n) {
             tb.prepare_ctx = e;
         }
         tb.sp = e->dec_sp;
-        tb.out_tokens = e->dec_out;
-        tb.out_logprobs = e->dec_lp;
-        tb.out_top_ids = e->dec_top_ids;
-        tb.out_top_logprobs = e->dec_top_lp;
+        tb.out_tokens = e->dec.tok;
+        tb.out_logprobs = e->dec.lp;
+        tb.out_top_ids = e->dec.top_ids;
+        tb.out_top_logprobs = e->dec.top_lp;
         e->st.steps_forward_sampled++;
     }
     if (n && (rc = runner_forward(e->run, &tb))) return rc;
@@ -741,17 +759,23 @@ static int composed_step(engine *e, int n) {
 /* What every path did, applied the one way: speculation counters, the computed positions,
  * the tokens (logprobs from raw logits, or as the runner sampled them), the KV prefix
  * committed (no further than the draft holds), the event, and the end of a request. */
-static void commit_and_emit(engine *e, int n, engine_output *out) {
+static void commit_and_emit(engine *e, int n, const row_plan *plan, const row_result *res, const dec_outs *d,
+                            engine_output *out) {
     for (int i = 0; i < n; i++) {
-        req *r = e->plan[i].r;
+        req *r = plan[i].r;
+        if (!r) continue;   /* dropped while its step was in flight */
         sched_seq *s = &r->seq;
-        const row_result *o = &e->res[i];
+        const row_result *o = &res[i];
         if (o->drafted) count_verify(e, r, o->drafted, o->accepted);
         s->n_computed += o->fed;
+        if (o->placed) {   /* the placeholder pre_commit appended makes way for the token */
+            s->n_tokens--;
+            r->pend_tok = 0;
+        }
         engine_event *ev = o->event ? new_event(e, out, r) : NULL;
         engine_finish f = o->forced;
         for (int j = 0; j < o->n && f == ENGINE_RUNNING; j++)
-            f = o->dev >= 0 ? emit_sampled(e, r, ev, o->dev)
+            f = o->dev >= 0 ? emit_sampled(e, r, ev, d, o->dev)
                             : emit_token(e, r, ev, o->tok[j], o->raw ? o->raw + (size_t)j * e->vocab : NULL, NULL);
         commit_kv(e, s, o->kv_cap < s->n_computed ? o->kv_cap : s->n_computed);
         if (ev) {
@@ -772,47 +796,121 @@ static double step_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int engine_step_timed(engine *e, engine_output *out);
+/* ---- async scheduling -------------------------------------------------------------------
+ * Where the runner pipelines decodes (runner.decode_async), a step whose rows all decode
+ * and sample on the device with nothing the host must update between tokens (no grammar,
+ * no penalties, no host sampling, no speculation possible: engine_spec_never) is queued
+ * without waiting for it: it is
+ * "in flight". The next engine_step first assumes every row of it goes on: each row's
+ * position counts as computed and a placeholder stands for its token (pre_commit), unless
+ * max_tokens or the context limit ends it with that token. Then the scheduler runs as
+ * always. If the next step again qualifies, it is queued with those rows fed the tokens
+ * the step in flight samples, on the device (runner_decode_batch.prev_row), and only then
+ * does the host wait for the step in flight and commit it (finish_pending); otherwise the
+ * host waits and commits first, drops the rows that ended from the new step, and runs it
+ * the usual way. So the host's scheduling and commit of one step overlap the GPU's work
+ * on the next. A row that ended (stop token, a client gone, an abort) is known one step
+ * late: its token from the next step is never emitted (its plan row is cleared when the
+ * request is dropped) and its KV goes back to the pool when it is dropped; the runner's
+ * stream runs the queued step before any later op that could reuse its slot or blocks. */
 
-int engine_step(engine *e, engine_output *out) {
-    const double t0 = step_now();
-    int rc = engine_step_timed(e, out);
-    e->st.step_seconds += step_now() - t0;
-    return rc;
+#define TOKEN_PENDING (-1)
+
+/* A request is being dropped: no step of this engine may refer to it any more. */
+void engine_step_forget(engine *e, const req *r) {
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < e->pend[q].n; i++)
+            if (e->pend[q].plan[i].r == r) e->pend[q].plan[i].r = NULL;
+    for (int i = 0; i < e->n_plan; i++)
+        if (e->plan[i].r == r) e->plan[i].r = NULL;
 }
 
-static int engine_step_timed(engine *e, engine_output *out) {
-    out->n_events = 0;
-    e->ev_cur ^= 1;
-    out->events = e->events[e->ev_cur];
-    for (int i = 0; i < e->n_pl_keep[e->ev_cur]; i++) free(e->pl_keep[e->ev_cur][i]);
-    e->n_pl_keep[e->ev_cur] = 0;
-    out->n_scheduled_tokens = 0;
-    if (e->failed) return SPECD_ESTATE;
-    sched_batch sb;
-    int rc = sched_schedule(e->sched, &sb);
-    if (rc) goto fail;
-    e->st.preemptions += (uint64_t)sb.n_preempted;
-    /* Sequences that can never fit (already out of the queues, KV and slot freed). */
-    for (int i = 0; i < sb.n_rejected; i++) {
-        req *r = sb.rejected[i]->user;
-        engine_event *ev = new_event(e, out, r);
-        ev->finish = ENGINE_FINISH_ERROR;
-        fill_counts(ev, r);
-        fprintf(stderr, "specd: request %llu rejected by the scheduler: %s\n",
-                (unsigned long long)r->id, specd_strerror(sb.rejected[i]->reject_code));
-        engine_req_drop(e, r);
-    }
-    int n = sb.n;
-
-    /* Phases 1-2: plan rows, sync slots. */
+/* Whether the step planned in e->plan can be queued in flight. */
+static int async_ok(const engine *e, int n) {
+    if (e->cfg.sync_scheduling || !e->run->decode_async || !e->run->ops->decode_wait || n == 0 ||
+        !engine_spec_never(e, n))
+        return 0;
     for (int i = 0; i < n; i++) {
-        req *r = sb.seqs[i]->user;
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        /* penalties read the row's output counts, which the host has not seen yet */
+        if (!row_decodes(p) || needs_host_sampling(r, 1, 0, e->run->sample_adjusts) ||
+            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f)
+            return 0;
+    }
+    return 1;
+}
+
+/* The step in flight is taken as done for the scheduler: its rows' positions computed,
+ * a placeholder for each token unless that token ends the row (max_tokens, context). */
+static void pre_commit(engine *e, const pend_step *q) {
+    for (int i = 0; i < q->n; i++) {
+        req *r = q->plan[i].r;
+        if (!r) continue;
+        sched_seq *s = &r->seq;
+        s->n_computed++;
+        if (r->n_out + 1 < r->max_new && s->n_tokens + 1 < e->cfg.max_seq_len) {
+            s->tokens[s->n_tokens++] = TOKEN_PENDING;
+            r->pend_tok = 1;
+        }
+    }
+}
+
+/* Queue the planned decode step (slots synced) in flight into q. */
+static int launch_async(engine *e, int n, pend_step *q) {
+    int any_prev = 0;
+    for (int i = 0; i < n; i++) {
+        req *r = e->plan[i].r;
+        const sched_seq *s = &r->seq;
+        const int prev = r->pend_tok ? r->pend_row : -1;
+        any_prev |= prev >= 0;
+        e->dec_prev[i] = prev;
+        e->dec_slots[i] = s->slot;
+        e->dec_tokens[i] = prev >= 0 ? 0 : s->tokens[s->n_computed];
+        e->dec_sp[i] = device_sampling(r, r->pend_tok);
+        q->plan[i].r = r;
+        r->pend_row = i;
+        r->decode_steps++;
+    }
+    e->st.spec_rows_decoding += (uint64_t)n;   /* as engine_spec_plan counts a plain step */
+    e->st.spec_steps_decoding++;
+    runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
+                              .out_tokens = q->o.tok, .out_logprobs = q->o.lp, .out_top_ids = q->o.top_ids,
+                              .out_top_logprobs = q->o.top_lp, .async = 1, .prev_row = any_prev ? e->dec_prev : NULL};
+    const double t = step_now();
+    int rc = e->run->ops->decode(e->run, &db);
+    e->st.run_seconds += step_now() - t;
+    if (rc) return rc;
+    e->st.steps_device_decode++;
+    q->n = n;
+    return 0;
+}
+
+/* Wait for the step in flight and commit it. */
+static int finish_pending(engine *e, pend_step *q, engine_output *out) {
+    const double t = step_now();
+    int rc = e->run->ops->decode_wait(e->run);
+    e->st.run_seconds += step_now() - t;
+    const int n = q->n;
+    q->n = 0;
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        const req *r = q->plan[i].r;
+        q->res[i] = (row_result){.event = 1, .n = 1, .tok[0] = q->o.tok[i], .dev = i, .kv_cap = INT_MAX,
+                                 .forced = ENGINE_RUNNING, .placed = r && r->pend_tok};
+    }
+    commit_and_emit(e, n, q->plan, q->res, &q->o, out);
+    return 0;
+}
+
+/* Phase 2 over the planned rows: slots mirrored into the runner, whether each may
+ * speculate. */
+static int sync_rows(engine *e, int n, engine_output *out) {
+    for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
-        memset(p, 0, sizeof *p);
-        p->r = r;
-        p->n_new = sb.n_new[i];
-        if ((rc = sync_slot(e, r))) goto fail;
+        req *r = p->r;
+        int rc = sync_slot(e, r);
+        if (rc) return rc;
         sched_seq *s = &r->seq;
         p->spec = e->k > 0 && row_decodes(p) &&
                   s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
@@ -821,6 +919,15 @@ static int engine_step_timed(engine *e, engine_output *out) {
                                             * lookup only, drafts checked against the grammar */
         out->n_scheduled_tokens += p->n_new;
     }
+    return 0;
+}
+
+/* Phases 2-4 for a step with no step in flight: queued in flight when it can be, else run
+ * on the one path that fits every row, then committed. */
+static int run_step(engine *e, int n, engine_output *out) {
+    int rc = sync_rows(e, n, out);
+    if (rc) return rc;
+    if (async_ok(e, n)) return launch_async(e, n, &e->pend[e->pend_cur]);
     e->step_verify = runner_verify_possible(e, n);
     engine_spec_plan(e, n);
     for (int i = 0; i < n; i++)
@@ -843,13 +950,74 @@ static int engine_step_timed(engine *e, engine_output *out) {
         if (n) e->st.steps_composed++;
     }
     e->st.run_seconds += step_now() - t_run;
-    if (rc) goto fail;
-    commit_and_emit(e, n, out);
+    if (rc) return rc;
+    commit_and_emit(e, n, e->plan, e->res, &e->dec, out);
     if (t_spec > 0) spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra, step_now() - t_spec);
+    return 0;
+}
+
+static int engine_step_timed(engine *e, engine_output *out);
+
+int engine_step(engine *e, engine_output *out) {
+    const double t0 = step_now();
+    int rc = engine_step_timed(e, out);
+    e->n_plan = 0;
+    e->st.step_seconds += step_now() - t0;
+    return rc;
+}
+
+static int engine_step_timed(engine *e, engine_output *out) {
+    out->n_events = 0;
+    e->ev_cur ^= 1;
+    e->out_stamp++;
+    out->events = e->events[e->ev_cur];
+    for (int i = 0; i < e->n_pl_keep[e->ev_cur]; i++) free(e->pl_keep[e->ev_cur][i]);
+    e->n_pl_keep[e->ev_cur] = 0;
+    out->n_scheduled_tokens = 0;
+    if (e->failed) return SPECD_ESTATE;
+    pend_step *fl = e->pend[e->pend_cur].n ? &e->pend[e->pend_cur] : NULL;   /* in flight */
+    if (fl) pre_commit(e, fl);
+    sched_batch sb;
+    int rc = sched_schedule(e->sched, &sb);
+    if (rc) goto fail;
+    e->st.preemptions += (uint64_t)sb.n_preempted;
+    /* Sequences that can never fit (already out of the queues, KV and slot freed). */
+    for (int i = 0; i < sb.n_rejected; i++) {
+        req *r = sb.rejected[i]->user;
+        engine_event *ev = new_event(e, out, r);
+        ev->finish = ENGINE_FINISH_ERROR;
+        fill_counts(ev, r);
+        fprintf(stderr, "specd: request %llu rejected by the scheduler: %s\n",
+                (unsigned long long)r->id, specd_strerror(sb.rejected[i]->reject_code));
+        engine_req_drop(e, r);
+    }
+    /* Phase 1: plan rows. */
+    int n = sb.n;
+    for (int i = 0; i < n; i++) {
+        row_plan *p = &e->plan[i];
+        memset(p, 0, sizeof *p);
+        p->r = sb.seqs[i]->user;
+        p->n_new = sb.n_new[i];
+    }
+    e->n_plan = n;
+    if (fl) {
+        if (async_ok(e, n)) {   /* queue the next step, then commit the one in flight */
+            if ((rc = sync_rows(e, n, out)) || (rc = launch_async(e, n, &e->pend[e->pend_cur ^ 1]))) goto fail;
+            e->st.steps_async++;
+            e->pend_cur ^= 1;
+            if ((rc = finish_pending(e, fl, out))) goto fail;
+            return 0;
+        }
+        if ((rc = finish_pending(e, fl, out))) goto fail;
+        int m = 0;   /* rows whose request ended with the step in flight are gone */
+        for (int i = 0; i < n; i++)
+            if (e->plan[i].r) e->plan[m++] = e->plan[i];
+        n = e->n_plan = m;
+    }
+    if ((rc = run_step(e, n, out))) goto fail;
     return 0;
 fail:
     fprintf(stderr, "specd: engine step failed: %s\n", specd_strerror(rc));
     fail_all(e, out);
     return rc;
 }
-

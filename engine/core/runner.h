@@ -125,6 +125,15 @@ typedef struct {
      * runner reads sp; sp[i].mask is honoured where runner.decode_masks. */
     int (*prepare_sp)(void *ctx);
     void *prepare_ctx;
+    /* Pipelining, where runner.decode_async (never with prepare_sp or masks):
+     * async: the op returns once the step is queued; its outputs reach the out_* arrays
+     *   above (which must stay valid until then) at a later decode_wait. At most two
+     *   decodes are pending, and no other op runs while one is.
+     * prev_row (may be NULL): prev_row[i] >= 0 feeds row i the token that the decode op
+     *   queued just before this one sampled into its row prev_row[i] (that op may still be
+     *   pending: the token never travels through the host); tokens[i] is then not read. */
+    int async;
+    const int *prev_row;
 } runner_decode_batch;
 
 /* One speculative step (optional op), for rows whose target length L is the position of
@@ -207,6 +216,11 @@ typedef struct {
 
 typedef struct runner runner;
 
+/* Rows of one verify op at most (runner.verify_max_rows: the CUDA runner captures its
+ * verify graphs up to this many rows; the CPU runner keeps the same limit, so a
+ * prompt-lookup step above it behaves alike on both). */
+#define RUNNER_VERIFY_MAX_ROWS 64
+
 typedef struct {
     const char *name;
     /* Run one forward pass of `which` over all rows: write K/V of every fed token into
@@ -223,6 +237,9 @@ typedef struct {
     /* Optional fast paths (NULL when not implemented; the engine then composes them
      * from forward + host sampling). */
     int (*decode)(runner *r, const runner_decode_batch *b);
+    /* Where runner.decode_async: complete the oldest pending async decode (its outputs
+     * into the arrays of its batch). 0 when it succeeded or none is pending. */
+    int (*decode_wait)(runner *r);
     int (*spec_step)(runner *r, const runner_spec_batch *b);
     int (*verify)(runner *r, const runner_verify_batch *b);
     /* Optional, callable from any thread: a peer rank of a tensor-parallel group died, so
@@ -243,6 +260,7 @@ struct runner {
     int sample_adjusts;      /* decode() and, where forward_samples, forward() honour
                               * runner_sampling's logit adjustments and n_top */
     int verify_max_k, verify_max_rows;   /* limits of ops.verify (set by the runner) */
+    int decode_async;        /* decode() takes runner_decode_batch.async and prev_row */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }

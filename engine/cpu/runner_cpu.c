@@ -101,6 +101,17 @@ typedef struct {
     float *fs_raw;          /* (vocab) its raw logits, for the chosen token's logprob */
     runner_row *dec_rows;   /* (max_batch) decode op, allocated on its first call */
     float *dec_logits;      /* (max_batch, vocab) its logits (scratch) */
+    int32_t *dec_fed;       /* (max_batch) the tokens it feeds (prev_row resolved) */
+    int32_t *dec_last;      /* (max_batch) the tokens the latest decode sampled */
+    /* Async decodes (runner.decode_async): computed when queued, into these, and handed
+     * over at decode_wait, oldest first; so an engine that read its outputs before the
+     * wait would read stale values and fail its tests. */
+    struct cpu_pending {
+        runner_decode_batch b;   /* the caller's arrays */
+        int32_t *tok, *top_ids;
+        float *lp, *top_lp;
+    } pend[2];
+    int n_pend, pend_head;
     runner_ops ops;         /* base.ops points here: cpu_ops, plus verify with cfg.cpu_verify */
 } cpu_runner;
 
@@ -656,30 +667,95 @@ static int cpu_forward(runner *base, const runner_batch *b) {
 /* The decode op (runner.h): one forward pass of n one-token rows that samples where the
  * logits are, as forward() with sp does; so the engine's device-decode path runs on the
  * CPU too. Its logits scratch (max_batch x vocab) is allocated on the first call. */
+static void free_decode_bufs(cpu_runner *r) {
+    free(r->dec_rows);
+    free(r->dec_logits);
+    free(r->dec_fed);
+    free(r->dec_last);
+    for (int q = 0; q < 2; q++) {
+        free(r->pend[q].tok);
+        free(r->pend[q].lp);
+        free(r->pend[q].top_ids);
+        free(r->pend[q].top_lp);
+        r->pend[q] = (struct cpu_pending){0};
+    }
+    r->dec_rows = NULL;
+    r->dec_logits = NULL;
+    r->dec_fed = r->dec_last = NULL;
+}
+
+static int alloc_decode_bufs(cpu_runner *r) {
+    const size_t MB = (size_t)r->base.cfg.max_batch, T = MB * RUNNER_MAX_TOP;
+    r->dec_rows = malloc(MB * sizeof *r->dec_rows);
+    r->dec_logits = malloc(MB * (size_t)r->base.vocab * sizeof(float));
+    r->dec_fed = malloc(MB * sizeof(int32_t));
+    r->dec_last = calloc(MB, sizeof(int32_t));
+    int ok = r->dec_rows && r->dec_logits && r->dec_fed && r->dec_last;
+    for (int q = 0; q < 2; q++) {
+        struct cpu_pending *p = &r->pend[q];
+        p->tok = malloc(MB * sizeof(int32_t));
+        p->lp = malloc(MB * sizeof(float));
+        p->top_ids = malloc(T * sizeof(int32_t));
+        p->top_lp = malloc(T * sizeof(float));
+        ok = ok && p->tok && p->lp && p->top_ids && p->top_lp;
+    }
+    if (!ok) free_decode_bufs(r);
+    return ok ? 0 : SPECD_ENOMEM;
+}
+
+/* Hand the oldest pending decode's outputs to its batch's arrays. */
+static int cpu_decode_wait(runner *base) {
+    cpu_runner *r = (cpu_runner *)base;
+    if (r->n_pend == 0) return 0;
+    struct cpu_pending *p = &r->pend[r->pend_head];
+    const runner_decode_batch *b = &p->b;
+    const size_t n = (size_t)b->n;
+    memcpy(b->out_tokens, p->tok, n * sizeof(int32_t));
+    if (b->out_logprobs) memcpy(b->out_logprobs, p->lp, n * sizeof(float));
+    if (b->out_top_ids && b->out_top_logprobs) {
+        memcpy(b->out_top_ids, p->top_ids, n * RUNNER_MAX_TOP * sizeof(int32_t));
+        memcpy(b->out_top_logprobs, p->top_lp, n * RUNNER_MAX_TOP * sizeof(float));
+    }
+    r->pend_head ^= 1;
+    r->n_pend--;
+    return 0;
+}
+
+/* The decode op (runner.h): one forward pass of n one-token rows that samples where the
+ * logits are, as forward() with sp does; so the engine's device-decode path runs on the
+ * CPU too. Its buffers are allocated on the first call. An async decode is computed at
+ * once and handed over at decode_wait. */
 static int cpu_decode(runner *base, const runner_decode_batch *db) {
     cpu_runner *r = (cpu_runner *)base;
     const int MB = base->cfg.max_batch;
     if (!db || db->n < 1 || db->n > MB || !db->slots || !db->tokens || !db->sp || !db->out_tokens)
         return SPECD_EINVAL;
-    if (!r->dec_rows) {
-        r->dec_rows = malloc((size_t)MB * sizeof *r->dec_rows);
-        r->dec_logits = malloc((size_t)MB * (size_t)base->vocab * sizeof(float));
-        if (!r->dec_rows || !r->dec_logits) {
-            free(r->dec_rows);
-            free(r->dec_logits);
-            r->dec_rows = NULL;
-            r->dec_logits = NULL;
-            return SPECD_ENOMEM;
-        }
-    }
-    for (int i = 0; i < db->n; i++)
+    if (db->async && (db->prepare_sp || r->n_pend == 2)) return SPECD_EINVAL;
+    if (!db->async && r->n_pend) return SPECD_ESTATE;
+    if (!r->dec_rows && alloc_decode_bufs(r)) return SPECD_ENOMEM;
+    for (int i = 0; i < db->n; i++) {
+        const int pr = db->prev_row ? db->prev_row[i] : -1;
+        if (pr >= MB || (db->async && db->sp[i].mask)) return SPECD_EINVAL;
+        r->dec_fed[i] = pr >= 0 ? r->dec_last[pr] : db->tokens[i];
         r->dec_rows[i] = (runner_row){.slot = db->slots[i], .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
-    runner_batch b = {.which = RUNNER_TARGET, .n_rows = db->n, .rows = r->dec_rows, .tokens = db->tokens,
-                      .n_tokens = db->n, .logits = r->dec_logits, .sp = db->sp, .out_tokens = db->out_tokens,
-                      .out_logprobs = db->out_logprobs, .out_top_ids = db->out_top_ids,
-                      .out_top_logprobs = db->out_top_logprobs, .prepare_sp = db->prepare_sp,
-                      .prepare_ctx = db->prepare_ctx};
-    return cpu_forward(base, &b);
+    }
+    struct cpu_pending *p = db->async ? &r->pend[(r->pend_head + r->n_pend) & 1] : NULL;
+    const int tops = db->out_top_ids && db->out_top_logprobs;
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = db->n, .rows = r->dec_rows, .tokens = r->dec_fed,
+                      .n_tokens = db->n, .logits = r->dec_logits, .sp = db->sp,
+                      .out_tokens = p ? p->tok : db->out_tokens,
+                      .out_logprobs = p ? (db->out_logprobs ? p->lp : NULL) : db->out_logprobs,
+                      .out_top_ids = p ? (tops ? p->top_ids : NULL) : db->out_top_ids,
+                      .out_top_logprobs = p ? (tops ? p->top_lp : NULL) : db->out_top_logprobs,
+                      .prepare_sp = db->prepare_sp, .prepare_ctx = db->prepare_ctx};
+    int rc = cpu_forward(base, &b);
+    if (rc) return rc;
+    memcpy(r->dec_last, b.out_tokens, (size_t)db->n * sizeof(int32_t));
+    if (p) {
+        p->b = *db;
+        r->n_pend++;
+    }
+    return 0;
 }
 
 /* ---- speculative step (reference for the CUDA graph; see runner.h) --------------------- */
@@ -893,8 +969,7 @@ static void cpu_destroy(runner *base) {
     free(r->sp_scratch);
     free(r->fs_scratch);
     free(r->fs_raw);
-    free(r->dec_rows);
-    free(r->dec_logits);
+    free_decode_bufs(r);
     tp_destroy(r->pool);
     free(r);
 }
@@ -907,6 +982,7 @@ static const runner_ops cpu_ops = {
     .slot_get_len = cpu_slot_get_len,
     .copy_block = cpu_copy_block,
     .decode = cpu_decode,
+    .decode_wait = cpu_decode_wait,
     .spec_step = cpu_spec_step,
     .destroy = cpu_destroy,
 };
@@ -1037,6 +1113,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->base.forward_samples = cfg->tp_world <= 1;
     r->base.forward_masks = r->base.forward_samples;
     r->base.decode_masks = r->base.forward_masks;   /* the decode op is a forward */
+    r->base.decode_async = 1;
     /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
     r->base.sample_adjusts = cfg->tp_world <= 1;
     if (draft && cfg->num_draft_tokens > 0) {
@@ -1059,7 +1136,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
             goto oom;
     }
     if (!draft && cfg->num_draft_tokens > 0 && cfg->cpu_verify) {
-        size_t B = (size_t)(cfg->max_batch < 64 ? cfg->max_batch : 64), K = (size_t)cfg->num_draft_tokens,
+        size_t B = (size_t)(cfg->max_batch < RUNNER_VERIFY_MAX_ROWS ? cfg->max_batch : RUNNER_VERIFY_MAX_ROWS),
+               K = (size_t)cfg->num_draft_tokens,
                V = (size_t)r->base.vocab;
         if (K > 15) {
             specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: at most 15 draft tokens");

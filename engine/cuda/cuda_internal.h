@@ -133,8 +133,10 @@ typedef struct {
     int32_t *d_bt;       /* (max_batch+1) * max_blocks */
     int32_t *d_lens;     /* (max_batch+1) * 2 */
     int32_t *h_bt;       /* host copy of d_bt (pinned) */
-    int *h_len;          /* host mirror of d_lens (pinned; each op advances it as its
-                          * kernels advance the device's) */
+    int *h_len;          /* host mirror of d_lens (each op advances it as its kernels
+                          * advance the device's, when it is queued) */
+    int32_t *h_len_up;   /* (pinned) the dirty lengths as cuda_upload_slots copies them, so
+                          * that the mirror can move on while the copies wait on the stream */
     /* Slot changes not yet on the device (cuda_upload_slots, at the start of every op):
      * block-table rows [bt_lo, bt_hi) and the lengths flagged in len_dirty, listed in
      * len_list. Writing a slot costs no device round trip. */
@@ -178,8 +180,22 @@ typedef struct {
 
     /* decode step: static inputs/outputs for max_batch rows */
     int dec_splits, dec_split_len;
-    void *d_dec_in, *h_dec_in;     /* tokens[MB] int32 | slots[MB] int32 | sp[MB] */
-    void *d_dec_out, *h_dec_out;   /* tok[MB] int32 | logprob[MB] float */
+    void *d_dec_in, *h_dec_in;     /* tokens[MB] int32 | slots[MB] int32 | prev[MB] int32 | sp[MB]
+                                    * (prev: runner_decode_batch.prev_row, -1 for none) */
+    void *d_dec_out, *h_dec_out;   /* tok[MB] int32 | logprob[MB] float (host: two of them) */
+    int32_t *h_dec_top_ids;        /* [2][MB, K_MAX_TOP] decode top logprobs (host) */
+    float *h_dec_top_lps;
+    /* Decodes queued and not yet waited for (at most two; runner.decode_async): each
+     * copies its outputs into its half of h_dec_out / h_dec_top_*, then records ev_out;
+     * ev_in is recorded once its inputs are on the device, and every host write to pinned
+     * memory an op copies from (slot tables, lengths, decode inputs, logit adjustments)
+     * first waits for the latest one (cuda_dec_inputs_done). */
+    struct cuda_dec_pending {
+        runner_decode_batch b;   /* the caller's out_* arrays and n */
+        int half, want_top;
+    } dpend[2];
+    int n_dpend, dpend_head, dec_half;
+    cudaEvent_t ev_in[2], ev_out[2];
     void *d_fs_par, *h_fs_par;     /* eager forward sampling: k_sample_params [T] */
     int32_t *d_fs_tok, *h_fs_tok;  /* its tokens [T] */
     float *d_fs_lp, *h_fs_lp;      /* and their logprobs [T] */
@@ -228,7 +244,7 @@ typedef struct {
 } cuda_runner;
 
 /* Rows a verify step takes at most (its logits buffer is rows x (k+1) x vocab floats). */
-#define CUDA_VERIFY_MAX_ROWS 64
+#define CUDA_VERIFY_MAX_ROWS RUNNER_VERIFY_MAX_ROWS
 
 /* Record a CUDA / cuBLAS failure (file, line, call, text) and mark the runner failed. */
 void cuda_fail(cuda_runner *r, const char *file, int line, const char *what, const char *msg);
@@ -303,5 +319,8 @@ int cuda_step_sync(cuda_runner *r);
 /* Enqueue the slot changes written since the last op (block tables, lengths) on the
  * stream; every op calls it before its first kernel. */
 int cuda_upload_slots(cuda_runner *r);
+/* The latest queued decode's inputs are on the device (0 at once when none is pending). */
+int cuda_dec_inputs_done(cuda_runner *r);
+int cuda_decode_wait(runner *base);
 
 #endif

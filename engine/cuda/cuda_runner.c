@@ -223,6 +223,8 @@ static int cuda_slot_write_blocks(runner *base, int slot, int first, const int32
     int32_t *row = r->h_bt + (size_t)slot * r->max_blocks;
     for (int i = 0; i < n; i++)
         if (blocks[i] < 0 || blocks[i] >= base->cfg.num_blocks) return SPECD_EINVAL;
+    int rc = cuda_dec_inputs_done(r);   /* a queued decode may still copy the table */
+    if (rc) return rc;
     memcpy(row + first, blocks, (size_t)n * sizeof(int32_t));
     if (first == 0)
         for (int i = n; i < r->max_blocks; i++) row[i] = 0;
@@ -260,6 +262,8 @@ static int cuda_slot_get_len(runner *base, int slot, int which) {
 }
 
 int cuda_upload_slots(cuda_runner *r) {
+    int rc = cuda_dec_inputs_done(r);   /* h_len_up may still be on its way */
+    if (rc) return rc;
     if (r->bt_hi > r->bt_lo) {
         const size_t off = (size_t)r->bt_lo * r->max_blocks, n = (size_t)(r->bt_hi - r->bt_lo) * r->max_blocks;
         CU_CHECK(r, cudaMemcpyAsync(r->d_bt + off, r->h_bt + off, n * sizeof(int32_t), cudaMemcpyHostToDevice,
@@ -268,7 +272,9 @@ int cuda_upload_slots(cuda_runner *r) {
     }
     for (int j = 0; j < r->n_len_dirty; j++) {   /* one by one: the others' device lengths may be ahead */
         const int i = r->len_list[j];
-        CU_CHECK(r, cudaMemcpyAsync(r->d_lens + i, r->h_len + i, sizeof(int32_t), cudaMemcpyHostToDevice, r->stream));
+        r->h_len_up[j] = r->h_len[i];
+        CU_CHECK(r, cudaMemcpyAsync(r->d_lens + i, r->h_len_up + j, sizeof(int32_t), cudaMemcpyHostToDevice,
+                                    r->stream));
         r->len_dirty[i] = 0;
     }
     r->n_len_dirty = 0;
@@ -374,6 +380,12 @@ static void cuda_destroy(runner *base) {
     if (r->h_meta) cudaFreeHost(r->h_meta);
     if (r->h_dec_in) cudaFreeHost(r->h_dec_in);
     if (r->h_dec_out) cudaFreeHost(r->h_dec_out);
+    if (r->h_dec_top_ids) cudaFreeHost(r->h_dec_top_ids);
+    if (r->h_dec_top_lps) cudaFreeHost(r->h_dec_top_lps);
+    for (int h = 0; h < 2; h++) {
+        if (r->ev_in[h]) cudaEventDestroy(r->ev_in[h]);
+        if (r->ev_out[h]) cudaEventDestroy(r->ev_out[h]);
+    }
     if (r->h_fs_par) cudaFreeHost(r->h_fs_par);
     if (r->h_fs_tok) cudaFreeHost(r->h_fs_tok);
     if (r->h_fs_lp) cudaFreeHost(r->h_fs_lp);
@@ -383,6 +395,7 @@ static void cuda_destroy(runner *base) {
     if (r->stream) cudaStreamDestroy(r->stream);
     if (r->h_bt) cudaFreeHost(r->h_bt);
     if (r->h_len) cudaFreeHost(r->h_len);
+    if (r->h_len_up) cudaFreeHost(r->h_len_up);
     free(r->len_dirty);
     free(r->len_list);
     free(r->layer_off);
@@ -400,6 +413,7 @@ static const runner_ops cuda_ops = {
     .slot_get_len = cuda_slot_get_len,
     .copy_block = cuda_copy_block,
     .decode = cuda_decode,
+    .decode_wait = cuda_decode_wait,
     .abort_group = cuda_abort_group,
     .destroy = cuda_destroy,
 };
@@ -465,7 +479,7 @@ static int alloc_work(cuda_runner *r) {
                                      dmalloc(r, &r->d_lgather, (size_t)r->LR * vocab * 4))) ||
         dmalloc(r, &r->d_meta, (size_t)META_N * T * 4) || dmalloc(r, &r->d_iota, (size_t)T * 4) ||
         dmalloc(r, &r->d_zeros, (size_t)T * 4) || dmalloc(r, &r->d_ones, (size_t)T * 4) ||
-        dmalloc(r, &r->d_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))) ||
+        dmalloc(r, &r->d_dec_in, (size_t)MB * (12 + sizeof(k_sample_params))) ||
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
         dmalloc(r, &r->d_fs_par, (size_t)T * sizeof(k_sample_params)) || dmalloc(r, &r->d_fs_tok, (size_t)T * 4) ||
         dmalloc(r, &r->d_fs_lp, (size_t)T * 4) ||
@@ -477,8 +491,14 @@ static int alloc_work(cuda_runner *r) {
         return SPECD_ECUDA;
     CU_CHECK(r, cudaMemset(r->d_counts, 0, n_counts * sizeof(unsigned)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_meta, (size_t)META_N * T * 4));
-    CU_CHECK(r, cudaMallocHost(&r->h_dec_in, (size_t)MB * (8 + sizeof(k_sample_params))));
-    CU_CHECK(r, cudaMallocHost(&r->h_dec_out, (size_t)MB * 8));
+    CU_CHECK(r, cudaMallocHost(&r->h_dec_in, (size_t)MB * (12 + sizeof(k_sample_params))));
+    CU_CHECK(r, cudaMallocHost(&r->h_dec_out, (size_t)2 * MB * 8));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_dec_top_ids, (size_t)2 * MB * K_MAX_TOP * sizeof(int32_t)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_dec_top_lps, (size_t)2 * MB * K_MAX_TOP * sizeof(float)));
+    for (int h = 0; h < 2; h++) {
+        CU_CHECK(r, cudaEventCreateWithFlags(&r->ev_in[h], cudaEventDisableTiming));
+        CU_CHECK(r, cudaEventCreateWithFlags(&r->ev_out[h], cudaEventDisableTiming));
+    }
     CU_CHECK(r, cudaMallocHost(&r->h_fs_par, (size_t)T * sizeof(k_sample_params)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_tok, (size_t)T * 4));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_lp, (size_t)T * 4));
@@ -487,6 +507,7 @@ static int alloc_work(cuda_runner *r) {
     memset(r->h_meta, 0, (size_t)META_N * T * 4);
     CU_CHECK(r, cudaMallocHost((void **)&r->h_bt, slots * r->max_blocks * sizeof(int32_t)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_len, slots * 2 * sizeof(int)));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_len_up, slots * 2 * sizeof(int32_t)));
     memset(r->h_bt, 0, slots * r->max_blocks * sizeof(int32_t));
     memset(r->h_len, 0, slots * 2 * sizeof(int));
     r->len_dirty = calloc(slots * 2, 1);
@@ -636,6 +657,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
     r->base.forward_masks = r->base.forward_samples;
     r->base.decode_masks = r->opts.world == 1;   /* split decode graphs (cuda_step.c) */
+    r->base.decode_async = r->opts.world == 1;   /* ranks of a group step together: no queue */
     /* logit adjustments and top logprobs in k_sample (one GPU: runner_sampling's lists are
      * pointers that a tensor-parallel group does not ship to its other ranks) */
     r->base.sample_adjusts = r->opts.world == 1;

@@ -328,7 +328,15 @@ fail:
 
 /* Decode-step buffers: in = tokens[MB] | slots[MB] | params[MB]; out = tok[MB] | lp[MB]. */
 static size_t dec_in_bytes(const cuda_runner *r) {
-    return (size_t)r->base.cfg.max_batch * (8 + sizeof(k_sample_params));
+    return (size_t)r->base.cfg.max_batch * (12 + sizeof(k_sample_params));
+}
+
+/* The decode inputs to the device (outside the graphs, which read d_dec_in). */
+static int put_dec_in(cuda_runner *r) {
+    CU_CHECK(r, cudaMemcpyAsync(r->d_dec_in, r->h_dec_in, dec_in_bytes(r), cudaMemcpyHostToDevice, r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
 }
 
 /* Splits per decode row so that B rows x KV heads x splits is about two waves; the
@@ -341,15 +349,15 @@ static int dec_splits_for(const cuda_runner *r, int B) {
     return n < 1 ? 1 : (int)n;
 }
 
-/* The decode step's first part: its inputs to the device, the pass, the logits of B rows. */
+/* The decode step's first part (its inputs already in d_dec_in): the tokens that come from
+ * the step before on the device (prev), the pass, the logits of B rows. */
 static int enqueue_decode_pass(cuda_runner *r, int B) {
     const int MB = r->base.cfg.max_batch;
     int32_t *in = r->d_dec_in;
     int32_t *tokens = in, *slots = in + MB;
-    cudaStream_t s = r->stream;
     int rc;
 
-    CU_CHECK(r, cudaMemcpyAsync(r->d_dec_in, r->h_dec_in, dec_in_bytes(r), cudaMemcpyHostToDevice, s));
+    K_CHECK(r, k_feed_prev(tokens, in + 2 * MB, r->d_dec_out, B, r->stream));
     cuda_pass p = {
         .which = RUNNER_TARGET, .n_tok = B, .n_rows = B, .tokens = tokens, .tok_slot = slots,
         .tok_j = r->d_zeros, .row_slot = slots, .row_tok_off = r->d_iota, .row_n_new = r->d_ones,
@@ -369,12 +377,13 @@ fail:
 
 /* Its second part: sampling (masked: grammar masks and sampling parameters from the
  * d_fs_* buffers the host fills after the pass is enqueued; else the parameters that came
- * with the inputs), lengths advanced, the dummy slot reset, the tokens back to the host. */
+ * with the inputs), lengths advanced, the dummy slot reset. The tokens go back to the host
+ * outside the graph (cuda_decode), each step into its half of h_dec_out. */
 static int enqueue_decode_tail(cuda_runner *r, int B, int masked) {
     const int MB = r->base.cfg.max_batch, vocab = r->m[0].c.vocab;
     int32_t *in = r->d_dec_in;
     int32_t *slots = in + MB;
-    const k_sample_params *sp = masked ? (const k_sample_params *)r->d_fs_par : (const k_sample_params *)(in + 2 * MB);
+    const k_sample_params *sp = masked ? (const k_sample_params *)r->d_fs_par : (const k_sample_params *)(in + 3 * MB);
     int32_t *out_tok = r->d_dec_out;
     float *out_lp = (float *)(out_tok + MB);
     cudaStream_t s = r->stream;
@@ -385,7 +394,6 @@ static int enqueue_decode_tail(cuda_runner *r, int B, int masked) {
     /* The captured store that resets the dummy slot after the advance: padding rows never
      * accumulate context, whatever a previous step or a bug left there. */
     CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * r->dummy, 0, 2 * sizeof(int32_t), s));
-    CU_CHECK(r, cudaMemcpyAsync(r->h_dec_out, r->d_dec_out, (size_t)MB * 8, cudaMemcpyDeviceToHost, s));
     return 0;
 fail:
     return SPECD_ECUDA;
@@ -400,18 +408,20 @@ int cuda_enqueue_decode(cuda_runner *r, int B) {
  * live rows' adjustments go to the device on the stream, ahead of the step). */
 static int fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B, int params, int *want_top) {
     const int MB = r->base.cfg.max_batch;
-    int32_t *tokens = r->h_dec_in, *slots = tokens + MB;
-    k_sample_params *sp = (k_sample_params *)(tokens + 2 * MB);
+    int32_t *tokens = r->h_dec_in, *slots = tokens + MB, *prev = tokens + 2 * MB;
+    k_sample_params *sp = (k_sample_params *)(tokens + 3 * MB);
     int n = b ? b->n : 0, rc;
     *want_top = 0;
     if (params && b && b->sp && (rc = cuda_sample_prepare(r, b->sp, n, sp, want_top))) return rc;
     for (int i = 0; i < B; i++) {
         if (i < n) {
-            tokens[i] = b->tokens[i];
+            prev[i] = b->prev_row ? b->prev_row[i] : -1;
+            tokens[i] = prev[i] >= 0 ? 0 : b->tokens[i];
             slots[i] = b->slots[i];
             if (!params || !b->sp) sp[i] = (k_sample_params){0};
         } else {
             tokens[i] = 0;
+            prev[i] = -1;
             slots[i] = r->dummy;
             sp[i] = (k_sample_params){0};
         }
@@ -438,7 +448,7 @@ int cuda_capture_graphs(cuda_runner *r, char *err, size_t errlen) {
         int no_top;
         if ((rc = fill_dec_in(r, NULL, B, 1, &no_top))) goto fail_rc;
         /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
-        if ((rc = cuda_enqueue_decode(r, B))) goto fail_rc;
+        if ((rc = put_dec_in(r)) || (rc = cuda_enqueue_decode(r, B))) goto fail_rc;
         if ((rc = cuda_step_sync(r))) goto fail_rc;
         CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
         rc = cuda_enqueue_decode(r, B);
@@ -499,7 +509,7 @@ static int decode_masked(cuda_runner *r, const runner_decode_batch *b, int gi, i
     int rc;
     *want_top = 0;
     if (gi >= 0 && !r->mgraphs[gi][1] && (rc = capture_masked(r, gi))) return rc;
-    if ((rc = fill_dec_in(r, b, B, 0, want_top))) return rc;
+    if ((rc = fill_dec_in(r, b, B, 0, want_top)) || (rc = put_dec_in(r))) return rc;
     if (gi >= 0) CU_CHECK(r, cudaGraphLaunch(r->mgraphs[gi][0], s));
     else if ((rc = enqueue_decode_pass(r, B))) return rc;
     if (b->prepare_sp && (rc = b->prepare_sp(b->prepare_ctx))) {
@@ -527,14 +537,56 @@ fail:
     return SPECD_ECUDA;
 }
 
+int cuda_dec_inputs_done(cuda_runner *r) {
+    if (r->n_dpend == 0) return 0;
+    const struct cuda_dec_pending *p = &r->dpend[(r->dpend_head + r->n_dpend - 1) & 1];
+    CU_CHECK(r, cudaEventSynchronize(r->ev_in[p->half]));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* The oldest queued decode's outputs into its batch's arrays. */
+int cuda_decode_wait(runner *base) {
+    cuda_runner *r = (cuda_runner *)base;
+    if (r->n_dpend == 0) return 0;
+    const struct cuda_dec_pending p = r->dpend[r->dpend_head];
+    r->dpend_head ^= 1;
+    r->n_dpend--;
+    if (r->failed) return SPECD_ECUDA;
+    CU_CHECK(r, cudaEventSynchronize(r->ev_out[p.half]));
+    const int MB = base->cfg.max_batch, n = p.b.n;
+    const int32_t *tok = (const int32_t *)r->h_dec_out + (size_t)p.half * 2 * MB;
+    const float *lp = (const float *)(tok + MB);
+    memcpy(p.b.out_tokens, tok, (size_t)n * sizeof(int32_t));
+    if (p.b.out_logprobs) memcpy(p.b.out_logprobs, lp, (size_t)n * sizeof(float));
+    if (p.want_top) {   /* K_MAX_TOP == RUNNER_MAX_TOP: the same row stride */
+        const size_t off = (size_t)p.half * MB * K_MAX_TOP, tk = (size_t)n * K_MAX_TOP;
+        memcpy(p.b.out_top_ids, r->h_dec_top_ids + off, tk * sizeof(int32_t));
+        memcpy(p.b.out_top_logprobs, r->h_dec_top_lps + off, tk * sizeof(float));
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* A decode step: its inputs (and the slot changes before it) to the device, the graph of
+ * the smallest captured size that holds its rows (or the eager pass), its outputs to its
+ * half of the host buffers. The length mirror advances now. Async: queued, completed by
+ * cuda_decode_wait; else waited for here. */
 int cuda_decode(runner *base, const runner_decode_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     const int MB = base->cfg.max_batch;
     if (r->failed) return SPECD_ECUDA;
     if (!b || b->n < 1 || b->n > MB || !b->slots || !b->tokens || !b->out_tokens) return SPECD_EINVAL;
+    if (b->async ? !base->decode_async || r->n_dpend == 2 : r->n_dpend != 0) return SPECD_ESTATE;
+    int masked = b->prepare_sp != NULL;
+    for (int i = 0; b->sp && i < b->n; i++) masked |= b->sp[i].mask != NULL;
+    if (masked && (b->async || b->prev_row)) return SPECD_EINVAL;
     for (int i = 0; i < b->n; i++) {
         int s = b->slots[i];
-        if (s < 0 || s >= MB || b->tokens[i] < 0 || b->tokens[i] >= r->m[0].c.vocab)
+        const int pr = b->prev_row ? b->prev_row[i] : -1;
+        if (s < 0 || s >= MB || pr >= MB || (pr < 0 && (b->tokens[i] < 0 || b->tokens[i] >= r->m[0].c.vocab)))
             return SPECD_EINVAL;
         if (r->h_len[s * 2] + 1 > base->cfg.max_seq_len) return SPECD_ERANGE;
         for (int k = 0; k < i; k++)
@@ -544,40 +596,43 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     int gi = -1;
     for (int i = 0; i < r->n_graphs; i++)
         if (r->graph_sizes[i] >= b->n) gi = i;
-    int B = gi >= 0 ? r->graph_sizes[gi] : b->n, want_top, rc, masked = b->prepare_sp != NULL;
-    if ((rc = cuda_upload_slots(r))) return rc;
-    for (int i = 0; b->sp && i < b->n; i++) masked |= b->sp[i].mask != NULL;
+    int B = gi >= 0 ? r->graph_sizes[gi] : b->n, want_top, rc;
+    cudaStream_t s = r->stream;
+    if ((rc = cuda_upload_slots(r))) return rc;   /* (after the last queued decode's inputs are in) */
+    const int half = r->dec_half;
     if (masked) {
         if (!base->decode_masks || !b->sp) return SPECD_EINVAL;
         if ((rc = decode_masked(r, b, gi, B, &want_top))) return rc;
     } else {
-        if ((rc = fill_dec_in(r, b, B, 1, &want_top))) return rc;
+        if ((rc = fill_dec_in(r, b, B, 1, &want_top)) || (rc = put_dec_in(r))) return rc;
+        CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));
         if (gi >= 0) {
-            CU_CHECK(r, cudaGraphLaunch(r->graphs[gi], r->stream));
+            CU_CHECK(r, cudaGraphLaunch(r->graphs[gi], s));
         } else if (cuda_enqueue_decode(r, B)) {
             goto fail;
         }
     }
     want_top = want_top && b->out_top_ids && b->out_top_logprobs;
-    const size_t tk = (size_t)b->n * K_MAX_TOP;
+    CU_CHECK(r, cudaMemcpyAsync((int32_t *)r->h_dec_out + (size_t)half * 2 * MB, r->d_dec_out, (size_t)MB * 8,
+                                cudaMemcpyDeviceToHost, s));
     if (want_top) {
-        CU_CHECK(r, cudaMemcpyAsync(r->h_top_ids, r->d_top_ids, tk * sizeof(int32_t), cudaMemcpyDeviceToHost, r->stream));
-        CU_CHECK(r, cudaMemcpyAsync(r->h_top_lps, r->d_top_lps, tk * sizeof(float), cudaMemcpyDeviceToHost, r->stream));
+        const size_t off = (size_t)half * MB * K_MAX_TOP, tk = (size_t)b->n * K_MAX_TOP;
+        CU_CHECK(r, cudaMemcpyAsync(r->h_dec_top_ids + off, r->d_top_ids, tk * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+        CU_CHECK(r, cudaMemcpyAsync(r->h_dec_top_lps + off, r->d_top_lps, tk * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
-    if ((rc = cuda_step_sync(r))) return rc;
-    const int32_t *tok = r->h_dec_out;
-    const float *lp = (const float *)(tok + MB);
-    for (int i = 0; i < b->n; i++) {
-        b->out_tokens[i] = tok[i];
-        if (b->out_logprobs) b->out_logprobs[i] = lp[i];
-        r->h_len[b->slots[i] * 2] += 1;
+    CU_CHECK(r, cudaEventRecord(r->ev_out[half], s));
+    if (masked) CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));   /* (never queued: not needed) */
+    r->dec_half ^= 1;
+    for (int i = 0; i < b->n; i++) r->h_len[b->slots[i] * 2] += 1;
+    r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;   /* as the captured reset does */
+    r->dpend[(r->dpend_head + r->n_dpend) & 1] = (struct cuda_dec_pending){.b = *b, .half = half, .want_top = want_top};
+    r->n_dpend++;
+    if (b->async) return 0;
+    if (r->opts.world > 1 && (rc = cuda_step_sync(r))) {   /* the group's collectives, watched */
+        r->n_dpend = 0;
+        return rc;
     }
-    r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;   /* as the captured reset did */
-    if (want_top) {   /* K_MAX_TOP == RUNNER_MAX_TOP: the same row stride */
-        memcpy(b->out_top_ids, r->h_top_ids, tk * sizeof(int32_t));
-        memcpy(b->out_top_logprobs, r->h_top_lps, tk * sizeof(float));
-    }
-    return 0;
+    return cuda_decode_wait(base);
 fail:
     return SPECD_ECUDA;
 }

@@ -4,8 +4,12 @@
 For each model: `specd bench` gives the engine's decode tok/s at each batch (128 prompt,
 128 generated tokens); then `specd serve` runs under scripts/bench.py (streaming, the
 same lengths, ignore_eos) at the same numbers of streams, for each server variant:
-  new      this build, default settings (overlapped steps, parallel output processing)
-  serial   this build with --overlap 0 --output-threads 1 (the old serving path's shape)
+  new      this build, default settings (overlapped steps, async scheduling, parallel
+           output processing)
+  sync     this build with --async-scheduling 0 (each step committed before the next is
+           queued); its engine figures are measured with the same setting
+  serial   this build with --overlap 0 --async-scheduling 0 --output-threads 1 (the old
+           serving path's shape)
   base     an earlier binary (--base-bin), when given; only for file models (--model)
   http8    this build with 8 HTTP threads instead of 4
   tokN     this build with --max-num-batched-tokens N (default 2048)
@@ -37,10 +41,10 @@ import serverproc  # noqa: E402
 DEVICE = "cuda"
 
 
-def engine_rates(bin_, model_args, batches, out, env=None):
+def engine_rates(bin_, model_args, batches, out, env=None, extra=()):
     cmd = [bin_, "bench", "--device", DEVICE, *model_args, "--batch", ",".join(map(str, batches)),
            "--prompt-len", "128", "--gen", "128", "--max-batch", str(max(batches)), "--max-seq-len", "512",
-           "--json"]
+           "--json", *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     with open(out, "w") as f:
         f.write(p.stdout + p.stderr)
@@ -147,8 +151,12 @@ def main():
             if variant == "hostsample":
                 env = dict(os.environ, SPECD_CUDA_NO_FORWARD_SAMPLING="1")
                 rates = engine_rates(a.bin, model_args, levels, os.path.join(a.out, f"engine_{name}_host.txt"), env)
+            if variant == "sync":
+                extra = ["--async-scheduling", "0"]
+                rates = engine_rates(a.bin, model_args, levels, os.path.join(a.out, f"engine_{name}_sync.txt"),
+                                     extra=extra)
             if variant == "serial":
-                extra = ["--overlap", "0", "--output-threads", "1"]
+                extra = ["--overlap", "0", "--async-scheduling", "0", "--output-threads", "1"]
             elif variant == "http8":
                 extra = ["--http-threads", "8"]
             elif variant.startswith("tok"):   # tokN: --max-num-batched-tokens N

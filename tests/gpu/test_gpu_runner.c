@@ -264,8 +264,11 @@ static void test_golden_phi3_tiny(void **s) { (void)s; run_golden("phi3-tiny"); 
 static void test_golden_qwen3moe_tiny(void **s) { (void)s; run_golden("qwen3moe-tiny"); }
 static void test_golden_mixtral_tiny(void **s) { (void)s; run_golden("mixtral-tiny"); }
 
-/* All prompts in one forward (6 rows), then a padded batched decode (6 rows -> graph 8). */
-static void run_batched(const char *name, int no_graphs) {
+/* All prompts in one forward (6 rows), then a padded batched decode (6 rows -> graph 8).
+ * async: each decode is queued while the one before is still pending, its rows in the
+ * other order and fed from the pending step's outputs on the device (prev_row; the host
+ * tokens it passes are invalid ids, so reading them would fail), waited one step late. */
+static void run_batched(const char *name, int no_graphs, int async) {
     fixture f;
     fixture_open(&f, name, no_graphs);
     golden *g = &f.g;
@@ -295,14 +298,43 @@ static void run_batched(const char *name, int no_graphs) {
         slots[p] = p;
     }
     int steps = g->n_greedy[0];
+    static int32_t aout[64][8];
+    static int order[64][8];
+    assert_true(steps <= 64);
     for (int j = 1; j < steps; j++) {
         int32_t in[8], out[8];
         runner_sampling sp[8] = {{0}};
+        if (async) {
+            int prev[8], sl[8];
+            for (int i = 0; i < n; i++) {
+                const int p = j % 2 ? i : n - 1 - i;
+                order[j][i] = sl[i] = p;
+                in[i] = j == 1 ? got[p][0] : -5;
+                prev[i] = -1;
+                for (int k = 0; j > 1 && k < n; k++)
+                    if (order[j - 1][k] == p) prev[i] = k;
+            }
+            runner_decode_batch d = {.n = n, .slots = sl, .tokens = in, .sp = sp, .out_tokens = aout[j],
+                                     .async = 1, .prev_row = j > 1 ? prev : NULL};
+            rc = f.r->ops->decode(f.r, &d);
+            if (rc) fail_msg("async decode: %d %s", rc, cuda_runner_error(f.r));
+            /* the mirror moves when a step is queued */
+            assert_int_equal(f.r->ops->slot_get_len(f.r, 0, RUNNER_TARGET), g->len[0] + j);
+            if (j == 1) continue;
+            if ((rc = f.r->ops->decode_wait(f.r))) fail_msg("decode_wait: %d %s", rc, cuda_runner_error(f.r));
+            for (int i = 0; i < n; i++) got[order[j - 1][i]][j - 1] = aout[j - 1][i];
+            continue;
+        }
         for (int p = 0; p < n; p++) in[p] = got[p][j - 1];
         runner_decode_batch d = {.n = n, .slots = slots, .tokens = in, .sp = sp, .out_tokens = out};
         rc = f.r->ops->decode(f.r, &d);
         if (rc) fail_msg("batched decode: %d %s", rc, cuda_runner_error(f.r));
         for (int p = 0; p < n; p++) got[p][j] = out[p];
+    }
+    if (async && steps > 1) {
+        if ((rc = f.r->ops->decode_wait(f.r))) fail_msg("decode_wait: %d %s", rc, cuda_runner_error(f.r));
+        for (int i = 0; i < n; i++) got[order[steps - 1][i]][steps - 1] = aout[steps - 1][i];
+        assert_int_equal(f.r->ops->decode_wait(f.r), 0);   /* nothing left */
     }
     int compared = 0;
     for (int p = 0; p < n; p++) {
@@ -311,8 +343,8 @@ static void run_batched(const char *name, int no_graphs) {
         assert_int_equal(dev_len(f.r, p, RUNNER_TARGET), g->len[p] + steps - 1);
     }
     assert_int_equal(dev_len(f.r, MAXB, RUNNER_TARGET), 0);
-    printf("    %-12s batched %s: max rel err %.3e, %d greedy steps compared\n", name,
-           no_graphs ? "eager" : "graph", worst, compared);
+    printf("    %-12s batched %s%s: max rel err %.3e, %d greedy steps compared\n", name,
+           no_graphs ? "eager" : "graph", async ? ", async" : "", worst, compared);
     assert_true(compared > 0);
     free(tokens);
     free(logits);
@@ -321,13 +353,15 @@ static void run_batched(const char *name, int no_graphs) {
 
 static void test_batched_padded_decode_matches_reference(void **s) {
     (void)s;
-    run_batched("llama-tiny", 0);
-    run_batched("qwen3-tiny", 0);
-    run_batched("qwen2-tiny", 1);
-    run_batched("gemma3-tiny", 0);
-    run_batched("mistral-swa-tiny", 1);
-    run_batched("qwen3moe-tiny", 0);   /* routing inside the captured graph, dummy rows included */
-    run_batched("mixtral-tiny", 1);
+    run_batched("llama-tiny", 0, 0);
+    run_batched("qwen3-tiny", 0, 0);
+    run_batched("qwen2-tiny", 1, 0);
+    run_batched("gemma3-tiny", 0, 0);
+    run_batched("mistral-swa-tiny", 1, 0);
+    run_batched("qwen3moe-tiny", 0, 0);   /* routing inside the captured graph, dummy rows included */
+    run_batched("mixtral-tiny", 1, 0);
+    run_batched("llama-tiny", 0, 1);      /* async decodes, graphs and eager */
+    run_batched("qwen3-tiny", 1, 1);
 }
 
 /* Sampling inside the forward pass (runner_batch.sp): all golden prompts in one eager

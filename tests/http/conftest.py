@@ -5,6 +5,7 @@ Environment:
   SPECD_FIXTURES  test fixtures (default: <repo>/../shared/fixtures)
   SPECD_TEST_MODEL     the text model (default: <repo>/models/SmolLM2-135M-Instruct.Q4_1.gguf);
                   tests that need it are skipped, saying so, only when the file is absent.
+  SPECD_TEST_DEVICE    the servers' --device (default cpu; cuda runs a test file on a GPU).
 """
 import json
 import os
@@ -22,6 +23,7 @@ BIN = os.environ.get("SPECD_BIN", os.path.join(REPO, "build", "specd"))
 FIXTURES = os.path.abspath(os.environ.get("SPECD_FIXTURES", os.path.join(REPO, "..", "shared", "fixtures")))
 TINY = os.path.join(FIXTURES, "models", "llama-tiny")
 SMOL = os.environ.get("SPECD_TEST_MODEL", os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+DEVICE = os.environ.get("SPECD_TEST_DEVICE", "cpu")
 
 
 def free_port():
@@ -38,7 +40,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/specd-http-{name}-{self.port}.log"
         self.log = open(self.log_path, "wb")
-        args = [BIN, "serve", "--model", model, "--port", str(self.port), "--device", "cpu",
+        args = [BIN, "serve", "--model", model, "--port", str(self.port), "--device", DEVICE,
                 "--max-seq-len", "1024", "--max-batch", "64", "--threads", "2", *extra]
         full_env = dict(os.environ)
         full_env.update(env or {})

@@ -1,7 +1,9 @@
-"""Overlapped steps and parallel output processing (--overlap, --output-threads) against the
-serial path: the same streamed bytes for many concurrent requests, nothing past a stop
-string / stop token / max_tokens ever reaching a client although the engine runs one step
-past a stop string, and the engine's KV back at its baseline afterwards."""
+"""Overlapped steps, async scheduling and parallel output processing (--overlap,
+--async-scheduling, --output-threads) against the serial path (one step at a time, each
+committed before the next is queued): the same streamed bytes for many concurrent requests,
+nothing past a stop string / stop token / max_tokens ever reaching a client although the
+engine runs a step past a stop string (and, with async scheduling, past a stop token),
+and the engine's KV back at its baseline afterwards."""
 import json
 
 from conftest import SMOL, concurrently, sse_events
@@ -65,9 +67,11 @@ def bodies():
 
 def test_overlap_and_parallel_output_stream_the_same_as_serial(server_factory):
     need_smol()
-    serial = server_factory(SMOL, "--overlap", "0", "--output-threads", "1", name="serial")
+    serial = server_factory(SMOL, "--overlap", "0", "--async-scheduling", "0", "--output-threads", "1",
+                            name="serial")
     base = serial.metric("kv_blocks_used")
     want = concurrently(lambda b: stream(serial, b), bodies())
+    serial_async = serial.metric("engine_async_steps_total")
     serial.stop()
     fast = server_factory(SMOL, "--overlap", "1", "--output-threads", "4", name="overlap")
     got = concurrently(lambda b: stream(fast, b), bodies())
@@ -80,6 +84,9 @@ def test_overlap_and_parallel_output_stream_the_same_as_serial(server_factory):
     assert wait_for(lambda: fast.metric("num_requests_running") == 0, 5)
     assert wait_for(lambda: fast.metric("kv_blocks_used") == base, 5)
     assert fast.metric("host_output_tokens_total") == sum(w[3]["completion_tokens"] for w in want)
+    # the serial server queued every step after committing the last; the default one did not
+    assert serial_async == 0
+    assert fast.metric("engine_async_steps_total") > 0
 
 
 def test_nothing_past_a_stop_string_reaches_the_client(server_factory):

@@ -986,9 +986,9 @@ static void test_spec_graph_self_draft_accepts_nearly_all(void **s) {
 
 /* ---- verify of outside drafts (cuda_spec.c's verify graphs) ------------------------------ */
 
-static runner *verify_open(model **t, golden *g) {
+static runner *verify_open(const char *name, model **t, golden *g) {
     char tp[1024], err[512];
-    snprintf(tp, sizeof tp, "%s/models/llama-tiny", fixtures());
+    snprintf(tp, sizeof tp, "%s/models/%s", fixtures(), name);
     *t = model_load(tp, err, sizeof err);
     if (!*t) fail_msg("model_load %s: %s", tp, err);
     runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
@@ -1000,18 +1000,20 @@ static runner *verify_open(model **t, golden *g) {
     assert_non_null(r->ops->verify);
     assert_null(r->ops->spec_step);
     assert_int_equal(r->verify_max_k, SPK);
-    golden_load("llama-tiny", g);
+    golden_load(name, g);
     return r;
 }
 
 /* Greedy: rows with 0..k drafts, some of them the plain decode's own tokens and some with
  * a wrong one, emit exactly the plain decode's tokens, as many as the drafts that match
- * plus one; padding rows leave the dummy slot at length 0. */
-static void test_verify_graph_greedy_equals_decode(void **s) {
-    (void)s;
+ * plus one; padding rows leave the dummy slot at length 0. llama-tiny (head dim 32)
+ * attends over a row's tokens as one item on the tiled kernel; qwen3-tiny (head dim 64,
+ * 2 query heads per KV head) as one item per token on the decode kernel (cuda_spec.c's
+ * attn_qt). */
+static void run_verify_greedy(const char *name) {
     model *t;
     golden g;
-    runner *r = verify_open(&t, &g);
+    runner *r = verify_open(name, &t, &g);
     const int32_t *p = g.prompt[5];
     int live[3] = {0, 2, 3}, twin[3] = {4, 5, 6}, plen[3] = {40, 33, 17};
     assert_true(g.len[5] >= 40);
@@ -1073,11 +1075,17 @@ static void test_verify_graph_greedy_equals_decode(void **s) {
         }
         steps++;
     }
-    printf("    llama-tiny, verify k=1..%d, 3 rows in a graph of 4: %d tokens = plain decode over %d steps "
-           "(%d of %d drafts accepted, as planted); dummy slot reset\n", SPK, emitted, steps, accepted, drafted);
+    printf("    %s, verify k=1..%d, 3 rows in a graph of 4: %d tokens = plain decode over %d steps "
+           "(%d of %d drafts accepted, as planted); dummy slot reset\n", name, SPK, emitted, steps, accepted, drafted);
     runner_destroy(r);
     model_free(t);
     golden_free(&g);
+}
+
+static void test_verify_graph_greedy_equals_decode(void **s) {
+    (void)s;
+    run_verify_greedy("llama-tiny");
+    run_verify_greedy("qwen3-tiny");
 }
 
 /* Sampled: one verify step from fresh prefixes against the host's point-mass acceptance
@@ -1087,7 +1095,7 @@ static void test_verify_graph_sampled_matches_host_acceptance(void **s) {
     (void)s;
     model *t;
     golden g;
-    runner *r = verify_open(&t, &g);
+    runner *r = verify_open("llama-tiny", &t, &g);
     const int V = t->cfg.vocab, K1 = SPK + 1;
     const int32_t *p = g.prompt[5];
     int live[3] = {0, 1, 2}, twin[3] = {4, 5, 6}, same = 0, total = 0, acc = 0;

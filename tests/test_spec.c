@@ -655,8 +655,10 @@ static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
  *      request left after five short ones speculates at once, k = 4, with a draft that is
  *      ~24 tokens behind, so that step must catch it up rather than take the runner's
  *      speculative step (which only re-feeds two tokens). */
+/* async: the cost table says the multi-row steps never pay, so they are queued in flight
+ * (async scheduling) while the draft falls behind. */
 static void lagging_draft_case(const prompts *p, const int *max_tokens, const spec_cost *cost, float acc_s,
-                               float acc_t) {
+                               float acc_t, int async) {
     engine *e = make_engine(NULL, 0, 8, 0);
     run_greedy_n(e, p, p->np, 8, max_tokens, &g_plain);
     engine_destroy(e);
@@ -673,15 +675,18 @@ static void lagging_draft_case(const prompts *p, const int *max_tokens, const sp
     assert_same_tokens(&g_plain, &g_tmp, p->np);
     engine_stats s;
     engine_get_stats(e, &s);
-    print_message("  draft == target under the cost model: %llu plain decode steps, %llu composed, %llu speculative; "
-                  "%llu of %llu decoding rows verified drafts, %ld of %ld drafts accepted\n",
-                  (unsigned long long)s.steps_device_decode, (unsigned long long)s.steps_composed,
+    print_message("  draft == target under the cost model: %llu plain decode steps (%llu queued in flight), %llu "
+                  "composed, %llu speculative; %llu of %llu decoding rows verified drafts, %ld of %ld drafts "
+                  "accepted\n", (unsigned long long)s.steps_device_decode, (unsigned long long)s.steps_async,
+                  (unsigned long long)s.steps_composed,
                   (unsigned long long)s.steps_runner_spec, (unsigned long long)s.spec_drafts,
                   (unsigned long long)s.spec_rows_decoding, g_tmp.accepted, g_tmp.drafted);
     assert_true(s.steps_device_decode >= 8);   /* the draft fell behind */
     assert_true(s.steps_runner_spec > 0);      /* and was caught up */
     assert_true(g_tmp.drafted >= 16);
     assert_int_equal(g_tmp.accepted, g_tmp.drafted);   /* every draft stands */
+    if (async) assert_true(s.steps_async > 0);
+    else assert_int_equal(s.steps_async, 0);   /* probes: a plain step may still speculate */
     engine_destroy(e);
 }
 
@@ -693,11 +698,11 @@ static void test_spec_lagging_draft_catches_up(void **st) {
     int mt[MAXP];
     for (int i = 0; i < MAXP; i++) mt[i] = 64;
     spec_cost probe = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 2.5e-3}, {1e-3, 2.5e-3}}};
-    lagging_draft_case(&p, mt, &probe, 0, 1);
+    lagging_draft_case(&p, mt, &probe, 0, 1, 0);
     for (int i = 0; i < p.np - 1; i++) mt[i] = 24;
     mt[p.np - 1] = 96;
     spec_cost alone = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.2e-3}, {1e-3, 10e-3}}};
-    lagging_draft_case(&p, mt, &alone, 1, 2);
+    lagging_draft_case(&p, mt, &alone, 1, 2, 1);
     free_prompts(&p);
 }
 

@@ -226,8 +226,9 @@ void engine_spec_plan(engine *e, int n);
 /* A verify of k drafts of r accepted `accepted`. */
 void engine_spec_observe(engine *e, req *r, int k, int accepted);
 /* Whether a step of n decoding rows drafts nothing, whatever its rows hold: no drafter,
- * or prompt lookup through the runner's verify op with more rows than that op takes
- * (engine_spec_plan then looks nothing up). */
+ * prompt lookup through the runner's verify op with more rows than that op takes
+ * (engine_spec_plan then looks nothing up), or a draft model whose step would not pay at
+ * this many rows even if every draft stood (the cost model). */
 int engine_spec_never(const engine *e, int n);
 /* Measure the cost model (creation, before any request: it times passes on free slots). */
 int engine_spec_measure(engine *e, char *err, size_t errlen);

@@ -80,7 +80,12 @@ static int ngram_verifies(const engine *e) {
 }
 
 int engine_spec_never(const engine *e, int n) {
-    return e->k == 0 || (ngram_verifies(e) && n > e->run->verify_max_rows);
+    if (e->k == 0 || (ngram_verifies(e) && n > e->run->verify_max_rows)) return 1;
+    if (e->drafter != ENGINE_DRAFTER_MODEL || e->cost.n_b == 0) return 0;
+    /* engine_spec_plan's test for a draft model: not even drafts that all stand would pay
+     * at this many rows (then it neither speculates nor probes) */
+    const double plain = n / spec_cost_step(&e->cost, n, 0);
+    return n * (1 + e->k) / spec_cost_step(&e->cost, n, n * e->k) <= plain;
 }
 
 /* Prompt lookup through the runner's verify op: every row is padded to the step's deepest

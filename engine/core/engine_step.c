@@ -898,6 +898,9 @@ static int finish_pending(engine *e, pend_step *q, engine_output *out) {
         const req *r = q->plan[i].r;
         q->res[i] = (row_result){.event = 1, .n = 1, .tok[0] = q->o.tok[i], .dev = i, .kv_cap = INT_MAX,
                                  .forced = ENGINE_RUNNING, .placed = r && r->pend_tok};
+        if (r && r->seq.slot >= 0 && e->drafter == ENGINE_DRAFTER_MODEL)   /* the draft stays behind,
+                                                                             * as in device_decode */
+            q->res[i].kv_cap = e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT);
     }
     commit_and_emit(e, n, q->plan, q->res, &q->o, out);
     return 0;

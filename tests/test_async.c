@@ -1,6 +1,7 @@
-/* Async scheduling (engine_config.sync_scheduling = 0, the default): a decode step is
- * queued before the engine commits the one in flight, its tokens fed from the runner's
- * last outputs, and a request that ends is known a step late. The same requests run with
+/* Async scheduling (engine_config.sync_scheduling = 0, the default): a decode step, or a
+ * step of prompt chunks beside decode rows (a forward sampling on the device), is queued
+ * before the engine commits the one in flight, its decode rows fed from the runner's last
+ * outputs, and a request that ends is known a step late. The same requests run with
  * it on and off must give the same tokens, logprobs and finish reasons: many at once,
  * admitted while others decode, greedy and seeded draws (the seed's counter and
  * min_tokens must count the token still in flight), eos stops at varied points, max_tokens
@@ -9,7 +10,7 @@
  * enough to preempt; and with prompt lookup configured, steps of more rows than the
  * verify op takes (they draft nothing) queued in flight. No token past a stop token or max_tokens may ever be reported, a
  * request reports at most once per engine_step, and the KV pool is back to empty at the
- * end. The CPU runner hands an async decode's outputs over only at decode_wait, so an
+ * end. The CPU runner hands an async op's outputs over only at wait_queued, so an
  * engine that read them early would see stale values here. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -175,18 +176,22 @@ static void test_async_equals_sync(void **s) {
         run_all(1, cases[c].max_batch, cases[c].kv, NREQ, 0, &sy);
         run_all(0, cases[c].max_batch, cases[c].kv, NREQ, 0, &as);
         assert_int_equal(sy.st.steps_async, 0);
-        assert_true(as.st.steps_async > 0);
+        assert_true(as.st.steps_async > as.st.steps_async_composed);   /* decode steps */
+        assert_true(as.st.steps_async_composed > 0);   /* and prompt chunks beside decode rows */
         int stops = 0, lengths = 0;
         compare(&as, &sy, NREQ, &stops, &lengths);
         assert_true(stops > 0 && lengths > 0);
         assert_int_equal(as.st.kv_blocks_used, 0);
         assert_int_equal(as.st.running + as.st.waiting, 0);
         if (cases[c].kv < (1u << 20)) assert_true(as.st.preemptions > 0);
-        printf("  max_batch %d, KV %zu KiB: %d stops on eos, %d at max_tokens, %d aborted, equal; async %llu of "
-               "%llu decode steps (sync run: %llu decode steps), %llu preemptions\n",
+        printf("  max_batch %d, KV %zu KiB: %d stops on eos, %d at max_tokens, %d aborted, equal; %llu steps queued "
+               "in flight (%llu of them with prompt chunks) of %llu decode and %llu composed (sync run: %llu and "
+               "%llu), %llu preemptions\n",
                cases[c].max_batch, cases[c].kv >> 10, stops, lengths, NREQ / 8,
-               (unsigned long long)as.st.steps_async, (unsigned long long)as.st.steps_device_decode,
-               (unsigned long long)sy.st.steps_device_decode, (unsigned long long)as.st.preemptions);
+               (unsigned long long)as.st.steps_async, (unsigned long long)as.st.steps_async_composed,
+               (unsigned long long)as.st.steps_device_decode, (unsigned long long)as.st.steps_composed,
+               (unsigned long long)sy.st.steps_device_decode, (unsigned long long)sy.st.steps_composed,
+               (unsigned long long)as.st.preemptions);
     }
 }
 

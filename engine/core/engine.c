@@ -261,7 +261,7 @@ static int alloc_buffers(engine *e) {
     e->hist = malloc((size_t)(e->cfg.max_seq_len + K + 1) * sizeof(int32_t));
     e->dec_slots = malloc((size_t)B * sizeof(int));
     e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
-    e->dec_prev = malloc((size_t)B * sizeof(int));
+    e->dec_prev = malloc((size_t)e->max_step_tokens * sizeof(int));
     int outs_ok = dec_outs_alloc(&e->dec, B) == 0;
     for (int i = 0; i < 2; i++) {
         e->pend[i].plan = malloc((size_t)B * sizeof *e->pend[i].plan);

@@ -171,8 +171,11 @@ typedef struct {
      * composed from forward passes (mixed batches), runner on-device decode */
     uint64_t steps_runner_spec, steps_runner_verify, steps_composed, steps_device_decode;
     uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
-    uint64_t steps_async;            /* decode steps queued while the one before was in flight
-                                      * (async scheduling; counted in steps_device_decode) */
+    uint64_t steps_async;            /* steps queued while the one before was in flight (async
+                                      * scheduling; counted in steps_device_decode or, prompt
+                                      * chunks with decode rows, in steps_composed) */
+    uint64_t steps_async_composed;   /* steps of prompt chunks queued in flight (a forward
+                                      * sampling on the device) */
     /* seconds engine_step spent running its steps (the runner's op; on the composed path
      * also the draft's picks and host sampling / acceptance) and in all of engine_step:
      * the difference is the engine's own host work (scheduling, planning, commit, emit) */

@@ -175,7 +175,8 @@ struct engine {
     int32_t *dec_tokens;
     dec_outs dec;                /* (max_batch) the decode op's sampled tokens, their
                                   * logprobs, top logprobs (max_batch, RUNNER_MAX_TOP) */
-    int *dec_prev;               /* (max_batch) runner_decode_batch.prev_row */
+    int *dec_prev;               /* (max_step_tokens) runner_decode_batch.prev_row, or
+                                  * runner_batch.prev_tok */
     pend_step pend[2];           /* async scheduling: the step in flight is pend[pend_cur]
                                   * (when its n > 0); the next one is queued in the other */
     int pend_cur;

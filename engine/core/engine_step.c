@@ -591,7 +591,7 @@ static int runner_verify(engine *e, int n) {
 void engine_step_drain(engine *e) {
     for (int q = 0; q < 2; q++)
         if (e->pend[q].n) {
-            e->run->ops->decode_wait(e->run);   /* a failed runner answers at once */
+            e->run->ops->wait_queued(e->run);   /* a failed runner answers at once */
             e->pend[q].n = 0;
         }
 }
@@ -797,15 +797,16 @@ static double step_now(void) {
 }
 
 /* ---- async scheduling -------------------------------------------------------------------
- * Where the runner pipelines decodes (runner.decode_async), a step whose rows all decode
- * and sample on the device with nothing the host must update between tokens (no grammar,
- * no penalties, no host sampling, no speculation possible: engine_spec_never) is queued
- * without waiting for it: it is
- * "in flight". The next engine_step first assumes every row of it goes on: each row's
- * position counts as computed and a placeholder stands for its token (pre_commit), unless
- * max_tokens or the context limit ends it with that token. Then the scheduler runs as
- * always. If the next step again qualifies, it is queued with those rows fed the tokens
- * the step in flight samples, on the device (runner_decode_batch.prev_row), and only then
+ * Where the runner pipelines its ops (runner.decode_async, forward_async), a step whose
+ * rows sample on the device with nothing the host must update between tokens (no grammar,
+ * no penalties, no host sampling, no speculation possible: async_kind) is queued without
+ * waiting for it, as the decode op when every row decodes, else as one forward that
+ * samples (prompt chunks beside decode rows): it is "in flight". The next engine_step
+ * first assumes every row of it goes on: each row's fed positions count as computed and a
+ * placeholder stands for the token it samples (pre_commit), unless max_tokens or the
+ * context limit ends it with that token. Then the scheduler runs as always. If the next
+ * step again qualifies, it is queued with those rows fed the tokens the step in flight
+ * samples, on the device (runner_decode_batch.prev_row, runner_batch.prev_tok), and only then
  * does the host wait for the step in flight and commit it (finish_pending); otherwise the
  * host waits and commits first, drops the rows that ended from the new step, and runs it
  * the usual way. So the host's scheduling and commit of one step overlap the GPU's work
@@ -825,39 +826,53 @@ void engine_step_forget(engine *e, const req *r) {
         if (e->plan[i].r == r) e->plan[i].r = NULL;
 }
 
-/* Whether the step planned in e->plan can be queued in flight. */
-static int async_ok(const engine *e, int n) {
-    if (e->cfg.sync_scheduling || !e->run->decode_async || !e->run->ops->decode_wait || n == 0 ||
-        !engine_spec_never(e, n))
-        return 0;
+enum { ASYNC_NONE = 0, ASYNC_DECODE, ASYNC_FORWARD };
+
+/* Whether the step planned in e->plan can be queued in flight, and as which op: the
+ * decode op when every row decodes, else a forward that samples on the device (prompt
+ * chunks beside decode rows). */
+static int async_kind(const engine *e, int n) {
+    const runner *run = e->run;
+    if (e->cfg.sync_scheduling || !run->ops->wait_queued || n == 0) return ASYNC_NONE;
+    int all_decode = 1;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
         /* penalties read the row's output counts, which the host has not seen yet */
-        if (!row_decodes(p) || needs_host_sampling(r, 1, 0, e->run->sample_adjusts) ||
-            r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f)
-            return 0;
+        if (needs_host_sampling(r, 1, 0, run->sample_adjusts) || r->sp.presence_penalty != 0 ||
+            r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f)
+            return ASYNC_NONE;
+        all_decode &= row_decodes(p);
     }
-    return 1;
+    if (all_decode) return run->decode_async && engine_spec_never(e, n) ? ASYNC_DECODE : ASYNC_NONE;
+    /* with prompt chunks: nothing speculates without a drafter, nor with prompt lookup
+     * verified by the runner's verify op (which takes decoding rows only); a draft model
+     * takes in the prompt chunks with the target (composed_step) */
+    const int no_spec = e->k == 0 || (e->drafter == ENGINE_DRAFTER_NGRAM && run->ops->verify);
+    return run->forward_async && run->forward_samples && no_spec && n <= e->cfg.max_batch ? ASYNC_FORWARD
+                                                                                          : ASYNC_NONE;
 }
 
-/* The step in flight is taken as done for the scheduler: its rows' positions computed,
- * a placeholder for each token unless that token ends the row (max_tokens, context). */
+/* The step in flight is taken as done for the scheduler: its rows' fed positions
+ * computed, a placeholder for each token it samples unless that token ends the row
+ * (max_tokens, context). */
 static void pre_commit(engine *e, const pend_step *q) {
     for (int i = 0; i < q->n; i++) {
-        req *r = q->plan[i].r;
+        const row_plan *p = &q->plan[i];
+        req *r = p->r;
         if (!r) continue;
         sched_seq *s = &r->seq;
-        s->n_computed++;
-        if (r->n_out + 1 < r->max_new && s->n_tokens + 1 < e->cfg.max_seq_len) {
+        s->n_computed += p->n_new;
+        if (p->target_logits && r->n_out + 1 < r->max_new && s->n_tokens + 1 < e->cfg.max_seq_len) {
             s->tokens[s->n_tokens++] = TOKEN_PENDING;
             r->pend_tok = 1;
+            r->pend_row = p->logits_off;
         }
     }
 }
 
 /* Queue the planned decode step (slots synced) in flight into q. */
-static int launch_async(engine *e, int n, pend_step *q) {
+static int launch_decode(engine *e, int n, pend_step *q) {
     int any_prev = 0;
     for (int i = 0; i < n; i++) {
         req *r = e->plan[i].r;
@@ -868,8 +883,7 @@ static int launch_async(engine *e, int n, pend_step *q) {
         e->dec_slots[i] = s->slot;
         e->dec_tokens[i] = prev >= 0 ? 0 : s->tokens[s->n_computed];
         e->dec_sp[i] = device_sampling(r, r->pend_tok);
-        q->plan[i].r = r;
-        r->pend_row = i;
+        q->plan[i] = (row_plan){.r = r, .n_new = 1, .target_logits = 1, .logits_off = i};
         r->decode_steps++;
     }
     e->st.spec_rows_decoding += (uint64_t)n;   /* as engine_spec_plan counts a plain step */
@@ -886,18 +900,72 @@ static int launch_async(engine *e, int n, pend_step *q) {
     return 0;
 }
 
+/* Queue the planned step of prompt chunks and decode rows (slots synced) in flight into
+ * q: one forward that samples on the device, as composed_step runs it. */
+static int launch_forward(engine *e, int n, pend_step *q) {
+    int nt = 0, no = 0, nd = 0, any_prev = 0;
+    for (int i = 0; i < n; i++) {
+        row_plan *p = &e->plan[i];
+        req *r = p->r;
+        const sched_seq *s = &r->seq;
+        const int samples = s->n_computed + p->n_new == s->n_tokens;
+        e->rows[i] = (runner_row){.slot = s->slot, .tok_off = nt, .n_new = p->n_new, .n_logits = samples,
+                                  .logits_off = no};
+        memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
+        for (int t = 0; t < p->n_new; t++) e->dec_prev[nt + t] = -1;
+        if (r->pend_tok) {   /* a decode row fed the token the step in flight samples */
+            e->dec_prev[nt] = r->pend_row;
+            e->tokens[nt] = 0;
+            any_prev = 1;
+        }
+        p->target_logits = samples;
+        p->logits_off = no;
+        if (samples) e->dec_sp[no] = device_sampling(r, r->pend_tok);
+        if (row_decodes(p)) {
+            r->decode_steps++;
+            nd++;
+        }
+        q->plan[i] = *p;
+        no += samples;
+        nt += p->n_new;
+    }
+    if (nd) {   /* as engine_spec_plan counts a step with decoding rows */
+        e->st.spec_rows_decoding += (uint64_t)nd;
+        e->st.spec_steps_decoding++;
+    }
+    runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens, .n_tokens = nt,
+                       .logits = e->logits, .sp = e->dec_sp, .out_tokens = q->o.tok, .out_logprobs = q->o.lp,
+                       .out_top_ids = q->o.top_ids, .out_top_logprobs = q->o.top_lp, .async = 1,
+                       .prev_tok = any_prev ? e->dec_prev : NULL};
+    const double t = step_now();
+    int rc = runner_forward(e->run, &tb);
+    e->st.run_seconds += step_now() - t;
+    if (rc) return rc;
+    e->st.steps_composed++;
+    e->st.steps_forward_sampled++;
+    e->st.steps_async_composed++;
+    q->n = n;
+    return 0;
+}
+
+static int launch_async(engine *e, int kind, int n, pend_step *q) {
+    return kind == ASYNC_DECODE ? launch_decode(e, n, q) : launch_forward(e, n, q);
+}
+
 /* Wait for the step in flight and commit it. */
 static int finish_pending(engine *e, pend_step *q, engine_output *out) {
     const double t = step_now();
-    int rc = e->run->ops->decode_wait(e->run);
+    int rc = e->run->ops->wait_queued(e->run);
     e->st.run_seconds += step_now() - t;
     const int n = q->n;
     q->n = 0;
     if (rc) return rc;
     for (int i = 0; i < n; i++) {
-        const req *r = q->plan[i].r;
-        q->res[i] = (row_result){.event = 1, .n = 1, .tok[0] = q->o.tok[i], .dev = i, .kv_cap = INT_MAX,
-                                 .forced = ENGINE_RUNNING, .placed = r && r->pend_tok};
+        const row_plan *p = &q->plan[i];
+        const req *r = p->r;
+        q->res[i] = (row_result){.event = p->target_logits, .n = p->target_logits, .dev = p->logits_off,
+                                 .kv_cap = INT_MAX, .forced = ENGINE_RUNNING, .placed = r && r->pend_tok};
+        q->res[i].tok[0] = q->o.tok[p->logits_off];
         if (r && r->seq.slot >= 0 && e->drafter == ENGINE_DRAFTER_MODEL)   /* the draft stays behind,
                                                                              * as in device_decode */
             q->res[i].kv_cap = e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT);
@@ -930,7 +998,8 @@ static int sync_rows(engine *e, int n, engine_output *out) {
 static int run_step(engine *e, int n, engine_output *out) {
     int rc = sync_rows(e, n, out);
     if (rc) return rc;
-    if (async_ok(e, n)) return launch_async(e, n, &e->pend[e->pend_cur]);
+    const int kind = async_kind(e, n);
+    if (kind) return launch_async(e, kind, n, &e->pend[e->pend_cur]);
     e->step_verify = runner_verify_possible(e, n);
     engine_spec_plan(e, n);
     for (int i = 0; i < n; i++)
@@ -1004,8 +1073,9 @@ static int engine_step_timed(engine *e, engine_output *out) {
     }
     e->n_plan = n;
     if (fl) {
-        if (async_ok(e, n)) {   /* queue the next step, then commit the one in flight */
-            if ((rc = sync_rows(e, n, out)) || (rc = launch_async(e, n, &e->pend[e->pend_cur ^ 1]))) goto fail;
+        const int kind = async_kind(e, n);
+        if (kind) {   /* queue the next step, then commit the one in flight */
+            if ((rc = sync_rows(e, n, out)) || (rc = launch_async(e, kind, n, &e->pend[e->pend_cur ^ 1]))) goto fail;
             e->st.steps_async++;
             e->pend_cur ^= 1;
             if ((rc = finish_pending(e, fl, out))) goto fail;

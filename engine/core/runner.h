@@ -127,11 +127,11 @@ typedef struct {
     void *prepare_ctx;
     /* Pipelining, where runner.decode_async (never with prepare_sp or masks):
      * async: the op returns once the step is queued; its outputs reach the out_* arrays
-     *   above (which must stay valid until then) at a later decode_wait. At most two
-     *   decodes are pending, and no other op runs while one is.
-     * prev_row (may be NULL): prev_row[i] >= 0 feeds row i the token that the decode op
-     *   queued just before this one sampled into its row prev_row[i] (that op may still be
-     *   pending: the token never travels through the host); tokens[i] is then not read. */
+     *   above (which must stay valid until then) at a later wait_queued. At most two
+     *   ops (decode or forward) are pending, and no op runs without async while one is.
+     * prev_row (may be NULL): prev_row[i] >= 0 feeds row i the token that the op queued
+     *   just before this one sampled into its output row prev_row[i] (that op may still
+     *   be pending: the token never travels through the host); tokens[i] is not read. */
     int async;
     const int *prev_row;
 } runner_decode_batch;
@@ -212,6 +212,12 @@ typedef struct {
      * grammar masks here. */
     int (*prepare_sp)(void *ctx);
     void *prepare_ctx;
+    /* Pipelining, where runner.forward_async, with sp (no prepare_sp, no masks, at most
+     * max_batch logits rows): async and prev_tok as runner_decode_batch's async and
+     * prev_row, per token (prev_tok[t] >= 0: token t is the one the op queued just before
+     * sampled into its output row prev_tok[t]). */
+    int async;
+    const int *prev_tok;
 } runner_batch;
 
 typedef struct runner runner;
@@ -237,9 +243,9 @@ typedef struct {
     /* Optional fast paths (NULL when not implemented; the engine then composes them
      * from forward + host sampling). */
     int (*decode)(runner *r, const runner_decode_batch *b);
-    /* Where runner.decode_async: complete the oldest pending async decode (its outputs
-     * into the arrays of its batch). 0 when it succeeded or none is pending. */
-    int (*decode_wait)(runner *r);
+    /* Where runner.decode_async: complete the oldest pending async op (its outputs into
+     * the arrays of its batch). 0 when it succeeded or none is pending. */
+    int (*wait_queued)(runner *r);
     int (*spec_step)(runner *r, const runner_spec_batch *b);
     int (*verify)(runner *r, const runner_verify_batch *b);
     /* Optional, callable from any thread: a peer rank of a tensor-parallel group died, so
@@ -261,6 +267,7 @@ struct runner {
                               * runner_sampling's logit adjustments and n_top */
     int verify_max_k, verify_max_rows;   /* limits of ops.verify (set by the runner) */
     int decode_async;        /* decode() takes runner_decode_batch.async and prev_row */
+    int forward_async;       /* forward() takes runner_batch.async and prev_tok */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }

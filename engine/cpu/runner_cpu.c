@@ -101,11 +101,12 @@ typedef struct {
     float *fs_raw;          /* (vocab) its raw logits, for the chosen token's logprob */
     runner_row *dec_rows;   /* (max_batch) decode op, allocated on its first call */
     float *dec_logits;      /* (max_batch, vocab) its logits (scratch) */
-    int32_t *dec_fed;       /* (max_batch) the tokens it feeds (prev_row resolved) */
-    int32_t *dec_last;      /* (max_batch) the tokens the latest decode sampled */
-    /* Async decodes (runner.decode_async): computed when queued, into these, and handed
-     * over at decode_wait, oldest first; so an engine that read its outputs before the
-     * wait would read stale values and fail its tests. */
+    int32_t *dec_fed;       /* (max_tokens_per_step) the tokens an op feeds (prev resolved) */
+    int32_t *dec_last;      /* (max_batch) the tokens the latest sampling op (decode, or
+                             * forward with sp) drew, by output row */
+    /* Async ops (runner.decode_async, forward_async): computed when queued, into these,
+     * and handed over at wait_queued, oldest first; so an engine that read its outputs
+     * before the wait would read stale values and fail its tests. */
     struct cpu_pending {
         runner_decode_batch b;   /* the caller's arrays */
         int32_t *tok, *top_ids;
@@ -688,7 +689,7 @@ static int alloc_decode_bufs(cpu_runner *r) {
     const size_t MB = (size_t)r->base.cfg.max_batch, T = MB * RUNNER_MAX_TOP;
     r->dec_rows = malloc(MB * sizeof *r->dec_rows);
     r->dec_logits = malloc(MB * (size_t)r->base.vocab * sizeof(float));
-    r->dec_fed = malloc(MB * sizeof(int32_t));
+    r->dec_fed = malloc((size_t)r->base.cfg.max_tokens_per_step * sizeof(int32_t));
     r->dec_last = calloc(MB, sizeof(int32_t));
     int ok = r->dec_rows && r->dec_logits && r->dec_fed && r->dec_last;
     for (int q = 0; q < 2; q++) {
@@ -703,8 +704,8 @@ static int alloc_decode_bufs(cpu_runner *r) {
     return ok ? 0 : SPECD_ENOMEM;
 }
 
-/* Hand the oldest pending decode's outputs to its batch's arrays. */
-static int cpu_decode_wait(runner *base) {
+/* Hand the oldest pending op's outputs to its batch's arrays. */
+static int cpu_wait_queued(runner *base) {
     cpu_runner *r = (cpu_runner *)base;
     if (r->n_pend == 0) return 0;
     struct cpu_pending *p = &r->pend[r->pend_head];
@@ -724,7 +725,7 @@ static int cpu_decode_wait(runner *base) {
 /* The decode op (runner.h): one forward pass of n one-token rows that samples where the
  * logits are, as forward() with sp does; so the engine's device-decode path runs on the
  * CPU too. Its buffers are allocated on the first call. An async decode is computed at
- * once and handed over at decode_wait. */
+ * once and handed over at wait_queued. */
 static int cpu_decode(runner *base, const runner_decode_batch *db) {
     cpu_runner *r = (cpu_runner *)base;
     const int MB = base->cfg.max_batch;
@@ -753,6 +754,60 @@ static int cpu_decode(runner *base, const runner_decode_batch *db) {
     memcpy(r->dec_last, b.out_tokens, (size_t)db->n * sizeof(int32_t));
     if (p) {
         p->b = *db;
+        r->n_pend++;
+    }
+    return 0;
+}
+
+/* The forward op: cpu_forward, plus what the engine's async scheduling asks of it
+ * (runner.forward_async): tokens fed from the last sampling op's outputs (prev_tok), and
+ * a queued forward's outputs handed over at wait_queued. */
+static int cpu_forward_op(runner *base, const runner_batch *b) {
+    cpu_runner *r = (cpu_runner *)base;
+    const int MB = base->cfg.max_batch;
+    if (!b) return SPECD_EINVAL;
+    if (r->n_pend && !b->async) return SPECD_ESTATE;
+    int n_out = 0;
+    for (int i = 0; i < b->n_rows; i++)
+        if (b->rows[i].n_logits && b->rows[i].logits_off + b->rows[i].n_logits > n_out)
+            n_out = b->rows[i].logits_off + b->rows[i].n_logits;
+    if (!b->async && !b->prev_tok) {
+        int rc = cpu_forward(base, b);
+        if (rc == 0 && b->sp && b->out_tokens) {   /* what a next op's prev_tok / prev_row reads */
+            if (!r->dec_rows && alloc_decode_bufs(r)) return SPECD_ENOMEM;
+            memcpy(r->dec_last, b->out_tokens, (size_t)(n_out < MB ? n_out : MB) * sizeof(int32_t));
+        }
+        return rc;
+    }
+    if (!b->sp || !b->out_tokens || b->prepare_sp || n_out > MB || r->n_pend == 2 || b->n_tokens < 0 ||
+        b->n_tokens > base->cfg.max_tokens_per_step)
+        return SPECD_EINVAL;
+    if (!r->dec_rows && alloc_decode_bufs(r)) return SPECD_ENOMEM;
+    for (int o = 0; o < n_out; o++)
+        if (b->sp[o].mask) return SPECD_EINVAL;
+    for (int t = 0; t < b->n_tokens; t++) {
+        const int pr = b->prev_tok ? b->prev_tok[t] : -1;
+        if (pr >= MB) return SPECD_EINVAL;
+        r->dec_fed[t] = pr >= 0 ? r->dec_last[pr] : b->tokens[t];
+    }
+    struct cpu_pending *p = b->async ? &r->pend[(r->pend_head + r->n_pend) & 1] : NULL;
+    const int tops = b->out_top_ids && b->out_top_logprobs;
+    runner_batch fb = *b;
+    fb.tokens = r->dec_fed;
+    fb.async = 0;
+    fb.prev_tok = NULL;
+    if (p) {
+        fb.out_tokens = p->tok;
+        fb.out_logprobs = b->out_logprobs ? p->lp : NULL;
+        fb.out_top_ids = tops ? p->top_ids : NULL;
+        fb.out_top_logprobs = tops ? p->top_lp : NULL;
+    }
+    int rc = cpu_forward(base, &fb);
+    if (rc) return rc;
+    memcpy(r->dec_last, fb.out_tokens, (size_t)n_out * sizeof(int32_t));
+    if (p) {
+        p->b = (runner_decode_batch){.n = n_out, .out_tokens = b->out_tokens, .out_logprobs = b->out_logprobs,
+                                     .out_top_ids = b->out_top_ids, .out_top_logprobs = b->out_top_logprobs};
         r->n_pend++;
     }
     return 0;
@@ -976,13 +1031,13 @@ static void cpu_destroy(runner *base) {
 
 static const runner_ops cpu_ops = {
     .name = "cpu",
-    .forward = cpu_forward,
+    .forward = cpu_forward_op,
     .slot_write_blocks = cpu_slot_write_blocks,
     .slot_set_len = cpu_slot_set_len,
     .slot_get_len = cpu_slot_get_len,
     .copy_block = cpu_copy_block,
     .decode = cpu_decode,
-    .decode_wait = cpu_decode_wait,
+    .wait_queued = cpu_wait_queued,
     .spec_step = cpu_spec_step,
     .destroy = cpu_destroy,
 };
@@ -1114,6 +1169,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->base.forward_masks = r->base.forward_samples;
     r->base.decode_masks = r->base.forward_masks;   /* the decode op is a forward */
     r->base.decode_async = 1;
+    r->base.forward_async = r->base.forward_samples;
     /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
     r->base.sample_adjusts = cfg->tp_world <= 1;
     if (draft && cfg->num_draft_tokens > 0) {

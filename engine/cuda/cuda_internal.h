@@ -81,7 +81,7 @@ typedef struct {
 
 /* Offsets (in int32 units) of the per-pass metadata inside meta buffers of T entries. */
 enum { META_TOKENS, META_TOK_SLOT, META_TOK_J, META_ROW_SLOT, META_ROW_TOK_OFF,
-       META_ROW_N_NEW, META_ITEM_ROW, META_ITEM_Q0, META_LOGIT_ROWS, META_N };
+       META_ROW_N_NEW, META_ITEM_ROW, META_ITEM_Q0, META_LOGIT_ROWS, META_PREV, META_N };
 
 /* Every switch of the CUDA runner, read from the environment once at creation
  * (cuda_tuning_read) and passed down from here; the kernels' part goes to k_set_tuning.
@@ -321,6 +321,6 @@ int cuda_step_sync(cuda_runner *r);
 int cuda_upload_slots(cuda_runner *r);
 /* The latest queued decode's inputs are on the device (0 at once when none is pending). */
 int cuda_dec_inputs_done(cuda_runner *r);
-int cuda_decode_wait(runner *base);
+int cuda_wait_queued(runner *base);
 
 #endif

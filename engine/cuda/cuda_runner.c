@@ -61,9 +61,17 @@ static int check_batch(cuda_runner *r, const runner_batch *b) {
     return 0;
 }
 
+/* A forward pass over the batch's rows. Async (runner.forward_async, for the engine's
+ * async scheduling): the sampling inputs go to the device before the pass, the tokens of
+ * prev_tok are fed from the last queued op's outputs (d_dec_out) on the device, and the
+ * outputs come back as a decode step's do (its half of h_dec_out, cuda_wait_queued). */
 static int cuda_forward(runner *base, const runner_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->failed) return SPECD_ECUDA;
+    const int MB = base->cfg.max_batch;
+    if (b->async || b->prev_tok ? !base->forward_async || !b->sp || !b->out_tokens || b->prepare_sp || r->n_dpend == 2
+                                : r->n_dpend != 0)
+        return b->async || b->prev_tok ? SPECD_EINVAL : SPECD_ESTATE;
     int rc = check_batch(r, b);
     if (rc || (rc = cuda_upload_slots(r))) return rc;
     const int T = r->T, which = b->which, vocab = r->m[which].c.vocab;
@@ -75,6 +83,11 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     int32_t *item_q0 = hm + META_ITEM_Q0 * T, *lrows = hm + META_LOGIT_ROWS * T;
 
     memcpy(hm + META_TOKENS * T, b->tokens, (size_t)b->n_tokens * sizeof(int32_t));
+    if (b->prev_tok) {
+        for (int t = 0; t < b->n_tokens; t++)
+            if (b->prev_tok[t] >= MB) return SPECD_EINVAL;
+        memcpy(hm + META_PREV * T, b->prev_tok, (size_t)b->n_tokens * sizeof(int32_t));
+    }
     /* Tokens no row claims go to the dummy slot (null block), never to a live one. */
     for (int t = 0; t < b->n_tokens; t++) {
         tok_slot[t] = r->dummy;
@@ -130,9 +143,22 @@ static int cuda_forward(runner *base, const runner_batch *b) {
 
     cudaStream_t s = r->stream;
     int want_top = 0;   /* a sampled row wants top logprobs */
+    const int async = b->async, half = r->dec_half;
+    k_sample_params *par = r->h_fs_par;
+    if (async) {   /* every input before the pass: the next op may write the staging then */
+        if (n_out > MB) return SPECD_EINVAL;
+        for (int o = 0; o < n_out; o++)
+            if (b->sp[o].mask) return SPECD_EINVAL;
+        if ((rc = cuda_sample_prepare(r, b->sp, n_out, par, &want_top))) return rc;
+        want_top = want_top && b->out_top_ids && b->out_top_logprobs;
+        if (n_out) CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)n_out * sizeof *par, cudaMemcpyHostToDevice, s));
+    }
     CU_CHECK(r, cudaMemcpyAsync(r->d_meta, hm, (size_t)META_N * T * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, s));
     const int32_t *dm = r->d_meta;
+    if (async) CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));
+    if (b->prev_tok && b->n_tokens > 0)
+        K_CHECK(r, k_feed_prev((int32_t *)dm + META_TOKENS * T, dm + META_PREV * T, r->d_dec_out, b->n_tokens, s));
     if (nr > 0) {
         cuda_pass p = {
             .which = which, .n_tok = b->n_tokens, .n_rows = nr, .tokens = dm + META_TOKENS * T,
@@ -143,10 +169,9 @@ static int cuda_forward(runner *base, const runner_batch *b) {
             .split_len = split_len,
         };
         if ((rc = cuda_enqueue_pass(r, &p))) return rc == SPECD_EUNSUPPORTED ? rc : SPECD_ECUDA;
-        k_sample_params *par = r->h_fs_par;
         int masked = 0;
         const size_t mw = ((size_t)vocab + 31) / 32;
-        if (b->sp) {   /* sample on the device: only token ids (and wanted top logprobs) come back */
+        if (b->sp && !async) {   /* sample on the device: only token ids (and wanted top logprobs) come back */
             /* the caller's work on sp (grammar masks) runs while the device runs the pass */
             if (b->prepare_sp && (rc = b->prepare_sp(b->prepare_ctx))) {
                 cudaStreamSynchronize(s);   /* the pass may still write; nothing is read back */
@@ -179,11 +204,24 @@ static int cuda_forward(runner *base, const runner_batch *b) {
                 CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
                                             (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
         }
-        if (b->sp && n_out) {
+        if (async && n_out) {   /* where the next op's prev reads, and this step's half of h_dec_out */
+            int32_t *dout = r->d_dec_out;
+            CU_CHECK(r, cudaMemcpyAsync(dout, r->d_fs_tok, (size_t)n_out * 4, cudaMemcpyDeviceToDevice, s));
+            CU_CHECK(r, cudaMemcpyAsync(dout + MB, r->d_fs_lp, (size_t)n_out * 4, cudaMemcpyDeviceToDevice, s));
+            CU_CHECK(r, cudaMemcpyAsync((int32_t *)r->h_dec_out + (size_t)half * 2 * MB, dout, (size_t)MB * 8,
+                                        cudaMemcpyDeviceToHost, s));
+            if (want_top) {
+                const size_t off = (size_t)half * MB * K_MAX_TOP, tk = (size_t)n_out * K_MAX_TOP;
+                CU_CHECK(r, cudaMemcpyAsync(r->h_dec_top_ids + off, r->d_top_ids, tk * sizeof(int32_t),
+                                            cudaMemcpyDeviceToHost, s));
+                CU_CHECK(r, cudaMemcpyAsync(r->h_dec_top_lps + off, r->d_top_lps, tk * sizeof(float),
+                                            cudaMemcpyDeviceToHost, s));
+            }
+        } else if (b->sp && n_out) {
             CU_CHECK(r, cudaMemcpyAsync(r->h_fs_tok, r->d_fs_tok, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
             CU_CHECK(r, cudaMemcpyAsync(r->h_fs_lp, r->d_fs_lp, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
         }
-        if (want_top) {
+        if (want_top && !async) {
             const size_t tk = (size_t)n_out * K_MAX_TOP;
             CU_CHECK(r, cudaMemcpyAsync(r->h_top_ids, r->d_top_ids, tk * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
             CU_CHECK(r, cudaMemcpyAsync(r->h_top_lps, r->d_top_lps, tk * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -191,6 +229,19 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         K_CHECK(r, k_advance_lens(r->d_lens, dm + META_ROW_SLOT * T, dm + META_ROW_N_NEW * T, nr,
                                   which, r->dummy, s));
         CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * r->dummy, 0, 2 * sizeof(int32_t), s));
+    }
+    if (async) {   /* queued: the mirror moves now, the outputs at cuda_wait_queued */
+        CU_CHECK(r, cudaEventRecord(r->ev_out[half], s));
+        r->dec_half ^= 1;
+        for (int i = 0; i < nr; i++)
+            if (row_slot[i] != r->dummy) r->h_len[row_slot[i] * 2 + which] += row_n[i];
+        r->h_len[r->dummy * 2] = r->h_len[r->dummy * 2 + 1] = 0;
+        r->dpend[(r->dpend_head + r->n_dpend) & 1] = (struct cuda_dec_pending){
+            .b = {.n = nr > 0 ? n_out : 0, .out_tokens = b->out_tokens, .out_logprobs = b->out_logprobs,
+                  .out_top_ids = b->out_top_ids, .out_top_logprobs = b->out_top_logprobs},
+            .half = half, .want_top = want_top};
+        r->n_dpend++;
+        return 0;
     }
     int rc_sync = cuda_step_sync(r);
     if (rc_sync) return rc_sync;
@@ -413,7 +464,7 @@ static const runner_ops cuda_ops = {
     .slot_get_len = cuda_slot_get_len,
     .copy_block = cuda_copy_block,
     .decode = cuda_decode,
-    .decode_wait = cuda_decode_wait,
+    .wait_queued = cuda_wait_queued,
     .abort_group = cuda_abort_group,
     .destroy = cuda_destroy,
 };
@@ -658,6 +709,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->base.forward_masks = r->base.forward_samples;
     r->base.decode_masks = r->opts.world == 1;   /* split decode graphs (cuda_step.c) */
     r->base.decode_async = r->opts.world == 1;   /* ranks of a group step together: no queue */
+    r->base.forward_async = r->opts.world == 1;
     /* logit adjustments and top logprobs in k_sample (one GPU: runner_sampling's lists are
      * pointers that a tensor-parallel group does not ship to its other ranks) */
     r->base.sample_adjusts = r->opts.world == 1;

@@ -547,7 +547,7 @@ fail:
 }
 
 /* The oldest queued decode's outputs into its batch's arrays. */
-int cuda_decode_wait(runner *base) {
+int cuda_wait_queued(runner *base) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->n_dpend == 0) return 0;
     const struct cuda_dec_pending p = r->dpend[r->dpend_head];
@@ -573,7 +573,7 @@ fail:
 /* A decode step: its inputs (and the slot changes before it) to the device, the graph of
  * the smallest captured size that holds its rows (or the eager pass), its outputs to its
  * half of the host buffers. The length mirror advances now. Async: queued, completed by
- * cuda_decode_wait; else waited for here. */
+ * cuda_wait_queued; else waited for here. */
 int cuda_decode(runner *base, const runner_decode_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     const int MB = base->cfg.max_batch;
@@ -632,7 +632,7 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
         r->n_dpend = 0;
         return rc;
     }
-    return cuda_decode_wait(base);
+    return cuda_wait_queued(base);
 fail:
     return SPECD_ECUDA;
 }

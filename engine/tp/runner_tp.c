@@ -213,7 +213,7 @@ runner *runner_tp_wrap(runner *local, tp_comm *t, char *err, size_t errlen) {
     };
     r->base = *local;
     r->base.ops = &r->ops;
-    r->base.decode_async = 0;   /* the ranks take their inputs from the host each step */
+    r->base.decode_async = r->base.forward_async = 0;   /* the ranks take their inputs from the host */
     r->local = local;
     r->t = t;
     return &r->base;

@@ -321,7 +321,7 @@ static void run_batched(const char *name, int no_graphs, int async) {
             /* the mirror moves when a step is queued */
             assert_int_equal(f.r->ops->slot_get_len(f.r, 0, RUNNER_TARGET), g->len[0] + j);
             if (j == 1) continue;
-            if ((rc = f.r->ops->decode_wait(f.r))) fail_msg("decode_wait: %d %s", rc, cuda_runner_error(f.r));
+            if ((rc = f.r->ops->wait_queued(f.r))) fail_msg("wait_queued: %d %s", rc, cuda_runner_error(f.r));
             for (int i = 0; i < n; i++) got[order[j - 1][i]][j - 1] = aout[j - 1][i];
             continue;
         }
@@ -332,9 +332,9 @@ static void run_batched(const char *name, int no_graphs, int async) {
         for (int p = 0; p < n; p++) got[p][j] = out[p];
     }
     if (async && steps > 1) {
-        if ((rc = f.r->ops->decode_wait(f.r))) fail_msg("decode_wait: %d %s", rc, cuda_runner_error(f.r));
+        if ((rc = f.r->ops->wait_queued(f.r))) fail_msg("wait_queued: %d %s", rc, cuda_runner_error(f.r));
         for (int i = 0; i < n; i++) got[order[steps - 1][i]][steps - 1] = aout[steps - 1][i];
-        assert_int_equal(f.r->ops->decode_wait(f.r), 0);   /* nothing left */
+        assert_int_equal(f.r->ops->wait_queued(f.r), 0);   /* nothing left */
     }
     int compared = 0;
     for (int p = 0; p < n; p++) {
@@ -362,6 +362,89 @@ static void test_batched_padded_decode_matches_reference(void **s) {
     run_batched("mixtral-tiny", 1, 0);
     run_batched("llama-tiny", 0, 1);      /* async decodes, graphs and eager */
     run_batched("qwen3-tiny", 1, 1);
+}
+
+/* Async ops chained on the device (async scheduling): a decode of two rows, then a forward
+ * of those rows' next tokens (fed from the pending decode's outputs) beside a third row's
+ * whole prompt, then a decode of all three fed from the forward's sampled rows, each
+ * queued before the one before is waited for. Greedy; the same steps run one at a time
+ * with the tokens through the host must give the same tokens and lengths. */
+static void run_chain(const char *name, int async, int32_t out[3][3], int lens[3]) {
+    fixture f;
+    fixture_open(&f, name, 0);
+    golden *g = &f.g;
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab);
+    int32_t first[2];
+    for (int s = 0; s < 3; s++) slot_reset(f.r, s);
+    for (int s = 0; s < 2; s++) {
+        prefill(&f, s, g->prompt[4 + s], g->len[4 + s], 1, logits);
+        first[s] = argmax(logits, f.vocab);
+    }
+    runner_sampling sp[MAXB] = {{0}};
+    int slots2[2] = {0, 1}, slots3[3] = {0, 1, 2}, prev2[2] = {0, 1};
+    static int32_t a_out[2], b_out[3], c_out[3];
+    runner_decode_batch a = {.n = 2, .slots = slots2, .tokens = first, .sp = sp, .out_tokens = a_out,
+                             .async = async};
+    assert_int_equal(f.r->ops->decode(f.r, &a), 0);
+    /* b: rows 0 and 1 decode (their token from a), row 2 its whole prompt (3 logits rows) */
+    const int p2 = g->len[3];
+    int32_t *tok = calloc((size_t)p2 + 2, sizeof(int32_t));
+    int prev_tok[64];
+    assert_true(p2 + 2 <= 64);
+    if (!async) {
+        assert_int_equal(f.r->ops->wait_queued(f.r), 0);
+        tok[0] = a_out[0];
+        tok[1] = a_out[1];
+    }
+    memcpy(tok + 2, g->prompt[3], (size_t)p2 * sizeof(int32_t));
+    for (int t = 0; t < p2 + 2; t++) prev_tok[t] = async && t < 2 ? prev2[t] : -1;
+    runner_row rows[3] = {{.slot = 0, .n_new = 1, .tok_off = 0, .n_logits = 1, .logits_off = 0},
+                          {.slot = 1, .n_new = 1, .tok_off = 1, .n_logits = 1, .logits_off = 1},
+                          {.slot = 2, .n_new = p2, .tok_off = 2, .n_logits = 1, .logits_off = 2}};
+    float *scratch = malloc(sizeof(float) * 3 * (size_t)f.vocab);   /* (the runner's logits rows) */
+    runner_batch b = {.which = RUNNER_TARGET, .n_rows = 3, .rows = rows, .tokens = tok, .n_tokens = p2 + 2,
+                      .logits = scratch, .sp = sp, .out_tokens = b_out, .async = async,
+                      .prev_tok = async ? prev_tok : NULL};
+    int rc = runner_forward(f.r, &b);
+    if (rc) fail_msg("forward (async %d): %d %s", async, rc, cuda_runner_error(f.r));
+    if (async) assert_int_equal(f.r->ops->wait_queued(f.r), 0);   /* a's outputs */
+    int32_t c_in[3] = {0, 0, 0};
+    int prev3[3] = {0, 1, 2};
+    if (!async) memcpy(c_in, b_out, sizeof c_in);
+    runner_decode_batch c = {.n = 3, .slots = slots3, .tokens = c_in, .sp = sp, .out_tokens = c_out, .async = async,
+                             .prev_row = async ? prev3 : NULL};
+    if ((rc = f.r->ops->decode(f.r, &c))) fail_msg("decode (async %d): %d %s", async, rc, cuda_runner_error(f.r));
+    if (async) {
+        assert_int_equal(f.r->ops->wait_queued(f.r), 0);   /* b's */
+        assert_int_equal(f.r->ops->wait_queued(f.r), 0);   /* c's */
+    }
+    for (int i = 0; i < 3; i++) {
+        out[0][i] = i < 2 ? a_out[i] : -1;
+        out[1][i] = b_out[i];
+        out[2][i] = c_out[i];
+        lens[i] = dev_len(f.r, i, RUNNER_TARGET);
+    }
+    free(tok);
+    free(scratch);
+    free(logits);
+    fixture_close(&f);
+}
+
+static void test_async_ops_chain_on_the_device(void **s) {
+    (void)s;
+    const char *names[] = {"llama-tiny", "qwen3-tiny"};
+    for (int m = 0; m < 2; m++) {
+        int32_t sync_out[3][3], async_out[3][3];
+        int sync_len[3], async_len[3];
+        run_chain(names[m], 0, sync_out, sync_len);
+        run_chain(names[m], 1, async_out, async_len);
+        assert_memory_equal(sync_out, async_out, sizeof sync_out);
+        assert_memory_equal(sync_len, async_len, sizeof sync_len);
+        printf("    %-10s decode -> forward (2 decode rows fed on the device + a prompt) -> decode, queued: "
+               "tokens %d %d / %d %d %d / %d %d %d as one at a time; lengths %d %d %d\n", names[m],
+               async_out[0][0], async_out[0][1], async_out[1][0], async_out[1][1], async_out[1][2], async_out[2][0],
+               async_out[2][1], async_out[2][2], async_len[0], async_len[1], async_len[2]);
+    }
 }
 
 /* Sampling inside the forward pass (runner_batch.sp): all golden prompts in one eager
@@ -1185,6 +1268,7 @@ int main(void) {
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),
         cmocka_unit_test(test_forward_sampling_matches_returned_logits),
+        cmocka_unit_test(test_async_ops_chain_on_the_device),
         cmocka_unit_test(test_forward_sampling_adjustments_match_host),
         cmocka_unit_test(test_decode_graph_adjustments_decide_tokens),
         cmocka_unit_test(test_decode_graph_masks_decide_tokens),

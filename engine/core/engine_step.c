@@ -659,6 +659,16 @@ static void deliver_prompt_logprobs(engine *e, req *r, engine_event *ev) {
 /* A composed step: the draft's passes (a draft model), then one target pass over every row
  * (prefill chunks, decode rows, speculating rows' drafts) that samples in the runner where
  * every row can, else returns logits and the rows sample or accept on the host. */
+/* Runner row `row` for plan row p feeding its next n_new tokens (a prompt chunk or a
+ * decode row) from token nt of the step, with one logits row at `no` when they end the
+ * row's tokens. */
+static void feed_row(engine *e, const row_plan *p, runner_row *row, int nt, int no) {
+    const sched_seq *s = &p->r->seq;
+    *row = (runner_row){.slot = s->slot, .tok_off = nt, .n_new = p->n_new,
+                        .n_logits = s->n_computed + p->n_new == s->n_tokens, .logits_off = no};
+    memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
+}
+
 static int composed_step(engine *e, int n) {
     const int V = e->vocab;
     /* Phase 3: draft. */
@@ -671,15 +681,13 @@ static int composed_step(engine *e, int n) {
         row_plan *p = &e->plan[i];
         sched_seq *s = &p->r->seq;
         runner_row *row = &e->rows[i];
-        *row = (runner_row){.slot = s->slot, .tok_off = nt};
         if (p->spec) {
+            *row = (runner_row){.slot = s->slot, .tok_off = nt};
             e->tokens[nt] = s->tokens[s->n_computed];
             memcpy(e->tokens + nt + 1, p->drafts, (size_t)p->spec * sizeof(int32_t));
             row->n_new = row->n_logits = p->spec + 1;
         } else {
-            memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
-            row->n_new = p->n_new;
-            row->n_logits = s->n_computed + p->n_new == s->n_tokens ? 1 : 0;
+            feed_row(e, p, row, nt, no);
             if (p->r->pl && s->n_computed < s->n_prompt) {
                 /* prompt logprobs: logits at every position (the scheduler keeps these
                  * within e->pl_logit_rows); the last one samples when the prompt ends */
@@ -833,7 +841,10 @@ enum { ASYNC_NONE = 0, ASYNC_DECODE, ASYNC_FORWARD };
  * chunks beside decode rows). */
 static int async_kind(const engine *e, int n) {
     const runner *run = e->run;
-    if (e->cfg.sync_scheduling || !run->ops->wait_queued || n == 0) return ASYNC_NONE;
+    /* (one call may commit the step in flight's token and then a speculative step's k + 1
+     * tokens into one event) */
+    if (e->cfg.sync_scheduling || !run->ops->wait_queued || n == 0 || e->k + 2 > ENGINE_MAX_STEP_TOKENS)
+        return ASYNC_NONE;
     int all_decode = 1;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
@@ -907,11 +918,8 @@ static int launch_forward(engine *e, int n, pend_step *q) {
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
         req *r = p->r;
-        const sched_seq *s = &r->seq;
-        const int samples = s->n_computed + p->n_new == s->n_tokens;
-        e->rows[i] = (runner_row){.slot = s->slot, .tok_off = nt, .n_new = p->n_new, .n_logits = samples,
-                                  .logits_off = no};
-        memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
+        feed_row(e, p, &e->rows[i], nt, no);
+        const int samples = e->rows[i].n_logits;
         for (int t = 0; t < p->n_new; t++) e->dec_prev[nt + t] = -1;
         if (r->pend_tok) {   /* a decode row fed the token the step in flight samples */
             e->dec_prev[nt] = r->pend_row;

@@ -185,11 +185,12 @@ typedef struct {
     void *d_dec_out, *h_dec_out;   /* tok[MB] int32 | logprob[MB] float (host: two of them) */
     int32_t *h_dec_top_ids;        /* [2][MB, K_MAX_TOP] decode top logprobs (host) */
     float *h_dec_top_lps;
-    /* Decodes queued and not yet waited for (at most two; runner.decode_async): each
-     * copies its outputs into its half of h_dec_out / h_dec_top_*, then records ev_out;
-     * ev_in is recorded once its inputs are on the device, and every host write to pinned
-     * memory an op copies from (slot tables, lengths, decode inputs, logit adjustments)
-     * first waits for the latest one (cuda_dec_inputs_done). */
+    /* Ops queued and not yet waited for (at most two; runner.decode_async, decodes and
+     * async forwards): each copies its outputs into its half of h_dec_out / h_dec_top_*,
+     * then records ev_out; an async one records ev_in once its inputs are on the device,
+     * and every host write to pinned memory an op copies from (slot tables, lengths,
+     * decode inputs, metadata, logit adjustments) first waits for the latest one
+     * (cuda_dec_inputs_done). */
     struct cuda_dec_pending {
         runner_decode_batch b;   /* the caller's out_* arrays and n */
         int half, want_top;

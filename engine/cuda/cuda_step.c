@@ -326,7 +326,7 @@ fail:
 
 /* ---- the decode step ------------------------------------------------------------------- */
 
-/* Decode-step buffers: in = tokens[MB] | slots[MB] | params[MB]; out = tok[MB] | lp[MB]. */
+/* Decode-step buffers: in = tokens[MB] | slots[MB] | prev[MB] | params[MB]; out = tok[MB] | lp[MB]. */
 static size_t dec_in_bytes(const cuda_runner *r) {
     return (size_t)r->base.cfg.max_batch * (12 + sizeof(k_sample_params));
 }
@@ -546,7 +546,8 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* The oldest queued decode's outputs into its batch's arrays. */
+/* The oldest queued op's outputs (a decode's, or an async forward's) into its batch's
+ * arrays. */
 int cuda_wait_queued(runner *base) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->n_dpend == 0) return 0;
@@ -621,7 +622,6 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
         CU_CHECK(r, cudaMemcpyAsync(r->h_dec_top_lps + off, r->d_top_lps, tk * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
     CU_CHECK(r, cudaEventRecord(r->ev_out[half], s));
-    if (masked) CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));   /* (never queued: not needed) */
     r->dec_half ^= 1;
     for (int i = 0; i < b->n; i++) r->h_len[b->slots[i] * 2] += 1;
     r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;   /* as the captured reset does */

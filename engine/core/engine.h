@@ -1,5 +1,8 @@
 /* The engine (prefix engine_): model(s) + tokenizer + chat template + KV block manager +
- * scheduler + runner, and one step = schedule -> run -> postprocess.
+ * scheduler + runner, and one step = schedule -> run -> postprocess. With async
+ * scheduling (engine_config.sync_scheduling 0, the default) a step can be left running
+ * on the device while the next call schedules and queues the one after it, and only then
+ * postprocesses it (engine_step.c, "async scheduling").
  *
  * Threading: an engine is NOT thread safe. The server's engine thread runs steps back to
  * back and applies engine_submit / engine_abort between them; only engine_prepare may run

@@ -6,7 +6,8 @@
  * admitted while others decode, greedy and seeded draws (the seed's counter and
  * min_tokens must count the token still in flight), eos stops at varied points, max_tokens
  * ends, top logprobs, a few rows with penalties (those steps run one at a time), aborts
- * while a step is in flight (nothing of that request may come after), and a KV pool small
+ * while a step is in flight (nothing of that request may come after), readers paused and
+ * resumed (engine_pause: nothing while paused but the step in flight), and a KV pool small
  * enough to preempt; and with prompt lookup configured, steps of more rows than the
  * verify op takes (they draft nothing) queued in flight. No token past a stop token or max_tokens may ever be reported, a
  * request reports at most once per engine_step, and the KV pool is back to empty at the
@@ -37,15 +38,26 @@ typedef struct {
     int n[MAXREQ];
     engine_finish finish[MAXREQ];
     int aborted[MAXREQ];
+    int paused_events;    /* events of paused requests (the step in flight's token at most) */
+    int pauses;
     engine_stats st;
 } run;
 
 static const int32_t g_eos_id[] = {EOS};
 static float g_eos_bias[MAXREQ];
 
-static int aborts(int i) { return i % 8 == 7; }
-
 static int g_ngram;   /* the prompt-lookup case (sampling_of's last block) */
+
+/* (not with prompt lookup: how many tokens a request holds when it is aborted or paused
+ * depends on when its drafts were verified, which async scheduling changes) */
+static int aborts(int i) { return !g_ngram && i % 8 == 7; }
+
+/* A slow reader: paused (engine_pause) once it has PAUSE_AT tokens, resumed PAUSE_STEPS
+ * engine_step calls later; it must come back to the same tokens. */
+#define PAUSE_AT 3
+#define PAUSE_STEPS 4
+static int pauses(int i) { return !g_ngram && i % 8 == 3; }
+
 
 static void sampling_of(int i, engine_sampling *sp) {
     engine_sampling_defaults(sp);
@@ -94,8 +106,16 @@ static void run_all(int sync, int max_batch, size_t kv_bytes, int nreq, int ngra
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fail_msg("engine_create: %s", err);
     memset(r, 0, sizeof *r);
-    int added = 0, step = 0;
-    while (added < nreq || engine_has_work(e)) {
+    int added = 0, step = 0, n_paused = 0;
+    int paused_at[MAXREQ];   /* the step it was paused at, or -1 */
+    for (int i = 0; i < MAXREQ; i++) paused_at[i] = -1;
+    while (added < nreq || engine_has_work(e) || n_paused > 0) {
+        for (int i = 0; i < nreq; i++)
+            if (paused_at[i] >= 0 && step - paused_at[i] >= PAUSE_STEPS) {
+                assert_int_equal(engine_pause(e, (uint64_t)i, 0), 0);
+                paused_at[i] = -1;
+                n_paused--;
+            }
         /* three requests every other step at first, then the rest as the batch drains */
         for (int k = 0; k < (ngram ? nreq : 3) && added < nreq && (step % 2 == 0 || added >= 12); k++) {
             int32_t prompt[40];
@@ -119,6 +139,7 @@ static void run_all(int sync, int max_batch, size_t kv_bytes, int nreq, int ngra
             assert_int_equal(seen[id]++, 0);   /* one event per request per step */
             assert_false(r->aborted[id]);       /* nothing after an abort */
             assert_int_equal(r->finish[id], ENGINE_RUNNING);   /* nothing after the end */
+            if (paused_at[id] >= 0) r->paused_events++;
             for (int t = 0; t < ev->n_tokens; t++) {
                 const engine_token *et = &ev->tokens[t];
                 int j = r->n[id]++;
@@ -130,6 +151,13 @@ static void run_all(int sync, int max_batch, size_t kv_bytes, int nreq, int ngra
             if (ev->finish != ENGINE_RUNNING) r->finish[id] = ev->finish;
             /* a client that goes away: aborted as soon as it has ABORT_AT tokens, with the
              * next step (async) already queued for it */
+            if (pauses(id) && ev->finish == ENGINE_RUNNING && r->n[id] >= PAUSE_AT && paused_at[id] < 0 &&
+                r->n[id] - ev->n_tokens < PAUSE_AT) {
+                assert_int_equal(engine_pause(e, (uint64_t)id, 1), 0);
+                paused_at[id] = step;
+                n_paused++;
+                r->pauses++;
+            }
             if (aborts(id) && ev->finish == ENGINE_RUNNING && r->n[id] >= ABORT_AT) {
                 assert_int_equal(engine_abort(e, (uint64_t)id), 0);
                 r->aborted[id] = 1;
@@ -181,13 +209,18 @@ static void test_async_equals_sync(void **s) {
         int stops = 0, lengths = 0;
         compare(&as, &sy, NREQ, &stops, &lengths);
         assert_true(stops > 0 && lengths > 0);
+        /* paused readers: nothing while paused, but for the step already in flight */
+        assert_true(sy.pauses > 0 && as.pauses == sy.pauses);
+        assert_int_equal(sy.paused_events, 0);
+        assert_true(as.paused_events <= as.pauses);
         assert_int_equal(as.st.kv_blocks_used, 0);
         assert_int_equal(as.st.running + as.st.waiting, 0);
         if (cases[c].kv < (1u << 20)) assert_true(as.st.preemptions > 0);
-        printf("  max_batch %d, KV %zu KiB: %d stops on eos, %d at max_tokens, %d aborted, equal; %llu steps queued "
+        printf("  max_batch %d, KV %zu KiB: %d stops on eos, %d at max_tokens, %d aborted, %d paused (%d events while "
+               "paused), equal; %llu steps queued "
                "in flight (%llu of them with prompt chunks) of %llu decode and %llu composed (sync run: %llu and "
                "%llu), %llu preemptions\n",
-               cases[c].max_batch, cases[c].kv >> 10, stops, lengths, NREQ / 8,
+               cases[c].max_batch, cases[c].kv >> 10, stops, lengths, NREQ / 8, as.pauses, as.paused_events,
                (unsigned long long)as.st.steps_async, (unsigned long long)as.st.steps_async_composed,
                (unsigned long long)as.st.steps_device_decode, (unsigned long long)as.st.steps_composed,
                (unsigned long long)sy.st.steps_device_decode, (unsigned long long)sy.st.steps_composed,

@@ -860,8 +860,7 @@ static int async_kind(const engine *e, int n) {
      * verified by the runner's verify op (which takes decoding rows only); a draft model
      * takes in the prompt chunks with the target (composed_step) */
     const int no_spec = e->k == 0 || (e->drafter == ENGINE_DRAFTER_NGRAM && run->ops->verify);
-    return run->forward_async && run->forward_samples && no_spec && n <= e->cfg.max_batch ? ASYNC_FORWARD
-                                                                                          : ASYNC_NONE;
+    return run->forward_async && run->forward_samples && no_spec ? ASYNC_FORWARD : ASYNC_NONE;
 }
 
 /* The step in flight is taken as done for the scheduler: its rows' fed positions

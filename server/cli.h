@@ -24,7 +24,7 @@ char *cli_read_file(const char *path, size_t *len);
 int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
 /* --speculative VALUE: "ngram" (prompt-lookup drafts) or "none". 0 ok, -1 bad. */
 int cli_speculative(const char *v, int *ngram);
-/* --dtype auto | bf16 | gguf -> ENGINE_WEIGHTS_*; -1 if none of them. */
+/* --dtype auto | bf16 | gguf | fp8 -> ENGINE_WEIGHTS_*; -1 if none of them. */
 int cli_dtype(const char *v, int *dtype);
 /* After parsing: complete the tensor-parallel options (c->tp) from the flags and, in a
  * spawned worker, from SPECD_TP_*; a process started by hand with
@@ -52,10 +52,14 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --spec-always           speculate whenever drafts exist (skip the start-up cost model\n" \
     "                          that turns drafts off where they would not pay)\n" \
     "  --device cpu|cuda       runner (default cpu)\n" \
-    "  --dtype auto|bf16|gguf  a quantized GGUF on the GPU: gguf keeps its Q8_0 / Q4_K / Q6_K\n" \
-    "                          projections in their blocks (less memory; as fast at batch 1),\n" \
-    "                          bf16 dequantizes them at load (faster from batch 8); auto\n" \
-    "                          (default) keeps them when bf16 would take over half the GPU\n" \
+    "  --dtype auto|bf16|gguf|fp8  weights on the GPU. A quantized GGUF: gguf keeps its Q8_0 /\n" \
+    "                          Q4_K / Q6_K projections in their blocks (less memory; as fast at\n" \
+    "                          batch 1), bf16 dequantizes them at load (faster from batch 8);\n" \
+    "                          auto (default) keeps them when bf16 would take over half the GPU.\n" \
+    "                          fp8 quantizes the dense projections to FP8 E4M3 at load (a scale\n" \
+    "                          per output row; activations per token): half the bytes of bf16,\n" \
+    "                          FP8 tensor cores. An FP8 checkpoint stays FP8 unless bf16\n" \
+    "  --quantization fp8      the same as --dtype fp8\n" \
     "  --max-seq-len N         context limit per sequence (default 4096)\n" \
     "  --max-batch N           running sequences at most (default 64)\n" \
     "  --max-num-batched-tokens N  tokens one step feeds at most, decode rows and prompt\n" \

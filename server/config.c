@@ -37,7 +37,7 @@ static const cfg_key keys[] = {
     {"num_draft_tokens", K_INT, OFF(num_draft_tokens), 0, 0, 15, "draft tokens per step k (0 = engine default)"},
     {"draft_layers", K_INT, OFF(draft_layers), 0, 0, 1e6, "self-speculation with the target's first N layers"},
     {"speculative", STR(speculative), 0, 0, "ngram: prompt-lookup drafting (drafts copied from the request's own earlier tokens; no draft model), or none"},
-    {"dtype", STR(dtype), 0, 0, "a quantized GGUF on the GPU: gguf keeps its Q8_0 / Q4_K / Q6_K projections in their blocks (less memory; as fast as bf16 at batch 1, slower from batch 8), bf16 dequantizes them at load, auto (default) keeps them when the bf16 weights would take over half the GPU"},
+    {"dtype", STR(dtype), 0, 0, "weights on the GPU. A quantized GGUF: gguf keeps its Q8_0 / Q4_K / Q6_K projections in their blocks (less memory; as fast as bf16 at batch 1, slower from batch 8), bf16 dequantizes them at load, auto (default) keeps them when the bf16 weights would take over half the GPU. fp8 quantizes the dense projections to FP8 E4M3 at load (one scale per output row, activations per token). An FP8 checkpoint stays FP8 unless bf16. --quantization fp8 is the same as --dtype fp8"},
     {"ngram_min", K_INT, OFF(ngram_min), 0, 0, 16, "shortest n-gram prompt lookup matches (0 = default 2)"},
     {"ngram_max", K_INT, OFF(ngram_max), 0, 0, 16, "longest n-gram prompt lookup matches, tried first (0 = default 4)"},
     {"spec_cost_model", K_BOOL, OFF(spec_cost_model), 0, 0, 1, "time plain and verify steps at start-up and draft only where speculation pays (false: always draft)"},
@@ -125,6 +125,7 @@ static const cfg_key *find_key(const char *name) {
 static const cfg_key *find_flag(const char *flag) {
     if (strncmp(flag, "--", 2)) return NULL;
     if (!strcmp(flag, "--api-key")) return find_key("api_keys");
+    if (!strcmp(flag, "--quantization")) return find_key("dtype");   /* vLLM's spelling of --dtype fp8 */
     char name[64];
     size_t n = strlen(flag + 2);
     if (n >= sizeof name) return NULL;
@@ -157,7 +158,7 @@ static int check_enums(const srv_config *c, const char *what, char *err, size_t 
                           c->speculative);
     int dt;
     if (cli_dtype(c->dtype, &dt))
-        return specd_errf(err, errlen, SPECD_EINVAL, "%s: dtype must be auto, bf16 or gguf, got '%s'", what, c->dtype);
+        return specd_errf(err, errlen, SPECD_EINVAL, "%s: dtype must be auto, bf16, gguf or fp8, got '%s'", what, c->dtype);
     if (strcmp(c->log_level, "debug") && strcmp(c->log_level, "info") &&
         strcmp(c->log_level, "warn") && strcmp(c->log_level, "error") && strcmp(c->log_level, "off"))
         return specd_errf(err, errlen, SPECD_EINVAL,

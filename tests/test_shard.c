@@ -360,7 +360,7 @@ static void test_shard_quantized_column_slices(void **st) {
         memcpy(q + b * 34, &d, 2);
         for (int i = 0; i < 32; i++) q[b * 34 + 2 + i] = (uint8_t)(rnd(&s) & 0xff);
     }
-    tensor_view t = {q, TDT_Q8_0, 2, {R, C}, 0};
+    tensor_view t = {.data = q, .dtype = TDT_Q8_0, .ndim = 2, .shape = {R, C}};
     float *all = f32(&t);
     char err[128];
     model *m = load("llama-tiny");
@@ -397,7 +397,7 @@ static void test_shard_row_slice_of_permuted_heads(void **st) {
     float w[H * HD * C];
     uint64_t s = g_seed;
     fill(w, H * HD * C, &s);
-    tensor_view t = {w, TDT_F32, 2, {H * HD, C}, H};
+    tensor_view t = {.data = w, .dtype = TDT_F32, .ndim = 2, .shape = {H * HD, C}, .unpermute_heads = H};
     float *all = f32(&t);
     tensor_view o;
     assert_int_equal(shard_slice_rows(NULL, &t, 2 * HD, 2 * HD, &o), 0);

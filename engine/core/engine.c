@@ -349,7 +349,8 @@ static runner_config make_runner_config(const engine *e) {
         .threads = c->threads, .mem_fraction = c->mem_fraction, .kv_bytes = c->kv_bytes,
         .num_draft_tokens = e->k,
         .rope_bf16_freqs = c->rope_bf16_freqs, .cpu_verify = c->cpu_verify,
-        .weights_gguf = c->weights_dtype == ENGINE_WEIGHTS_GGUF ? 1 : c->weights_dtype == ENGINE_WEIGHTS_BF16 ? 0 : -1,
+        .weights_gguf = c->weights_dtype == ENGINE_WEIGHTS_GGUF ? 1 : c->weights_dtype == ENGINE_WEIGHTS_AUTO ? -1 : 0,
+        .weights_fp8 = c->weights_dtype == ENGINE_WEIGHTS_FP8 ? 1 : c->weights_dtype == ENGINE_WEIGHTS_BF16 ? -1 : 0,
         .random_weights_seed = c->random_shape && c->device == ENGINE_DEVICE_CUDA ? 1 : 0,
     };
     rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);

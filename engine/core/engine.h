@@ -29,7 +29,7 @@ typedef enum { ENGINE_DEVICE_CPU = 0, ENGINE_DEVICE_CUDA = 1 } engine_device;
 /* --dtype: GGUF Q8_0 / Q4_K / Q6_K projections kept in their blocks on the GPU when their
  * bf16 form would take more than half of it (auto), always dequantized to bf16 at load
  * (bf16), or always kept (gguf). */
-enum { ENGINE_WEIGHTS_AUTO = 0, ENGINE_WEIGHTS_BF16, ENGINE_WEIGHTS_GGUF };
+enum { ENGINE_WEIGHTS_AUTO = 0, ENGINE_WEIGHTS_BF16, ENGINE_WEIGHTS_GGUF, ENGINE_WEIGHTS_FP8 };
 
 typedef struct {
     const char *model_path;
@@ -73,7 +73,8 @@ typedef struct {
                                    * every layer of the model(s) slides) */
     int rope_bf16_freqs;          /* bf16-rounded rotary frequencies (runner_config) */
     int weights_dtype;            /* ENGINE_WEIGHTS_*: a quantized GGUF's projections on the
-                                   * GPU (runner_config.weights_gguf) */
+                                   * GPU (runner_config.weights_gguf), FP8 projections
+                                   * (runner_config.weights_fp8) */
     int verbose;                  /* print start-up decisions to stderr */
     /* Tensor parallelism (docs/tensor-parallel.md; CPU runner only so far): with
      * tp.world_size > 1 the target is split over that many processes. Rank 0 calls

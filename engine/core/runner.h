@@ -51,6 +51,12 @@ typedef struct {
      * the device (1), are dequantized to bf16 at load (0), or -1: stay when the model's
      * bf16 weights would take more than half of the GPU's memory. */
     int weights_gguf;
+    /* The dense projections (Q/K/V, O, gate/up, down; not embeddings, lm_head or experts)
+     * in FP8 E4M3 with one scale per output row: 1 quantizes them at load (--dtype fp8;
+     * the CUDA runner keeps the bytes and runs FP8 GEMVs / GEMMs, the CPU runner rounds its
+     * fp32 weights to the same values), 0 keeps an FP8 checkpoint's as they are stored
+     * (the CPU runner dequantizes), -1 dequantizes an FP8 checkpoint to bf16 on the GPU. */
+    int weights_fp8;
     /* CUDA runner: when nonzero the model's tensors are not read (it may be a model_shape)
      * and the weights are filled on the device with uniform random values from this seed:
      * benchmarks of real shapes without host weights. The CPU runner refuses it. */

@@ -34,6 +34,7 @@
 #include "engine/tp/shard.h"
 #include "engine/core/spec.h"
 #include "engine/core/threadpool.h"
+#include "engine/model/fp8.h"
 
 typedef struct {
     float *attn_norm;   /* (hidden) */
@@ -342,7 +343,14 @@ static void norm_plus_one(float *w, int64_t n) {
     for (int64_t i = 0; w && i < n; i++) w[i] += 1.0f;
 }
 
-static int load_model(cpu_model *m, const model *src, int pool_layer0, int rope_bf16, char *err,
+/* --dtype fp8 (runner_config.weights_fp8 > 0): each row of a dense projection rounded to
+ * what the CUDA runner's FP8 weights hold (engine/model/fp8.h), so the two runners
+ * compute with the same weights; activations stay fp32 here. */
+static void round_fp8(float *w, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; w && r < rows; r++) fp8_round_row(w + r * cols, cols);
+}
+
+static int load_model(cpu_model *m, const model *src, int pool_layer0, int rope_bf16, int fp8, char *err,
                       size_t errlen) {
     int rc;
     const model_config *c = &src->cfg;
@@ -388,6 +396,16 @@ static int load_model(cpu_model *m, const model *src, int pool_layer0, int rope_
                     (rc = load_tensor(&L->exp_up[e], &S->exp_up[e], 1, err, errlen, "expert up")) ||
                     (rc = load_tensor(&L->exp_down[e], &S->exp_down[e], 1, err, errlen, "expert down")))
                     return rc;
+        }
+        if (fp8) {
+            const int64_t H = c->hidden, Q = (int64_t)c->n_heads * c->head_dim, KV = (int64_t)c->n_kv_heads * c->head_dim;
+            round_fp8(L->wq, Q, H);
+            round_fp8(L->wk, KV, H);
+            round_fp8(L->wv, KV, H);
+            round_fp8(L->wo, H, Q);
+            round_fp8(L->w_gate, c->ffn, H);
+            round_fp8(L->w_up, c->ffn, H);
+            round_fp8(L->w_down, H, c->ffn);
         }
         if (c->norm_plus_one) {
             float *norms[] = {L->attn_norm, L->ffn_norm, L->post_attn_norm, L->post_ffn_norm};
@@ -1062,6 +1080,12 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
                    draft->cfg.vocab, target->cfg.vocab);
         return NULL;
     }
+    if (cfg->weights_fp8 > 0 && cfg->tp_world > 1) {
+        specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                   "cpu runner: --dtype fp8 with tensor parallelism is not supported (rows quantized per shard "
+                   "would differ from one GPU's)");
+        return NULL;
+    }
     if (cfg->random_weights_seed) {
         specd_errf(err, errlen, SPECD_EUNSUPPORTED,
                    "cpu runner: weights filled on the device (random_weights_seed) are a CUDA runner option");
@@ -1094,13 +1118,13 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         /* The fp32 copies are owned by the runner, so the shard's views can go at once. */
         model *shard = shard_model(target, cfg->tp_rank, cfg->tp_world, err, errlen);
         if (!shard) goto fail;
-        int rc = load_model(&r->m[0], shard, 0, cfg->rope_bf16_freqs, err, errlen);
+        int rc = load_model(&r->m[0], shard, 0, cfg->rope_bf16_freqs, 0, err, errlen);
         shard_free(shard);
         if (rc) goto fail;
-    } else if (load_model(&r->m[0], target, 0, cfg->rope_bf16_freqs, err, errlen)) {
+    } else if (load_model(&r->m[0], target, 0, cfg->rope_bf16_freqs, cfg->weights_fp8 > 0, err, errlen)) {
         goto fail;
     }
-    if (draft && load_model(&r->m[1], draft, target->cfg.n_layers, cfg->rope_bf16_freqs, err, errlen))
+    if (draft && load_model(&r->m[1], draft, target->cfg.n_layers, cfg->rope_bf16_freqs, cfg->weights_fp8 > 0, err, errlen))
         goto fail;
 
     r->n_pool_layers = target->cfg.n_layers + (draft ? draft->cfg.n_layers : 0);

@@ -8,6 +8,7 @@
  * with the config. Error messages name the file that holds the problem. */
 #include "engine/model/model.h"
 #include "engine/core/err.h"
+#include "engine/model/fp8.h"
 #include "engine/model/gguf.h"
 #include "engine/model/json_util.h"
 #include "engine/model/safetensors.h"
@@ -94,6 +95,56 @@ static int gguf_view_dtype(loader *L, const char *name, const gguf_tensor *t, te
     }
 }
 
+/* The scales of FP8 weight `name` (X.weight): X.weight_scale (compressed-tensors,
+ * fbgemm: one per tensor or per output row) or X.weight_scale_inv (HF "fp8": one per
+ * weight_block_size block; despite the name a multiplier too), F32 or BF16. */
+static int get_fp8_scale(loader *L, const char *name, const char *file, tensor_view *v) {
+    char sn[200];
+    const st_tensor *t = NULL;
+    const char *sfile = file;
+    int rc;
+    if (!L->m->cfg.fp8)
+        return specd_errf(L->err, L->errlen, SPECD_EFORMAT,
+                          "%s: tensor %s is F8_E4M3 but config.json has no FP8 quantization_config", file, name);
+    for (int k = 0; k < 2 && !t; k++) {
+        snprintf(sn, sizeof sn, "%s%s", name, k ? "_scale_inv" : "_scale");
+        if ((rc = st_lookup(L, sn, &t, &sfile))) return rc;
+    }
+    if (!t)
+        return specd_errf(L->err, L->errlen, SPECD_ENOTFOUND, "%s: FP8 tensor %s has no %s_scale or %s_scale_inv",
+                          file, name, name, name);
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16)
+        return specd_errf(L->err, L->errlen, SPECD_EFORMAT, "%s: %s has dtype %s (F32 or BF16 expected)", sfile, sn,
+                          st_dtype_name(t->dtype));
+    const int64_t rows = v->shape[0], cols = v->shape[1];
+    int64_t numel = 1, sr = 1, sc = 1;
+    for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
+    if (t->ndim >= 1) sr = t->shape[0];
+    if (t->ndim >= 2) sc = t->shape[1];
+    v->scale = t->data;
+    v->scale_dtype = t->dtype == ST_F32 ? TDT_F32 : TDT_BF16;
+    v->scale_row0 = 0;
+    const int *bs = L->m->cfg.fp8_block;
+    if (numel == 1 && t->ndim <= 2) {                       /* per tensor */
+        v->scale_block[0] = rows;
+        v->scale_block[1] = cols;
+        v->scale_cols = 1;
+    } else if (t->ndim <= 2 && sr == rows && sc == 1 && numel == rows) {   /* per output row */
+        v->scale_block[0] = 1;
+        v->scale_block[1] = cols;
+        v->scale_cols = 1;
+    } else if (t->ndim == 2 && bs[0] > 0 && sr == (rows + bs[0] - 1) / bs[0] && sc == (cols + bs[1] - 1) / bs[1]) {
+        v->scale_block[0] = bs[0];
+        v->scale_block[1] = bs[1];
+        v->scale_cols = sc;
+    } else {
+        return specd_errf(L->err, L->errlen, SPECD_EFORMAT,
+                          "%s: %s has %lld scales for a [%lld, %lld] weight (one, one per row, or one per "
+                          "weight_block_size block)", sfile, sn, (long long)numel, (long long)rows, (long long)cols);
+    }
+    return 0;
+}
+
 /* Find `name`, check its dtype and that its shape is [d0] (ndim 1) or [d0, d1]. A missing
  * tensor is an error when `required`, else the view is left with data == NULL. */
 static int get_tensor(loader *L, const char *name, int required, int ndim, int64_t d0,
@@ -125,10 +176,17 @@ static int get_tensor(loader *L, const char *name, int required, int ndim, int64
             case ST_F32: out->dtype = TDT_F32; break;
             case ST_F16: out->dtype = TDT_F16; break;
             case ST_BF16: out->dtype = TDT_BF16; break;
+            case ST_F8_E4M3:
+                if (ndim != 2)
+                    return specd_errf(L->err, L->errlen, SPECD_EUNSUPPORTED,
+                                      "%s: tensor %s is F8_E4M3 (only 2-D weights may be)", file, name);
+                out->dtype = TDT_F8_E4M3;
+                break;
             default:
                 return specd_errf(L->err, L->errlen, SPECD_EUNSUPPORTED,
-                                  "%s: tensor %s has dtype %s (F32, F16 and BF16 are supported)",
-                                  file, name, st_dtype_name(t->dtype));
+                                  "%s: tensor %s has dtype %s (F32, F16 and BF16 are supported%s)",
+                                  file, name, st_dtype_name(t->dtype),
+                                  L->m->cfg.fp8 ? "; F8_E4M3 for 2-D weights" : "");
             }
             got_ndim = t->ndim;
             if (t->ndim >= 1) shape[0] = t->shape[0];
@@ -152,7 +210,7 @@ static int get_tensor(loader *L, const char *name, int required, int ndim, int64
     out->ndim = ndim;
     out->shape[0] = d0;
     out->shape[1] = ndim == 2 ? d1 : 0;
-    return 0;
+    return out->dtype == TDT_F8_E4M3 ? get_fp8_scale(L, name, file, out) : 0;
 }
 
 /* Tensor names of one format; %d is the layer (experts: layer, then expert). An empty
@@ -219,6 +277,7 @@ static tensor_view view_rows(const tensor_view *t, int64_t r0, int64_t n) {
     tensor_view v = *t;
     v.data = (const uint8_t *)t->data + (size_t)r0 * view_row_bytes(t);
     v.shape[0] = n;
+    if (t->dtype == TDT_F8_E4M3) v.scale_row0 += r0;   /* the scales stay the whole tensor's */
     return v;
 }
 
@@ -633,6 +692,45 @@ static int hf_family(const json_t *j, model_config *c, const char *file, char *e
     return 0;
 }
 
+/* quantization_config: FP8 checkpoints load (their projections become TDT_F8_E4M3 views
+ * with their scales, see get_tensor); every other method is refused by name, since its
+ * tensors (packed int4, zero points, ...) are not what the loader would look for. */
+static int hf_quantization(const json_t *j, model_config *c, const char *file, char *err, size_t errlen) {
+    const json_t *q = json_object_get(j, "quantization_config");
+    if (!q || json_is_null(q)) return 0;
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    if (!json_is_object(q) || !method)
+        return specd_errf(err, errlen, SPECD_EFORMAT, "%s: quantization_config needs a quant_method", file);
+    int ok = !strcmp(method, "fp8") || !strcmp(method, "fbgemm_fp8");
+    if (!strcmp(method, "compressed-tensors")) {
+        const char *fmt = json_string_value(json_object_get(q, "format"));
+        ok = fmt && !strcmp(fmt, "float-quantized");
+        if (!ok)
+            return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                              "%s: compressed-tensors format \"%s\" is not supported (float-quantized FP8 is)", file,
+                              fmt ? fmt : "(none)");
+    }
+    if (!ok)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "%s: quantization method \"%s\" is not supported (FP8 checkpoints are: fp8, fbgemm_fp8, "
+                          "compressed-tensors float-quantized; GGUF files for the integer formats)", file, method);
+    const char *fmt = json_string_value(json_object_get(q, "fmt"));
+    if (fmt && strcmp(fmt, "e4m3"))
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s: FP8 format \"%s\" is not supported (e4m3 is)", file, fmt);
+    c->fp8 = 1;
+    const json_t *bs = json_object_get(q, "weight_block_size");
+    if (bs && !json_is_null(bs)) {
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) ||
+            !json_is_integer(json_array_get(bs, 1)) || json_integer_value(json_array_get(bs, 0)) < 1 ||
+            json_integer_value(json_array_get(bs, 1)) < 1 || json_integer_value(json_array_get(bs, 0)) > 1 << 20 ||
+            json_integer_value(json_array_get(bs, 1)) > 1 << 20)
+            return specd_errf(err, errlen, SPECD_EFORMAT, "%s: weight_block_size must be two positive integers", file);
+        c->fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
+        c->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
+    }
+    return 0;
+}
+
 static int hf_config(const char *dir, model_config *c, char *err, size_t errlen) {
     char file[4200];
     json_t *j = NULL;
@@ -721,6 +819,7 @@ static int hf_config(const char *dir, model_config *c, char *err, size_t errlen)
                         c->act == ACT_SILU ? "silu" : "gelu_pytorch_tanh");
         goto out;
     }
+    if ((rc = hf_quantization(j, c, file, err, errlen))) goto out;
     if ((rc = hf_special_tokens(j, c, file, err, errlen))) goto out;
     json_decref(j);
     j = NULL;
@@ -1111,7 +1210,8 @@ static ggml_type view_ggml_type(tensor_dtype d) {
 }
 
 static size_t view_row_bytes(const tensor_view *t) {
-    return ggml_row_size(view_ggml_type(t->dtype), t->ndim == 2 ? t->shape[1] : t->shape[0]);
+    const int64_t cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    return t->dtype == TDT_F8_E4M3 ? (size_t)cols : ggml_row_size(view_ggml_type(t->dtype), cols);
 }
 
 /* Stored row of logical row r. llama.cpp's converter reshapes each head's rows as
@@ -1131,13 +1231,17 @@ typedef struct {
 } view_geom;
 
 static int view_geometry(const tensor_view *t, view_geom *v) {
-    if (!t || !t->data || (t->ndim != 1 && t->ndim != 2) || (unsigned)t->dtype > TDT_Q5_K)
+    if (!t || !t->data || (t->ndim != 1 && t->ndim != 2) || (unsigned)t->dtype > TDT_F8_E4M3)
         return SPECD_EINVAL;
     v->rows = t->ndim == 2 ? t->shape[0] : 1;
     v->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
     if (v->rows < 0 || v->cols < 0) return SPECD_EINVAL;
-    v->gt = view_ggml_type(t->dtype);
-    v->row_bytes = ggml_row_size(v->gt, v->cols);
+    if (t->dtype == TDT_F8_E4M3 &&
+        (t->ndim != 2 || !t->scale || t->scale_block[0] < 1 || t->scale_block[1] < 1 || t->scale_cols < 1 ||
+         t->scale_row0 < 0 || (t->scale_dtype != TDT_F32 && t->scale_dtype != TDT_BF16)))
+        return SPECD_EINVAL;
+    v->gt = t->dtype == TDT_F8_E4M3 ? GGML_F32 : view_ggml_type(t->dtype);   /* gt unused for FP8 */
+    v->row_bytes = view_row_bytes(t);
     if (!v->row_bytes && v->cols) return SPECD_EINVAL;
     v->head_dim = 0;
     if (t->unpermute_heads > 0) {
@@ -1153,12 +1257,48 @@ static const uint8_t *row_src(const tensor_view *t, const view_geom *v, int64_t 
     return (const uint8_t *)t->data + (size_t)s * v->row_bytes;
 }
 
+/* Scale i of an FP8 view (safetensors does not align tensors: read bytes, not typed loads). */
+static float scale_at(const tensor_view *t, int64_t i) {
+    float f;
+    if (t->scale_dtype == TDT_F32) {
+        memcpy(&f, (const uint8_t *)t->scale + (size_t)i * 4, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)t->scale + (size_t)i * 2, 2);
+    uint32_t b = (uint32_t)h << 16;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* Logical row r of an FP8 view as fp32: bytes times their blocks' scales. */
+static void fp8_row(const tensor_view *t, const view_geom *v, int64_t r, float *dst) {
+    const uint8_t *src = row_src(t, v, r);
+    const int64_t srow = (r + t->scale_row0) / t->scale_block[0] * t->scale_cols, bc = t->scale_block[1];
+    for (int64_t c0 = 0; c0 < v->cols; c0 += bc) {
+        const float s = scale_at(t, srow + c0 / bc);
+        const int64_t end = c0 + bc < v->cols ? c0 + bc : v->cols;
+        for (int64_t c = c0; c < end; c++) dst[c] = fp8_e4m3_to_f32(src[c]) * s;
+    }
+}
+
 int tensor_to_f32(const tensor_view *t, float *dst) {
     view_geom v;
     int rc = view_geometry(t, &v);
     if (rc) return rc;
-    for (int64_t r = 0; r < v.rows; r++)
-        if ((rc = ggml_dequantize(v.gt, row_src(t, &v, r), dst + r * v.cols, v.cols))) return rc;
+    for (int64_t r = 0; r < v.rows; r++) {
+        if (t->dtype == TDT_F8_E4M3) fp8_row(t, &v, r, dst + r * v.cols);
+        else if ((rc = ggml_dequantize(v.gt, row_src(t, &v, r), dst + r * v.cols, v.cols))) return rc;
+    }
+    return 0;
+}
+
+int tensor_fp8_row_scales(const tensor_view *t, float *scale) {
+    view_geom v;
+    if (!t || t->dtype != TDT_F8_E4M3 || view_geometry(t, &v) || t->scale_block[1] < v.cols || t->scale_cols != 1 ||
+        (t->scale_block[0] != 1 && t->scale_row0 + v.rows > t->scale_block[0]))
+        return SPECD_EINVAL;
+    for (int64_t r = 0; r < v.rows; r++) scale[r] = scale_at(t, (r + t->scale_row0) / t->scale_block[0]);
     return 0;
 }
 
@@ -1198,7 +1338,8 @@ int tensor_to_bf16(const tensor_view *t, uint16_t *dst) {
             memcpy(d, row_src(t, &v, r), (size_t)v.cols * 2);
             continue;
         }
-        if ((rc = ggml_dequantize(v.gt, row_src(t, &v, r), tmp, v.cols))) break;
+        if (t->dtype == TDT_F8_E4M3) fp8_row(t, &v, r, tmp);
+        else if ((rc = ggml_dequantize(v.gt, row_src(t, &v, r), tmp, v.cols))) break;
         for (int64_t i = 0; i < v.cols; i++) d[i] = f32_to_bf16(tmp[i]);
     }
     free(tmp);

@@ -62,6 +62,12 @@ typedef struct {
      * whose weights are renormalised to sum 1 when moe_norm_topk (Mixtral always). */
     int n_experts, n_experts_used, moe_ffn, moe_norm_topk;
     int64_t max_pos;         /* max_position_embeddings: informational, never used to size */
+    /* An FP8 checkpoint (quantization_config: quant_method fp8, fbgemm_fp8 or
+     * compressed-tensors float-quantized): its projections are TDT_F8_E4M3 views; the
+     * block of weight_block_size (0 0: per tensor or per channel). Activation scales
+     * (input_scale) are not read: the runners quantize activations per token as they go. */
+    int fp8;
+    int fp8_block[2];
     int bos_id;              /* -1 if none */
     int eos_ids[MODEL_MAX_EOS];
     int n_eos;
@@ -71,6 +77,7 @@ typedef struct {
 typedef enum {
     TDT_F32 = 0, TDT_F16, TDT_BF16, TDT_Q8_0, TDT_Q4_0, TDT_Q4_1, TDT_Q4_K, TDT_Q6_K,
     TDT_Q5_0, TDT_Q5_1, TDT_Q5_K,
+    TDT_F8_E4M3,             /* FP8 checkpoints: one byte per element times a scale (below) */
 } tensor_dtype;
 
 typedef struct {
@@ -82,6 +89,14 @@ typedef struct {
      * rotary halves). When unpermute_heads > 0, logical row r of the result comes from
      * the stored row given by undoing that permutation with this many heads. */
     int unpermute_heads;
+    /* TDT_F8_E4M3: element (r, c) is e4m3(r, c) * scale[((r + scale_row0) / scale_block[0])
+     * * scale_cols + c / scale_block[1]], the scales F32 or BF16 (scale_dtype): per tensor
+     * (the block is the whole matrix), per output row (block [1, cols]) or per 128 x 128
+     * block (DeepSeek-style weight_scale_inv). scale_row0 > 0 in a view of a fused
+     * tensor's rows that starts inside a block. */
+    const void *scale;
+    tensor_dtype scale_dtype;
+    int64_t scale_block[2], scale_cols, scale_row0;
 } tensor_view;
 
 typedef struct {
@@ -137,11 +152,15 @@ int64_t tensor_numel(const tensor_view *t);
  * applies unpermute_heads. Returns 0 or a negative code. */
 int tensor_to_f32(const tensor_view *t, float *dst);
 int tensor_to_bf16(const tensor_view *t, uint16_t *dst);
-/* A 2-D view's ggml type id (GGUF's block formats; 0 F32, 1 F16, 30 BF16, ...) and the
+/* A 2-D view's ggml type id (GGUF's block formats; 0 F32, 1 F16, 30 BF16, ...; -1 for FP8) and the
  * stored bytes of its logical rows [row0, row0 + nrows) in order, Q/K permutation undone
  * (rows are whole blocks): what a kernel that reads quantized weights in place takes. */
 int tensor_ggml_type(const tensor_view *t);
 int tensor_rows_raw(const tensor_view *t, int64_t row0, int64_t nrows, void *dst, size_t *row_bytes);
+/* An FP8 view whose scales are per tensor or per row: each logical row's scale into
+ * scale[0, rows) (what a kernel reading the bytes in place multiplies by). SPECD_EINVAL
+ * for any other view (block scales: convert with tensor_to_bf16 instead). */
+int tensor_fp8_row_scales(const tensor_view *t, float *scale);
 
 /* Rotary inverse frequencies (head_dim/2 floats) as transformers computes them in fp32,
  * llama3-scaled if the config says so. round_to_bf16 rounds them to bf16, as happens to

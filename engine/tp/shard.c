@@ -38,6 +38,7 @@ static void dtype_block(tensor_dtype d, int64_t *blck, size_t *bytes) {
     case TDT_Q5_0: *blck = 32; *bytes = 22; return;
     case TDT_Q5_1: *blck = 32; *bytes = 24; return;
     case TDT_Q5_K: *blck = 256; *bytes = 176; return;
+    case TDT_F8_E4M3: break;   /* scaled: sliced through fp32 (fp8_slice) */
     }
     *blck = 0;
     *bytes = 0;
@@ -68,10 +69,36 @@ static int keep(model *owner, void *buf) {
 
 /* ---- slices -------------------------------------------------------------------------- */
 
+/* Rows [r0, r0 + nr) x cols [c0, c0 + nc) of an FP8 view as an owned F32 view (its scales
+ * do not follow a byte slice). */
+static int fp8_slice(model *owner, const tensor_view *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                     tensor_view *out) {
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    float *all = malloc((size_t)rows * (size_t)cols * sizeof(float));
+    float *sl = malloc((size_t)(nr * nc > 0 ? nr * nc : 1) * sizeof(float));
+    int rc = all && sl ? tensor_to_f32(t, all) : SPECD_ENOMEM;
+    for (int64_t r = 0; r < nr && !rc; r++)
+        memcpy(sl + r * nc, all + (r0 + r) * cols + c0, (size_t)nc * sizeof(float));
+    if (!rc) rc = keep(owner, sl);
+    free(all);
+    if (rc) {
+        free(sl);
+        return rc;
+    }
+    memset(out, 0, sizeof *out);
+    out->data = sl;
+    out->dtype = TDT_F32;
+    out->ndim = 2;
+    out->shape[0] = nr;
+    out->shape[1] = nc;
+    return 0;
+}
+
 int shard_slice_rows(model *owner, const tensor_view *t, int64_t r0, int64_t n, tensor_view *out) {
     if (!t || !out || !t->data || r0 < 0 || n < 0) return SPECD_EINVAL;
     int64_t rows = t->shape[0];
     if (r0 + n > rows) return SPECD_ERANGE;
+    if (t->dtype == TDT_F8_E4M3) return t->ndim == 2 ? fp8_slice(owner, t, r0, n, 0, t->shape[1], out) : SPECD_EINVAL;
     *out = *t;
     if (t->ndim == 2) {
         size_t rb = span_bytes(t->dtype, t->shape[1]);
@@ -117,6 +144,7 @@ int shard_slice_cols(model *owner, const tensor_view *t, int64_t c0, int64_t n, 
     if (!t || !out || !t->data || t->ndim != 2 || c0 < 0 || n < 0) return SPECD_EINVAL;
     int64_t rows = t->shape[0], cols = t->shape[1];
     if (c0 + n > cols) return SPECD_ERANGE;
+    if (t->dtype == TDT_F8_E4M3) return fp8_slice(owner, t, 0, rows, c0, n, out);
     size_t rb = span_bytes(t->dtype, cols), off = span_bytes(t->dtype, c0);
     size_t nb = span_bytes(t->dtype, n);
     if (!rb) return SPECD_EINVAL;
@@ -148,7 +176,8 @@ int shard_slice_cols(model *owner, const tensor_view *t, int64_t c0, int64_t n, 
     for (int64_t r = 0; r < rows && !rc; r++) {
         const float *src = all ? all + (size_t)r * cols : row;
         if (!all) {
-            tensor_view rv = {(const uint8_t *)t->data + (size_t)r * rb, t->dtype, 1, {cols, 0}, 0};
+            tensor_view rv = {.data = (const uint8_t *)t->data + (size_t)r * rb, .dtype = t->dtype, .ndim = 1,
+                              .shape = {cols, 0}};
             if ((rc = tensor_to_f32(&rv, row))) break;
         }
         memcpy(buf + (size_t)r * n, src + c0, (size_t)n * sizeof(float));

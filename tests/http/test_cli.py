@@ -35,7 +35,7 @@ def test_config_errors_exit_2(tmp_path):
     assert run("--bogus").returncode == 2
     assert run().returncode == 2  # no model
     r = run("--model", TINY, "--dtype", "int3")
-    assert r.returncode == 2 and "dtype must be auto, bf16 or gguf" in r.stderr
+    assert r.returncode == 2 and "dtype must be auto, bf16, gguf or fp8" in r.stderr
     assert run("--help").returncode == 0
 
 

@@ -1,5 +1,7 @@
 /* Skinny GEMM for decode (n <= 8 rows of activations): Y[t, o] (+)= sum_k W[o, k] X[t, k],
- * W [out, in] bf16, X [n, in] bf16, Y [n, out] fp32, fp32 accumulation. At batch 1-8 a
+ * W [out, in] bf16 or FP8 E4M3 with a scale per row (k_wmat: 8-byte loads of 8 codes,
+ * converted two per cvt; the scale multiplies the finished dot), X [n, in] bf16, Y [n, out]
+ * fp32, fp32 accumulation. At batch 1-8 a
  * decode step is a stream over every weight once, so these kernels are written for memory
  * bandwidth: one warp per output row, 16-byte weight loads marked streaming (they are
  * read once per step and must not evict the activations), four loads in flight per lane
@@ -43,20 +45,27 @@ __device__ __forceinline__ void fma8(const float (&w1)[8], const float (&w2)[8],
     }
 }
 
+/* Weight words of 8 elements: uint4 = 8 bf16, uint2 = 8 FP8 E4M3 (k_wmat with a scale per
+ * row, applied to the finished dots in the epilogue). */
+__device__ __forceinline__ void w_unpack(const uint4 &v, float (&f)[8]) { k_bf16x8(v, f); }
+__device__ __forceinline__ void w_unpack(const uint2 &v, float (&f)[8]) { k_fp8x8(v, f); }
+__device__ __forceinline__ uint4 w_bf16(const uint4 &v) { return v; }
+__device__ __forceinline__ uint4 w_bf16(const uint2 &v) { return k_fp8x8_bf16(v); }
+
 /* a1[b] += W1[0:len8) . X[b, 0:len8) (and a2 with W2 when TWO) for one warp (X rows xs8
  * uint4 apart). Both weight rows stream in the same loop, so each activation load and
  * its unpacking serve both (at batch 2 the unpacking, not the memory, was the limit).
  * p1 / p2 hold the first GEMV_UNROLL loads (issued by the caller, possibly before the
  * PDL wait). */
-template <int NB, bool TWO, int U = GEMV_UNROLL>
-__device__ __forceinline__ void warp_rows_dot(const uint4 *__restrict__ w1, const uint4 *__restrict__ w2,
-                                              const uint4 *X, int len8, int xs8, int lane, uint4 (&p1)[U],
-                                              uint4 (&p2)[U], float (&a1)[NB], float (&a2)[NB]) {
+template <int NB, bool TWO, typename WV, int U = GEMV_UNROLL>
+__device__ __forceinline__ void warp_rows_dot(const WV *__restrict__ w1, const WV *__restrict__ w2,
+                                              const uint4 *X, int len8, int xs8, int lane, WV (&p1)[U],
+                                              WV (&p2)[U], float (&a1)[NB], float (&a2)[NB]) {
     int k = lane;
     bool first = true;
     float f1[8], f2[8];
     for (; k + 32 * (U - 1) < len8; k += 32 * U) {
-        uint4 v1[U], v2[U];
+        WV v1[U], v2[U];
         if (first) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -73,21 +82,21 @@ __device__ __forceinline__ void warp_rows_dot(const uint4 *__restrict__ w1, cons
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            k_bf16x8(v1[u], f1);
-            if (TWO) k_bf16x8(v2[u], f2);
+            w_unpack(v1[u], f1);
+            if (TWO) w_unpack(v2[u], f2);
             fma8<NB, TWO>(f1, f2, X + k + 32 * u, xs8, a1, a2);
         }
     }
     for (; k < len8; k += 32) {
-        k_bf16x8(__ldcs(w1 + k), f1);
-        if (TWO) k_bf16x8(__ldcs(w2 + k), f2);
+        w_unpack(__ldcs(w1 + k), f1);
+        if (TWO) w_unpack(__ldcs(w2 + k), f2);
         fma8<NB, TWO>(f1, f2, X + k, xs8, a1, a2);
     }
 }
 
 /* The first GEMV_UNROLL loads of a row (only when the row has a full first group). */
-template <int U = GEMV_UNROLL>
-__device__ __forceinline__ void prefetch_row(const uint4 *__restrict__ w, int in8, int lane, uint4 (&w0)[U]) {
+template <typename WV, int U = GEMV_UNROLL>
+__device__ __forceinline__ void prefetch_row(const WV *__restrict__ w, int in8, int lane, WV (&w0)[U]) {
     if (lane + 32 * (U - 1) < in8) {
 #pragma unroll
         for (int u = 0; u < U; u++) w0[u] = __ldcs(w + lane + 32 * u);
@@ -100,6 +109,7 @@ enum { EPI_PLAIN, EPI_GATED, EPI_ROPE };
 typedef struct {
     float *Y;
     int out, accumulate;
+    const float *wscale;   /* FP8 weights: each matrix row's scale; NULL for bf16 */
     /* norm fold: consumer (ss_in: scale the dots) and producer (EPI_PLAIN + accumulate) */
     const unsigned long long *ss_in;
     float eps, inv_in;
@@ -135,9 +145,9 @@ __device__ __forceinline__ void unit_rows(const gemv_epi &e, int u, int &r1, int
  * each dotting one contiguous KS-th of the input (split-K inside the block, summed through
  * shared memory): a projection with few rows (O, down, QKV at batch 1) still puts enough
  * warps -- and loads -- in flight to stream at full bandwidth. */
-template <int NB, int MODE, int KS>
+template <int NB, int MODE, int KS, typename WV>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_units, int in8, gemv_epi e) {
+gemv_kernel(const WV *__restrict__ W, const uint4 *__restrict__ X, int n_units, int in8, gemv_epi e) {
     constexpr bool TWO = MODE != EPI_PLAIN;
     constexpr int UPB = GEMV_WARPS / KS;   /* units per block */
     k_pdl_trigger();
@@ -147,8 +157,8 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
     const int len8 = in8 / KS, k0 = ks * len8;
     int r1 = 0, r2 = 0;
     if (live) unit_rows<MODE>(e, u, r1, r2);
-    const uint4 *w1p = W + (size_t)r1 * in8 + k0, *w2p = W + (size_t)r2 * in8 + k0;
-    uint4 w1[GEMV_UNROLL], w2[GEMV_UNROLL];
+    const WV *w1p = W + (size_t)r1 * in8 + k0, *w2p = W + (size_t)r2 * in8 + k0;
+    WV w1[GEMV_UNROLL], w2[GEMV_UNROLL];
     /* what the epilogue of lane b < NB of the unit's first warp reads, loaded early so
      * the tail does not wait on L2: the next norm's weight (a weight: before the wait),
      * the residual row, the sum of squares and the rotary / KV-write inputs (after it) */
@@ -160,6 +170,11 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
         if (TWO) prefetch_row(w2p, len8, lane, w2);
     }
     if (MODE == EPI_PLAIN && e.xg && writer) g_own = e.g_out[r1];
+    float s1 = 1.f, s2 = 1.f;   /* FP8 row scales (constant weights: before the wait) */
+    if (e.wscale && writer) {
+        s1 = e.wscale[r1];
+        if (TWO) s2 = e.wscale[r2];
+    }
     k_pdl_wait();
     if (MODE == EPI_PLAIN && e.accumulate && writer) y_own = e.Y[(size_t)b_own * e.out + r1];
     if (e.ss_in && writer) rs_own = rsqrtf(k_ss_value(e.ss_in[b_own]) * e.inv_in + e.eps);
@@ -170,7 +185,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
 #pragma unroll
     for (int b = 0; b < NB; b++) a1[b] = a2[b] = 0.f;
     if (live) {
-        warp_rows_dot<NB, TWO>(w1p, w2p, X + k0, len8, in8, lane, w1, w2, a1, a2);
+        warp_rows_dot<NB, TWO, WV>(w1p, w2p, X + k0, len8, in8, lane, w1, w2, a1, a2);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             a1[b] = k_warp_sum(a1[b]);
@@ -201,8 +216,8 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             if (lane != b) continue;
-            a1[b] *= rs_own;
-            a2[b] *= rs_own;
+            a1[b] *= rs_own * s1;   /* bf16: s = 1, the same bits as rs_own alone */
+            a2[b] *= rs_own * s2;
             if (MODE == EPI_PLAIN) {
                 const float h = y_own + a1[b];
                 e.Y[(size_t)b * e.out + r1] = h;
@@ -230,7 +245,7 @@ gemv_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n_unit
     }
 }
 
-static int gemv_shape_ok(const uint16_t *W, const uint16_t *X, int in, int n, int max_n) {
+static int gemv_shape_ok(const void *W, const uint16_t *X, int in, int n, int max_n) {
     return in > 0 && in % 8 == 0 && n >= 1 && n <= max_n && ((uintptr_t)W | (uintptr_t)X) % 16 == 0;
 }
 
@@ -245,20 +260,20 @@ static int gemv_ksplit(int n_units, int in8) {
     return ks;
 }
 
-template <int NB, int MODE>
-static int gemv_launch_ks(const uint4 *w, const uint4 *x, int n_units, int in8, const gemv_epi &e, cudaStream_t s) {
+template <int NB, int MODE, typename WV>
+static int gemv_launch_ks(const WV *w, const uint4 *x, int n_units, int in8, const gemv_epi &e, cudaStream_t s) {
     const dim3 block(GEMV_WARPS * 32);
-#define GEMV_KS_CASE(K)                                                                                 \
-    case K:                                                                                             \
-        return k_launch(gemv_kernel<NB, MODE, K>, dim3((n_units + GEMV_WARPS / K - 1) / (GEMV_WARPS / K)), \
+#define GEMV_KS_CASE(K)                                                                                     \
+    case K:                                                                                                 \
+        return k_launch(gemv_kernel<NB, MODE, K, WV>, dim3((n_units + GEMV_WARPS / K - 1) / (GEMV_WARPS / K)), \
                         block, 0, s, w, x, n_units, in8, e)
     switch (gemv_ksplit(n_units, in8)) {
         GEMV_KS_CASE(8);
         GEMV_KS_CASE(4);
         GEMV_KS_CASE(2);
     default:
-        return k_launch(gemv_kernel<NB, MODE, 1>, dim3((n_units + GEMV_WARPS - 1) / GEMV_WARPS), block, 0, s, w, x,
-                        n_units, in8, e);
+        return k_launch(gemv_kernel<NB, MODE, 1, WV>, dim3((n_units + GEMV_WARPS - 1) / GEMV_WARPS), block, 0, s, w,
+                        x, n_units, in8, e);
     }
 #undef GEMV_KS_CASE
 }
@@ -297,9 +312,9 @@ __device__ __forceinline__ void tc_mma_group(float (&c)[4], const uint4 &wa, con
     tc_mma(c, a1, x.z, x.w);
 }
 
-template <int MODE, int KS>
+template <int MODE, int KS, typename WV>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_tc_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n, int items, int in8, gemv_epi e) {
+gemv_tc_kernel(const WV *__restrict__ W, const uint4 *__restrict__ X, int n, int items, int in8, gemv_epi e) {
     constexpr bool TWO = MODE != EPI_PLAIN;
     constexpr int UPB = GEMV_WARPS / KS, U = TWO ? 2 : 4;   /* 32-k groups in flight per lane */
     k_pdl_trigger();
@@ -310,40 +325,42 @@ gemv_tc_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n, 
     if (oka) tc_item_rows<MODE>(e, j0 + g, ra1, ra2);
     if (okb) tc_item_rows<MODE>(e, j0 + g + 8, rb1, rb2);
     const int len8 = in8 / KS, k0 = ks * len8 + q, ngr = len8 / 4;
-    const uint4 *wa = W + (size_t)ra1 * in8 + k0, *wb = W + (size_t)rb1 * in8 + k0;
-    const uint4 *wa2 = W + (size_t)ra2 * in8 + k0, *wb2 = W + (size_t)rb2 * in8 + k0;
+    const WV *wa = W + (size_t)ra1 * in8 + k0, *wb = W + (size_t)rb1 * in8 + k0;
+    const WV *wa2 = W + (size_t)ra2 * in8 + k0, *wb2 = W + (size_t)rb2 * in8 + k0;
     const uint4 *xr = X + (size_t)(okx ? g : 0) * in8 + k0;
     const uint4 z = make_uint4(0, 0, 0, 0);
-    uint4 pa[U], pb[U], pa2[U], pb2[U];
+    const WV zw = WV();
+    WV pa[U], pb[U], pa2[U], pb2[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {   /* weights only before the wait */
         const bool in = u < ngr;
-        pa[u] = in && oka ? __ldcs(wa + 4 * u) : z;
-        pb[u] = in && okb ? __ldcs(wb + 4 * u) : z;
+        pa[u] = in && oka ? __ldcs(wa + 4 * u) : zw;
+        pb[u] = in && okb ? __ldcs(wb + 4 * u) : zw;
         if (TWO) {
-            pa2[u] = in && oka ? __ldcs(wa2 + 4 * u) : z;
-            pb2[u] = in && okb ? __ldcs(wb2 + 4 * u) : z;
+            pa2[u] = in && oka ? __ldcs(wa2 + 4 * u) : zw;
+            pb2[u] = in && okb ? __ldcs(wb2 + 4 * u) : zw;
         }
     }
     k_pdl_wait();
     float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
     for (int gi = 0; gi < ngr; gi += U) {
-        uint4 xs[U], na[U], nb[U], na2[U], nb2[U];
+        uint4 xs[U];
+        WV na[U], nb[U], na2[U], nb2[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const bool cur = gi + u < ngr, nxt = gi + U + u < ngr;
             xs[u] = cur && okx ? xr[4 * (gi + u)] : z;
-            na[u] = nxt && oka ? __ldcs(wa + 4 * (gi + U + u)) : z;
-            nb[u] = nxt && okb ? __ldcs(wb + 4 * (gi + U + u)) : z;
+            na[u] = nxt && oka ? __ldcs(wa + 4 * (gi + U + u)) : zw;
+            nb[u] = nxt && okb ? __ldcs(wb + 4 * (gi + U + u)) : zw;
             if (TWO) {
-                na2[u] = nxt && oka ? __ldcs(wa2 + 4 * (gi + U + u)) : z;
-                nb2[u] = nxt && okb ? __ldcs(wb2 + 4 * (gi + U + u)) : z;
+                na2[u] = nxt && oka ? __ldcs(wa2 + 4 * (gi + U + u)) : zw;
+                nb2[u] = nxt && okb ? __ldcs(wb2 + 4 * (gi + U + u)) : zw;
             }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            tc_mma_group(c1, pa[u], pb[u], xs[u]);
-            if (TWO) tc_mma_group(c2, pa2[u], pb2[u], xs[u]);
+            tc_mma_group(c1, w_bf16(pa[u]), w_bf16(pb[u]), xs[u]);
+            if (TWO) tc_mma_group(c2, w_bf16(pa2[u]), w_bf16(pb2[u]), xs[u]);
             pa[u] = na[u];
             pb[u] = nb[u];
             if (TWO) {
@@ -374,13 +391,14 @@ gemv_tc_kernel(const uint4 *__restrict__ W, const uint4 *__restrict__ X, int n, 
 #pragma unroll
         for (int ri = 0; ri < 2; ri++) {
             const bool ok = ri ? okb : oka;
-            const int j = j0 + g + 8 * ri, r1 = ri ? rb1 : ra1;
+            const int j = j0 + g + 8 * ri, r1 = ri ? rb1 : ra1, r2 = ri ? rb2 : ra2;
+            const float s1 = e.wscale && ok ? e.wscale[r1] : 1.f, s2 = e.wscale && ok && TWO ? e.wscale[r2] : 1.f;
 #pragma unroll
             for (int ti = 0; ti < 2; ti++) {
                 const int t = 2 * q + ti;
                 if (!ok || t >= n) continue;
                 const float rs = e.ss_in ? rsqrtf(k_ss_value(e.ss_in[t]) * e.inv_in + e.eps) : 1.f;
-                const float v1 = c1[2 * ri + ti] * rs, v2 = c2[2 * ri + ti] * rs;
+                const float v1 = c1[2 * ri + ti] * (rs * s1), v2 = c2[2 * ri + ti] * (rs * s2);
                 if (MODE == EPI_PLAIN) {
                     const size_t o = (size_t)t * e.out + r1;
                     const float h = (e.accumulate ? e.Y[o] : 0.f) + v1;
@@ -428,13 +446,13 @@ static int gemv_tc_ksplit(int n_units, int in8) {
     return ks;
 }
 
-template <int MODE>
-static int gemv_tc_launch(const uint4 *w, const uint4 *x, int n, int items, int in8, const gemv_epi &e, cudaStream_t s) {
+template <int MODE, typename WV>
+static int gemv_tc_launch(const WV *w, const uint4 *x, int n, int items, int in8, const gemv_epi &e, cudaStream_t s) {
     const int n_units = (items + TCG_ITEMS - 1) / TCG_ITEMS;
     const dim3 block(GEMV_WARPS * 32);
-#define GEMV_TC_CASE(K)                                                                                   \
-    case K:                                                                                               \
-        return k_launch(gemv_tc_kernel<MODE, K>, dim3((n_units + GEMV_WARPS / K - 1) / (GEMV_WARPS / K)), \
+#define GEMV_TC_CASE(K)                                                                                       \
+    case K:                                                                                                   \
+        return k_launch(gemv_tc_kernel<MODE, K, WV>, dim3((n_units + GEMV_WARPS / K - 1) / (GEMV_WARPS / K)), \
                         block, 0, s, w, x, n, items, in8, e)
     switch (gemv_tc_ksplit(n_units, in8)) {
         GEMV_TC_CASE(8);
@@ -447,23 +465,31 @@ static int gemv_tc_launch(const uint4 *w, const uint4 *x, int n, int items, int 
 #undef GEMV_TC_CASE
 }
 
-template <int MODE>
-static int gemv_launch(const uint16_t *W, const uint16_t *X, int n_units, int in, int n, const gemv_epi &e,
-                       cudaStream_t s) {
-    const uint4 *w = (const uint4 *)W, *x = (const uint4 *)X;
+template <int MODE, typename WV>
+static int gemv_launch_t(const WV *w, const uint16_t *X, int n_units, int in, int n, const gemv_epi &e,
+                         cudaStream_t s) {
+    const uint4 *x = (const uint4 *)X;
     const int in8 = in / 8;
-    if (n >= 3 && in8 % 4 == 0) return gemv_tc_launch<MODE>(w, x, n, n_units, in8, e, s);
+    if (n >= 3 && in8 % 4 == 0) return gemv_tc_launch<MODE, WV>(w, x, n, n_units, in8, e, s);
     switch (n) {   /* each row count its own kernel: the activations stay in registers */
-    case 1: return gemv_launch_ks<1, MODE>(w, x, n_units, in8, e, s);
-    case 2: return gemv_launch_ks<2, MODE>(w, x, n_units, in8, e, s);
-    case 3: return gemv_launch_ks<3, MODE>(w, x, n_units, in8, e, s);
-    case 4: return gemv_launch_ks<4, MODE>(w, x, n_units, in8, e, s);
-    case 5: return gemv_launch_ks<5, MODE>(w, x, n_units, in8, e, s);
-    case 6: return gemv_launch_ks<6, MODE>(w, x, n_units, in8, e, s);
-    case 7: return gemv_launch_ks<7, MODE>(w, x, n_units, in8, e, s);
-    case 8: return gemv_launch_ks<8, MODE>(w, x, n_units, in8, e, s);
+    case 1: return gemv_launch_ks<1, MODE, WV>(w, x, n_units, in8, e, s);
+    case 2: return gemv_launch_ks<2, MODE, WV>(w, x, n_units, in8, e, s);
+    case 3: return gemv_launch_ks<3, MODE, WV>(w, x, n_units, in8, e, s);
+    case 4: return gemv_launch_ks<4, MODE, WV>(w, x, n_units, in8, e, s);
+    case 5: return gemv_launch_ks<5, MODE, WV>(w, x, n_units, in8, e, s);
+    case 6: return gemv_launch_ks<6, MODE, WV>(w, x, n_units, in8, e, s);
+    case 7: return gemv_launch_ks<7, MODE, WV>(w, x, n_units, in8, e, s);
+    case 8: return gemv_launch_ks<8, MODE, WV>(w, x, n_units, in8, e, s);
     default: return -1;
     }
+}
+
+/* bf16 words, or FP8 ones with W.scale as the epilogue's row scales. */
+template <int MODE>
+static int gemv_launch(k_wmat W, const uint16_t *X, int n_units, int in, int n, gemv_epi e, cudaStream_t s) {
+    e.wscale = W.scale;
+    if (W.scale) return gemv_launch_t<MODE>((const uint2 *)W.w, X, n_units, in, n, e, s);
+    return gemv_launch_t<MODE>((const uint4 *)W.w, X, n_units, in, n, e, s);
 }
 
 /* The consumer half of the norm fold (nin may be NULL). */
@@ -474,10 +500,10 @@ static void set_norm_in(gemv_epi &e, const k_norm_in *nin, int in) {
     e.inv_in = 1.f / (float)in;
 }
 
-extern "C" int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n,
-                                int accumulate, const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s) {
+extern "C" int k_gemv_w(k_wmat W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+                        const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s) {
     const int fold = nin || nout;
-    if (out <= 0 || !gemv_shape_ok(W, X, in, n, fold ? K_GEMV_FUSED_MAX_N : K_GEMV_MAX_N)) return -1;
+    if (out <= 0 || !gemv_shape_ok(W.w, X, in, n, fold ? K_GEMV_FUSED_MAX_N : K_GEMV_MAX_N)) return -1;
     if ((nin && !nin->ss) || (nout && (!accumulate || !nout->g || !nout->xg || !nout->ss))) return -1;
     gemv_epi e = {};
     e.Y = Y;
@@ -492,14 +518,19 @@ extern "C" int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, 
     return gemv_launch<EPI_PLAIN>(W, X, out, in, n, e, s);
 }
 
-extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
-                           int n, int accumulate, cudaStream_t s) {
-    return k_gemv_norm_bf16(W, X, Y, out, in, n, accumulate, NULL, NULL, s);
+extern "C" int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                                int accumulate, const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s) {
+    return k_gemv_w(k_wmat{W, NULL}, X, Y, out, in, n, accumulate, nin, nout, s);
 }
 
-extern "C" int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t *act, int F, int in, int n,
-                                 const k_norm_in *nin, cudaStream_t s) {
-    if (F <= 0 || !act || !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N) || (nin && !nin->ss)) return -1;
+extern "C" int k_gemv_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in,
+                           int n, int accumulate, cudaStream_t s) {
+    return k_gemv_w(k_wmat{W, NULL}, X, Y, out, in, n, accumulate, NULL, NULL, s);
+}
+
+extern "C" int k_gemv_gated_w(k_wmat W, const uint16_t *X, uint16_t *act, int F, int in, int n,
+                              const k_norm_in *nin, cudaStream_t s) {
+    if (F <= 0 || !act || !gemv_shape_ok(W.w, X, in, n, K_GEMV_FUSED_MAX_N) || (nin && !nin->ss)) return -1;
     gemv_epi e = {};
     e.out = F;
     e.act = act;
@@ -507,11 +538,16 @@ extern "C" int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t 
     return gemv_launch<EPI_GATED>(W, X, F, in, n, e, s);
 }
 
-extern "C" int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, const float *inv_freq,
-                               float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
-                               const k_norm_in *nin, cudaStream_t s) {
+extern "C" int k_gemv_gated_bf16(const uint16_t *W, const uint16_t *X, uint16_t *act, int F, int in, int n,
+                                 const k_norm_in *nin, cudaStream_t s) {
+    return k_gemv_gated_w(k_wmat{W, NULL}, X, act, F, in, n, nin, s);
+}
+
+extern "C" int k_gemv_qkv_rope_w(k_wmat W, const uint16_t *X, const float *bias, const float *inv_freq,
+                                 float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
+                                 const k_norm_in *nin, cudaStream_t s) {
     if (H <= 0 || KVH <= 0 || D <= 0 || (D & 1) || !inv_freq || !q_out || !g ||
-        !gemv_shape_ok(W, X, in, n, K_GEMV_FUSED_MAX_N) || (nin && !nin->ss))
+        !gemv_shape_ok(W.w, X, in, n, K_GEMV_FUSED_MAX_N) || (nin && !nin->ss))
         return -1;
     gemv_epi e = {};
     set_norm_in(e, nin, in);
@@ -523,4 +559,10 @@ extern "C" int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float
     e.D = D;
     e.g = *g;
     return gemv_launch<EPI_ROPE>(W, X, (H + 2 * KVH) * D / 2, in, n, e, s);
+}
+
+extern "C" int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, const float *inv_freq,
+                               float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
+                               const k_norm_in *nin, cudaStream_t s) {
+    return k_gemv_qkv_rope_w(k_wmat{W, NULL}, X, bias, inv_freq, q_out, n, H, KVH, D, in, g, nin, s);
 }

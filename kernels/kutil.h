@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "kernels/specd_kernels.h"
@@ -78,6 +80,35 @@ __device__ __forceinline__ void k_bf16x8(uint4 v, float (&f)[8]) {
         f[2 * i] = __uint_as_float(a[i] << 16);
         f[2 * i + 1] = __uint_as_float(a[i] & 0xffff0000u);
     }
+}
+
+/* The 8 FP8 E4M3 of an 8-byte load as fp32 (element i is byte i; two per cvt). Exact:
+ * every E4M3 value is a half. */
+__device__ __forceinline__ void k_fp8x8(uint2 v, float (&f)[8]) {
+    const uint32_t a[2] = {v.x, v.y};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(a[i >> 1] >> (16 * (i & 1))), __NV_E4M3);
+        const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+        f[2 * i] = p.x;
+        f[2 * i + 1] = p.y;
+    }
+}
+
+/* The same 8 values as packed bf16 (exact: E4M3 has 3 mantissa bits), for mma fragments. */
+__device__ __forceinline__ uint4 k_fp8x8_bf16(uint2 v) {
+    float f[8];
+    k_fp8x8(v, f);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (__float_as_uint(f[2 * i]) >> 16) | (__float_as_uint(f[2 * i + 1]) & 0xffff0000u);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* fp32 -> E4M3, nearest even, saturating to +-448 (NaN stays NaN): engine/model/fp8.c's
+ * fp8_e4m3_from_f32 on the device. */
+__device__ __forceinline__ uint8_t k_f2fp8(float x) {
+    return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
 
 __device__ __forceinline__ float k_warp_sum(float v) {

@@ -199,6 +199,32 @@ int k_gemv_qkv_rope(const uint16_t *W, const uint16_t *X, const float *bias, con
                     float *q_out, int n, int H, int KVH, int D, int in, const k_kv_geom *g,
                     const k_norm_in *nin, cudaStream_t s);
 
+/* A weight matrix of the decode GEMVs: bf16 [out, in] (scale NULL), or FP8 E4M3 bytes
+ * [out, in] with one fp32 scale per row (--dtype fp8, FP8 checkpoints): the dots are taken
+ * on the exact E4M3 values (fp32 FMAs, or bf16 mma at 3..8 rows) and multiplied by the
+ * row's scale before the epilogue. The _w forms take either; the _bf16 ones are theirs
+ * with a bf16 matrix. */
+typedef struct {
+    const void *w;
+    const float *scale;
+} k_wmat;
+int k_gemv_w(k_wmat W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+             const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s);
+int k_gemv_gated_w(k_wmat W, const uint16_t *X, uint16_t *act, int F, int in, int n, const k_norm_in *nin,
+                   cudaStream_t s);
+int k_gemv_qkv_rope_w(k_wmat W, const uint16_t *X, const float *bias, const float *inv_freq, float *q_out, int n,
+                      int H, int KVH, int D, int in, const k_kv_geom *g, const k_norm_in *nin, cudaStream_t s);
+
+/* FP8 (kernels/fp8.cu). k_quant_fp8_rows: each row of X [rows, cols] bf16 (16-byte
+ * aligned, cols % 8 == 0) to E4M3 Q [rows, cols] (8-byte aligned) and scale [rows]: the
+ * bytes of engine/model/fp8.c's fp8_quantize_row (scale max|x| / 448, 1 for a zero row).
+ * k_fp8_scale_rows: Y [n, out] = (accumulate ? Y : 0) + sw[o] * sx[t] * T[t, o], the
+ * rescaling of an FP8 GEMM run with unit scales (out % 4 == 0; T, sw, Y 16-byte aligned).
+ * -1 on bad arguments. */
+int k_quant_fp8_rows(const uint16_t *X, int rows, int cols, uint8_t *Q, float *scale, cudaStream_t s);
+int k_fp8_scale_rows(const float *T, const float *sw, const float *sx, float *Y, int n, int out, int accumulate,
+                     cudaStream_t s);
+
 /* One sparse logit adjustment of k_sample_params.adj: a logit_bias entry (v = the bias),
  * a suppressed id (v unused) or a token statistic (v = its count among generated tokens,
  * as a float). k_sample overwrites v with the logit it replaced, to put the row back. */

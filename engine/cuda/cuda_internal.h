@@ -3,13 +3,16 @@
  * step, graphs). Plain C11; device work goes through the launchers in kernels/.
  *
  * Storage: weights bf16, residual stream fp32, GEMM outputs fp32 (cuBLAS, bf16 in, fp32
- * accumulate), GEMM inputs bf16. KV pool bf16, block-major (see kernels/specd_kernels.h). */
+ * accumulate), GEMM inputs bf16. KV pool bf16, block-major (see kernels/specd_kernels.h).
+ * With FP8 projections (--dtype fp8, FP8 checkpoints) a layer's Q|K|V, O, gate|up and down
+ * hold E4M3 bytes with a scale per row (engine/cuda/cuda_fp8.c). */
 #ifndef SPECD_CUDA_INTERNAL_H
 #define SPECD_CUDA_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -43,6 +46,9 @@ typedef struct {
     uint16_t *exp_down;  /* n_experts x [hidden, moe_ffn] */
     int window;          /* sliding window of this layer, 0: full attention */
     cuda_qmat qqkv, qo, qgu, qdown;   /* quantized forms (then the bf16 pointer is NULL) */
+    /* FP8 projections: when a scale array [rows] is set, the matching pointer above
+     * (wqkv / wo / wgu / wdown) holds [rows, cols] E4M3 bytes, not bf16 */
+    float *sqkv, *so, *sgu, *sdown;
 } cuda_layer;
 
 typedef struct {
@@ -61,6 +67,7 @@ typedef struct {
                           * the unfused kernels only */
     cuda_layer *layers;  /* n_layers (host array of device pointers) */
     size_t q_scratch;    /* elements of the largest quantized projection (its bf16 copy) */
+    int fp8;             /* the dense projections are FP8 (cuda_layer.s*) */
     size_t weight_bytes;
 } cuda_model;
 
@@ -92,6 +99,8 @@ typedef struct {
     int no_gemv;             /* SPECD_CUDA_NO_GEMV=1: decode-sized GEMMs on cuBLAS (to bisect numerics) */
     int quant_weights;       /* from runner_config.weights_gguf (--dtype), not the environment:
                               * GGUF Q8_0 / Q4_K / Q6_K projections stay in their blocks (one GPU) */
+    int fp8_weights;         /* runner_config.weights_fp8 (--dtype fp8): 1 quantize the dense
+                              * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
@@ -174,6 +183,16 @@ typedef struct {
     uint16_t *d_moe_act;
     float *d_logits;     /* LR, vocab */
     uint16_t *d_qscratch;/* bf16 copy of one quantized projection, for passes past the GEMV */
+    /* FP8 GEMMs (engine/cuda/cuda_fp8.c; either model with FP8 projections): activations
+     * quantized per token [T, xbw] E4M3 and their scales [T]; cuBLASLt and its plans per
+     * shape; without cuBLASLt's per-row scale vectors (lt_outer 0) the unscaled products
+     * of up to CUDA_FP8_CHUNK tokens go through d_f8tmp [CUDA_FP8_CHUNK, widest out] */
+    uint8_t *d_xq;
+    float *d_xs, *d_f8tmp;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t lt_desc;
+    int lt_outer;
+    struct cuda_fp8_plan *fp8_plans;
     int32_t *d_meta, *h_meta;  /* META_N * T int32, pinned host copy */
     int32_t *d_iota, *d_zeros, *d_ones;  /* T each: static graph inputs */
     size_t work_bytes;
@@ -283,6 +302,16 @@ void cuda_fail(cuda_runner *r, const char *file, int line, const char *what, con
 int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, int world,
                     char *err, size_t errlen);
 void cuda_model_free(cuda_model *cm);
+
+/* engine/cuda/cuda_fp8.c: cuBLASLt and the FP8 buffers (after the models are loaded:
+ * xbw = the widest GEMM input, outw = the widest output, T tokens), release, and
+ * Y [n, out] = beta * Y + X [n, in] . W^T for FP8 W [out, in] with row scales sw: the
+ * activations quantized per token, an E4M3 GEMM with fp32 accumulation. */
+#define CUDA_FP8_CHUNK 1024
+int cuda_fp8_init(cuda_runner *r, size_t xbw, size_t outw, int T);
+void cuda_fp8_free(cuda_runner *r);
+int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, int in, const uint16_t *X, int n,
+                  float *Y, float beta);
 
 /* engine/cuda/cuda_step.c */
 int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p);

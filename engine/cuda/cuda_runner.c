@@ -421,6 +421,7 @@ static void cuda_destroy(runner *base) {
     cuda_sample_free(r);
     cuda_model_free(&r->m[0]);
     cuda_model_free(&r->m[1]);
+    cuda_fp8_free(r);
     void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
@@ -513,6 +514,7 @@ static int alloc_work(cuda_runner *r) {
         }
     size_t qs = r->m[0].q_scratch > r->m[1].q_scratch ? r->m[0].q_scratch : r->m[1].q_scratch;
     if (qs && dmalloc(r, &r->d_qscratch, qs * 2)) return SPECD_ECUDA;
+    if ((r->m[0].fp8 || r->m[1].fp8) && cuda_fp8_init(r, xbw, f32w, T)) return SPECD_ECUDA;
     if (ne && (dmalloc(r, &r->d_moe_lg, (size_t)T * ne * 4) || dmalloc(r, &r->d_moe_w, (size_t)T * nk * 4) ||
                dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, ne * 4) ||
                dmalloc(r, &r->d_moe_rows, ne * (size_t)T * 4) || dmalloc(r, &r->d_moe_act, (size_t)T * nk * mf * 2) ||
@@ -704,6 +706,12 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     if (c->mem_fraction <= 0 || c->mem_fraction > 1) c->mem_fraction = 0.9;
     cuda_tuning_read(&r->tune, r->opts.world);
     k_set_tuning(&r->tune.k);
+    r->tune.fp8_weights = c->weights_fp8;
+    if (c->weights_fp8 > 0 && r->opts.world > 1) {
+        specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                   "cuda runner: --dtype fp8 with tensor parallelism is not supported yet (one GPU only)");
+        goto fail_free;
+    }
     /* composed steps sample on the device (one GPU: ranks would each need the params) */
     r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
     r->base.forward_masks = r->base.forward_samples;
@@ -874,7 +882,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
                 "KV %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "
                 "captured decode sizes [%s]\n",
                 prop.name, r->n_sm, (double)(r->m[0].weight_bytes + r->m[1].weight_bytes) / (1 << 30),
-                r->m[0].q_scratch || r->m[1].q_scratch ? " (GGUF quantized projections kept in their blocks)" : "",
+                r->m[0].q_scratch || r->m[1].q_scratch ? " (GGUF quantized projections kept in their blocks)"
+                : r->m[0].fp8 || r->m[1].fp8        ? " (FP8 E4M3 projections)"
+                                                    : "",
                 (double)r->work_bytes / (1 << 30), (double)r->graph_bytes / (1 << 30), c->num_blocks,
                 c->block_size, (long long)c->num_blocks * c->block_size,
                 (double)c->num_blocks * block_bytes / (1 << 30), c->max_batch, c->max_seq_len,

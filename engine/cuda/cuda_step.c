@@ -42,11 +42,19 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* gemm() for a projection that may be kept in its GGUF blocks (q->type, work in
- * progress): up to K_GEMV_MAX_N token rows on the quantized GEMV, more through its bf16
- * copy in the scratch buffer and cuBLAS. */
-static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, int out, int in, const uint16_t *X, int n,
-                  float *Y, float beta) {
+/* gemm() for a projection that may be kept in its GGUF blocks (q->type): up to
+ * K_GEMV_MAX_N token rows on the quantized GEMV, more through its bf16 copy in the
+ * scratch buffer and cuBLAS. Or FP8 (sw, the row scales, set: W holds E4M3 bytes): up to
+ * K_GEMV_MAX_N rows on the GEMV reading the bytes, more on FP8 tensor cores. */
+static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const float *sw, int out, int in,
+                  const uint16_t *X, int n, float *Y, float beta) {
+    if (sw) {
+        if (n <= K_GEMV_MAX_N && !r->tune.no_gemv) {
+            K_CHECK(r, k_gemv_w((k_wmat){W, sw}, X, Y, out, in, n, beta != 0.f, NULL, NULL, r->stream));
+            return 0;
+        }
+        return cuda_fp8_gemm(r, (const uint8_t *)W, sw, out, in, X, n, Y, beta);
+    }
     if (!q->type) return gemm(r, W, out, in, X, n, Y, beta);
     if (n <= K_GEMV_MAX_N) {
         K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
@@ -148,24 +156,25 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         if (r->tune.dbg_skip & 2) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fuse_rope) {
-            K_CHECK(r, k_gemv_qkv_rope(L->wqkv, qkv_x, L->bqkv, L->inv_freq, r->d_q, n, H, KVH, D, hidden, &g,
-                                       qkv_nin, s));
+            K_CHECK(r, k_gemv_qkv_rope_w((k_wmat){L->wqkv, L->sqkv}, qkv_x, L->bqkv, L->inv_freq, r->d_q, n, H, KVH,
+                                         D, hidden, &g, qkv_nin, s));
         } else if (qkv_nin) {
-            K_CHECK(r, k_gemv_norm_bf16(L->wqkv, qkv_x, r->d_f32, qkvd, hidden, n, 0, qkv_nin, NULL, s));
+            K_CHECK(r, k_gemv_w((k_wmat){L->wqkv, L->sqkv}, qkv_x, r->d_f32, qkvd, hidden, n, 0, qkv_nin, NULL, s));
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         } else {
-            if ((rc = gemm_q(r, L->wqkv, &L->qqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wqkv, &L->qqkv, L->sqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
         if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if (L->post_attn_norm) {   /* Gemma 3: the output normed, then added */
-            if ((rc = gemm_q(r, L->wo, &L->qo, hidden, qd, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_attn_norm, r->d_resid, n, hidden, c->rms_eps, s));
         } else if (fuse_norm)
-            K_CHECK(r, k_gemv_norm_bf16(L->wo, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
-        else if (!(r->tune.dbg_skip & 8) && (rc = gemm_q(r, L->wo, &L->qo, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
+            K_CHECK(r, k_gemv_w((k_wmat){L->wo, L->so}, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
+        else if (!(r->tune.dbg_skip & 8) &&
+                 (rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
             return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
         if (!(r->tune.dbg_skip & 1) && !fuse_norm)
@@ -187,20 +196,21 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         if (r->tune.dbg_skip & 16) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fused) {
-            K_CHECK(r, k_gemv_gated_bf16(L->wgu, fuse_norm ? r->d_xg : r->d_xb, r->d_act, F, hidden, n,
-                                         fuse_norm ? &nin_ffn : NULL, s));
+            K_CHECK(r, k_gemv_gated_w((k_wmat){L->wgu, L->sgu}, fuse_norm ? r->d_xg : r->d_xb, r->d_act, F, hidden,
+                                      n, fuse_norm ? &nin_ffn : NULL, s));
             act = r->d_act;
         } else {
-            if ((rc = gemm_q(r, L->wgu, &L->qgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wgu, &L->qgu, L->sgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
             if (c->act == ACT_GELU_TANH) K_CHECK(r, k_gelu_tanh_mul(r->d_f32, r->d_xb, n, F, s));
             else K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
         if (L->post_ffn_norm) {
-            if ((rc = gemm_q(r, L->wdown, &L->qdown, hidden, F, act, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_f32, 0.f))) return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_ffn_norm, r->d_resid, n, hidden, c->rms_eps, s));
         } else if (fuse_norm && l + 1 < c->n_layers)
-            K_CHECK(r, k_gemv_norm_bf16(L->wdown, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
-        else if (!(r->tune.dbg_skip & 32) && (rc = gemm_q(r, L->wdown, &L->qdown, hidden, F, act, n, r->d_resid, beta_res)))
+            K_CHECK(r, k_gemv_w((k_wmat){L->wdown, L->sdown}, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
+        else if (!(r->tune.dbg_skip & 32) &&
+                 (rc = gemm_q(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_resid, beta_res)))
             return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
     }

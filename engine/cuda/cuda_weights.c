@@ -7,7 +7,14 @@
  *
  * With opts.random_weights the views are ignored and weights are filled on the device
  * (uniform, std 0.02; norms near 1), so benchmarks of 8B shapes need no host weights;
- * a shard's fill is its slice of the unsharded fill. */
+ * a shard's fill is its slice of the unsharded fill.
+ *
+ * FP8 projections (cm->fp8: --dtype fp8, or an FP8 checkpoint left as it is; one GPU):
+ * Q|K|V, O, gate|up and down become E4M3 bytes with a scale per row. A checkpoint's
+ * bytes and per-tensor / per-row scales are copied as they are; anything else (bf16,
+ * GGUF, block-scaled FP8, random fills) goes to the device as bf16 through a staging
+ * matrix and is quantized there per row (k_quant_fp8_rows: the bytes the CPU runner's
+ * fp8_round_row rounds to). Embeddings, lm_head, norms, routers and experts stay bf16. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +22,7 @@
 #include "engine/cuda/cuda_internal.h"
 #include "engine/core/err.h"
 #include "kernels/quant_blocks.h"
+#include "engine/model/fp8.h"
 
 /* Host staging for one conversion, reused across tensors. */
 typedef struct {
@@ -95,6 +103,62 @@ fail:
     return SPECD_ECUDA;
 }
 
+/* ---- FP8 projections ------------------------------------------------------------------ */
+
+/* Where a projection's bf16 goes first: its own matrix, or for FP8 the staging matrix
+ * that fp8_finish quantizes from. */
+static uint16_t *proj_bf16(const cuda_model *cm, uint16_t *w, uint16_t *stage) { return cm->fp8 ? stage : w; }
+
+/* The staged bf16 [rows, cols] quantized per row into w (E4M3 bytes) and scale [rows];
+ * waits, so the staging matrix can be overwritten by the host next. */
+static int fp8_finish(cuda_runner *r, const cuda_model *cm, const uint16_t *stage, uint16_t *w, float *scale,
+                      int64_t rows, int64_t cols) {
+    if (!cm->fp8) return 0;
+    K_CHECK(r, k_quant_fp8_rows(stage, (int)rows, (int)cols, (uint8_t *)w, scale, r->stream));
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
+/* One FP8 projection from views v[0..n) (their rows one after another, as the bf16 form
+ * fuses Q|K|V and gate|up): a checkpoint's bytes and row scales as stored when every view
+ * has them and the runner keeps them, else through bf16 and the device quantizer. */
+static int fp8_upload(cuda_runner *r, const cuda_model *cm, staging *s, const tensor_view *const *v, int n,
+                      uint16_t *w, float *scale, uint16_t *stage) {
+    int64_t rows = 0, cols = v[0]->shape[1];
+    int raw = r->tune.fp8_weights >= 0, rc = 0;
+    for (int i = 0; i < n; i++) {
+        rows += v[i]->shape[0];
+        raw &= v[i]->dtype == TDT_F8_E4M3 && v[i]->scale_cols == 1 && v[i]->scale_block[1] >= cols;
+    }
+    if (raw) {
+        uint8_t *hb = malloc((size_t)rows * (size_t)cols);
+        float *hs = malloc((size_t)rows * sizeof *hs);
+        int64_t r0 = 0;
+        rc = hb && hs ? 0 : SPECD_ENOMEM;
+        for (int i = 0; i < n && !rc; i++) {
+            if (!(rc = tensor_rows_raw(v[i], 0, v[i]->shape[0], hb + r0 * cols, NULL)))
+                rc = tensor_fp8_row_scales(v[i], hs + r0);
+            r0 += v[i]->shape[0];
+        }
+        if (!rc && (cudaMemcpy(w, hb, (size_t)rows * (size_t)cols, cudaMemcpyHostToDevice) != cudaSuccess ||
+                    cudaMemcpy(scale, hs, (size_t)rows * sizeof *hs, cudaMemcpyHostToDevice) != cudaSuccess)) {
+            cuda_fail(r, __FILE__, __LINE__, "cudaMemcpy(FP8 weights)", "copy failed");
+            rc = SPECD_ECUDA;
+        }
+        free(hb);
+        free(hs);
+        return rc;
+    }
+    int64_t r0 = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = upload_bf16(r, s, v[i], v[i]->shape[0], cols, 0, v[i]->shape[0], 0, cols, stage + r0 * cols);
+        r0 += v[i]->shape[0];
+    }
+    return rc ? rc : fp8_finish(r, cm, stage, w, scale, rows, cols);
+}
+
 /* ---- projections kept quantized (--dtype gguf, or auto on a GPU too small for bf16) ------ */
 
 /* The block type all of views v[0..n) share when the kernels read it in place (Q8_0, Q4_K,
@@ -150,7 +214,7 @@ static uint64_t mix_seed(uint64_t seed, uint64_t tag) {
  * [0.9, 1.1], biases +-0.02. Each logical tensor (q, k, v, o, gate, up, down, ...) has its
  * own stream indexed by its unsharded element index, so rank `rank` of a group holds
  * exactly its slice of what one GPU holds: TP 2 and TP 1 run the same model. */
-static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank) {
+static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank, uint16_t *stage) {
     const model_config *c = &cm->c;
     const size_t hidden = (size_t)c->hidden, D = (size_t)cm->D, H = (size_t)cm->H, KVH = (size_t)cm->KVH;
     const size_t F = (size_t)cm->ffn, qd = H * D, kd = KVH * D, rk = (size_t)rank;
@@ -166,21 +230,28 @@ static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank) 
     K_CHECK(r, k_fill_uniform_f32(cm->out_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &cm->layers[l];
-        uint16_t *q = L->wqkv, *k = q + qd * hidden, *v = k + kd * hidden;
+        uint16_t *q = proj_bf16(cm, L->wqkv, stage), *k = q + qd * hidden, *v = k + kd * hidden;
         K_CHECK(r, k_fill_uniform_bf16_slice(q, qd, hidden, rk * qd, 0, hidden, mix_seed(seed, tag++), a, st));
         K_CHECK(r, k_fill_uniform_bf16_slice(k, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
         K_CHECK(r, k_fill_uniform_bf16_slice(v, kd, hidden, rk * kd, 0, hidden, mix_seed(seed, tag++), a, st));
-        K_CHECK(r, k_fill_uniform_bf16_slice(L->wo, hidden, qd, 0, rk * qd, full_qd, mix_seed(seed, tag++), a, st));
+        if (fp8_finish(r, cm, stage, L->wqkv, L->sqkv, (int64_t)(qd + 2 * kd), (int64_t)hidden)) goto fail;
+        K_CHECK(r, k_fill_uniform_bf16_slice(proj_bf16(cm, L->wo, stage), hidden, qd, 0, rk * qd, full_qd,
+                                             mix_seed(seed, tag++), a, st));
+        if (fp8_finish(r, cm, stage, L->wo, L->so, (int64_t)hidden, (int64_t)qd)) goto fail;
         if (L->router) {   /* experts (never sharded: TP refuses MoE) */
             const size_t E = (size_t)c->n_experts, MF = (size_t)c->moe_ffn;
             K_CHECK(r, k_fill_uniform_bf16(L->router, E * hidden, mix_seed(seed, tag++), a, st));
             K_CHECK(r, k_fill_uniform_bf16(L->exp_gu, E * 2 * MF * hidden, mix_seed(seed, tag++), a, st));
             K_CHECK(r, k_fill_uniform_bf16(L->exp_down, E * hidden * MF, mix_seed(seed, tag++), a, st));
         } else {
-            K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu, F, hidden, rk * F, 0, hidden, mix_seed(seed, tag++), a, st));
-            K_CHECK(r, k_fill_uniform_bf16_slice(L->wgu + F * hidden, F, hidden, rk * F, 0, hidden,
+            uint16_t *gu = proj_bf16(cm, L->wgu, stage);
+            K_CHECK(r, k_fill_uniform_bf16_slice(gu, F, hidden, rk * F, 0, hidden, mix_seed(seed, tag++), a, st));
+            K_CHECK(r, k_fill_uniform_bf16_slice(gu + F * hidden, F, hidden, rk * F, 0, hidden,
                                                  mix_seed(seed, tag++), a, st));
-            K_CHECK(r, k_fill_uniform_bf16_slice(L->wdown, hidden, F, 0, rk * F, full_F, mix_seed(seed, tag++), a, st));
+            if (fp8_finish(r, cm, stage, L->wgu, L->sgu, (int64_t)(2 * F), (int64_t)hidden)) goto fail;
+            K_CHECK(r, k_fill_uniform_bf16_slice(proj_bf16(cm, L->wdown, stage), hidden, F, 0, rk * F, full_F,
+                                                 mix_seed(seed, tag++), a, st));
+            if (fp8_finish(r, cm, stage, L->wdown, L->sdown, (int64_t)hidden, (int64_t)F)) goto fail;
         }
         K_CHECK(r, k_fill_uniform_f32(L->attn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
         K_CHECK(r, k_fill_uniform_f32(L->ffn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
@@ -199,7 +270,7 @@ fail:
 }
 
 static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_layer *ml, int l,
-                      int rank, char *err, size_t errlen) {
+                      int rank, uint16_t *stage, char *err, size_t errlen) {
     const model_config *c = &cm->c;
     cuda_layer *L = &cm->layers[l];
     int64_t hidden = c->hidden, D = c->head_dim, H = c->n_heads, KVH = c->n_kv_heads;
@@ -223,14 +294,23 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
         (L->qdown.type && (rc = quant_upload(r, &L->qdown, vdown, 1))))
         goto out;
     uint16_t *q = L->wqkv, *k = q + h * D * hidden, *v = k + kvh * D * hidden;
-    if ((L->wqkv && (rc = upload_bf16(r, s, &ml->wq, H * D, hidden, rank * h * D, h * D, 0, hidden, q))) ||
+    if (cm->fp8 && ((rc = fp8_upload(r, cm, s, vqkv, 3, L->wqkv, L->sqkv, stage)) ||
+                    (rc = fp8_upload(r, cm, s, vo, 1, L->wo, L->so, stage)) ||
+                    (!c->n_experts && (rc = fp8_upload(r, cm, s, vgu, 2, L->wgu, L->sgu, stage))) ||
+                    (!c->n_experts && (rc = fp8_upload(r, cm, s, vdown, 1, L->wdown, L->sdown, stage)))))
+        goto out;
+    if (cm->fp8) {
+        /* projections done */
+    } else if ((L->wqkv && (rc = upload_bf16(r, s, &ml->wq, H * D, hidden, rank * h * D, h * D, 0, hidden, q))) ||
         (L->wqkv && (rc = upload_bf16(r, s, &ml->wk, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, k))) ||
         (L->wqkv && (rc = upload_bf16(r, s, &ml->wv, KVH * D, hidden, rank * kvh * D, kvh * D, 0, hidden, v))) ||
         (L->wo && (rc = upload_bf16(r, s, &ml->wo, hidden, H * D, 0, hidden, rank * h * D, h * D, L->wo))) ||
         (L->wgu && (rc = upload_bf16(r, s, &ml->w_gate, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu))) ||
         (L->wgu && (rc = upload_bf16(r, s, &ml->w_up, c->ffn, hidden, rank * F, F, 0, hidden, L->wgu + F * hidden))) ||
-        (L->wdown && (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown))) ||
-        (rc = upload_norm(r, s, &ml->attn_norm, hidden, L->attn_norm, c->norm_plus_one)) ||
+        (L->wdown && (rc = upload_bf16(r, s, &ml->w_down, hidden, c->ffn, 0, hidden, rank * F, F, L->wdown)))) {
+        goto out;
+    }
+    if ((rc = upload_norm(r, s, &ml->attn_norm, hidden, L->attn_norm, c->norm_plus_one)) ||
         (rc = upload_norm(r, s, &ml->ffn_norm, hidden, L->ffn_norm, c->norm_plus_one)))
         goto out;
     if (L->post_attn_norm) {
@@ -286,6 +366,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
                     char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     staging s = {0};
+    uint16_t *stage = NULL;   /* FP8: the bf16 staging matrix (the largest projection) */
     int rc = SPECD_ECUDA;
     memset(cm, 0, sizeof *cm);
     cm->c = *c;
@@ -319,6 +400,16 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
     if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
     cm->plain = c->sandwich_norms || c->act != ACT_SILU || c->embed_scale > 0 || c->attn_scale > 0 || c->n_experts;
+    /* FP8 projections on one GPU (the runner refuses --dtype fp8 with tensor parallelism;
+     * an FP8 checkpoint's shards are dequantized to bf16 there) */
+    cm->fp8 = world == 1 && (r->tune.fp8_weights > 0 || (r->tune.fp8_weights == 0 && c->fp8));
+    const size_t esz = cm->fp8 ? 1 : 2;   /* bytes per projection element */
+    if (cm->fp8) {
+        size_t big = qkv * hidden;
+        big = hidden * cm->H * D > big ? hidden * cm->H * D : big;
+        big = !c->n_experts && 2 * (size_t)cm->ffn * hidden > big ? 2 * (size_t)cm->ffn * hidden : big;
+        if (cudaMalloc((void **)&stage, big * 2) != cudaSuccess) goto oom;
+    }
     if (c->rope_local_theta > 0 && !(cm->inv_freq_local = dalloc(r, cm, D / 2 * 4))) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &cm->layers[l];
@@ -326,11 +417,16 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         const tensor_view *vqkv[3] = {ml ? &ml->wq : NULL, ml ? &ml->wk : NULL, ml ? &ml->wv : NULL};
         const tensor_view *vo[1] = {ml ? &ml->wo : NULL}, *vgu[2] = {ml ? &ml->w_gate : NULL, ml ? &ml->w_up : NULL};
         const tensor_view *vdown[1] = {ml ? &ml->w_down : NULL};
-        int tq = ml ? quant_type(r, vqkv, 3) : 0, to = ml ? quant_type(r, vo, 1) : 0;
-        int tgu = ml && !c->n_experts ? quant_type(r, vgu, 2) : 0, tdn = ml && !c->n_experts ? quant_type(r, vdown, 1) : 0;
-        if ((tq ? quant_alloc(r, cm, &L->qqkv, vqkv, 3, tq) : !(L->wqkv = dalloc(r, cm, qkv * hidden * 2))) ||
-            (to ? quant_alloc(r, cm, &L->qo, vo, 1, to) : !(L->wo = dalloc(r, cm, hidden * cm->H * D * 2))) ||
+        int tq = ml && !cm->fp8 ? quant_type(r, vqkv, 3) : 0, to = ml && !cm->fp8 ? quant_type(r, vo, 1) : 0;
+        int tgu = ml && !cm->fp8 && !c->n_experts ? quant_type(r, vgu, 2) : 0;
+        int tdn = ml && !cm->fp8 && !c->n_experts ? quant_type(r, vdown, 1) : 0;
+        if ((tq ? quant_alloc(r, cm, &L->qqkv, vqkv, 3, tq) : !(L->wqkv = dalloc(r, cm, qkv * hidden * esz))) ||
+            (to ? quant_alloc(r, cm, &L->qo, vo, 1, to) : !(L->wo = dalloc(r, cm, hidden * cm->H * D * esz))) ||
             !(L->attn_norm = dalloc(r, cm, hidden * 4)) || !(L->ffn_norm = dalloc(r, cm, hidden * 4)))
+            goto oom;
+        if (cm->fp8 && (!(L->sqkv = dalloc(r, cm, qkv * 4)) || !(L->so = dalloc(r, cm, hidden * 4)) ||
+                        (!c->n_experts && (!(L->sgu = dalloc(r, cm, 2 * (size_t)cm->ffn * 4)) ||
+                                           !(L->sdown = dalloc(r, cm, hidden * 4))))))
             goto oom;
         if (tq || to || tgu || tdn) cm->plain = 1;   /* the fused GEMV forms read bf16 only */
         if (c->n_experts) {
@@ -338,8 +434,8 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
             if (!(L->router = dalloc(r, cm, E * hidden * 2)) || !(L->exp_gu = dalloc(r, cm, E * 2 * MF * hidden * 2)) ||
                 !(L->exp_down = dalloc(r, cm, E * hidden * MF * 2)))
                 goto oom;
-        } else if ((tgu ? quant_alloc(r, cm, &L->qgu, vgu, 2, tgu) : !(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * 2))) ||
-                   (tdn ? quant_alloc(r, cm, &L->qdown, vdown, 1, tdn) : !(L->wdown = dalloc(r, cm, hidden * cm->ffn * 2)))) {
+        } else if ((tgu ? quant_alloc(r, cm, &L->qgu, vgu, 2, tgu) : !(L->wgu = dalloc(r, cm, 2 * (size_t)cm->ffn * hidden * esz))) ||
+                   (tdn ? quant_alloc(r, cm, &L->qdown, vdown, 1, tdn) : !(L->wdown = dalloc(r, cm, hidden * cm->ffn * esz)))) {
             goto oom;
         }
         if (c->qkv_bias && !(L->bqkv = dalloc(r, cm, qkv * 4))) goto oom;
@@ -364,7 +460,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     }
 
     if (r->opts.random_weights) {
-        if ((rc = fill_random(r, cm, mix_seed(r->opts.seed, (uint64_t)cm->pool_layer0), rank)))
+        if ((rc = fill_random(r, cm, mix_seed(r->opts.seed, (uint64_t)cm->pool_layer0), rank, stage)))
             goto cuda_err;
     } else {
         if ((rc = check_view(&m->tok_embd, c->vocab, c->hidden, "embed_tokens", -1, err, errlen)) ||
@@ -382,10 +478,11 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
                 goto cuda_err;
         }
         for (int l = 0; l < c->n_layers; l++)
-            if ((rc = load_layer(r, cm, &s, &m->layers[l], l, rank, err, errlen))) goto out;
+            if ((rc = load_layer(r, cm, &s, &m->layers[l], l, rank, stage, err, errlen))) goto out;
     }
     free(s.bf);
     free(s.f);
+    cudaFree(stage);
     cm->loaded = 1;
     return 0;
 oom:
@@ -401,6 +498,7 @@ cuda_err:
 out:
     free(s.bf);
     free(s.f);
+    cudaFree(stage);
     return rc;
 }
 
@@ -410,7 +508,7 @@ void cuda_model_free(cuda_model *cm) {
             cuda_layer *L = &cm->layers[l];
             void *ps[] = {L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->attn_norm, L->ffn_norm,
                           L->wgu, L->wdown, L->post_attn_norm, L->post_ffn_norm, L->router, L->exp_gu,
-                          L->exp_down, L->qqkv.w, L->qo.w, L->qgu.w, L->qdown.w};
+                          L->exp_down, L->qqkv.w, L->qo.w, L->qgu.w, L->qdown.w, L->sqkv, L->so, L->sgu, L->sdown};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
         free(cm->layers);

@@ -13,7 +13,11 @@
  *   against the unfused path.
  * - k_gemv_q / k_dequant_q (GGUF blocks read in place) against the host decode, every type
  *   and token count, unaligned row starts; then a printed timing of k_gemv_q at batch 1
- *   (GB/s of weight bytes) next to k_gemv_bf16 on the same shapes. */
+ *   (GB/s of weight bytes) next to k_gemv_bf16 on the same shapes.
+ * - FP8 weights (k_wmat with row scales): the plain, accumulating, gated and norm-folded
+ *   GEMVs for n = 1..8 against a double reference on the exact E4M3 values; the device
+ *   quantizer k_quant_fp8_rows byte for byte against the host's fp8_quantize_row; a
+ *   printed batch-1 timing next to bf16 on the same shape. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +25,7 @@
 
 #include "kernels/specd_kernels.h"
 #include "kernels/quant_blocks.h"
+#include "engine/model/fp8.h"
 #include "tests/gpu/gpu_util.h"
 
 #define GUARD 64   /* poisoned elements after every output */
@@ -658,6 +663,172 @@ static void test_gemv_q_bandwidth_report(void **state) {
     }
 }
 
+/* ---- FP8 weights ----------------------------------------------------------------------- */
+
+/* A random [rows, cols] matrix quantized per row on the host: bytes, scales and the exact
+ * values they stand for (double). */
+static void fp8_matrix(int rows, int cols, uint8_t *q, float *sc, double *val) {
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    for (int r = 0; r < rows; r++) {
+        fill(row, (size_t)cols, -0.05f, 0.05f);
+        fp8_quantize_row(row, cols, q + (size_t)r * cols, &sc[r]);
+        for (int c = 0; c < cols; c++)
+            val[(size_t)r * cols + c] = (double)fp8_e4m3_to_f32(q[(size_t)r * cols + c]) * sc[r];
+    }
+    free(row);
+}
+
+static double dot_val(const double *w, const uint16_t *x, int in) {
+    double s = 0;
+    for (int j = 0; j < in; j++) s += w[j] * gu_bf2f(x[j]);
+    return s;
+}
+
+/* mode 0: plain, 1: accumulate, 2: gated (out = F) */
+static void check_fp8(int out, int in, int n, int mode) {
+    const int rows = mode == 2 ? 2 * out : out;
+    uint8_t *q = malloc((size_t)rows * in);
+    float *sc = malloc(sizeof(float) * rows);
+    double *val = malloc(sizeof(double) * (size_t)rows * in);
+    fp8_matrix(rows, in, q, sc, val);
+    uint16_t *X = malloc((size_t)n * in * 2);
+    fill_bf(X, (size_t)n * in, -1.f, 1.f);
+    const size_t no = (size_t)n * out;
+    void *dq = gu_upload(q, (size_t)rows * in), *ds = gu_upload(sc, sizeof(float) * rows);
+    void *dX = gu_upload(X, (size_t)n * in * 2);
+    double me = 0, mr = 0;
+    int bad = 0, guard = 0;
+    const k_wmat W = {dq, ds};
+    if (mode == 2) {
+        uint16_t *A = malloc((no + GUARD) * 2), *dA = gu_dev((no + GUARD) * 2);
+        assert_int_equal(k_gemv_gated_w(W, dX, dA, out, in, n, NULL, 0), 0);
+        gu_download(A, dA, (no + GUARD) * 2);
+        for (int b = 0; b < n; b++)
+            for (int o = 0; o < out; o++) {
+                double g = dot_val(val + (size_t)o * in, X + (size_t)b * in, in);
+                double u = dot_val(val + (size_t)(out + o) * in, X + (size_t)b * in, in);
+                double ref = g / (1.0 + exp(-g)) * u, got = gu_bf2f(A[(size_t)b * out + o]);
+                bad += isnan(got);
+                me = fmax(me, fabs(got - ref));
+                mr = fmax(mr, fabs(ref));
+            }
+        for (size_t i = no; i < no + GUARD; i++) guard += A[i] != 0xffff;
+        cudaFree(dA), free(A);
+    } else {
+        float *y0 = malloc(sizeof(float) * (no + GUARD)), *Y = malloc(sizeof(float) * (no + GUARD));
+        float *dY = gu_dev(sizeof(float) * (no + GUARD));
+        if (mode == 1) {
+            fill(y0, no, -1.f, 1.f);
+            GPU_CHECK(cudaMemcpy(dY, y0, sizeof(float) * no, cudaMemcpyHostToDevice));
+        }
+        assert_int_equal(k_gemv_w(W, dX, dY, out, in, n, mode == 1, NULL, NULL, 0), 0);
+        gu_download(Y, dY, sizeof(float) * (no + GUARD));
+        for (int b = 0; b < n; b++)
+            for (int o = 0; o < out; o++) {
+                double ref = dot_val(val + (size_t)o * in, X + (size_t)b * in, in) + (mode == 1 ? y0[(size_t)b * out + o] : 0);
+                double got = Y[(size_t)b * out + o];
+                bad += isnan(got);
+                me = fmax(me, fabs(got - ref));
+                mr = fmax(mr, fabs(ref));
+            }
+        for (size_t i = no; i < no + GUARD; i++) guard += !isnan(Y[i]);
+        cudaFree(dY), free(Y), free(y0);
+    }
+    double rel = bad ? INFINITY : me / (mr > 0 ? mr : 1);
+    printf("  fp8 gemv %s out %d in %d n %d: rel err %.2e, unwritten %d, guard hits %d\n",
+           mode == 2 ? "gated" : mode ? "accumulate" : "plain", out, in, n, rel, bad, guard);
+    assert_int_equal(bad, 0);
+    assert_int_equal(guard, 0);
+    assert_true(rel < (mode == 2 ? 8e-3 : 2e-4));   /* gated: its output is bf16 */
+    cudaFree(dq), cudaFree(ds), cudaFree(dX);
+    free(q), free(sc), free(val), free(X);
+}
+
+static void test_fp8_gemv_matches_exact_values(void **state) {
+    (void)state;
+    for (int n = 1; n <= 8; n++) check_fp8(1000, 1024, n, n % 2);   /* FMA form (1, 2), mma form (3..8) */
+    check_fp8(4096, 14336, 1, 1);   /* 8B down, split K */
+    check_fp8(1024, 4096, 2, 0);    /* 8B k|v rows */
+    check_fp8(172, 128, 3, 0);      /* rows no multiple of 16, in no multiple of 32: FMA form */
+    check_fp8(14336, 4096, 1, 2);   /* 8B gate|up */
+    check_fp8(8192, 2048, 5, 2);
+}
+
+/* The device quantizer gives the host's bytes and scales: ordinary rows, a zero row, a row
+ * with one large value (most of it in E4M3's subnormals), rows at the top of bf16's range. */
+static void test_fp8_quantizer_matches_host(void **state) {
+    (void)state;
+    const int rows = 64, cols = 4104;   /* cols % 8 == 0, not a multiple of the block's stride */
+    uint16_t *X = malloc((size_t)rows * cols * 2);
+    float *xf = malloc(sizeof(float) * (size_t)rows * cols);
+    fill_bf(X, (size_t)rows * cols, -3.f, 3.f);
+    for (int c = 0; c < cols; c++) X[(size_t)1 * cols + c] = 0;   /* row 1: zeros */
+    for (int c = 0; c < cols; c++) X[(size_t)2 * cols + c] = gu_f2bf(gu_uniform(&g_seed, -1e-3f, 1e-3f));
+    X[(size_t)2 * cols + 17] = gu_f2bf(1000.f);                     /* row 2: one outlier */
+    for (int c = 0; c < cols; c++) X[(size_t)3 * cols + c] = gu_f2bf(gu_uniform(&g_seed, -3e38f, 3e38f));
+    for (size_t i = 0; i < (size_t)rows * cols; i++) xf[i] = gu_bf2f(X[i]);
+    uint8_t *q = malloc((size_t)rows * cols), *gq = malloc((size_t)rows * cols + GUARD);
+    float *sc = malloc(sizeof(float) * rows), *gs = malloc(sizeof(float) * (rows + GUARD));
+    for (int r = 0; r < rows; r++) fp8_quantize_row(xf + (size_t)r * cols, cols, q + (size_t)r * cols, &sc[r]);
+    void *dX = gu_upload(X, (size_t)rows * cols * 2);
+    uint8_t *dq = gu_dev((size_t)rows * cols + GUARD);
+    float *ds = gu_dev(sizeof(float) * (rows + GUARD));
+    assert_int_equal(k_quant_fp8_rows(dX, rows, cols, dq, ds, 0), 0);
+    gu_download(gq, dq, (size_t)rows * cols + GUARD);
+    gu_download(gs, ds, sizeof(float) * (rows + GUARD));
+    size_t diff = 0;
+    for (size_t i = 0; i < (size_t)rows * cols; i++) diff += q[i] != gq[i];
+    for (int r = 0; r < rows; r++) assert_memory_equal(&sc[r], &gs[r], sizeof(float));
+    for (size_t i = 0; i < GUARD; i++) assert_int_equal(gq[(size_t)rows * cols + i], 0xff);
+    printf("  fp8 quantizer: %zu of %zu bytes differ from the host's; scales equal\n", diff, (size_t)rows * cols);
+    assert_int_equal(diff, 0);
+    assert_true(sc[1] == 1.f && q[cols] == 0);
+    assert_int_equal(k_quant_fp8_rows(dX, rows, 100, dq, ds, 0), -1);   /* cols % 8 */
+    cudaFree(dX), cudaFree(dq), cudaFree(ds);
+    free(X), free(xf), free(q), free(gq), free(sc), free(gs);
+}
+
+/* Batch-1 time of the FP8 GEMV next to bf16 on the 8B gate|up shape (printed, not asserted). */
+static void test_fp8_gemv_bandwidth_report(void **state) {
+    (void)state;
+    const int out = 28672, in = 4096, copies = 8;
+    const size_t nw = (size_t)out * in;
+    void *w8[copies], *w16[copies], *ds = gu_dev(sizeof(float) * out);
+    GPU_CHECK(cudaMemset(ds, 0, sizeof(float) * out));
+    for (int c = 0; c < copies; c++) {
+        w8[c] = gu_dev(nw);
+        w16[c] = gu_dev(nw * 2);
+        GPU_CHECK(cudaMemset(w8[c], 0x11, nw));
+        GPU_CHECK(cudaMemset(w16[c], 0x11, nw * 2));
+    }
+    uint16_t *X = gu_dev((size_t)in * 2);
+    float *Y = gu_dev(sizeof(float) * out);
+    GPU_CHECK(cudaMemset(X, 0, (size_t)in * 2));
+    cudaEvent_t a, b;
+    GPU_CHECK(cudaEventCreate(&a));
+    GPU_CHECK(cudaEventCreate(&b));
+    for (int pass = 0; pass < 2; pass++) {
+        float ms[2];
+        for (int f8 = 0; f8 < 2; f8++) {
+            const int iters = 64;
+            GPU_CHECK(cudaEventRecord(a, 0));
+            for (int i = 0; i < iters; i++) {
+                const k_wmat W = {f8 ? w8[i % copies] : w16[i % copies], f8 ? ds : NULL};
+                assert_int_equal(k_gemv_w(W, X, Y, out, in, 1, 0, NULL, NULL, 0), 0);
+            }
+            GPU_CHECK(cudaEventRecord(b, 0));
+            GPU_CHECK(cudaEventSynchronize(b));
+            GPU_CHECK(cudaEventElapsedTime(&ms[f8], a, b));
+            ms[f8] /= iters;
+        }
+        if (pass)
+            printf("  batch-1 GEMV %d x %d: bf16 %.1f us (%.0f GB/s), fp8 %.1f us (%.0f GB/s)\n", out, in,
+                   ms[0] * 1e3, nw * 2 / (ms[0] * 1e6), ms[1] * 1e3, nw / (ms[1] * 1e6));
+    }
+    for (int c = 0; c < copies; c++) cudaFree(w8[c]), cudaFree(w16[c]);
+    cudaFree(ds), cudaFree(X), cudaFree(Y);
+}
+
 int main(void) {
     g_seed = gu_seed();
     printf("test_gpu_gemv: seed %llu (SPECD_TEST_SEED replays)\n", (unsigned long long)g_seed);
@@ -671,6 +842,9 @@ int main(void) {
         cmocka_unit_test(test_gemv_q_matches_host_decode),
         cmocka_unit_test(test_gemv_q_every_type_and_token_count),
         cmocka_unit_test(test_gemv_q_bandwidth_report),
+        cmocka_unit_test(test_fp8_gemv_matches_exact_values),
+        cmocka_unit_test(test_fp8_quantizer_matches_host),
+        cmocka_unit_test(test_fp8_gemv_bandwidth_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

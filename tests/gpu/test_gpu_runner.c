@@ -7,7 +7,10 @@
  * live block; the speculative graph: greedy output equal to plain decode, the same dummy
  * reset, and draft == target accepting nearly every draft (greedy and sampled); sampling
  * with logit adjustments and top logprobs, in the forward pass against the host sampler
- * and in the decode graph. Fixtures come from $SPECD_FIXTURES (default ../shared/fixtures). */
+ * and in the decode graph; FP8 projections (--dtype fp8): the runner's FP8 GEMM (cuBLASLt
+ * and its GEMV fallback) against a double reference on the exact E4M3 values, and a
+ * fixture model in FP8 against the HF reference. Fixtures come from $SPECD_FIXTURES
+ * (default ../shared/fixtures). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -15,7 +18,9 @@
 
 #include <jansson.h>
 
+#include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_runner.h"
+#include "engine/model/fp8.h"
 #include "engine/model/model.h"
 #include "engine/core/sample.h"
 #include "engine/core/spec.h"
@@ -1250,6 +1255,218 @@ static void test_verify_graph_sampled_matches_host_acceptance(void **s) {
     golden_free(&g);
 }
 
+/* ---- FP8 projections --------------------------------------------------------------------- */
+
+static runner *fp8_open(const char *name, model **m, int fp8) {
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/models/%s", fixtures(), name);
+    *m = model_load(path, err, sizeof err);
+    if (!*m) fail_msg("model_load %s: %s", path, err);
+    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
+                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9, .weights_fp8 = fp8};
+    cuda_runner_opts o = {.world = 1, .quiet = 1};
+    runner *r = runner_cuda_create_ex(*m, NULL, &cfg, &o, err, sizeof err);
+    if (!r) fail_msg("runner_cuda_create %s: %s", name, err);
+    return r;
+}
+
+/* cuda_fp8_gemm on one shape: cuBLASLt (widths multiples of 16: activations quantized per
+ * token, reference = scales x the exact E4M3 dot) or the GEMV fallback (bf16 activations). */
+static void check_fp8_gemm(cuda_runner *cr, int out, int in, int n, int accumulate) {
+    const int lt = in % 16 == 0 && out % 16 == 0;
+    uint8_t *qw = malloc((size_t)out * in), *qx = malloc((size_t)n * in);
+    float *sw = malloc(sizeof(float) * out), *sx = malloc(sizeof(float) * n), *row = malloc(sizeof(float) * in);
+    uint16_t *X = malloc((size_t)n * in * 2);
+    float *Y = malloc(sizeof(float) * (size_t)n * out), *y0 = malloc(sizeof(float) * (size_t)n * out);
+    uint64_t seed = 0x5eed0f8ull + (uint64_t)out * 7 + (uint64_t)in * 13 + (uint64_t)n;
+    for (int o = 0; o < out; o++) {
+        for (int c = 0; c < in; c++) row[c] = gu_uniform(&seed, -0.05f, 0.05f);
+        fp8_quantize_row(row, in, qw + (size_t)o * in, &sw[o]);
+    }
+    for (int t = 0; t < n; t++) {
+        for (int c = 0; c < in; c++) {
+            X[(size_t)t * in + c] = gu_f2bf(gu_uniform(&seed, -2.f, 2.f) * (t % 3 ? 1.f : 0.01f));
+            row[c] = gu_bf2f(X[(size_t)t * in + c]);
+        }
+        fp8_quantize_row(row, in, qx + (size_t)t * in, &sx[t]);
+    }
+    for (size_t i = 0; i < (size_t)n * out; i++) y0[i] = accumulate ? gu_uniform(&seed, -1.f, 1.f) : 0.f;
+    void *dW = gu_upload(qw, (size_t)out * in), *dS = gu_upload(sw, sizeof(float) * out);
+    void *dX = gu_upload(X, (size_t)n * in * 2), *dY = gu_upload(y0, sizeof(float) * (size_t)n * out);
+    assert_int_equal(cuda_fp8_gemm(cr, dW, dS, out, in, dX, n, dY, accumulate ? 1.f : 0.f), 0);
+    GPU_CHECK(cudaStreamSynchronize(cr->stream));
+    gu_download(Y, dY, sizeof(float) * (size_t)n * out);
+    double me = 0, mr = 0;
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < out; o++) {
+            double d = 0;
+            for (int c = 0; c < in; c++)
+                d += (double)fp8_e4m3_to_f32(qw[(size_t)o * in + c]) *
+                     (lt ? (double)fp8_e4m3_to_f32(qx[(size_t)t * in + c]) : (double)gu_bf2f(X[(size_t)t * in + c]));
+            const double ref = d * sw[o] * (lt ? sx[t] : 1.0) + y0[(size_t)t * out + o];
+            const double got = Y[(size_t)t * out + o];
+            assert_false(isnan(got));
+            me = fmax(me, fabs(got - ref));
+            mr = fmax(mr, fabs(ref));
+        }
+    printf("    fp8 gemm %s out %d in %d n %d%s: rel err %.2e\n", lt ? (cr->lt_outer ? "cuBLASLt" : "cuBLASLt+rescale") : "gemv",
+           out, in, n, accumulate ? " +=" : "", me / mr);
+    /* Hopper's FP8 mma accumulates with fewer bits than fp32 (cuBLASLt without fast
+     * accumulation promotes partial sums periodically): 1.8e-4 and 3.5e-4 measured on an
+     * H200 at in 128; one wrong byte or scale costs ~1e-2 and more. */
+    assert_true(me / mr < (lt ? 1e-3 : 2e-4));
+    cudaFree(dW), cudaFree(dS), cudaFree(dX), cudaFree(dY);
+    free(qw), free(qx), free(sw), free(sx), free(row), free(X), free(Y), free(y0);
+}
+
+static void test_fp8_gemm_matches_exact_values(void **s) {
+    (void)s;
+    model *m;
+    runner *r = fp8_open("llama-tiny", &m, 1);
+    cuda_runner *cr = (cuda_runner *)r;
+    assert_true(cr->m[0].fp8);
+    assert_non_null(cr->lt);
+    check_fp8_gemm(cr, 688, 128, 9, 0);    /* llama-tiny gate|up */
+    check_fp8_gemm(cr, 688, 128, 300, 1);
+    check_fp8_gemm(cr, 256, 336, 64, 1);
+    check_fp8_gemm(cr, 128, 344, 40, 1);   /* down: 344 no multiple of 16, the GEMV fallback */
+    runner_destroy(r);
+    model_free(m);
+}
+
+/* llama-tiny with FP8 projections: prompts through the FP8 GEMMs, greedy steps through the
+ * FP8 GEMVs of the decode graph, against the HF bf16 reference, and visibly not the bf16
+ * runner. The bound is loose: this random model's logits are flat (|logit| < 4), and FP8
+ * weights alone move them by up to 0.19 relative on the CPU runner (tests/test_fp8.c);
+ * 0.054 .. 0.153 measured here on an H200. Wrong bytes or scales give errors near 1. */
+static void test_fp8_model_close_to_reference(void **s) {
+    (void)s;
+    model *m, *m16;
+    runner *r = fp8_open("llama-tiny", &m, 1), *r16 = fp8_open("llama-tiny", &m16, -1);
+    assert_true(((cuda_runner *)r)->m[0].fp8);
+    assert_false(((cuda_runner *)r16)->m[0].fp8);
+    golden g;
+    golden_load("llama-tiny", &g);
+    const int V = m->cfg.vocab;
+    float *lg = malloc(sizeof(float) * V), *lg16 = malloc(sizeof(float) * V);
+    double worst = 0, apart = 0;
+    int compared = 0;
+    for (int p = 0; p < g.n_prompts; p++) {
+        fixture f8 = {.m = m, .r = r, .vocab = V}, f16 = {.m = m16, .r = r16, .vocab = V};
+        slot_reset(r, 0);
+        slot_reset(r16, 0);
+        prefill(&f8, 0, g.prompt[p], g.len[p], 1, lg);
+        prefill(&f16, 0, g.prompt[p], g.len[p], 1, lg16);
+        const double e = rel_err(lg, g.last[p], V), d = rel_err(lg, lg16, V);
+        printf("    fp8 llama-tiny prompt %d (%3d tokens): rel err %.3e vs HF, %.3e vs bf16\n", p, g.len[p], e, d);
+        worst = fmax(worst, e);
+        apart = fmax(apart, d);
+        assert_true(e < 0.25);
+        int got[64], n = g.n_greedy[p];
+        got[0] = argmax(lg, V);
+        for (int j = 1; j < n; j++) {
+            int slot = 0;
+            runner_sampling sp = {0};
+            runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &got[j - 1], .sp = &sp, .out_tokens = &got[j]};
+            int rc = r->ops->decode(r, &d);
+            if (rc) fail_msg("decode: %d %s", rc, cuda_runner_error(r));
+        }
+        compared += compare_greedy(&g, p, got, n, 0.25 * max_abs(g.last[p], V));
+    }
+    printf("    fp8 llama-tiny: worst rel err %.3e, %.3e from bf16, %d greedy steps compared\n", worst, apart, compared);
+    assert_true(apart > 1e-3);   /* the FP8 path really ran */
+    assert_true(compared > 0);
+    free(lg), free(lg16);
+    golden_free(&g);
+    runner_destroy(r), runner_destroy(r16);
+    model_free(m), model_free(m16);
+}
+
+/* Where an FP8 GEMM's time goes on the Llama-3.1-8B projections (weights: layer 0 of a
+ * random 8B model quantized at load), next to cuBLAS bf16 on the same shapes: printed,
+ * not asserted (tests/gpu/BENCH.md). */
+static float time_ms(cudaStream_t st, int iters, int (*fn)(void *), void *ctx) {
+    cudaEvent_t a, b;
+    GPU_CHECK(cudaEventCreate(&a));
+    GPU_CHECK(cudaEventCreate(&b));
+    assert_int_equal(fn(ctx), 0);   /* warm-up (plans, heuristics) */
+    GPU_CHECK(cudaEventRecord(a, st));
+    for (int i = 0; i < iters; i++) assert_int_equal(fn(ctx), 0);
+    GPU_CHECK(cudaEventRecord(b, st));
+    GPU_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    GPU_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms / iters;
+}
+
+typedef struct {
+    cuda_runner *cr;
+    const uint8_t *w8;
+    const uint16_t *w16, *x;
+    const float *sw;
+    float *y;
+    int out, in, n;
+} gemm_ctx;
+
+static int run_fp8(void *p) {
+    gemm_ctx *c = p;
+    return cuda_fp8_gemm(c->cr, c->w8, c->sw, c->out, c->in, c->x, c->n, c->y, 0.f);
+}
+static int run_quant(void *p) {
+    gemm_ctx *c = p;
+    return k_quant_fp8_rows(c->x, c->n, c->in, c->cr->d_xq, c->cr->d_xs, c->cr->stream);
+}
+static int run_rescale(void *p) {
+    gemm_ctx *c = p;
+    return c->cr->d_f8tmp ? k_fp8_scale_rows(c->cr->d_f8tmp, c->sw, c->cr->d_xs, c->y, c->n, c->out, 0, c->cr->stream)
+                          : 0;
+}
+static int run_bf16(void *p) {
+    gemm_ctx *c = p;
+    const float alpha = 1.f, beta = 0.f;
+    return cublasGemmEx(c->cr->blas, CUBLAS_OP_T, CUBLAS_OP_N, c->out, c->n, c->in, &alpha, c->w16, CUDA_R_16BF,
+                        c->in, c->x, CUDA_R_16BF, c->in, &beta, c->y, CUDA_R_32F, c->out, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS;
+}
+
+static void test_fp8_gemm_timing_report(void **s) {
+    (void)s;
+    model_config c;
+    char err[512];
+    assert_int_equal(model_shape_preset("llama-3.1-8b", &c), 0);
+    c.n_layers = 1;
+    model *m = model_shape(&c, err, sizeof err);
+    assert_non_null(m);
+    runner_config cfg = {.num_blocks = 64, .block_size = BS, .max_batch = 8, .max_seq_len = 256,
+                         .max_tokens_per_step = 1024, .mem_fraction = 0.5, .weights_fp8 = 1, .random_weights_seed = 7};
+    cuda_runner_opts o = {.world = 1, .quiet = 1, .no_graphs = 1};
+    runner *r = runner_cuda_create_ex(m, NULL, &cfg, &o, err, sizeof err);
+    if (!r) fail_msg("runner_cuda_create: %s", err);
+    cuda_runner *cr = (cuda_runner *)r;
+    const cuda_layer *L = &cr->m[0].layers[0];
+    struct { const char *name; const void *w; const float *sw; int out, in; } sh[] = {
+        {"qkv", L->wqkv, L->sqkv, 6144, 4096}, {"o", L->wo, L->so, 4096, 4096},
+        {"gate|up", L->wgu, L->sgu, 28672, 4096}, {"down", L->wdown, L->sdown, 4096, 14336}};
+    uint16_t *x = gu_dev((size_t)1024 * 14336 * 2), *w16 = gu_dev((size_t)28672 * 4096 * 2);
+    float *y = gu_dev(sizeof(float) * (size_t)1024 * 28672);
+    GPU_CHECK(cudaMemset(x, 0x3c, (size_t)1024 * 14336 * 2));
+    GPU_CHECK(cudaMemset(w16, 0x3c, (size_t)28672 * 4096 * 2));
+    printf("    8B projection, tokens: fp8 total (quantize + cuBLASLt + rescale) us vs bf16 cuBLAS us\n");
+    const int ns[] = {64, 256, 1024};
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+        for (size_t j = 0; j < 3; j++) {
+            gemm_ctx g = {cr, sh[i].w, w16, x, sh[i].sw, y, sh[i].out, sh[i].in, ns[j]};
+            const float t8 = time_ms(cr->stream, 20, run_fp8, &g), tq = time_ms(cr->stream, 20, run_quant, &g);
+            const float ts = time_ms(cr->stream, 20, run_rescale, &g), t16 = time_ms(cr->stream, 20, run_bf16, &g);
+            printf("    %-7s %5d: fp8 %7.1f (%6.1f + %7.1f + %6.1f)  bf16 %7.1f  x%.2f\n", sh[i].name, ns[j], t8 * 1e3,
+                   tq * 1e3, (t8 - tq - ts) * 1e3, ts * 1e3, t16 * 1e3, t16 / t8);
+        }
+    cudaFree(x), cudaFree(w16), cudaFree(y);
+    runner_destroy(r);
+    model_free(m);
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1279,6 +1496,9 @@ int main(void) {
         cmocka_unit_test(test_spec_graph_self_draft_accepts_nearly_all),
         cmocka_unit_test(test_verify_graph_greedy_equals_decode),
         cmocka_unit_test(test_verify_graph_sampled_matches_host_acceptance),
+        cmocka_unit_test(test_fp8_gemm_matches_exact_values),
+        cmocka_unit_test(test_fp8_model_close_to_reference),
+        cmocka_unit_test(test_fp8_gemm_timing_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

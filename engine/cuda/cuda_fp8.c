@@ -1,0 +1,211 @@
+/* FP8 GEMMs of the CUDA runner: projections held as E4M3 bytes with a scale per output row
+ * (--dtype fp8 quantizes bf16 weights at load, an FP8 checkpoint brings its own) times
+ * activations quantized per token as they come (k_quant_fp8_rows: dynamic scales, no
+ * calibration), on Hopper's FP8 tensor cores through cuBLASLt with fp32 accumulation
+ * (no fast accumulation) and fp32 output, added into the residual where the bf16 path
+ * adds (beta 1).
+ *
+ * The scales: cuBLASLt's outer-vector mode multiplies element (o, t) of the product by
+ * sw[o] * sx[t] in its epilogue. Where the library refuses that mode (found once at
+ * start-up), the GEMM runs unscaled into d_f8tmp, CUDA_FP8_CHUNK tokens at a time, and
+ * k_fp8_scale_rows applies the scales.
+ *
+ * Passes of up to K_GEMV_MAX_N tokens never come here: the GEMVs read the FP8 bytes
+ * directly with bf16 activations (kernels/gemv.cu, k_wmat). Nor do matrices whose widths
+ * are not multiples of 16 (cuBLASLt's FP8 layouts need them): the GEMV takes those too,
+ * K_GEMV_MAX_N tokens at a time.
+ *
+ * Plans (the three matrix layouts and the heuristic's algorithm) are kept per (out, in,
+ * n) in an open-addressed table, so a shape pays the heuristic once; a full table means
+ * asking again, never a wrong plan. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/err.h"
+#include "engine/cuda/cuda_internal.h"
+
+#define FP8_PLANS 4096   /* a power of two */
+
+typedef struct cuda_fp8_plan {
+    int out, in, n;      /* out == 0: empty */
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} cuda_fp8_plan;
+
+static int lt_fail(cuda_runner *r, int line, const char *what, cublasStatus_t s) {
+    cuda_fail(r, __FILE__, line, what, cublasGetStatusString(s));
+    return SPECD_ECUDA;
+}
+
+static int desc_set(cuda_runner *r, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
+    cublasStatus_t s = cublasLtMatmulDescSetAttribute(r->lt_desc, a, v, n);
+    return s == CUBLAS_STATUS_SUCCESS ? 0 : lt_fail(r, __LINE__, "cublasLtMatmulDescSetAttribute", s);
+}
+
+/* The matmul descriptor: D = A^T B with A the weights (K x M as stored), B the
+ * activations (K x N), fp32 compute and scale type, per-vector scales when outer. */
+static int make_desc(cuda_runner *r, int outer) {
+    if (r->lt_desc) cublasLtMatmulDescDestroy(r->lt_desc);
+    r->lt_desc = NULL;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&r->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS) return lt_fail(r, __LINE__, "cublasLtMatmulDescCreate", s);
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const int8_t fast = 0;
+    int rc;
+    if ((rc = desc_set(r, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        (rc = desc_set(r, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
+        (rc = desc_set(r, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)))
+        return rc;
+    if (outer) {
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        if ((rc = desc_set(r, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode)) ||
+            (rc = desc_set(r, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode)))
+            return rc;
+    }
+    return 0;
+}
+
+static void plan_release(cuda_fp8_plan *p) {
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+    memset(p, 0, sizeof *p);
+}
+
+/* Layouts and the heuristic's first algorithm for (out, in, n) into p. Returns 0, or
+ * SPECD_EUNSUPPORTED when cuBLASLt has no algorithm (quiet: the probe asks this). */
+static int plan_make(cuda_runner *r, cuda_fp8_plan *p, int out, int in, int n) {
+    memset(p, 0, sizeof *p);
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0, rc = SPECD_EUNSUPPORTED;
+    size_t ws = r->blas_ws_bytes;
+    if (cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, (uint64_t)in, (uint64_t)out, in) ||
+        cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, (uint64_t)in, (uint64_t)n, in) ||
+        cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)out, (uint64_t)n, out) ||
+        cublasLtMatmulPreferenceCreate(&pref) ||
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws))
+        goto out;
+    if (cublasLtMatmulAlgoGetHeuristic(r->lt, r->lt_desc, p->a, p->b, p->c, p->c, pref, 1, &res, &nres) ==
+            CUBLAS_STATUS_SUCCESS && nres > 0) {
+        p->algo = res.algo;
+        p->out = out;
+        p->in = in;
+        p->n = n;
+        rc = 0;
+    }
+out:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (rc) plan_release(p);
+    return rc;
+}
+
+/* The plan of (out, in, n): from the table, or made (and kept when there is room). tmp
+ * holds one that could not be kept; the caller releases it. */
+static int plan_get(cuda_runner *r, int out, int in, int n, cuda_fp8_plan **pp, cuda_fp8_plan *tmp) {
+    unsigned h = ((unsigned)out * 2654435761u) ^ ((unsigned)in * 40503u) ^ ((unsigned)n * 2246822519u);
+    for (int i = 0; i < 16; i++) {
+        cuda_fp8_plan *p = &r->fp8_plans[(h + (unsigned)i) & (FP8_PLANS - 1)];
+        if (p->out == out && p->in == in && p->n == n) {
+            *pp = p;
+            return 0;
+        }
+        if (!p->out) {
+            int rc = plan_make(r, p, out, in, n);
+            *pp = p;
+            return rc;
+        }
+    }
+    *pp = tmp;
+    return plan_make(r, tmp, out, in, n);
+}
+
+int cuda_fp8_init(cuda_runner *r, size_t xbw, size_t outw, int T) {
+    cublasStatus_t s = cublasLtCreate(&r->lt);
+    if (s != CUBLAS_STATUS_SUCCESS) return lt_fail(r, __LINE__, "cublasLtCreate", s);
+    if (!(r->fp8_plans = calloc(FP8_PLANS, sizeof *r->fp8_plans))) return SPECD_ENOMEM;
+    /* Does this cuBLASLt scale by vectors on this GPU? Ask for a plan of a small shape. */
+    int rc = make_desc(r, 1);
+    if (rc) return rc;
+    cuda_fp8_plan probe;
+    r->lt_outer = plan_make(r, &probe, 256, 256, 16) == 0;
+    if (r->lt_outer) plan_release(&probe);
+    else if ((rc = make_desc(r, 0))) return rc;
+    size_t b = (size_t)T * xbw;
+    if (cudaMalloc((void **)&r->d_xq, b) != cudaSuccess || cudaMalloc((void **)&r->d_xs, (size_t)T * 4) != cudaSuccess ||
+        (!r->lt_outer && cudaMalloc((void **)&r->d_f8tmp, (size_t)CUDA_FP8_CHUNK * outw * 4) != cudaSuccess)) {
+        cuda_fail(r, __FILE__, __LINE__, "cudaMalloc(fp8 activations)", "out of device memory");
+        return SPECD_ECUDA;
+    }
+    r->work_bytes += b + (size_t)T * 4 + (r->lt_outer ? 0 : (size_t)CUDA_FP8_CHUNK * outw * 4);
+    if (!r->opts.quiet)
+        fprintf(stderr, "cuda runner: FP8 projections: cuBLASLt E4M3 GEMMs, scales %s\n",
+                r->lt_outer ? "in its epilogue (outer-vector mode)" : "by a kernel after it (no outer-vector mode)");
+    return 0;
+}
+
+void cuda_fp8_free(cuda_runner *r) {
+    if (r->fp8_plans)
+        for (int i = 0; i < FP8_PLANS; i++) plan_release(&r->fp8_plans[i]);
+    free(r->fp8_plans);
+    r->fp8_plans = NULL;
+    if (r->lt_desc) cublasLtMatmulDescDestroy(r->lt_desc);
+    if (r->lt) cublasLtDestroy(r->lt);
+    r->lt_desc = NULL;
+    r->lt = NULL;
+    cudaFree(r->d_xq);
+    cudaFree(r->d_xs);
+    cudaFree(r->d_f8tmp);
+    r->d_xq = NULL;
+    r->d_xs = r->d_f8tmp = NULL;
+}
+
+/* One cuBLASLt call: D [out, n] = (scaled) W^T X8 (+ beta C), C = D = Y. */
+static int lt_matmul(cuda_runner *r, const uint8_t *W, const uint8_t *X8, int out, int in, int n, float *Y,
+                     float beta) {
+    cuda_fp8_plan tmp, *p = NULL;
+    memset(&tmp, 0, sizeof tmp);
+    int rc = plan_get(r, out, in, n, &p, &tmp);
+    if (rc) {
+        cuda_fail(r, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", "no FP8 GEMM algorithm for this shape");
+        return SPECD_ECUDA;
+    }
+    const float alpha = 1.f;
+    cublasStatus_t s = cublasLtMatmul(r->lt, r->lt_desc, &alpha, W, p->a, X8, p->b, &beta, Y, p->c, Y, p->c, &p->algo,
+                                      r->blas_ws, r->blas_ws_bytes, r->stream);
+    plan_release(&tmp);
+    return s == CUBLAS_STATUS_SUCCESS ? 0 : lt_fail(r, __LINE__, "cublasLtMatmul", s);
+}
+
+int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, int in, const uint16_t *X, int n,
+                  float *Y, float beta) {
+    int rc;
+    if (in % 16 || out % 16) {
+        /* cuBLASLt's FP8 layouts need 16-byte multiples (real models' widths are): the GEMV,
+         * K_GEMV_MAX_N tokens at a time, bf16 activations (tiny test models) */
+        for (int t0 = 0; t0 < n; t0 += K_GEMV_MAX_N) {
+            const int nc = n - t0 < K_GEMV_MAX_N ? n - t0 : K_GEMV_MAX_N;
+            K_CHECK(r, k_gemv_w((k_wmat){W, sw}, X + (size_t)t0 * in, Y + (size_t)t0 * out, out, in, nc, beta != 0.f,
+                                NULL, NULL, r->stream));
+        }
+        return 0;
+    }
+    K_CHECK(r, k_quant_fp8_rows(X, n, in, r->d_xq, r->d_xs, r->stream));
+    if (r->lt_outer) {
+        const void *pa = sw, *pb = r->d_xs;
+        if ((rc = desc_set(r, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa)) ||
+            (rc = desc_set(r, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb)))
+            return rc;
+        return lt_matmul(r, W, r->d_xq, out, in, n, Y, beta);
+    }
+    for (int t0 = 0; t0 < n; t0 += CUDA_FP8_CHUNK) {
+        const int nc = n - t0 < CUDA_FP8_CHUNK ? n - t0 : CUDA_FP8_CHUNK;
+        if ((rc = lt_matmul(r, W, r->d_xq + (size_t)t0 * in, out, in, nc, r->d_f8tmp, 0.f))) return rc;
+        K_CHECK(r, k_fp8_scale_rows(r->d_f8tmp, sw, r->d_xs + t0, Y + (size_t)t0 * out, nc, out, beta != 0.f,
+                                    r->stream));
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}

@@ -313,8 +313,8 @@ int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, 
  * shuffle, an online softmax per head runs over the warp, P.V from registers, then the
  * block's warps merge through shared memory. A context that fits one split is written
  * out directly; longer ones merge their splits as attention_kernel does. */
-template <int D, int GM, int DEC_LPK, int DEC_WARPS>
-__global__ void __launch_bounds__(DEC_WARPS * 32, 1)
+template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB = 1>
+__global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
                         k_kv_geom g, k_attn_work w, int trigger_early) {
     constexpr int DEC_KPW = 32 / DEC_LPK;   /* keys per warp and chunk */
@@ -545,8 +545,7 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 }
 
 /* Few (row, KV head) pairs (batch 1-2): 4 lanes per key, 8 keys per warp, so a short
- * context still spreads over many warps. Enough pairs to fill the GPU: a lane per key and
- * 4 warps per block, fewer and longer chunks. */
+ * context still spreads over many warps. Enough pairs to fill the GPU: see below. */
 template <int D, int GM>
 static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
                                    const k_attn_work *w, cudaStream_t s) {
@@ -556,12 +555,21 @@ static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH
     const int pdl = k_tuning_get()->attn_pdl;
     dim3 grid(w->n_splits, KVH, w->n_items);
     int rc;
-    if ((long)w->n_items * KVH < sms)
-        rc = k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, 4, 8>, grid, dim3(8 * 32), 0, s, q, out, H, KVH,
-                          scale, *g, *w, pdl == 2);
-    else
-        rc = k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, 1, 4>, grid, dim3(4 * 32), 0, s, q, out, H, KVH,
-                          scale, *g, *w, pdl == 2);
+    /* Many pairs: a lane-quarter per key as at batch 1 (4 lanes, 8 keys per warp), 4 warps,
+     * registers capped for 4 blocks per SM (k_tuning.attn_dec 0), so more warps hide the
+     * dependent loads. H200, `specd bench --batch 64,256`, decode tok/s: 8B 10,600 / 21,431
+     * and 1B at 256 81,676, against 9,800 / 19,156 and 77,211 for a lane per key, 4 warps,
+     * no cap (attn_dec 1, the earlier form); 2 (a lane-quarter, 2 warps, 8 blocks) gave
+     * 9,558 / 21,807 and 82,689. Forms with 2 or 8 lanes per key or 8 warps measured
+     * between these. */
+#define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
+    k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB>, grid, dim3(WARPS * 32), 0, s, q, out, H, \
+                 KVH, scale, *g, *w, pdl == 2)
+    if ((long)w->n_items * KVH < sms) rc = DEC_LAUNCH(4, 8, 1);
+    else if (k_tuning_get()->attn_dec == 1) rc = DEC_LAUNCH(1, 4, 1);
+    else if (k_tuning_get()->attn_dec == 2) rc = DEC_LAUNCH(4, 2, 8);
+    else rc = DEC_LAUNCH(4, 4, 4);
+#undef DEC_LAUNCH
     if (rc || w->n_splits == 1 || w->counters) return rc;
     return attention_combine_launch(out, H, D, w, s);
 }

@@ -7,7 +7,7 @@
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 
-extern "C" const k_tuning k_tuning_default = {1, 2, 0, 0};  /* pdl, attn_pdl, attn_simt, attn_tiled */
+extern "C" const k_tuning k_tuning_default = {1, 2, 0, 0, 0};  /* pdl, attn_pdl, attn_simt, attn_tiled, attn_dec */
 static k_tuning tuning = k_tuning_default;
 
 extern "C" void k_set_tuning(const k_tuning *t) { tuning = *t; }
@@ -73,35 +73,55 @@ extern "C" int k_rmsnorm(const float *x, const int32_t *rows, const float *w, ui
     return k_launch(rmsnorm_kernel, dim3(n), dim3(nt), 0, s, x, rows, w, out, hidden, eps);
 }
 
-/* out[t, j] = bf16(act(gate) * up) for gu [n, 2*ffn] (gate | up): SiLU, or GELU-tanh. */
+/* out[t, j] = bf16(act(gate) * up) for gu [n, 2*ffn] (gate | up): SiLU, or GELU-tanh. A
+ * block row per token (blockIdx.y, no divisions); with FP8 scales the products are an
+ * unscaled FP8 GEMM's, scaled here by sw[row] * sx[t] (row j for gate, ffn + j for up). */
 template <bool GELU>
-__global__ void gated_mul_kernel(const float *gu, uint16_t *out, int ffn, size_t total) {
+__global__ void gated_mul_kernel(const float *__restrict__ gu, const float *__restrict__ sw,
+                                 const float *__restrict__ sx, uint16_t *__restrict__ out, int ffn, int t0) {
     k_pdl_trigger();
-    k_pdl_wait();
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t t = i / ffn, j = i % ffn;
-        float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-        out[i] = k_f2bf((GELU ? k_gelu_tanh(g) : k_silu(g)) * u);
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, t = t0 + blockIdx.y;
+    float s1 = 1.f, s2 = 1.f;
+    if (sw && j < ffn) {   /* weight scales are constant: before the wait */
+        s1 = sw[j];
+        s2 = sw[ffn + j];
     }
+    k_pdl_wait();
+    if (j >= ffn) return;
+    if (sx) {
+        s1 *= sx[t];
+        s2 *= sx[t];
+    }
+    const float *row = gu + (size_t)t * 2 * ffn;
+    const float g = row[j] * s1, u = row[ffn + j] * s2;
+    out[(size_t)t * ffn + j] = k_f2bf((GELU ? k_gelu_tanh(g) : k_silu(g)) * u);
 }
 
 template <bool GELU>
-static int launch_gated_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
-    if (n < 0 || ffn <= 0) return -1;
-    if (n == 0) return 0;
-    size_t total = (size_t)n * ffn;
-    size_t blocks = (total + 255) / 256;
-    if (blocks > 65535) blocks = 65535;
-    return k_launch(gated_mul_kernel<GELU>, dim3((unsigned)blocks), dim3(256), 0, s, gu, out, ffn, total);
+static int launch_gated_mul(const float *gu, const float *sw, const float *sx, uint16_t *out, int n, int ffn,
+                            cudaStream_t s) {
+    if (n < 0 || ffn <= 0 || (!sw != !sx)) return -1;
+    for (int t0 = 0; t0 < n; t0 += 65535) {   /* grid rows */
+        const int nt = n - t0 < 65535 ? n - t0 : 65535;
+        int rc = k_launch(gated_mul_kernel<GELU>, dim3((unsigned)((ffn + 255) / 256), (unsigned)nt), dim3(256), 0, s,
+                          gu, sw, sx, out, ffn, t0);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 extern "C" int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
-    return launch_gated_mul<false>(gu, out, n, ffn, s);
+    return launch_gated_mul<false>(gu, NULL, NULL, out, n, ffn, s);
 }
 
 extern "C" int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {
-    return launch_gated_mul<true>(gu, out, n, ffn, s);
+    return launch_gated_mul<true>(gu, NULL, NULL, out, n, ffn, s);
+}
+
+extern "C" int k_gated_mul_fp8(const float *gu, const float *sw, const float *sx, uint16_t *out, int n, int ffn,
+                               int gelu, cudaStream_t s) {
+    if (!sw || !sx) return -1;
+    return gelu ? launch_gated_mul<true>(gu, sw, sx, out, n, ffn, s) : launch_gated_mul<false>(gu, sw, sx, out, n, ffn, s);
 }
 
 /* Grammar masks: row r of logits keeps token i only where bit i of its mask is set, for

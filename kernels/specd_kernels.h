@@ -35,6 +35,8 @@ typedef struct {
                        * GEMV in after the key loop (default 2) */
     int attn_simt;    /* 1: prefill/verify attention on the SIMT kernel, not tensor cores */
     int attn_tiled;   /* 1: decode rows on the tiled kernel, not the decode kernel */
+    int attn_dec;     /* SPECD_ATTN_DEC: decode attention over many (row, KV head) pairs, which form
+                       * (attention.cu; 0 the default, 1 and 2 for A/B) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);
@@ -54,6 +56,11 @@ int k_rmsnorm(const float *x, const int32_t *rows, const float *w, uint16_t *out
 int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s);
 /* The same with GELU (tanh approximation, HF's gelu_pytorch_tanh) for the gate: Gemma. */
 int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s);
+/* Either (gelu) over the unscaled products of an FP8 gate|up GEMM: gate j and up j are
+ * first multiplied by sw[j] * sx[t] and sw[ffn + j] * sx[t] (row scales [2 ffn], token
+ * scales [n]). */
+int k_gated_mul_fp8(const float *gu, const float *sw, const float *sx, uint16_t *out, int n, int ffn, int gelu,
+                    cudaStream_t s);
 /* resid[t, :] += rmsnorm(x[t, :]) * w (fp32): a post-sublayer norm before the residual
  * add (Gemma 3). x, resid [n, hidden], w [hidden]. */
 int k_rmsnorm_add(const float *x, const float *w, float *resid, int n, int hidden, float eps, cudaStream_t s);

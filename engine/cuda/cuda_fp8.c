@@ -209,3 +209,11 @@ int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, in
 fail:
     return SPECD_ECUDA;
 }
+
+int cuda_fp8_gemm_unscaled(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y) {
+    if (r->lt_outer || n <= K_GEMV_MAX_N || r->tune.no_gemv || in % 16 || out % 16) return 1;
+    K_CHECK(r, k_quant_fp8_rows(X, n, in, r->d_xq, r->d_xs, r->stream));
+    return lt_matmul(r, W, r->d_xq, out, in, n, Y, 0.f);
+fail:
+    return SPECD_ECUDA;
+}

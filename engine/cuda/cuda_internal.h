@@ -108,7 +108,8 @@ typedef struct {
                               * host and sample there (A/B of runner_batch.sp) */
     int tp_vocab_split;      /* SPECD_TP_VOCAB_SPLIT=0 turns it off: lm_head replicated under TP */
     int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
-    k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1 */
+    k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1,
+                              * SPECD_ATTN_DEC=0|1|2 */
     /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */
     int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down: those stages left out */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: no all-reduces */
@@ -312,6 +313,11 @@ int cuda_fp8_init(cuda_runner *r, size_t xbw, size_t outw, int T);
 void cuda_fp8_free(cuda_runner *r);
 int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, int in, const uint16_t *X, int n,
                   float *Y, float beta);
+/* The same GEMM leaving Y = the unscaled products and d_xs the token scales, for a consumer
+ * that applies sw[o] * d_xs[t] itself (k_gated_mul_fp8): 0 done, 1 not this form (few
+ * tokens, widths off cuBLASLt's grid, or cuBLASLt scales by itself: use cuda_fp8_gemm),
+ * or an error. */
+int cuda_fp8_gemm_unscaled(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y);
 
 /* engine/cuda/cuda_step.c */
 int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p);

@@ -200,8 +200,13 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                                       n, fuse_norm ? &nin_ffn : NULL, s));
             act = r->d_act;
         } else {
-            if ((rc = gemm_q(r, L->wgu, &L->qgu, L->sgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
-            if (c->act == ACT_GELU_TANH) K_CHECK(r, k_gelu_tanh_mul(r->d_f32, r->d_xb, n, F, s));
+            /* FP8 on cuBLASLt: the gated kernel applies the scales (no rescale pass) */
+            const int raw = L->sgu ? cuda_fp8_gemm_unscaled(r, (const uint8_t *)L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32)
+                                   : 1;
+            if (raw < 0) return raw;
+            if (raw && (rc = gemm_q(r, L->wgu, &L->qgu, L->sgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if (!raw) K_CHECK(r, k_gated_mul_fp8(r->d_f32, L->sgu, r->d_xs, r->d_xb, n, F, c->act == ACT_GELU_TANH, s));
+            else if (c->act == ACT_GELU_TANH) K_CHECK(r, k_gelu_tanh_mul(r->d_f32, r->d_xb, n, F, s));
             else K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
         if (L->post_ffn_norm) {

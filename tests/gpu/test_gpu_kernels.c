@@ -533,10 +533,17 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
     run_attention_counters_case(32, 8, 64, b, 4, 8, 0);    /* Llama-3.2-1B */
     run_attention_counters_case(12, 2, 128, c, 3, 5, 128); /* Qwen2.5-1.5B, fixed split length */
     run_attention_counters_case(4, 2, 32, a, 4, 3, 0);     /* the tiny fixtures' shape */
-    /* enough (row, KV head) pairs to fill an H200 (>= 132): the decode kernel's lane-per-key
-     * variant instead of its 4-lanes-per-key one */
-    run_attention_counters_case(160, 40, 64, a, 4, 4, 0);
-    run_attention_counters_case(128, 64, 128, b, 4, 2, 0);
+    /* enough (row, KV head) pairs to fill an H200 (>= 132): the decode kernel's many-pairs
+     * forms instead of its 4-lanes-per-key one, every one k_tuning.attn_dec can pick */
+    for (int v = 0; v <= 2; v++) {
+        k_tuning t = k_tuning_default;
+        t.attn_dec = v;
+        k_set_tuning(&t);
+        run_attention_counters_case(160, 40, 64, a, 4, 4, 0);
+        run_attention_counters_case(128, 64, 128, b, 4, 2, 0);
+        run_attention_counters_case(384, 48, 128, c, 3, 3, 0);   /* 8 query heads per KV head */
+    }
+    k_set_tuning(&k_tuning_default);
 }
 
 /* ---- tensor-core attention (k_attention_tc) ---------------------------------------- */

@@ -58,7 +58,7 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "                          auto (default) keeps them when bf16 would take over half the GPU.\n" \
     "                          fp8 quantizes the dense projections to FP8 E4M3 at load (a scale\n" \
     "                          per output row; activations per token): half the bytes of bf16,\n" \
-    "                          FP8 tensor cores. An FP8 checkpoint stays FP8 unless bf16\n" \
+    "                          FP8 tensor cores. An FP8 checkpoint stays FP8 (bf16: dequantized)\n" \
     "  --quantization fp8      the same as --dtype fp8\n" \
     "  --max-seq-len N         context limit per sequence (default 4096)\n" \
     "  --max-batch N           running sequences at most (default 64)\n" \

@@ -156,6 +156,12 @@ static int fp8_upload(cuda_runner *r, const cuda_model *cm, staging *s, const te
         rc = upload_bf16(r, s, v[i], v[i]->shape[0], cols, 0, v[i]->shape[0], 0, cols, stage + r0 * cols);
         r0 += v[i]->shape[0];
     }
+    /* A copy from pageable memory may return before its DMA lands, and the quantizer runs
+     * on r->stream, which does not wait for the legacy stream: wait for the copies. */
+    if (!rc && cudaDeviceSynchronize() != cudaSuccess) {
+        cuda_fail(r, __FILE__, __LINE__, "cudaDeviceSynchronize(FP8 staging)", "failed");
+        rc = SPECD_ECUDA;
+    }
     return rc ? rc : fp8_finish(r, cm, stage, w, scale, rows, cols);
 }
 
@@ -480,6 +486,8 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         for (int l = 0; l < c->n_layers; l++)
             if ((rc = load_layer(r, cm, &s, &m->layers[l], l, rank, stage, err, errlen))) goto out;
     }
+    /* the last pageable copies may still be landing; r->stream does not wait for them */
+    CU_CHECK(r, cudaDeviceSynchronize());
     free(s.bf);
     free(s.f);
     cudaFree(stage);

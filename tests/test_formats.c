@@ -20,26 +20,9 @@
 #include "engine/core/err.h"
 #include "engine/model/model.h"
 #include "tests/fixtures.h"
+#include "tests/st_util.h"
 
 /* ---- helpers -------------------------------------------------------------------------- */
-
-static void fixture_model(char *buf, size_t n, const char *name) {
-    snprintf(buf, n, "%s/models/%s", fixtures_dir(), name);
-}
-
-/* The whole file; the test fails if it cannot be read. */
-static unsigned char *read_file(const char *path, size_t *len) {
-    unsigned char *b = (unsigned char *)read_all(path, len);
-    assert_non_null(b);
-    return b;
-}
-
-static void write_all(const char *path, const void *buf, size_t len) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, len, f), len);
-    fclose(f);
-}
 
 static void copy_file(const char *from, const char *to) {
     size_t n;
@@ -78,13 +61,6 @@ static void copy_fixture(const char *name, const char *dir) {
     }
 }
 
-static json_t *load_json(const char *path) {
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
-    assert_non_null(j);
-    return j;
-}
-
 static void save_json(const char *path, json_t *j) {
     assert_int_equal(json_dump_file(j, path, JSON_INDENT(1)), 0);
 }
@@ -93,38 +69,6 @@ static int64_t jint(json_t *o, const char *k) {
     json_t *v = json_object_get(o, k);
     assert_true(json_is_integer(v));
     return json_integer_value(v);
-}
-
-/* A parsed safetensors file, independent of engine/model/safetensors.c. */
-typedef struct {
-    unsigned char *bytes;
-    size_t len, data_start;
-    json_t *header;
-} raw_st;
-
-static void raw_st_load(raw_st *r, const char *path) {
-    uint64_t hl;
-    r->bytes = read_file(path, &r->len);
-    memcpy(&hl, r->bytes, 8);
-    json_error_t je;
-    r->header = json_loadb((const char *)r->bytes + 8, (size_t)hl, 0, &je);
-    assert_non_null(r->header);
-    r->data_start = 8 + (size_t)hl;
-}
-
-static void raw_st_free(raw_st *r) {
-    json_decref(r->header);
-    free(r->bytes);
-}
-
-static const unsigned char *raw_st_data(raw_st *r, const char *name, size_t *nbytes) {
-    json_t *t = json_object_get(r->header, name);
-    assert_non_null(t);
-    json_t *off = json_object_get(t, "data_offsets");
-    size_t b = (size_t)json_integer_value(json_array_get(off, 0));
-    size_t e = (size_t)json_integer_value(json_array_get(off, 1));
-    *nbytes = e - b;
-    return r->bytes + r->data_start + b;
 }
 
 /* Write a safetensors file: `header` JSON + the data section of `r` (offsets unchanged). */

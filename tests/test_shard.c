@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "engine/core/err.h"
+#include "engine/model/fp8.h"
 #include "engine/model/model.h"
 #include "engine/core/runner.h"
 #include "engine/tp/shard.h"
@@ -388,6 +389,62 @@ static void test_shard_quantized_column_slices(void **st) {
     model_free(m);
 }
 
+/* FP8 views (checkpoints with per-row or block scales) slice through fp32: rows and
+ * columns of a slice equal those of the whole view's dequantization, whatever the scale
+ * layout, including a view that starts inside a scale block (scale_row0). */
+static void test_shard_fp8_slices(void **st) {
+    (void)st;
+    enum { R = 6, C = 40 };
+    uint8_t q[R * C];
+    float row_sc[R], blk_sc[2 * 3];   /* per row; per [4, 16] block: 2 x 3 blocks */
+    uint64_t s = g_seed ^ 0xf8u;
+    for (int i = 0; i < R * C; i++) q[i] = (uint8_t)(rnd(&s) % 0x7e) | (uint8_t)(rnd(&s) & 0x80);   /* no NaN */
+    for (int r = 0; r < R; r++) row_sc[r] = 0.01f * (float)(1 + r);
+    for (int i = 0; i < 6; i++) blk_sc[i] = 0.5f + 0.25f * (float)i;
+    tensor_view per_row = {.data = q, .dtype = TDT_F8_E4M3, .ndim = 2, .shape = {R, C}, .scale = row_sc,
+                           .scale_dtype = TDT_F32, .scale_block = {1, C}, .scale_cols = 1};
+    tensor_view blocks = per_row;
+    blocks.scale = blk_sc;
+    blocks.scale_block[0] = 4;
+    blocks.scale_block[1] = 16;
+    blocks.scale_cols = 3;
+    tensor_view inner = blocks;   /* rows 2.. of an 8-row tensor: its first block row is shared */
+    inner.scale_row0 = 2;
+    char err[128];
+    model *m = load("llama-tiny");
+    model *owner = shard_model(m, 0, 1, err, sizeof err);
+    assert_non_null(owner);
+    const tensor_view *views[] = {&per_row, &blocks, &inner};
+    for (size_t v = 0; v < 3; v++) {
+        float *all = f32(views[v]);
+        /* the dequantization itself: byte times its block's scale */
+        const tensor_view *t = views[v];
+        const float *sc = t->scale;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c += 7) {
+                float sv = sc[(r + t->scale_row0) / t->scale_block[0] * t->scale_cols + c / t->scale_block[1]];
+                assert_true(all[r * C + c] == fp8_e4m3_to_f32(q[r * C + c]) * sv);
+            }
+        tensor_view o;
+        assert_int_equal(shard_slice_rows(owner, t, 1, 4, &o), 0);
+        assert_int_equal(o.dtype, TDT_F32);
+        assert_int_equal(o.shape[0], 4);
+        assert_int_equal(o.shape[1], C);
+        float *got = f32(&o);
+        for (int i = 0; i < 4 * C; i++) assert_true(got[i] == all[C + i]);
+        free(got);
+        assert_int_equal(shard_slice_cols(owner, t, 10, 20, &o), 0);
+        assert_int_equal(o.dtype, TDT_F32);
+        got = f32(&o);
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < 20; i++) assert_true(got[r * 20 + i] == all[r * C + 10 + i]);
+        free(got);
+        free(all);
+    }
+    shard_free(owner);
+    model_free(m);
+}
+
 /* GGUF stores Q/K rows permuted inside each head: a slice of whole heads keeps the
  * permutation valid (unpermute_heads becomes the heads in the slice); a slice that cuts a
  * head is refused. */
@@ -426,6 +483,7 @@ int main(void) {
         cmocka_unit_test(test_shard_forward_qwen3_tp2_equals_cpu_runner),
         cmocka_unit_test(test_shard_off_by_one_split_is_caught),
         cmocka_unit_test(test_shard_quantized_column_slices),
+        cmocka_unit_test(test_shard_fp8_slices),
         cmocka_unit_test(test_shard_row_slice_of_permuted_heads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

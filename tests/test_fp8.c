@@ -264,30 +264,31 @@ static void test_encode_rounding_saturation_tiny(void **state) {
     assert_int_equal(check_encoder(fp8_e4m3_from_f32, 1), 0);
 }
 
+/* Runs of the checks on the engine's logic copied here (broken as the g_*_mut switches say). */
+static int enc_check(int verbose) { return check_encoder(mut_from_f32, verbose); }
+static int dec_check(int verbose) { return check_decoder(mut_to_f32, verbose); }
+
+/* `check` passes the unbroken copy (*mut = 0) and fails it with each of muts[0..n). */
+static void expect_mutants_fail(const char *what, int *mut, const int *muts, size_t n, int (*check)(int)) {
+    *mut = 0;
+    assert_int_equal(check(1), 0);
+    for (size_t i = 0; i < n; i++) {
+        *mut = muts[i];
+        const int f = check(0);
+        print_message("  %s mutant %d: %d failed checks\n", what, muts[i], f);
+        assert_true(f > 0);
+    }
+    *mut = 0;
+}
+
 /* The checks above reject broken conversions: the engine's logic copied here passes them
  * as it is and fails them with each of these changes. */
 static void test_conversion_checks_catch_mutants(void **state) {
     (void)state;
-    g_enc_mut = MUT_NONE;
-    assert_int_equal(check_encoder(mut_from_f32, 1), 0);
     const int muts[] = {MUT_TIES_AWAY, MUT_NO_SATURATE, MUT_SUBNORMAL_TRUNC, MUT_NO_CARRY, MUT_NAN_SIGNED};
-    for (size_t i = 0; i < sizeof muts / sizeof muts[0]; i++) {
-        g_enc_mut = muts[i];
-        const int f = check_encoder(mut_from_f32, 0);
-        print_message("  encoder mutant %d: %d failed checks\n", muts[i], f);
-        assert_true(f > 0);
-    }
-    g_enc_mut = MUT_NONE;
-    g_dec_mut = MUTD_NONE;
-    assert_int_equal(check_decoder(mut_to_f32, 1), 0);
     const int dmuts[] = {MUTD_SUBNORMAL_AS_NORMAL, MUTD_BIAS8, MUTD_NAN_POSITIVE_ONLY, MUTD_SIGNLESS_ZERO};
-    for (size_t i = 0; i < sizeof dmuts / sizeof dmuts[0]; i++) {
-        g_dec_mut = dmuts[i];
-        const int f = check_decoder(mut_to_f32, 0);
-        print_message("  decoder mutant %d: %d failed checks\n", dmuts[i], f);
-        assert_true(f > 0);
-    }
-    g_dec_mut = MUTD_NONE;
+    expect_mutants_fail("encoder", &g_enc_mut, muts, sizeof muts / sizeof muts[0], enc_check);
+    expect_mutants_fail("decoder", &g_dec_mut, dmuts, sizeof dmuts / sizeof dmuts[0], dec_check);
 }
 
 /* ---- 2. the per-row quantizer ---------------------------------------------------------- */
@@ -350,18 +351,12 @@ static void test_quantize_row(void **state) {
     assert_int_equal(check_quantizer(fp8_quantize_row, 1), 0);
 }
 
+static int q_check(int verbose) { return check_quantizer(mut_quantize_row, verbose); }
+
 static void test_quantizer_checks_catch_mutants(void **state) {
     (void)state;
-    g_q_mut = MUTQ_NONE;
-    assert_int_equal(check_quantizer(mut_quantize_row, 1), 0);
     const int muts[] = {MUTQ_SCALE_INVERTED, MUTQ_TRUNCATE, MUTQ_ZERO_ROW_SCALE0, MUTQ_SIGNED_MAX, MUTQ_SCALE_ROUNDED};
-    for (size_t i = 0; i < sizeof muts / sizeof muts[0]; i++) {
-        g_q_mut = muts[i];
-        const int f = check_quantizer(mut_quantize_row, 0);
-        print_message("  quantizer mutant %d: %d failed checks\n", muts[i], f);
-        assert_true(f > 0);
-    }
-    g_q_mut = MUTQ_NONE;
+    expect_mutants_fail("quantizer", &g_q_mut, muts, sizeof muts / sizeof muts[0], q_check);
 }
 
 /* fp8_round_row (what the CPU runner applies for --dtype fp8) is the quantizer's bytes

@@ -178,12 +178,14 @@ static int lt_matmul(cuda_runner *r, const uint8_t *W, const uint8_t *X8, int ou
     return s == CUBLAS_STATUS_SUCCESS ? 0 : lt_fail(r, __LINE__, "cublasLtMatmul", s);
 }
 
+/* cuBLASLt's FP8 layouts need widths that are 16-byte multiples (real models' are). */
+static int lt_shape(int out, int in) { return in % 16 == 0 && out % 16 == 0; }
+
 int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, int in, const uint16_t *X, int n,
                   float *Y, float beta) {
     int rc;
-    if (in % 16 || out % 16) {
-        /* cuBLASLt's FP8 layouts need 16-byte multiples (real models' widths are): the GEMV,
-         * K_GEMV_MAX_N tokens at a time, bf16 activations (tiny test models) */
+    if (!lt_shape(out, in)) {
+        /* the GEMV, K_GEMV_MAX_N tokens at a time, bf16 activations (tiny test models) */
         for (int t0 = 0; t0 < n; t0 += K_GEMV_MAX_N) {
             const int nc = n - t0 < K_GEMV_MAX_N ? n - t0 : K_GEMV_MAX_N;
             K_CHECK(r, k_gemv_w((k_wmat){W, sw}, X + (size_t)t0 * in, Y + (size_t)t0 * out, out, in, nc, beta != 0.f,
@@ -211,7 +213,7 @@ fail:
 }
 
 int cuda_fp8_gemm_unscaled(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y) {
-    if (r->lt_outer || n <= K_GEMV_MAX_N || r->tune.no_gemv || in % 16 || out % 16) return 1;
+    if (r->lt_outer || n <= K_GEMV_MAX_N || r->tune.no_gemv || !lt_shape(out, in)) return 1;
     K_CHECK(r, k_quant_fp8_rows(X, n, in, r->d_xq, r->d_xs, r->stream));
     return lt_matmul(r, W, r->d_xq, out, in, n, Y, 0.f);
 fail:

@@ -117,6 +117,13 @@ int cli_dtype(const char *v, int *dtype) {
     return 0;
 }
 
+int cli_kv_dtype(const char *v, int *kv) {
+    if (!strcmp(v, "auto") || !strcmp(v, "bf16") || !*v) *kv = ENGINE_KV_AUTO;
+    else if (!strcmp(v, "fp8") || !strcmp(v, "fp8_e4m3")) *kv = ENGINE_KV_FP8;
+    else return -1;
+    return 0;
+}
+
 int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     if (!strcmp(a, "--no-prefix-cache")) {
@@ -139,7 +146,7 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
         "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch", "--max-num-batched-tokens", "--async-scheduling",
         "--kv-cache-bytes", "--threads", "--block-size", "--tensor-parallel-size", "--nnodes",
         "--node-rank", "--master-addr", "--master-port", "--shape", "--draft-shape", "--speculative",
-        "--ngram-min", "--ngram-max", "--dtype", "--quantization"};
+        "--ngram-min", "--ngram-max", "--dtype", "--quantization", "--kv-cache-dtype"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
     if (!known) return 0;
@@ -161,6 +168,7 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--speculative")) bad = cli_speculative(v, &c->spec_ngram);
     else if (!strcmp(a, "--dtype")) bad = cli_dtype(v, &c->weights_dtype);
     else if (!strcmp(a, "--quantization")) bad = strcmp(v, "fp8") ? -1 : (c->weights_dtype = ENGINE_WEIGHTS_FP8, 0);
+    else if (!strcmp(a, "--kv-cache-dtype")) bad = cli_kv_dtype(v, &c->kv_dtype);
     else if (!strcmp(a, "--ngram-min")) bad = cli_int(v, 1, NGRAM_MAX_N, &c->ngram_min);
     else if (!strcmp(a, "--ngram-max")) bad = cli_int(v, 1, NGRAM_MAX_N, &c->ngram_max);
     else if (!strcmp(a, "--max-seq-len")) bad = cli_int(v, 2, 1 << 24, &c->max_seq_len);

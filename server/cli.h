@@ -26,6 +26,8 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i);
 int cli_speculative(const char *v, int *ngram);
 /* --dtype auto | bf16 | gguf | fp8 -> ENGINE_WEIGHTS_*; -1 if none of them. */
 int cli_dtype(const char *v, int *dtype);
+/* --kv-cache-dtype auto | bf16 | fp8 | fp8_e4m3 -> ENGINE_KV_*; -1 if none of them. */
+int cli_kv_dtype(const char *v, int *kv);
 /* After parsing: complete the tensor-parallel options (c->tp) from the flags and, in a
  * spawned worker, from SPECD_TP_*; a process started by hand with
  * --tensor-parallel-size N > 1 gets tp_spawn_argv = main_argv (it starts its node's other
@@ -60,6 +62,9 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "                          per output row; activations per token): half the bytes of bf16,\n" \
     "                          FP8 tensor cores. An FP8 checkpoint stays FP8 (bf16: dequantized)\n" \
     "  --quantization fp8      the same as --dtype fp8\n" \
+    "  --kv-cache-dtype auto|fp8  KV cache elements: auto (default) bf16 on the GPU, fp32 on\n" \
+    "                          the CPU; fp8 (or fp8_e4m3) E4M3 with a per-layer K and V scale\n" \
+    "                          (the checkpoint's k_scale / v_scale, else 1): twice the tokens\n" \
     "  --max-seq-len N         context limit per sequence (default 4096)\n" \
     "  --max-batch N           running sequences at most (default 64)\n" \
     "  --max-num-batched-tokens N  tokens one step feeds at most, decode rows and prompt\n" \

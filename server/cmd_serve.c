@@ -97,6 +97,7 @@ static void fill_engine_config(const srv_config *c, engine_config *ec) {
     ec->num_draft_tokens = c->num_draft_tokens;
     cli_speculative(c->speculative, &ec->spec_ngram);   /* checked when the config was read */
     cli_dtype(c->dtype, &ec->weights_dtype);
+    cli_kv_dtype(c->kv_cache_dtype, &ec->kv_dtype);
     ec->ngram_min = c->ngram_min;
     ec->ngram_max = c->ngram_max;
     ec->spec_always = !c->spec_cost_model;

@@ -38,6 +38,7 @@ static const cfg_key keys[] = {
     {"draft_layers", K_INT, OFF(draft_layers), 0, 0, 1e6, "self-speculation with the target's first N layers"},
     {"speculative", STR(speculative), 0, 0, "ngram: prompt-lookup drafting (drafts copied from the request's own earlier tokens; no draft model), or none"},
     {"dtype", STR(dtype), 0, 0, "weights on the GPU. A quantized GGUF: gguf keeps its Q8_0 / Q4_K / Q6_K projections in their blocks (less memory; as fast as bf16 at batch 1, slower from batch 8), bf16 dequantizes them at load, auto (default) keeps them when the bf16 weights would take over half the GPU. fp8 quantizes the dense projections to FP8 E4M3 at load (one scale per output row, activations per token). An FP8 checkpoint stays FP8 (bf16 dequantizes it). --quantization fp8 is the same as --dtype fp8"},
+    {"kv_cache_dtype", STR(kv_cache_dtype), 0, 0, "KV cache elements: auto (default; bf16 on the GPU, fp32 in the CPU runner) or fp8 (fp8_e4m3): FP8 E4M3 with one scale per layer for K and one for V (the checkpoint's k_scale / v_scale, else 1), twice the tokens of bf16 in the same memory"},
     {"ngram_min", K_INT, OFF(ngram_min), 0, 0, 16, "shortest n-gram prompt lookup matches (0 = default 2)"},
     {"ngram_max", K_INT, OFF(ngram_max), 0, 0, 16, "longest n-gram prompt lookup matches, tried first (0 = default 4)"},
     {"spec_cost_model", K_BOOL, OFF(spec_cost_model), 0, 0, 1, "time plain and verify steps at start-up and draft only where speculation pays (false: always draft)"},
@@ -91,6 +92,7 @@ void srv_config_defaults(srv_config *c) {
     c->mem_fraction = 0.9;
     snprintf(c->device, sizeof c->device, "cpu");
     snprintf(c->dtype, sizeof c->dtype, "auto");
+    snprintf(c->kv_cache_dtype, sizeof c->kv_cache_dtype, "auto");
     c->tensor_parallel_size = 1;
     c->nnodes = 1;
     snprintf(c->master_addr, sizeof c->master_addr, "127.0.0.1");
@@ -159,6 +161,9 @@ static int check_enums(const srv_config *c, const char *what, char *err, size_t 
     int dt;
     if (cli_dtype(c->dtype, &dt))
         return specd_errf(err, errlen, SPECD_EINVAL, "%s: dtype must be auto, bf16, gguf or fp8, got '%s'", what, c->dtype);
+    if (cli_kv_dtype(c->kv_cache_dtype, &dt))
+        return specd_errf(err, errlen, SPECD_EINVAL, "%s: kv_cache_dtype must be auto, bf16, fp8 or fp8_e4m3, got '%s'",
+                          what, c->kv_cache_dtype);
     if (strcmp(c->log_level, "debug") && strcmp(c->log_level, "info") &&
         strcmp(c->log_level, "warn") && strcmp(c->log_level, "error") && strcmp(c->log_level, "off"))
         return specd_errf(err, errlen, SPECD_EINVAL,

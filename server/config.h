@@ -25,7 +25,8 @@ typedef struct {
     int num_draft_tokens;               /* 0 = engine default (4) */
     int draft_layers;                   /* 0 = off */
     char speculative[16];               /* "ngram" = prompt-lookup drafts; "" / "none" = off */
-    char dtype[8];                      /* "auto" (default), "bf16", "gguf" (cli_dtype) */
+    char dtype[8];                      /* "auto" (default), "bf16", "gguf", "fp8" (cli_dtype) */
+    char kv_cache_dtype[12];            /* "auto" (default), "bf16", "fp8", "fp8_e4m3" (cli_kv_dtype) */
     int ngram_min, ngram_max;           /* 0 = engine default (2, 4) */
     int spec_cost_model;                /* 1: speculate only where the start-up timing says it pays */
     int tensor_parallel_size;           /* ranks over all nodes (1 = off) */

@@ -404,6 +404,11 @@ typedef struct {
     const char *f16_scale;    /* its scale is declared F16 */
     const char *f8_vector;    /* this 1-D tensor is stored as F8_E4M3 (bytes of its values) */
     int misalign;             /* a 1-byte U8 tensor first: every tensor after it at an odd offset */
+    int bf16;                 /* projections left bf16 (no quantization_config needed) */
+    /* FP8 KV cache scales: each layer gets F32 scalars self_attn.k_scale and v_scale (when
+     * nonzero); kv_scale_shape2 writes k_scale with shape [2] instead (a broken file) */
+    float k_scale, v_scale;
+    int kv_scale_shape2;
 } ckpt_opts;
 
 static void make_tmpdir(char *dir) {
@@ -578,7 +583,7 @@ static void write_checkpoint(const char *name, const char *dir, const ckpt_opts 
     json_object_foreach(r.header, key, val) {
         if (!strcmp(key, "__metadata__")) continue;
         json_t *sh = json_object_get(val, "shape");
-        if (is_projection(key)) {
+        if (is_projection(key) && !o->bf16) {
             qtensor q;
             qtensor_make(o, &r, key, &q);
             out_tensor *w = &ts[nt++], *s = &ts[nt++];
@@ -649,6 +654,25 @@ static void write_checkpoint(const char *name, const char *dir, const ckpt_opts 
                     t->data[i] = ref_encode(bf16_to_f32((uint16_t)(d[2 * i] | d[2 * i + 1] << 8)));
                 t->align = 1;
             }
+        }
+    }
+    for (int l = 0; o->k_scale > 0 && l < 64; l++) {
+        char probe[200];
+        snprintf(probe, sizeof probe, "model.layers.%d.self_attn.q_proj.weight", l);
+        if (!json_object_get(r.header, probe)) break;
+        ts = realloc(ts, sizeof *ts * (size_t)(nt + 2));
+        for (int kv = 0; kv < 2; kv++) {
+            out_tensor *t = &ts[nt++];
+            memset(t, 0, sizeof *t);
+            snprintf(t->name, sizeof t->name, "model.layers.%d.self_attn.%s_scale", l, kv ? "v" : "k");
+            t->dtype = "F32";
+            t->ndim = !kv && o->kv_scale_shape2;
+            t->shape[0] = 2;
+            t->n = t->ndim ? 8 : 4;
+            t->data = malloc(8);
+            const float v[2] = {kv ? o->v_scale : o->k_scale, 1.0f};
+            memcpy(t->data, v, 8);
+            t->align = 4;
         }
     }
     json_t *hdr = json_object();
@@ -964,10 +988,11 @@ static void e2e_prompt(int32_t *p) {
 /* Greedy on the CPU runner: the prompt in one forward (logits of every position), then
  * one token at a time. seq: prompt + E2E_GEN tokens (with `forced`, its tokens are fed
  * instead of the argmax: teacher forcing); logits: [E2E_ROWS, vocab]. */
-static void run_greedy(const model *m, int weights_fp8, const int32_t *forced, int32_t *seq, float *logits) {
+static void run_greedy(const model *m, int weights_fp8, int kv_fp8, const int32_t *forced, int32_t *seq, float *logits) {
     char err[512] = "";
     runner_config rc = {.num_blocks = 8, .block_size = 16, .max_batch = 1, .max_seq_len = 64,
-                        .max_tokens_per_step = 64, .threads = 2, .weights_fp8 = weights_fp8};
+                        .max_tokens_per_step = 64, .threads = 2, .weights_fp8 = weights_fp8,
+                        .kv_fp8 = kv_fp8};
     runner *r = runner_cpu_create(m, NULL, &rc, err, sizeof err);
     if (!r) fail_msg("runner_cpu_create: %s", err);
     const int32_t blocks[3] = {3, 1, 6};
@@ -1005,10 +1030,10 @@ static void test_e2e_runner_fp8_checkpoint_equals_dtype_fp8(void **state) {
     float *lq = malloc(sizeof(float) * (size_t)E2E_ROWS * V), *lf = malloc(sizeof(float) * (size_t)E2E_ROWS * V);
     float *lo = malloc(sizeof(float) * (size_t)E2E_ROWS * V), *lg = malloc(sizeof(float) * (size_t)E2E_ROWS * V);
     int32_t sq[E2E_PROMPT + E2E_GEN], sf[E2E_PROMPT + E2E_GEN], so[E2E_PROMPT + E2E_GEN], sg[E2E_PROMPT + E2E_GEN];
-    run_greedy(mq, 0, NULL, sq, lq);        /* FP8 checkpoint, dequantized by the runner */
-    run_greedy(mo, 1, NULL, sf, lf);        /* bf16 original, --dtype fp8 */
-    run_greedy(mo, 0, sq, so, lo);          /* bf16 original as it is, fed the same tokens */
-    run_greedy(mo, 0, NULL, sg, lg);        /* bf16 original, its own greedy tokens */
+    run_greedy(mq, 0, 0, NULL, sq, lq);        /* FP8 checkpoint, dequantized by the runner */
+    run_greedy(mo, 1, 0, NULL, sf, lf);        /* bf16 original, --dtype fp8 */
+    run_greedy(mo, 0, 0, sq, so, lo);          /* bf16 original as it is, fed the same tokens */
+    run_greedy(mo, 0, 0, NULL, sg, lg);        /* bf16 original, its own greedy tokens */
     assert_memory_equal(sq, sf, sizeof sq);
     for (size_t i = 0; i < (size_t)E2E_ROWS * V; i++)
         if (!same_bits(lq[i], lf[i]))
@@ -1056,10 +1081,10 @@ typedef struct {
     float *first_logits;
 } engine_run;
 
-static void run_engine(const char *path, int weights_dtype, engine_run *out) {
+static void run_engine(const char *path, int weights_dtype, int kv_dtype, engine_run *out) {
     char err[1024] = "";
     engine_config c = {.model_path = path, .max_seq_len = 128, .max_batch = 2, .kv_bytes = 16u << 20, .threads = 2,
-                       .weights_dtype = weights_dtype};
+                       .weights_dtype = weights_dtype, .kv_dtype = kv_dtype};
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fail_msg("engine_create(%s): %s", path, err);
     int32_t prompt[E2E_PROMPT];
@@ -1107,10 +1132,10 @@ static void test_e2e_engine_dtype_fp8(void **state) {
     const ckpt_opts o = {.sch = SCH_ROW_F32};
     write_checkpoint("llama-tiny", dir, &o, qconfig_of(&o));
     engine_run q, f, b, b16;
-    run_engine(dir, ENGINE_WEIGHTS_AUTO, &q);
-    run_engine(orig_dir, ENGINE_WEIGHTS_FP8, &f);
-    run_engine(orig_dir, ENGINE_WEIGHTS_AUTO, &b);
-    run_engine(orig_dir, ENGINE_WEIGHTS_BF16, &b16);   /* --dtype bf16: no rounding either */
+    run_engine(dir, ENGINE_WEIGHTS_AUTO, ENGINE_KV_AUTO, &q);
+    run_engine(orig_dir, ENGINE_WEIGHTS_FP8, ENGINE_KV_AUTO, &f);
+    run_engine(orig_dir, ENGINE_WEIGHTS_AUTO, ENGINE_KV_AUTO, &b);
+    run_engine(orig_dir, ENGINE_WEIGHTS_BF16, ENGINE_KV_AUTO, &b16);   /* --dtype bf16: no rounding either */
     const int V = 1024;
     assert_memory_equal(b.ids, b16.ids, sizeof b.ids);
     assert_memory_equal(b.first_logits, b16.first_logits, sizeof(float) * V);
@@ -1129,6 +1154,158 @@ static void test_e2e_engine_dtype_fp8(void **state) {
     free(b.first_logits);
     free(b16.first_logits);
     rm_tmpdir(dir);
+}
+
+/* ---- 6. FP8 KV cache (--kv-cache-dtype fp8) on the CPU runner ---------------------------- */
+
+/* Worst per-position RMS relative error of logits a against r over E2E_ROWS positions, the
+ * largest absolute difference and the positions whose top-1 ids agree. */
+static double worst_rel(const float *a, const float *r, int V, double *maxdiff, int *top1) {
+    double worst = 0;
+    *maxdiff = 0;
+    *top1 = 0;
+    for (int p = 0; p < E2E_ROWS; p++) {
+        const float *x = a + (size_t)p * V, *y = r + (size_t)p * V;
+        worst = fmax(worst, rms_rel(x, y, V));
+        for (int i = 0; i < V; i++) *maxdiff = fmax(*maxdiff, fabs((double)x[i] - y[i]));
+        *top1 += argmax(x, V) == argmax(y, V);
+    }
+    return worst;
+}
+
+/* The cache holds E4M3 codes: logits on the same tokens move by a bounded amount from the
+ * fp32 cache's (the rounding is real, the values are right), a block takes a quarter of
+ * the fp32 bytes, and the checkpoint's k_scale / v_scale are used on both sides: a power
+ * of two that keeps the values in E4M3's normal range changes almost nothing (stored x / s,
+ * read back times s), while a scale that pushes them into the subnormals costs far more. */
+static void test_kv_fp8_runner(void **state) {
+    (void)state;
+    char orig_dir[512], dq[64], dbig[64];
+    fixture_model(orig_dir, sizeof orig_dir, "llama-tiny");
+    make_tmpdir(dq);
+    make_tmpdir(dbig);
+    const ckpt_opts oq = {.bf16 = 1, .k_scale = 0.25f, .v_scale = 0.125f};
+    const ckpt_opts ob = {.bf16 = 1, .k_scale = 256.f, .v_scale = 256.f};
+    write_checkpoint("llama-tiny", dq, &oq, NULL);
+    write_checkpoint("llama-tiny", dbig, &ob, NULL);
+    model *mo = load_ok(orig_dir), *mq = load_ok(dq), *mb = load_ok(dbig);
+    assert_true(mo->layers[0].k_scale == 0.f && mo->layers[0].v_scale == 0.f);
+    for (int l = 0; l < mq->cfg.n_layers; l++)
+        assert_true(mq->layers[l].k_scale == 0.25f && mq->layers[l].v_scale == 0.125f);
+    assert_int_equal(runner_cpu_block_bytes(mo, NULL, 16, 0), 4 * runner_cpu_block_bytes(mo, NULL, 16, 1));
+    assert_int_equal(runner_cpu_block_bytes(mo, NULL, 16, 1), 2 * 16 * (size_t)mo->cfg.n_layers * mo->cfg.n_kv_heads *
+                                                                    mo->cfg.head_dim);
+
+    const int V = mo->cfg.vocab;
+    const size_t nl = (size_t)E2E_ROWS * V;
+    float *l32 = malloc(sizeof(float) * nl), *l8 = malloc(sizeof(float) * nl), *l8q = malloc(sizeof(float) * nl);
+    float *l8b = malloc(sizeof(float) * nl), *lq32 = malloc(sizeof(float) * nl), *lfree = malloc(sizeof(float) * nl);
+    int32_t s32[E2E_PROMPT + E2E_GEN], s8[E2E_PROMPT + E2E_GEN], tmp[E2E_PROMPT + E2E_GEN];
+    run_greedy(mo, 0, 0, NULL, s32, l32);   /* fp32 cache, its own greedy tokens */
+    run_greedy(mo, 0, 1, s32, tmp, l8);     /* FP8 cache, scale 1, fed the same tokens */
+    run_greedy(mq, 0, 1, s32, tmp, l8q);    /* FP8 cache, the checkpoint's 1/4 and 1/8 */
+    run_greedy(mb, 0, 1, s32, tmp, l8b);    /* FP8 cache, 256: values into the subnormals */
+    run_greedy(mq, 0, 0, s32, tmp, lq32);   /* scales without --kv-cache-dtype fp8: unused */
+    run_greedy(mo, 0, 1, NULL, s8, lfree);   /* free-running */
+    double md, md_q, md_b;
+    int top1, top1_q, top1_b;
+    const double e = worst_rel(l8, l32, V, &md, &top1);
+    const double eq = worst_rel(l8q, l8, V, &md_q, &top1_q);
+    const double eb = worst_rel(l8b, l32, V, &md_b, &top1_b);
+    int agree = 0;
+    while (agree < E2E_GEN && s8[E2E_PROMPT + agree] == s32[E2E_PROMPT + agree]) agree++;
+    print_message("  FP8 KV vs fp32 KV on the same %d positions: max |diff| %.3g, worst RMS rel %.3g, top-1 equal "
+                  "at %d; scales 1/4, 1/8 vs 1: worst RMS rel %.3g; scale 256: %.3g (top-1 at %d); free-running "
+                  "greedy agrees for %d of %d tokens\n",
+                  E2E_ROWS, md, e, top1, eq, eb, top1_b, agree, E2E_GEN);
+    assert_memory_equal(lq32, l32, sizeof(float) * nl);
+    assert_true(md > 1e-3);                 /* the cache really is rounded */
+    assert_true(e < 0.2);   /* 3 mantissa bits on flat logits (top-2 margins often < 0.1) */
+    assert_true(top1 >= E2E_ROWS * 3 / 4);
+    assert_true(eq < e / 2);                /* scaled by powers of two: the same values, nearly */
+    assert_true(eb > 2 * e);                /* the scale reaches the cache */
+    free(l32);
+    free(l8);
+    free(l8q);
+    free(l8b);
+    free(lq32);
+    free(lfree);
+    model_free(mo);
+    model_free(mq);
+    model_free(mb);
+    rm_tmpdir(dq);
+    rm_tmpdir(dbig);
+}
+
+/* A KV scale that is not one positive value is refused by name. */
+static void test_kv_fp8_broken_scales(void **state) {
+    (void)state;
+    char dir[64];
+    const ckpt_opts bad[] = {{.bf16 = 1, .k_scale = 1.f, .v_scale = 1.f, .kv_scale_shape2 = 1},
+                             {.bf16 = 1, .k_scale = 1.f, .v_scale = -2.f}};
+    const char *which[] = {"model.layers.0.self_attn.k_scale", "model.layers.0.self_attn.v_scale"};
+    for (int i = 0; i < 2; i++) {
+        make_tmpdir(dir);
+        write_checkpoint("llama-tiny", dir, &bad[i], NULL);
+        expect_load_error(dir, which[i], "one positive", "KV cache scale");
+        rm_tmpdir(dir);
+    }
+}
+
+/* Through the engine with prefix caching: the same prompt alone, then four at once (their
+ * prompt blocks shared from the cache), gives the same tokens and logprobs every time on
+ * an FP8 cache, and other logprobs than the fp32 cache. */
+static void test_kv_fp8_engine(void **state) {
+    (void)state;
+    char orig_dir[512];
+    fixture_model(orig_dir, sizeof orig_dir, "llama-tiny");
+    engine_run a, f;
+    run_engine(orig_dir, ENGINE_WEIGHTS_AUTO, ENGINE_KV_FP8, &a);
+    run_engine(orig_dir, ENGINE_WEIGHTS_AUTO, ENGINE_KV_AUTO, &f);
+    assert_memory_not_equal(a.lp, f.lp, sizeof a.lp);
+    char err[1024] = "";
+    engine_config c = {.model_path = orig_dir, .max_seq_len = 128, .max_batch = 4, .kv_bytes = 1u << 20,
+                       .threads = 2, .kv_dtype = ENGINE_KV_FP8};
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fail_msg("engine_create: %s", err);
+    int32_t prompt[E2E_PROMPT];
+    e2e_prompt(prompt);
+    engine_sampling sp;
+    engine_sampling_defaults(&sp);
+    sp.temperature = 0;
+    sp.ignore_eos = 1;
+    sp.max_tokens = E2E_GEN;
+    sp.logprobs = 5;
+    for (int round = 0; round < 2; round++) {
+        const int nreq = round ? 4 : 1;
+        int32_t ids[4][E2E_GEN];
+        float lp[4][E2E_GEN];
+        int n[4] = {0};
+        for (int q = 0; q < nreq; q++)
+            assert_int_equal(engine_add_ex(e, (uint64_t)(10 * round + q + 1), prompt, E2E_PROMPT, &sp, 1, err,
+                                           sizeof err), 0);
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            for (int k = 0; k < o.n_events; k++) {
+                const engine_event *ev = &o.events[k];
+                const int q = (int)(ev->req_id - (uint64_t)(10 * round + 1));
+                assert_true(q >= 0 && q < nreq);
+                for (int t = 0; t < ev->n_tokens && n[q] < E2E_GEN; t++, n[q]++) {
+                    ids[q][n[q]] = ev->tokens[t].id;
+                    lp[q][n[q]] = ev->tokens[t].logprob;
+                }
+            }
+        }
+        for (int q = 0; q < nreq; q++) {
+            assert_int_equal(n[q], E2E_GEN);
+            assert_memory_equal(ids[q], a.ids, sizeof a.ids);
+            assert_memory_equal(lp[q], a.lp, sizeof a.lp);
+        }
+    }
+    engine_destroy(e);
+    free(a.first_logits);
+    free(f.first_logits);
 }
 
 static int setup(void **state) {
@@ -1153,6 +1330,9 @@ int main(void) {
         cmocka_unit_test(test_broken_fp8_tensors),
         cmocka_unit_test(test_e2e_runner_fp8_checkpoint_equals_dtype_fp8),
         cmocka_unit_test(test_e2e_engine_dtype_fp8),
+        cmocka_unit_test(test_kv_fp8_runner),
+        cmocka_unit_test(test_kv_fp8_broken_scales),
+        cmocka_unit_test(test_kv_fp8_engine),
         cmocka_unit_test(test_load_misaligned_scales),   /* last: UBSan aborts the binary here */
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -202,7 +202,7 @@ static int size_pool(engine *e, runner_config *rc, char *err, size_t errlen) {
                                * (capped by kv_bytes when given) */
         return 0;
     }
-    size_t bb = runner_cpu_block_bytes(e->target, e->draft_used, bs);
+    size_t bb = runner_cpu_block_bytes(e->target, e->draft_used, bs, c->kv_dtype == ENGINE_KV_FP8);
     size_t budget = c->kv_bytes;
     if (!budget) {
         size_t avail = mem_available(), w = weight_bytes_f32(e->target);
@@ -351,6 +351,7 @@ static runner_config make_runner_config(const engine *e) {
         .rope_bf16_freqs = c->rope_bf16_freqs, .cpu_verify = c->cpu_verify,
         .weights_gguf = c->weights_dtype == ENGINE_WEIGHTS_GGUF ? 1 : c->weights_dtype == ENGINE_WEIGHTS_AUTO ? -1 : 0,
         .weights_fp8 = c->weights_dtype == ENGINE_WEIGHTS_FP8 ? 1 : c->weights_dtype == ENGINE_WEIGHTS_BF16 ? -1 : 0,
+        .kv_fp8 = c->kv_dtype == ENGINE_KV_FP8,
         .random_weights_seed = c->random_shape && c->device == ENGINE_DEVICE_CUDA ? 1 : 0,
     };
     rc.max_tokens_per_step = c->max_tokens_per_step + c->max_batch * (e->k + 1);

@@ -30,6 +30,9 @@ typedef enum { ENGINE_DEVICE_CPU = 0, ENGINE_DEVICE_CUDA = 1 } engine_device;
  * bf16 form would take more than half of it (auto), always dequantized to bf16 at load
  * (bf16), or always kept (gguf). */
 enum { ENGINE_WEIGHTS_AUTO = 0, ENGINE_WEIGHTS_BF16, ENGINE_WEIGHTS_GGUF, ENGINE_WEIGHTS_FP8 };
+/* The KV cache's element type: bf16 on the GPU, fp32 in the CPU runner (auto), or FP8 E4M3
+ * with a per-layer scale for K and one for V (the checkpoint's, else 1). */
+enum { ENGINE_KV_AUTO = 0, ENGINE_KV_FP8 };
 
 typedef struct {
     const char *model_path;
@@ -75,6 +78,7 @@ typedef struct {
     int weights_dtype;            /* ENGINE_WEIGHTS_*: a quantized GGUF's projections on the
                                    * GPU (runner_config.weights_gguf), FP8 projections
                                    * (runner_config.weights_fp8) */
+    int kv_dtype;                 /* ENGINE_KV_* (runner_config.kv_fp8) */
     int verbose;                  /* print start-up decisions to stderr */
     /* Tensor parallelism (docs/tensor-parallel.md; CPU runner only so far): with
      * tp.world_size > 1 the target is split over that many processes. Rank 0 calls

@@ -57,6 +57,11 @@ typedef struct {
      * fp32 weights to the same values), 0 keeps an FP8 checkpoint's as they are stored
      * (the CPU runner dequantizes), -1 dequantizes an FP8 checkpoint to bf16 on the GPU. */
     int weights_fp8;
+    /* The KV pool holds FP8 E4M3 codes (one byte per element) of k / k_scale and
+     * v / v_scale, per-layer scales from the checkpoint (model_layer.k_scale, v_scale) or 1:
+     * twice the tokens of bf16 in the same bytes. Attention reads the codes times the scale
+     * (the CPU runner the same values in fp32). */
+    int kv_fp8;
     /* CUDA runner: when nonzero the model's tensors are not read (it may be a model_shape)
      * and the weights are filled on the device with uniform random values from this seed:
      * benchmarks of real shapes without host weights. The CPU runner refuses it. */
@@ -283,7 +288,7 @@ static inline void runner_destroy(runner *r) { if (r) r->ops->destroy(r); }
 runner *runner_cpu_create(const model *target, const model *draft, const runner_config *cfg,
                           char *err, size_t errlen);
 /* Bytes of one KV block (all target + draft layers) in the CPU runner's storage. */
-size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size);
+size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8);
 
 #ifdef SPECD_HAVE_CUDA
 /* CUDA runner (engine/cuda/cuda_runner.c): bf16 weights and KV, cuBLAS GEMMs, CUDA graphs. */

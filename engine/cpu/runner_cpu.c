@@ -73,6 +73,13 @@ typedef struct {
     int n_pool_layers;
     float **k_cache;    /* (n_pool_layers) each (num_blocks, block_size, kv_dim) */
     float **v_cache;
+    /* runner_config.kv_fp8: the cache holds E4M3 codes of k / k_scale and v / v_scale in
+     * k8 / v8 (same layout, one byte each) instead; kv_scale (n_pool_layers, 2) holds each
+     * layer's K and V scales and kv_lut the value of every code. */
+    int kv_fp8;
+    uint8_t **k8, **v8;
+    float *kv_scale;
+    float kv_lut[256];
     int max_blocks;     /* per sequence */
     int32_t *bt;        /* (max_batch+1, max_blocks) block tables */
     int *len[2];        /* (max_batch+1) context lengths, target and draft */
@@ -438,6 +445,32 @@ typedef struct {
     int window;         /* this layer's sliding window, 0: full */
 } attn_job;
 
+/* Head rows of an FP8 cache are decoded into a stack buffer of this many floats (a
+ * longer head_dim is refused with --kv-cache-dtype fp8). */
+#define KV_ROW_MAX 1024
+
+/* n elements of pool layer pl's K (is_v 0) or V cache from element off: the fp32 cache
+ * itself, or the E4M3 codes times the layer's scale decoded into buf. */
+static const float *kv_row(const cpu_runner *r, int pl, int is_v, size_t off, int n, float *buf) {
+    if (!r->kv_fp8) return (is_v ? r->v_cache[pl] : r->k_cache[pl]) + off;
+    const uint8_t *c = (is_v ? r->v8[pl] : r->k8[pl]) + off;
+    const float s = r->kv_scale[2 * pl + is_v];
+    for (int i = 0; i < n; i++) buf[i] = r->kv_lut[c[i]] * s;
+    return buf;
+}
+
+/* Store n elements into pool layer pl's K or V cache at element off (FP8: x / scale
+ * rounded to E4M3, as the CUDA runner's KV write does). */
+static void kv_store(cpu_runner *r, int pl, int is_v, size_t off, const float *x, int n) {
+    if (!r->kv_fp8) {
+        memcpy((is_v ? r->v_cache[pl] : r->k_cache[pl]) + off, x, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint8_t *c = (is_v ? r->v8[pl] : r->k8[pl]) + off;
+    const float inv = 1.0f / r->kv_scale[2 * pl + is_v];
+    for (int i = 0; i < n; i++) c[i] = fp8_e4m3_from_f32(x[i] * inv);
+}
+
 /* One (token, head): causal attention of the token's query over positions 0..pos of its
  * slot (pos-W+1..pos with a sliding window W), read from the paged cache, with an online
  * softmax (no score buffer needed). */
@@ -451,14 +484,14 @@ static void attn_task(void *ctx, int task) {
     const float *q = r->q + (size_t)t * c->n_heads * hd + (size_t)h * hd;
     float *out = r->att + (size_t)t * c->n_heads * hd + (size_t)h * hd;
     const int32_t *bt = r->bt + (size_t)r->tok_slot[t] * r->max_blocks;
-    const float *K = r->k_cache[j->pool_layer], *V = r->v_cache[j->pool_layer];
+    float kbuf[KV_ROW_MAX], vbuf[KV_ROW_MAX];
     float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0.f;
     for (int i = 0; i < hd; i++) out[i] = 0.f;
     int pos = r->tok_pos[t], p0 = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
     for (int p = p0; p <= pos; p++) {   /* a sliding window sees the last W positions */
         size_t off = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kvd + (size_t)kvh * hd;
-        float s = dot(q, K + off, hd) * scale;
-        const float *v = V + off;
+        float s = dot(q, kv_row(r, j->pool_layer, 0, off, hd, kbuf), hd) * scale;
+        const float *v = kv_row(r, j->pool_layer, 1, off, hd, vbuf);
         if (s > mx) {  /* rescale what we have to the new max */
             float f = expf(mx - s);
             sum *= f;
@@ -640,8 +673,8 @@ static int cpu_forward(runner *base, const runner_batch *b) {
             int p = r->tok_pos[t];
             int32_t blk = r->bt[(size_t)r->tok_slot[t] * r->max_blocks + p / bs];
             size_t off = ((size_t)blk * bs + (size_t)(p % bs)) * kvd;
-            memcpy(r->k_cache[pl] + off, k, sizeof(float) * kvd);
-            memcpy(r->v_cache[pl] + off, r->v + (size_t)t * kvd, sizeof(float) * kvd);
+            kv_store(r, pl, 0, off, k, kvd);
+            kv_store(r, pl, 1, off, r->v + (size_t)t * kvd, kvd);
         }
         attn_job aj = {r, m, pl, T, L->window};
         tp_run(r->pool, attn_task, &aj, T * c->n_heads);
@@ -1003,6 +1036,11 @@ static int cpu_copy_block(runner *base, int dst, int src) {
     for (int l = 0; l < r->n_pool_layers; l++) {
         const cpu_model *m = &r->m[l >= r->m[0].c.n_layers];
         size_t n = layer_block_floats(&m->c, r->base.cfg.block_size);
+        if (r->kv_fp8) {
+            memcpy(r->k8[l] + (size_t)dst * n, r->k8[l] + (size_t)src * n, n);
+            memcpy(r->v8[l] + (size_t)dst * n, r->v8[l] + (size_t)src * n, n);
+            continue;
+        }
         memcpy(r->k_cache[l] + (size_t)dst * n, r->k_cache[l] + (size_t)src * n, n * sizeof(float));
         memcpy(r->v_cache[l] + (size_t)dst * n, r->v_cache[l] + (size_t)src * n, n * sizeof(float));
     }
@@ -1015,9 +1053,14 @@ static void cpu_destroy(runner *base) {
     for (int l = 0; r->k_cache && l < r->n_pool_layers; l++) {
         free(r->k_cache[l]);
         free(r->v_cache[l]);
+        free(r->k8[l]);
+        free(r->v8[l]);
     }
     free(r->k_cache);
     free(r->v_cache);
+    free(r->k8);
+    free(r->v8);
+    free(r->kv_scale);
     free_model(&r->m[0]);
     free_model(&r->m[1]);
     free(r->bt);
@@ -1060,10 +1103,10 @@ static const runner_ops cpu_ops = {
     .destroy = cpu_destroy,
 };
 
-size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size) {
+size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8) {
     size_t n = 2 * (size_t)target->cfg.n_layers * layer_block_floats(&target->cfg, block_size);
     if (draft) n += 2 * (size_t)draft->cfg.n_layers * layer_block_floats(&draft->cfg, block_size);
-    return n * sizeof(float);
+    return n * (kv_fp8 ? 1 : sizeof(float));
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
@@ -1084,6 +1127,10 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         specd_errf(err, errlen, SPECD_EUNSUPPORTED,
                    "cpu runner: --dtype fp8 with tensor parallelism is not supported (rows quantized per shard "
                    "would differ from one GPU's)");
+        return NULL;
+    }
+    if (cfg->kv_fp8 && (target->cfg.head_dim > KV_ROW_MAX || (draft && draft->cfg.head_dim > KV_ROW_MAX))) {
+        specd_errf(err, errlen, SPECD_EUNSUPPORTED, "cpu runner: an FP8 KV cache needs head_dim <= %d", KV_ROW_MAX);
         return NULL;
     }
     if (cfg->random_weights_seed) {
@@ -1130,10 +1177,25 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->n_pool_layers = target->cfg.n_layers + (draft ? draft->cfg.n_layers : 0);
     r->k_cache = calloc((size_t)r->n_pool_layers, sizeof(float *));
     r->v_cache = calloc((size_t)r->n_pool_layers, sizeof(float *));
-    if (!r->k_cache || !r->v_cache) goto oom;
+    r->k8 = calloc((size_t)r->n_pool_layers, sizeof(uint8_t *));
+    r->v8 = calloc((size_t)r->n_pool_layers, sizeof(uint8_t *));
+    r->kv_scale = calloc((size_t)r->n_pool_layers * 2, sizeof(float));
+    if (!r->k_cache || !r->v_cache || !r->k8 || !r->v8 || !r->kv_scale) goto oom;
+    r->kv_fp8 = cfg->kv_fp8 != 0;
+    for (int i = 0; i < 256; i++) r->kv_lut[i] = fp8_e4m3_to_f32((uint8_t)i);
     for (int l = 0; l < r->n_pool_layers; l++) {
-        const model_config *c = &r->m[l >= target->cfg.n_layers].c;
+        const int is_draft = l >= target->cfg.n_layers;
+        const model_config *c = &r->m[is_draft].c;
+        const model_layer *ly = &(is_draft ? draft : target)->layers[is_draft ? l - target->cfg.n_layers : l];
+        r->kv_scale[2 * l] = ly->k_scale > 0 ? ly->k_scale : 1.0f;
+        r->kv_scale[2 * l + 1] = ly->v_scale > 0 ? ly->v_scale : 1.0f;
         size_t n = (size_t)cfg->num_blocks * layer_block_floats(c, cfg->block_size);
+        if (r->kv_fp8) {
+            r->k8[l] = calloc(n, 1);
+            r->v8[l] = calloc(n, 1);
+            if (!r->k8[l] || !r->v8[l]) goto oom;
+            continue;
+        }
         r->k_cache[l] = calloc(n, sizeof(float));
         r->v_cache[l] = calloc(n, sizeof(float));
         if (!r->k_cache[l] || !r->v_cache[l]) goto oom;

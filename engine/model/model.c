@@ -335,6 +335,28 @@ static int load_moe(loader *L, const tensor_names *nm, int i) {
     return 0;
 }
 
+/* An FP8 KV cache scale of layer `layer` (fmt names it), when the checkpoint has one: a
+ * single F32 / BF16 / F16 element (shape [] or [1]), positive and finite. */
+static int get_kv_scale(loader *L, const char *fmt, int layer, float *out) {
+    char name[128];
+    const st_tensor *t;
+    const char *file;
+    int rc;
+    snprintf(name, sizeof name, fmt, layer);
+    if (L->p->g || (rc = st_lookup(L, name, &t, &file)) || !t) return L->p->g ? 0 : rc;
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    float v = NAN;
+    tensor_view tv = {.data = t->data, .ndim = 1, .shape = {1, 0}};
+    tv.dtype = t->dtype == ST_F32 ? TDT_F32 : t->dtype == ST_BF16 ? TDT_BF16 : TDT_F16;
+    if (n == 1 && (t->dtype == ST_F32 || t->dtype == ST_BF16 || t->dtype == ST_F16)) tensor_to_f32(&tv, &v);
+    if (!(v > 0) || !isfinite(v))
+        return specd_errf(L->err, L->errlen, SPECD_EFORMAT,
+                          "%s: %s must be one positive F32, BF16 or F16 value (a KV cache scale)", file, name);
+    *out = v;
+    return 0;
+}
+
 static int load_tensors(loader *L, const tensor_names *nm) {
     model *m = L->m;
     const model_config *c = &m->cfg;
@@ -394,6 +416,11 @@ static int load_tensors(loader *L, const tensor_names *nm) {
             ((rc = get_layer_tensor(L, nm->q_norm, i, 1, 1, c->head_dim, 0, &ly->q_norm)) ||
              (rc = get_layer_tensor(L, nm->k_norm, i, 1, 1, c->head_dim, 0, &ly->k_norm))))
             return rc;
+        if ((rc = get_kv_scale(L, "model.layers.%d.self_attn.kv_scale", i, &ly->k_scale)) ||
+            (rc = get_kv_scale(L, "model.layers.%d.self_attn.k_scale", i, &ly->k_scale)))
+            return rc;
+        ly->v_scale = ly->k_scale;
+        if ((rc = get_kv_scale(L, "model.layers.%d.self_attn.v_scale", i, &ly->v_scale))) return rc;
         /* llama.cpp's converter interleaves the rotary halves of Q and K rows for llama
          * (Mixtral's GGUF architecture is llama too). */
         if (m->is_gguf && (c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MIXTRAL)) {

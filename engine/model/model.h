@@ -118,6 +118,10 @@ typedef struct {
     tensor_view router;      /* [n_experts, hidden] */
     tensor_view *exp_gate, *exp_up;   /* [n_experts] views of [moe_ffn, hidden] */
     tensor_view *exp_down;   /* [n_experts] views of [hidden, moe_ffn] */
+    /* An FP8 KV cache's per-tensor scales from the checkpoint (self_attn.k_scale and
+     * v_scale, or one kv_scale for both, as FP8 checkpoints with a kv_cache_scheme hold
+     * them): the cache stores x / scale. 0: none given (the runners then use 1). */
+    float k_scale, v_scale;
 } model_layer;
 
 typedef struct model {

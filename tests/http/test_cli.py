@@ -69,6 +69,23 @@ def test_fp8_flags(tmp_path):
     assert max(abs(a - b) for a, b in zip(l16, l8)) < 0.25 * max(abs(a) for a in l16)
 
 
+def test_kv_cache_dtype_flag(tmp_path):
+    # --kv-cache-dtype fp8 (or vLLM's fp8_e4m3) reaches the config and the runner; others fail
+    for v in ("fp8", "fp8_e4m3"):
+        r = run("--model", TINY, "--kv-cache-dtype", v, "--print-config")
+        assert r.returncode == 0 and json.loads(r.stdout)["kv_cache_dtype"] == v
+    r = run("--model", TINY, "--kv-cache-dtype", "int4")
+    assert r.returncode == 2 and "kv_cache_dtype must be auto, bf16, fp8 or fp8_e4m3" in r.stderr
+    out = {}
+    for kv in ("auto", "fp8"):
+        r = subprocess.run([BIN, "generate", "--model", TINY, "--kv-cache-dtype", kv, "--prompt-ids", "1,2,3,4,5,6",
+                            "--max-tokens", "4", "--json", "--logits"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out[kv] = json.loads(r.stdout)["last_logits"]
+    assert out["auto"] != out["fp8"]   # the cache's rounding reaches the logits, by a bounded amount
+    assert max(abs(a - b) for a, b in zip(out["auto"], out["fp8"])) < 0.25 * max(abs(a) for a in out["auto"])
+
+
 def test_example_config_file_loads(tmp_path):
     repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     r = run("--config", os.path.join(repo, "config", "specd.json"), "--print-config")

@@ -118,7 +118,7 @@ __device__ __noinline__ void combine_if_last(uint16_t *out, int H, int D, const 
     if (threadIdx.x == 0) w.counters[ctr] = 0u;
 }
 
-template <int D, int R>
+template <int D, int R, bool F8>
 __global__ void __launch_bounds__(ATT_NT)
 attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH,
                  float scale, k_kv_geom g, k_attn_work w) {
@@ -136,7 +136,8 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
     const att_split sp = att_split_geom<ATT_TILE>(g, w, G, split, item);
     const int q0 = sp.q0, tok0 = sp.tok0, rows = sp.rows, len = sp.len, ks0 = sp.ks0, ke = sp.ke;
     const int *bt = g.bt + (size_t)sp.slot * g.max_blocks;
-    const uint16_t *pool = *g.pool_pp;
+    typedef typename std::conditional<F8, uint8_t, uint16_t>::type kv_t;
+    const kv_t *pool = (const kv_t *)*g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;
 
     if (ks0 >= ke || rows <= 0) {
@@ -181,10 +182,15 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
                 kk[j] = vv[j] = make_uint4(0, 0, 0, 0);
                 if (key < ke) {
                     const int b = bt[key / g.block_size];
-                    const uint16_t *kp = pool + (size_t)b * g.block_elems + g.layer_off +
-                                         ((size_t)kvh * g.block_size + key % g.block_size) * D + c * 8;
-                    kk[j] = *(const uint4 *)kp;
-                    vv[j] = *(const uint4 *)(kp + v_off);
+                    const kv_t *kp = pool + (size_t)b * g.block_elems + g.layer_off +
+                                     ((size_t)kvh * g.block_size + key % g.block_size) * D + c * 8;
+                    if constexpr (F8) {   /* 8 codes -> 8 bf16, exact; the scales are applied later */
+                        kk[j] = k_fp8x8_bf16(*(const uint2 *)kp);
+                        vv[j] = k_fp8x8_bf16(*(const uint2 *)(kp + v_off));
+                    } else {
+                        kk[j] = *(const uint4 *)kp;
+                        vv[j] = *(const uint4 *)(kp + v_off);
+                    }
                 }
             }
 #pragma unroll
@@ -270,6 +276,10 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
     }
     __syncthreads();
 
+    if constexpr (F8) {   /* V's scale (K's is folded into `scale` by the launcher) */
+#pragma unroll
+        for (int j = 0; j < NACC; j++) acc[j] *= g.v_scale;
+    }
 #pragma unroll
     for (int j = 0; j < NACC; j++) {
         int o = tid + j * ATT_NT, r = o / D, d = o % D;
@@ -313,7 +323,7 @@ int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, 
  * shuffle, an online softmax per head runs over the warp, P.V from registers, then the
  * block's warps merge through shared memory. A context that fits one split is written
  * out directly; longer ones merge their splits as attention_kernel does. */
-template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB = 1>
+template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
                         k_kv_geom g, k_attn_work w, int trigger_early) {
@@ -321,8 +331,12 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     constexpr int DL = D / 32;             /* P.V dims per lane */
     constexpr int DS = D / DEC_LPK;        /* q.k dims per lane */
     constexpr int QP = DS + 4;             /* padded quarter row */
-    constexpr int KS8 = DS / 8;
-    typedef typename std::conditional<DL == 4, uint2, uint32_t>::type vraw_t;   /* DL bf16 */
+    constexpr int KS8 = DS / (F8 ? 16 : 8);   /* 16-byte words of the lane's K share */
+    /* a lane's DL V values: bf16, or E4M3 bytes (F8: the cache holds codes; K's scale is
+     * folded into `scale` by the launcher, V's applied at the merge) */
+    typedef typename std::conditional<F8, typename std::conditional<DL == 4, uint32_t, uint16_t>::type,
+                                      typename std::conditional<DL == 4, uint2, uint32_t>::type>::type vraw_t;
+    typedef typename std::conditional<F8, uint8_t, uint16_t>::type kv_t;
     __shared__ __align__(16) float qs[GM][DEC_LPK][QP];
     __shared__ __align__(16) float wacc[DEC_WARPS][GM][D];
     __shared__ float wm[DEC_WARPS][GM], wl[DEC_WARPS][GM];
@@ -340,7 +354,7 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     const int tok0 = w.row_tok_off[row] + q0;
     const int rows = w.row_n_new[row] > q0 ? G : 0;
     const int *bt = g.bt + (size_t)slot * g.max_blocks;
-    const uint16_t *pool = *g.pool_pp;
+    const kv_t *pool = (const kv_t *)*g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;
     int len = g.lens[slot * 2 + g.which], kend, ks0, ke, ns_keys;
     auto geometry = [&]() {
@@ -359,7 +373,7 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     geometry();
     uint4 kr[KS8];
     vraw_t vr[DEC_KPW];
-    const uint16_t *kp = NULL;
+    const kv_t *kp = NULL;
     /* Keys c .. c + DEC_KPW - 1 of the chunk: the lane's key row (kp, NULL past ke), then
      * the K quarters and V values of the keys in [lo, hi) (the rest zero when lo == 0,
      * else left as they are). */
@@ -382,7 +396,7 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 #pragma unroll
         for (int j = 0; j < DEC_KPW; j++) {
             const unsigned long long va = __shfl_sync(0xffffffffu, vaddr, j * DEC_LPK);
-            if (va && c + j >= lo && c + j < hi) vr[j] = *(const vraw_t *)((const uint16_t *)va + lane * DL);
+            if (va && c + j >= lo && c + j < hi) vr[j] = *(const vraw_t *)((const kv_t *)va + lane * DL);
             else if (lo == 0) vr[j] = vraw_t{};
         }
     };
@@ -441,7 +455,26 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 #pragma unroll
         for (int r = 0; r < GM; r++) sc[r] = 0.f;
 #pragma unroll
-        for (int j = 0; j < KS8; j++) {
+        for (int j = 0; j < KS8 && F8; j++) {   /* 16 codes per word */
+            float kf[16];
+            k_fp8x8(make_uint2(kr[j].x, kr[j].y), *(float(*)[8])kf);
+            k_fp8x8(make_uint2(kr[j].z, kr[j].w), *(float(*)[8])(kf + 8));
+#pragma unroll
+            for (int r = 0; r < GM; r++) {
+                float t = sc[r];
+#pragma unroll
+                for (int e4 = 0; e4 < 4; e4++) {
+                    const float4 qa = *(const float4 *)&qs[r][sub][j * 16 + 4 * e4];
+                    t = fmaf(qa.x, kf[4 * e4], t);
+                    t = fmaf(qa.y, kf[4 * e4 + 1], t);
+                    t = fmaf(qa.z, kf[4 * e4 + 2], t);
+                    t = fmaf(qa.w, kf[4 * e4 + 3], t);
+                }
+                sc[r] = t;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < KS8 && !F8; j++) {
             const uint32_t kw[4] = {kr[j].x, kr[j].y, kr[j].z, kr[j].w};
 #pragma unroll
             for (int r = 0; r < GM; r++) {
@@ -483,7 +516,16 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 #pragma unroll
         for (int j = 0; j < DEC_KPW; j++) {
             float v[DL];
-            if constexpr (DL == 4) {
+            if constexpr (F8) {
+                const uint32_t x = (uint32_t)vr[j];
+#pragma unroll
+                for (int e = 0; e < DL; e += 2) {
+                    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x >> (8 * e)), __NV_E4M3);
+                    const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+                    v[e] = p.x;
+                    v[e + 1] = p.y;
+                }
+            } else if constexpr (DL == 4) {
                 const uint2 x = (const uint2 &)vr[j];
                 v[0] = __uint_as_float(x.x << 16);
                 v[1 % DL] = __uint_as_float(x.x & 0xffff0000u);
@@ -512,7 +554,7 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
             wl[warp][r] = l[r];
         }
 #pragma unroll
-        for (int e = 0; e < DL; e++) wacc[warp][r][lane * DL + e] = acc[r][e];
+        for (int e = 0; e < DL; e++) wacc[warp][r][lane * DL + e] = F8 ? acc[r][e] * g.v_scale : acc[r][e];
     }
     __syncthreads();
     for (int i = tid; i < rows * D; i += blockDim.x) {
@@ -546,9 +588,9 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 
 /* Few (row, KV head) pairs (batch 1-2): 4 lanes per key, 8 keys per warp, so a short
  * context still spreads over many warps. Enough pairs to fill the GPU: see below. */
-template <int D, int GM>
-static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
-                                   const k_attn_work *w, cudaStream_t s) {
+template <int D, int GM, bool F8>
+static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
+                                      const k_attn_work *w, cudaStream_t s) {
     const int sms = k_sm_count();
     /* k_tuning.attn_pdl: 0 an ordinary launch, 1 a programmatic-dependent one, 2 that and
      * the O GEMV let in after the key loop */
@@ -563,8 +605,8 @@ static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH
      * 9,558 / 21,807 and 82,689. Forms with 2 or 8 lanes per key or 8 warps measured
      * between these. */
 #define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
-    k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB>, grid, dim3(WARPS * 32), 0, s, q, out, H, \
-                 KVH, scale, *g, *w, pdl == 2)
+    k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8>, grid, dim3(WARPS * 32), 0, s, q, out, \
+                 H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2)
     if ((long)w->n_items * KVH < sms) rc = DEC_LAUNCH(4, 8, 1);
     else if (k_tuning_get()->attn_dec == 1) rc = DEC_LAUNCH(1, 4, 1);
     else if (k_tuning_get()->attn_dec == 2) rc = DEC_LAUNCH(4, 2, 8);
@@ -574,21 +616,35 @@ static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH
     return attention_combine_launch(out, H, D, w, s);
 }
 
-template <int D, int R>
-static int launch_attention(const float *q, uint16_t *out, int H, int KVH, float scale,
-                            const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
+template <int D, int GM>
+static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
+                                   const k_attn_work *w, cudaStream_t s) {
+    return g->kv_fp8 ? launch_attention_decode_kv<D, GM, true>(q, out, H, KVH, scale, g, w, s)
+                     : launch_attention_decode_kv<D, GM, false>(q, out, H, KVH, scale, g, w, s);
+}
+
+template <int D, int R, bool F8>
+static int launch_attention_kv(const float *q, uint16_t *out, int H, int KVH, float scale,
+                               const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
     size_t smem = att_smem<D, R>::total;
     if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(attention_kernel<D, R>,
+        cudaError_t e = cudaFuncSetAttribute(attention_kernel<D, R, F8>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) return (int)e;
     }
     dim3 grid(w->n_splits, KVH, w->n_items);
-    attention_kernel<D, R><<<grid, ATT_NT, smem, s>>>(q, out, H, KVH, scale, *g, *w);
+    attention_kernel<D, R, F8><<<grid, ATT_NT, smem, s>>>(q, out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w);
     int rc = K_LAUNCH_RESULT();
     if (rc || w->n_splits == 1 || w->counters) return rc;
     return attention_combine_launch(out, H, D, w, s);
+}
+
+template <int D, int R>
+static int launch_attention(const float *q, uint16_t *out, int H, int KVH, float scale,
+                            const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
+    return g->kv_fp8 ? launch_attention_kv<D, R, true>(q, out, H, KVH, scale, g, w, s)
+                     : launch_attention_kv<D, R, false>(q, out, H, KVH, scale, g, w, s);
 }
 
 template <int D>

@@ -20,6 +20,7 @@
  * V tiles are stored [key][d] too, which is B transposed for O = P V (ldmatrix.trans). */
 #include <limits.h>
 #include <math.h>
+#include <type_traits>
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
@@ -44,7 +45,7 @@ struct tc_smem {
 
 /* ---- kernel ------------------------------------------------------------------------- */
 
-template <int D>
+template <int D, bool F8>
 __global__ void __launch_bounds__(TC_NT)
 attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH,
                     float scale, k_kv_geom g, k_attn_work w) {
@@ -66,7 +67,8 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
     }
 
     const int *bt = g.bt + (size_t)sp.slot * g.max_blocks;
-    const uint16_t *pool = *g.pool_pp;
+    typedef typename std::conditional<F8, uint8_t, uint16_t>::type kv_t;
+    const kv_t *pool = (const kv_t *)*g.pool_pp;
     const size_t v_off = (size_t)KVH * g.block_size * D;
     const uint32_t k_sm = tc_smem_addr(smem);            /* K tiles: [2][TILE][LD] */
     const uint32_t v_sm = k_sm + 2 * SM::tile_bytes;     /* V tiles: [2][TILE][LD] */
@@ -80,15 +82,21 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
         for (int i = 0; i < TC_TILE / KPP; i++) {
             const int k = lkr + i * KPP, key = kt0 + k;
             const bool ok = key < ke;
-            const uint16_t *src = pool, *vsrc = pool;
+            const kv_t *src = pool, *vsrc = pool;
             if (ok) {
                 src = pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
                       ((size_t)kvh * g.block_size + key % g.block_size) * D + lc * 8;
                 vsrc = src + v_off;
             }
             const uint32_t o = (uint32_t)buf * SM::tile_bytes + (uint32_t)(k * SM::LD + lc * 8) * 2;
-            tc_cp16(k_sm + o, src, ok);
-            tc_cp16(v_sm + o, vsrc, ok);
+            if constexpr (F8) {   /* 8 codes -> 8 bf16 (exact) through registers; scales applied later */
+                const uint4 z = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(smem + o) = ok ? k_fp8x8_bf16(*(const uint2 *)src) : z;
+                *(uint4 *)(smem + 2 * SM::tile_bytes + o) = ok ? k_fp8x8_bf16(*(const uint2 *)vsrc) : z;
+            } else {
+                tc_cp16(k_sm + o, src, ok);
+                tc_cp16(v_sm + o, vsrc, ok);
+            }
         }
     };
 
@@ -246,8 +254,9 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
         if (r >= rows) continue;
         const int tok = tok0 + r / G, head = kvh * G + r % G;
         const float l = h ? l1 : l0, m = h ? m1 : m0;
+        const float vsc = F8 ? g.v_scale : 1.f;   /* V's scale (K's is in `scale`) */
         if (w.n_splits == 1) {
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = l > 0.f ? vsc / l : 0.f;
             uint16_t *op = out + ((size_t)tok * H + head) * D + 2 * tig;
 #pragma unroll
             for (int n = 0; n < D / 8; n++)
@@ -257,7 +266,7 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
             float *wo = w.ws_o + base * D + 2 * tig;
 #pragma unroll
             for (int n = 0; n < D / 8; n++)
-                *(float2 *)(wo + 8 * n) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+                *(float2 *)(wo + 8 * n) = make_float2(o[n][2 * h] * vsc, o[n][2 * h + 1] * vsc);
             if (tig == 0) {
                 /* The combine works in natural-log units, like attention_kernel's m. */
                 w.ws_ml[base * 2] = m * 0.6931471805599453f;
@@ -267,18 +276,18 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
     }
 }
 
-template <int D>
-static int launch_attention_tc(const float *q, uint16_t *out, int H, int KVH, float scale,
-                               const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
+template <int D, bool F8>
+static int launch_attention_tc_kv(const float *q, uint16_t *out, int H, int KVH, float scale,
+                                  const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
     size_t smem = tc_smem<D>::total;
     if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(attention_tc_kernel<D>,
+        cudaError_t e = cudaFuncSetAttribute(attention_tc_kernel<D, F8>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) return (int)e;
     }
     dim3 grid(w->n_splits, KVH, w->n_items);
-    attention_tc_kernel<D><<<grid, TC_NT, smem, s>>>(q, out, H, KVH, scale, *g, *w);
+    attention_tc_kernel<D, F8><<<grid, TC_NT, smem, s>>>(q, out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w);
     int rc = K_LAUNCH_RESULT();
     if (rc || w->n_splits == 1) return rc;
     return attention_combine_launch(out, H, D, w, s);
@@ -294,6 +303,8 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
     if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
     if (w->split_len % TC_TILE) return -1;
     if (w->n_items == 0) return 0;
-    if (D == 64) return launch_attention_tc<64>(q, out, H, KVH, scale, g, w, s);
-    return launch_attention_tc<128>(q, out, H, KVH, scale, g, w, s);
+    if (D == 64) return g->kv_fp8 ? launch_attention_tc_kv<64, true>(q, out, H, KVH, scale, g, w, s)
+                                  : launch_attention_tc_kv<64, false>(q, out, H, KVH, scale, g, w, s);
+    return g->kv_fp8 ? launch_attention_tc_kv<128, true>(q, out, H, KVH, scale, g, w, s)
+                     : launch_attention_tc_kv<128, false>(q, out, H, KVH, scale, g, w, s);
 }

@@ -6,14 +6,38 @@
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 
-/* Token t's position and the start of the current layer's K/V inside its pool block
- * (NULL when the position is past the slot's capacity: such tokens are not written). */
-__device__ __forceinline__ uint16_t *rope_kv_block(const k_kv_geom &g, int t, int &pos) {
+/* Token t's position and the element index in the pool where the current layer's K/V
+ * of its block start (-1 when the position is past the slot's capacity: such tokens are
+ * not written). */
+__device__ __forceinline__ long long rope_kv_block(const k_kv_geom &g, int t, int &pos) {
     const int slot = g.tok_slot[t];
     pos = g.lens[slot * 2 + g.which] + g.tok_j[t];
-    if (pos < 0 || pos >= g.max_blocks * g.block_size) return NULL;
+    if (pos < 0 || pos >= g.max_blocks * g.block_size) return -1;
     const int b = g.bt[(size_t)slot * g.max_blocks + pos / g.block_size];
-    return *g.pool_pp + (size_t)b * g.block_elems + g.layer_off;
+    return (long long)((size_t)b * g.block_elems + g.layer_off);
+}
+
+/* Where a K or V row starting at pool element e goes, and how its values are stored:
+ * bf16, or E4M3 bytes of x * inv (inv = 1 / the layer's K or V scale). */
+typedef struct {
+    void *p;       /* NULL: not written */
+    float inv;
+    int f8;
+} kv_dst;
+
+__device__ __forceinline__ kv_dst kv_dst_at(const k_kv_geom &g, long long e, bool is_v) {
+    kv_dst d;
+    d.f8 = g.kv_fp8;
+    d.inv = g.kv_fp8 ? 1.f / (is_v ? g.v_scale : g.k_scale) : 1.f;
+    d.p = e < 0 ? NULL
+                : g.kv_fp8 ? (void *)((uint8_t *)*g.pool_pp + e) : (void *)((uint16_t *)*g.pool_pp + e);
+    return d;
+}
+
+/* Element i of the row. */
+__device__ __forceinline__ void kv_put(const kv_dst &d, int i, float x) {
+    if (d.f8) ((uint8_t *)d.p)[i] = k_f2fp8(x * d.inv);
+    else ((uint16_t *)d.p)[i] = k_f2bf(x);
 }
 
 /* Element offset of head kvh's row at pos inside a layer's block: K heads, then V heads. */
@@ -34,7 +58,7 @@ __device__ __forceinline__ void rope_rotate(float a, float c, int pos, float f, 
  * t reads besides the projection, gathered early so a GEMV's tail does not wait on its
  * chain of loads (slot -> length -> block table) or on sincosf. */
 typedef struct {
-    uint16_t *dst;   /* the pair's K or V row in the pool (NULL: q, or past the capacity) */
+    kv_dst dst;      /* the pair's K or V row in the pool (p NULL: q, or past the capacity) */
     float b1, b2;    /* bias (0 without) */
     float sn, cs;    /* rotation (q and k) */
 } rope_pair_pre;
@@ -45,15 +69,15 @@ __device__ __forceinline__ void rope_pair_prepare(const k_kv_geom &g, const floa
     pr.b1 = bias ? bias[(size_t)hh * D + i] : 0.f;
     pr.b2 = bias ? bias[(size_t)hh * D + i + half] : 0.f;
     int pos;
-    uint16_t *blk = rope_kv_block(g, t, pos);
+    const long long blk = rope_kv_block(g, t, pos);
     pr.sn = 0.f;
     pr.cs = 1.f;
     if (hh < H + KVH) sincosf((float)pos * inv_freq[i], &pr.sn, &pr.cs);
-    pr.dst = NULL;
-    if (hh >= H && blk) {
-        const bool is_v = hh >= H + KVH;
-        pr.dst = blk + rope_kv_off(g, KVH, D, is_v ? hh - H - KVH : hh - H, is_v, pos);
-    }
+    const bool is_v = hh >= H + KVH;
+    pr.dst = kv_dst_at(g, hh >= H && blk >= 0 ? blk + (long long)rope_kv_off(g, KVH, D, is_v ? hh - H - KVH : hh - H,
+                                                                             is_v, pos)
+                                              : -1,
+                       is_v);
 }
 
 /* The epilogue for that pair from the projection outputs v1, v2 (no q/k norm): bias,
@@ -70,9 +94,9 @@ __device__ __forceinline__ void rope_store_pair(const rope_pair_pre &pr, float *
         qd[i + half] = o2;
         return;
     }
-    if (!pr.dst) return;
-    pr.dst[i] = k_f2bf(o1);   /* V: sn = 0, cs = 1 */
-    pr.dst[i + half] = k_f2bf(o2);
+    if (!pr.dst.p) return;
+    kv_put(pr.dst, i, o1);   /* V: sn = 0, cs = 1 */
+    kv_put(pr.dst, i + half, o2);
 }
 
 #endif

@@ -1,7 +1,7 @@
 /* QKV epilogue: the fused QKV GEMM writes fp32 [n, (H + 2*KVH) * D]; this kernel adds the
  * Qwen2 bias, applies the Qwen3 per-head q/k RMSNorm, rotates q and k (HF rotate_half:
- * pairs (i, i + D/2)), and writes q (bf16) for the attention and k, v (bf16) into the
- * paged pool. The position comes from the slot's length in device memory plus the
+ * pairs (i, i + D/2)), and writes q (fp32) for the attention and k, v (bf16, or E4M3 over
+ * the layer's scale) into the paged pool. The position comes from the slot's length in device memory plus the
  * token's index in its row, so the same launch works inside a replayed graph. */
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
@@ -20,7 +20,7 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const fl
     nwarps *= gridDim.y;
     int width = (H + 2 * KVH) * D, half = D / 2;
     int pos;
-    uint16_t *blk = rope_kv_block(g, t, pos);
+    const long long blk = rope_kv_block(g, t, pos);
     const float *row = qkv + (size_t)t * width;
 
     for (int hh = warp; hh < H + 2 * KVH; hh += nwarps) {
@@ -63,14 +63,15 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *bias, const fl
             }
             continue;
         }
-        if (!blk) continue;
-        uint16_t *dst = blk + rope_kv_off(g, KVH, D, is_k ? hh - H : hh - H - KVH, !is_k, pos);
+        if (blk < 0) continue;
+        const kv_dst dst =
+            kv_dst_at(g, blk + (long long)rope_kv_off(g, KVH, D, is_k ? hh - H : hh - H - KVH, !is_k, pos), !is_k);
 #pragma unroll
         for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
             int i = lane + 32 * p;
             if (i >= half) continue;
-            dst[i] = k_f2bf(x1[p]);
-            dst[i + half] = k_f2bf(x2[p]);
+            kv_put(dst, i, x1[p]);
+            kv_put(dst, i + half, x2[p]);
         }
     }
 }

@@ -6,7 +6,7 @@
  * - bf16 tensors are passed as uint16_t * (raw bits, round-to-nearest-even from fp32).
  * - Return value: 0, or a cudaError_t value (> 0) from the launch, or -1 for bad dims.
  * - Row-major shapes, outermost first; the shape is written next to each pointer.
- * - Paged KV pool: one block holds every layer; inside a block, a layer owns
+ * - Paged KV pool (bf16, or FP8 E4M3 bytes with k_kv_geom.kv_fp8): one block holds every layer; inside a block, a layer owns
  *   K [kvh][block_size][head_dim] followed by V [kvh][block_size][head_dim] starting at
  *   element `layer_off`. Block b starts at element b * block_elems. The pool base is
  *   read from device memory (*pool_pp) so captured graphs survive a pool that is
@@ -94,6 +94,12 @@ typedef struct {
     uint16_t *const *pool_pp;  /* device pointer to the pool base */
     size_t block_elems;        /* elements per block (all layers) */
     size_t layer_off;          /* element offset of this layer's K inside a block */
+    /* kv_fp8: the pool's elements are FP8 E4M3 bytes (offsets above still count
+     * elements), k = code * k_scale and v = code * v_scale for this layer; the writers
+     * store e4m3(x / scale) (round to nearest even, saturating, as engine/model/fp8.c).
+     * The scales are read only with kv_fp8. */
+    int kv_fp8;
+    float k_scale, v_scale;
 } k_kv_geom;
 
 /* For each token t of qkv [n, (H + 2*KVH) * D] fp32 (q heads | k heads | v heads):

@@ -291,7 +291,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
 size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8);
 
 #ifdef SPECD_HAVE_CUDA
-/* CUDA runner (engine/cuda/cuda_runner.c): bf16 weights and KV, cuBLAS GEMMs, CUDA graphs. */
+/* CUDA runner (engine/cuda/cuda_runner.c): bf16 weights (or FP8 / GGUF blocks) and KV (or
+ * FP8 with kv_fp8), cuBLAS GEMMs, CUDA graphs. */
 runner *runner_cuda_create(const model *target, const model *draft, const runner_config *cfg,
                            char *err, size_t errlen);
 #endif

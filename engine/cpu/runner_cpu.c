@@ -12,7 +12,8 @@
  * transformers' fp32 forward to ~1e-5.
  *
  * KV layout: per pool layer, K and V are [num_blocks][block_size][n_kv_heads*head_dim]
- * floats; target layers come first, then the draft's (pool layer L_target + i).
+ * floats (E4M3 bytes with runner_config.kv_fp8, see kv_row); target layers come first,
+ * then the draft's (pool layer L_target + i).
  *
  * Tensor parallelism (cfg.tp_world > 1): the target is loaded from shard_model(), so
  * n_heads, n_kv_heads and ffn below are this rank's share; the O and down projections

@@ -3,7 +3,7 @@
  * step, graphs). Plain C11; device work goes through the launchers in kernels/.
  *
  * Storage: weights bf16, residual stream fp32, GEMM outputs fp32 (cuBLAS, bf16 in, fp32
- * accumulate), GEMM inputs bf16. KV pool bf16, block-major (see kernels/specd_kernels.h).
+ * accumulate), GEMM inputs bf16. KV pool bf16 (or FP8 E4M3 with --kv-cache-dtype fp8), block-major (see kernels/specd_kernels.h).
  * With FP8 projections (--dtype fp8, FP8 checkpoints) a layer's Q|K|V, O, gate|up and down
  * hold E4M3 bytes with a scale per row (engine/cuda/cuda_fp8.c). */
 #ifndef SPECD_CUDA_INTERNAL_H
@@ -158,6 +158,11 @@ typedef struct {
     int n_pool_layers;
     size_t *layer_off;   /* n_pool_layers: element offset of a layer inside a block */
     size_t block_elems;
+    /* bytes per pool element: 2 (bf16), or 1 with runner_config.kv_fp8 (E4M3 codes, scaled
+     * per pool layer by kv_scale[2 l] for K and kv_scale[2 l + 1] for V); d_pool is then
+     * addressed in bytes (cuda_pool_block) */
+    int kv_esize;
+    float *kv_scale;
     uint16_t *d_pool;
     uint16_t **d_pool_pp;/* one device cell holding d_pool */
 

@@ -30,11 +30,17 @@ static size_t model_block_elems(const model_config *c, int bs) {
     return 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)bs * (size_t)c->head_dim;
 }
 
-size_t runner_cuda_block_bytes(const model *target, const model *draft, int block_size) {
+size_t runner_cuda_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8) {
     size_t n = model_block_elems(&target->cfg, block_size);
     if (draft) n += model_block_elems(&draft->cfg, block_size);
-    return n * 2;
+    return n * (kv_fp8 ? 1 : 2);
 }
+
+/* Pool block b's first byte, and the bytes of a block. */
+static char *pool_block(const cuda_runner *r, int b) {
+    return (char *)r->d_pool + (size_t)b * r->block_elems * (size_t)r->kv_esize;
+}
+static size_t pool_block_bytes(const cuda_runner *r) { return r->block_elems * (size_t)r->kv_esize; }
 
 /* ---- forward (eager) ---------------------------------------------------------------- */
 
@@ -339,10 +345,8 @@ static int cuda_copy_block(runner *base, int dst, int src) {
     if (r->failed) return SPECD_ECUDA;
     int nb = base->cfg.num_blocks;
     if (dst <= 0 || dst >= nb || src < 0 || src >= nb) return SPECD_EINVAL;
-    size_t bytes = r->block_elems * 2;
-    CU_CHECK(r, cudaMemcpyAsync(r->d_pool + (size_t)dst * r->block_elems,
-                                r->d_pool + (size_t)src * r->block_elems, bytes,
-                                cudaMemcpyDeviceToDevice, r->stream));
+    CU_CHECK(r, cudaMemcpyAsync(pool_block(r, dst), pool_block(r, src), pool_block_bytes(r), cudaMemcpyDeviceToDevice,
+                                r->stream));
     CU_CHECK(r, cudaStreamSynchronize(r->stream));
     return 0;
 fail:
@@ -351,7 +355,7 @@ fail:
 
 /* ---- test hooks ---------------------------------------------------------------------- */
 
-size_t cuda_runner_block_bytes(runner *base) { return ((cuda_runner *)base)->block_elems * 2; }
+size_t cuda_runner_block_bytes(runner *base) { return pool_block_bytes((cuda_runner *)base); }
 
 int cuda_runner_device_len(runner *base, int slot, int which) {
     cuda_runner *r = (cuda_runner *)base;
@@ -369,8 +373,7 @@ fail:
 int cuda_runner_read_block(runner *base, int block, void *host) {
     cuda_runner *r = (cuda_runner *)base;
     if (block < 0 || block >= base->cfg.num_blocks) return SPECD_EINVAL;
-    CU_CHECK(r, cudaMemcpy(host, r->d_pool + (size_t)block * r->block_elems, r->block_elems * 2,
-                           cudaMemcpyDeviceToHost));
+    CU_CHECK(r, cudaMemcpy(host, pool_block(r, block), pool_block_bytes(r), cudaMemcpyDeviceToHost));
     return 0;
 fail:
     return SPECD_ECUDA;
@@ -379,8 +382,7 @@ fail:
 int cuda_runner_write_block(runner *base, int block, const void *host) {
     cuda_runner *r = (cuda_runner *)base;
     if (block < 0 || block >= base->cfg.num_blocks) return SPECD_EINVAL;
-    CU_CHECK(r, cudaMemcpy(r->d_pool + (size_t)block * r->block_elems, host, r->block_elems * 2,
-                           cudaMemcpyHostToDevice));
+    CU_CHECK(r, cudaMemcpy(pool_block(r, block), host, pool_block_bytes(r), cudaMemcpyHostToDevice));
     return 0;
 fail:
     return SPECD_ECUDA;
@@ -399,7 +401,7 @@ void cuda_runner_memory(runner *base, size_t *weights, size_t *graphs, size_t *k
     cuda_runner *r = (cuda_runner *)base;
     if (weights) *weights = r->m[0].weight_bytes + r->m[1].weight_bytes;
     if (graphs) *graphs = r->graph_bytes;
-    if (kv) *kv = (size_t)base->cfg.num_blocks * r->block_elems * 2;
+    if (kv) *kv = (size_t)base->cfg.num_blocks * pool_block_bytes(r);
     if (work) *work = r->work_bytes;
 }
 
@@ -451,6 +453,7 @@ static void cuda_destroy(runner *base) {
     free(r->len_dirty);
     free(r->len_list);
     free(r->layer_off);
+    free(r->kv_scale);
     cuda_tp_destroy(r->opts.tp);
     free(r);
 }
@@ -779,12 +782,18 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* Pool geometry: per block, every target layer then every draft layer. */
     r->n_pool_layers = target->cfg.n_layers + (draft ? draft->cfg.n_layers : 0);
     r->layer_off = calloc((size_t)r->n_pool_layers, sizeof(size_t));
-    if (!r->layer_off) goto oom;
+    r->kv_scale = calloc((size_t)r->n_pool_layers * 2, sizeof(float));
+    if (!r->layer_off || !r->kv_scale) goto oom;
+    r->kv_esize = c->kv_fp8 ? 1 : 2;
     size_t off = 0;
     for (int l = 0; l < r->n_pool_layers; l++) {
-        const cuda_model *cm = &r->m[l >= target->cfg.n_layers];
+        const int is_draft = l >= target->cfg.n_layers;
+        const cuda_model *cm = &r->m[is_draft];
+        const model_layer *ly = &(is_draft ? draft : target)->layers[is_draft ? l - target->cfg.n_layers : l];
         r->layer_off[l] = off;
         off += 2 * (size_t)cm->KVH * c->block_size * cm->D;
+        r->kv_scale[2 * l] = ly->k_scale > 0 ? ly->k_scale : 1.0f;
+        r->kv_scale[2 * l + 1] = ly->v_scale > 0 ? ly->v_scale : 1.0f;
     }
     r->block_elems = off;
 
@@ -829,8 +838,8 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     }
 
     /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot). */
-    CU_CHECK(r, cudaMalloc((void **)&scratch, r->block_elems * 2));
-    CU_CHECK(r, cudaMemset(scratch, 0, r->block_elems * 2));
+    CU_CHECK(r, cudaMalloc((void **)&scratch, pool_block_bytes(r)));
+    CU_CHECK(r, cudaMemset(scratch, 0, pool_block_bytes(r)));
     if (set_pool(r, scratch)) goto cuda_err;
     size_t free0 = 0, free1 = 0, total = 0;
     CU_CHECK(r, cudaDeviceSynchronize());
@@ -845,7 +854,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     scratch = NULL;
 
     /* KV pool from what is left. */
-    size_t block_bytes = r->block_elems * 2;
+    size_t block_bytes = pool_block_bytes(r);
     if (c->num_blocks == 0) {
         size_t nb = (size_t)floor(c->mem_fraction * (double)free1 / (double)block_bytes);
         if (c->kv_bytes && nb > c->kv_bytes / block_bytes + 1) nb = c->kv_bytes / block_bytes + 1;
@@ -881,13 +890,14 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
                                   r->vf_mb, r->vf_n_graphs);
         fprintf(stderr,
                 "cuda runner: %s, %d SMs: weights %.2f GiB%s, workspace %.2f GiB, graphs %.3f GiB, "
-                "KV %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "
+                "KV %s %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "
                 "captured decode sizes [%s]\n",
                 prop.name, r->n_sm, (double)(r->m[0].weight_bytes + r->m[1].weight_bytes) / (1 << 30),
                 r->m[0].q_scratch || r->m[1].q_scratch ? " (GGUF quantized projections kept in their blocks)"
                 : r->m[0].fp8 || r->m[1].fp8        ? " (FP8 E4M3 projections)"
                                                     : "",
-                (double)r->work_bytes / (1 << 30), (double)r->graph_bytes / (1 << 30), c->num_blocks,
+                (double)r->work_bytes / (1 << 30), (double)r->graph_bytes / (1 << 30),
+                r->kv_esize == 1 ? "fp8" : "bf16", c->num_blocks,
                 c->block_size, (long long)c->num_blocks * c->block_size,
                 (double)c->num_blocks * block_bytes / (1 << 30), c->max_batch, c->max_seq_len,
                 r->n_graphs ? gs : "none (eager)");

@@ -34,8 +34,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
  * on the smallest KV pool any of them can hold. */
 extern const runner_tp_backend runner_cuda_tp_backend;
 
-/* Bytes of one KV block (all target + draft layers) in the CUDA runner's bf16 storage. */
-size_t runner_cuda_block_bytes(const model *target, const model *draft, int block_size);
+/* Bytes of one KV block (all target + draft layers) in the CUDA runner's storage (bf16, or
+ * one byte per element with kv_fp8). */
+size_t runner_cuda_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8);
 
 /* Test hooks. */
 size_t cuda_runner_block_bytes(runner *r);

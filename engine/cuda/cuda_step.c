@@ -94,6 +94,8 @@ static k_kv_geom kv_geom(const cuda_runner *r, int which, const int32_t *tok_slo
         .max_blocks = r->max_blocks, .block_size = r->base.cfg.block_size,
         .pool_pp = r->d_pool_pp, .block_elems = r->block_elems,
         .layer_off = r->layer_off[pool_layer],
+        .kv_fp8 = r->kv_esize == 1,
+        .k_scale = r->kv_scale[2 * pool_layer], .v_scale = r->kv_scale[2 * pool_layer + 1],
     };
     return g;
 }

@@ -32,8 +32,14 @@ static int give_blocks(runner *r, int slot, int max_blocks) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6 && !(argc == 7 && !strcmp(argv[6], "fp8"))) {
-        fprintf(stderr, "usage: gpu_generate MODEL_DIR PROMPTS.bin STEPS OUT.bin single|batch [fp8]\n");
+    int fp8 = 0, kv_fp8 = 0;   /* --dtype fp8, --kv-cache-dtype fp8 */
+    for (int i = 6; i < argc; i++) {
+        if (!strcmp(argv[i], "fp8")) fp8 = 1;
+        else if (!strcmp(argv[i], "kvfp8")) kv_fp8 = 1;
+        else argc = 0;
+    }
+    if (argc < 6) {
+        fprintf(stderr, "usage: gpu_generate MODEL_DIR PROMPTS.bin STEPS OUT.bin single|batch [fp8] [kvfp8]\n");
         return 2;
     }
     char err[512];
@@ -56,7 +62,7 @@ int main(int argc, char **argv) {
     int max_seq = 1024, max_blocks = max_seq / BS, V = m->cfg.vocab;
     runner_config cfg = {.num_blocks = 1 + 8 * max_blocks, .block_size = BS, .max_batch = 8,
                          .max_seq_len = max_seq, .max_tokens_per_step = total > 2048 ? total : 2048,
-                         .mem_fraction = 0.5, .weights_fp8 = argc == 7 ? 1 : 0};   /* fp8: --dtype fp8 */
+                         .mem_fraction = 0.5, .weights_fp8 = fp8, .kv_fp8 = kv_fp8};
     cuda_runner_opts o = {.world = 1};
     runner *r = runner_cuda_create_ex(m, NULL, &cfg, &o, err, sizeof err);
     if (!r) { fprintf(stderr, "runner: %s\n", err); return 1; }

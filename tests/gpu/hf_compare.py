@@ -164,12 +164,35 @@ def emulate_fp8(model, n_prompt):
     return hooks
 
 
+KV8_ON = [False]   # emulate_kv_fp8's K rounding applies while set
+
+
+def emulate_kv_fp8(model):
+    """specd --kv-cache-dtype fp8 (scale 1) on an HF model: every attention layer's V (the
+    v_proj output, bias included) and its K after the rotary rounded to E4M3, as the cache
+    holds them. K is caught by wrapping the modeling module's apply_rotary_pos_emb."""
+    import importlib
+    r8 = lambda t: t.to(torch.float8_e4m3fn).to(t.dtype)
+    mod = importlib.import_module(type(model).__module__)
+    rot = mod.apply_rotary_pos_emb
+
+    def rot8(q, k, *a, **kw):   # the module's other models (the references) call it too
+        q2, k2 = rot(q, k, *a, **kw)
+        return (q2, r8(k2)) if KV8_ON[0] else (q2, k2)
+    mod.apply_rotary_pos_emb = rot8
+    for name, m in model.named_modules():
+        if name.endswith("v_proj"):
+            m.register_forward_hook(lambda m, i, o: r8(o))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="build/gpu/gpu_generate")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--fp8", action="store_true", help="specd with --dtype fp8 (report, FP8_TOL)")
+    ap.add_argument("--kv-fp8", action="store_true", help="specd with --kv-cache-dtype fp8 (the emulation rounds "
+                    "HF's K after rotary and V to E4M3)")
     args = ap.parse_args()
     print(f"hf_compare: seed {args.seed}, torch {torch.__version__}", flush=True)
     failures = []
@@ -183,7 +206,8 @@ def main():
             write_prompts(os.path.join(d, "prompts.bin"), prompts)
             for mode in ("single", "batch"):
                 r = subprocess.run([args.bin, d, os.path.join(d, "prompts.bin"), str(STEPS),
-                                    os.path.join(d, f"out_{mode}.bin"), mode] + (["fp8"] if args.fp8 else []),
+                                    os.path.join(d, f"out_{mode}.bin"), mode] + (["fp8"] if args.fp8 else []) +
+                                   (["kvfp8"] if args.kv_fp8 else []),
                                    capture_output=True, text=True)
                 sys.stdout.write(r.stderr)
                 if r.returncode:
@@ -207,17 +231,23 @@ def main():
                 model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).cuda().float().eval()
             m16 = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).cuda().eval()
             n_prompt = [0]
-            if args.fp8:   # the reference with specd's FP8 rounding (fp32 compute otherwise)
+            emulated = args.fp8 or args.kv_fp8
+            if emulated:   # the reference with specd's FP8 rounding (fp32 compute otherwise)
                 emu = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).cuda().float().eval()
-                emulate_fp8(emu, n_prompt)
+                if args.fp8:
+                    emulate_fp8(emu, n_prompt)
+                if args.kv_fp8:
+                    emulate_kv_fp8(emu)
             for p, prompt in enumerate(prompts):
                 seq = torch.tensor([prompt + single_tok[p][:STEPS].tolist()], device="cuda")
                 with torch.no_grad():
                     lg = model(seq).logits[0, len(prompt) - 1:].float().cpu().numpy()
                     lg16 = m16(seq).logits[0, len(prompt) - 1:].float().cpu().numpy()
-                    if args.fp8:
+                    if emulated:
                         n_prompt[0] = len(prompt)
+                        KV8_ON[0] = args.kv_fp8
                         lge = emu(seq).logits[0, len(prompt) - 1:].float().cpu().numpy()
+                        KV8_ON[0] = False
                         e_emu = [rel(single_logits[p][j], lge[j]) for j in range(STEPS + 1)]
                         e_hf = [rel(lge[j], lg[j]) for j in range(STEPS + 1)]
                         print(f"  {name} prompt {p}: fp8 vs HF with FP8 rounding emulated: max {max(e_emu):.3e} "
@@ -233,7 +263,7 @@ def main():
                     if margins[j] < tol_abs[j]:
                         break
                     if single_tok[p][j] != hf_arg[j]:
-                        if args.fp8:   # reported: FP8's error can exceed the bf16 margin bound
+                        if emulated:   # reported: FP8's error can exceed the bf16 margin bound
                             print(f"  {name} prompt {p}: fp8 greedy leaves HF at step {j} (HF margin "
                                   f"{margins[j]:.3f}, {margins[j] / np.max(np.abs(lg[j])):.3f} of the top logit)")
                         else:
@@ -249,7 +279,7 @@ def main():
                     if smarg[j] < stol[j]:
                         break
                     if batch_tok[p][j] != single_tok[p][j]:
-                        if not args.fp8:
+                        if not emulated:
                             failures.append(f"{name} prompt {p}: batched step {j} token {batch_tok[p][j]} != single {single_tok[p][j]}")
                         break
                     bcmp += 1
@@ -257,19 +287,19 @@ def main():
                       f"(prefill {errs[0]:.3e}; HF's own bf16 run: {hf16:.3e}); greedy == HF for "
                       f"{cmp}/{STEPS + 1} steps; batched == single for {bcmp}/{STEPS + 1}", flush=True)
                 # bf16 tolerance: 2e-2, or no worse than transformers' own bf16 forward.
-                if args.fp8:
-                    if max(errs) > FP8_SLACK * max(e_hf):
+                if emulated:
+                    if max(errs) > max(TOL, FP8_SLACK * max(e_hf)):
                         failures.append(f"{name} prompt {p}: fp8 logits rel err {max(errs):.3e} > {FP8_SLACK} x "
                                         f"the FP8 emulation's {max(e_hf):.3e}")
                 elif max(errs) > max(TOL, hf16):
                     failures.append(f"{name} prompt {p}: logits rel err {max(errs):.3e} > "
                                     f"max({TOL}, HF bf16 {hf16:.3e})")
             del model, m16
-            if args.fp8:
+            if emulated:
                 del emu
             torch.cuda.empty_cache()
             print(f"  {name}: {time.time() - t0:.1f}s", flush=True)
-    if not args.fp8:
+    if not (args.fp8 or args.kv_fp8):
         fixtures_bf16_calibration()
     if failures:
         print("hf_compare: FAILED\n  " + "\n  ".join(failures))

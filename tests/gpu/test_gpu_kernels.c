@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "engine/core/sample.h"
+#include "engine/model/fp8.h"
 #include "kernels/specd_kernels.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -138,9 +139,18 @@ typedef struct {
     int32_t bt[(MAXB + 1) * 64];
     int32_t lens[(MAXB + 1) * 2];
     uint16_t *pool;       /* host image */
+    /* g_kv_fp8 at kv_setup: an FP8 pool (E4M3 codes in pool8, K and V scales ks, vs) */
+    int fp8;
+    float ks, vs;
+    uint8_t *pool8;
     uint16_t *d_pool, **d_pool_pp;
     int32_t *d_bt, *d_lens;
 } kvfix;
+
+/* Set: kv_setup builds an FP8 pool (--kv-cache-dtype fp8) with these K / V scales. */
+static int g_kv_fp8;
+#define KV_FP8_KS 0.37f
+#define KV_FP8_VS 1.9f
 
 static void kv_setup(kvfix *f, int H, int KVH, int D, int bs, int max_blocks) {
     memset(f, 0, sizeof *f);
@@ -164,10 +174,25 @@ static void kv_setup(kvfix *f, int H, int KVH, int D, int bs, int max_blocks) {
     f->pool = malloc((size_t)f->nblocks * f->block_elems * 2);
     for (size_t i = 0; i < (size_t)f->nblocks * f->block_elems; i++)
         f->pool[i] = gu_f2bf(gu_uniform(&g_rng, -1.5f, 1.5f));
+    f->fp8 = g_kv_fp8;
+    f->ks = KV_FP8_KS;
+    f->vs = KV_FP8_VS;
+    f->pool8 = malloc((size_t)f->nblocks * f->block_elems);
+    /* the same spread of values, stored over the scale of their half (K or V) */
+    for (size_t i = 0; i < (size_t)f->nblocks * f->block_elems; i++) {
+        const int is_v = (i % f->block_elems) % ((size_t)2 * KVH * bs * D) >= (size_t)KVH * bs * D;
+        f->pool8[i] = fp8_e4m3_from_f32(gu_uniform(&g_rng, -1.5f, 1.5f) / (is_v ? f->vs : f->ks));
+    }
+}
+
+/* The value of pool element i as the kernels must read it. */
+static float kv_val(const kvfix *f, size_t i, int is_v) {
+    return f->fp8 ? fp8_e4m3_to_f32(f->pool8[i]) * (is_v ? f->vs : f->ks) : gu_bf2f(f->pool[i]);
 }
 
 static void kv_upload(kvfix *f) {
-    f->d_pool = gu_upload(f->pool, (size_t)f->nblocks * f->block_elems * 2);
+    f->d_pool = f->fp8 ? gu_upload(f->pool8, (size_t)f->nblocks * f->block_elems)
+                       : gu_upload(f->pool, (size_t)f->nblocks * f->block_elems * 2);
     f->d_pool_pp = gu_upload(&f->d_pool, sizeof(void *));
     f->d_bt = gu_upload(f->bt, sizeof f->bt);
     f->d_lens = gu_upload(f->lens, sizeof f->lens);
@@ -176,6 +201,7 @@ static void kv_upload(kvfix *f) {
 static void kv_free(kvfix *f) {
     cudaFree(f->d_pool); cudaFree(f->d_pool_pp); cudaFree(f->d_bt); cudaFree(f->d_lens);
     free(f->pool);
+    free(f->pool8);
 }
 
 static size_t kv_index(const kvfix *f, int slot, int pos, int kvh, int d, int is_v) {
@@ -188,7 +214,7 @@ static k_kv_geom kv_geom_of(const kvfix *f, const int32_t *d_tok_slot, const int
     k_kv_geom g = {.tok_slot = d_tok_slot, .tok_j = d_tok_j, .lens = f->d_lens, .which = 0,
                    .bt = f->d_bt, .max_blocks = f->max_blocks, .block_size = f->bs,
                    .pool_pp = f->d_pool_pp, .block_elems = f->block_elems,
-                   .layer_off = f->layer_off};
+                   .layer_off = f->layer_off, .kv_fp8 = f->fp8, .k_scale = f->ks, .v_scale = f->vs};
     return g;
 }
 
@@ -205,6 +231,7 @@ static void run_rope_case(int H, int KVH, int D, int with_bias, int with_norm, i
     }
     /* Poison the whole pool: after the kernel exactly the fed positions must be finite. */
     for (size_t i = 0; i < (size_t)f.nblocks * f.block_elems; i++) f.pool[i] = 0xffff;
+    memset(f.pool8, 0x7f, (size_t)f.nblocks * f.block_elems);   /* E4M3 NaN */
     kv_upload(&f);
     int W = (H + 2 * KVH) * D;
     float *qkv = malloc((size_t)n * W * 4), *bias = malloc((size_t)W * 4), qn[128], kn[128], inv[64];
@@ -222,7 +249,9 @@ static void run_rope_case(int H, int KVH, int D, int with_bias, int with_norm, i
                                    with_norm ? d_kn : NULL, d_inv, eps, d_q, n, H, KVH, D, &g, 0), 0);
     float *q = malloc((size_t)n * H * D * 4);
     gu_download(q, d_q, (size_t)n * H * D * 4);
-    gu_download(f.pool, f.d_pool, (size_t)f.nblocks * f.block_elems * 2);
+    if (f.fp8) gu_download(f.pool8, f.d_pool, (size_t)f.nblocks * f.block_elems);
+    else gu_download(f.pool, f.d_pool, (size_t)f.nblocks * f.block_elems * 2);
+    size_t codes_off = 0;   /* FP8: stored codes that are not e4m3(reference / scale) */
 
     size_t nq = (size_t)n * H * D, nkv = (size_t)n * KVH * D * 2;
     double *ref = malloc((nq + nkv) * 8);
@@ -254,18 +283,27 @@ static void run_rope_case(int H, int KVH, int D, int with_bias, int with_norm, i
                 } else {
                     int kvh = is_k ? hh - H : hh - H - KVH;
                     ref[ki] = v[i];
-                    got[ki++] = gu_bf2f(f.pool[kv_index(&f, tok_slot[t], pos, kvh, i, !is_k)]);
+                    const size_t at = kv_index(&f, tok_slot[t], pos, kvh, i, !is_k);
+                    got[ki++] = kv_val(&f, at, !is_k);
+                    if (f.fp8) codes_off += f.pool8[at] != fp8_e4m3_from_f32((float)(v[i] / (is_k ? f.ks : f.vs)));
                 }
             }
         }
     }
     size_t finite = 0;
-    for (size_t i = 0; i < (size_t)f.nblocks * f.block_elems; i++) finite += !isnan(gu_bf2f(f.pool[i]));
+    for (size_t i = 0; i < (size_t)f.nblocks * f.block_elems; i++) finite += !isnan(kv_val(&f, i, 0));
     char name[96];
-    snprintf(name, sizeof name, "qkv_rope_kv H%d KVH%d D%d bias%d norm%d", H, KVH, D, with_bias, with_norm);
+    snprintf(name, sizeof name, "qkv_rope_kv H%d KVH%d D%d bias%d norm%d%s", H, KVH, D, with_bias, with_norm,
+             f.fp8 ? " kv fp8" : "");
     double e = gu_rel_err(got, ref, nq + nkv);
     report(name, e);
-    assert_true(e < 8e-3);
+    /* FP8: 3 mantissa bits (half an ulp is 1/16 of the value); every code but the odd
+     * rounding tie between the fp32 kernel and this double reference is e4m3(x / scale) */
+    assert_true(e < (f.fp8 ? 0.07 : 8e-3));
+    if (f.fp8) {
+        print_message("  FP8 codes off the reference's: %zu of %zu\n", codes_off, nkv);
+        assert_true(codes_off * 200 <= nkv);
+    }
     assert_int_equal(finite, nkv);   /* nothing but the fed positions was written */
     cudaFree(d_qkv); cudaFree(d_bias); cudaFree(d_qn); cudaFree(d_kn); cudaFree(d_inv);
     cudaFree(d_ts); cudaFree(d_tj); cudaFree(d_q);
@@ -336,7 +374,7 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
                     double s = 0;
                     for (int d = 0; d < D; d++)
                         s += (double)q[((size_t)t * H + h) * D + d] *
-                             gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 0)]);
+                             kv_val(&f, kv_index(&f, row_slot[r], k, kvh, d, 0), 0);
                     p[k] = s * scale;
                     if (p[k] > mx) mx = p[k];
                 }
@@ -344,7 +382,7 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
                 for (int d = 0; d < D; d++) {
                     double acc = 0;
                     for (int k = k0; k <= qpos; k++)
-                        acc += p[k] * gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 1)]);
+                        acc += p[k] * kv_val(&f, kv_index(&f, row_slot[r], k, kvh, d, 1), 1);
                     size_t i = ((size_t)t * H + h) * D + d;
                     ref[i] = acc / sum;
                     got[i] = gu_bf2f(o[i]);
@@ -353,8 +391,8 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
         }
     }
     char name[96];
-    snprintf(name, sizeof name, "attention H%d KVH%d D%d rows%d splits%d window%d", H, KVH, D, nrow, n_splits,
-             g_attn_window);
+    snprintf(name, sizeof name, "attention H%d KVH%d D%d rows%d splits%d window%d%s", H, KVH, D, nrow, n_splits,
+             g_attn_window, f.fp8 ? " kv fp8" : "");
     double e = gu_rel_err(got, ref, (size_t)n * H * D);
     report(name, e);
     assert_true(e < 1e-2);
@@ -468,7 +506,7 @@ static void run_attention_counters_case(int H, int KVH, int D, const int *lens, 
             for (int k = 0; k <= len; k++) {
                 double s = 0;
                 for (int d = 0; d < D; d++)
-                    s += (double)qr[d] * gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 0)]);
+                    s += (double)qr[d] * kv_val(&f, kv_index(&f, row_slot[r], k, kvh, d, 0), 0);
                 p[k] = s * scale;
                 if (p[k] > mx) mx = p[k];
             }
@@ -476,7 +514,7 @@ static void run_attention_counters_case(int H, int KVH, int D, const int *lens, 
             for (int d = 0; d < D; d++) {
                 double acc = 0;
                 for (int k = 0; k <= len; k++)
-                    acc += p[k] * gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 1)]);
+                    acc += p[k] * kv_val(&f, kv_index(&f, row_slot[r], k, kvh, d, 1), 1);
                 ref[((size_t)r * H + h) * D + d] = acc / sum;
             }
         }
@@ -623,8 +661,8 @@ static void run_tc_case(attn_fn fn, const tc_case *c) {
         for (int kvh = 0; kvh < KVH; kvh++) {
             for (int k = 0; k <= kmax; k++)
                 for (int d = 0; d < D; d++) {
-                    kf[(size_t)k * D + d] = gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 0)]);
-                    vf[(size_t)k * D + d] = gu_bf2f(f.pool[kv_index(&f, row_slot[r], k, kvh, d, 1)]);
+                    kf[(size_t)k * D + d] = kv_val(&f, kv_index(&f, row_slot[r], k, kvh, d, 0), 0);
+                    vf[(size_t)k * D + d] = kv_val(&f, kv_index(&f, row_slot[r], k, kvh, d, 1), 1);
                 }
             for (int j = 0; j < row_n[r]; j++) {
                 int t = row_off[r] + j, last = len + j < kmax ? len + j : kmax;
@@ -1169,7 +1207,28 @@ static void test_advance_lens_skips_dummy_rows(void **state) {
     cudaFree(d_l); cudaFree(d_rs); cudaFree(d_rn);
 }
 
-int main(void) {
+/* --kv-cache-dtype fp8: the KV writer stores e4m3(x / scale) (rotary, q/k norm, bias) and
+ * every attention kernel k_attention picks -- the decode forms, the tiled SIMT kernel,
+ * tensor cores, flash-decoding splits with and without the in-kernel merge, sliding
+ * windows, head_dim 256 -- reads codes times the layer's K and V scales (0.37, 1.9 here:
+ * not powers of two, so a scale applied twice or not at all shows). */
+static void test_kv_fp8_writes_and_attention_match_reference(void **state) {
+    g_kv_fp8 = 1;
+    test_qkv_rope_writes_q_and_paged_kv(state);
+    test_attention_decode_rows_match_reference(state);
+    test_attention_verify_rows_are_causal_among_new_tokens(state);
+    test_attention_prefill_chunks_match_reference(state);
+    test_attention_sliding_window_matches_reference(state);
+    test_attention_decode_split_counters_merge_in_kernel(state);
+    test_attention_tc_chunk_on_existing_context_matches_reference(state);
+    test_attention_tc_rows_of_different_lengths_match_reference(state);
+    g_kv_fp8 = 0;
+}
+
+/* argv[1], when given: run only the tests whose names match this cmocka filter pattern
+ * (for compute-sanitizer runs of one part). */
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("gpu kernel tests: skipped (no GPU)\n");
@@ -1195,6 +1254,7 @@ int main(void) {
         cmocka_unit_test(test_attention_tc_writes_only_its_items),
         cmocka_unit_test(test_attention_tc_clamps_keys_at_pool_capacity),
         cmocka_unit_test(test_attention_tc_rejects_unsupported_shapes),
+        cmocka_unit_test(test_kv_fp8_writes_and_attention_match_reference),
         cmocka_unit_test(test_gemv_matches_reference),
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),

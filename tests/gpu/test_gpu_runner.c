@@ -1257,13 +1257,14 @@ static void test_verify_graph_sampled_matches_host_acceptance(void **s) {
 
 /* ---- FP8 projections --------------------------------------------------------------------- */
 
-static runner *fp8_open(const char *name, model **m, int fp8) {
+static runner *fp8_open(const char *name, model **m, int fp8, int kv_fp8) {
     char path[1024], err[512];
     snprintf(path, sizeof path, "%s/models/%s", fixtures(), name);
     *m = model_load(path, err, sizeof err);
     if (!*m) fail_msg("model_load %s: %s", path, err);
     runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
-                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9, .weights_fp8 = fp8};
+                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9, .weights_fp8 = fp8,
+                         .kv_fp8 = kv_fp8};
     cuda_runner_opts o = {.world = 1, .quiet = 1};
     runner *r = runner_cuda_create_ex(*m, NULL, &cfg, &o, err, sizeof err);
     if (!r) fail_msg("runner_cuda_create %s: %s", name, err);
@@ -1373,7 +1374,7 @@ done:
 static void test_fp8_gemm_matches_exact_values(void **s) {
     (void)s;
     model *m;
-    runner *r = fp8_open("llama-tiny", &m, 1);
+    runner *r = fp8_open("llama-tiny", &m, 1, 0);
     cuda_runner *cr = (cuda_runner *)r;
     assert_true(cr->m[0].fp8);
     assert_non_null(cr->lt);
@@ -1396,7 +1397,7 @@ static void test_fp8_gemm_matches_exact_values(void **s) {
 static void test_fp8_model_close_to_reference(void **s) {
     (void)s;
     model *m, *m16;
-    runner *r = fp8_open("llama-tiny", &m, 1), *r16 = fp8_open("llama-tiny", &m16, -1);
+    runner *r = fp8_open("llama-tiny", &m, 1, 0), *r16 = fp8_open("llama-tiny", &m16, -1, 0);
     assert_true(((cuda_runner *)r)->m[0].fp8);
     assert_false(((cuda_runner *)r16)->m[0].fp8);
     golden g;
@@ -1429,6 +1430,54 @@ static void test_fp8_model_close_to_reference(void **s) {
     }
     printf("    fp8 llama-tiny: worst rel err %.3e, %.3e from bf16, %d greedy steps compared\n", worst, apart, compared);
     assert_true(apart > 1e-3);   /* the FP8 path really ran */
+    assert_true(compared > 0);
+    free(lg), free(lg16);
+    golden_free(&g);
+    runner_destroy(r), runner_destroy(r16);
+    model_free(m), model_free(m16);
+}
+
+/* --kv-cache-dtype fp8 on the CUDA runner: half the bytes per block; the prompt's logits
+ * (prefill on tensor cores, the KV written by the rotary kernel) and greedy decode (graphs,
+ * the fused QKV GEMV writing codes, the decode attention reading them) stay close to HF,
+ * and differ from the bf16 cache's (the path ran). Prompts of several lengths (fixtures). */
+static void test_kv_fp8_model_close_to_reference(void **s) {
+    (void)s;
+    model *m, *m16;
+    runner *r = fp8_open("llama-tiny", &m, 0, 1), *r16 = fp8_open("llama-tiny", &m16, 0, 0);
+    assert_int_equal(cuda_runner_block_bytes(r) * 2, cuda_runner_block_bytes(r16));
+    golden g;
+    golden_load("llama-tiny", &g);
+    const int V = m->cfg.vocab;
+    float *lg = malloc(sizeof(float) * V), *lg16 = malloc(sizeof(float) * V);
+    double worst = 0, apart = 0;
+    int compared = 0;
+    for (int p = 0; p < g.n_prompts; p++) {
+        fixture f8 = {.m = m, .r = r, .vocab = V}, f16 = {.m = m16, .r = r16, .vocab = V};
+        slot_reset(r, 0);
+        slot_reset(r16, 0);
+        prefill(&f8, 0, g.prompt[p], g.len[p], 1, lg);
+        prefill(&f16, 0, g.prompt[p], g.len[p], 1, lg16);
+        const double e = rel_err(lg, g.last[p], V), d = rel_err(lg, lg16, V);
+        printf("    kv fp8 llama-tiny prompt %d (%3d tokens): rel err %.3e vs HF, %.3e vs the bf16 cache\n", p,
+               g.len[p], e, d);
+        worst = fmax(worst, e);
+        apart = fmax(apart, d);
+        assert_true(e < 0.25);
+        int got[64], n = g.n_greedy[p];
+        got[0] = argmax(lg, V);
+        for (int j = 1; j < n; j++) {
+            int slot = 0;
+            runner_sampling sp = {0};
+            runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &got[j - 1], .sp = &sp, .out_tokens = &got[j]};
+            int rc = r->ops->decode(r, &d);
+            if (rc) fail_msg("decode: %d %s", rc, cuda_runner_error(r));
+        }
+        compared += compare_greedy(&g, p, got, n, 0.25 * max_abs(g.last[p], V));
+    }
+    printf("    kv fp8 llama-tiny: worst rel err %.3e, %.3e from the bf16 cache, %d greedy steps compared\n", worst,
+           apart, compared);
+    assert_true(apart > 1e-3);
     assert_true(compared > 0);
     free(lg), free(lg16);
     golden_free(&g);
@@ -1552,6 +1601,7 @@ int main(void) {
         cmocka_unit_test(test_verify_graph_sampled_matches_host_acceptance),
         cmocka_unit_test(test_fp8_gemm_matches_exact_values),
         cmocka_unit_test(test_fp8_model_close_to_reference),
+        cmocka_unit_test(test_kv_fp8_model_close_to_reference),
         cmocka_unit_test(test_fp8_gemm_timing_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

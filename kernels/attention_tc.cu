@@ -77,31 +77,54 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
      * ke (split end, context end) are zero-filled so P = 0 never meets a NaN in V. */
     constexpr int CH = D / 8, KPP = TC_NT / CH;
     const int lc = tid % CH, lkr = tid / CH;
+    /* FP8 cache: no async copy converts, so a tile's codes are fetched into registers
+     * (f8k, f8v) before the current tile's math and stored as bf16 (exact; the scales are
+     * applied later) after it, which keeps the loads in flight under the math. */
+    constexpr int NL = TC_TILE / KPP;
+    uint2 f8k[F8 ? NL : 1], f8v[F8 ? NL : 1];
+    auto chunk_src = [&](int kt0, int i, bool &ok) {
+        const int key = kt0 + lkr + i * KPP;
+        ok = key < ke;
+        return ok ? pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
+                        ((size_t)kvh * g.block_size + key % g.block_size) * D + lc * 8
+                  : pool;
+    };
+    auto chunk_off = [&](int buf, int i) {
+        return (uint32_t)buf * SM::tile_bytes + (uint32_t)((lkr + i * KPP) * SM::LD + lc * 8) * 2;
+    };
+    auto fetch_f8 = [&](int kt0) {
+#pragma unroll
+        for (int i = 0; i < NL && F8; i++) {
+            bool ok;
+            const kv_t *src = chunk_src(kt0, i, ok);
+            f8k[i] = ok ? *(const uint2 *)src : make_uint2(0, 0);   /* code 0 is +0 */
+            f8v[i] = ok ? *(const uint2 *)(src + v_off) : make_uint2(0, 0);
+        }
+    };
+    auto store_f8 = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < NL && F8; i++) {
+            *(uint4 *)(smem + chunk_off(buf, i)) = k_fp8x8_bf16(f8k[i]);
+            *(uint4 *)(smem + 2 * SM::tile_bytes + chunk_off(buf, i)) = k_fp8x8_bf16(f8v[i]);
+        }
+    };
     auto load_tile = [&](int buf, int kt0) {
 #pragma unroll
-        for (int i = 0; i < TC_TILE / KPP; i++) {
-            const int k = lkr + i * KPP, key = kt0 + k;
-            const bool ok = key < ke;
-            const kv_t *src = pool, *vsrc = pool;
-            if (ok) {
-                src = pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
-                      ((size_t)kvh * g.block_size + key % g.block_size) * D + lc * 8;
-                vsrc = src + v_off;
-            }
-            const uint32_t o = (uint32_t)buf * SM::tile_bytes + (uint32_t)(k * SM::LD + lc * 8) * 2;
-            if constexpr (F8) {   /* 8 codes -> 8 bf16 (exact) through registers; scales applied later */
-                const uint4 z = make_uint4(0, 0, 0, 0);
-                *(uint4 *)(smem + o) = ok ? k_fp8x8_bf16(*(const uint2 *)src) : z;
-                *(uint4 *)(smem + 2 * SM::tile_bytes + o) = ok ? k_fp8x8_bf16(*(const uint2 *)vsrc) : z;
-            } else {
-                tc_cp16(k_sm + o, src, ok);
-                tc_cp16(v_sm + o, vsrc, ok);
-            }
+        for (int i = 0; i < NL; i++) {
+            bool ok;
+            const kv_t *src = chunk_src(kt0, i, ok);
+            tc_cp16(k_sm + chunk_off(buf, i), src, ok);
+            tc_cp16(v_sm + chunk_off(buf, i), src + (ok ? v_off : 0), ok);
         }
     };
 
     const int ntiles = (ke - ks0 + TC_TILE - 1) / TC_TILE;
-    load_tile(0, ks0);
+    if constexpr (F8) {
+        fetch_f8(ks0);
+        store_f8(0);
+    } else {
+        load_tile(0, ks0);
+    }
     tc_commit();
 
     /* This thread's two rows and their last visible key (causal and split end). */
@@ -143,7 +166,10 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
 
     for (int it = 0; it < ntiles; it++) {
         const int kt0 = ks0 + it * TC_TILE, buf = it & 1;
-        if (it + 1 < ntiles) load_tile(buf ^ 1, kt0 + TC_TILE);
+        if (it + 1 < ntiles) {
+            if constexpr (F8) fetch_f8(kt0 + TC_TILE);
+            else load_tile(buf ^ 1, kt0 + TC_TILE);
+        }
         tc_commit();       /* possibly empty: keeps "all but the newest group" = tile it */
         tc_wait<1>();
         __syncthreads();
@@ -238,6 +264,9 @@ attention_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int
                     tc_mma(o[2 * np + 1], pa, b2, b3);
                 }
             }
+        }
+        if constexpr (F8) {   /* buf ^ 1's last readers passed the previous iteration's barrier */
+            if (it + 1 < ntiles) store_f8(buf ^ 1);
         }
         __syncthreads();   /* everyone is done with buf before it is refilled */
     }

@@ -1,6 +1,7 @@
 /* Decode GEMV over GGUF-quantized weights read in place (issue #17). Y[t, o] (+)= sum_k
  * W[o, k] X[t, k] for t < n <= 8: W's row o is in / E blocks of S bytes (kernels/
- * quant_blocks.h: Q8_0 32/34, Q4_K 256/144, Q6_K 256/210), X [n, in] bf16, Y [n, out] fp32.
+ * quant_blocks.h: Q8_0 32/34, Q4_0 32/18, Q4_1 32/20, Q4_K 256/144, Q5_K 256/176, Q6_K
+ * 256/210), X [n, in] bf16, Y [n, out] fp32.
  *
  * Written for memory bandwidth (batch 1 streams every weight byte once per token):
  *   - A warp owns GEMVQ_ROWS consecutive rows and a contiguous run of their blocks (split
@@ -41,6 +42,9 @@
  * l takes part l % (32 / SB) of block l / (32 / SB) in it). */
 template <int T> struct gq;
 template <> struct gq<QB_Q8_0> { enum { E = 32, S = 34, SB = 32 }; };
+template <> struct gq<QB_Q4_0> { enum { E = 32, S = 18, SB = 32 }; };
+template <> struct gq<QB_Q4_1> { enum { E = 32, S = 20, SB = 32 }; };
+template <> struct gq<QB_Q5_K> { enum { E = 256, S = 176, SB = 4 }; };
 template <> struct gq<QB_Q4_K> { enum { E = 256, S = 144, SB = 4 }; };
 template <> struct gq<QB_Q6_K> { enum { E = 256, S = 210, SB = 4 }; };
 
@@ -243,11 +247,115 @@ __device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[GEMVQ_R
     }
 }
 
+/* Q4_0 / Q4_1: the part is the whole block (d [, m], 16 bytes of nibbles: the low ones are
+ * elements 0..15, the high ones 16..31). f = 0.5 + q / 32 as in Q4_K, so sum(q x) =
+ * 32 s - 16 sum(x); Q4_0's x = d (q - 8), Q4_1's x = d q + m. */
+template <int NB, bool MIN>
+__device__ __forceinline__ void gq_part_q4_01(const uint8_t *const (&blk)[GEMVQ_ROWS], const uint16_t *x, int in,
+                                              float (&acc)[GEMVQ_ROWS][NB]) {
+    uint4 q[GEMVQ_ROWS];
+    float d[GEMVQ_ROWS], m[GEMVQ_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++) {
+        d[r] = gq_h2f(*(const uint16_t *)blk[r]);
+        m[r] = MIN ? gq_h2f(*(const uint16_t *)(blk[r] + 2)) : 0.f;
+        q[r] = gq_lds16(blk[r] + (MIN ? 4 : 2));
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float s[GEMVQ_ROWS][NB], sx[NB];
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            sx[t] = 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            float f[GEMVQ_ROWS][8];
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) {
+                const uint32_t w0 = g ? q[r].z : q[r].x, w1 = g ? q[r].w : q[r].y;
+                const uint32_t b0 = (hf ? w0 >> 1 : w0 << 3) & 0x78787878u, b1 = (hf ? w1 >> 1 : w1 << 3) & 0x78787878u;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    f[r][e] = gq_half_plus(b0, e);
+                    f[r][4 + e] = gq_half_plus(b1, e);
+                }
+            }
+            gq_fma8<NB, true>(f, x + 16 * hf + 8 * g, in, s, sx);
+        }
+#pragma unroll
+        for (int r = 0; r < GEMVQ_ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < NB; t++)
+                acc[r][t] += MIN ? d[r] * (32.f * s[r][t] - 16.f * sx[t]) + m[r] * sx[t]
+                                 : d[r] * (32.f * s[r][t] - 24.f * sx[t]);
+    }
+}
+
+/* Q5_K: Q4_K's parts (qs at 48) with the fifth bit from qh[l0 + i], bit 2j (low nibbles)
+ * or 2j + 1 (high): the 5-bit code goes to bits 2..6 of a byte, f = 0.5 + q / 64, so
+ * sum(q x) = 64 s - 32 sum(x). */
+template <int NB>
+__device__ __forceinline__ void gq_part_q5_k(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
+                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
+    const int j = p >> 1, l0 = (p & 1) * 16, sh = 16 * (j & 1);
+    uint4 q[GEMVQ_ROWS], qh[GEMVQ_ROWS];
+    float ds[GEMVQ_ROWS][2], dm[GEMVQ_ROWS][2];
+#pragma unroll
+    for (int r = 0; r < GEMVQ_ROWS; r++) {
+        const uint4 h = *(const uint4 *)blk[r];   /* d, dmin, scales[12]: 16-aligned (176 = 11 x 16) */
+        q[r] = *(const uint4 *)(blk[r] + 48 + 16 * p);
+        qh[r] = *(const uint4 *)(blk[r] + 16 + l0);
+        const float d = gq_h2f(h.x & 0xffff), dmin = gq_h2f(h.x >> 16);
+        const uint32_t sc = j < 2 ? h.y & 0x3f3f3f3fu : (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+        const uint32_t mn = j < 2 ? h.z & 0x3f3f3f3fu : ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+        ds[r][0] = d * (float)((sc >> sh) & 0xff), dm[r][0] = dmin * (float)((mn >> sh) & 0xff);
+        ds[r][1] = d * (float)((sc >> (sh + 8)) & 0xff), dm[r][1] = dmin * (float)((mn >> (sh + 8)) & 0xff);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {   /* low nibbles (sub-block 2j), then high (2j + 1) */
+        float s[GEMVQ_ROWS][NB], sx[NB];
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            sx[t] = 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            float f[GEMVQ_ROWS][8];
+#pragma unroll
+            for (int r = 0; r < GEMVQ_ROWS; r++) {
+                const uint32_t w[2] = {g ? q[r].z : q[r].x, g ? q[r].w : q[r].y};
+                const uint32_t u[2] = {g ? qh[r].z : qh[r].x, g ? qh[r].w : qh[r].y};
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const uint32_t b = ((hf ? w[k] >> 2 : w[k] << 2) & 0x3c3c3c3cu) |
+                                       (((u[k] >> (2 * j + hf)) & 0x01010101u) << 6);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) f[r][4 * k + e] = gq_half_plus(b, e);
+                }
+            }
+            gq_fma8<NB, true>(f, x + 64 * j + 32 * hf + l0 + 8 * g, in, s, sx);
+        }
+#pragma unroll
+        for (int r = 0; r < GEMVQ_ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < NB; t++)
+                acc[r][t] += ds[r][hf] * (64.f * s[r][t] - 32.f * sx[t]) - dm[r][hf] * sx[t];
+    }
+}
+
 template <int T, int NB>
 __device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x, int in,
                                         float (&acc)[GEMVQ_ROWS][NB]) {
     if (T == QB_Q8_0) gq_part_q8_0<NB>(blk, p, x, in, acc);
+    else if (T == QB_Q4_0) gq_part_q4_01<NB, false>(blk, x, in, acc);
+    else if (T == QB_Q4_1) gq_part_q4_01<NB, true>(blk, x, in, acc);
     else if (T == QB_Q4_K) gq_part_q4_k<NB>(blk, p, x, in, acc);
+    else if (T == QB_Q5_K) gq_part_q5_k<NB>(blk, p, x, in, acc);
     else gq_part_q6_k<NB>(blk, p, x, in, acc);
 }
 
@@ -394,6 +502,9 @@ extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y,
         return -1;
     switch (type) {
     case QB_Q8_0: return gemv_q_launch<QB_Q8_0>(W, X, Y, out, in, n, accumulate, s);
+    case QB_Q4_0: return gemv_q_launch<QB_Q4_0>(W, X, Y, out, in, n, accumulate, s);
+    case QB_Q4_1: return gemv_q_launch<QB_Q4_1>(W, X, Y, out, in, n, accumulate, s);
+    case QB_Q5_K: return gemv_q_launch<QB_Q5_K>(W, X, Y, out, in, n, accumulate, s);
     case QB_Q4_K: return gemv_q_launch<QB_Q4_K>(W, X, Y, out, in, n, accumulate, s);
     case QB_Q6_K: return gemv_q_launch<QB_Q6_K>(W, X, Y, out, in, n, accumulate, s);
     default: return -1;
@@ -423,6 +534,9 @@ extern "C" int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, 
     const dim3 grid((unsigned)((n + 255) / 256)), block(256);
     switch (type) {
     case QB_Q8_0: return k_launch(dequant_q_kernel<QB_Q8_0>, grid, block, 0, s, W, out, rows, in);
+    case QB_Q4_0: return k_launch(dequant_q_kernel<QB_Q4_0>, grid, block, 0, s, W, out, rows, in);
+    case QB_Q4_1: return k_launch(dequant_q_kernel<QB_Q4_1>, grid, block, 0, s, W, out, rows, in);
+    case QB_Q5_K: return k_launch(dequant_q_kernel<QB_Q5_K>, grid, block, 0, s, W, out, rows, in);
     case QB_Q4_K: return k_launch(dequant_q_kernel<QB_Q4_K>, grid, block, 0, s, W, out, rows, in);
     case QB_Q6_K: return k_launch(dequant_q_kernel<QB_Q6_K>, grid, block, 0, s, W, out, rows, in);
     default: return -1;

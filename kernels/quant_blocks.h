@@ -8,9 +8,15 @@
  * writes elements e0 .. e0 + 7 of one block (e0 a multiple of 8), so a kernel can walk a
  * row in the 8-element steps its bf16 form takes. Layouts (ggml's, see gguf.c):
  *   Q8_0 (32 elements, 34 bytes):  fp16 d, int8 q[32]                       x = d * q
+ *   Q4_0 (32, 18):    fp16 d, u8 qs[16]; element j < 16 the low nibble of qs[j], j >= 16
+ *                     the high nibble of qs[j - 16];                       x = d * (q - 8)
+ *   Q4_1 (32, 20):    fp16 d, fp16 m, u8 qs[16] (as Q4_0);                x = d * q + m
  *   Q4_K (256, 144):  fp16 d, fp16 dmin, u8 scales[12], u8 qs[128]; sub-block s (32
  *                     elements) has a 6-bit scale and min; x = d * sc * nibble - dmin * m
- *   Q6_K (256, 210):  u8 ql[128], u8 qh[64], int8 sc[16], fp16 d; x = d * sc * (q - 32) */
+ *   Q5_K (256, 176):  Q4_K's d, dmin, scales[12], then u8 qh[32], u8 qs[128]: Q4_K's
+ *                     nibbles plus a fifth bit, bit s of qh[e % 32] for sub-block s
+ *   Q6_K (256, 210):  u8 ql[128], u8 qh[64], int8 sc[16], fp16 d; x = d * sc * (q - 32)
+ * Products are rounded before a following add (QB_MUL), as the host reference's are. */
 #ifndef SPECD_QUANT_BLOCKS_H
 #define SPECD_QUANT_BLOCKS_H
 
@@ -22,10 +28,27 @@
 #define QB_HD static inline
 #endif
 
-enum { QB_Q8_0 = 8, QB_Q4_K = 12, QB_Q6_K = 14 };   /* ggml type ids */
+enum { QB_Q4_0 = 2, QB_Q4_1 = 3, QB_Q8_0 = 8, QB_Q4_K = 12, QB_Q5_K = 13, QB_Q6_K = 14 };   /* ggml type ids */
 
-QB_HD int qb_elems(int t) { return t == QB_Q8_0 ? 32 : 256; }
-QB_HD int qb_bytes(int t) { return t == QB_Q8_0 ? 34 : t == QB_Q4_K ? 144 : t == QB_Q6_K ? 210 : 0; }
+QB_HD int qb_elems(int t) { return t == QB_Q8_0 || t == QB_Q4_0 || t == QB_Q4_1 ? 32 : 256; }
+QB_HD int qb_bytes(int t) {
+    switch (t) {
+    case QB_Q4_0: return 18;
+    case QB_Q4_1: return 20;
+    case QB_Q8_0: return 34;
+    case QB_Q4_K: return 144;
+    case QB_Q5_K: return 176;
+    case QB_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+/* a * b rounded on its own (no fused multiply-add into a following add on the device) */
+#ifdef __CUDA_ARCH__
+#define QB_MUL(a, b) __fmul_rn((a), (b))
+#else
+#define QB_MUL(a, b) ((a) * (b))
+#endif
 
 /* IEEE half -> float without intrinsics (normal, subnormal, zero, inf / NaN). */
 QB_HD float qb_half(const uint8_t *p) {
@@ -73,7 +96,34 @@ QB_HD void qb_decode8_q4_k(const uint8_t *b, int e0, float *y) {
     const float ds = d * (float)sc, dm = dmin * (float)mn;
     const uint8_t *q = b + 16 + 32 * (s >> 1) + l0;
     const int shift = (s & 1) * 4;
-    for (int j = 0; j < 8; j++) y[j] = ds * (float)((q[j] >> shift) & 0xf) - dm;
+    for (int j = 0; j < 8; j++) y[j] = QB_MUL(ds, (float)((q[j] >> shift) & 0xf)) - dm;
+}
+
+/* Q4_0 / Q4_1: elements e0..e0+7 are the low (e0 < 16) or high nibbles of qs[e0 % 16 ..]. */
+QB_HD void qb_decode8_q4_0(const uint8_t *b, int e0, float *y) {
+    const float d = qb_half(b);
+    const uint8_t *q = b + 2 + (e0 & 15);
+    const int shift = e0 >= 16 ? 4 : 0;
+    for (int j = 0; j < 8; j++) y[j] = d * (float)(((q[j] >> shift) & 0xf) - 8);
+}
+
+QB_HD void qb_decode8_q4_1(const uint8_t *b, int e0, float *y) {
+    const float d = qb_half(b), m = qb_half(b + 2);
+    const uint8_t *q = b + 4 + (e0 & 15);
+    const int shift = e0 >= 16 ? 4 : 0;
+    for (int j = 0; j < 8; j++) y[j] = QB_MUL(d, (float)((q[j] >> shift) & 0xf)) + m;
+}
+
+/* Q5_K: as Q4_K (qs at 48), the fifth bit of element l of sub-block s is bit s of qh[l]. */
+QB_HD void qb_decode8_q5_k(const uint8_t *b, int e0, float *y) {
+    const float d = qb_half(b), dmin = qb_half(b + 2);
+    const int s = e0 >> 5, l0 = e0 & 31;
+    int sc, mn;
+    qb_k4_scale_min(s, b + 4, &sc, &mn);
+    const float ds = d * (float)sc, dm = dmin * (float)mn;
+    const uint8_t *qh = b + 16 + l0, *q = b + 48 + 32 * (s >> 1) + l0;
+    const int shift = (s & 1) * 4;
+    for (int j = 0; j < 8; j++) y[j] = QB_MUL(ds, (float)(((q[j] >> shift) & 0xf) | ((qh[j] >> s) & 1) << 4)) - dm;
 }
 
 /* Q6_K: two halves of 128 elements; in a half, quarter u = (e % 128) / 32 of element l
@@ -96,7 +146,10 @@ QB_HD void qb_decode8_q6_k(const uint8_t *b, int e0, float *y) {
 /* Elements e0..e0+7 of block b of type t (a supported one). */
 QB_HD void qb_decode8(int t, const uint8_t *b, int e0, float *y) {
     if (t == QB_Q8_0) qb_decode8_q8_0(b, e0, y);
+    else if (t == QB_Q4_0) qb_decode8_q4_0(b, e0, y);
+    else if (t == QB_Q4_1) qb_decode8_q4_1(b, e0, y);
     else if (t == QB_Q4_K) qb_decode8_q4_k(b, e0, y);
+    else if (t == QB_Q5_K) qb_decode8_q5_k(b, e0, y);
     else qb_decode8_q6_k(b, e0, y);
 }
 

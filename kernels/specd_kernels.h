@@ -183,7 +183,7 @@ int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, in
                      const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s);
 
 /* k_gemv_bf16 over GGUF-quantized weights read in place (kernels/gemv_q.cu; work in
- * progress, not yet called by the runner): type is the ggml type id (8 Q8_0, 12 Q4_K, 14
+ * --dtype gguf): type is the ggml type id (2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14
  * Q6_K, see kernels/quant_blocks.h), W's rows in / block elements blocks each, stored one
  * after another (row starts need not be aligned); W and X [n, in] bf16 16-byte aligned,
  * n <= K_GEMV_MAX_N; -1 for anything else. */

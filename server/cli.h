@@ -54,9 +54,10 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --spec-always           speculate whenever drafts exist (skip the start-up cost model\n" \
     "                          that turns drafts off where they would not pay)\n" \
     "  --device cpu|cuda       runner (default cpu)\n" \
-    "  --dtype auto|bf16|gguf|fp8  weights on the GPU. A quantized GGUF: gguf keeps its Q8_0 /\n" \
-    "                          Q4_K / Q6_K projections in their blocks (less memory; as fast at\n" \
-    "                          batch 1), bf16 dequantizes them at load (faster from batch 8);\n" \
+    "  --dtype auto|bf16|gguf|fp8  weights on the GPU. A quantized GGUF: gguf keeps its Q8_0,\n" \
+    "                          Q4_0, Q4_1, Q4_K, Q5_K and Q6_K projections in their blocks (less\n" \
+    "                          memory; as fast at batch 1), bf16 dequantizes them at load\n" \
+    "                          (faster from batch 8);\n" \
     "                          auto (default) keeps them when bf16 would take over half the GPU.\n" \
     "                          fp8 quantizes the dense projections to FP8 E4M3 at load (a scale\n" \
     "                          per output row; activations per token): half the bytes of bf16,\n" \

@@ -43,8 +43,8 @@ static void check_type(int t, ggml_type gt, int n_blocks) {
     assert_true(S > 0 && S <= (int)sizeof blk);
     for (int b = 0; b < n_blocks; b++) {
         for (int i = 0; i < S; i++) blk[i] = (uint8_t)rnd();
-        if (t == QB_Q8_0) put_half(blk);
-        if (t == QB_Q4_K) put_half(blk), put_half(blk + 2);
+        if (t == QB_Q8_0 || t == QB_Q4_0) put_half(blk);
+        if (t == QB_Q4_K || t == QB_Q5_K || t == QB_Q4_1) put_half(blk), put_half(blk + 2);
         if (t == QB_Q6_K) put_half(blk + 208);
         assert_int_equal(ggml_dequantize(gt, blk, ref, E), 0);
         for (int e0 = 0; e0 < E; e0 += 8, chunks++) {
@@ -63,6 +63,9 @@ static void test_decode8_equals_dequantize(void **st) {
     check_type(QB_Q8_0, GGML_Q8_0, 2000);
     check_type(QB_Q4_K, GGML_Q4_K, 2000);
     check_type(QB_Q6_K, GGML_Q6_K, 2000);
+    check_type(QB_Q4_0, GGML_Q4_0, 2000);
+    check_type(QB_Q4_1, GGML_Q4_1, 2000);
+    check_type(QB_Q5_K, GGML_Q5_K, 2000);
 }
 
 /* qb_half on every one of the 65536 halves, NaNs by class. */

@@ -26,7 +26,7 @@
 
 typedef enum { ENGINE_DEVICE_CPU = 0, ENGINE_DEVICE_CUDA = 1 } engine_device;
 
-/* --dtype: GGUF Q8_0 / Q4_K / Q6_K projections kept in their blocks on the GPU when their
+/* --dtype: GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K projections kept in their blocks on the GPU when their
  * bf16 form would take more than half of it (auto), always dequantized to bf16 at load
  * (bf16), or always kept (gguf). */
 enum { ENGINE_WEIGHTS_AUTO = 0, ENGINE_WEIGHTS_BF16, ENGINE_WEIGHTS_GGUF, ENGINE_WEIGHTS_FP8 };

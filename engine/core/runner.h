@@ -47,7 +47,7 @@ typedef struct {
     /* CPU runner without a draft, num_draft_tokens > 0: also expose ops.verify (the CUDA
      * runner always does); for tests and A/B, since its padding is real work on a CPU. */
     int cpu_verify;
-    /* CUDA runner, one GPU: a GGUF's Q8_0 / Q4_K / Q6_K projections stay in their blocks on
+    /* CUDA runner, one GPU: a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K projections stay in their blocks on
      * the device (1), are dequantized to bf16 at load (0), or -1: stay when the model's
      * bf16 weights would take more than half of the GPU's memory. */
     int weights_gguf;

@@ -98,7 +98,7 @@ typedef struct {
     int no_fuse_norm;        /* SPECD_CUDA_NO_FUSE_NORM=1: ... with its RMSNorm kernels (the rest fused) */
     int no_gemv;             /* SPECD_CUDA_NO_GEMV=1: decode-sized GEMMs on cuBLAS (to bisect numerics) */
     int quant_weights;       /* from runner_config.weights_gguf (--dtype), not the environment:
-                              * GGUF Q8_0 / Q4_K / Q6_K projections stay in their blocks (one GPU) */
+                              * GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K projections stay in their blocks (one GPU) */
     int fp8_weights;         /* runner_config.weights_fp8 (--dtype fp8): 1 quantize the dense
                               * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token

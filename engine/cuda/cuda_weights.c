@@ -168,11 +168,11 @@ static int fp8_upload(cuda_runner *r, const cuda_model *cm, staging *s, const te
 /* ---- projections kept quantized (--dtype gguf, or auto on a GPU too small for bf16) ------ */
 
 /* The block type all of views v[0..n) share when the kernels read it in place (Q8_0, Q4_K,
- * Q6_K; rows a whole number of blocks), else 0: the matrix goes to bf16 as before. */
+ * Q6_K, Q4_0, Q4_1, Q5_K; rows a whole number of blocks), else 0: the matrix goes to bf16. */
 static int quant_type(const cuda_runner *r, const tensor_view *const *v, int n) {
     if (!r->tune.quant_weights || r->opts.random_weights || r->opts.world > 1) return 0;
     int t = tensor_ggml_type(v[0]);
-    if (t != QB_Q8_0 && t != QB_Q4_K && t != QB_Q6_K) return 0;
+    if (!qb_bytes(t)) return 0;   /* a type kernels/gemv_q.cu does not read */
     for (int i = 0; i < n; i++)
         if (!v[i]->data || v[i]->ndim != 2 || tensor_ggml_type(v[i]) != t || v[i]->shape[1] % qb_elems(t)) return 0;
     return t;

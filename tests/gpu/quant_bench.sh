@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A quantized GGUF on one GPU (issue #17): specd with the file's Q8_0 / Q4_K / Q6_K
+# A quantized GGUF on one GPU (issue #17): specd with the file's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K
 # projections kept in their blocks (--dtype gguf) against the same file dequantized to
 # bf16 at load (--dtype bf16), and llama.cpp on the same file when its directory is given:
 # weights GiB, prefill and decode tok/s at batch 1 / 8 / 64 / 256 (128 prompt, 128
@@ -9,7 +9,7 @@
 # Run build/gpu/test_gpu_gemv first (k_gemv_q / k_dequant_q against the host decode).
 set -u
 cd "$(dirname "$0")/../.."
-M=${1:?a GGUF with Q4_K / Q6_K / Q8_0 matrices}
+M=${1:?a GGUF with quantized matrices}
 S=${2:-build/specd}
 Q=${3:-}
 R=${OUT:-build/gpu/quant_logs}; mkdir -p "$R"

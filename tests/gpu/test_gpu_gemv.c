@@ -11,7 +11,8 @@
  * - the RMSNorm fold: a producer GEMV's residual, bf16(h * g) and sum of h^2 against the
  *   host; consumers (plain, gated, rope) scaling by rsqrt(mean + eps) against the host and
  *   against the unfused path.
- * - k_gemv_q / k_dequant_q (GGUF blocks read in place) against the host decode, every type
+ * - k_gemv_q / k_dequant_q (GGUF blocks read in place: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)
+ *   against the host decode, every type
  *   and token count, unaligned row starts; then a printed timing of k_gemv_q at batch 1
  *   (GB/s of weight bytes) next to k_gemv_bf16 on the same shapes.
  * - FP8 weights (k_wmat with row scales): the plain, accumulating, gated and norm-folded
@@ -494,8 +495,8 @@ static void check_gemv_q(int t, int out, int in, int n) {
     for (size_t i = 0; i < wbytes; i++) W[i] = (uint8_t)gu_next(&g_seed);
     for (size_t b = 0; b < wbytes / S; b++) {
         uint8_t *blk = W + b * S;
-        if (t == QB_Q8_0) put_scale(blk);
-        if (t == QB_Q4_K) put_scale(blk), put_scale(blk + 2);
+        if (t == QB_Q8_0 || t == QB_Q4_0) put_scale(blk);
+        if (t == QB_Q4_K || t == QB_Q5_K || t == QB_Q4_1) put_scale(blk), put_scale(blk + 2);
         if (t == QB_Q6_K) put_scale(blk + 208);
     }
     uint16_t *X = malloc((size_t)n * in * 2);
@@ -552,12 +553,15 @@ static void test_gemv_q_matches_host_decode(void **state) {
     check_gemv_q(QB_Q8_0, 1000, 1024, 5);
     check_gemv_q(QB_Q4_K, 300, 512, 8);     /* rows not a multiple of the warps per block */
     check_gemv_q(QB_Q6_K, 77, 256, 3);
+    check_gemv_q(QB_Q4_0, 2048, 2048, 1);   /* Q4_0 / Q4_1 files (SmolLM2's is Q4_1) */
+    check_gemv_q(QB_Q4_1, 576, 1536, 2);    /* SmolLM2 down */
+    check_gemv_q(QB_Q5_K, 2048, 8192, 1);   /* Q5_K_M */
     /* rejected: rows not whole blocks, too many tokens, an unsupported type, unaligned X or W */
     uint8_t *d = gu_dev(1 << 20);
     float *f = gu_dev(1 << 20);
     assert_int_equal(k_gemv_q(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 200, 1, 0, 0), -1);
     assert_int_equal(k_gemv_q(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 64, 9, 0, 0), -1);
-    assert_int_equal(k_gemv_q(2, d, (uint16_t *)(d + 65536), f, 8, 64, 1, 0, 0), -1);
+    assert_int_equal(k_gemv_q(6, d, (uint16_t *)(d + 65536), f, 8, 64, 1, 0, 0), -1);   /* Q5_0 */
     assert_int_equal(k_gemv_q(QB_Q8_0, d, (uint16_t *)(d + 65538), f, 8, 64, 1, 0, 0), -1);
     assert_int_equal(k_gemv_q(QB_Q8_0, d + 2, (uint16_t *)(d + 65536), f, 8, 64, 1, 0, 0), -1);
     cudaFree(d), cudaFree(f);
@@ -570,9 +574,12 @@ static void test_gemv_q_matches_host_decode(void **state) {
  * larger shapes split K over 2-4 warps with a partial last step. */
 static void test_gemv_q_every_type_and_token_count(void **state) {
     (void)state;
-    const int types[3] = {QB_Q8_0, QB_Q4_K, QB_Q6_K};
-    for (int i = 0; i < 3; i++)
-        for (int n = 1; n <= K_GEMV_MAX_N; n++) check_gemv_q(types[i], 37 + 2 * n, types[i] == QB_Q8_0 ? 96 : 768, n);
+    const int types[6] = {QB_Q8_0, QB_Q4_K, QB_Q6_K, QB_Q4_0, QB_Q4_1, QB_Q5_K};
+    for (int i = 0; i < 6; i++)
+        for (int n = 1; n <= K_GEMV_MAX_N; n++) check_gemv_q(types[i], 37 + 2 * n, qb_elems(types[i]) == 32 ? 96 : 768, n);
+    check_gemv_q(QB_Q4_0, 257, 4160, 3);   /* 18-byte blocks: rows start at every even offset */
+    check_gemv_q(QB_Q4_1, 129, 3328, 8);
+    check_gemv_q(QB_Q5_K, 333, 2560, 5);
     check_gemv_q(QB_Q6_K, 333, 2560, 1);
     check_gemv_q(QB_Q6_K, 333, 2560, 7);
     check_gemv_q(QB_Q8_0, 257, 4160, 1);
@@ -617,8 +624,8 @@ static double bench_one(int type, int out, int in, const uint16_t *dX, float *dY
         const int S = qb_bytes(type);
         for (size_t k = 0; k < bytes / S; k++) {
             uint8_t *blk = h + k * S;
-            if (type == QB_Q8_0) put_scale(blk);
-            if (type == QB_Q4_K) put_scale(blk), put_scale(blk + 2);
+            if (type == QB_Q8_0 || type == QB_Q4_0) put_scale(blk);
+            if (type == QB_Q4_K || type == QB_Q5_K || type == QB_Q4_1) put_scale(blk), put_scale(blk + 2);
             if (type == QB_Q6_K) put_scale(blk + 208);
         }
     } else {
@@ -630,7 +637,8 @@ static double bench_one(int type, int out, int in, const uint16_t *dX, float *dY
         GPU_CHECK(cudaMemcpy(W[c], h, bytes, cudaMemcpyHostToDevice));
     }
     const double us = time_gemv(type, W, copies, dX, dY, out, in), gbs = (double)bytes / (us * 1e3);
-    const char *name = type == QB_Q8_0 ? "Q8_0" : type == QB_Q4_K ? "Q4_K" : type == QB_Q6_K ? "Q6_K" : "bf16";
+    const char *name = type == QB_Q8_0 ? "Q8_0" : type == QB_Q4_K ? "Q4_K" : type == QB_Q6_K ? "Q6_K"
+                     : type == QB_Q4_0 ? "Q4_0" : type == QB_Q4_1 ? "Q4_1" : type == QB_Q5_K ? "Q5_K" : "bf16";
     printf("  bench gemv out %5d in %5d n 1 %s: %8.2f us  %7.1f GB/s  (%4.1f%% of 4.8 TB/s)", out, in, name, us, gbs,
            gbs / 48.0);
     if (bf16_us > 0) printf("  time %.2fx bf16's", us / bf16_us);
@@ -658,6 +666,9 @@ static void test_gemv_q_bandwidth_report(void **state) {
         bench_one(QB_Q8_0, out, in, dX, dY, bf);
         bench_one(QB_Q4_K, out, in, dX, dY, bf);
         bench_one(QB_Q6_K, out, in, dX, dY, bf);
+        bench_one(QB_Q4_0, out, in, dX, dY, bf);
+        bench_one(QB_Q4_1, out, in, dX, dY, bf);
+        bench_one(QB_Q5_K, out, in, dX, dY, bf);
         cudaFree(dX), cudaFree(dY);
         free(X);
     }

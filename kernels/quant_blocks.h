@@ -87,16 +87,20 @@ QB_HD void qb_decode8_q8_0(const uint8_t *b, int e0, float *y) {
 }
 
 /* Elements e0..e0+7 of sub-block s = e0 / 32: the 32 bytes of qs at 32 * (s / 2) hold
- * sub-block s's values in their low nibbles (s even) or high nibbles (s odd). */
-QB_HD void qb_decode8_q4_k(const uint8_t *b, int e0, float *y) {
+ * sub-block s's values in their low nibbles (s even) or high nibbles (s odd). Q5_K (q5):
+ * qs starts at 48 and the fifth bit of element l of sub-block s is bit s of qh[l]. */
+QB_HD void qb_decode8_k45(const uint8_t *b, int e0, float *y, int q5) {
     const float d = qb_half(b), dmin = qb_half(b + 2);
     const int s = e0 >> 5, l0 = e0 & 31;
     int sc, mn;
     qb_k4_scale_min(s, b + 4, &sc, &mn);
     const float ds = d * (float)sc, dm = dmin * (float)mn;
-    const uint8_t *q = b + 16 + 32 * (s >> 1) + l0;
+    const uint8_t *qh = b + 16 + l0, *q = b + (q5 ? 48 : 16) + 32 * (s >> 1) + l0;
     const int shift = (s & 1) * 4;
-    for (int j = 0; j < 8; j++) y[j] = QB_MUL(ds, (float)((q[j] >> shift) & 0xf)) - dm;
+    for (int j = 0; j < 8; j++) {
+        const int hi = q5 ? ((qh[j] >> s) & 1) << 4 : 0;
+        y[j] = QB_MUL(ds, (float)(((q[j] >> shift) & 0xf) | hi)) - dm;
+    }
 }
 
 /* Q4_0 / Q4_1: elements e0..e0+7 are the low (e0 < 16) or high nibbles of qs[e0 % 16 ..]. */
@@ -112,18 +116,6 @@ QB_HD void qb_decode8_q4_1(const uint8_t *b, int e0, float *y) {
     const uint8_t *q = b + 4 + (e0 & 15);
     const int shift = e0 >= 16 ? 4 : 0;
     for (int j = 0; j < 8; j++) y[j] = QB_MUL(d, (float)((q[j] >> shift) & 0xf)) + m;
-}
-
-/* Q5_K: as Q4_K (qs at 48), the fifth bit of element l of sub-block s is bit s of qh[l]. */
-QB_HD void qb_decode8_q5_k(const uint8_t *b, int e0, float *y) {
-    const float d = qb_half(b), dmin = qb_half(b + 2);
-    const int s = e0 >> 5, l0 = e0 & 31;
-    int sc, mn;
-    qb_k4_scale_min(s, b + 4, &sc, &mn);
-    const float ds = d * (float)sc, dm = dmin * (float)mn;
-    const uint8_t *qh = b + 16 + l0, *q = b + 48 + 32 * (s >> 1) + l0;
-    const int shift = (s & 1) * 4;
-    for (int j = 0; j < 8; j++) y[j] = QB_MUL(ds, (float)(((q[j] >> shift) & 0xf) | ((qh[j] >> s) & 1) << 4)) - dm;
 }
 
 /* Q6_K: two halves of 128 elements; in a half, quarter u = (e % 128) / 32 of element l
@@ -148,8 +140,8 @@ QB_HD void qb_decode8(int t, const uint8_t *b, int e0, float *y) {
     if (t == QB_Q8_0) qb_decode8_q8_0(b, e0, y);
     else if (t == QB_Q4_0) qb_decode8_q4_0(b, e0, y);
     else if (t == QB_Q4_1) qb_decode8_q4_1(b, e0, y);
-    else if (t == QB_Q4_K) qb_decode8_q4_k(b, e0, y);
-    else if (t == QB_Q5_K) qb_decode8_q5_k(b, e0, y);
+    else if (t == QB_Q4_K) qb_decode8_k45(b, e0, y, 0);
+    else if (t == QB_Q5_K) qb_decode8_k45(b, e0, y, 1);
     else qb_decode8_q6_k(b, e0, y);
 }
 

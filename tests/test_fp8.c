@@ -1081,12 +1081,11 @@ typedef struct {
     float *first_logits;
 } engine_run;
 
-static void run_engine(const char *path, int weights_dtype, int kv_dtype, engine_run *out) {
+/* nreq requests with ids id0.. of the e2e prompt (greedy, E2E_GEN tokens, 5 top logprobs)
+ * on e, run to the end: out[q] gets request q's tokens and logprobs, and out[0] the first
+ * token's logits too when out[0].first_logits is set (sized vocab). */
+static void run_requests(engine *e, uint64_t id0, int nreq, engine_run *out) {
     char err[1024] = "";
-    engine_config c = {.model_path = path, .max_seq_len = 128, .max_batch = 2, .kv_bytes = 16u << 20, .threads = 2,
-                       .weights_dtype = weights_dtype, .kv_dtype = kv_dtype};
-    engine *e = engine_create(&c, err, sizeof err);
-    if (!e) fail_msg("engine_create(%s): %s", path, err);
     int32_t prompt[E2E_PROMPT];
     e2e_prompt(prompt);
     engine_sampling sp;
@@ -1095,32 +1094,49 @@ static void run_engine(const char *path, int weights_dtype, int kv_dtype, engine
     sp.ignore_eos = 1;
     sp.max_tokens = E2E_GEN;
     sp.logprobs = 5;
-    assert_int_equal(engine_add_ex(e, 1, prompt, E2E_PROMPT, &sp, 1, err, sizeof err), 0);
-    const int V = engine_model_config(e)->vocab;
-    out->first_logits = malloc(sizeof(float) * (size_t)V);
-    out->n = 0;
-    int got_logits = 0;
+    for (int q = 0; q < nreq; q++) {
+        out[q].n = 0;
+        assert_int_equal(engine_add_ex(e, id0 + (uint64_t)q, prompt, E2E_PROMPT, &sp, 1, err, sizeof err), 0);
+    }
+    int got_logits = !out[0].first_logits;
     while (engine_has_work(e)) {
         engine_output o;
         assert_int_equal(engine_step(e, &o), 0);
         for (int k = 0; k < o.n_events; k++) {
             const engine_event *ev = &o.events[k];
-            if (!got_logits && ev->n_tokens > 0) {
-                assert_int_equal(engine_first_logits(e, 1, out->first_logits), 0);
+            assert_true(ev->req_id >= id0 && ev->req_id < id0 + (uint64_t)nreq);
+            engine_run *r = &out[ev->req_id - id0];
+            if (!got_logits && ev->req_id == id0 && ev->n_tokens > 0) {
+                assert_int_equal(engine_first_logits(e, id0, r->first_logits), 0);
                 got_logits = 1;
             }
-            for (int t = 0; t < ev->n_tokens && out->n < E2E_GEN; t++, out->n++) {
-                out->ids[out->n] = ev->tokens[t].id;
-                out->lp[out->n] = ev->tokens[t].logprob;
+            for (int t = 0; t < ev->n_tokens && r->n < E2E_GEN; t++, r->n++) {
+                r->ids[r->n] = ev->tokens[t].id;
+                r->lp[r->n] = ev->tokens[t].logprob;
                 assert_int_equal(ev->tokens[t].n_top, 5);
-                memcpy(out->top_ids[out->n], ev->tokens[t].top_ids, sizeof out->top_ids[0]);
-                memcpy(out->top_lp[out->n], ev->tokens[t].top_logprobs, sizeof out->top_lp[0]);
+                memcpy(r->top_ids[r->n], ev->tokens[t].top_ids, sizeof r->top_ids[0]);
+                memcpy(r->top_lp[r->n], ev->tokens[t].top_logprobs, sizeof r->top_lp[0]);
             }
             assert_true(ev->finish == ENGINE_RUNNING || ev->finish == ENGINE_FINISH_LENGTH);
         }
     }
-    assert_int_equal(out->n, E2E_GEN);
+    for (int q = 0; q < nreq; q++) assert_int_equal(out[q].n, E2E_GEN);
     assert_true(got_logits);
+}
+
+static engine *open_engine(const char *path, int weights_dtype, int kv_dtype, int max_batch) {
+    char err[1024] = "";
+    engine_config c = {.model_path = path, .max_seq_len = 128, .max_batch = max_batch, .kv_bytes = 16u << 20,
+                       .threads = 2, .weights_dtype = weights_dtype, .kv_dtype = kv_dtype};
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fail_msg("engine_create(%s): %s", path, err);
+    return e;
+}
+
+static void run_engine(const char *path, int weights_dtype, int kv_dtype, engine_run *out) {
+    engine *e = open_engine(path, weights_dtype, kv_dtype, 2);
+    out->first_logits = malloc(sizeof(float) * (size_t)engine_model_config(e)->vocab);
+    run_requests(e, 1, 1, out);
     engine_destroy(e);
 }
 
@@ -1263,44 +1279,15 @@ static void test_kv_fp8_engine(void **state) {
     run_engine(orig_dir, ENGINE_WEIGHTS_AUTO, ENGINE_KV_FP8, &a);
     run_engine(orig_dir, ENGINE_WEIGHTS_AUTO, ENGINE_KV_AUTO, &f);
     assert_memory_not_equal(a.lp, f.lp, sizeof a.lp);
-    char err[1024] = "";
-    engine_config c = {.model_path = orig_dir, .max_seq_len = 128, .max_batch = 4, .kv_bytes = 1u << 20,
-                       .threads = 2, .kv_dtype = ENGINE_KV_FP8};
-    engine *e = engine_create(&c, err, sizeof err);
-    if (!e) fail_msg("engine_create: %s", err);
-    int32_t prompt[E2E_PROMPT];
-    e2e_prompt(prompt);
-    engine_sampling sp;
-    engine_sampling_defaults(&sp);
-    sp.temperature = 0;
-    sp.ignore_eos = 1;
-    sp.max_tokens = E2E_GEN;
-    sp.logprobs = 5;
-    for (int round = 0; round < 2; round++) {
+    engine *e = open_engine(orig_dir, ENGINE_WEIGHTS_AUTO, ENGINE_KV_FP8, 4);
+    for (int round = 0; round < 2; round++) {   /* alone, then four at once sharing the prompt's blocks */
         const int nreq = round ? 4 : 1;
-        int32_t ids[4][E2E_GEN];
-        float lp[4][E2E_GEN];
-        int n[4] = {0};
-        for (int q = 0; q < nreq; q++)
-            assert_int_equal(engine_add_ex(e, (uint64_t)(10 * round + q + 1), prompt, E2E_PROMPT, &sp, 1, err,
-                                           sizeof err), 0);
-        while (engine_has_work(e)) {
-            engine_output o;
-            assert_int_equal(engine_step(e, &o), 0);
-            for (int k = 0; k < o.n_events; k++) {
-                const engine_event *ev = &o.events[k];
-                const int q = (int)(ev->req_id - (uint64_t)(10 * round + 1));
-                assert_true(q >= 0 && q < nreq);
-                for (int t = 0; t < ev->n_tokens && n[q] < E2E_GEN; t++, n[q]++) {
-                    ids[q][n[q]] = ev->tokens[t].id;
-                    lp[q][n[q]] = ev->tokens[t].logprob;
-                }
-            }
-        }
+        engine_run r[4];
+        memset(r, 0, sizeof r);
+        run_requests(e, (uint64_t)(10 * round + 1), nreq, r);
         for (int q = 0; q < nreq; q++) {
-            assert_int_equal(n[q], E2E_GEN);
-            assert_memory_equal(ids[q], a.ids, sizeof a.ids);
-            assert_memory_equal(lp[q], a.lp, sizeof a.lp);
+            assert_memory_equal(r[q].ids, a.ids, sizeof a.ids);
+            assert_memory_equal(r[q].lp, a.lp, sizeof a.lp);
         }
     }
     engine_destroy(e);

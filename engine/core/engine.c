@@ -464,10 +464,12 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
         const model_config *m = &e->target->cfg;
         fprintf(stderr,
                 "specd: %s %s: %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d\n"
-                "specd: device %s, KV pool %d blocks x %d tokens = %d tokens, max_seq_len %d, "
+                "specd: device %s, KV pool (%s) %d blocks x %d tokens = %d tokens, max_seq_len %d, "
                 "max_batch %d%s\n",
                 m->arch_name, c->model_path, m->n_layers, m->hidden, m->n_heads, m->n_kv_heads,
-                m->head_dim, m->vocab, e->run->ops->name, e->run->cfg.num_blocks - 1, c->block_size,
+                m->head_dim, m->vocab, e->run->ops->name,
+                c->kv_dtype == ENGINE_KV_FP8 ? "fp8" : c->device == ENGINE_DEVICE_CUDA ? "bf16" : "fp32",
+                e->run->cfg.num_blocks - 1, c->block_size,
                 (e->run->cfg.num_blocks - 1) * c->block_size, c->max_seq_len, c->max_batch,
                 e->k ? ", speculative" : "");
         if (c->tp.world_size > 1)

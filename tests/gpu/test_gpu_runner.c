@@ -1389,6 +1389,46 @@ static void test_fp8_gemm_matches_exact_values(void **s) {
     model_free(m);
 }
 
+/* llama-tiny's golden prompts through r (FP8 somewhere) and r16 (its bf16 twin): the
+ * prompt's last logits within 0.25 of HF's, greedy decode from there compared with HF's
+ * tokens (compare_greedy); prints and returns the worst error vs HF, the largest distance
+ * from r16 (the FP8 path really ran) and the greedy steps compared. */
+static void fp8_vs_reference(const char *what, runner *r, model *m, runner *r16, model *m16, double *worst,
+                             double *apart, int *compared) {
+    golden g;
+    golden_load("llama-tiny", &g);
+    const int V = m->cfg.vocab;
+    float *lg = malloc(sizeof(float) * V), *lg16 = malloc(sizeof(float) * V);
+    *worst = *apart = 0;
+    *compared = 0;
+    for (int p = 0; p < g.n_prompts; p++) {
+        fixture f8 = {.m = m, .r = r, .vocab = V}, f16 = {.m = m16, .r = r16, .vocab = V};
+        slot_reset(r, 0);
+        slot_reset(r16, 0);
+        prefill(&f8, 0, g.prompt[p], g.len[p], 1, lg);
+        prefill(&f16, 0, g.prompt[p], g.len[p], 1, lg16);
+        const double e = rel_err(lg, g.last[p], V), d = rel_err(lg, lg16, V);
+        printf("    %s llama-tiny prompt %d (%3d tokens): rel err %.3e vs HF, %.3e vs bf16\n", what, p, g.len[p], e, d);
+        *worst = fmax(*worst, e);
+        *apart = fmax(*apart, d);
+        assert_true(e < 0.25);
+        int got[64], n = g.n_greedy[p];
+        got[0] = argmax(lg, V);
+        for (int j = 1; j < n; j++) {
+            int slot = 0;
+            runner_sampling sp = {0};
+            runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &got[j - 1], .sp = &sp, .out_tokens = &got[j]};
+            int rc = r->ops->decode(r, &d);
+            if (rc) fail_msg("decode: %d %s", rc, cuda_runner_error(r));
+        }
+        *compared += compare_greedy(&g, p, got, n, 0.25 * max_abs(g.last[p], V));
+    }
+    printf("    %s llama-tiny: worst rel err %.3e, %.3e from bf16, %d greedy steps compared\n", what, *worst, *apart,
+           *compared);
+    free(lg), free(lg16);
+    golden_free(&g);
+}
+
 /* llama-tiny with FP8 projections: prompts through the FP8 GEMMs, greedy steps through the
  * FP8 GEMVs of the decode graph, against the HF bf16 reference, and visibly not the bf16
  * runner. The bound is loose: this random model's logits are flat (|logit| < 4), and FP8
@@ -1400,39 +1440,11 @@ static void test_fp8_model_close_to_reference(void **s) {
     runner *r = fp8_open("llama-tiny", &m, 1, 0), *r16 = fp8_open("llama-tiny", &m16, -1, 0);
     assert_true(((cuda_runner *)r)->m[0].fp8);
     assert_false(((cuda_runner *)r16)->m[0].fp8);
-    golden g;
-    golden_load("llama-tiny", &g);
-    const int V = m->cfg.vocab;
-    float *lg = malloc(sizeof(float) * V), *lg16 = malloc(sizeof(float) * V);
-    double worst = 0, apart = 0;
-    int compared = 0;
-    for (int p = 0; p < g.n_prompts; p++) {
-        fixture f8 = {.m = m, .r = r, .vocab = V}, f16 = {.m = m16, .r = r16, .vocab = V};
-        slot_reset(r, 0);
-        slot_reset(r16, 0);
-        prefill(&f8, 0, g.prompt[p], g.len[p], 1, lg);
-        prefill(&f16, 0, g.prompt[p], g.len[p], 1, lg16);
-        const double e = rel_err(lg, g.last[p], V), d = rel_err(lg, lg16, V);
-        printf("    fp8 llama-tiny prompt %d (%3d tokens): rel err %.3e vs HF, %.3e vs bf16\n", p, g.len[p], e, d);
-        worst = fmax(worst, e);
-        apart = fmax(apart, d);
-        assert_true(e < 0.25);
-        int got[64], n = g.n_greedy[p];
-        got[0] = argmax(lg, V);
-        for (int j = 1; j < n; j++) {
-            int slot = 0;
-            runner_sampling sp = {0};
-            runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &got[j - 1], .sp = &sp, .out_tokens = &got[j]};
-            int rc = r->ops->decode(r, &d);
-            if (rc) fail_msg("decode: %d %s", rc, cuda_runner_error(r));
-        }
-        compared += compare_greedy(&g, p, got, n, 0.25 * max_abs(g.last[p], V));
-    }
-    printf("    fp8 llama-tiny: worst rel err %.3e, %.3e from bf16, %d greedy steps compared\n", worst, apart, compared);
+    double worst, apart;
+    int compared;
+    fp8_vs_reference("fp8", r, m, r16, m16, &worst, &apart, &compared);
     assert_true(apart > 1e-3);   /* the FP8 path really ran */
     assert_true(compared > 0);
-    free(lg), free(lg16);
-    golden_free(&g);
     runner_destroy(r), runner_destroy(r16);
     model_free(m), model_free(m16);
 }
@@ -1446,41 +1458,11 @@ static void test_kv_fp8_model_close_to_reference(void **s) {
     model *m, *m16;
     runner *r = fp8_open("llama-tiny", &m, 0, 1), *r16 = fp8_open("llama-tiny", &m16, 0, 0);
     assert_int_equal(cuda_runner_block_bytes(r) * 2, cuda_runner_block_bytes(r16));
-    golden g;
-    golden_load("llama-tiny", &g);
-    const int V = m->cfg.vocab;
-    float *lg = malloc(sizeof(float) * V), *lg16 = malloc(sizeof(float) * V);
-    double worst = 0, apart = 0;
-    int compared = 0;
-    for (int p = 0; p < g.n_prompts; p++) {
-        fixture f8 = {.m = m, .r = r, .vocab = V}, f16 = {.m = m16, .r = r16, .vocab = V};
-        slot_reset(r, 0);
-        slot_reset(r16, 0);
-        prefill(&f8, 0, g.prompt[p], g.len[p], 1, lg);
-        prefill(&f16, 0, g.prompt[p], g.len[p], 1, lg16);
-        const double e = rel_err(lg, g.last[p], V), d = rel_err(lg, lg16, V);
-        printf("    kv fp8 llama-tiny prompt %d (%3d tokens): rel err %.3e vs HF, %.3e vs the bf16 cache\n", p,
-               g.len[p], e, d);
-        worst = fmax(worst, e);
-        apart = fmax(apart, d);
-        assert_true(e < 0.25);
-        int got[64], n = g.n_greedy[p];
-        got[0] = argmax(lg, V);
-        for (int j = 1; j < n; j++) {
-            int slot = 0;
-            runner_sampling sp = {0};
-            runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &got[j - 1], .sp = &sp, .out_tokens = &got[j]};
-            int rc = r->ops->decode(r, &d);
-            if (rc) fail_msg("decode: %d %s", rc, cuda_runner_error(r));
-        }
-        compared += compare_greedy(&g, p, got, n, 0.25 * max_abs(g.last[p], V));
-    }
-    printf("    kv fp8 llama-tiny: worst rel err %.3e, %.3e from the bf16 cache, %d greedy steps compared\n", worst,
-           apart, compared);
+    double worst, apart;
+    int compared;
+    fp8_vs_reference("kv fp8", r, m, r16, m16, &worst, &apart, &compared);
     assert_true(apart > 1e-3);
     assert_true(compared > 0);
-    free(lg), free(lg16);
-    golden_free(&g);
     runner_destroy(r), runner_destroy(r16);
     model_free(m), model_free(m16);
 }

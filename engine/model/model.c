@@ -341,9 +341,10 @@ static int get_kv_scale(loader *L, const char *fmt, int layer, float *out) {
     char name[128];
     const st_tensor *t;
     const char *file;
-    int rc;
+    if (L->p->g) return 0;   /* GGUF files carry no KV cache scales */
     snprintf(name, sizeof name, fmt, layer);
-    if (L->p->g || (rc = st_lookup(L, name, &t, &file)) || !t) return L->p->g ? 0 : rc;
+    int rc = st_lookup(L, name, &t, &file);
+    if (rc || !t) return rc;
     int64_t n = 1;
     for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
     float v = NAN;

@@ -10,6 +10,11 @@
  * Causality: query j of a row sits at position len + q0 + j and sees keys <= that
  * position; len is read from device memory (lens) so graphs replay correctly.
  *
+ * FP8 cache (k_kv_geom.kv_fp8, a template flag of every kernel): keys and values are E4M3
+ * codes, read at half the bytes and converted exactly (to bf16 in the tiled kernels'
+ * shared memory, to fp32 in the decode kernel's registers); K's scale is folded into the
+ * softmax scale by the launchers and V's multiplies the output (or the partials).
+ *
  * k_attention picks the kernel: one query token per item with G <= 8 and D = 64 or 128
  * (decode) goes to attention_decode_kernel below, built for latency rather than tiles
  * (SPECD_ATTN_TILED=1 keeps it on the tiled kernel); at least 16 rows per block (qt * G

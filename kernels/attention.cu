@@ -679,10 +679,7 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
     /* Enough rows for 16-row mma tiles (prefill chunks, verify): tensor cores. */
     if ((D == 64 || D == 128) && rows >= 16 && !attention_force_simt())
         return k_attention_tc(q, out, H, KVH, D, scale, g, w, s);
-    /* one query token per item and at most 8 query heads per KV head: the decode kernel
-     * (or, k_tuning.attn_dec 3, the tensor-core kernel with the rows padded) */
-    if (w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && k_tuning_get()->attn_dec == 3 && !attention_force_simt())
-        return k_attention_tc(q, out, H, KVH, D, scale, g, w, s);
+    /* one query token per item and at most 8 query heads per KV head: the decode kernel */
     if (w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && !attention_force_tiled()) {
         if (D == 128) return rows <= 4 ? launch_attention_decode<128, 4>(q, out, H, KVH, scale, g, w, s)
                                        : launch_attention_decode<128, 8>(q, out, H, KVH, scale, g, w, s);

@@ -36,8 +36,7 @@ typedef struct {
     int attn_simt;    /* 1: prefill/verify attention on the SIMT kernel, not tensor cores */
     int attn_tiled;   /* 1: decode rows on the tiled kernel, not the decode kernel */
     int attn_dec;     /* SPECD_ATTN_DEC: decode attention over many (row, KV head) pairs, which form
-                       * (attention.cu; 0 the default, 1 and 2 for A/B; 3: every decode row on
-                       * the tensor-core kernel, its G query heads padded to 16 mma rows) */
+                       * (attention.cu; 0 the default, 1 and 2 for A/B) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

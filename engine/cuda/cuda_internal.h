@@ -109,7 +109,7 @@ typedef struct {
     int tp_vocab_split;      /* SPECD_TP_VOCAB_SPLIT=0 turns it off: lm_head replicated under TP */
     int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
     k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1,
-                              * SPECD_ATTN_DEC=0|1|2|3 */
+                              * SPECD_ATTN_DEC=0|1|2 */
     /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */
     int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down: those stages left out */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: no all-reduces */

@@ -572,9 +572,8 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
     run_attention_counters_case(12, 2, 128, c, 3, 5, 128); /* Qwen2.5-1.5B, fixed split length */
     run_attention_counters_case(4, 2, 32, a, 4, 3, 0);     /* the tiny fixtures' shape */
     /* enough (row, KV head) pairs to fill an H200 (>= 132): the decode kernel's many-pairs
-     * forms instead of its 4-lanes-per-key one, every one k_tuning.attn_dec can pick (3: the
-     * tensor-core kernel, which merges its splits with the combine kernel) */
-    for (int v = 0; v <= 3; v++) {
+     * forms instead of its 4-lanes-per-key one, every one k_tuning.attn_dec can pick */
+    for (int v = 0; v <= 2; v++) {
         k_tuning t = k_tuning_default;
         t.attn_dec = v;
         k_set_tuning(&t);

@@ -1054,8 +1054,8 @@ static void cpu_destroy(runner *base) {
     for (int l = 0; r->k_cache && l < r->n_pool_layers; l++) {
         free(r->k_cache[l]);
         free(r->v_cache[l]);
-        free(r->k8[l]);
-        free(r->v8[l]);
+        if (r->k8) free(r->k8[l]);
+        if (r->v8) free(r->v8[l]);
     }
     free(r->k_cache);
     free(r->v_cache);

@@ -1,8 +1,9 @@
 /* QKV epilogue: the fused QKV GEMM writes fp32 [n, (H + 2*KVH) * D]; this kernel adds the
  * Qwen2 bias, applies the Qwen3 per-head q/k RMSNorm, rotates q and k (HF rotate_half:
  * pairs (i, i + D/2)), and writes q (fp32) for the attention and k, v (bf16, or E4M3 over
- * the layer's scale) into the paged pool. The position comes from the slot's length in device memory plus the
- * token's index in its row, so the same launch works inside a replayed graph. */
+ * the layer's scale) into the paged pool. The position comes from the slot's length in
+ * device memory plus the token's index in its row, so the same launch works inside a
+ * replayed graph. */
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 #include "kernels/rope.cuh"

@@ -98,6 +98,17 @@ __device__ __forceinline__ void gq_fma8(const float (&f)[GEMVQ_ROWS][8], const u
     }
 }
 
+/* A part decoder's partial sums: s[r][t] of f . x, sx[t] of x. */
+template <int NB>
+__device__ __forceinline__ void gq_clear(float (&s)[GEMVQ_ROWS][NB], float (&sx)[NB]) {
+#pragma unroll
+    for (int t = 0; t < NB; t++) {
+        sx[t] = 0.f;
+#pragma unroll
+        for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
+    }
+}
+
 /* ---- per-type part decoders: acc[r][t] += part p of blk[r] . X[t, k0 + ...] ------------ */
 
 /* Q8_0: the part is the whole block (d, 32 int8). Codes + 128 go under the 2^23 magic:
@@ -143,17 +154,22 @@ __device__ __forceinline__ void gq_part_q8_0(const uint8_t *const (&blk)[GEMVQ_R
 /* Q4_K: part p (0..7) is qs bytes 16p .. 16p + 15: low nibbles are elements 64j + l0 + i
  * of sub-block 2j, high nibbles 64j + 32 + l0 + i of sub-block 2j + 1 (j = p / 2, l0 =
  * 16 (p % 2)). The 6-bit scales and mins of all eight sub-blocks are unpacked four to a
- * word (qb_k4_scale_min's layout). f = 0.5 + q / 32, so sum(q x) = 32 s - 16 sum(x). */
-template <int NB>
-__device__ __forceinline__ void gq_part_q4_k(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
-                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
+ * word (qb_k4_scale_min's layout). f = 0.5 + q / 32, so sum(q x) = 32 s - 16 sum(x).
+ * Q5_K (Q5): the same parts with qs at 48 and a fifth bit from qh[l0 + i], bit 2j (low
+ * nibbles) or 2j + 1 (high): the 5-bit code goes to bits 2..6 of a byte, f = 0.5 + q / 64,
+ * so sum(q x) = 64 s - 32 sum(x). Both blocks are 16-aligned (144 = 9 x 16, 176 = 11 x 16). */
+template <int NB, bool Q5>
+__device__ __forceinline__ void gq_part_k45(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
+                                            int in, float (&acc)[GEMVQ_ROWS][NB]) {
     const int j = p >> 1, l0 = (p & 1) * 16, sh = 16 * (j & 1);
-    uint4 q[GEMVQ_ROWS];
+    constexpr float QS = Q5 ? 64.f : 32.f;   /* sum(q x) = QS (s - sum(x) / 2) */
+    uint4 q[GEMVQ_ROWS], qh[GEMVQ_ROWS];
     float ds[GEMVQ_ROWS][2], dm[GEMVQ_ROWS][2];
 #pragma unroll
     for (int r = 0; r < GEMVQ_ROWS; r++) {
-        const uint4 h = *(const uint4 *)blk[r];   /* d, dmin, scales[12]: 16-aligned */
-        q[r] = *(const uint4 *)(blk[r] + 16 + 16 * p);
+        const uint4 h = *(const uint4 *)blk[r];   /* d, dmin, scales[12] */
+        q[r] = *(const uint4 *)(blk[r] + (Q5 ? 48 : 16) + 16 * p);
+        qh[r] = Q5 ? *(const uint4 *)(blk[r] + 16 + l0) : make_uint4(0, 0, 0, 0);
         const float d = gq_h2f(h.x & 0xffff), dmin = gq_h2f(h.x >> 16);
         const uint32_t sc = j < 2 ? h.y & 0x3f3f3f3fu : (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
         const uint32_t mn = j < 2 ? h.z & 0x3f3f3f3fu : ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
@@ -163,24 +179,23 @@ __device__ __forceinline__ void gq_part_q4_k(const uint8_t *const (&blk)[GEMVQ_R
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {   /* low nibbles (sub-block 2j), then high (2j + 1) */
         float s[GEMVQ_ROWS][NB], sx[NB];
-#pragma unroll
-        for (int t = 0; t < NB; t++) {
-            sx[t] = 0.f;
-#pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
-        }
+        gq_clear(s, sx);
 #pragma unroll
         for (int g = 0; g < 2; g++) {
             float f[GEMVQ_ROWS][8];
 #pragma unroll
             for (int r = 0; r < GEMVQ_ROWS; r++) {
-                const uint32_t w0 = g ? q[r].z : q[r].x, w1 = g ? q[r].w : q[r].y;
-                /* the nibble to bits 3..6 of its byte */
-                const uint32_t b0 = (hf ? w0 >> 1 : w0 << 3) & 0x78787878u, b1 = (hf ? w1 >> 1 : w1 << 3) & 0x78787878u;
+                const uint32_t w[2] = {g ? q[r].z : q[r].x, g ? q[r].w : q[r].y};
+                const uint32_t u[2] = {g ? qh[r].z : qh[r].x, g ? qh[r].w : qh[r].y};
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    f[r][e] = gq_half_plus(b0, e);
-                    f[r][4 + e] = gq_half_plus(b1, e);
+                for (int k = 0; k < 2; k++) {
+                    /* Q4_K: the nibble to bits 3..6 of its byte; Q5_K: to bits 2..5, its
+                     * fifth bit to bit 6 */
+                    const uint32_t b = Q5 ? ((hf ? w[k] >> 2 : w[k] << 2) & 0x3c3c3c3cu) |
+                                                (((u[k] >> (2 * j + hf)) & 0x01010101u) << 6)
+                                          : (hf ? w[k] >> 1 : w[k] << 3) & 0x78787878u;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) f[r][4 * k + e] = gq_half_plus(b, e);
                 }
             }
             gq_fma8<NB, true>(f, x + 64 * j + 32 * hf + l0 + 8 * g, in, s, sx);
@@ -189,7 +204,7 @@ __device__ __forceinline__ void gq_part_q4_k(const uint8_t *const (&blk)[GEMVQ_R
         for (int r = 0; r < GEMVQ_ROWS; r++)
 #pragma unroll
             for (int t = 0; t < NB; t++)
-                acc[r][t] += ds[r][hf] * (32.f * s[r][t] - 16.f * sx[t]) - dm[r][hf] * sx[t];
+                acc[r][t] += ds[r][hf] * (QS * s[r][t] - 0.5f * QS * sx[t]) - dm[r][hf] * sx[t];
     }
 }
 
@@ -216,12 +231,7 @@ __device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[GEMVQ_R
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {   /* u = a, then u = a + 2 */
         float s[GEMVQ_ROWS][NB], sx[NB];
-#pragma unroll
-        for (int t = 0; t < NB; t++) {
-            sx[t] = 0.f;
-#pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
-        }
+        gq_clear(s, sx);
 #pragma unroll
         for (int g = 0; g < 2; g++) {
             float f[GEMVQ_ROWS][8];
@@ -264,12 +274,7 @@ __device__ __forceinline__ void gq_part_q4_01(const uint8_t *const (&blk)[GEMVQ_
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float s[GEMVQ_ROWS][NB], sx[NB];
-#pragma unroll
-        for (int t = 0; t < NB; t++) {
-            sx[t] = 0.f;
-#pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
-        }
+        gq_clear(s, sx);
 #pragma unroll
         for (int g = 0; g < 2; g++) {
             float f[GEMVQ_ROWS][8];
@@ -294,68 +299,14 @@ __device__ __forceinline__ void gq_part_q4_01(const uint8_t *const (&blk)[GEMVQ_
     }
 }
 
-/* Q5_K: Q4_K's parts (qs at 48) with the fifth bit from qh[l0 + i], bit 2j (low nibbles)
- * or 2j + 1 (high): the 5-bit code goes to bits 2..6 of a byte, f = 0.5 + q / 64, so
- * sum(q x) = 64 s - 32 sum(x). */
-template <int NB>
-__device__ __forceinline__ void gq_part_q5_k(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
-                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
-    const int j = p >> 1, l0 = (p & 1) * 16, sh = 16 * (j & 1);
-    uint4 q[GEMVQ_ROWS], qh[GEMVQ_ROWS];
-    float ds[GEMVQ_ROWS][2], dm[GEMVQ_ROWS][2];
-#pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++) {
-        const uint4 h = *(const uint4 *)blk[r];   /* d, dmin, scales[12]: 16-aligned (176 = 11 x 16) */
-        q[r] = *(const uint4 *)(blk[r] + 48 + 16 * p);
-        qh[r] = *(const uint4 *)(blk[r] + 16 + l0);
-        const float d = gq_h2f(h.x & 0xffff), dmin = gq_h2f(h.x >> 16);
-        const uint32_t sc = j < 2 ? h.y & 0x3f3f3f3fu : (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-        const uint32_t mn = j < 2 ? h.z & 0x3f3f3f3fu : ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
-        ds[r][0] = d * (float)((sc >> sh) & 0xff), dm[r][0] = dmin * (float)((mn >> sh) & 0xff);
-        ds[r][1] = d * (float)((sc >> (sh + 8)) & 0xff), dm[r][1] = dmin * (float)((mn >> (sh + 8)) & 0xff);
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {   /* low nibbles (sub-block 2j), then high (2j + 1) */
-        float s[GEMVQ_ROWS][NB], sx[NB];
-#pragma unroll
-        for (int t = 0; t < NB; t++) {
-            sx[t] = 0.f;
-#pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
-        }
-#pragma unroll
-        for (int g = 0; g < 2; g++) {
-            float f[GEMVQ_ROWS][8];
-#pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) {
-                const uint32_t w[2] = {g ? q[r].z : q[r].x, g ? q[r].w : q[r].y};
-                const uint32_t u[2] = {g ? qh[r].z : qh[r].x, g ? qh[r].w : qh[r].y};
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const uint32_t b = ((hf ? w[k] >> 2 : w[k] << 2) & 0x3c3c3c3cu) |
-                                       (((u[k] >> (2 * j + hf)) & 0x01010101u) << 6);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) f[r][4 * k + e] = gq_half_plus(b, e);
-                }
-            }
-            gq_fma8<NB, true>(f, x + 64 * j + 32 * hf + l0 + 8 * g, in, s, sx);
-        }
-#pragma unroll
-        for (int r = 0; r < GEMVQ_ROWS; r++)
-#pragma unroll
-            for (int t = 0; t < NB; t++)
-                acc[r][t] += ds[r][hf] * (64.f * s[r][t] - 32.f * sx[t]) - dm[r][hf] * sx[t];
-    }
-}
-
 template <int T, int NB>
 __device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x, int in,
                                         float (&acc)[GEMVQ_ROWS][NB]) {
     if (T == QB_Q8_0) gq_part_q8_0<NB>(blk, p, x, in, acc);
     else if (T == QB_Q4_0) gq_part_q4_01<NB, false>(blk, x, in, acc);
     else if (T == QB_Q4_1) gq_part_q4_01<NB, true>(blk, x, in, acc);
-    else if (T == QB_Q4_K) gq_part_q4_k<NB>(blk, p, x, in, acc);
-    else if (T == QB_Q5_K) gq_part_q5_k<NB>(blk, p, x, in, acc);
+    else if (T == QB_Q4_K) gq_part_k45<NB, false>(blk, p, x, in, acc);
+    else if (T == QB_Q5_K) gq_part_k45<NB, true>(blk, p, x, in, acc);
     else gq_part_q6_k<NB>(blk, p, x, in, acc);
 }
 

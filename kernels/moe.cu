@@ -26,20 +26,19 @@
 
 #define MOE_NT 256   /* threads of the GEMV and routing blocks */
 
-/* One warp per token: lanes hold experts lane, lane + 32, ...; the softmax and each of the
- * K picks are warp reductions (ties to the lower id, as the CPU reference). */
-__global__ void moe_route_kernel(const float *logits, int n, int E, int K, int norm, int32_t *ids, float *w,
-                                 int32_t *counts, int32_t *rows) {
-    k_pdl_trigger();
-    k_pdl_wait();
-    const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (t >= n) return;
+/* Route token t (one warp): softmax over logits [t, E], the top K (ties to the lower id, as
+ * the CPU reference), weights renormalised when norm; each pair p = t * K + k appended to
+ * its expert's row list, and an expert's first pair lists it in active (when given).
+ * Logits are read through L2 only: the fused form reads what other blocks wrote. */
+__device__ void moe_route_token(const float *logits, int t, int n, int E, int K, int norm, int32_t *ids, float *w,
+                                int32_t *counts, int32_t *rows, int32_t *active) {
+    const int lane = threadIdx.x & 31;
     const float *lg = logits + (size_t)t * E;
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(lg + e));
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += __expf(lg[e] - mx);
+    for (int e = lane; e < E; e += 32) sum += __expf(__ldcg(lg + e) - mx);
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     unsigned long long taken[8] = {};   /* E <= 512: bit e of the chosen set */
     float cw[16], wsum = 0.f;
@@ -47,11 +46,13 @@ __global__ void moe_route_kernel(const float *logits, int n, int E, int K, int n
     for (int k = 0; k < K; k++) {
         float bv = -INFINITY;
         int be = E;
-        for (int e = lane; e < E; e += 32)
-            if (!((taken[e >> 6] >> (e & 63)) & 1) && (lg[e] > bv || (lg[e] == bv && e < be))) {
-                bv = lg[e];
+        for (int e = lane; e < E; e += 32) {
+            const float v = __ldcg(lg + e);
+            if (!((taken[e >> 6] >> (e & 63)) & 1) && (v > bv || (v == bv && e < be))) {
+                bv = v;
                 be = e;
             }
+        }
         for (int o = 16; o; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             const int oe = __shfl_xor_sync(0xffffffffu, be, o);
@@ -77,7 +78,18 @@ __global__ void moe_route_kernel(const float *logits, int n, int E, int K, int n
         w[t * K + lane] = norm ? wk / wsum : wk;
         const int slot = atomicAdd(counts + ek, 1);
         rows[(size_t)ek * n + slot] = t * K + lane;   /* an expert gets at most one pair per token */
+        if (active && slot == 0) active[1 + atomicAdd(active, 1)] = ek;
     }
+}
+
+/* One warp per token. */
+__global__ void moe_route_kernel(const float *logits, int n, int E, int K, int norm, int32_t *ids, float *w,
+                                 int32_t *counts, int32_t *rows) {
+    k_pdl_trigger();
+    k_pdl_wait();
+    const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= n) return;
+    moe_route_token(logits, t, n, E, K, norm, ids, w, counts, rows, NULL);
 }
 
 extern "C" int k_moe_route(const float *logits, int n, int E, int K, int norm, int32_t *ids, float *w,
@@ -195,89 +207,116 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
 
 /* Decode-sized batches (at most MOE_GEMV_ROWS rows per expert, i.e. that many tokens):
  * a GEMV per expert that streams each weight row once for all of its rows. A block takes
- * MOE_GEMV_COLS output columns of one expert (4 per warp); the expert's x rows sit in
- * shared memory as bf16; a warp reads a weight row 512 bytes at a time (16 bytes a lane),
- * 4 loads in flight, and reduces each row's dot product by shuffles. */
+ * MOE_GEMV_COLS output columns of one expert (one per warp: 768 blocks for Qwen3-30B-A3B's
+ * eight experts at batch 1, one wave); the expert's x rows sit in shared memory as bf16;
+ * a warp reads a weight row 512 bytes at a time (16 bytes a lane), MOE_GEMV_U loads in
+ * flight per matrix, and reduces each row's dot product by shuffles. With active (the
+ * router's list of experts that have rows), block y takes the y-th listed expert and the
+ * grid needs only min(E, n * K) rows of blocks; without it, block y is expert y. ss_in
+ * (the norm fold, specd_kernels.h): x rows are h * g and each dot is scaled by its
+ * token's rsqrt(ss / Kd + eps). */
 #define MOE_GEMV_ROWS 8
-#define MOE_GEMV_COLS 32
+#define MOE_GEMV_COLS (MOE_NT / 32)
 #define MOE_GEMV_U 8   /* 16-byte loads per lane in flight per matrix: a 4 KB row at once */
 
 template <bool GATED>
 __global__ void __launch_bounds__(MOE_NT)
 moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, int x_div,
-                const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, int cap, int N, int Kd,
-                int gelu, float *__restrict__ Yf, uint16_t *__restrict__ Yb) {
+                const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, const int32_t *active, int cap,
+                int N, int Kd, int gelu, const unsigned long long *ss_in, float eps, float *__restrict__ Yf,
+                uint16_t *__restrict__ Yb) {
     constexpr int NW = GATED ? 2 : 1;
     extern __shared__ __align__(16) uint16_t xsm[];   /* [MOE_GEMV_ROWS][Kd] */
     __shared__ int prow[MOE_GEMV_ROWS];
+    __shared__ float rsm[MOE_GEMV_ROWS];
     k_pdl_trigger();
     k_pdl_wait();
-    const int e = blockIdx.y, c0 = blockIdx.x * MOE_GEMV_COLS;
+    int e = blockIdx.y;
+    if (active) {
+        if ((int)blockIdx.y >= active[0]) return;
+        e = active[1 + blockIdx.y];
+    }
+    const int c0 = blockIdx.x * MOE_GEMV_COLS;
     const int cnt = min(counts[e], MOE_GEMV_ROWS);
     if (cnt == 0) return;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid < MOE_GEMV_ROWS) prow[tid] = tid < cnt ? rows[(size_t)e * cap + tid] : -1;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + warp;
+    const uint16_t *We = W + (size_t)e * NW * N * Kd;
+    /* the row's first chunks (both matrices when gated) go out before the x rows are
+     * gathered: every load of a chunk is requested before any math (clamped addresses,
+     * unconditional loads) */
+    uint4 wv[NW][MOE_GEMV_U];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int m = 0; m < NW; m++)
+#pragma unroll
+            for (int u = 0; u < MOE_GEMV_U; u++)
+                wv[m][u] = __ldg((const uint4 *)(We + ((size_t)m * N + min(col, N - 1)) * Kd + min(k0 + u * 256, Kd - 8)));
+    };
+    load(lane * 8);
+    if (tid < MOE_GEMV_ROWS) {
+        prow[tid] = tid < cnt ? rows[(size_t)e * cap + tid] : -1;
+        rsm[tid] = tid < cnt && ss_in ? rsqrtf(k_ss_value(ss_in[prow[tid] / x_div]) * (1.f / Kd) + eps) : 1.f;
+    }
     __syncthreads();
     for (int i = tid; i < cnt * (Kd / 8); i += MOE_NT) {
         const int r = i / (Kd / 8), c = i % (Kd / 8);
         *(uint4 *)(xsm + (size_t)r * Kd + c * 8) = *(const uint4 *)(X + (size_t)(prow[r] / x_div) * Kd + c * 8);
     }
     __syncthreads();
-    const uint16_t *We = W + (size_t)e * NW * N * Kd;
-    for (int cc = 0; cc < 4; cc++) {
-        const int col = c0 + warp * 4 + cc;
-        if (col >= N) break;
-        float acc[NW][MOE_GEMV_ROWS];
+    if (col >= N) return;
+    float acc[NW][MOE_GEMV_ROWS];
 #pragma unroll
-        for (int m = 0; m < NW; m++)
+    for (int m = 0; m < NW; m++)
 #pragma unroll
-            for (int r = 0; r < MOE_GEMV_ROWS; r++) acc[m][r] = 0.f;
-        /* every chunk of the row (both matrices when gated) requested before any math */
-        for (int k0 = lane * 8; k0 < Kd; k0 += 32 * 8 * MOE_GEMV_U) {
-            uint4 wv[NW][MOE_GEMV_U];
+        for (int r = 0; r < MOE_GEMV_ROWS; r++) acc[m][r] = 0.f;
+    for (int k0 = lane * 8; k0 < Kd; k0 += 32 * 8 * MOE_GEMV_U) {
+        if (k0 != lane * 8) load(k0);
 #pragma unroll
-            for (int m = 0; m < NW; m++)
+        for (int u = 0; u < MOE_GEMV_U; u++) {
+            const int k = k0 + u * 256;
+            if (k >= Kd) break;
 #pragma unroll
-                for (int u = 0; u < MOE_GEMV_U; u++) {
-                    const int k = k0 + u * 256;
-                    wv[m][u] = k < Kd ? __ldg((const uint4 *)(We + ((size_t)m * N + col) * Kd + k))
-                                      : make_uint4(0, 0, 0, 0);
-                }
+            for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+                if (r >= cnt) break;
+                const uint4 xv = *(const uint4 *)(xsm + (size_t)r * Kd + k);
+                const uint16_t *xh = (const uint16_t *)&xv;
 #pragma unroll
-            for (int u = 0; u < MOE_GEMV_U; u++) {
-                const int k = k0 + u * 256;
-                if (k >= Kd) break;
+                for (int m = 0; m < NW; m++) {
+                    const uint16_t *wh = (const uint16_t *)&wv[m][u];
+                    float a = acc[m][r];
 #pragma unroll
-                for (int r = 0; r < MOE_GEMV_ROWS; r++) {
-                    if (r >= cnt) break;
-                    const uint4 xv = *(const uint4 *)(xsm + (size_t)r * Kd + k);
-                    const uint16_t *xh = (const uint16_t *)&xv;
-#pragma unroll
-                    for (int m = 0; m < NW; m++) {
-                        const uint16_t *wh = (const uint16_t *)&wv[m][u];
-                        float a = acc[m][r];
-#pragma unroll
-                        for (int q = 0; q < 8; q++) a = fmaf(k_bf2f(wh[q]), k_bf2f(xh[q]), a);
-                        acc[m][r] = a;
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < MOE_GEMV_ROWS; r++) {
-            if (r >= cnt) break;
-            float g = k_warp_sum(acc[0][r]), u = k_warp_sum(acc[NW - 1][r]);
-            if (lane == 0) {
-                const int p = prow[r];
-                if (GATED) {
-                    const float a = gelu ? k_gelu_tanh(g) : k_silu(g);
-                    Yb[(size_t)p * N + col] = k_f2bf(a * u);
-                } else {
-                    Yf[(size_t)p * N + col] = g;
+                    for (int q = 0; q < 8; q++) a = fmaf(k_bf2f(wh[q]), k_bf2f(xh[q]), a);
+                    acc[m][r] = a;
                 }
             }
         }
     }
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+        if (r >= cnt) break;
+        float g = k_warp_sum(acc[0][r]) * rsm[r], u = k_warp_sum(acc[NW - 1][r]) * rsm[r];
+        if (lane == 0) {
+            const int p = prow[r];
+            if (GATED) {
+                const float a = gelu ? k_gelu_tanh(g) : k_silu(g);
+                Yb[(size_t)p * N + col] = k_f2bf(a * u);
+            } else {
+                Yf[(size_t)p * N + col] = g;
+            }
+        }
+    }
+}
+
+template <bool GATED>
+static int moe_gemv_launch(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows,
+                           const int32_t *counts, const int32_t *active, int cap, int grid_y, int N, int Kd, int gelu,
+                           const unsigned long long *ss_in, float eps, float *Yf, uint16_t *Yb, cudaStream_t s) {
+    const size_t smem = (size_t)MOE_GEMV_ROWS * Kd * 2;
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute(moe_gemv_kernel<GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
+        return -1;
+    return k_launch(moe_gemv_kernel<GATED>, dim3((N + MOE_GEMV_COLS - 1) / MOE_GEMV_COLS, grid_y), dim3(MOE_NT),
+                    smem, s, W, X, x_div, rows, counts, active, cap, N, Kd, gelu, ss_in, eps, Yf, Yb);
 }
 
 extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows,
@@ -286,20 +325,9 @@ extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const
     if (E <= 0 || N <= 0 || Kd <= 0 || Kd % 8 || cap < 0 || x_div <= 0) return -1;
     if (cap == 0) return 0;
     if (cap <= MOE_GEMV_ROWS) {   /* an expert has at most cap rows: the GEMV holds them all */
-        size_t smem = (size_t)MOE_GEMV_ROWS * Kd * 2;
-        dim3 grid((N + MOE_GEMV_COLS - 1) / MOE_GEMV_COLS, E);
-        if (gated) {
-            if (smem > 48 * 1024 &&
-                cudaFuncSetAttribute(moe_gemv_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
-                return -1;
-            return k_launch(moe_gemv_kernel<true>, grid, dim3(MOE_NT), smem, s, W, X, x_div, rows, counts, cap, N,
-                            Kd, gelu, Yf, Yb);
-        }
-        if (smem > 48 * 1024 &&
-            cudaFuncSetAttribute(moe_gemv_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
-            return -1;
-        return k_launch(moe_gemv_kernel<false>, grid, dim3(MOE_NT), smem, s, W, X, x_div, rows, counts, cap, N, Kd,
-                        gelu, Yf, Yb);
+        if (gated)
+            return moe_gemv_launch<true>(W, X, x_div, rows, counts, NULL, cap, E, N, Kd, gelu, NULL, 0.f, Yf, Yb, s);
+        return moe_gemv_launch<false>(W, X, x_div, rows, counts, NULL, cap, E, N, Kd, gelu, NULL, 0.f, Yf, Yb, s);
     }
     dim3 grid((N + MOE_TN - 1) / MOE_TN, E, (cap + MOE_TM - 1) / MOE_TM);
     if (gated)
@@ -325,4 +353,187 @@ extern "C" int k_moe_combine(const float *out, const float *w, int n, int K, int
     if (n < 0 || K <= 0 || hidden <= 0) return -1;
     if (n == 0) return 0;
     return k_launch(moe_combine_kernel, dim3(n), dim3(256), 0, s, out, w, K, hidden, resid);
+}
+
+/* ---- decode steps (n <= K_MOE_DEC_MAX_N tokens): three launches per layer -------------
+ * k_moe_route_gemv (router GEMV, softmax, top-K, row lists and the list of experts that
+ * have rows), k_moe_gated_dec (gate|up and the activation over the listed experts only)
+ * and k_moe_down_combine (down, the weighted sum in k order, the residual add and, with
+ * the norm fold, the next layer's xg and sums of squares). */
+
+#define MOE_RT_WARPS 4   /* router GEMV: one expert's row per warp */
+
+__global__ void __launch_bounds__(MOE_RT_WARPS * 32)
+moe_route_gemv_kernel(const uint16_t *__restrict__ Wr, const uint16_t *__restrict__ X,
+                      const unsigned long long *ss_in, float eps, int n, int hidden, int E, int K, int norm,
+                      k_moe_route_buf b) {
+    extern __shared__ __align__(16) uint16_t xsm[];   /* [n][hidden] */
+    __shared__ int last;
+    k_pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int e = blockIdx.x * MOE_RT_WARPS + warp;
+    /* the router row is a weight: requested before the wait */
+    uint4 wv[MOE_GEMV_U];
+#pragma unroll
+    for (int u = 0; u < MOE_GEMV_U; u++) {
+        const int k = lane * 8 + u * 256;
+        wv[u] = e < E && k < hidden ? __ldg((const uint4 *)(Wr + (size_t)e * hidden + k)) : make_uint4(0, 0, 0, 0);
+    }
+    k_pdl_wait();
+    for (int i = tid; i < n * (hidden / 8); i += blockDim.x) ((uint4 *)xsm)[i] = ((const uint4 *)X)[i];
+    __syncthreads();
+    if (e < E) {
+        float acc[K_MOE_DEC_MAX_N];
+#pragma unroll
+        for (int t = 0; t < K_MOE_DEC_MAX_N; t++) acc[t] = 0.f;
+        for (int k0 = lane * 8; k0 < hidden; k0 += 256 * MOE_GEMV_U) {
+#pragma unroll
+            for (int u = 0; u < MOE_GEMV_U; u++) {
+                const int k = k0 + u * 256;
+                if (k >= hidden) break;
+                if (k0 > lane * 8) wv[u] = __ldg((const uint4 *)(Wr + (size_t)e * hidden + k));
+                const uint16_t *wh = (const uint16_t *)&wv[u];
+#pragma unroll
+                for (int t = 0; t < K_MOE_DEC_MAX_N; t++) {
+                    if (t >= n) break;
+                    const uint4 xv = *(const uint4 *)(xsm + (size_t)t * hidden + k);
+                    const uint16_t *xh = (const uint16_t *)&xv;
+                    float a = acc[t];
+#pragma unroll
+                    for (int q = 0; q < 8; q++) a = fmaf(k_bf2f(wh[q]), k_bf2f(xh[q]), a);
+                    acc[t] = a;
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < K_MOE_DEC_MAX_N; t++) {
+            if (t >= n) break;
+            const float v = k_warp_sum(acc[t]);
+            const float rs = ss_in ? rsqrtf(k_ss_value(ss_in[t]) * (1.f / hidden) + eps) : 1.f;
+            if (lane == 0) b.logits[(size_t)t * E + e] = v * rs;
+        }
+    }
+    /* the last block to finish routes every token (and leaves the counter at 0) */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(b.done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = tid; i < E; i += blockDim.x) b.counts[i] = 0;
+    if (tid == 0) {
+        b.active[0] = 0;
+        *b.done = 0;
+    }
+    __syncthreads();
+    for (int t = warp; t < n; t += MOE_RT_WARPS)
+        moe_route_token(b.logits, t, n, E, K, norm, b.ids, b.w, b.counts, b.rows, b.active);
+}
+
+extern "C" int k_moe_route_gemv(const uint16_t *Wr, const uint16_t *X, const k_norm_in *nin, int n, int hidden,
+                                int E, int K, int norm, const k_moe_route_buf *b, cudaStream_t s) {
+    if (n < 1 || n > K_MOE_DEC_MAX_N || hidden <= 0 || hidden % 8 || E <= 0 || E > 512 || K <= 0 || K > 16 ||
+        K > E || !b || !b->logits || !b->ids || !b->w || !b->counts || !b->rows || !b->active || !b->done ||
+        (nin && !nin->ss) || ((uintptr_t)Wr | (uintptr_t)X) % 16)
+        return -1;
+    const size_t smem = (size_t)n * hidden * 2;
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute(moe_route_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
+        return -1;
+    return k_launch(moe_route_gemv_kernel, dim3((E + MOE_RT_WARPS - 1) / MOE_RT_WARPS), dim3(MOE_RT_WARPS * 32), smem,
+                    s, Wr, X, nin ? nin->ss : (const unsigned long long *)NULL, nin ? nin->eps : 0.f, n, hidden, E, K,
+                    norm, *b);
+}
+
+extern "C" int k_moe_gated_dec(const uint16_t *W, const uint16_t *X, const k_norm_in *nin,
+                               const k_moe_route_buf *b, int n, int E, int K, int N, int Kd, int gelu,
+                               uint16_t *act, cudaStream_t s) {
+    if (n < 1 || n > K_MOE_DEC_MAX_N || E <= 0 || K <= 0 || N <= 0 || Kd <= 0 || Kd % 8 || !b || !b->active ||
+        (nin && !nin->ss) || ((uintptr_t)W | (uintptr_t)X) % 16)
+        return -1;
+    const int slots = n * K < E ? n * K : E;
+    return moe_gemv_launch<true>(W, X, K, b->rows, b->counts, b->active, n, slots, N, Kd, gelu,
+                                 nin ? nin->ss : NULL, nin ? nin->eps : 0.f, NULL, act, s);
+}
+
+/* A block owns MOE_DC_COLS output columns for every pair: warp w takes pairs w, w + 8, ...
+ * (each its expert's MOE_DC_COLS down rows against the pair's activation, MOE_DC_U loads
+ * per row in flight), the per-pair dots meet in shared memory, and the epilogue sums them
+ * in k order with the routing weights, adds the residual and writes the norm fold. */
+#define MOE_DC_COLS 4
+#define MOE_DC_U 4
+
+__global__ void __launch_bounds__(MOE_NT)
+moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ act, k_moe_route_buf b, int n,
+                        int K, int N, int Kd, float *resid, k_norm_out nout) {
+    __shared__ float part[K_MOE_DEC_MAX_N * 16][MOE_DC_COLS];
+    k_pdl_trigger();
+    k_pdl_wait();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c0 = blockIdx.x * MOE_DC_COLS, P = n * K;
+    for (int p = warp; p < P; p += MOE_NT / 32) {
+        const uint16_t *We = W + ((size_t)b.ids[p] * N + c0) * Kd;
+        const uint16_t *a = act + (size_t)p * Kd;
+        float acc[MOE_DC_COLS];
+#pragma unroll
+        for (int c = 0; c < MOE_DC_COLS; c++) acc[c] = 0.f;
+        for (int k0 = lane * 8; k0 < Kd; k0 += 256 * MOE_DC_U) {
+            uint4 wv[MOE_DC_COLS][MOE_DC_U], av[MOE_DC_U];
+#pragma unroll
+            for (int u = 0; u < MOE_DC_U; u++) {   /* unconditional loads (clamped): all in flight */
+                const int k = min(k0 + u * 256, Kd - 8);
+                av[u] = *(const uint4 *)(a + k);
+                if (k0 + u * 256 >= Kd) av[u] = make_uint4(0, 0, 0, 0);   /* past the row: adds 0 */
+#pragma unroll
+                for (int c = 0; c < MOE_DC_COLS; c++) wv[c][u] = __ldg((const uint4 *)(We + (size_t)c * Kd + k));
+            }
+#pragma unroll
+            for (int u = 0; u < MOE_DC_U; u++) {
+                const uint16_t *ah = (const uint16_t *)&av[u];
+#pragma unroll
+                for (int c = 0; c < MOE_DC_COLS; c++) {
+                    const uint16_t *wh = (const uint16_t *)&wv[c][u];
+                    float s = acc[c];
+#pragma unroll
+                    for (int q = 0; q < 8; q++) s = fmaf(k_bf2f(wh[q]), k_bf2f(ah[q]), s);
+                    acc[c] = s;
+                }
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < MOE_DC_COLS; c++) {
+            const float v = k_warp_sum(acc[c]);
+            if (lane == 0) part[p][c] = v;
+        }
+    }
+    __syncthreads();
+    if (warp) return;
+    /* warp 0: lane = t * MOE_DC_COLS + c (n * MOE_DC_COLS <= 32) */
+    const int t = lane / MOE_DC_COLS, c = lane % MOE_DC_COLS, col = c0 + c;
+    float hh = 0.f;
+    if (t < n) {
+        float s = 0.f;
+        for (int k = 0; k < K; k++) s = fmaf(b.w[t * K + k], part[t * K + k][c], s);
+        const float h = resid[(size_t)t * N + col] + s;
+        resid[(size_t)t * N + col] = h;
+        if (nout.xg) {
+            nout.xg[(size_t)t * N + col] = k_f2bf(h * nout.g[col]);
+            hh = h * h;
+        }
+    }
+    if (nout.xg) {   /* the block's share of each token's sum of h^2 (fixed point, specd_kernels.h) */
+#pragma unroll
+        for (int o = 1; o < MOE_DC_COLS; o <<= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
+        if (c == 0 && t < n) atomicAdd(nout.ss + t, k_ss_units(hh));
+    }
+}
+
+extern "C" int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const k_moe_route_buf *b, int n, int K,
+                                  int N, int Kd, float *resid, const k_norm_out *nout, cudaStream_t s) {
+    if (n < 1 || n > K_MOE_DEC_MAX_N || K <= 0 || K > 16 || N <= 0 || N % MOE_DC_COLS || Kd <= 0 || Kd % 8 || !b ||
+        !b->ids || !b->w ||
+        (nout && (!nout->g || !nout->xg || !nout->ss)) || ((uintptr_t)W | (uintptr_t)act) % 16)
+        return -1;
+    const k_norm_out no = nout ? *nout : k_norm_out{NULL, NULL, NULL};
+    return k_launch(moe_down_combine_kernel, dim3((N + MOE_DC_COLS - 1) / MOE_DC_COLS), dim3(MOE_NT), 0, s, W, act,
+                    *b, n, K, N, Kd, resid, no);
 }

@@ -182,6 +182,33 @@ typedef struct {
 int k_gemv_norm_bf16(const uint16_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
                      const k_norm_in *nin, const k_norm_out *nout, cudaStream_t s);
 
+/* Decode steps of n <= K_MOE_DEC_MAX_N tokens: one MoE layer in three launches.
+ * k_moe_route_gemv: the router GEMV (Wr [E, hidden] bf16, X [n, hidden] bf16; nin the
+ *   norm fold or NULL) and k_moe_route's routing in one launch (its last block routes);
+ *   it zeroes counts itself and lists the experts that got rows in active [1 + E] (how
+ *   many, then their ids in no set order). done: one counter, zero before the first
+ *   launch; each launch leaves it zero.
+ * k_moe_gated_dec: k_moe_gemm's gated form (x_div K, act [n*K, N]) over the listed
+ *   experts only (a grid of min(E, n*K) experts, not E); nin as above.
+ * k_moe_down_combine: resid[t] += sum_k w[t, k] * W_ids[t,k] . act[t*K + k] (k in order;
+ *   W [E][N][Kd]), and with nout the norm fold's xg / ss for the next layer. */
+#define K_MOE_DEC_MAX_N 8
+typedef struct {
+    float *logits;       /* [n, E] */
+    int32_t *ids;        /* [n, K] */
+    float *w;            /* [n, K] */
+    int32_t *counts;     /* [E] */
+    int32_t *rows;       /* [E][n] */
+    int32_t *active;     /* [1 + E] */
+    unsigned int *done;  /* [1] */
+} k_moe_route_buf;
+int k_moe_route_gemv(const uint16_t *Wr, const uint16_t *X, const k_norm_in *nin, int n, int hidden, int E, int K,
+                     int norm, const k_moe_route_buf *b, cudaStream_t s);
+int k_moe_gated_dec(const uint16_t *W, const uint16_t *X, const k_norm_in *nin, const k_moe_route_buf *b, int n,
+                    int E, int K, int N, int Kd, int gelu, uint16_t *act, cudaStream_t s);
+int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const k_moe_route_buf *b, int n, int K, int N, int Kd,
+                       float *resid, const k_norm_out *nout, cudaStream_t s);
+
 /* k_gemv_bf16 over GGUF-quantized weights read in place (kernels/gemv_q.cu; work in
  * --dtype gguf): type is the ggml type id (2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14
  * Q6_K, see kernels/quant_blocks.h), W's rows in / block elements blocks each, stored one

@@ -111,7 +111,7 @@ typedef struct {
     k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1,
                               * SPECD_ATTN_DEC=0|1|2 */
     /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */
-    int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down: those stages left out */
+    int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down,moe: those stages left out */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: no all-reduces */
     int skip_dummy_reset;    /* SPECD_DEBUG_SKIP_DUMMY_RESET=1: spec graphs keep the dummy slot */
 } cuda_tuning;
@@ -185,7 +185,8 @@ typedef struct {
      * weights [T, K], per-expert counts [E] and row lists [E, T], activations [T*K, F']
      * bf16, expert outputs [T*K, hidden] fp32 */
     float *d_moe_lg, *d_moe_w, *d_moe_out;
-    int32_t *d_moe_ids, *d_moe_cnt, *d_moe_rows;
+    int32_t *d_moe_ids, *d_moe_rows;
+    int32_t *d_moe_cnt;   /* [2 E + 2]: the fused routing's done counter, counts [E], active [1 + E] */
     uint16_t *d_moe_act;
     float *d_logits;     /* LR, vocab */
     uint16_t *d_qscratch;/* bf16 copy of one quantized projection, for passes past the GEMV */

@@ -519,10 +519,12 @@ static int alloc_work(cuda_runner *r) {
     if (qs && dmalloc(r, &r->d_qscratch, qs * 2)) return SPECD_ECUDA;
     if ((r->m[0].fp8 || r->m[1].fp8) && cuda_fp8_init(r, xbw, f32w, T)) return SPECD_ECUDA;
     if (ne && (dmalloc(r, &r->d_moe_lg, (size_t)T * ne * 4) || dmalloc(r, &r->d_moe_w, (size_t)T * nk * 4) ||
-               dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, ne * 4) ||
+               dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, (2 * ne + 2) * 4) ||
                dmalloc(r, &r->d_moe_rows, ne * (size_t)T * 4) || dmalloc(r, &r->d_moe_act, (size_t)T * nk * mf * 2) ||
                dmalloc(r, &r->d_moe_out, (size_t)T * nk * hid * 4)))
         return SPECD_ECUDA;
+    /* the routing's done counter (moe_buf) starts at zero; every launch leaves it so */
+    if (ne) CU_CHECK(r, cudaMemset(r->d_moe_cnt, 0, (2 * ne + 2) * 4));
     size_t slots = (size_t)MB + 1;
     if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||
         dmalloc(r, &r->d_pool_pp, sizeof(void *)) ||
@@ -645,11 +647,11 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     if (t->k.attn_dec < 0 || t->k.attn_dec > 2) t->k.attn_dec = k_tuning_default.attn_dec;
     if (t->k.attn_pdl < 0 || t->k.attn_pdl > 2) t->k.attn_pdl = k_tuning_default.attn_pdl;
 #ifdef SPECD_DEBUG
-    /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down leaves those stages of every layer out:
+    /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down,moe leaves those stages of every layer out:
      * wrong results, only to time what each stage costs inside the captured step */
     const char *e = getenv("SPECD_DEBUG_SKIP");
-    const char *names[] = {"norm", "qkv", "attn", "o", "gu", "down"};
-    for (int i = 0; e && i < 6; i++) {
+    const char *names[] = {"norm", "qkv", "attn", "o", "gu", "down", "moe"};
+    for (int i = 0; e && i < 7; i++) {
         size_t n = strlen(names[i]);
         for (const char *p = e; (p = strstr(p, names[i])); p += n)
             if ((p == e || p[-1] == ',') && (p[n] == ',' || !p[n])) t->dbg_skip |= 1 << i;

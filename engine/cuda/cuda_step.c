@@ -122,7 +122,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
      * and down add into the residual and write bf16(h * g_next) with the row's sum of
      * h^2, QKV and gate|up scale their dots by rsqrt(mean + eps) (kernels/gemv.cu).
      * d_ss holds one sum per (layer, norm, row), zeroed at the start of the pass. */
-    const int fuse_norm = fused && !partial && !r->tune.no_fuse_norm && !r->tune.dbg_skip && qd % 8 == 0 &&
+    const int fuse_norm = fused && !partial && !r->tune.no_fuse_norm && !(r->tune.dbg_skip & ~64) && qd % 8 == 0 &&
                           c->n_layers <= r->ss_layers;
     k_norm_in nin_attn = {0}, nin_ffn = {0};
     k_norm_out nout_ffn = {0}, nout_attn = {0};
@@ -182,15 +182,30 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         if (!(r->tune.dbg_skip & 1) && !fuse_norm)
             K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         const uint16_t *act = r->d_xb;
+        if (L->router && (r->tune.dbg_skip & 64)) continue;   /* SPECD_DEBUG_SKIP=moe (timing only) */
         if (L->router) {   /* mixture of experts (kernels/moe.cu), added into the residual */
-            const int E = c->n_experts, K = c->n_experts_used, MF = c->moe_ffn;
+            const int E = c->n_experts, K = c->n_experts_used, MF = c->moe_ffn, gelu = c->act == ACT_GELU_TANH;
+            const k_moe_route_buf mb = {
+                .logits = r->d_moe_lg, .ids = r->d_moe_ids, .w = r->d_moe_w, .counts = r->d_moe_cnt + 1,
+                .rows = r->d_moe_rows, .active = r->d_moe_cnt + 1 + E, .done = (unsigned *)r->d_moe_cnt,
+            };
+            if (n <= K_MOE_DEC_MAX_N && !r->tune.no_fuse) {
+                /* decode: three launches, reading only the chosen experts; with the norm
+                 * fold, x is h * g and the down GEMV writes the next layer's */
+                const k_norm_in *min = fuse_norm ? &nin_ffn : NULL;
+                const uint16_t *mx = fuse_norm ? r->d_xg : r->d_xb;
+                K_CHECK(r, k_moe_route_gemv(L->router, mx, min, n, hidden, E, K, c->moe_norm_topk, &mb, s));
+                K_CHECK(r, k_moe_gated_dec(L->exp_gu, mx, min, &mb, n, E, K, MF, hidden, gelu, r->d_moe_act, s));
+                K_CHECK(r, k_moe_down_combine(L->exp_down, r->d_moe_act, &mb, n, K, hidden, MF, r->d_resid,
+                                              fuse_norm && l + 1 < c->n_layers ? &nout_attn : NULL, s));
+                continue;
+            }
             if ((rc = gemm(r, L->router, E, hidden, r->d_xb, n, r->d_moe_lg, 0.f))) return rc;
-            CU_CHECK(r, cudaMemsetAsync(r->d_moe_cnt, 0, (size_t)E * sizeof(int32_t), s));
-            K_CHECK(r, k_moe_route(r->d_moe_lg, n, E, K, c->moe_norm_topk, r->d_moe_ids, r->d_moe_w, r->d_moe_cnt,
-                                   r->d_moe_rows, s));
-            K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, r->d_moe_rows, r->d_moe_cnt, n, E, MF, hidden, 1,
-                                  c->act == ACT_GELU_TANH, NULL, r->d_moe_act, s));
-            K_CHECK(r, k_moe_gemm(L->exp_down, r->d_moe_act, 1, r->d_moe_rows, r->d_moe_cnt, n, E, hidden, MF, 0, 0,
+            CU_CHECK(r, cudaMemsetAsync(mb.counts, 0, (size_t)E * sizeof(int32_t), s));
+            K_CHECK(r, k_moe_route(r->d_moe_lg, n, E, K, c->moe_norm_topk, mb.ids, mb.w, mb.counts, mb.rows, s));
+            K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, mb.rows, mb.counts, n, E, MF, hidden, 1, gelu, NULL,
+                                  r->d_moe_act, s));
+            K_CHECK(r, k_moe_gemm(L->exp_down, r->d_moe_act, 1, mb.rows, mb.counts, n, E, hidden, MF, 0, 0,
                                   r->d_moe_out, NULL, s));
             K_CHECK(r, k_moe_combine(r->d_moe_out, r->d_moe_w, n, K, hidden, r->d_resid, s));
             continue;

@@ -405,7 +405,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         goto oom;
     if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
     if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
-    cm->plain = c->sandwich_norms || c->act != ACT_SILU || c->embed_scale > 0 || c->attn_scale > 0 || c->n_experts;
+    cm->plain = c->sandwich_norms || c->act != ACT_SILU || c->embed_scale > 0 || c->attn_scale > 0;
     /* FP8 projections on one GPU (the runner refuses --dtype fp8 with tensor parallelism;
      * an FP8 checkpoint's shards are dequantized to bf16 there) */
     cm->fp8 = world == 1 && (r->tune.fp8_weights > 0 || (r->tune.fp8_weights == 0 && c->fp8));

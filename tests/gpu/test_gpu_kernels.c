@@ -852,6 +852,230 @@ static void test_gemv_matches_reference(void **state) {
     run_gemv_case(64, 8, 5, 1);
 }
 
+/* ---- mixture of experts ------------------------------------------------------------ */
+
+/* One MoE layer against a double reference: the router's logits, the routing (re-derived
+ * on the host from the device's logits, so a near-tie cannot make the check flaky), each
+ * pair's activation and the residual after the weighted sum. fold: the decode form's norm
+ * fold on both sides (x = bf16(h * g) scaled by rsqrt(ss / hidden + eps), and the next
+ * norm's xg / ss written by the down kernel). dec: the three decode launches, else the
+ * general path (route, grouped GEMM or per-expert GEMV, combine). */
+static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk, int dec, int fold) {
+    const size_t gu_n = (size_t)E * 2 * MF * hidden, dn_n = (size_t)E * hidden * MF;
+    uint16_t *wr = malloc((size_t)E * hidden * 2), *wgu = malloc(gu_n * 2), *wdn = malloc(dn_n * 2);
+    uint16_t *x = malloc((size_t)n * hidden * 2);
+    float *h0 = malloc((size_t)n * hidden * 4), *g = malloc((size_t)hidden * 4), *gnext = malloc((size_t)hidden * 4);
+    for (size_t i = 0; i < (size_t)E * hidden; i++) wr[i] = gu_f2bf(gu_uniform(&g_rng, -0.2f, 0.2f));
+    for (size_t i = 0; i < gu_n; i++) wgu[i] = gu_f2bf(gu_uniform(&g_rng, -0.08f, 0.08f));
+    for (size_t i = 0; i < dn_n; i++) wdn[i] = gu_f2bf(gu_uniform(&g_rng, -0.08f, 0.08f));
+    for (int i = 0; i < hidden; i++) {
+        g[i] = gu_uniform(&g_rng, 0.5f, 1.5f);
+        gnext[i] = gu_uniform(&g_rng, 0.5f, 1.5f);
+    }
+    for (size_t i = 0; i < (size_t)n * hidden; i++) h0[i] = gu_uniform(&g_rng, -3, 3);
+    const float eps = 1e-6f;
+    unsigned long long ss_h[K_MOE_DEC_MAX_N] = {0};
+    double rs[128];
+    assert_true(n <= 128 && (!fold || n <= K_MOE_DEC_MAX_N));
+    for (int t = 0; t < n; t++) {
+        double ss = 0;
+        for (int i = 0; i < hidden; i++) {
+            const float hv = h0[(size_t)t * hidden + i];
+            ss += (double)hv * hv;
+            /* fold: x = bf16(h * g); else x = bf16(rmsnorm(h) * g), computed here */
+            x[(size_t)t * hidden + i] = gu_f2bf(hv * g[i]);
+        }
+        if (fold) {
+            ss_h[t] = (unsigned long long)llround(ss * (double)(1ull << K_SS_FRAC_BITS));
+            rs[t] = 1.0 / sqrt(K_SS_VALUE(ss_h[t]) / hidden + eps);
+        } else {
+            const double r = 1.0 / sqrt(ss / hidden + eps);
+            for (int i = 0; i < hidden; i++)
+                x[(size_t)t * hidden + i] = gu_f2bf((float)(h0[(size_t)t * hidden + i] * r) * g[i]);
+            rs[t] = 1.0;
+        }
+    }
+    uint16_t *d_wr = gu_upload(wr, (size_t)E * hidden * 2), *d_wgu = gu_upload(wgu, gu_n * 2);
+    uint16_t *d_wdn = gu_upload(wdn, dn_n * 2), *d_x = gu_upload(x, (size_t)n * hidden * 2);
+    float *d_resid = gu_upload(h0, (size_t)n * hidden * 4), *d_gnext = gu_upload(gnext, (size_t)hidden * 4);
+    float *d_lg = gu_dev((size_t)n * E * 4), *d_w = gu_dev((size_t)n * K * 4), *d_out = gu_dev((size_t)n * K * hidden * 4);
+    int32_t *d_ids = gu_dev((size_t)n * K * 4), *d_rows = gu_dev((size_t)E * n * 4), *d_cnt = gu_dev((2 * E + 2) * 4);
+    uint16_t *d_act = gu_dev((size_t)n * K * MF * 2), *d_xg = gu_dev((size_t)n * hidden * 2);
+    unsigned long long *d_ss = gu_upload(ss_h, sizeof ss_h), *d_ss_next = gu_dev(sizeof ss_h);
+    GPU_CHECK(cudaMemset(d_ss_next, 0, sizeof ss_h));
+    GPU_CHECK(cudaMemset(d_cnt, 0, 4));   /* the done counter; the rest stays NaN-poisoned */
+    k_moe_route_buf b = {d_lg, d_ids, d_w, d_cnt + 1, d_rows, d_cnt + 1 + E, (unsigned *)d_cnt};
+    const k_norm_in nin = {d_ss, eps};
+    const k_norm_out nout = {d_gnext, d_xg, d_ss_next};
+    if (dec) {
+        for (int rep = 0; rep < 2; rep++) {   /* twice: the done counter must come back to 0 */
+            if (rep) GPU_CHECK(cudaMemcpy(d_resid, h0, (size_t)n * hidden * 4, cudaMemcpyHostToDevice));
+            if (rep) GPU_CHECK(cudaMemset(d_ss_next, 0, sizeof ss_h));
+            assert_int_equal(k_moe_route_gemv(d_wr, d_x, fold ? &nin : NULL, n, hidden, E, K, norm_topk, &b, 0), 0);
+            assert_int_equal(k_moe_gated_dec(d_wgu, d_x, fold ? &nin : NULL, &b, n, E, K, MF, hidden, 0, d_act, 0), 0);
+            assert_int_equal(k_moe_down_combine(d_wdn, d_act, &b, n, K, hidden, MF, d_resid, fold ? &nout : NULL, 0), 0);
+        }
+        unsigned done = 1;
+        gu_download(&done, d_cnt, 4);
+        assert_int_equal(done, 0);
+    } else {
+        /* the router's logits by the plain GEMV, K_GEMV_MAX_N tokens at a time */
+        for (int t0 = 0; t0 < n; t0 += K_GEMV_MAX_N) {
+            const int m = n - t0 < K_GEMV_MAX_N ? n - t0 : K_GEMV_MAX_N;
+            assert_int_equal(k_gemv_bf16(d_wr, d_x + (size_t)t0 * hidden, d_lg + (size_t)t0 * E, E, hidden, m, 0, 0), 0);
+        }
+        GPU_CHECK(cudaMemset(b.counts, 0, (size_t)E * 4));
+        assert_int_equal(k_moe_route(d_lg, n, E, K, norm_topk, d_ids, d_w, b.counts, d_rows, 0), 0);
+        assert_int_equal(k_moe_gemm(d_wgu, d_x, K, d_rows, b.counts, n, E, MF, hidden, 1, 0, NULL, d_act, 0), 0);
+        assert_int_equal(k_moe_gemm(d_wdn, d_act, 1, d_rows, b.counts, n, E, hidden, MF, 0, 0, d_out, NULL, 0), 0);
+        assert_int_equal(k_moe_combine(d_out, d_w, n, K, hidden, d_resid, 0), 0);
+    }
+    float *lg = malloc((size_t)n * E * 4), *wk = malloc((size_t)n * K * 4), *resid = malloc((size_t)n * hidden * 4);
+    int32_t *ids = malloc((size_t)n * K * 4), *cnt = malloc((size_t)(2 * E + 1) * 4);
+    uint16_t *act = malloc((size_t)n * K * MF * 2);
+    gu_download(lg, d_lg, (size_t)n * E * 4);
+    gu_download(wk, d_w, (size_t)n * K * 4);
+    gu_download(ids, d_ids, (size_t)n * K * 4);
+    gu_download(resid, d_resid, (size_t)n * hidden * 4);
+    gu_download(act, d_act, (size_t)n * K * MF * 2);
+    gu_download(cnt, d_cnt + 1, (size_t)(2 * E + 1) * 4);
+    /* logits */
+    double *lref = malloc((size_t)n * E * 8);
+    for (int t = 0; t < n; t++)
+        for (int e = 0; e < E; e++) {
+            double a = 0;
+            for (int i = 0; i < hidden; i++)
+                a += (double)gu_bf2f(wr[(size_t)e * hidden + i]) * gu_bf2f(x[(size_t)t * hidden + i]);
+            lref[(size_t)t * E + e] = a * rs[t];
+        }
+    char name[128];
+    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d router", dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
+             hidden, MF);
+    double el = gu_rel_err(lg, lref, (size_t)n * E);
+    report(name, el);
+    assert_true(el < 1e-5);
+    /* routing from the device's logits: ids in k order, weights, row lists, active list */
+    int per_e[512] = {0};
+    for (int t = 0; t < n; t++) {
+        const float *l = lg + (size_t)t * E;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += exp((double)l[e] - mx);
+        int taken[512] = {0};
+        double cw[16], ws = 0;
+        for (int k = 0; k < K; k++) {
+            int be = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (be < 0 || l[e] > l[be])) be = e;
+            taken[be] = 1;
+            assert_int_equal(ids[t * K + k], be);
+            per_e[be]++;
+            cw[k] = exp((double)l[be] - mx) / sum;
+            ws += cw[k];
+        }
+        for (int k = 0; k < K; k++) {
+            const double want = norm_topk ? cw[k] / ws : cw[k];
+            assert_true(fabs(wk[t * K + k] - want) <= 1e-4 * want + 1e-7);
+        }
+    }
+    for (int e = 0; e < E; e++) assert_int_equal(cnt[e], per_e[e]);
+    if (dec) {   /* the active list names each expert with rows exactly once */
+        int seen[512] = {0}, na = cnt[E], want = 0;
+        for (int e = 0; e < E; e++) want += per_e[e] > 0;
+        assert_int_equal(na, want);
+        for (int i = 0; i < na; i++) {
+            const int e = cnt[E + 1 + i];
+            assert_true(e >= 0 && e < E && per_e[e] > 0 && !seen[e]);
+            seen[e] = 1;
+        }
+    }
+    /* activations and the combined residual */
+    double *aref = malloc((size_t)n * K * MF * 8), *rref = malloc((size_t)n * hidden * 8);
+    float *actf = malloc((size_t)n * K * MF * 4);
+    for (int p = 0; p < n * K; p++) {
+        const int t = p / K, e = ids[p];
+        for (int j = 0; j < MF; j++) {
+            double gs = 0, us = 0;
+            const uint16_t *gr = wgu + ((size_t)e * 2 * MF + j) * hidden, *ur = gr + (size_t)MF * hidden;
+            for (int i = 0; i < hidden; i++) {
+                const double xv = gu_bf2f(x[(size_t)t * hidden + i]);
+                gs += gu_bf2f(gr[i]) * xv;
+                us += gu_bf2f(ur[i]) * xv;
+            }
+            gs *= rs[t];
+            us *= rs[t];
+            aref[(size_t)p * MF + j] = gs / (1 + exp(-gs)) * us;
+            actf[(size_t)p * MF + j] = gu_bf2f(act[(size_t)p * MF + j]);
+        }
+    }
+    double ea = gu_rel_err(actf, aref, (size_t)n * K * MF);
+    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d act", dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
+             hidden, MF);
+    report(name, ea);
+    assert_true(ea < 8e-3);   /* bf16 output */
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < hidden; c++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) {
+                const int p = t * K + k;
+                const uint16_t *dr = wdn + ((size_t)ids[p] * hidden + c) * MF;
+                double d = 0;
+                for (int j = 0; j < MF; j++) d += (double)gu_bf2f(dr[j]) * gu_bf2f(act[(size_t)p * MF + j]);
+                s += wk[p] * d;
+            }
+            rref[(size_t)t * hidden + c] = h0[(size_t)t * hidden + c] + s;
+        }
+    /* against the change, not the residual's size: the MoE output must be right */
+    double num = 0, den = 0, big = 0;
+    for (size_t i = 0; i < (size_t)n * hidden; i++) {
+        assert_false(isnan(resid[i]));
+        num = fmax(num, fabs(resid[i] - rref[i]));
+        den = fmax(den, fabs(rref[i] - h0[i]));
+        big = fmax(big, fabs(rref[i]));
+    }
+    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d out", dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
+             hidden, MF);
+    report(name, num / den);   /* the error against the size of the MoE's own output */
+    assert_true(num <= 1e-5 * den + 2.4e-7 * big);   /* + the residual's fp32 rounding */
+    if (dec && fold) {   /* the next layer's norm inputs */
+        uint16_t *xg = malloc((size_t)n * hidden * 2);
+        unsigned long long ssn[K_MOE_DEC_MAX_N];
+        gu_download(xg, d_xg, (size_t)n * hidden * 2);
+        gu_download(ssn, d_ss_next, sizeof ssn);
+        for (int t = 0; t < n; t++) {
+            double ss = 0;
+            for (int c = 0; c < hidden; c++) {
+                const float hv = resid[(size_t)t * hidden + c];
+                ss += (double)hv * hv;
+                assert_int_equal(xg[(size_t)t * hidden + c], gu_f2bf(hv * gnext[c]));
+            }
+            assert_true(fabs(K_SS_VALUE(ssn[t]) - ss) <= 1e-6 * ss + 1e-6);
+        }
+        free(xg);
+    }
+    cudaFree(d_wr); cudaFree(d_wgu); cudaFree(d_wdn); cudaFree(d_x); cudaFree(d_resid); cudaFree(d_gnext);
+    cudaFree(d_lg); cudaFree(d_w); cudaFree(d_out); cudaFree(d_ids); cudaFree(d_rows); cudaFree(d_cnt);
+    cudaFree(d_act); cudaFree(d_xg); cudaFree(d_ss); cudaFree(d_ss_next);
+    free(wr); free(wgu); free(wdn); free(x); free(h0); free(g); free(gnext); free(lg); free(wk); free(resid);
+    free(ids); free(cnt); free(act); free(lref); free(aref); free(rref); free(actf);
+}
+
+static void test_moe_decode_launches_match_reference(void **state) {
+    (void)state;
+    run_moe_case(1, 16, 4, 256, 96, 1, 1, 0);
+    run_moe_case(3, 16, 4, 256, 96, 0, 1, 1);
+    run_moe_case(8, 64, 8, 2048, 768, 1, 1, 1);   /* Qwen3-30B-A3B's widths */
+    run_moe_case(2, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8; rows longer than one pass */
+}
+
+static void test_moe_general_path_matches_reference(void **state) {
+    (void)state;
+    run_moe_case(3, 16, 4, 256, 96, 1, 0, 0);     /* per-expert GEMV */
+    run_moe_case(40, 16, 4, 256, 96, 0, 0, 0);    /* grouped GEMM on tensor cores */
+    run_moe_case(72, 64, 8, 2048, 768, 1, 0, 0);
+}
+
 /* ---- sampling ---------------------------------------------------------------------- */
 
 static uint32_t key_of(float f) {
@@ -1256,6 +1480,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_attention_tc_rejects_unsupported_shapes),
         cmocka_unit_test(test_kv_fp8_writes_and_attention_match_reference),
         cmocka_unit_test(test_gemv_matches_reference),
+        cmocka_unit_test(test_moe_decode_launches_match_reference),
+        cmocka_unit_test(test_moe_general_path_matches_reference),
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),
         cmocka_unit_test(test_sample_same_seed_same_token_other_counter_varies),

@@ -185,6 +185,23 @@ static void test_spec_cost_interpolates_and_extrapolates(void **st) {
     assert_float_equal(spec_cost_step(&c, 1, 8), 1.0 + 0.5 + 2.0, 1e-9);   /* past k 4 */
 }
 
+/* A predicted gain under SPEC_COST_MIN_GAIN drafts nothing; one above it drafts. Plain: one
+ * token per 1.0 s; a draft token costs 0.1 s and stands with rate a: (1 + a) / 1.1 tokens
+ * per second, which is 1.03 at a = 0.133. */
+static void test_spec_cost_needs_a_margin_to_speculate(void **st) {
+    (void)st;
+    spec_cost c;
+    spec_cost_cand cand[4];
+    make_cost(&c, 1.0, 0.0, 0.1);
+    int avail[1] = {1}, k[1];
+    float alpha[1] = {0.12f};   /* 1.018x: a gain inside the noise */
+    assert_int_equal(spec_cost_choose(&c, 1, 0, avail, alpha, k, cand), 0);
+    assert_int_equal(k[0], 0);
+    alpha[0] = 0.15f;           /* 1.045x */
+    assert_int_equal(spec_cost_choose(&c, 1, 0, avail, alpha, k, cand), 1);
+    assert_int_equal(k[0], 1);
+}
+
 static void test_spec_cost_free_verify_takes_every_draft(void **st) {
     (void)st;
     spec_cost c;
@@ -269,6 +286,7 @@ int main(void) {
         cmocka_unit_test(test_ngram_rejects_bad_arguments),
         cmocka_unit_test(test_spec_cost_interpolates_and_extrapolates),
         cmocka_unit_test(test_spec_cost_free_verify_takes_every_draft),
+        cmocka_unit_test(test_spec_cost_needs_a_margin_to_speculate),
         cmocka_unit_test(test_spec_cost_drafts_only_where_they_pay),
         cmocka_unit_test(test_spec_cost_learns_what_speculating_steps_cost),
     };

@@ -73,8 +73,9 @@ int spec_cost_choose(const spec_cost *c, int rows, int extra, const int *avail, 
     }
     if (nc == 0) return 0;
     qsort(cand, (size_t)nc, sizeof *cand, cand_cmp);
-    /* value of taking the best m candidates; keep the best m (the smallest on ties) */
-    double out = rows, best = out / spec_cost_step(c, rows, extra);
+    /* value of taking the best m candidates; keep the best m (the smallest on ties), and
+     * speculate only when that beats the plain step by SPEC_COST_MIN_GAIN */
+    double out = rows, best = out / spec_cost_step(c, rows, extra) * (1 + SPEC_COST_MIN_GAIN);
     int best_m = 0;
     for (int m = 1; m <= nc; m++) {
         out += cand[m - 1].gain;

@@ -47,12 +47,17 @@ typedef struct {
 /* Draft lengths for one step: rows decoding rows, `extra` tokens fed besides them
  * (prefill); row i may draft up to avail[i] tokens and is accepted at rate alpha[i].
  * Writes k_out[i] (0..avail[i]) and returns the total drafted. cand: scratch of
- * sum(avail) entries. */
+ * sum(avail) entries. Drafting at all must promise SPEC_COST_MIN_GAIN more tokens per
+ * second than the plain step: the acceptance rates and step times are estimates, and a
+ * predicted gain of a percent or two is within their noise (chat traffic measured
+ * 0.87-1.08x of plain where the model predicted a small gain). */
+#define SPEC_COST_MIN_GAIN 0.03
 int spec_cost_choose(const spec_cost *c, int rows, int extra, const int *avail, const float *alpha,
                      int *k_out, spec_cost_cand *cand);
 
 /* Smallest acceptance rate (in steps of 0.05) at which a batch of `rows` rows, each able to
- * draft max_k tokens, drafts anything; 1.05 if none (for the start-up report). */
+ * draft max_k tokens, drafts anything (the gain above included); 1.05 if none (for the
+ * start-up report). */
 double spec_cost_break_even(const spec_cost *c, int rows, int max_k, spec_cost_cand *cand, int *k_out,
                             int *avail, float *alpha);
 

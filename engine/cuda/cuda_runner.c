@@ -537,7 +537,7 @@ static int alloc_work(cuda_runner *r) {
                                      dmalloc(r, &r->d_lgather, (size_t)r->LR * vocab * 4))) ||
         dmalloc(r, &r->d_meta, (size_t)META_N * T * 4) || dmalloc(r, &r->d_iota, (size_t)T * 4) ||
         dmalloc(r, &r->d_zeros, (size_t)T * 4) || dmalloc(r, &r->d_ones, (size_t)T * 4) ||
-        dmalloc(r, &r->d_dec_in, (size_t)MB * (12 + sizeof(k_sample_params))) ||
+        dmalloc(r, &r->d_dec_in, cuda_dec_in_bytes(MB)) ||
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
         dmalloc(r, &r->d_fs_par, (size_t)T * sizeof(k_sample_params)) || dmalloc(r, &r->d_fs_tok, (size_t)T * 4) ||
         dmalloc(r, &r->d_fs_lp, (size_t)T * 4) ||
@@ -549,7 +549,7 @@ static int alloc_work(cuda_runner *r) {
         return SPECD_ECUDA;
     CU_CHECK(r, cudaMemset(r->d_counts, 0, n_counts * sizeof(unsigned)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_meta, (size_t)META_N * T * 4));
-    CU_CHECK(r, cudaMallocHost(&r->h_dec_in, (size_t)MB * (12 + sizeof(k_sample_params))));
+    CU_CHECK(r, cudaMallocHost(&r->h_dec_in, cuda_dec_in_bytes(MB)));
     CU_CHECK(r, cudaMallocHost(&r->h_dec_out, (size_t)2 * MB * 8));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_dec_top_ids, (size_t)2 * MB * K_MAX_TOP * sizeof(int32_t)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_dec_top_lps, (size_t)2 * MB * K_MAX_TOP * sizeof(float)));

@@ -6,8 +6,9 @@
  * paged attention -> O GEMM accumulated into the fp32 residual (beta = 1) -> RMSNorm ->
  * fused gate|up GEMM -> SiLU * up -> down GEMM accumulated into the residual (a
  * mixture-of-experts layer instead: router GEMM, top-k routing, grouped expert GEMMs that
- * read only the chosen experts, weighted combine; kernels/moe.cu). At batch 1-2 the GEMVs
- * absorb most of the small kernels (see cuda_enqueue_pass).
+ * read only the chosen experts, weighted combine; kernels/moe.cu; up to 8 tokens that is
+ * three launches, see k_moe_route_gemv). At batch 1-2 the GEMVs absorb most of the small
+ * kernels (see cuda_enqueue_pass), MoE models' included.
  * Everything that changes per step (tokens, slots, sampling parameters, lengths) lives in
  * device buffers at fixed addresses, so a captured step replays with fresh inputs. */
 #include <math.h>
@@ -358,10 +359,10 @@ fail:
 
 /* ---- the decode step ------------------------------------------------------------------- */
 
-/* Decode-step buffers: in = tokens[MB] | slots[MB] | prev[MB] | params[MB]; out = tok[MB] | lp[MB]. */
-static size_t dec_in_bytes(const cuda_runner *r) {
-    return (size_t)r->base.cfg.max_batch * (12 + sizeof(k_sample_params));
-}
+/* Decode-step buffers: in = tokens[MB] | slots[MB] | prev[MB] | params[MB] (at
+ * cuda_dec_par_off: 16-byte aligned for the params' 8-byte fields whatever MB is);
+ * out = tok[MB] | lp[MB]. */
+static size_t dec_in_bytes(const cuda_runner *r) { return cuda_dec_in_bytes(r->base.cfg.max_batch); }
 
 /* The decode inputs to the device (outside the graphs, which read d_dec_in). */
 static int put_dec_in(cuda_runner *r) {
@@ -415,7 +416,8 @@ static int enqueue_decode_tail(cuda_runner *r, int B, int masked) {
     const int MB = r->base.cfg.max_batch, vocab = r->m[0].c.vocab;
     int32_t *in = r->d_dec_in;
     int32_t *slots = in + MB;
-    const k_sample_params *sp = masked ? (const k_sample_params *)r->d_fs_par : (const k_sample_params *)(in + 3 * MB);
+    const k_sample_params *sp = masked ? (const k_sample_params *)r->d_fs_par
+                                       : (const k_sample_params *)((char *)in + cuda_dec_par_off(MB));
     int32_t *out_tok = r->d_dec_out;
     float *out_lp = (float *)(out_tok + MB);
     cudaStream_t s = r->stream;
@@ -441,7 +443,7 @@ int cuda_enqueue_decode(cuda_runner *r, int B) {
 static int fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B, int params, int *want_top) {
     const int MB = r->base.cfg.max_batch;
     int32_t *tokens = r->h_dec_in, *slots = tokens + MB, *prev = tokens + 2 * MB;
-    k_sample_params *sp = (k_sample_params *)(tokens + 3 * MB);
+    k_sample_params *sp = (k_sample_params *)((char *)tokens + cuda_dec_par_off(MB));
     int n = b ? b->n : 0, rc;
     *want_top = 0;
     if (params && b && b->sp && (rc = cuda_sample_prepare(r, b->sp, n, sp, want_top))) return rc;

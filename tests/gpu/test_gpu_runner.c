@@ -157,12 +157,14 @@ typedef struct {
     int vocab;
 } fixture;
 
+static int g_max_batch = MAXB;   /* the runners' max_batch (test_odd_max_batch changes it) */
+
 static void fixture_open(fixture *f, const char *name, int no_graphs) {
     char path[1024], err[512];
     snprintf(path, sizeof path, "%s/models/%s", fixtures(), name);
     f->m = model_load(path, err, sizeof err);
     if (!f->m) fail_msg("model_load %s: %s", path, err);
-    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
+    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = g_max_batch,
                          .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9};
     cuda_runner_opts o = {.world = 1, .no_graphs = no_graphs, .quiet = 1};
     f->r = runner_cuda_create_ex(f->m, NULL, &cfg, &o, err, sizeof err);
@@ -266,6 +268,19 @@ static void test_golden_llama_draft(void **s) { (void)s; run_golden("llama-draft
 static void test_golden_mistral_swa_tiny(void **s) { (void)s; run_golden("mistral-swa-tiny"); }
 static void test_golden_gemma3_tiny(void **s) { (void)s; run_golden("gemma3-tiny"); }
 static void test_golden_phi3_tiny(void **s) { (void)s; run_golden("phi3-tiny"); }
+
+/* An odd max_batch puts the decode step's sampling parameters (8-byte seed and counter)
+ * after 12 * max_batch bytes of token rows: they must still be aligned (--max-batch 1
+ * failed with "misaligned address" in k_sample until the offset was rounded up). */
+static void test_odd_max_batch_decodes_the_golden_tokens(void **s) {
+    (void)s;
+    for (int mb = 1; mb <= 3; mb += 2) {
+        g_max_batch = mb;
+        run_golden("llama-tiny");
+        run_golden("qwen3moe-tiny");
+    }
+    g_max_batch = MAXB;
+}
 static void test_golden_qwen3moe_tiny(void **s) { (void)s; run_golden("qwen3moe-tiny"); }
 static void test_golden_mixtral_tiny(void **s) { (void)s; run_golden("mixtral-tiny"); }
 
@@ -1566,6 +1581,7 @@ int main(void) {
         cmocka_unit_test(test_golden_gemma3_tiny),
         cmocka_unit_test(test_golden_phi3_tiny),
         cmocka_unit_test(test_golden_qwen3moe_tiny),
+        cmocka_unit_test(test_odd_max_batch_decodes_the_golden_tokens),
         cmocka_unit_test(test_golden_mixtral_tiny),
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),

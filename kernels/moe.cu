@@ -1,5 +1,6 @@
-/* Mixture-of-experts MLP on the device (Mixtral, Qwen3-MoE), in four launches per layer,
- * all with fixed grids so that a captured decode graph replays them for any routing:
+/* Mixture-of-experts MLP on the device (Mixtral, Qwen3-MoE), all with fixed grids so that a
+ * captured decode graph replays them for any routing. The general form, four launches per
+ * layer after the router GEMM:
  *
  *   1. k_moe_route: per token, softmax over the router logits, the top-K experts (ties to
  *      the lower id, as the CPU reference), weights renormalised when asked; each
@@ -14,10 +15,16 @@
  *
  * The grouped GEMM reads only the weights of experts that have rows: a block (expert e,
  * a tile of output columns, a tile of its rows) returns at once when e has no row in its
- * tile, so a decode step streams the selected experts' bytes and nothing else. Up to 8
- * tokens it is a GEMV per expert (each weight row read once for all of the expert's
- * rows); above, 64 x 64 tiles on tensor cores (bf16 mma, fp32 accumulate) with x rows
- * gathered per pair and two cp.async stages. */
+ * tile, so a step streams the selected experts' bytes and nothing else. Up to 8 tokens it
+ * is a GEMV per expert (each weight row read once per 8 of the expert's rows); above,
+ * 64 x 64 tiles on tensor cores (bf16 mma, fp32 accumulate) with x rows gathered per pair,
+ * three cp.async stages, and the warps spread over the n-tiles when a tile has few rows.
+ *
+ * Decode steps (n <= K_MOE_DEC_MAX_N) take three launches instead (see the end of the
+ * file): the router GEMV with the routing in its last block, gate|up over the listed
+ * experts only, and down with the combine, the residual add and the norm fold. On the
+ * H200 at Qwen3-30B-A3B's widths and batch 1 a layer's MoE went from 92.5 to 33.5 us
+ * (tests/gpu/bench_moe). */
 #include <math.h>
 
 #include "kernels/specd_kernels.h"
@@ -29,27 +36,39 @@
 /* Route token t (one warp): softmax over logits [t, E], the top K (ties to the lower id, as
  * the CPU reference), weights renormalised when norm; each pair p = t * K + k appended to
  * its expert's row list, and an expert's first pair lists it in active (when given).
- * Logits are read through L2 only: the fused form reads what other blocks wrote. */
+ * The row's logits are read once (through L2 only: the fused form reads what other blocks
+ * wrote) into registers, lane holding experts lane, lane + 32, ...; the K picks are warp
+ * reductions over them, and lane k keeps pick k. */
+#define MOE_E_PER_LANE 16   /* E <= 512 */
 __device__ void moe_route_token(const float *logits, int t, int n, int E, int K, int norm, int32_t *ids, float *w,
                                 int32_t *counts, int32_t *rows, int32_t *active) {
     const int lane = threadIdx.x & 31;
     const float *lg = logits + (size_t)t * E;
+    float v[MOE_E_PER_LANE];
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(lg + e));
+#pragma unroll
+    for (int i = 0; i < MOE_E_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? __ldcg(lg + e) : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += __expf(__ldcg(lg + e) - mx);
+#pragma unroll
+    for (int i = 0; i < MOE_E_PER_LANE; i++)
+        if (lane + 32 * i < E) sum += __expf(v[i] - mx);
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    unsigned long long taken[8] = {};   /* E <= 512: bit e of the chosen set */
-    float cw[16], wsum = 0.f;
-    int chosen[16];
+    unsigned taken = 0;   /* bit i: expert lane + 32 i already chosen */
+    float my_w = 0.f, wsum = 0.f;
+    int my_e = 0;
     for (int k = 0; k < K; k++) {
         float bv = -INFINITY;
         int be = E;
-        for (int e = lane; e < E; e += 32) {
-            const float v = __ldcg(lg + e);
-            if (!((taken[e >> 6] >> (e & 63)) & 1) && (v > bv || (v == bv && e < be))) {
-                bv = v;
+#pragma unroll
+        for (int i = 0; i < MOE_E_PER_LANE; i++) {   /* ascending ids: the first of equals stays */
+            const int e = lane + 32 * i;
+            if (e < E && !((taken >> i) & 1) && v[i] > bv) {
+                bv = v[i];
                 be = e;
             }
         }
@@ -61,24 +80,20 @@ __device__ void moe_route_token(const float *logits, int t, int n, int E, int K,
                 be = oe;
             }
         }
-        chosen[k] = be;
-        taken[be >> 6] |= 1ull << (be & 63);
-        cw[k] = __expf(bv - mx) / sum;
-        wsum += cw[k];
+        if ((be & 31) == lane) taken |= 1u << (be >> 5);   /* the owner marks it */
+        const float cw = __expf(bv - mx) / sum;
+        wsum += cw;
+        if (lane == k) {
+            my_w = cw;
+            my_e = be;
+        }
     }
     if (lane < K) {
-        float wk = 0.f;
-        int ek = 0;
-        for (int k = 0; k < K; k++)
-            if (k == lane) {
-                wk = cw[k];
-                ek = chosen[k];
-            }
-        ids[t * K + lane] = ek;
-        w[t * K + lane] = norm ? wk / wsum : wk;
-        const int slot = atomicAdd(counts + ek, 1);
-        rows[(size_t)ek * n + slot] = t * K + lane;   /* an expert gets at most one pair per token */
-        if (active && slot == 0) active[1 + atomicAdd(active, 1)] = ek;
+        ids[t * K + lane] = my_e;
+        w[t * K + lane] = norm ? my_w / wsum : my_w;
+        const int slot = atomicAdd(counts + my_e, 1);
+        rows[(size_t)my_e * n + slot] = t * K + lane;   /* an expert gets at most one pair per token */
+        if (active && slot == 0) active[1 + atomicAdd(active, 1)] = my_e;
     }
 }
 
@@ -107,19 +122,25 @@ extern "C" int k_moe_route(const float *logits, int n, int E, int K, int norm, i
 #define MOE_TK 32     /* reduction chunk: 2 mma k-steps */
 #define MOE_LD (MOE_TK + 8)   /* padded smem row: ldmatrix's 8 rows hit 8 bank groups */
 #define MOE_TC_NT 128
+#ifndef MOE_STAGES
+#define MOE_STAGES 3  /* cp.async stages: two chunks in flight while one is multiplied */
+#endif
+#ifndef MOE_TC_MINB
+#define MOE_TC_MINB 4 /* blocks per SM the registers must allow: 8 chunks in flight */
+#endif
 
 /* One tile: rows r0.. of expert e's list (pairs), columns c0.. of its output. GATED: the
  * weight is [2N][Kd] (gate rows, then up rows) and the output act(g) * u, bf16 [pairs][N];
- * else [N][Kd] and fp32 [pairs][N]. x row of pair p: p / x_div. Two smem stages filled by
- * cp.async; warp w owns rows 16w..16w+15 of the tile and all 64 columns. */
+ * else [N][Kd] and fp32 [pairs][N]. x row of pair p: p / x_div. MOE_STAGES smem stages
+ * filled by cp.async. */
 template <bool GATED>
-__global__ void __launch_bounds__(MOE_TC_NT)
+__global__ void __launch_bounds__(MOE_TC_NT, MOE_TC_MINB)
 moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, int x_div,
                 const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, int cap, int N, int Kd,
                 int gelu, float *__restrict__ Yf, uint16_t *__restrict__ Yb) {
     constexpr int NW = GATED ? 2 : 1;
-    __shared__ __align__(16) uint16_t as[2][MOE_TM][MOE_LD];
-    __shared__ __align__(16) uint16_t bs[2][NW][MOE_TN][MOE_LD];
+    __shared__ __align__(16) uint16_t as[MOE_STAGES][MOE_TM][MOE_LD];
+    __shared__ __align__(16) uint16_t bs[MOE_STAGES][NW][MOE_TN][MOE_LD];
     __shared__ int prow[MOE_TM];
     k_pdl_trigger();
     k_pdl_wait();
@@ -154,48 +175,59 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
     const int nk = (Kd + MOE_TK - 1) / MOE_TK;
-    const bool active = warp * 16 < nr;
-    load(0, 0);
-    for (int it = 0; it < nk; it++) {
-        const int st = it & 1;
-        if (it + 1 < nk) load(st ^ 1, (it + 1) * MOE_TK);
+    /* the tile's rows in 1, 2 or 4 groups of 16 (as few as hold them); the 4 warps split
+     * the groups and then the 8 n-tiles between them, so a tile of a few rows (decode
+     * batches: a handful of tokens per expert) keeps every warp multiplying */
+    const int n_rg = nr <= 16 ? 1 : nr <= 32 ? 2 : 4, wpr = 4 / n_rg;
+    const int rg = warp / wpr, nj = 8 / wpr, j0 = (warp % wpr) * nj;
+    const bool active = rg * 16 < nr;
+#pragma unroll
+    for (int i = 0; i < MOE_STAGES - 1; i++) {
+        if (i < nk) load(i, i * MOE_TK);
         else tc_commit();
-        tc_wait<1>();
-        __syncthreads();
+    }
+    for (int it = 0; it < nk; it++) {
+        const int st = it % MOE_STAGES;
+        tc_wait<MOE_STAGES - 2>();   /* chunk it has landed */
+        __syncthreads();             /* ... for every thread, and chunk it - 1 is done with */
+        const int nx = it + MOE_STAGES - 1;
+        if (nx < nk) load(nx % MOE_STAGES, nx * MOE_TK);
+        else tc_commit();
         if (active) {
             uint32_t a[2][4];
 #pragma unroll
             for (int ks = 0; ks < 2; ks++)
-                tc_ldsm4(tc_smem_addr(&as[st][warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]), a[ks][0],
+                tc_ldsm4(tc_smem_addr(&as[st][rg * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]), a[ks][0],
                           a[ks][1], a[ks][2], a[ks][3]);
 #pragma unroll
             for (int m = 0; m < NW; m++)
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
+                for (int jj = 0; jj < 8; jj++) {
+                    if (jj >= nj) break;
+                    const int j = j0 + jj;
                     uint32_t b0, b1, b2, b3;   /* n 8j + (lane & 7), k 8 (lane >> 3): k-steps 0 and 1 */
                     tc_ldsm4(tc_smem_addr(&bs[st][m][8 * j + (lane & 7)][(lane >> 3) * 8]), b0, b1, b2, b3);
-                    tc_mma(acc[m][j], a[0], b0, b1);
-                    tc_mma(acc[m][j], a[1], b2, b3);
+                    tc_mma(acc[m][jj], a[0], b0, b1);
+                    tc_mma(acc[m][jj], a[1], b2, b3);
                 }
         }
-        __syncthreads();
     }
     if (!active) return;
     const int gid = lane >> 2, tig = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int rr = warp * 16 + gid + 8 * h;
+        const int rr = rg * 16 + gid + 8 * h;
         if (rr >= nr) continue;
         const int p = prow[rr];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int jj = 0; jj < 8; jj++)
 #pragma unroll
             for (int q = 0; q < 2; q++) {
-                const int col = c0 + 8 * j + 2 * tig + q;
-                if (col >= N) continue;
-                const float g = acc[0][j][2 * h + q];
+                const int col = c0 + 8 * (j0 + jj) + 2 * tig + q;
+                if (jj >= nj || col >= N) continue;
+                const float g = acc[0][jj][2 * h + q];
                 if (GATED) {
-                    const float u = acc[NW - 1][j][2 * h + q];
+                    const float u = acc[NW - 1][jj][2 * h + q];
                     const float av = gelu ? k_gelu_tanh(g) : k_silu(g);
                     Yb[(size_t)p * N + col] = k_f2bf(av * u);
                 } else {
@@ -205,8 +237,9 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
     }
 }
 
-/* Decode-sized batches (at most MOE_GEMV_ROWS rows per expert, i.e. that many tokens):
- * a GEMV per expert that streams each weight row once for all of its rows. A block takes
+/* Decode-sized batches (up to MOE_GEMV_MAX_CAP tokens, so at most that many rows per
+ * expert): a GEMV per expert that streams each weight row once for all of its rows. A
+ * block takes
  * MOE_GEMV_COLS output columns of one expert (one per warp: 768 blocks for Qwen3-30B-A3B's
  * eight experts at batch 1, one wave); the expert's x rows sit in shared memory as bf16;
  * a warp reads a weight row 512 bytes at a time (16 bytes a lane), MOE_GEMV_U loads in
@@ -216,6 +249,7 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
  * (the norm fold, specd_kernels.h): x rows are h * g and each dot is scaled by its
  * token's rsqrt(ss / Kd + eps). */
 #define MOE_GEMV_ROWS 8
+#define MOE_GEMV_MAX_CAP 8    /* k_moe_gemm: the GEMV up to this many tokens */
 #define MOE_GEMV_COLS (MOE_NT / 32)
 #define MOE_GEMV_U 8   /* 16-byte loads per lane in flight per matrix: a 4 KB row at once */
 
@@ -229,8 +263,10 @@ moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
     extern __shared__ __align__(16) uint16_t xsm[];   /* [MOE_GEMV_ROWS][Kd] */
     __shared__ int prow[MOE_GEMV_ROWS];
     __shared__ float rsm[MOE_GEMV_ROWS];
-    k_pdl_trigger();
+    /* the launch after this one may start only once the routing before it has finished:
+     * k_moe_down_combine reads the routing's expert ids before its own wait */
     k_pdl_wait();
+    k_pdl_trigger();
     int e = blockIdx.y;
     if (active) {
         if ((int)blockIdx.y >= active[0]) return;
@@ -324,7 +360,11 @@ extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const
                           uint16_t *Yb, cudaStream_t s) {
     if (E <= 0 || N <= 0 || Kd <= 0 || Kd % 8 || cap < 0 || x_div <= 0) return -1;
     if (cap == 0) return 0;
-    if (cap <= MOE_GEMV_ROWS) {   /* an expert has at most cap rows: the GEMV holds them all */
+    /* Up to MOE_GEMV_MAX_CAP tokens the GEMV. Above, the tensor-core tiles: the GEMV's fp32
+     * FMAs bind it once experts get several rows (H200, Qwen3-30B-A3B widths at 64 tokens,
+     * a layer's MoE: 696 us on the GEMV with row groups, 475 us on the tiles, whose gate|up
+     * ran at 2.39 TB/s with 16 warps per SM under ncu) */
+    if (cap <= MOE_GEMV_MAX_CAP) {
         if (gated)
             return moe_gemv_launch<true>(W, X, x_div, rows, counts, NULL, cap, E, N, Kd, gelu, NULL, 0.f, Yf, Yb, s);
         return moe_gemv_launch<false>(W, X, x_div, rows, counts, NULL, cap, E, N, Kd, gelu, NULL, 0.f, Yf, Yb, s);
@@ -456,36 +496,72 @@ extern "C" int k_moe_gated_dec(const uint16_t *W, const uint16_t *X, const k_nor
                                  nin ? nin->ss : NULL, nin ? nin->eps : 0.f, NULL, act, s);
 }
 
-/* A block owns MOE_DC_COLS output columns for every pair: warp w takes pairs w, w + 8, ...
- * (each its expert's MOE_DC_COLS down rows against the pair's activation, MOE_DC_U loads
- * per row in flight), the per-pair dots meet in shared memory, and the epilogue sums them
- * in k order with the routing weights, adds the residual and writes the norm fold. */
+/* Block (column group x, token t) owns MOE_DC_COLS output columns of token t: warp k takes
+ * the token's pair t * K + k (and k + 8, ... when K > 8), its expert's MOE_DC_COLS down rows
+ * against the pair's activation with every load of a pass in flight (a block barrier after
+ * the loads keeps the compiler from sinking them into the math), the per-pair dots meet in
+ * shared memory, and the epilogue sums them in k order with the routing weights, adds the
+ * residual and writes the norm fold. */
 #define MOE_DC_COLS 4
 #define MOE_DC_U 4
 
+/* A read-only 16-byte load that stays on its side of a barrier (volatile asm with a memory
+ * clobber): with the math starting after the barrier, every load of a pass is in flight
+ * before the first FMA waits on one. */
+__device__ __forceinline__ uint4 moe_ld_pinned(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
 __global__ void __launch_bounds__(MOE_NT)
-moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ act, k_moe_route_buf b, int n,
-                        int K, int N, int Kd, float *resid, k_norm_out nout) {
-    __shared__ float part[K_MOE_DEC_MAX_N * 16][MOE_DC_COLS];
+moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ act, k_moe_route_buf b, int K,
+                        int N, int Kd, float *resid, k_norm_out nout) {
+    __shared__ float part[16][MOE_DC_COLS];
+    __shared__ float zero_s;
+    if (threadIdx.x == 0) zero_s = 0.f;   /* shared memory: no kernel before reads it */
     k_pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c0 = blockIdx.x * MOE_DC_COLS, t = blockIdx.y;
+    uint4 wv[MOE_DC_COLS][MOE_DC_U], av[MOE_DC_U];
+    auto load_w = [&](const uint16_t *We, int k0) {   /* unconditional (clamped) loads */
+#pragma unroll
+        for (int u = 0; u < MOE_DC_U; u++)
+#pragma unroll
+            for (int c = 0; c < MOE_DC_COLS; c++)
+                wv[c][u] = moe_ld_pinned(We + (size_t)c * Kd + min(k0 + u * 256, Kd - 8));
+    };
+    /* The first pair's first pass of weights goes out before the wait: its expert id comes
+     * from the routing two launches back, finished by now (k_moe_gated_dec lets this
+     * launch start only after its own wait), and only act comes from the launch before. */
+    int p = t * K + min(warp, K - 1);   /* warps past K load a real pair and drop it */
+    const uint16_t *We = W + ((size_t)b.ids[p] * N + c0) * Kd;
+    load_w(We, lane * 8);
     k_pdl_wait();
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c0 = blockIdx.x * MOE_DC_COLS, P = n * K;
-    for (int p = warp; p < P; p += MOE_NT / 32) {
-        const uint16_t *We = W + ((size_t)b.ids[p] * N + c0) * Kd;
+    for (int k = warp; k < (K + MOE_NT / 32 - 1) / (MOE_NT / 32) * (MOE_NT / 32); k += MOE_NT / 32) {
+        if (k != warp) {
+            p = t * K + min(k, K - 1);
+            We = W + ((size_t)b.ids[p] * N + c0) * Kd;
+        }
         const uint16_t *a = act + (size_t)p * Kd;
         float acc[MOE_DC_COLS];
 #pragma unroll
         for (int c = 0; c < MOE_DC_COLS; c++) acc[c] = 0.f;
-        for (int k0 = lane * 8; k0 < Kd; k0 += 256 * MOE_DC_U) {
-            uint4 wv[MOE_DC_COLS][MOE_DC_U], av[MOE_DC_U];
+        for (int k0 = 0; k0 < Kd; k0 += 256 * MOE_DC_U) {   /* the same passes for every lane */
+            const int kb = k0 + lane * 8;
+            if (k != warp || k0) load_w(We, kb);
 #pragma unroll
-            for (int u = 0; u < MOE_DC_U; u++) {   /* unconditional loads (clamped): all in flight */
-                const int k = min(k0 + u * 256, Kd - 8);
-                av[u] = *(const uint4 *)(a + k);
-                if (k0 + u * 256 >= Kd) av[u] = make_uint4(0, 0, 0, 0);   /* past the row: adds 0 */
+            for (int u = 0; u < MOE_DC_U; u++) av[u] = moe_ld_pinned(a + min(kb + u * 256, Kd - 8));
+            __syncthreads();   /* every warp runs the same passes: K and Kd are the block's */
+            /* the math starts from a shared-memory zero read after the barrier, so none of
+             * it can be scheduled between the loads */
 #pragma unroll
-                for (int c = 0; c < MOE_DC_COLS; c++) wv[c][u] = __ldg((const uint4 *)(We + (size_t)c * Kd + k));
-            }
+            for (int c = 0; c < MOE_DC_COLS; c++) acc[c] += *(volatile float *)&zero_s;
+#pragma unroll
+            for (int u = 0; u < MOE_DC_U; u++)
+                if (kb + u * 256 >= Kd) av[u] = make_uint4(0, 0, 0, 0);   /* past the row: adds 0 */
 #pragma unroll
             for (int u = 0; u < MOE_DC_U; u++) {
                 const uint16_t *ah = (const uint16_t *)&av[u];
@@ -502,17 +578,17 @@ moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restri
 #pragma unroll
         for (int c = 0; c < MOE_DC_COLS; c++) {
             const float v = k_warp_sum(acc[c]);
-            if (lane == 0) part[p][c] = v;
+            if (lane == 0 && k < K) part[k][c] = v;
         }
     }
     __syncthreads();
     if (warp) return;
-    /* warp 0: lane = t * MOE_DC_COLS + c (n * MOE_DC_COLS <= 32) */
-    const int t = lane / MOE_DC_COLS, c = lane % MOE_DC_COLS, col = c0 + c;
+    /* warp 0: lane c < MOE_DC_COLS finishes column c0 + c */
+    const int c = lane % MOE_DC_COLS, col = c0 + c;
     float hh = 0.f;
-    if (t < n) {
+    if (lane < MOE_DC_COLS) {
         float s = 0.f;
-        for (int k = 0; k < K; k++) s = fmaf(b.w[t * K + k], part[t * K + k][c], s);
+        for (int k = 0; k < K; k++) s = fmaf(b.w[t * K + k], part[k][c], s);
         const float h = resid[(size_t)t * N + col] + s;
         resid[(size_t)t * N + col] = h;
         if (nout.xg) {
@@ -520,10 +596,10 @@ moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restri
             hh = h * h;
         }
     }
-    if (nout.xg) {   /* the block's share of each token's sum of h^2 (fixed point, specd_kernels.h) */
+    if (nout.xg) {   /* the block's share of the token's sum of h^2 (fixed point, specd_kernels.h) */
 #pragma unroll
         for (int o = 1; o < MOE_DC_COLS; o <<= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
-        if (c == 0 && t < n) atomicAdd(nout.ss + t, k_ss_units(hh));
+        if (lane == 0) atomicAdd(nout.ss + t, k_ss_units(hh));
     }
 }
 
@@ -534,6 +610,6 @@ extern "C" int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const 
         (nout && (!nout->g || !nout->xg || !nout->ss)) || ((uintptr_t)W | (uintptr_t)act) % 16)
         return -1;
     const k_norm_out no = nout ? *nout : k_norm_out{NULL, NULL, NULL};
-    return k_launch(moe_down_combine_kernel, dim3((N + MOE_DC_COLS - 1) / MOE_DC_COLS), dim3(MOE_NT), 0, s, W, act,
-                    *b, n, K, N, Kd, resid, no);
+    return k_launch(moe_down_combine_kernel, dim3(N / MOE_DC_COLS, n), dim3(MOE_NT), 0, s, W, act, *b, K, N, Kd,
+                    resid, no);
 }

@@ -6,7 +6,7 @@
  *
  *   bench_moe [E K hidden moe_ffn]
  *
- * BENCH_MOE_STAGES=1 or 2 times the decode form's first launch or first two alone.
+ * BENCH_MOE_STAGES=1 or 2 times only the routing, or the routing and gate|up (both forms).
  *
  * Forms: "dec" is the decode path (k_moe_route_gemv, k_moe_gated_dec, k_moe_down_combine:
  * what the runner launches up to K_MOE_DEC_MAX_N tokens), "gen" the general one (router
@@ -29,7 +29,7 @@ static int g_E = 128, g_K = 8, g_H = 2048, g_MF = 768, g_stages = 3;
 
 static void layer(const weights *w, int l, int n, int dec, cublasHandle_t blas, uint16_t *x, float *resid,
                   uint16_t *act, float *out, const k_moe_route_buf *b, cudaStream_t s) {
-    if (dec) {   /* g_stages < 3: only the first launches (their differences time each) */
+    if (dec) {   /* g_stages < 3: only the first stages (their differences time each) */
         if (k_moe_route_gemv(w->wr[l], x, NULL, n, g_H, g_E, g_K, 1, b, s) ||
             (g_stages > 1 && k_moe_gated_dec(w->wgu[l], x, NULL, b, n, g_E, g_K, g_MF, g_H, 0, act, s)) ||
             (g_stages > 2 && k_moe_down_combine(w->wdn[l], act, b, n, g_K, g_H, g_MF, resid, NULL, s)))
@@ -47,9 +47,9 @@ static void layer(const weights *w, int l, int n, int dec, cublasHandle_t blas, 
     }
     GPU_CHECK(cudaMemsetAsync(b->counts, 0, (size_t)g_E * 4, s));
     if (k_moe_route(b->logits, n, g_E, g_K, 1, b->ids, b->w, b->counts, b->rows, s) ||
-        k_moe_gemm(w->wgu[l], x, g_K, b->rows, b->counts, n, g_E, g_MF, g_H, 1, 0, NULL, act, s) ||
-        k_moe_gemm(w->wdn[l], act, 1, b->rows, b->counts, n, g_E, g_H, g_MF, 0, 0, out, NULL, s) ||
-        k_moe_combine(out, b->w, n, g_K, g_H, resid, s))
+        (g_stages > 1 && k_moe_gemm(w->wgu[l], x, g_K, b->rows, b->counts, n, g_E, g_MF, g_H, 1, 0, NULL, act, s)) ||
+        (g_stages > 2 && k_moe_gemm(w->wdn[l], act, 1, b->rows, b->counts, n, g_E, g_H, g_MF, 0, 0, out, NULL, s)) ||
+        (g_stages > 2 && k_moe_combine(out, b->w, n, g_K, g_H, resid, s)))
         abort();
 }
 

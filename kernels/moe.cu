@@ -33,6 +33,14 @@
 
 #define MOE_NT 256   /* threads of the GEMV and routing blocks */
 
+/* acc + the dot of 8 bf16 weights with 8 bf16 activations (fp32 FMAs in order). */
+__device__ __forceinline__ float moe_dot8(const uint4 &w, const uint4 &x, float acc) {
+    const uint16_t *wh = (const uint16_t *)&w, *xh = (const uint16_t *)&x;
+#pragma unroll
+    for (int q = 0; q < 8; q++) acc = fmaf(k_bf2f(wh[q]), k_bf2f(xh[q]), acc);
+    return acc;
+}
+
 /* Route token t (one warp): softmax over logits [t, E], the top K (ties to the lower id, as
  * the CPU reference), weights renormalised when norm; each pair p = t * K + k appended to
  * its expert's row list, and an expert's first pair lists it in active (when given).
@@ -315,15 +323,8 @@ moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
             for (int r = 0; r < MOE_GEMV_ROWS; r++) {
                 if (r >= cnt) break;
                 const uint4 xv = *(const uint4 *)(xsm + (size_t)r * Kd + k);
-                const uint16_t *xh = (const uint16_t *)&xv;
 #pragma unroll
-                for (int m = 0; m < NW; m++) {
-                    const uint16_t *wh = (const uint16_t *)&wv[m][u];
-                    float a = acc[m][r];
-#pragma unroll
-                    for (int q = 0; q < 8; q++) a = fmaf(k_bf2f(wh[q]), k_bf2f(xh[q]), a);
-                    acc[m][r] = a;
-                }
+                for (int m = 0; m < NW; m++) acc[m][r] = moe_dot8(wv[m][u], xv, acc[m][r]);
             }
         }
     }
@@ -432,16 +433,10 @@ moe_route_gemv_kernel(const uint16_t *__restrict__ Wr, const uint16_t *__restric
                 const int k = k0 + u * 256;
                 if (k >= hidden) break;
                 if (k0 > lane * 8) wv[u] = __ldg((const uint4 *)(Wr + (size_t)e * hidden + k));
-                const uint16_t *wh = (const uint16_t *)&wv[u];
 #pragma unroll
                 for (int t = 0; t < K_MOE_DEC_MAX_N; t++) {
                     if (t >= n) break;
-                    const uint4 xv = *(const uint4 *)(xsm + (size_t)t * hidden + k);
-                    const uint16_t *xh = (const uint16_t *)&xv;
-                    float a = acc[t];
-#pragma unroll
-                    for (int q = 0; q < 8; q++) a = fmaf(k_bf2f(wh[q]), k_bf2f(xh[q]), a);
-                    acc[t] = a;
+                    acc[t] = moe_dot8(wv[u], *(const uint4 *)(xsm + (size_t)t * hidden + k), acc[t]);
                 }
             }
         }
@@ -563,17 +558,9 @@ moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restri
             for (int u = 0; u < MOE_DC_U; u++)
                 if (kb + u * 256 >= Kd) av[u] = make_uint4(0, 0, 0, 0);   /* past the row: adds 0 */
 #pragma unroll
-            for (int u = 0; u < MOE_DC_U; u++) {
-                const uint16_t *ah = (const uint16_t *)&av[u];
+            for (int u = 0; u < MOE_DC_U; u++)
 #pragma unroll
-                for (int c = 0; c < MOE_DC_COLS; c++) {
-                    const uint16_t *wh = (const uint16_t *)&wv[c][u];
-                    float s = acc[c];
-#pragma unroll
-                    for (int q = 0; q < 8; q++) s = fmaf(k_bf2f(wh[q]), k_bf2f(ah[q]), s);
-                    acc[c] = s;
-                }
-            }
+                for (int c = 0; c < MOE_DC_COLS; c++) acc[c] = moe_dot8(wv[c][u], av[u], acc[c]);
         }
 #pragma unroll
         for (int c = 0; c < MOE_DC_COLS; c++) {

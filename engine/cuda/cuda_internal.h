@@ -116,11 +116,16 @@ typedef struct {
     int skip_dummy_reset;    /* SPECD_DEBUG_SKIP_DUMMY_RESET=1: spec graphs keep the dummy slot */
 } cuda_tuning;
 
-/* The decode step's input block: tokens, slots and prev rows (int32, MB each), then the
- * sampling parameters at a 16-byte boundary (their seed and counter are 8-byte fields:
- * 12 * MB alone misaligns them for odd MB, e.g. --max-batch 1). */
-static inline size_t cuda_dec_par_off(int MB) { return ((size_t)MB * 12 + 15) / 16 * 16; }
-static inline size_t cuda_dec_in_bytes(int MB) { return cuda_dec_par_off(MB) + (size_t)MB * sizeof(k_sample_params); }
+/* The step input blocks (decode, speculative, verify): head bytes of int32 row arrays, then
+ * MB sampling parameters at a 16-byte boundary (their seed and counter are 8-byte fields:
+ * the decode block's 12 * MB bytes alone misaligned them for odd MB, e.g. --max-batch 1). */
+static inline size_t cuda_par_off(size_t head) { return (head + 15) / 16 * 16; }
+static inline size_t cuda_par_block_bytes(size_t head, int MB) {
+    return cuda_par_off(head) + (size_t)MB * sizeof(k_sample_params);
+}
+/* The decode step's: tokens, slots and prev rows (MB each). */
+static inline size_t cuda_dec_par_off(int MB) { return cuda_par_off((size_t)MB * 12); }
+static inline size_t cuda_dec_in_bytes(int MB) { return cuda_par_block_bytes((size_t)MB * 12, MB); }
 
 /* The device sampler's parameters for a row's runner_sampling. */
 static inline k_sample_params cuda_sample_params(const runner_sampling *x) {

@@ -523,7 +523,8 @@ static int alloc_work(cuda_runner *r) {
                dmalloc(r, &r->d_moe_rows, ne * (size_t)T * 4) || dmalloc(r, &r->d_moe_act, (size_t)T * nk * mf * 2) ||
                dmalloc(r, &r->d_moe_out, (size_t)T * nk * hid * 4)))
         return SPECD_ECUDA;
-    /* the routing's done counter (moe_buf) starts at zero; every launch leaves it so */
+    /* the decode routing's done counter (k_moe_route_buf.done, d_moe_cnt[0]) starts at
+     * zero; every launch leaves it so */
     if (ne) CU_CHECK(r, cudaMemset(r->d_moe_cnt, 0, (2 * ne + 2) * 4));
     size_t slots = (size_t)MB + 1;
     if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||

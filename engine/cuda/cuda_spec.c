@@ -46,8 +46,8 @@ static sp_layout layout(int32_t *base, int MB, int k) {
 }
 
 /* Inputs: tokens[2MB] int32 | slots[MB] int32 | pad to 16 | params[MB]. */
-static size_t in_par_off(int MB) { return ((size_t)MB * 12 + 15) / 16 * 16; }
-static size_t in_bytes(int MB) { return in_par_off(MB) + (size_t)MB * sizeof(k_sample_params); }
+static size_t in_par_off(int MB) { return cuda_par_off((size_t)MB * 12); }
+static size_t in_bytes(int MB) { return cuda_par_block_bytes((size_t)MB * 12, MB); }
 static size_t out_bytes(int MB, int k) { return (size_t)MB * (size_t)(k + 2) * 4; }
 
 /* Query tokens per attention item, as cuda_forward chooses them; but a row of a few
@@ -335,8 +335,8 @@ static vf_layout vf_lay(int32_t *base, int MB, int k, size_t *end) {
 }
 
 /* Inputs: tokens[MB*(kmax+1)] | slots[MB] | n_drafts[MB] | pad to 16 | params[MB]. */
-static size_t vf_par_off(int MB, int kmax) { return ((size_t)MB * (kmax + 3) * 4 + 15) / 16 * 16; }
-static size_t vf_in_bytes(int MB, int kmax) { return vf_par_off(MB, kmax) + (size_t)MB * sizeof(k_sample_params); }
+static size_t vf_par_off(int MB, int kmax) { return cuda_par_off((size_t)MB * (kmax + 3) * 4); }
+static size_t vf_in_bytes(int MB, int kmax) { return cuda_par_block_bytes((size_t)MB * (kmax + 3) * 4, MB); }
 static size_t vf_out_bytes(int MB, int kmax) { return (size_t)MB * (size_t)(kmax + 2) * 4; }
 
 int cuda_verify_alloc(cuda_runner *r, int kmax) {

@@ -130,6 +130,7 @@ extern "C" int k_moe_route(const float *logits, int n, int E, int K, int norm, i
 #define MOE_TK 32     /* reduction chunk: 2 mma k-steps */
 #define MOE_LD (MOE_TK + 8)   /* padded smem row: ldmatrix's 8 rows hit 8 bank groups */
 #define MOE_TC_NT 128
+/* (-DMOE_STAGES=2 -DMOE_TC_MINB=1 builds the earlier form, for A/B timing: BENCH.md) */
 #ifndef MOE_STAGES
 #define MOE_STAGES 3  /* cp.async stages: two chunks in flight while one is multiplied */
 #endif
@@ -247,9 +248,9 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
 
 /* Decode-sized batches (up to MOE_GEMV_MAX_CAP tokens, so at most that many rows per
  * expert): a GEMV per expert that streams each weight row once for all of its rows. A
- * block takes
- * MOE_GEMV_COLS output columns of one expert (one per warp: 768 blocks for Qwen3-30B-A3B's
- * eight experts at batch 1, one wave); the expert's x rows sit in shared memory as bf16;
+ * block takes MOE_GEMV_COLS output columns of one expert (one per warp: 768 blocks for
+ * Qwen3-30B-A3B's eight experts at batch 1, one wave); the expert's x rows sit in shared
+ * memory as bf16;
  * a warp reads a weight row 512 bytes at a time (16 bytes a lane), MOE_GEMV_U loads in
  * flight per matrix, and reduces each row's dot product by shuffles. With active (the
  * router's list of experts that have rows), block y takes the y-th listed expert and the
@@ -258,6 +259,8 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
  * token's rsqrt(ss / Kd + eps). */
 #define MOE_GEMV_ROWS 8
 #define MOE_GEMV_MAX_CAP 8    /* k_moe_gemm: the GEMV up to this many tokens */
+static_assert(MOE_GEMV_MAX_CAP <= MOE_GEMV_ROWS && K_MOE_DEC_MAX_N <= MOE_GEMV_ROWS,
+              "the GEMV holds every row of an expert at once");
 #define MOE_GEMV_COLS (MOE_NT / 32)
 #define MOE_GEMV_U 8   /* 16-byte loads per lane in flight per matrix: a 4 KB row at once */
 

@@ -735,10 +735,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     }
     for (const model *mm = target; mm; mm = mm == target ? draft : NULL) {
         const model_config *mc = &mm->cfg;
-        if (mc->n_experts && (mc->n_experts_used > 16 || mc->moe_ffn % 8 || mc->hidden % 8)) {
+        if (mc->n_experts && (mc->n_experts > 512 || mc->n_experts_used > 16 || mc->moe_ffn % 8 || mc->hidden % 8)) {
             specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                       "cuda runner: %s: %d experts per token of width %d (at most 16 per token, widths "
-                       "multiples of 8)", mm->path, mc->n_experts_used, mc->moe_ffn);
+                       "cuda runner: %s: %d experts, %d per token, of width %d (at most 512 experts and 16 per "
+                       "token, widths multiples of 8)", mm->path, mc->n_experts, mc->n_experts_used, mc->moe_ffn);
             goto fail_free;
         }
     }

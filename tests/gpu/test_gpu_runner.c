@@ -269,6 +269,34 @@ static void test_golden_mistral_swa_tiny(void **s) { (void)s; run_golden("mistra
 static void test_golden_gemma3_tiny(void **s) { (void)s; run_golden("gemma3-tiny"); }
 static void test_golden_phi3_tiny(void **s) { (void)s; run_golden("phi3-tiny"); }
 
+/* MoE shapes the kernels cannot run are refused by name when the runner is created (the
+ * routing holds at most 512 experts per warp row, 16 per token). */
+static void test_moe_shape_limits_refused_at_create(void **s) {
+    (void)s;
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/models/qwen3moe-tiny", fixtures());
+    model *m = model_load(path, err, sizeof err);
+    if (!m) fail_msg("model_load %s: %s", path, err);
+    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = MAXB,
+                         .max_seq_len = SEQ, .max_tokens_per_step = 512, .mem_fraction = 0.9};
+    cuda_runner_opts o = {.world = 1, .quiet = 1};
+    const int experts = m->cfg.n_experts, used = m->cfg.n_experts_used;
+    m->cfg.n_experts = 513;
+    err[0] = 0;
+    assert_null(runner_cuda_create_ex(m, NULL, &cfg, &o, err, sizeof err));
+    assert_non_null(strstr(err, "at most 512 experts"));
+    m->cfg.n_experts = experts;
+    m->cfg.n_experts_used = 17;
+    err[0] = 0;
+    assert_null(runner_cuda_create_ex(m, NULL, &cfg, &o, err, sizeof err));
+    assert_non_null(strstr(err, "16 per token"));
+    m->cfg.n_experts_used = used;
+    runner *r = runner_cuda_create_ex(m, NULL, &cfg, &o, err, sizeof err);   /* as loaded: accepted */
+    if (!r) fail_msg("runner_cuda_create: %s", err);
+    runner_destroy(r);
+    model_free(m);
+}
+
 /* An odd max_batch puts the decode step's sampling parameters (8-byte seed and counter)
  * after 12 * max_batch bytes of token rows: they must still be aligned (--max-batch 1
  * failed with "misaligned address" in k_sample until the offset was rounded up). */
@@ -1582,6 +1610,7 @@ int main(void) {
         cmocka_unit_test(test_golden_phi3_tiny),
         cmocka_unit_test(test_golden_qwen3moe_tiny),
         cmocka_unit_test(test_odd_max_batch_decodes_the_golden_tokens),
+        cmocka_unit_test(test_moe_shape_limits_refused_at_create),
         cmocka_unit_test(test_golden_mixtral_tiny),
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),

@@ -392,6 +392,66 @@ static void test_kv_drop_front_releases_committed_leading_blocks(void **state) {
     kv_pool_destroy(p);
 }
 
+/* A window pool: admission needs only the blocks a new query's window reaches, so a
+ * prefix whose first blocks were evicted after a drop still hits; the match puts null
+ * entries before the drop point and takes the rest; a miss leaves the table empty. */
+static void test_kv_window_lookup_needs_only_the_window(void **state) {
+    (void)state;
+    enum { W = 6 };
+    kv_pool *p = make_pool(13, 4, 1);   /* 12 usable */
+    kv_seq a, x, b, c;
+    seq(&a, 12);
+    seq(&x, 12);
+    seq(&b, 12);
+    seq(&c, 12);
+    int32_t t[44], t2[44];
+    fill(t, 44, 100);
+    fill(t2, 44, 900);
+    assert_int_equal(kv_seq_reserve(p, &a, 40), 0);   /* 10 blocks */
+    kv_seq_commit(p, &a, t, 40);
+    assert_int_equal(kv_window_drop_upto(40, W, 4), 8);
+    assert_int_equal(kv_seq_drop_front(p, &a, kv_window_drop_upto(40, W, 4)), 8);
+    /* 2 fresh blocks, then the 8 dropped ones in order: x takes the fresh two and block 0 */
+    assert_int_equal(kv_seq_reserve(p, &x, 12), 0);
+    assert_int_equal(kv_prefix_lookup(p, t, 41, 12, NULL), 0);   /* the main-pool rule: block 0 is gone */
+    int ev = -1;
+    assert_int_equal(kv_prefix_lookup_window(p, t, 10, W, &ev), 40);
+    assert_int_equal(ev, 0);                                   /* blocks 8 and 9 are a's */
+    /* fewer blocks asked: the window of 7 blocks is [5, 7), cached and free */
+    assert_int_equal(kv_prefix_lookup_window(p, t, 7, W, &ev), 28);
+    assert_int_equal(ev, 2);
+    assert_int_equal(kv_seq_match_window(p, &b, t, 40, W), 40);
+    assert_int_equal(b.n_dropped, 8);
+    assert_int_equal(b.n_blocks, 10);
+    assert_int_equal(b.n_full_hashed, 10);
+    assert_int_equal(b.blocks[8], a.blocks[8]);
+    assert_int_equal(kv_ref(p, a.blocks[9]), 2);
+    const kv_seq *tt[] = {&a, &x, &b};
+    check_ok(p, tt, 3);
+    /* b goes on from there: its commit chains from the matched hash */
+    assert_int_equal(kv_seq_reserve(p, &b, 44), 0);
+    kv_seq_commit(p, &b, t, 44);
+    assert_int_equal(b.n_full_hashed, 11);
+    check_ok(p, tt, 3);
+    /* nothing of t2 is cached: no hit, and a forced match fails cleanly */
+    assert_int_equal(kv_prefix_lookup_window(p, t2, 10, W, &ev), 0);
+    assert_int_equal(ev, 0);
+    assert_int_equal(kv_seq_match_window(p, &c, t2, 16, W), SPECD_EINVAL);
+    assert_int_equal(c.n_blocks, 0);
+    const kv_seq *tc[] = {&a, &x, &b, &c};
+    check_ok(p, tc, 4);
+    kv_seq_release(p, &a);
+    kv_seq_release(p, &x);
+    kv_seq_release(p, &b);
+    assert_int_equal(kv_num_used(p), 0);
+    check_ok(p, NULL, 0);
+    kv_seq_destroy(&a);
+    kv_seq_destroy(&x);
+    kv_seq_destroy(&b);
+    kv_seq_destroy(&c);
+    kv_pool_destroy(p);
+}
+
 static void test_kv_check_detects_corruption(void **state) {
     (void)state;
     kv_pool *p = make_pool(6, 4, 1);
@@ -664,6 +724,7 @@ int main(void) {
         cmocka_unit_test(test_kv_hash_depends_on_parent_tokens_order_and_length),
         cmocka_unit_test(test_kv_random_walk_keeps_invariants),
         cmocka_unit_test(test_kv_drop_front_releases_committed_leading_blocks),
+        cmocka_unit_test(test_kv_window_lookup_needs_only_the_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,8 @@ typedef struct {
 
 typedef struct {
     kv_pool *kv;
+    kv_pool *win;        /* a window pool (h_add_window_pool), or NULL */
+    int window;
     sched *s;
     sched_config cfg;
     h_seq seq[H_MAX_SEQS];
@@ -51,13 +53,30 @@ static harness *h_new(int num_blocks, int bs, int cache, int max_batch, int budg
     return &h;
 }
 
+/* Recreate the scheduler with a window pool of win_blocks blocks beside the main pool
+ * (before any request is added). */
+static void h_add_window_pool(harness *h, int win_blocks, int window) {
+    char err[256] = "";
+    kv_pool_config kc = {.num_blocks = win_blocks, .block_size = kv_block_size(h->kv), .enable_prefix_cache = 1};
+    h->win = kv_pool_create(&kc, err, sizeof(err));
+    if (!h->win) fail_msg("kv_pool_create: %s", err);
+    h->window = window;
+    h->cfg.win = h->win;
+    h->cfg.window = window;
+    sched_destroy(h->s);
+    h->s = sched_create(&h->cfg, h->kv, err, sizeof(err));
+    if (!h->s) fail_msg("sched_create: %s", err);
+}
+
 static void h_free(harness *h) {
     for (int i = 0; i < h->n_seq; i++) {
         if (h->seq[i].live) sched_remove(h->s, &h->seq[i].q);
         kv_seq_destroy(&h->seq[i].q.kv);
+        kv_seq_destroy(&h->seq[i].q.kvw);
     }
     sched_destroy(h->s);
     kv_pool_destroy(h->kv);
+    kv_pool_destroy(h->win);
 }
 
 /* The "model": the token sampled at position pos of request id. */
@@ -72,6 +91,7 @@ static int h_add(harness *h, int n_prompt, int stem, int stem_len, int max_new) 
     memset(x, 0, sizeof(*x));
     assert_int_equal(kv_seq_init(&x->q.kv, (h->cfg.max_seq_len + h->cfg.lookahead +
                                             kv_block_size(h->kv) - 1) / kv_block_size(h->kv)), 0);
+    if (h->win) assert_int_equal(kv_seq_init(&x->q.kvw, x->q.kv.cap), 0);
     for (int t = 0; t < n_prompt; t++)
         x->tok[t] = t < stem_len ? (int32_t)(1000 + stem * 100 + t) : (int32_t)(5000 + i * 200 + t);
     x->q.id = (uint64_t)i;
@@ -101,6 +121,10 @@ static void h_check(harness *h, const kv_seq *const *extra, int n_extra) {
     char err[256] = "";
     if (kv_check(h->kv, t, n, err, sizeof(err)) != 0) fail_msg("%s", err);
     if (sched_check(h->s, err, sizeof(err)) != 0) fail_msg("%s", err);
+    if (!h->win) return;
+    n = 0;
+    for (int i = 0; i < h->n_seq; i++) t[n++] = &h->seq[i].q.kvw;
+    if (kv_check(h->win, t, n, err, sizeof(err)) != 0) fail_msg("window pool: %s", err);
 }
 
 /* Properties every batch must have, whatever the scenario. */
@@ -120,6 +144,11 @@ static void h_check_batch(harness *h, const sched_batch *b) {
         if (q->n_computed >= q->n_prompt) need += h->cfg.lookahead;
         int cap = q->kv.cap * bs;
         assert_true(q->kv.n_blocks * bs >= (need < cap ? need : cap));
+        if (h->win) {   /* the window table: as long, live from where the first query's window starts */
+            assert_int_equal(q->kvw.n_blocks, q->kv.n_blocks);
+            int lo = q->n_computed - h->window + 1 > 0 ? (q->n_computed - h->window + 1) / bs : 0;
+            for (int k = lo; k < q->kvw.n_blocks; k++) assert_true(q->kvw.blocks[k] > 0);
+        }
         sum += b->n_new[i];
     }
     assert_true(sum <= h->cfg.max_tokens_per_step);
@@ -134,6 +163,10 @@ static void h_engine(harness *h, const sched_batch *b) {
         q->n_computed += b->n_new[i];
         x->computed_total += b->n_new[i];
         kv_seq_commit(h->kv, &q->kv, q->tokens, q->n_computed);
+        if (h->win) {   /* as the engine does (commit_kv) */
+            kv_seq_commit(h->win, &q->kvw, q->tokens, q->n_computed);
+            kv_seq_drop_front(h->win, &q->kvw, kv_window_drop_upto(q->n_computed, h->window, kv_block_size(h->win)));
+        }
         if (q->n_computed < q->n_tokens) continue;   /* mid-prefill chunk: no logits used */
         int gen = h->spec ? 1 + (int)(h_rand(h) % (uint64_t)(h->cfg.lookahead + 1)) : 1;
         for (int g = 0; g < gen && q->n_tokens - q->n_prompt < x->max_new; g++) {
@@ -677,6 +710,59 @@ static void test_sched_random_ops_keep_invariants(void **state) {
     h_free(h);
 }
 
+/* A window pool beside the main one: random adds, steps and cancels keep both pools'
+ * invariants; every scheduled table is live from where its first query's window starts
+ * (h_check_batch); the window pool, a fifth the size of the main one, fills up and preempts too;
+ * prefix hits take the window's last blocks; everything comes back at the end. */
+static void test_sched_window_pool_keeps_invariants(void **state) {
+    (void)state;
+    harness *h = h_new(60, 4, 1, 6, 24, 64, 2);
+    h_add_window_pool(h, 12, 6);
+    h->spec = 1;
+    int steps = 0, preempts = 0, cancels = 0, finished = 0, hits = 0, win_max = 0;
+    sched_batch b;
+    for (int op = 0; op < 6000; op++) {
+        int kind = (int)(h_rand(h) % 10);
+        if (kind < 2 && h->n_seq < H_MAX_SEQS) {
+            int n = 1 + (int)(h_rand(h) % 40);
+            int rc = h_add(h, n, (int)(h_rand(h) % 3), (int)(h_rand(h) % 30),
+                           1 + (int)(h_rand(h) % (uint64_t)(64 - n)));
+            assert_true(rc >= 0);
+        } else if (kind < 9) {
+            assert_int_equal(sched_schedule(h->s, &b), 0);
+            preempts += b.n_preempted;
+            h_engine(h, &b);
+            steps++;
+        } else {
+            h_seq *x = h_pick_live(h, 0);
+            if (x) {
+                sched_remove(h->s, &x->q);
+                x->live = 0;
+                cancels++;
+            }
+        }
+        h_check(h, NULL, 0);
+        if (kv_num_used(h->win) > win_max) win_max = kv_num_used(h->win);
+    }
+    for (int i = 0; i < h->n_seq; i++) {
+        finished += h->seq[i].done;
+        hits += h->seq[i].q.n_cached_tokens > 0;
+    }
+    fprintf(stderr, "window pool: steps %d preempts %d cancels %d hits %d finished %d of %d, window blocks held at most %d\n",
+            steps, preempts, cancels, hits, finished, h->n_seq, win_max);
+    assert_true(steps > 1000 && preempts > 20 && cancels > 20 && finished > 20 && hits > 20);
+    assert_int_equal(win_max, 11);   /* the window pool filled up */
+    for (int i = 0; i < h->n_seq; i++)
+        if (h->seq[i].live) {
+            sched_remove(h->s, &h->seq[i].q);
+            h->seq[i].live = 0;
+        }
+    h_check(h, NULL, 0);
+    assert_int_equal(kv_num_used(h->kv), 0);
+    assert_int_equal(kv_num_used(h->win), 0);
+    h_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sched_token_budget_respected),
@@ -696,6 +782,7 @@ int main(void) {
         cmocka_unit_test(test_sched_remove_in_any_state),
         cmocka_unit_test(test_sched_add_validates),
         cmocka_unit_test(test_sched_random_ops_keep_invariants),
+        cmocka_unit_test(test_sched_window_pool_keeps_invariants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -296,6 +296,68 @@ int kv_seq_match_prefix(kv_pool *p, kv_seq *s, const int32_t *tokens, int n) {
     return s->n_blocks * p->block_size;
 }
 
+/* Chain hashes of the first n blocks of tokens: h[i] of block i (its parent is h[i - 1]). */
+static void chain_hashes(const kv_pool *p, const int32_t *tokens, int n, uint64_t *h) {
+    uint64_t parent = KV_ROOT_HASH;
+    for (int i = 0; i < n; i++) h[i] = parent = p->hash_fn(parent, tokens + (size_t)i * p->block_size, p->block_size);
+}
+
+/* The cached block i of the chain h over tokens, or -1. */
+static int32_t chain_find(const kv_pool *p, const int32_t *tokens, const uint64_t *h, int i) {
+    return hash_find(p, h[i], i ? h[i - 1] : KV_ROOT_HASH, tokens + (size_t)i * p->block_size);
+}
+
+int kv_prefix_lookup_window(const kv_pool *p, const int32_t *tokens, int n_blocks, int window,
+                            int *n_evictable) {
+    if (n_evictable) *n_evictable = 0;
+    if (!p->prefix_cache || n_blocks <= 0) return 0;
+    uint64_t *h = malloc((size_t)n_blocks * sizeof(*h));
+    if (!h) return 0;   /* no hit is always correct */
+    chain_hashes(p, tokens, n_blocks, h);
+    /* run: first block of the run of cached blocks ending at block i; the answer is the
+     * largest m whose needed blocks [drop(m), m) lie inside the run ending at m - 1. */
+    int best = 0, run = 0;
+    for (int i = 0; i < n_blocks; i++) {
+        if (chain_find(p, tokens, h, i) < 0) {
+            run = i + 1;
+            continue;
+        }
+        if (run <= kv_window_drop_upto((i + 1) * p->block_size, window, p->block_size)) best = i + 1;
+    }
+    if (n_evictable)
+        for (int i = kv_window_drop_upto(best * p->block_size, window, p->block_size); i < best; i++)
+            *n_evictable += p->blk[chain_find(p, tokens, h, i)].ref == 0;
+    free(h);
+    return best * p->block_size;
+}
+
+int kv_seq_match_window(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens, int window) {
+    if (s->n_blocks != 0) return SPECD_ESTATE;
+    int m = n_tokens / p->block_size;
+    if (m <= 0) return 0;
+    if (!p->prefix_cache || m > s->cap || m * p->block_size != n_tokens) return SPECD_EINVAL;
+    uint64_t *h = malloc((size_t)m * sizeof(*h));
+    if (!h) return SPECD_ENOMEM;
+    chain_hashes(p, tokens, m, h);
+    int lo = kv_window_drop_upto(n_tokens, window, p->block_size);
+    for (int i = 0; i < m; i++) {
+        int32_t b = 0;
+        if (i >= lo && (b = chain_find(p, tokens, h, i)) < 0) {
+            s->n_dropped = lo;
+            kv_seq_release(p, s);
+            free(h);
+            return SPECD_EINVAL;
+        }
+        if (b && p->blk[b].ref++ == 0) free_unlink(p, b);
+        s->blocks[s->n_blocks++] = b;
+    }
+    s->n_dropped = lo;
+    s->n_full_hashed = m;
+    s->last_hash = h[m - 1];
+    free(h);
+    return n_tokens;
+}
+
 int kv_seq_blocks_needed(const kv_pool *p, const kv_seq *s, int n_tokens) {
     int need = kv_blocks_for(p, n_tokens) - s->n_blocks;
     return need > 0 ? need : 0;

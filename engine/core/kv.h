@@ -98,6 +98,29 @@ void kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_computed)
  * number released. */
 int kv_seq_drop_front(kv_pool *p, kv_seq *s, int upto);
 
+/* Window pools. A model that mixes sliding-window and full layers (Gemma 3) keeps the
+ * window layers' KV in a second pool of its own (same block size, same hashes), so their
+ * blocks can go back while the full layers' blocks stay. The leading blocks a table of
+ * n_computed tokens may drop: every later query (position n_computed or later, or one
+ * position earlier for the draft's re-fed token) sees keys from n_computed - W on, so
+ * blocks wholly before n_computed - W - 1 are never read again. */
+static inline int kv_window_drop_upto(int n_computed, int window, int block_size) {
+    return n_computed - window - 1 > 0 ? (n_computed - window - 1) / block_size : 0;
+}
+/* Admission in a window pool beside a main pool whose prefix lookup found n_blocks full
+ * blocks of tokens: the largest m <= n_blocks such that this pool still caches blocks
+ * [kv_window_drop_upto(m * bs), m) of the same prefix (the earlier ones are not needed),
+ * as tokens (m * bs); *n_evictable (may be NULL) counts those that are free (ref 0).
+ * No side effects; 0 when caching is off. */
+int kv_prefix_lookup_window(const kv_pool *p, const int32_t *tokens, int n_blocks, int window,
+                            int *n_evictable);
+/* Take what kv_prefix_lookup_window found for n_tokens (a multiple of block_size) into an
+ * empty table: entries before the drop point are the null block (n_dropped), the rest the
+ * cached blocks (ref++); the table is committed up to n_tokens. Returns n_tokens, or
+ * SPECD_ESTATE (table not empty) / SPECD_EINVAL (a block is no longer cached: call it
+ * right after the lookup; the table is then released). */
+int kv_seq_match_window(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens, int window);
+
 /* Share src's blocks with dst (empty) for parallel sampling: the committed full blocks
  * (src->n_full_hashed; call kv_seq_commit first) by ref++; the block after them, if src
  * has one (the partial block holding tokens [n_full_hashed*bs, n_computed)), gets a fresh

@@ -64,10 +64,11 @@ static void list_push_head(seq_list *l, sched_seq *q) {
 sched *sched_create(const sched_config *cfg, kv_pool *kv, char *err, size_t errlen) {
     sched *s = NULL;
     if (!cfg || !kv || cfg->max_batch < 1 || cfg->max_tokens_per_step < 1 ||
-        cfg->max_seq_len < 1 || cfg->lookahead < 0) {
+        cfg->max_seq_len < 1 || cfg->lookahead < 0 || (cfg->win && (cfg->window < 1 ||
+        kv_block_size(cfg->win) != kv_block_size(kv)))) {
         specd_errf(err, errlen, SPECD_EINVAL,
                    "sched_create: need a kv pool, max_batch >= 1, max_tokens_per_step >= 1, "
-                   "max_seq_len >= 1, lookahead >= 0");
+                   "max_seq_len >= 1, lookahead >= 0, a window pool with a window and the same block size");
         return NULL;
     }
     s = calloc(1, sizeof(*s));
@@ -143,10 +144,23 @@ static int target_tokens(const sched *s, const sched_seq *q, int n_computed, int
     return 0;
 }
 
+/* Both tables' blocks back to their pools. */
+static void release_kv(sched *s, sched_seq *q) {
+    kv_seq_release(s->kv, &q->kv);
+    if (s->cfg.win) kv_seq_release(s->cfg.win, &q->kvw);
+}
+
+/* Both tables hold at least t tokens (all or nothing per table). */
+static int reserve_kv(sched *s, sched_seq *q, int t) {
+    int rc = kv_seq_reserve(s->kv, &q->kv, t);
+    if (rc == 0 && s->cfg.win) rc = kv_seq_reserve(s->cfg.win, &q->kvw, t);
+    return rc;
+}
+
 static void reject(sched *s, seq_list *from, sched_seq *q, int code, sched_batch *out) {
     list_remove(from, q);
     slot_give_back(s, q);
-    kv_seq_release(s->kv, &q->kv);
+    release_kv(s, q);
     q->state = SEQ_REJECTED;
     q->reject_code = code;
     out->rejected[out->n_rejected++] = q;
@@ -157,7 +171,7 @@ static void reject(sched *s, seq_list *from, sched_seq *q, int code, sched_batch
 static void preempt(sched *s, sched_seq *q, sched_batch *out) {
     list_remove(&s->running, q);
     slot_give_back(s, q);
-    kv_seq_release(s->kv, &q->kv);
+    release_kv(s, q);
     q->n_computed = 0;
     q->state = SEQ_WAITING;
     q->n_preemptions++;
@@ -175,7 +189,7 @@ static void batch_add(sched_batch *out, sched_seq *q, int n_new) {
 
 int sched_add(sched *s, sched_seq *q) {
     if (q->n_tokens < 1 || q->n_prompt < 1 || q->n_prompt > q->n_tokens || q->kv.n_blocks != 0 ||
-        !q->tokens)
+        q->kvw.n_blocks != 0 || !q->tokens || (s->cfg.win && q->kvw.cap < q->kv.cap))
         return SPECD_EINVAL;
     if (q->n_tokens > s->cfg.max_seq_len || q->n_tokens > table_tokens(s, q)) return SPECD_ERANGE;
     if (kv_blocks_for(s->kv, q->n_tokens) > s->pool_blocks) return SPECD_ENOSPACE;
@@ -195,7 +209,7 @@ void sched_remove(sched *s, sched_seq *q) {
     if (q->state == SEQ_WAITING && list_holds(&s->waiting, q)) list_remove(&s->waiting, q);
     else if (q->state == SEQ_RUNNING && list_holds(&s->running, q)) list_remove(&s->running, q);
     slot_give_back(s, q);
-    kv_seq_release(s->kv, &q->kv);
+    release_kv(s, q);
     q->state = SEQ_FINISHED;
 }
 
@@ -224,7 +238,7 @@ static int schedule_running(sched *s, sched_batch *out, int budget, int *logit_l
             q = nq;
             continue;
         }
-        while (kv_seq_reserve(s->kv, &q->kv, target) != 0) {
+        while (reserve_kv(s, q, target) != 0) {
             /* Out of blocks: the newest running sequence (the tail, never one already in
              * this batch) gives its blocks back. That may be q itself. */
             sched_seq *victim = s->running.tail;
@@ -247,6 +261,12 @@ static void schedule_waiting(sched *s, sched_batch *out, int budget, int logit_l
         int evictable = 0, target = 0;
         /* prompt logits need every prompt position computed: no hit */
         int hit = q->all_logits ? 0 : kv_prefix_lookup(s->kv, q->tokens, q->n_tokens, q->kv.cap, &evictable);
+        int evictable_win = 0;
+        if (s->cfg.win && hit > 0) {
+            /* the window pool must hold the hit's last window too; a shorter hit then */
+            int h = kv_prefix_lookup_window(s->cfg.win, q->tokens, hit / bs, s->cfg.window, &evictable_win);
+            if (h < hit) hit = kv_prefix_lookup(s->kv, q->tokens, h + 1, q->kv.cap, &evictable);
+        }
         int remaining = q->n_tokens - hit;
         int n_new = remaining < budget ? remaining : budget;
         if (q->all_logits && hit < q->n_prompt && logit_left == 0) break;   /* FCFS: wait */
@@ -262,9 +282,11 @@ static void schedule_waiting(sched *s, sched_batch *out, int budget, int logit_l
         /* Hit blocks that sit on the free list stop being allocatable once taken. */
         int need = kv_blocks_for(s->kv, target) - hit / bs;
         if (need > kv_num_free(s->kv) - evictable) break;   /* FCFS: nobody jumps ahead */
-        int got = q->all_logits ? 0 : kv_seq_match_prefix(s->kv, &q->kv, q->tokens, q->n_tokens);
-        if (got != hit || kv_seq_reserve(s->kv, &q->kv, target) != 0) {
-            kv_seq_release(s->kv, &q->kv);   /* cannot happen: lookup and match agree */
+        if (s->cfg.win && need > kv_num_free(s->cfg.win) - evictable_win) break;
+        int got = q->all_logits ? 0 : kv_seq_match_prefix(s->kv, &q->kv, q->tokens, hit + 1);
+        if (got == hit && s->cfg.win && hit > 0) got = kv_seq_match_window(s->cfg.win, &q->kvw, q->tokens, hit, s->cfg.window);
+        if (got != hit || reserve_kv(s, q, target) != 0) {
+            release_kv(s, q);   /* cannot happen: lookup and match agree */
             break;
         }
         list_remove(&s->waiting, q);
@@ -338,7 +360,7 @@ static int check_list(const sched *s, const seq_list *l, sched_state st, uint64_
             if (q->slot < 0 || q->slot >= s->cfg.max_batch || s->slot_owner[q->slot] != q)
                 return specd_errf(err, errlen, SPECD_ESTATE, "sched_check: seq %llu holds bad slot %d",
                                   (unsigned long long)q->id, q->slot);
-        } else if (q->slot != -1 || q->kv.n_blocks != 0 || q->n_computed != 0) {
+        } else if (q->slot != -1 || q->kv.n_blocks != 0 || q->kvw.n_blocks != 0 || q->n_computed != 0) {
             return specd_errf(err, errlen, SPECD_ESTATE,
                               "sched_check: waiting seq %llu holds slot %d / %d blocks / %d computed",
                               (unsigned long long)q->id, q->slot, q->kv.n_blocks, q->n_computed);

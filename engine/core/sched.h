@@ -61,6 +61,8 @@ typedef struct sched_seq {
     int reject_code;         /* SEQ_REJECTED: SPECD_ENOSPACE (pool too small for it) or
                               * SPECD_ERANGE (beyond its table / max_seq_len); else 0 */
     kv_seq kv;
+    kv_seq kvw;              /* its table in the window pool (sched_config.win), if any;
+                              * the caller initialises it like kv */
     sched_state state;
     uint64_t arrival;        /* set by sched_add: FCFS order */
     int paused;              /* set by the engine: a running sequence that keeps its KV and
@@ -83,6 +85,9 @@ typedef struct {
                               * capacity (the engine must not draft past max_seq_len) */
     int max_logit_tokens;    /* prompt tokens of all_logits sequences fed per step at most
                               * (the engine's buffer for their logits; 0: none may run) */
+    kv_pool *win;            /* a window pool beside the main one (kv.h), or NULL: every
+                              * reservation, release and prefix hit covers both tables */
+    int window;              /* its layers' sliding window (tokens), with win */
 } sched_config;
 
 typedef struct sched sched;

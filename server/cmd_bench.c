@@ -35,6 +35,7 @@ typedef struct {
     double prefill_s, decode_s;
     long prefill_tokens, decode_tokens, decode_steps, verify, accepted;
     double host_us_step;   /* decode phase: engine_step time outside its run phase, per step */
+    double kv_peak;        /* most KV bytes in use after any step (both pools) */
 } bench_row;
 
 static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_row *r) {
@@ -81,6 +82,9 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_r
                 r->accepted += ev->spec_accepted_tokens;
             }
         }
+        engine_stats st;
+        engine_get_stats(e, &st);
+        if (st.kv_bytes_used > r->kv_peak) r->kv_peak = st.kv_bytes_used;
         if (firsts == B && t1 == t0) {
             t1 = now_s();   /* every sequence has its first token: prefill is over */
             r->decode_tokens = 0;
@@ -167,9 +171,10 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     if (!json)
-        printf("device %s, prompt %d, gen %d (host us/step: engine_step's own work per decode step)\n"
-               "%6s %14s %14s %12s %8s %14s\n", engine_device_name(e), plen, gen,
-               "batch", "prefill tok/s", "decode tok/s", "ms/step", "AL", "host us/step");
+        printf("device %s, prompt %d, gen %d (host us/step: engine_step's own work per decode step; "
+               "KV MiB: most KV in use after a step)\n"
+               "%6s %14s %14s %12s %8s %14s %10s\n", engine_device_name(e), plen, gen,
+               "batch", "prefill tok/s", "decode tok/s", "ms/step", "AL", "host us/step", "KV MiB");
     int rc = 0;
     for (int i = 0; i < nb && !rc; i++) {
         bench_row r;
@@ -182,10 +187,12 @@ int cmd_bench(int argc, char **argv) {
         double al = r.verify ? 1.0 + (double)r.accepted / r.verify : 0;
         if (json)
             printf("{\"device\":\"%s\",\"batch\":%d,\"prompt_len\":%d,\"gen\":%d,\"prefill_tok_s\":%.2f,"
-                   "\"decode_tok_s\":%.2f,\"ms_per_step\":%.3f,\"acceptance_length\":%.3f,\"host_us_per_step\":%.1f}\n",
-                   engine_device_name(e), r.batch, plen, gen, pf, dt, ms, al, r.host_us_step);
+                   "\"decode_tok_s\":%.2f,\"ms_per_step\":%.3f,\"acceptance_length\":%.3f,\"host_us_per_step\":%.1f,"
+                   "\"kv_peak_bytes\":%.0f}\n",
+                   engine_device_name(e), r.batch, plen, gen, pf, dt, ms, al, r.host_us_step, r.kv_peak);
         else
-            printf("%6d %14.1f %14.1f %12.2f %8.2f %14.1f\n", r.batch, pf, dt, ms, al, r.host_us_step);
+            printf("%6d %14.1f %14.1f %12.2f %8.2f %14.1f %10.1f\n", r.batch, pf, dt, ms, al, r.host_us_step,
+                   r.kv_peak / (1 << 20));
         fflush(stdout);
     }
     engine_destroy(e);

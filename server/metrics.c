@@ -181,6 +181,11 @@ char *metrics_render(metrics *m) {
           st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
     gauge(&b, mo, "kv_blocks_used", "KV blocks held by requests or the prefix cache.", st->kv_blocks_used);
     gauge(&b, mo, "kv_blocks_total", "KV blocks in the pool.", st->kv_blocks_total);
+    gauge(&b, mo, "kv_window_blocks_used",
+          "Blocks held in the window layers' pool (models that mix sliding-window and full layers).",
+          st->kv_win_blocks_used);
+    gauge(&b, mo, "kv_window_blocks_total", "Blocks in the window layers' pool.", st->kv_win_blocks_total);
+    gauge(&b, mo, "kv_bytes_used", "Bytes of the KV blocks in use (both pools).", st->kv_bytes_used);
     gauge(&b, mo, "engine_failed", "1 when the engine hit a runner error.", st->failed);
     counter(&b, mo, "prompt_tokens_total", "Prefill tokens processed.", st->prompt_tokens);
     counter(&b, mo, "generation_tokens_total", "Generated tokens.", st->generation_tokens);

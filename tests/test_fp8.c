@@ -1208,8 +1208,8 @@ static void test_kv_fp8_runner(void **state) {
     assert_true(mo->layers[0].k_scale == 0.f && mo->layers[0].v_scale == 0.f);
     for (int l = 0; l < mq->cfg.n_layers; l++)
         assert_true(mq->layers[l].k_scale == 0.25f && mq->layers[l].v_scale == 0.125f);
-    assert_int_equal(runner_cpu_block_bytes(mo, NULL, 16, 0), 4 * runner_cpu_block_bytes(mo, NULL, 16, 1));
-    assert_int_equal(runner_cpu_block_bytes(mo, NULL, 16, 1), 2 * 16 * (size_t)mo->cfg.n_layers * mo->cfg.n_kv_heads *
+    assert_int_equal(runner_cpu_block_bytes(mo, NULL, 16, 0, RUNNER_POOL_ALL), 4 * runner_cpu_block_bytes(mo, NULL, 16, 1, RUNNER_POOL_ALL));
+    assert_int_equal(runner_cpu_block_bytes(mo, NULL, 16, 1, RUNNER_POOL_ALL), 2 * 16 * (size_t)mo->cfg.n_layers * mo->cfg.n_kv_heads *
                                                                     mo->cfg.head_dim);
 
     const int V = mo->cfg.vocab;

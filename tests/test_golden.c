@@ -137,31 +137,39 @@ static void test_golden_phi3_tiny(void **st) { (void)st; check_model("phi3-tiny"
  * interchangeable; gemma3-norms (ours, by HF) has every norm perturbed and a window of 16. */
 static void test_golden_gemma3_norms(void **st) { (void)st; check_model("gemma3-norms", 0); }
 
-/* Mistral's window of 64 on every layer: the blocks it has left behind go back to the
- * pool while a long generation runs, the output is the same as with them kept, and a
- * second request for the same prompt (whose first blocks may come back from the prefix
- * cache) gives the same tokens again. */
-static int run_window(int keep, int rounds, int32_t *out, int n_out, int *max_used) {
+/* Blocks behind a sliding window go back to the pool while a long generation runs, the
+ * output is the same as with them kept, and a second request for the same prompt (whose
+ * first blocks come back from the prefix cache: in a window pool only the last window's)
+ * gives the same tokens again. Mistral's window of 64 is on every layer, so its one pool
+ * releases; gemma3-tiny has three window layers and one full layer, so the window layers
+ * get a pool of their own that releases while the full layer keeps every block. */
+typedef struct {
+    int used, win_used, win_total, hit;   /* blocks held at most, prefix-hit tokens */
+} window_run;
+
+static void run_window(const char *name, int keep, int rounds, int budget, int32_t *out, float *lp, int n_out,
+                       window_run *w) {
     char path[4096], err[1024] = "";
-    model_dir("mistral-swa-tiny", path, sizeof path);
+    model_dir(name, path, sizeof path);
     engine_config c = {.model_path = path, .max_seq_len = 512, .max_batch = 2, .kv_bytes = 64u << 20, .threads = 2,
-                       .keep_window_kv = keep};
+                       .max_tokens_per_step = budget, .keep_window_kv = keep};
     engine *e = engine_create(&c, err, sizeof err);
     assert_non_null(e);
-    json_t *g = golden("mistral-swa-tiny"), *cs = NULL, *p;
+    json_t *g = golden(name), *cs = NULL, *p;
     size_t i;
     json_array_foreach(json_object_get(g, "prompts"), i, p)
         if (json_array_size(json_object_get(p, "prompt")) == 100) cs = p;
     assert_non_null(cs);
     int n;
     int32_t *ids = json_ids(json_object_get(cs, "prompt"), &n);
-    *max_used = 0;
+    memset(w, 0, sizeof *w);
     for (int round = 0; round < rounds; round++) {
         engine_sampling sp;
         engine_sampling_defaults(&sp);
         sp.temperature = 0;
         sp.ignore_eos = 1;
         sp.max_tokens = n_out;
+        sp.logprobs = 0;
         assert_int_equal(engine_add_ex(e, (uint64_t)round, ids, n, &sp, 1, err, sizeof err), 0);
         int got = 0;
         while (engine_has_work(e)) {
@@ -172,34 +180,76 @@ static int run_window(int keep, int rounds, int32_t *out, int n_out, int *max_us
                     int32_t id = o.events[k].tokens[t].id;
                     if (round == 0) out[got] = id;
                     else assert_int_equal(id, out[got]);
+                    /* the chosen token's logprob: a key read from the wrong block moves it */
+                    if (round == 0) lp[got] = o.events[k].tokens[t].logprob;
+                    else assert_float_equal(o.events[k].tokens[t].logprob, lp[got], 1e-5);
                     got++;
                 }
             engine_stats s;
             engine_get_stats(e, &s);
-            if (s.kv_blocks_used > *max_used) *max_used = s.kv_blocks_used;
+            if (s.kv_blocks_used > w->used) w->used = s.kv_blocks_used;
+            if (s.kv_win_blocks_used > w->win_used) w->win_used = s.kv_win_blocks_used;
+            w->win_total = s.kv_win_blocks_total;
+            w->hit = (int)s.prefix_cache_hit_tokens;
         }
         assert_int_equal(got, n_out);
     }
     free(ids);
     json_decref(g);
     engine_destroy(e);
-    return 0;
 }
 
 static void test_sliding_window_blocks_are_released(void **st) {
     (void)st;
     enum { N = 300 };
     int32_t kept[N], released[N];
-    int used_kept, used_released;
-    run_window(1, 1, kept, N, &used_kept);
-    run_window(0, 2, released, N, &used_released);
+    float lk[N], lr[N];
+    window_run k, r;
+    run_window("mistral-swa-tiny", 1, 1, 2048, kept, lk, N, &k);
+    run_window("mistral-swa-tiny", 0, 2, 2048, released, lr, N, &r);
     assert_memory_equal(kept, released, sizeof kept);
+    for (int i = 0; i < N; i++) assert_float_equal(lk[i], lr[i], 1e-5);
     /* 400 tokens: 25 blocks kept; released: the window (64) plus margin and the block
      * being filled, at most 7 */
-    print_message("  mistral-swa-tiny, 100 + 300 tokens: KV blocks held at most %d kept, %d released\n", used_kept,
-                  used_released);
-    assert_true(used_kept >= 25);
-    assert_true(used_released <= 7);
+    print_message("  mistral-swa-tiny, 100 + 300 tokens: KV blocks held at most %d kept, %d released; "
+                  "second request's prefix hit %d tokens\n", k.used, r.used, r.hit);
+    assert_true(k.used >= 25);
+    assert_true(r.used <= 7);
+    assert_int_equal(r.win_total, 0);
+    assert_true(r.hit >= 16);
+}
+
+static void test_window_pool_of_mixed_layers_is_released(void **st) {
+    (void)st;
+    enum { N = 300 };
+    int32_t kept[N], released[N], again[N];
+    float lk[N], lr[N], la[N];
+    window_run k, r, a;
+    run_window("gemma3-tiny", 1, 1, 2048, kept, lk, N, &k);
+    /* a step budget of 64 tokens makes the window pool 20 blocks, so released blocks are
+     * taken again (and overwritten) within the 400 tokens */
+    run_window("gemma3-tiny", 0, 1, 64, released, lr, N, &r);
+    /* the default budget's pool (144 blocks) still caches the last window of the prompt
+     * when the same prompt comes again */
+    run_window("gemma3-tiny", 0, 2, 2048, again, la, N, &a);
+    assert_memory_equal(kept, released, sizeof kept);
+    assert_memory_equal(kept, again, sizeof kept);
+    for (int i = 0; i < N; i++) {
+        assert_float_equal(lk[i], lr[i], 1e-5);
+        assert_float_equal(lk[i], la[i], 1e-5);
+    }
+    print_message("  gemma3-tiny, 100 + 300 tokens: kept: %d blocks of 4 layers; released: %d blocks of the full "
+                  "layer + at most %d of the 3 window layers' pool (%d blocks); second request's prefix hit %d "
+                  "tokens\n", k.used, r.used, r.win_used, r.win_total, a.hit);
+    assert_int_equal(k.win_total, 0);    /* kept: one pool, as before */
+    assert_true(k.used >= 25);
+    assert_int_equal(r.win_total, 19);   /* 2 slots x 7 + 64 / 16 + 2, less the null block */
+    assert_true(r.used >= 25);           /* the full layer keeps the whole context */
+    assert_true(r.win_used >= 5 && r.win_used <= 7);
+    assert_true(a.win_used <= 7);
+    /* the second request found its prompt's blocks: the full layer's all of them, the
+     * window pool's the last window (the first blocks were released) */
+    assert_true(a.hit >= 64);
 }
 
 static void test_golden_concurrent_batch_matches_single(void **st) {
@@ -322,6 +372,7 @@ int main(void) {
         cmocka_unit_test(test_golden_gemma3_norms),
         cmocka_unit_test(test_golden_concurrent_batch_matches_single),
         cmocka_unit_test(test_sliding_window_blocks_are_released),
+        cmocka_unit_test(test_window_pool_of_mixed_layers_is_released),
         cmocka_unit_test(test_golden_all_positions),
         cmocka_unit_test(test_pool_ignores_max_position_embeddings),
         cmocka_unit_test(test_budget_too_small_names_the_knobs),

@@ -124,6 +124,29 @@ static int all_layers_slide(const model_config *c) {
     return c->sliding_window;
 }
 
+/* The window of a model whose layers mix sliding windows and full attention (Gemma 3),
+ * when those layers get a window pool of their own: else 0. The windows must agree
+ * (one release point per table); a tensor-parallel group keeps one pool. */
+static int mixed_window(const engine_config *ec, const model_config *c) {
+    int n_win = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        int w = model_layer_window(c, l);
+        if (w > 0 && w != c->sliding_window) return 0;
+        n_win += w > 0;
+    }
+    if (ec->keep_window_kv || ec->tp.world_size > 1 || n_win == 0 || n_win == c->n_layers) return 0;
+    return c->sliding_window;
+}
+
+/* Blocks of the window pool (with its null block): every slot's window with the margin
+ * kv_window_drop_upto keeps, its draft lookahead and the block being filled, plus one
+ * step's prompt chunks. */
+static int window_pool_blocks(const engine *e, int window) {
+    const engine_config *c = &e->cfg;
+    int bs = c->block_size, per_seq = (window + 2 + e->k + bs - 1) / bs + 2;
+    return c->max_batch * per_seq + (c->max_tokens_per_step + bs - 1) / bs + 2;
+}
+
 /* A whole file as a NUL-terminated string (NULL on error). */
 static char *read_text_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -202,7 +225,9 @@ static int size_pool(engine *e, runner_config *rc, char *err, size_t errlen) {
                                * (capped by kv_bytes when given) */
         return 0;
     }
-    size_t bb = runner_cpu_block_bytes(e->target, e->draft_used, bs, c->kv_dtype == ENGINE_KV_FP8);
+    int fp8 = c->kv_dtype == ENGINE_KV_FP8;
+    size_t bb = runner_cpu_block_bytes(e->target, e->draft_used, bs, fp8, rc->win_blocks ? RUNNER_POOL_MAIN : RUNNER_POOL_ALL);
+    size_t win = (size_t)rc->win_blocks * runner_cpu_block_bytes(e->target, e->draft_used, bs, fp8, RUNNER_POOL_WINDOW);
     size_t budget = c->kv_bytes;
     if (!budget) {
         size_t avail = mem_available(), w = weight_bytes_f32(e->target);
@@ -211,8 +236,9 @@ static int size_pool(engine *e, runner_config *rc, char *err, size_t errlen) {
         /* more than every slot full at max_seq_len only feeds the prefix cache; cap it */
         size_t cap = (size_t)c->max_batch * (size_t)(min_blocks + 1) * bb;
         if (budget > cap) budget = cap;
+        budget += win;
     }
-    size_t nb = budget / bb;
+    size_t nb = budget > win ? (budget - win) / bb : 0;
     if (nb < (size_t)min_blocks)
         return specd_errf(err, errlen, SPECD_ENOSPACE,
                           "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each), "
@@ -428,6 +454,8 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     }
 
     runner_config rc = make_runner_config(e);
+    e->win_window = mixed_window(c, &e->target->cfg);
+    if (e->win_window) rc.win_blocks = window_pool_blocks(e, e->win_window);
     if (size_pool(e, &rc, err, errlen)) goto fail;
     if (c->tp.world_size > 1) {
         if (join_tp(e, &rc, err, errlen)) goto fail;
@@ -443,11 +471,19 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     kv_pool_config kc = {.num_blocks = e->run->cfg.num_blocks, .block_size = c->block_size,
                          .enable_prefix_cache = !c->disable_prefix_cache};
     if (!(e->kv = kv_pool_create(&kc, err, errlen))) goto fail;
+    if (e->win_window) {
+        if (!e->run->ops->slot_write_win_blocks) {
+            specd_errf(err, errlen, SPECD_EUNSUPPORTED, "%s runner has no window pool", e->run->ops->name);
+            goto fail;
+        }
+        kc.num_blocks = e->run->cfg.win_blocks;
+        if (!(e->win_kv = kv_pool_create(&kc, err, errlen))) goto fail;
+    }
     e->window_release = c->keep_window_kv ? 0 : all_layers_slide(&e->target->cfg);
     if (e->draft_used && all_layers_slide(&e->draft_used->cfg) != e->window_release) e->window_release = 0;
     sched_config sc = {.max_batch = c->max_batch, .max_tokens_per_step = c->max_tokens_per_step,
                        .max_seq_len = c->max_seq_len + e->k, .lookahead = e->k,
-                       .max_logit_tokens = ENGINE_PROMPT_LOGIT_ROWS};
+                       .max_logit_tokens = ENGINE_PROMPT_LOGIT_ROWS, .win = e->win_kv, .window = e->win_window};
     if (!(e->sched = sched_create(&sc, e->kv, err, errlen))) goto fail;
     if (alloc_buffers(e)) {
         specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for step buffers");
@@ -495,6 +531,7 @@ fail:
 static void req_free(req *r) {
     if (!r) return;
     kv_seq_destroy(&r->seq.kv);
+    kv_seq_destroy(&r->seq.kvw);
     free(r->seq.tokens);
     free(r->lb_ids);
     free(r->lb_vals);
@@ -518,6 +555,7 @@ void engine_destroy(engine *e) {
     free(e->reqs);
     sched_destroy(e->sched);
     kv_pool_destroy(e->kv);
+    kv_pool_destroy(e->win_kv);
     runner_destroy(e->run);   /* on rank 0 of a group: broadcasts STOP */
     tp_comm_close(e->tp);
     if (e->tp_ch) {
@@ -638,6 +676,7 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
     int max_blocks = (e->cfg.max_seq_len + e->k + e->cfg.block_size - 1) / e->cfg.block_size;
     if (!r->seq.tokens || (sp->n_logit_bias && (!r->lb_ids || !r->lb_vals)) ||
         (record && !r->first_logits) || (sp->prompt_logprobs >= 0 && !r->pl) || kv_seq_init(&r->seq.kv, max_blocks) ||
+        (e->win_kv && kv_seq_init(&r->seq.kvw, max_blocks)) ||
         engine_spec_req_init(e, r, cap)) {
         req_free(r);
         return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
@@ -792,4 +831,14 @@ void engine_get_stats(const engine *e, engine_stats *st) {
     st->kv_blocks_total = kv_num_blocks(e->kv) - 1;
     st->kv_blocks_used = kv_num_used(e->kv);
     st->kv_blocks_free = kv_num_free(e->kv);
+    const model_config *m = &e->target->cfg;
+    st->kv_layers = m->n_layers + (e->draft_used ? e->draft_used->cfg.n_layers : 0);
+    if (e->win_kv) {
+        st->kv_win_blocks_total = kv_num_blocks(e->win_kv) - 1;
+        st->kv_win_blocks_used = kv_num_used(e->win_kv);
+        for (int l = 0; l < m->n_layers; l++) st->kv_win_layers += model_layer_window(m, l) > 0;
+        st->kv_layers -= st->kv_win_layers;
+    }
+    st->kv_bytes_used = (double)st->kv_blocks_used * (double)e->run->kv_block_bytes[0] +
+                        (double)st->kv_win_blocks_used * (double)e->run->kv_block_bytes[1];
 }

@@ -171,6 +171,12 @@ typedef struct {
 typedef struct {
     int running, waiting, paused;
     int kv_blocks_total, kv_blocks_used, kv_blocks_free;
+    /* A model of window and full layers (Gemma 3) keeps its window layers' KV in a pool
+     * of its own whose blocks go back behind the window: kv_layers (target + draft) live
+     * in the blocks above, kv_win_layers in these (all 0 without a window pool). */
+    int kv_win_blocks_total, kv_win_blocks_used;
+    int kv_layers, kv_win_layers;
+    double kv_bytes_used;    /* bytes of the blocks in use, both pools */
     int max_seq_len, max_batch;
     uint64_t prompt_tokens, generation_tokens, preemptions, prefix_cache_hit_tokens;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;

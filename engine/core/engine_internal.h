@@ -33,6 +33,8 @@ typedef struct req {
     int n_out;                   /* generated so far */
     uint32_t synced_epoch;       /* slot epoch mirrored into the runner */
     int synced_blocks;           /* block-table entries mirrored into the runner */
+    int synced_dropped;          /* ... and of those, the leading ones mirrored as released */
+    int synced_win_blocks, synced_win_dropped;   /* the same for the window-pool table */
     int record;                  /* keep the logits that chose the first output token */
     float *first_logits;
     int n_cached;                /* prompt tokens served from the prefix cache */
@@ -125,6 +127,10 @@ struct engine {
     int k;                       /* draft tokens per step at most (0: no speculation) */
     int window_release;          /* > 0: every layer slides with this window, so blocks
                                   * behind it are released (kv_seq_drop_front) */
+    kv_pool *win_kv;             /* a model that mixes window and full layers (Gemma 3):
+                                  * the window layers' pool, whose blocks are released
+                                  * behind win_window; NULL otherwise */
+    int win_window;
     engine_drafter drafter;
     spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
     int spec_rows, spec_extra;   /* this step's decoding rows and draft + prefill tokens */

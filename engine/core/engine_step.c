@@ -32,41 +32,71 @@
 
 /* ---- one step -------------------------------------------------------------------------- */
 
+typedef int (*write_table_fn)(runner *r, int slot, int first, const int32_t *blocks, int n);
+
+/* Mirror table t into the runner's row (whole: a new slot; else what changed): entries
+ * appended since the last sync, and the leading entries released behind a window since
+ * then, which become the null block there too, so that nothing reads a block another
+ * request may be given next. */
+static int sync_table(runner *run, write_table_fn write, int slot, int whole, const kv_seq *t, int *synced,
+                      int *dropped) {
+    int rc;
+    if (whole) {
+        if ((rc = write(run, slot, 0, t->blocks, t->n_blocks))) return rc;
+        *synced = t->n_blocks;
+        *dropped = t->n_dropped;
+        return 0;
+    }
+    if (t->n_blocks > *synced) {
+        if ((rc = write(run, slot, *synced, t->blocks + *synced, t->n_blocks - *synced))) return rc;
+        *synced = t->n_blocks;
+    }
+    if (t->n_dropped > *dropped) {   /* from entry 0 the whole row: a write at 0 resets what follows */
+        int first = *dropped, n = first ? t->n_dropped - first : t->n_blocks;
+        if ((rc = write(run, slot, first, t->blocks + first, n))) return rc;
+        *dropped = t->n_dropped;
+    }
+    return 0;
+}
+
 /* Mirror the scheduler's slot decisions into the runner (phase 2). */
 static int sync_slot(engine *e, req *r) {
     sched_seq *s = &r->seq;
     runner *run = e->run;
     int rc;
-    if (s->slot_epoch != r->synced_epoch || r->synced_blocks == 0) {
-        /* new slot (admission or re-admission after preemption): whole row + lengths */
-        if ((rc = run->ops->slot_write_blocks(run, s->slot, 0, s->kv.blocks, s->kv.n_blocks))) return rc;
+    /* new slot (admission or re-admission after preemption): whole rows + lengths */
+    const int whole = s->slot_epoch != r->synced_epoch || r->synced_blocks == 0;
+    if ((rc = sync_table(run, run->ops->slot_write_blocks, s->slot, whole, &s->kv, &r->synced_blocks,
+                         &r->synced_dropped)))
+        return rc;
+    if (e->win_kv && (rc = sync_table(run, run->ops->slot_write_win_blocks, s->slot, whole, &s->kvw,
+                                      &r->synced_win_blocks, &r->synced_win_dropped)))
+        return rc;
+    if (whole) {
         if ((rc = run->ops->slot_set_len(run, s->slot, RUNNER_TARGET, s->n_computed))) return rc;
         if ((rc = run->ops->slot_set_len(run, s->slot, RUNNER_DRAFT, s->n_computed))) return rc;
         r->synced_epoch = s->slot_epoch;
-        r->synced_blocks = s->kv.n_blocks;
         if (r->n_cached == 0 && s->n_computed > 0 && r->n_out == 0) {
             r->n_cached = s->n_computed;
             e->st.prefix_cache_hit_tokens += (uint64_t)s->n_computed;
         }
-    } else if (s->kv.n_blocks > r->synced_blocks) {
-        if ((rc = run->ops->slot_write_blocks(run, s->slot, r->synced_blocks,
-                                              s->kv.blocks + r->synced_blocks,
-                                              s->kv.n_blocks - r->synced_blocks)))
-            return rc;
-        r->synced_blocks = s->kv.n_blocks;
     }
     return 0;
 }
 
 /* Each buffer holds 3 * max_batch + 8 events; only mass rejection or failure can exceed
  * that, and then it grows (a caller holds a buffer only until the second call after). */
-/* Commit the computed blocks' hashes; with a model whose every layer slides, release the
- * blocks every later query's window has left (the next queries sit at c or later and see
- * keys from c - W + 1; two positions of margin for the draft's re-fed token). */
+/* Commit the computed blocks' hashes; release the blocks every later query's window has
+ * left (kv_window_drop_upto): the whole table's when every layer slides, the window
+ * pool's when the model mixes window and full layers. */
 static void commit_kv(engine *e, sched_seq *s, int c) {
+    int bs = kv_block_size(e->kv);
     kv_seq_commit(e->kv, &s->kv, s->tokens, c);
-    if (e->window_release > 0 && c - e->window_release - 1 > 0)
-        kv_seq_drop_front(e->kv, &s->kv, (c - e->window_release - 1) / kv_block_size(e->kv));
+    if (e->window_release > 0) kv_seq_drop_front(e->kv, &s->kv, kv_window_drop_upto(c, e->window_release, bs));
+    if (e->win_kv) {
+        kv_seq_commit(e->win_kv, &s->kvw, s->tokens, c);
+        kv_seq_drop_front(e->win_kv, &s->kvw, kv_window_drop_upto(c, e->win_window, bs));
+    }
 }
 
 /* Forward sampling of constrained rows: the mask of e->mask_rows[i] into its row_masks

@@ -8,6 +8,13 @@
  * pool layer L_target + i. Block 0 is the null block: never handed to a request,
  * padding rows write there.
  *
+ * Window pool: with runner_config.win_blocks > 0 the target's sliding-window layers keep
+ * their KV in a second pool of win_blocks blocks (same block size, its own null block 0),
+ * addressed through a second block table per slot (slot_write_win_blocks); the first
+ * pool then holds the other layers (full attention, and every draft layer). The engine
+ * gives the window pool's blocks back once every window has left them (Gemma 3: five of
+ * six layers), while the full layers keep the whole context.
+ *
  * Slots: a table of max_batch + 1 rows; row max_batch is the dummy slot. Each row holds a
  * block table (max_blocks_per_seq entries, unused entries = 0) and a context length per
  * model (target, draft). The host writes a row when a request enters or leaves it (and
@@ -66,6 +73,9 @@ typedef struct {
      * and the weights are filled on the device with uniform random values from this seed:
      * benchmarks of real shapes without host weights. The CPU runner refuses it. */
     uint64_t random_weights_seed;
+    /* Blocks of the window pool (see the top of this file), including its null block;
+     * 0: one pool for every layer. The CPU and single-GPU CUDA runners take it. */
+    int win_blocks;
     /* Tensor parallelism (see docs/tensor-parallel.md). With tp_world > 1 the
      * runner holds shard tp_rank of the TARGET (shard_model: its Q/KV heads and ffn rows,
      * so its pool holds n_kv_heads / tp_world heads per target layer) and calls
@@ -247,9 +257,11 @@ typedef struct {
     /* Write a slot's block table: entries [first, first+n) = blocks; with first == 0 the
      * rest of the row is reset to the null block. */
     int (*slot_write_blocks)(runner *r, int slot, int first, const int32_t *blocks, int n);
+    /* The same for the slot's window-pool table (NULL: the runner has no window pool). */
+    int (*slot_write_win_blocks)(runner *r, int slot, int first, const int32_t *blocks, int n);
     int (*slot_set_len)(runner *r, int slot, int which, int len);
     int (*slot_get_len)(runner *r, int slot, int which);
-    /* Copy the K/V of pool block src to dst for every layer (copy-on-write). */
+    /* Copy the K/V of pool block src to dst for every layer of the first pool. */
     int (*copy_block)(runner *r, int dst, int src);
     /* Optional fast paths (NULL when not implemented; the engine then composes them
      * from forward + host sampling). */
@@ -279,6 +291,7 @@ struct runner {
     int verify_max_k, verify_max_rows;   /* limits of ops.verify (set by the runner) */
     int decode_async;        /* decode() takes runner_decode_batch.async and prev_row */
     int forward_async;       /* forward() takes runner_batch.async and prev_tok */
+    size_t kv_block_bytes[2];/* bytes of one block of the first pool and of the window pool */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }
@@ -287,8 +300,15 @@ static inline void runner_destroy(runner *r) { if (r) r->ops->destroy(r); }
 /* CPU reference runner. Converts all weights to fp32 at creation. */
 runner *runner_cpu_create(const model *target, const model *draft, const runner_config *cfg,
                           char *err, size_t errlen);
-/* Bytes of one KV block (all target + draft layers) in the CPU runner's storage. */
-size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8);
+/* Which layers a KV block holds: every target + draft layer (one pool), or with a
+ * window pool the first pool's layers (RUNNER_POOL_MAIN) or the window pool's. */
+enum { RUNNER_POOL_ALL = 0, RUNNER_POOL_MAIN = 1, RUNNER_POOL_WINDOW = 2 };
+/* Target layer l's KV lives in the window pool (win: the runner has one). */
+static inline int runner_layer_in_window_pool(const model_config *target, int win, int l) {
+    return win && l < target->n_layers && model_layer_window(target, l) > 0;
+}
+/* Bytes of one KV block of that pool in the CPU runner's storage. */
+size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8, int pool);
 
 #ifdef SPECD_HAVE_CUDA
 /* CUDA runner (engine/cuda/cuda_runner.c): bf16 weights (or FP8 / GGUF blocks) and KV (or

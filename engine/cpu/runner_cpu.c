@@ -83,6 +83,10 @@ typedef struct {
     float kv_lut[256];
     int max_blocks;     /* per sequence */
     int32_t *bt;        /* (max_batch+1, max_blocks) block tables */
+    /* runner_config.win_blocks > 0: the window pool's tables (same shape) and which pool
+     * layers live there (their caches hold win_blocks blocks) */
+    int32_t *bt_win;
+    unsigned char *in_win; /* (n_pool_layers) */
     int *len[2];        /* (max_batch+1) context lengths, target and draft */
     tp_pool *pool;
     /* scratch, sized for max_tokens_per_step tokens of the wider model */
@@ -472,6 +476,11 @@ static void kv_store(cpu_runner *r, int pl, int is_v, size_t off, const float *x
     for (int i = 0; i < n; i++) c[i] = fp8_e4m3_from_f32(x[i] * inv);
 }
 
+/* The block table of a slot for pool layer pl (the window pool's for its layers). */
+static const int32_t *slot_table(const cpu_runner *r, int pl, int slot) {
+    return (r->in_win[pl] ? r->bt_win : r->bt) + (size_t)slot * r->max_blocks;
+}
+
 /* One (token, head): causal attention of the token's query over positions 0..pos of its
  * slot (pos-W+1..pos with a sliding window W), read from the paged cache, with an online
  * softmax (no score buffer needed). */
@@ -484,7 +493,7 @@ static void attn_task(void *ctx, int task) {
     int kvh = h / (c->n_heads / c->n_kv_heads);
     const float *q = r->q + (size_t)t * c->n_heads * hd + (size_t)h * hd;
     float *out = r->att + (size_t)t * c->n_heads * hd + (size_t)h * hd;
-    const int32_t *bt = r->bt + (size_t)r->tok_slot[t] * r->max_blocks;
+    const int32_t *bt = slot_table(r, j->pool_layer, r->tok_slot[t]);
     float kbuf[KV_ROW_MAX], vbuf[KV_ROW_MAX];
     float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0.f;
     for (int i = 0; i < hd; i++) out[i] = 0.f;
@@ -672,7 +681,7 @@ static int cpu_forward(runner *base, const runner_batch *b) {
             }
             /* KV write through the block table (padding rows land in null block 0). */
             int p = r->tok_pos[t];
-            int32_t blk = r->bt[(size_t)r->tok_slot[t] * r->max_blocks + p / bs];
+            int32_t blk = slot_table(r, pl, r->tok_slot[t])[p / bs];
             size_t off = ((size_t)blk * bs + (size_t)(p % bs)) * kvd;
             kv_store(r, pl, 0, off, k, kvd);
             kv_store(r, pl, 1, off, r->v + (size_t)t * kvd, kvd);
@@ -997,18 +1006,29 @@ static int cpu_verify(runner *base, const runner_verify_batch *vb) {
 
 /* ---- slots and blocks --------------------------------------------------------------- */
 
-static int cpu_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
-    cpu_runner *r = (cpu_runner *)base;
+/* A slot's row of table bt (of a pool of nb blocks): entries [first, first+n) = blocks. */
+static int write_row(cpu_runner *r, int32_t *bt, int nb, int slot, int first, const int32_t *blocks, int n) {
     if (slot < 0 || slot > r->base.cfg.max_batch || first < 0 || n < 0 || first + n > r->max_blocks)
         return SPECD_EINVAL;
-    int32_t *row = r->bt + (size_t)slot * r->max_blocks;
+    int32_t *row = bt + (size_t)slot * r->max_blocks;
     for (int i = 0; i < n; i++) {
-        if (blocks[i] < 0 || blocks[i] >= r->base.cfg.num_blocks) return SPECD_EINVAL;
+        if (blocks[i] < 0 || blocks[i] >= nb) return SPECD_EINVAL;
         row[first + i] = blocks[i];
     }
     if (first == 0)
         for (int i = n; i < r->max_blocks; i++) row[i] = 0;
     return 0;
+}
+
+static int cpu_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    cpu_runner *r = (cpu_runner *)base;
+    return write_row(r, r->bt, r->base.cfg.num_blocks, slot, first, blocks, n);
+}
+
+static int cpu_slot_write_win_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    cpu_runner *r = (cpu_runner *)base;
+    if (!r->bt_win) return SPECD_EINVAL;
+    return write_row(r, r->bt_win, r->base.cfg.win_blocks, slot, first, blocks, n);
 }
 
 static int cpu_slot_set_len(runner *base, int slot, int which, int len) {
@@ -1035,6 +1055,7 @@ static int cpu_copy_block(runner *base, int dst, int src) {
     int nb = r->base.cfg.num_blocks;
     if (dst <= 0 || dst >= nb || src < 0 || src >= nb) return SPECD_EINVAL;
     for (int l = 0; l < r->n_pool_layers; l++) {
+        if (r->in_win[l]) continue;
         const cpu_model *m = &r->m[l >= r->m[0].c.n_layers];
         size_t n = layer_block_floats(&m->c, r->base.cfg.block_size);
         if (r->kv_fp8) {
@@ -1065,6 +1086,8 @@ static void cpu_destroy(runner *base) {
     free_model(&r->m[0]);
     free_model(&r->m[1]);
     free(r->bt);
+    free(r->bt_win);
+    free(r->in_win);
     free(r->len[0]);
     free(r->len[1]);
     float *bufs[] = {r->x, r->xn, r->q, r->k, r->v, r->att, r->o, r->g, r->u,
@@ -1095,6 +1118,7 @@ static const runner_ops cpu_ops = {
     .name = "cpu",
     .forward = cpu_forward_op,
     .slot_write_blocks = cpu_slot_write_blocks,
+    .slot_write_win_blocks = cpu_slot_write_win_blocks,
     .slot_set_len = cpu_slot_set_len,
     .slot_get_len = cpu_slot_get_len,
     .copy_block = cpu_copy_block,
@@ -1104,9 +1128,12 @@ static const runner_ops cpu_ops = {
     .destroy = cpu_destroy,
 };
 
-size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8) {
-    size_t n = 2 * (size_t)target->cfg.n_layers * layer_block_floats(&target->cfg, block_size);
-    if (draft) n += 2 * (size_t)draft->cfg.n_layers * layer_block_floats(&draft->cfg, block_size);
+size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8, int pool) {
+    size_t n = 0;
+    for (int l = 0; l < target->cfg.n_layers; l++)
+        if (pool == RUNNER_POOL_ALL || runner_layer_in_window_pool(&target->cfg, 1, l) == (pool == RUNNER_POOL_WINDOW))
+            n += 2 * layer_block_floats(&target->cfg, block_size);
+    if (draft && pool != RUNNER_POOL_WINDOW) n += 2 * (size_t)draft->cfg.n_layers * layer_block_floats(&draft->cfg, block_size);
     return n * (kv_fp8 ? 1 : sizeof(float));
 }
 
@@ -1115,7 +1142,8 @@ static int imax(int a, int b) { return a > b ? a : b; }
 runner *runner_cpu_create(const model *target, const model *draft, const runner_config *cfg,
                           char *err, size_t errlen) {
     if (!target || !cfg || cfg->num_blocks < 2 || cfg->block_size < 1 || cfg->max_batch < 1 ||
-        cfg->max_seq_len < 1 || cfg->max_tokens_per_step < 1) {
+        cfg->max_seq_len < 1 || cfg->max_tokens_per_step < 1 || cfg->win_blocks == 1 || cfg->win_blocks < 0 ||
+        (cfg->win_blocks > 0 && cfg->tp_world > 1)) {
         specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: invalid configuration");
         return NULL;
     }
@@ -1154,6 +1182,10 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->base.target = target;
     r->base.draft = draft;
     r->base.vocab = target->cfg.vocab;
+    r->base.kv_block_bytes[0] = runner_cpu_block_bytes(target, draft, cfg->block_size, cfg->kv_fp8,
+                                                       cfg->win_blocks > 0 ? RUNNER_POOL_MAIN : RUNNER_POOL_ALL);
+    if (cfg->win_blocks > 0)
+        r->base.kv_block_bytes[1] = runner_cpu_block_bytes(target, draft, cfg->block_size, cfg->kv_fp8, RUNNER_POOL_WINDOW);
     int threads = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     r->base.cfg.threads = threads;
     if (!(r->pool = tp_create(threads))) goto oom;
@@ -1181,7 +1213,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->k8 = calloc((size_t)r->n_pool_layers, sizeof(uint8_t *));
     r->v8 = calloc((size_t)r->n_pool_layers, sizeof(uint8_t *));
     r->kv_scale = calloc((size_t)r->n_pool_layers * 2, sizeof(float));
-    if (!r->k_cache || !r->v_cache || !r->k8 || !r->v8 || !r->kv_scale) goto oom;
+    r->in_win = calloc((size_t)r->n_pool_layers, 1);
+    if (!r->k_cache || !r->v_cache || !r->k8 || !r->v8 || !r->kv_scale || !r->in_win) goto oom;
     r->kv_fp8 = cfg->kv_fp8 != 0;
     for (int i = 0; i < 256; i++) r->kv_lut[i] = fp8_e4m3_to_f32((uint8_t)i);
     for (int l = 0; l < r->n_pool_layers; l++) {
@@ -1190,7 +1223,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         const model_layer *ly = &(is_draft ? draft : target)->layers[is_draft ? l - target->cfg.n_layers : l];
         r->kv_scale[2 * l] = ly->k_scale > 0 ? ly->k_scale : 1.0f;
         r->kv_scale[2 * l + 1] = ly->v_scale > 0 ? ly->v_scale : 1.0f;
-        size_t n = (size_t)cfg->num_blocks * layer_block_floats(c, cfg->block_size);
+        r->in_win[l] = (unsigned char)runner_layer_in_window_pool(&target->cfg, cfg->win_blocks > 0, l);
+        size_t n = (size_t)(r->in_win[l] ? cfg->win_blocks : cfg->num_blocks) * layer_block_floats(c, cfg->block_size);
         if (r->kv_fp8) {
             r->k8[l] = calloc(n, 1);
             r->v8[l] = calloc(n, 1);
@@ -1203,9 +1237,10 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     }
     r->max_blocks = (cfg->max_seq_len + cfg->block_size - 1) / cfg->block_size;
     r->bt = calloc((size_t)(cfg->max_batch + 1) * r->max_blocks, sizeof(int32_t));
+    if (cfg->win_blocks > 0) r->bt_win = calloc((size_t)(cfg->max_batch + 1) * r->max_blocks, sizeof(int32_t));
     r->len[0] = calloc((size_t)cfg->max_batch + 1, sizeof(int));
     r->len[1] = calloc((size_t)cfg->max_batch + 1, sizeof(int));
-    if (!r->bt || !r->len[0] || !r->len[1]) goto oom;
+    if (!r->bt || (cfg->win_blocks > 0 && !r->bt_win) || !r->len[0] || !r->len[1]) goto oom;
 
     /* Scratch for the widest of the two models. */
     int D = target->cfg.hidden, QD = target->cfg.n_heads * target->cfg.head_dim;

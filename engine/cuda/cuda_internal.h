@@ -162,13 +162,23 @@ typedef struct {
      * block-table rows [bt_lo, bt_hi) and the lengths flagged in len_dirty, listed in
      * len_list. Writing a slot costs no device round trip. */
     int bt_lo, bt_hi, n_len_dirty;
+    /* runner_config.win_blocks > 0: the window pool's tables (same shape, host copy and
+     * dirty rows [btw_lo, btw_hi)) */
+    int32_t *d_bt_win, *h_bt_win;
+    int btw_lo, btw_hi;
     uint8_t *len_dirty;
     int *len_list;
 
     /* KV pool */
     int n_pool_layers;
-    size_t *layer_off;   /* n_pool_layers: element offset of a layer inside a block */
+    size_t *layer_off;   /* n_pool_layers: element offset of a layer inside a block of its pool */
     size_t block_elems;
+    /* with a window pool (runner.h): which pool layers live there, its block size in
+     * elements, its storage and the device cell holding it (as d_pool_pp) */
+    unsigned char *in_win;
+    size_t win_block_elems;
+    uint16_t *d_win_pool;
+    uint16_t **d_win_pp;
     /* bytes per pool element: 2 (bf16), or 1 with runner_config.kv_fp8 (E4M3 codes, scaled
      * per pool layer by kv_scale[2 l] for K and kv_scale[2 l + 1] for V); d_pool is then
      * addressed in bytes (cuda_pool_block) */

@@ -272,27 +272,50 @@ fail:
 /* Slot writes stay on the host until the next op uploads them (cuda_upload_slots): the
  * engine writes a row's table and lengths between steps, and a round trip per write
  * (a synchronised copy) cost ~10 us each, 16 of them per step at 256 rows. */
-static int cuda_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
-    cuda_runner *r = (cuda_runner *)base;
+/* A slot's row of host table h_bt (of a pool of nb blocks; dirty rows [*lo, *hi)). */
+static int write_row(cuda_runner *r, int32_t *h_bt, int *lo, int *hi, int nb, int slot, int first,
+                     const int32_t *blocks, int n) {
     if (r->failed) return SPECD_ECUDA;
-    if (slot < 0 || slot > base->cfg.max_batch || first < 0 || n < 0 || first + n > r->max_blocks)
+    if (!h_bt || slot < 0 || slot > r->base.cfg.max_batch || first < 0 || n < 0 || first + n > r->max_blocks)
         return SPECD_EINVAL;
-    int32_t *row = r->h_bt + (size_t)slot * r->max_blocks;
+    int32_t *row = h_bt + (size_t)slot * r->max_blocks;
     for (int i = 0; i < n; i++)
-        if (blocks[i] < 0 || blocks[i] >= base->cfg.num_blocks) return SPECD_EINVAL;
+        if (blocks[i] < 0 || blocks[i] >= nb) return SPECD_EINVAL;
     int rc = cuda_dec_inputs_done(r);   /* a queued decode may still copy the table */
     if (rc) return rc;
     memcpy(row + first, blocks, (size_t)n * sizeof(int32_t));
     if (first == 0)
         for (int i = n; i < r->max_blocks; i++) row[i] = 0;
-    if (r->bt_hi <= r->bt_lo) {
-        r->bt_lo = slot;
-        r->bt_hi = slot + 1;
+    if (*hi <= *lo) {
+        *lo = slot;
+        *hi = slot + 1;
     } else {
-        if (slot < r->bt_lo) r->bt_lo = slot;
-        if (slot + 1 > r->bt_hi) r->bt_hi = slot + 1;
+        if (slot < *lo) *lo = slot;
+        if (slot + 1 > *hi) *hi = slot + 1;
     }
     return 0;
+}
+
+static int cuda_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    cuda_runner *r = (cuda_runner *)base;
+    return write_row(r, r->h_bt, &r->bt_lo, &r->bt_hi, base->cfg.num_blocks, slot, first, blocks, n);
+}
+
+static int cuda_slot_write_win_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    cuda_runner *r = (cuda_runner *)base;
+    return write_row(r, r->h_bt_win, &r->btw_lo, &r->btw_hi, base->cfg.win_blocks, slot, first, blocks, n);
+}
+
+/* Rows [*lo, *hi) of host table h to device table d (queued on the stream). */
+static int upload_rows(cuda_runner *r, int32_t *d, const int32_t *h, int *lo, int *hi) {
+    if (*hi > *lo) {
+        const size_t off = (size_t)*lo * r->max_blocks, n = (size_t)(*hi - *lo) * r->max_blocks;
+        CU_CHECK(r, cudaMemcpyAsync(d + off, h + off, n * sizeof(int32_t), cudaMemcpyHostToDevice, r->stream));
+        *lo = *hi = 0;
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
 }
 
 static int cuda_slot_set_len(runner *base, int slot, int which, int len) {
@@ -321,12 +344,9 @@ static int cuda_slot_get_len(runner *base, int slot, int which) {
 int cuda_upload_slots(cuda_runner *r) {
     int rc = cuda_dec_inputs_done(r);   /* h_len_up may still be on its way */
     if (rc) return rc;
-    if (r->bt_hi > r->bt_lo) {
-        const size_t off = (size_t)r->bt_lo * r->max_blocks, n = (size_t)(r->bt_hi - r->bt_lo) * r->max_blocks;
-        CU_CHECK(r, cudaMemcpyAsync(r->d_bt + off, r->h_bt + off, n * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                    r->stream));
-        r->bt_lo = r->bt_hi = 0;
-    }
+    if (upload_rows(r, r->d_bt, r->h_bt, &r->bt_lo, &r->bt_hi) ||
+        (r->h_bt_win && upload_rows(r, r->d_bt_win, r->h_bt_win, &r->btw_lo, &r->btw_hi)))
+        return SPECD_ECUDA;
     for (int j = 0; j < r->n_len_dirty; j++) {   /* one by one: the others' device lengths may be ahead */
         const int i = r->len_list[j];
         r->h_len_up[j] = r->h_len[i];
@@ -424,7 +444,7 @@ static void cuda_destroy(runner *base) {
     cuda_model_free(&r->m[0]);
     cuda_model_free(&r->m[1]);
     cuda_fp8_free(r);
-    void *dev[] = {r->d_bt, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
+    void *dev[] = {r->d_bt, r->d_bt_win, r->d_win_pool, r->d_win_pp, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
                    r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_fs_mask, r->d_fs_has, r->d_qscratch, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
@@ -448,6 +468,8 @@ static void cuda_destroy(runner *base) {
     if (r->blas) cublasDestroy(r->blas);
     if (r->stream) cudaStreamDestroy(r->stream);
     if (r->h_bt) cudaFreeHost(r->h_bt);
+    if (r->h_bt_win) cudaFreeHost(r->h_bt_win);
+    free(r->in_win);
     if (r->h_len) cudaFreeHost(r->h_len);
     if (r->h_len_up) cudaFreeHost(r->h_len_up);
     free(r->len_dirty);
@@ -464,6 +486,7 @@ static const runner_ops cuda_ops = {
     .name = "cuda",
     .forward = cuda_forward,
     .slot_write_blocks = cuda_slot_write_blocks,
+    .slot_write_win_blocks = cuda_slot_write_win_blocks,
     .slot_set_len = cuda_slot_set_len,
     .slot_get_len = cuda_slot_get_len,
     .copy_block = cuda_copy_block,
@@ -590,13 +613,21 @@ static int alloc_work(cuda_runner *r) {
     CU_CHECK(r, e3);
     CU_CHECK(r, cudaMemset(r->d_bt, 0, slots * r->max_blocks * 4));
     CU_CHECK(r, cudaMemset(r->d_lens, 0, slots * 2 * 4));
+    if (r->base.cfg.win_blocks > 0) {
+        if (dmalloc(r, &r->d_bt_win, slots * r->max_blocks * 4) || dmalloc(r, &r->d_win_pp, sizeof(void *)))
+            return SPECD_ECUDA;
+        CU_CHECK(r, cudaMemset(r->d_bt_win, 0, slots * r->max_blocks * 4));
+        CU_CHECK(r, cudaMallocHost((void **)&r->h_bt_win, slots * r->max_blocks * sizeof(int32_t)));
+        memset(r->h_bt_win, 0, slots * r->max_blocks * sizeof(int32_t));
+    }
     return cuda_sample_alloc(r);
 fail:
     return SPECD_ECUDA;
 }
 
-static int set_pool(cuda_runner *r, uint16_t *pool) {
+static int set_pool(cuda_runner *r, uint16_t *pool, uint16_t *win_pool) {
     CU_CHECK(r, cudaMemcpy(r->d_pool_pp, &pool, sizeof pool, cudaMemcpyHostToDevice));
+    if (r->d_win_pp) CU_CHECK(r, cudaMemcpy(r->d_win_pp, &win_pool, sizeof win_pool, cudaMemcpyHostToDevice));
     return 0;
 fail:
     return SPECD_ECUDA;
@@ -689,7 +720,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     if (r->opts.world < 1) r->opts.world = 1;
     runner_config *c = &r->base.cfg;
     if (c->block_size < 1 || c->max_batch < 1 || c->max_seq_len < 1 || c->max_tokens_per_step < 1 ||
-        c->num_blocks < 0) {
+        c->num_blocks < 0 || c->win_blocks < 0 || c->win_blocks == 1 || (c->win_blocks > 0 && r->opts.world > 1)) {
         specd_errf(err, errlen, SPECD_EINVAL,
                    "cuda runner: invalid config (block_size %d, max_batch %d, max_seq_len %d, "
                    "max_tokens_per_step %d)", c->block_size, c->max_batch, c->max_seq_len,
@@ -782,23 +813,28 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         r->m[1].pool_layer0 = target->cfg.n_layers;
     }
 
-    /* Pool geometry: per block, every target layer then every draft layer. */
+    /* Pool geometry: per block, every target layer then every draft layer (with a window
+     * pool, its blocks hold the window layers and the first pool's the others). */
     r->n_pool_layers = target->cfg.n_layers + (draft ? draft->cfg.n_layers : 0);
     r->layer_off = calloc((size_t)r->n_pool_layers, sizeof(size_t));
     r->kv_scale = calloc((size_t)r->n_pool_layers * 2, sizeof(float));
-    if (!r->layer_off || !r->kv_scale) goto oom;
+    r->in_win = calloc((size_t)r->n_pool_layers, 1);
+    if (!r->layer_off || !r->kv_scale || !r->in_win) goto oom;
     r->kv_esize = c->kv_fp8 ? 1 : 2;
-    size_t off = 0;
+    size_t off = 0, woff = 0;
     for (int l = 0; l < r->n_pool_layers; l++) {
         const int is_draft = l >= target->cfg.n_layers;
         const cuda_model *cm = &r->m[is_draft];
         const model_layer *ly = &(is_draft ? draft : target)->layers[is_draft ? l - target->cfg.n_layers : l];
-        r->layer_off[l] = off;
-        off += 2 * (size_t)cm->KVH * c->block_size * cm->D;
+        size_t *o = (r->in_win[l] = (unsigned char)runner_layer_in_window_pool(&target->cfg, c->win_blocks > 0, l))
+                        ? &woff : &off;
+        r->layer_off[l] = *o;
+        *o += 2 * (size_t)cm->KVH * c->block_size * cm->D;
         r->kv_scale[2 * l] = ly->k_scale > 0 ? ly->k_scale : 1.0f;
         r->kv_scale[2 * l + 1] = ly->v_scale > 0 ? ly->v_scale : 1.0f;
     }
     r->block_elems = off;
+    r->win_block_elems = woff;
 
     r->max_blocks = (c->max_seq_len + c->block_size - 1) / c->block_size;
     r->dummy = c->max_batch;
@@ -840,10 +876,13 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         r->base.verify_max_rows = r->vf_mb;
     }
 
-    /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot). */
-    CU_CHECK(r, cudaMalloc((void **)&scratch, pool_block_bytes(r)));
-    CU_CHECK(r, cudaMemset(scratch, 0, pool_block_bytes(r)));
-    if (set_pool(r, scratch)) goto cuda_err;
+    /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot), which
+     * stands in for the window pool too. */
+    size_t win_block_bytes = r->win_block_elems * (size_t)r->kv_esize;
+    size_t scratch_bytes = pool_block_bytes(r) > win_block_bytes ? pool_block_bytes(r) : win_block_bytes;
+    CU_CHECK(r, cudaMalloc((void **)&scratch, scratch_bytes));
+    CU_CHECK(r, cudaMemset(scratch, 0, scratch_bytes));
+    if (set_pool(r, scratch, scratch)) goto cuda_err;
     size_t free0 = 0, free1 = 0, total = 0;
     CU_CHECK(r, cudaDeviceSynchronize());
     CU_CHECK(r, cudaMemGetInfo(&free0, &total));
@@ -852,14 +891,15 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     if (!r->opts.no_graphs && r->vf_k && cuda_verify_capture(r, err, errlen)) goto fail_free;
     CU_CHECK(r, cudaMemGetInfo(&free1, &total));
     r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
-    if (set_pool(r, NULL)) goto cuda_err;
+    if (set_pool(r, NULL, NULL)) goto cuda_err;
     cudaFree(scratch);
     scratch = NULL;
 
-    /* KV pool from what is left. */
-    size_t block_bytes = pool_block_bytes(r);
+    /* KV pool from what is left, after the window pool's fixed size. */
+    size_t block_bytes = pool_block_bytes(r), win_bytes = (size_t)c->win_blocks * win_block_bytes;
     if (c->num_blocks == 0) {
-        size_t nb = (size_t)floor(c->mem_fraction * (double)free1 / (double)block_bytes);
+        double budget = c->mem_fraction * (double)free1 - (double)win_bytes;
+        size_t nb = budget > 0 ? (size_t)floor(budget / (double)block_bytes) : 0;
         if (c->kv_bytes && nb > c->kv_bytes / block_bytes + 1) nb = c->kv_bytes / block_bytes + 1;
         if (nb > ((size_t)1 << 30)) nb = (size_t)1 << 30;
         c->num_blocks = (int)nb;
@@ -876,7 +916,13 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     }
     CU_CHECK(r, cudaMalloc((void **)&r->d_pool, (size_t)c->num_blocks * block_bytes));
     CU_CHECK(r, cudaMemset(r->d_pool, 0, (size_t)c->num_blocks * block_bytes));
-    if (set_pool(r, r->d_pool)) goto cuda_err;
+    if (win_bytes) {
+        CU_CHECK(r, cudaMalloc((void **)&r->d_win_pool, win_bytes));
+        CU_CHECK(r, cudaMemset(r->d_win_pool, 0, win_bytes));
+    }
+    if (set_pool(r, r->d_pool, r->d_win_pool)) goto cuda_err;
+    r->base.kv_block_bytes[0] = block_bytes;
+    r->base.kv_block_bytes[1] = win_block_bytes;
     CU_CHECK(r, cudaDeviceSynchronize());
 
     if (!r->opts.quiet) {
@@ -888,12 +934,16 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
             n += (size_t)snprintf(gs + n, sizeof gs - n, "; speculative k=%d sizes ", r->sp_k);
         for (int i = 0; i < r->sp_n_graphs && n + 8 < sizeof gs; i++)
             n += (size_t)snprintf(gs + n, sizeof gs - n, "%s%d", i ? "," : "", r->sp_graph_sizes[i]);
+        char wdesc[128] = "";
+        if (win_bytes)
+            snprintf(wdesc, sizeof wdesc, " + window layers' pool %d blocks (%.2f GiB)", c->win_blocks,
+                     (double)win_bytes / (1 << 30));
         if (r->vf_k && n + 64 < sizeof gs)
             n += (size_t)snprintf(gs + n, sizeof gs - n, "; verify k=1..%d rows<=%d: %d graphs", r->vf_k,
                                   r->vf_mb, r->vf_n_graphs);
         fprintf(stderr,
                 "cuda runner: %s, %d SMs: weights %.2f GiB%s, workspace %.2f GiB, graphs %.3f GiB, "
-                "KV %s %d blocks x %d tokens = %lld tokens (%.2f GiB), max batch %d, max seq %d, "
+                "KV %s %d blocks x %d tokens = %lld tokens (%.2f GiB)%s, max batch %d, max seq %d, "
                 "captured decode sizes [%s]\n",
                 prop.name, r->n_sm, (double)(r->m[0].weight_bytes + r->m[1].weight_bytes) / (1 << 30),
                 r->m[0].q_scratch || r->m[1].q_scratch ? " (GGUF quantized projections kept in their blocks)"
@@ -902,7 +952,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
                 (double)r->work_bytes / (1 << 30), (double)r->graph_bytes / (1 << 30),
                 r->kv_esize == 1 ? "fp8" : "bf16", c->num_blocks,
                 c->block_size, (long long)c->num_blocks * c->block_size,
-                (double)c->num_blocks * block_bytes / (1 << 30), c->max_batch, c->max_seq_len,
+                (double)c->num_blocks * block_bytes / (1 << 30), wdesc, c->max_batch, c->max_seq_len,
                 r->n_graphs ? gs : "none (eager)");
     }
     return &r->base;

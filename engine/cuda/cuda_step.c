@@ -91,9 +91,11 @@ fail:
 static k_kv_geom kv_geom(const cuda_runner *r, int which, const int32_t *tok_slot,
                          const int32_t *tok_j, int pool_layer) {
     k_kv_geom g = {
-        .tok_slot = tok_slot, .tok_j = tok_j, .lens = r->d_lens, .which = which, .bt = r->d_bt,
+        .tok_slot = tok_slot, .tok_j = tok_j, .lens = r->d_lens, .which = which,
+        .bt = r->in_win[pool_layer] ? r->d_bt_win : r->d_bt,
         .max_blocks = r->max_blocks, .block_size = r->base.cfg.block_size,
-        .pool_pp = r->d_pool_pp, .block_elems = r->block_elems,
+        .pool_pp = r->in_win[pool_layer] ? r->d_win_pp : r->d_pool_pp,
+        .block_elems = r->in_win[pool_layer] ? r->win_block_elems : r->block_elems,
         .layer_off = r->layer_off[pool_layer],
         .kv_fp8 = r->kv_esize == 1,
         .k_scale = r->kv_scale[2 * pool_layer], .v_scale = r->kv_scale[2 * pool_layer + 1],

@@ -18,6 +18,7 @@
 
 #include <jansson.h>
 
+#include "engine/core/err.h"
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_runner.h"
 #include "engine/model/fp8.h"
@@ -268,6 +269,86 @@ static void test_golden_llama_draft(void **s) { (void)s; run_golden("llama-draft
 static void test_golden_mistral_swa_tiny(void **s) { (void)s; run_golden("mistral-swa-tiny"); }
 static void test_golden_gemma3_tiny(void **s) { (void)s; run_golden("gemma3-tiny"); }
 static void test_golden_phi3_tiny(void **s) { (void)s; run_golden("phi3-tiny"); }
+
+/* A window pool (runner_config.win_blocks): gemma3-tiny's three window layers keep their
+ * KV in a second pool through the slot's window table, the full layer in the first.
+ * Fed the same tokens, a runner whose window table is a ring of WIN_RING reused blocks,
+ * the entries behind the window reset to the null block as the engine releases them
+ * (kv_window_drop_upto), gives the logits of one pool that keeps every block: the
+ * 250-token prompt in two chunks, 60 steps through forward (logits compared), then 60
+ * through the captured decode graph (tokens compared). Reading an entry behind the window
+ * would read a block the ring has overwritten with later positions. */
+#define WIN_RING 16
+static void win_table(runner *r, int c, int end, int window) {
+    int32_t b[MAXBLK] = {0};
+    int lo = c - window - 1 > 0 ? (c - window - 1) / BS : 0, hi = (end + BS - 1) / BS;
+    assert_true(hi - lo <= WIN_RING);
+    for (int i = lo; i < hi; i++) b[i] = 1 + i % WIN_RING;
+    assert_int_equal(r->ops->slot_write_win_blocks(r, 0, 0, b, MAXBLK), 0);
+}
+
+static void test_window_pool_matches_one_pool(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "gemma3-tiny", 0);
+    const golden *g = &f.g;
+    const int W = f.m->cfg.sliding_window, V = f.vocab;
+    int p = -1;
+    for (int i = 0; i < g->n_prompts; i++)
+        if (g->len[i] == 250) p = i;
+    assert_true(p >= 0 && W > 0 && W < 200);
+    char err[512];
+    runner_config cfg = {.num_blocks = 1 + MAXB * MAXBLK, .block_size = BS, .max_batch = 1, .max_seq_len = SEQ,
+                         .max_tokens_per_step = 512, .mem_fraction = 0.9, .win_blocks = 1 + WIN_RING};
+    cuda_runner_opts o = {.world = 1, .quiet = 1};
+    runner *w = runner_cuda_create_ex(f.m, NULL, &cfg, &o, err, sizeof err);
+    if (!w) fail_msg("runner_cuda_create (window pool): %s", err);
+    assert_non_null(w->ops->slot_write_win_blocks);
+    assert_int_equal(f.r->ops->slot_write_win_blocks(f.r, 0, 0, NULL, 0), SPECD_EINVAL);   /* no window pool */
+    slot_reset(f.r, 0);
+    slot_reset(w, 0);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    int c = 0, tok = 0;
+    double worst = 0;
+    runner *both[2] = {f.r, w};
+    float *outs[2] = {la, lb};
+    for (int step = 0; step < 2 + 60; step++) {   /* two prompt chunks, then 60 single tokens */
+        int n = step == 0 ? 128 : step == 1 ? g->len[p] - 128 : 1;
+        const int32_t *in = step < 2 ? g->prompt[p] + c : &tok;
+        win_table(w, c, c + n, W);
+        for (int k = 0; k < 2; k++) {
+            runner_row row = {.slot = 0, .n_new = n, .tok_off = 0, .n_logits = 1, .logits_off = 0};
+            runner_batch b = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = in, .n_tokens = n,
+                              .logits = outs[k]};
+            int rc = runner_forward(both[k], &b);
+            if (rc) fail_msg("forward: %d %s", rc, cuda_runner_error(both[k]));
+        }
+        c += n;
+        double e = rel_err(lb, la, V);
+        if (e > worst) worst = e;
+        if (e > 1e-6) fail_msg("position %d: window pool logits differ from one pool by %.3e", c, e);
+        tok = argmax(la, V);
+    }
+    int ta = tok, tb = tok;
+    for (int j = 0; j < 60; j++, c++) {
+        int slot = 0, na = 0, nb = 0;
+        runner_sampling sp = {0};
+        win_table(w, c, c + 1, W);
+        runner_decode_batch da = {.n = 1, .slots = &slot, .tokens = &ta, .sp = &sp, .out_tokens = &na};
+        runner_decode_batch db = {.n = 1, .slots = &slot, .tokens = &tb, .sp = &sp, .out_tokens = &nb};
+        if (f.r->ops->decode(f.r, &da) || w->ops->decode(w, &db)) fail_msg("decode: %s", cuda_runner_error(w));
+        if (na != nb) fail_msg("decode step %d (position %d): token %d with the window pool, %d with one", j, c, nb, na);
+        ta = na;
+        tb = nb;
+    }
+    assert_int_equal(dev_len(w, 0, RUNNER_TARGET), c);
+    printf("    gemma3-tiny window pool (ring of %d blocks, window %d): %d positions, logits max rel diff %.3e, "
+           "60 graph decode steps equal\n", WIN_RING, W, c, worst);
+    free(la);
+    free(lb);
+    runner_destroy(w);
+    fixture_close(&f);
+}
 
 /* MoE shapes the kernels cannot run are refused by name when the runner is created (the
  * routing holds at most 512 experts per warp row, 16 per token). */
@@ -1611,6 +1692,7 @@ int main(void) {
         cmocka_unit_test(test_golden_qwen3moe_tiny),
         cmocka_unit_test(test_odd_max_batch_decodes_the_golden_tokens),
         cmocka_unit_test(test_moe_shape_limits_refused_at_create),
+        cmocka_unit_test(test_window_pool_matches_one_pool),
         cmocka_unit_test(test_golden_mixtral_tiny),
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),

@@ -268,6 +268,10 @@ static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank, 
         }
         if (L->q_norm) K_CHECK(r, k_fill_uniform_f32(L->q_norm, D, mix_seed(seed, tag++), 0.9f, 1.1f, st));
         if (L->k_norm) K_CHECK(r, k_fill_uniform_f32(L->k_norm, D, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        if (L->post_attn_norm) {   /* Gemma 3's norms after attention and MLP */
+            K_CHECK(r, k_fill_uniform_f32(L->post_attn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+            K_CHECK(r, k_fill_uniform_f32(L->post_ffn_norm, hidden, mix_seed(seed, tag++), 0.9f, 1.1f, st));
+        }
     }
     CU_CHECK(r, cudaStreamSynchronize(st));
     return 0;

@@ -185,8 +185,9 @@ void model_rope_inv_freq_layer(const model_config *c, int layer, int round_to_bf
 size_t model_kv_bytes_per_token(const model_config *c, size_t elem_size);
 
 /* Fill `c` with a named real shape for random-weight benchmarks: "llama-3.1-8b",
- * "llama-3.2-1b", "qwen2.5-1.5b", "qwen3-1.7b", "qwen3-30b-a3b" (mixture of experts; CUDA
- * runner only). Returns 0 or SPECD_ENOTFOUND. */
+ * "llama-3.2-1b", "qwen2.5-1.5b", "qwen3-1.7b", and for the CUDA runner only
+ * "qwen3-30b-a3b" (mixture of experts) and "gemma3-4b" (sandwich norms; sliding-window
+ * layers). Returns 0 or SPECD_ENOTFOUND. */
 int model_shape_preset(const char *name, model_config *c);
 
 #endif

@@ -765,6 +765,25 @@ static void test_shape_presets(void **state) {
     assert_int_equal(c.tied_embeddings, 1);
     assert_int_equal(model_kv_bytes_per_token(&c, 4), 2 * 28 * 8 * 128 * 4);
 
+    assert_int_equal(model_shape_preset("gemma3-4b", &c), 0);
+    assert_int_equal(c.arch, MODEL_ARCH_GEMMA3);
+    assert_int_equal(c.n_layers, 34); assert_int_equal(c.hidden, 2560);
+    assert_int_equal(c.n_heads, 8); assert_int_equal(c.n_kv_heads, 4);
+    assert_int_equal(c.head_dim, 256); assert_int_equal(c.ffn, 10240); assert_int_equal(c.vocab, 262208);
+    assert_int_equal(c.act, ACT_GELU_TANH); assert_int_equal(c.sandwich_norms, 1); assert_int_equal(c.qk_norm, 1);
+    assert_float_equal(c.attn_scale, 1.0 / 16, 0); assert_float_equal(c.embed_scale, sqrtf(2560.0f), 0);
+    assert_int_equal(c.rope_type, ROPE_LINEAR); assert_float_equal(c.rope_factor, 8, 0);
+    assert_float_equal(c.rope_local_theta, 1e4, 0); assert_float_equal(c.rope_theta, 1e6, 0);
+    int full = 0;
+    for (int l = 0; l < c.n_layers; l++) full += model_layer_window(&c, l) == 0;
+    assert_int_equal(full, 5);   /* layers 5, 11, 17, 23, 29; the other 29 slide over 1024 */
+    assert_int_equal(model_layer_window(&c, 0), 1024);
+    assert_int_equal(model_layer_window(&c, 5), 0);
+    char err[256];
+    model *m = model_shape(&c, err, sizeof err);
+    if (!m) fail_msg("model_shape gemma3-4b: %s", err);
+    model_free(m);
+
     assert_int_equal(model_shape_preset("gpt-5", &c), SPECD_ENOTFOUND);
 }
 

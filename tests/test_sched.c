@@ -635,6 +635,40 @@ static h_seq *h_pick_live(harness *h, int want_running) {
     return NULL;
 }
 
+typedef struct {
+    int steps, preempts, cancels;
+} h_counts;
+
+/* One operation of a random workload: kind < 2 adds a request (a prompt of up to
+ * max_prompt tokens with a shared stem of up to max_stem, finishing by max_seq_len),
+ * kind < n_step schedules a step and plays it, kind == n_step cancels a live request.
+ * Returns 0 for the kinds above, left to the caller. */
+static int h_random_op(harness *h, int kind, int max_prompt, int max_stem, int n_step, h_counts *c) {
+    if (kind < 2) {
+        if (h->n_seq >= H_MAX_SEQS) return 1;
+        int n = 1 + (int)(h_rand(h) % (uint64_t)max_prompt);
+        int rc = h_add(h, n, (int)(h_rand(h) % 3), (int)(h_rand(h) % (uint64_t)max_stem),
+                       1 + (int)(h_rand(h) % (uint64_t)(h->cfg.max_seq_len - n)));
+        assert_true(rc >= 0);
+    } else if (kind < n_step) {
+        sched_batch b;
+        assert_int_equal(sched_schedule(h->s, &b), 0);
+        c->preempts += b.n_preempted;
+        h_engine(h, &b);
+        c->steps++;
+    } else if (kind == n_step) {
+        h_seq *x = h_pick_live(h, 0);
+        if (x) {
+            sched_remove(h->s, &x->q);
+            x->live = 0;
+            c->cancels++;
+        }
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* Seeded random workload: adds, steps with speculative multi-token appends, cancels, and
  * forks, with kv_check + sched_check after every operation. */
 static void test_sched_random_ops_keep_invariants(void **state) {
@@ -648,28 +682,10 @@ static void test_sched_random_ops_keep_invariants(void **state) {
         assert_int_equal(kv_seq_init(&forks[i], 16), 0);
         fork_t[i] = &forks[i];
     }
-    int steps = 0, preempts = 0, cancels = 0, nforks = 0, finished = 0;
-    sched_batch b;
+    int nforks = 0, finished = 0;
+    h_counts c = {0};
     for (int op = 0; op < 6000; op++) {
-        int kind = (int)(h_rand(h) % 10);
-        if (kind < 2 && h->n_seq < H_MAX_SEQS) {
-            int n = 1 + (int)(h_rand(h) % 24);
-            int rc = h_add(h, n, (int)(h_rand(h) % 3), (int)(h_rand(h) % 12),
-                           1 + (int)(h_rand(h) % (uint64_t)(48 - n)));
-            assert_true(rc >= 0);
-        } else if (kind < 8) {
-            assert_int_equal(sched_schedule(h->s, &b), 0);
-            preempts += b.n_preempted;
-            h_engine(h, &b);
-            steps++;
-        } else if (kind == 8) {
-            h_seq *x = h_pick_live(h, 0);
-            if (x) {
-                sched_remove(h->s, &x->q);
-                x->live = 0;
-                cancels++;
-            }
-        } else {
+        if (!h_random_op(h, (int)(h_rand(h) % 10), 24, 12, 8, &c)) {   /* kind 9: fork */
             kv_seq *f = &forks[h_rand(h) % N_FORK];
             h_seq *x = h_pick_live(h, 1);
             if (f->n_blocks) {
@@ -689,10 +705,10 @@ static void test_sched_random_ops_keep_invariants(void **state) {
         hits += h->seq[i].q.n_cached_tokens > 0;
     }
     fprintf(stderr, "random ops: steps %d preempts %d cancels %d forks %d hits %d finished %d of %d\n",
-            steps, preempts, cancels, nforks, hits, finished, h->n_seq);
-    assert_true(steps > 1000);
-    assert_true(preempts > 20);
-    assert_true(cancels > 20);
+            c.steps, c.preempts, c.cancels, nforks, hits, finished, h->n_seq);
+    assert_true(c.steps > 1000);
+    assert_true(c.preempts > 20);
+    assert_true(c.cancels > 20);
     assert_true(nforks > 20);
     assert_true(finished > 20);
     assert_true(hits > 20);
@@ -719,28 +735,10 @@ static void test_sched_window_pool_keeps_invariants(void **state) {
     harness *h = h_new(60, 4, 1, 6, 24, 64, 2);
     h_add_window_pool(h, 12, 6);
     h->spec = 1;
-    int steps = 0, preempts = 0, cancels = 0, finished = 0, hits = 0, win_max = 0;
-    sched_batch b;
+    int finished = 0, hits = 0, win_max = 0;
+    h_counts c = {0};
     for (int op = 0; op < 6000; op++) {
-        int kind = (int)(h_rand(h) % 10);
-        if (kind < 2 && h->n_seq < H_MAX_SEQS) {
-            int n = 1 + (int)(h_rand(h) % 40);
-            int rc = h_add(h, n, (int)(h_rand(h) % 3), (int)(h_rand(h) % 30),
-                           1 + (int)(h_rand(h) % (uint64_t)(64 - n)));
-            assert_true(rc >= 0);
-        } else if (kind < 9) {
-            assert_int_equal(sched_schedule(h->s, &b), 0);
-            preempts += b.n_preempted;
-            h_engine(h, &b);
-            steps++;
-        } else {
-            h_seq *x = h_pick_live(h, 0);
-            if (x) {
-                sched_remove(h->s, &x->q);
-                x->live = 0;
-                cancels++;
-            }
-        }
+        h_random_op(h, (int)(h_rand(h) % 10), 40, 30, 9, &c);
         h_check(h, NULL, 0);
         if (kv_num_used(h->win) > win_max) win_max = kv_num_used(h->win);
     }
@@ -749,8 +747,8 @@ static void test_sched_window_pool_keeps_invariants(void **state) {
         hits += h->seq[i].q.n_cached_tokens > 0;
     }
     fprintf(stderr, "window pool: steps %d preempts %d cancels %d hits %d finished %d of %d, window blocks held at most %d\n",
-            steps, preempts, cancels, hits, finished, h->n_seq, win_max);
-    assert_true(steps > 1000 && preempts > 20 && cancels > 20 && finished > 20 && hits > 20);
+            c.steps, c.preempts, c.cancels, hits, finished, h->n_seq, win_max);
+    assert_true(c.steps > 1000 && c.preempts > 20 && c.cancels > 20 && finished > 20 && hits > 20);
     assert_int_equal(win_max, 11);   /* the window pool filled up */
     for (int i = 0; i < h->n_seq; i++)
         if (h->seq[i].live) {

@@ -1574,33 +1574,16 @@ int model_shape_preset(const char *name, model_config *c) {
         return 0;
     }
     if (!strcmp(name, "gemma3-4b")) {   /* Gemma 3 4B's text model: 5 window layers per full one */
-        c->arch = MODEL_ARCH_GEMMA3;
-        snprintf(c->arch_name, sizeof c->arch_name, "Gemma3ForCausalLM");
-        c->n_layers = 34;
-        c->hidden = 2560;
-        c->n_heads = 8;
-        c->n_kv_heads = 4;
-        c->head_dim = 256;
-        c->ffn = 10240;
-        c->vocab = 262208;
-        c->rms_eps = 1e-6f;
-        c->act = ACT_GELU_TANH;
-        c->norm_plus_one = 1;
-        c->sandwich_norms = 1;
-        c->qk_norm = 1;
-        c->embed_scale = sqrtf((float)c->hidden);
-        c->attn_scale = 1.0f / 16.0f;   /* query_pre_attn_scalar 256 */
-        c->rope_theta = 1000000.0f;
-        c->rope_type = ROPE_LINEAR;
-        c->rope_factor = 8.0f;
-        c->rope_local_theta = 10000.0f;
-        c->sliding_window = 1024;
+        *c = (model_config){
+            .arch = MODEL_ARCH_GEMMA3, .arch_name = "Gemma3ForCausalLM", .n_layers = 34, .hidden = 2560,
+            .n_heads = 8, .n_kv_heads = 4, .head_dim = 256, .ffn = 10240, .vocab = 262208, .rms_eps = 1e-6f,
+            .act = ACT_GELU_TANH, .norm_plus_one = 1, .sandwich_norms = 1, .qk_norm = 1,
+            .embed_scale = sqrtf(2560.0f), .attn_scale = 1.0f / 16.0f,   /* query_pre_attn_scalar 256 */
+            .rope_theta = 1e6f, .rope_type = ROPE_LINEAR, .rope_factor = 8.0f, .rope_local_theta = 1e4f,
+            .sliding_window = 1024, .tied_embeddings = 1, .max_pos = 131072,
+            .bos_id = 2, .eos_ids = {1, 106}, .n_eos = 2,
+        };
         for (int l = 0; l < c->n_layers; l++) c->layer_swa[l] = (l + 1) % 6 != 0;
-        c->tied_embeddings = 1;
-        c->max_pos = 131072;
-        c->bos_id = 2;
-        c->eos_ids[0] = 1; c->eos_ids[1] = 106;
-        c->n_eos = 2;
         return 0;
     }
     if (!strcmp(name, "qwen3-30b-a3b")) {   /* Qwen3-30B-A3B: 128 experts, 8 per token */

@@ -143,7 +143,8 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
         return 1;
     }
     static const char *const with_value[] = {"--model", "--tokenizer", "--chat-template", "--draft-model",
-        "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch", "--max-num-batched-tokens", "--async-scheduling",
+        "--draft-layers", "--num-draft-tokens", "--device", "--max-seq-len", "--max-batch", "--max-num-batched-tokens",
+        "--max-prefill-decoding", "--async-scheduling",
         "--kv-cache-bytes", "--threads", "--block-size", "--tensor-parallel-size", "--nnodes",
         "--node-rank", "--master-addr", "--master-port", "--shape", "--draft-shape", "--speculative",
         "--ngram-min", "--ngram-max", "--dtype", "--quantization", "--kv-cache-dtype"};
@@ -174,6 +175,7 @@ int cli_engine_opt(engine_config *c, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--max-seq-len")) bad = cli_int(v, 2, 1 << 24, &c->max_seq_len);
     else if (!strcmp(a, "--max-batch")) bad = cli_int(v, 1, 4096, &c->max_batch);
     else if (!strcmp(a, "--max-num-batched-tokens")) bad = cli_int(v, 1, 1 << 20, &c->max_tokens_per_step);
+    else if (!strcmp(a, "--max-prefill-decoding")) bad = cli_int(v, -1, 1 << 20, &c->max_prefill_decoding);
     else if (!strcmp(a, "--async-scheduling")) {
         int on = 1;
         bad = cli_int(v, 0, 1, &on);

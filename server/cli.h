@@ -70,6 +70,9 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --max-batch N           running sequences at most (default 64)\n" \
     "  --max-num-batched-tokens N  tokens one step feeds at most, decode rows and prompt\n" \
     "                          chunks together (default 2048, at least --max-batch)\n" \
+    "  --max-prefill-decoding N  prompt tokens a step feeds at most while sequences are\n" \
+    "                          decoding (default 512; -1: only the budget above): bounds how\n" \
+    "                          much a burst of prompts lengthens decode steps\n" \
     "  --async-scheduling 0|1  queue the next decode step before committing the running one\n" \
     "                          (default 1; 0: one step at a time)\n" \
     "  --kv-cache-bytes N      KV pool budget in bytes (default: from free memory)\n" \

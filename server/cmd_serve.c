@@ -105,6 +105,8 @@ static void fill_engine_config(const srv_config *c, engine_config *ec) {
     ec->max_seq_len = c->max_seq_len;
     ec->max_batch = c->max_batch;
     ec->max_tokens_per_step = c->max_num_batched_tokens;
+    ec->max_prefill_decoding = c->max_prefill_decoding;
+    ec->keep_window_kv = c->keep_window_kv;
     ec->sync_scheduling = !c->async_scheduling;
     ec->mem_fraction = c->mem_fraction;
     ec->kv_bytes = (size_t)c->kv_cache_bytes;

@@ -40,6 +40,8 @@ typedef struct {
     int max_seq_len;
     int max_batch;
     int max_num_batched_tokens;         /* scheduler token budget per step (0 = engine default) */
+    int max_prefill_decoding;           /* prompt tokens per step while decoding (0 = 512, -1 = none) */
+    int keep_window_kv;                 /* keep KV blocks behind sliding windows */
     double mem_fraction;
     long long kv_cache_bytes;           /* 0 = from mem_fraction */
     char device[16];                    /* "cpu" | "cuda" */

@@ -252,6 +252,59 @@ static void test_window_pool_of_mixed_layers_is_released(void **st) {
     assert_true(a.hit >= 64);
 }
 
+/* --max-prefill-decoding: a 1,200-token prompt arriving while another request decodes
+ * is fed at most 512 tokens a step (the engine's default) next to the decode row, then
+ * the whole budget once nothing decodes; with the bound off its first step takes the
+ * budget (2048). Its tokens are the same either way. */
+static int run_burst(int cap, int32_t *out, int n_out, int *max_mixed) {
+    char path[4096], err[1024] = "";
+    model_dir("llama-tiny", path, sizeof path);
+    engine_config c = {.model_path = path, .max_seq_len = 2048, .max_batch = 4, .kv_bytes = 64u << 20, .threads = 2,
+                       .max_prefill_decoding = cap};
+    engine *e = engine_create(&c, err, sizeof err);
+    assert_non_null(e);
+    enum { LONG = 1200 };
+    int32_t ids[LONG];
+    for (int i = 0; i < LONG; i++) ids[i] = 1 + (i * 37) % 500;
+    engine_sampling sp;
+    engine_sampling_defaults(&sp);
+    sp.temperature = 0;
+    sp.ignore_eos = 1;
+    sp.max_tokens = 40;
+    assert_int_equal(engine_add_ex(e, 0, ids, 20, &sp, 1, err, sizeof err), 0);
+    engine_output o;
+    for (int i = 0; i < 3; i++) assert_int_equal(engine_step(e, &o), 0);   /* request 0 is decoding */
+    sp.max_tokens = n_out;
+    assert_int_equal(engine_add_ex(e, 1, ids, LONG, &sp, 1, err, sizeof err), 0);
+    int got = 0, first = -1, decoding = 1;
+    *max_mixed = 0;
+    while (engine_has_work(e)) {
+        assert_int_equal(engine_step(e, &o), 0);
+        if (first < 0) first = o.n_scheduled_tokens;
+        if (decoding && o.n_scheduled_tokens > *max_mixed) *max_mixed = o.n_scheduled_tokens;
+        for (int k = 0; k < o.n_events; k++) {
+            if (o.events[k].req_id == 0 && o.events[k].finish != ENGINE_RUNNING) decoding = 0;
+            for (int t = 0; o.events[k].req_id == 1 && t < o.events[k].n_tokens; t++) out[got++] = o.events[k].tokens[t].id;
+        }
+    }
+    assert_int_equal(got, n_out);
+    engine_destroy(e);
+    return first;
+}
+
+static void test_prefill_bounded_while_decoding(void **st) {
+    (void)st;
+    int32_t a[8], b[8];
+    int mixed_a, mixed_b;
+    int first_a = run_burst(0, a, 8, &mixed_a), first_b = run_burst(-1, b, 8, &mixed_b);
+    print_message("  1,200-token prompt beside a decode: first step %d tokens, at most %d while decoding (default); "
+                  "%d unbounded\n", first_a, mixed_a, first_b);
+    assert_true(first_a >= 1 + 512 - 1 && first_a <= 1 + 512 + 1);   /* the decode row (+1 in flight) and 512 */
+    assert_true(mixed_a <= 512 + 2);
+    assert_true(first_b > 1000);
+    assert_memory_equal(a, b, sizeof a);
+}
+
 static void test_golden_concurrent_batch_matches_single(void **st) {
     (void)st;
     for (size_t m = 0; m < sizeof models / sizeof models[0]; m++) check_model(models[m], 1);
@@ -373,6 +426,7 @@ int main(void) {
         cmocka_unit_test(test_golden_concurrent_batch_matches_single),
         cmocka_unit_test(test_sliding_window_blocks_are_released),
         cmocka_unit_test(test_window_pool_of_mixed_layers_is_released),
+        cmocka_unit_test(test_prefill_bounded_while_decoding),
         cmocka_unit_test(test_golden_all_positions),
         cmocka_unit_test(test_pool_ignores_max_position_embeddings),
         cmocka_unit_test(test_budget_too_small_names_the_knobs),

@@ -23,6 +23,7 @@ typedef struct {
     int max_new;         /* generated tokens at which the request finishes */
     int live, done;
     int computed_total;  /* every token fed to the model, recomputation included */
+    int was_decoding;    /* running and past its prompt when the step was scheduled (h_schedule) */
 } h_seq;
 
 typedef struct {
@@ -53,8 +54,15 @@ static harness *h_new(int num_blocks, int bs, int cache, int max_batch, int budg
     return &h;
 }
 
-/* Recreate the scheduler with a window pool of win_blocks blocks beside the main pool
- * (before any request is added). */
+/* Recreate the scheduler from h->cfg (before any request is added). */
+static void h_remake(harness *h) {
+    char err[256] = "";
+    sched_destroy(h->s);
+    h->s = sched_create(&h->cfg, h->kv, err, sizeof(err));
+    if (!h->s) fail_msg("sched_create: %s", err);
+}
+
+/* A window pool of win_blocks blocks beside the main pool (before any request). */
 static void h_add_window_pool(harness *h, int win_blocks, int window) {
     char err[256] = "";
     kv_pool_config kc = {.num_blocks = win_blocks, .block_size = kv_block_size(h->kv), .enable_prefix_cache = 1};
@@ -63,9 +71,7 @@ static void h_add_window_pool(harness *h, int win_blocks, int window) {
     h->window = window;
     h->cfg.win = h->win;
     h->cfg.window = window;
-    sched_destroy(h->s);
-    h->s = sched_create(&h->cfg, h->kv, err, sizeof(err));
-    if (!h->s) fail_msg("sched_create: %s", err);
+    h_remake(h);
 }
 
 static void h_free(harness *h) {
@@ -129,7 +135,7 @@ static void h_check(harness *h, const kv_seq *const *extra, int n_extra) {
 
 /* Properties every batch must have, whatever the scenario. */
 static void h_check_batch(harness *h, const sched_batch *b) {
-    int sum = 0, bs = kv_block_size(h->kv);
+    int sum = 0, bs = kv_block_size(h->kv), prefill = 0, decoding = 0;
     assert_true(b->n <= h->cfg.max_batch);
     for (int i = 0; i < b->n; i++) {
         const sched_seq *q = b->seqs[i];
@@ -150,8 +156,12 @@ static void h_check_batch(harness *h, const sched_batch *b) {
             for (int k = lo; k < q->kvw.n_blocks; k++) assert_true(q->kvw.blocks[k] > 0);
         }
         sum += b->n_new[i];
+        /* prompt tokens: a prompt chunk, or a sequence (re)admitted in this step */
+        if (q->n_computed < q->n_prompt || !h->seq[q->id].was_decoding) prefill += b->n_new[i];
+        else decoding = 1;
     }
     assert_true(sum <= h->cfg.max_tokens_per_step);
+    if (decoding && h->cfg.max_prefill_decoding > 0) assert_true(prefill <= h->cfg.max_prefill_decoding);
 }
 
 /* Play the engine for one scheduled batch. */
@@ -186,8 +196,17 @@ static void h_engine(harness *h, const sched_batch *b) {
     }
 }
 
-static void h_step(harness *h, sched_batch *b) {
+/* sched_schedule, noting which sequences were decoding before it (h_check_batch). */
+static void h_schedule(harness *h, sched_batch *b) {
+    for (int i = 0; i < h->n_seq; i++) {
+        const sched_seq *q = &h->seq[i].q;
+        h->seq[i].was_decoding = h->seq[i].live && q->state == SEQ_RUNNING && q->n_computed >= q->n_prompt && !q->paused;
+    }
     assert_int_equal(sched_schedule(h->s, b), 0);
+}
+
+static void h_step(harness *h, sched_batch *b) {
+    h_schedule(h, b);
     h_engine(h, b);
     h_check(h, NULL, 0);
 }
@@ -254,6 +273,37 @@ static void test_sched_decode_first_then_admission(void **state) {
     assert_ptr_equal(b.seqs[1], &h->seq[1].q);
     assert_int_equal(b.n_new[1], 7);             /* the rest of the budget */
     h_engine(h, &b);
+    h_free(h);
+}
+
+/* max_prefill_decoding: while a sequence decodes, prompt chunks (a running one's and
+ * admissions alike) share that many tokens per step, oldest first; once nothing decodes
+ * the whole budget feeds prompts again. */
+static void test_sched_prefill_capped_while_decoding(void **state) {
+    (void)state;
+    harness *h = h_new(64, 4, 0, 4, 32, 64, 0);
+    h->cfg.max_prefill_decoding = 8;
+    h_remake(h);
+    assert_int_equal(h_add(h, 3, 0, 0, 3), 0);
+    sched_batch b;
+    h_step(h, &b);                               /* nothing decodes yet: the whole prompt */
+    assert_int_equal(b.n_new[0], 3);
+    assert_int_equal(h_add(h, 30, 1, 0, 2), 1);
+    assert_int_equal(h_add(h, 20, 2, 0, 2), 2);
+    for (int step = 0; step < 2; step++) {       /* the decode, and 8 prompt tokens of the oldest */
+        h_step(h, &b);
+        assert_int_equal(b.n, 2);
+        assert_ptr_equal(b.seqs[0], &h->seq[0].q);
+        assert_int_equal(b.n_new[0], 1);
+        assert_ptr_equal(b.seqs[1], &h->seq[1].q);
+        assert_int_equal(b.n_new[1], 8);
+    }
+    assert_int_equal(h->seq[0].done, 1);
+    h_step(h, &b);                               /* nothing decodes: the rest, and a newcomer */
+    assert_int_equal(b.n, 2);
+    assert_int_equal(b.n_new[0], 14);
+    assert_ptr_equal(b.seqs[1], &h->seq[2].q);
+    assert_int_equal(b.n_new[1], 18);
     h_free(h);
 }
 
@@ -652,7 +702,7 @@ static int h_random_op(harness *h, int kind, int max_prompt, int max_stem, int n
         assert_true(rc >= 0);
     } else if (kind < n_step) {
         sched_batch b;
-        assert_int_equal(sched_schedule(h->s, &b), 0);
+        h_schedule(h, &b);
         c->preempts += b.n_preempted;
         h_engine(h, &b);
         c->steps++;
@@ -733,6 +783,7 @@ static void test_sched_random_ops_keep_invariants(void **state) {
 static void test_sched_window_pool_keeps_invariants(void **state) {
     (void)state;
     harness *h = h_new(60, 4, 1, 6, 24, 64, 2);
+    h->cfg.max_prefill_decoding = 10;   /* checked by h_check_batch too */
     h_add_window_pool(h, 12, 6);
     h->spec = 1;
     int finished = 0, hits = 0, win_max = 0;
@@ -766,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_sched_token_budget_respected),
         cmocka_unit_test(test_sched_chunked_prefill_splits_long_prompt),
         cmocka_unit_test(test_sched_decode_first_then_admission),
+        cmocka_unit_test(test_sched_prefill_capped_while_decoding),
         cmocka_unit_test(test_sched_max_batch_respected_and_slots_recycled),
         cmocka_unit_test(test_sched_preempts_newest_when_blocks_run_out),
         cmocka_unit_test(test_sched_newest_preempts_itself),

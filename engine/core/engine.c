@@ -22,6 +22,7 @@ void engine_config_defaults(engine_config *c) {
     if (!c->max_seq_len) c->max_seq_len = 4096;
     if (!c->max_batch) c->max_batch = 64;
     if (!c->max_tokens_per_step) c->max_tokens_per_step = 2048;
+    if (!c->max_prefill_decoding) c->max_prefill_decoding = 512;
     if (!c->block_size) c->block_size = 16;
     if (c->mem_fraction <= 0) c->mem_fraction = 0.9;
     if ((c->draft_path || c->draft_random_shape || c->draft_layers > 0 || c->spec_ngram) && !c->num_draft_tokens)
@@ -483,7 +484,8 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     if (e->draft_used && all_layers_slide(&e->draft_used->cfg) != e->window_release) e->window_release = 0;
     sched_config sc = {.max_batch = c->max_batch, .max_tokens_per_step = c->max_tokens_per_step,
                        .max_seq_len = c->max_seq_len + e->k, .lookahead = e->k,
-                       .max_logit_tokens = ENGINE_PROMPT_LOGIT_ROWS, .win = e->win_kv, .window = e->win_window};
+                       .max_logit_tokens = ENGINE_PROMPT_LOGIT_ROWS, .win = e->win_kv, .window = e->win_window,
+                       .max_prefill_decoding = c->max_prefill_decoding > 0 ? c->max_prefill_decoding : 0};
     if (!(e->sched = sched_create(&sc, e->kv, err, errlen))) goto fail;
     if (alloc_buffers(e)) {
         specd_errf(err, errlen, SPECD_ENOMEM, "out of memory for step buffers");

@@ -57,6 +57,9 @@ typedef struct {
     int max_seq_len;              /* runtime context limit (default 4096) */
     int max_batch;                /* running sequences at most (default 64) */
     int max_tokens_per_step;      /* scheduler token budget (default 2048) */
+    int max_prefill_decoding;     /* prompt tokens a step that also decodes feeds at most
+                                   * (sched_config.max_prefill_decoding; 0: default 512,
+                                   * < 0: no bound but the budget) */
     int sync_scheduling;          /* 1: every step is committed before the next is queued.
                                    * Default 0 (async scheduling): while a decode step runs
                                    * where the runner pipelines decodes (runner.decode_async),

@@ -6,6 +6,7 @@
  * which tokens and keeps the block tables big enough. */
 #include "engine/core/sched.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -222,13 +223,26 @@ static int cap_logits(const sched_seq *q, int n_computed, int n_new, int *logit_
     return n_new;
 }
 
+/* Prompt tokens this step may feed: max_prefill_decoding when a running sequence is past
+ * its prompt (it decodes in this step, or its token is still on the way), else no bound
+ * but the budget. */
+static int prefill_allowance(const sched *s) {
+    if (s->cfg.max_prefill_decoding <= 0) return INT_MAX;
+    for (const sched_seq *q = s->running.head; q; q = q->next)
+        if (!q->paused && q->n_computed >= q->n_prompt) return s->cfg.max_prefill_decoding;
+    return INT_MAX;
+}
+
 /* Phase 1: the running sequences, oldest first. Returns the budget left. */
-static int schedule_running(sched *s, sched_batch *out, int budget, int *logit_left) {
+static int schedule_running(sched *s, sched_batch *out, int budget, int *logit_left, int *prefill_left) {
     sched_seq *q = s->running.head;
     while (q && budget > 0) {
         int remaining = q->n_tokens - q->n_computed;
         if (remaining <= 0 || q->paused) { q = q->next; continue; }   /* waits for its token / client */
         int n_new = remaining < budget ? remaining : budget, target = 0;
+        const int prompt = q->n_computed < q->n_prompt;
+        if (prompt && *prefill_left == 0) { q = q->next; continue; }   /* its chunk waits for the next step */
+        if (prompt && n_new > *prefill_left) n_new = *prefill_left;
         if (q->all_logits && q->n_computed < q->n_prompt && *logit_left == 0) { q = q->next; continue; }
         n_new = cap_logits(q, q->n_computed, n_new, logit_left);
         int rc = target_tokens(s, q, q->n_computed, n_new, &target);
@@ -248,14 +262,16 @@ static int schedule_running(sched *s, sched_batch *out, int budget, int *logit_l
         if (q->state != SEQ_RUNNING) break;   /* q was the tail: nobody left after it */
         batch_add(out, q, n_new);
         budget -= n_new;
+        if (prompt) *prefill_left -= n_new;
         q = q->next;
     }
     return budget;
 }
 
 /* Phase 2: admit waiting sequences FCFS. */
-static void schedule_waiting(sched *s, sched_batch *out, int budget, int logit_left) {
+static void schedule_waiting(sched *s, sched_batch *out, int budget, int logit_left, int prefill_left) {
     int bs = kv_block_size(s->kv);
+    if (prefill_left < budget) budget = prefill_left;   /* every admitted row feeds prompt tokens */
     while (s->waiting.head && budget > 0 && s->n_free_slots > 0) {
         sched_seq *q = s->waiting.head;
         int evictable = 0, target = 0;
@@ -306,11 +322,11 @@ int sched_schedule(sched *s, sched_batch *out) {
     out->n_new = s->b_new;
     out->preempted = s->b_preempted;
     out->rejected = s->b_rejected;
-    int logit_left = s->cfg.max_logit_tokens;
-    int budget = schedule_running(s, out, s->cfg.max_tokens_per_step, &logit_left);
+    int logit_left = s->cfg.max_logit_tokens, prefill_left = prefill_allowance(s);
+    int budget = schedule_running(s, out, s->cfg.max_tokens_per_step, &logit_left, &prefill_left);
     /* After a preemption the pool is tight: admitting newcomers would only get them
      * preempted again (thrashing), so wait for blocks to come back. */
-    if (out->n_preempted == 0) schedule_waiting(s, out, budget, logit_left);
+    if (out->n_preempted == 0) schedule_waiting(s, out, budget, logit_left, prefill_left);
     return 0;
 }
 

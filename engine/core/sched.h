@@ -31,6 +31,8 @@
  *   2. if nothing was preempted: admit waiting sequences FCFS while budget, slots and
  *      blocks allow (prefix-cache hit first, then a prefill chunk of at most the budget
  *      left); stop at the first one whose chunk does not fit.
+ *   Prompt tokens (1 and 2) stop at max_prefill_decoding when any running sequence is
+ *   decoding (the oldest prompts first).
  *   In both, a sequence with all_logits still in its prompt feeds at most what is left of
  *   the step's max_logit_tokens (none left: a running one waits for the next step, a
  *   waiting one stops admission, FCFS) and is admitted without a prefix-cache hit.
@@ -85,6 +87,11 @@ typedef struct {
                               * capacity (the engine must not draft past max_seq_len) */
     int max_logit_tokens;    /* prompt tokens of all_logits sequences fed per step at most
                               * (the engine's buffer for their logits; 0: none may run) */
+    int max_prefill_decoding;/* prompt tokens a step feeds at most while it also feeds
+                              * decode rows (0: only the token budget bounds them): a
+                              * burst of prompts then lengthens decode steps by at most
+                              * this much (inter-token latency) and is admitted over more
+                              * steps; with nothing decoding the whole budget applies */
     kv_pool *win;            /* a window pool beside the main one (kv.h), or NULL: every
                               * reservation, release and prefix hit covers both tables */
     int window;              /* its layers' sliding window (tokens), with win */

@@ -145,6 +145,8 @@ static void test_golden_gemma3_norms(void **st) { (void)st; check_model("gemma3-
  * get a pool of their own that releases while the full layer keeps every block. */
 typedef struct {
     int used, win_used, win_total, hit;   /* blocks held at most, prefix-hit tokens */
+    int layers, win_layers;               /* layers in each pool */
+    double bytes;                         /* KV bytes in use at most */
 } window_run;
 
 static void run_window(const char *name, int keep, int rounds, int budget, int32_t *out, float *lp, int n_out,
@@ -190,6 +192,9 @@ static void run_window(const char *name, int keep, int rounds, int budget, int32
             if (s.kv_blocks_used > w->used) w->used = s.kv_blocks_used;
             if (s.kv_win_blocks_used > w->win_used) w->win_used = s.kv_win_blocks_used;
             w->win_total = s.kv_win_blocks_total;
+            w->layers = s.kv_layers;
+            w->win_layers = s.kv_win_layers;
+            if (s.kv_bytes_used > w->bytes) w->bytes = s.kv_bytes_used;
             w->hit = (int)s.prefix_cache_hit_tokens;
         }
         assert_int_equal(got, n_out);
@@ -242,6 +247,13 @@ static void test_window_pool_of_mixed_layers_is_released(void **st) {
                   "layer + at most %d of the 3 window layers' pool (%d blocks); second request's prefix hit %d "
                   "tokens\n", k.used, r.used, r.win_used, r.win_total, a.hit);
     assert_int_equal(k.win_total, 0);    /* kept: one pool, as before */
+    assert_int_equal(k.layers, 4);
+    assert_int_equal(k.win_layers, 0);
+    assert_int_equal(r.layers, 1);
+    assert_int_equal(r.win_layers, 3);
+    /* 400 tokens of 4 layers against 400 of 1 and at most 7 blocks of 3 */
+    print_message("  most KV in use: %.0f bytes kept, %.0f released\n", k.bytes, r.bytes);
+    assert_true(r.bytes < 0.5 * k.bytes);
     assert_true(k.used >= 25);
     assert_int_equal(r.win_total, 19);   /* 2 slots x 7 + 64 / 16 + 2, less the null block */
     assert_true(r.used >= 25);           /* the full layer keeps the whole context */

@@ -125,14 +125,20 @@ static int all_layers_slide(const model_config *c) {
     return c->sliding_window;
 }
 
+/* Layers of c that attend through a sliding window. */
+static int window_layers(const model_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += model_layer_window(c, l) > 0;
+    return n;
+}
+
 /* The window of a model whose layers mix sliding windows and full attention (Gemma 3),
  * when those layers get a window pool of their own: else 0. A tensor-parallel group
  * keeps one pool. So does the CUDA runner for now: its window pool is built and has its
  * test (test_gpu_runner test_window_pool_matches_one_pool), which has not run on a GPU
  * yet; until it has, GPU users keep the path that has. */
 static int mixed_window(const engine_config *ec, const model_config *c) {
-    int n_win = 0;
-    for (int l = 0; l < c->n_layers; l++) n_win += model_layer_window(c, l) > 0;
+    const int n_win = window_layers(c);
     if (ec->keep_window_kv || ec->tp.world_size > 1 || ec->device == ENGINE_DEVICE_CUDA || n_win == 0 ||
         n_win == c->n_layers)
         return 0;
@@ -456,7 +462,10 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
 
     runner_config rc = make_runner_config(e);
     e->win_window = mixed_window(c, &e->target->cfg);
-    if (e->win_window) rc.win_blocks = window_pool_blocks(e, e->win_window);
+    if (e->win_window) {
+        rc.win_blocks = window_pool_blocks(e, e->win_window);
+        e->win_layers = window_layers(&e->target->cfg);
+    }
     if (size_pool(e, &rc, err, errlen)) goto fail;
     if (c->tp.world_size > 1) {
         if (join_tp(e, &rc, err, errlen)) goto fail;
@@ -833,13 +842,11 @@ void engine_get_stats(const engine *e, engine_stats *st) {
     st->kv_blocks_total = kv_num_blocks(e->kv) - 1;
     st->kv_blocks_used = kv_num_used(e->kv);
     st->kv_blocks_free = kv_num_free(e->kv);
-    const model_config *m = &e->target->cfg;
-    st->kv_layers = m->n_layers + (e->draft_used ? e->draft_used->cfg.n_layers : 0);
+    st->kv_win_layers = e->win_layers;
+    st->kv_layers = e->target->cfg.n_layers + (e->draft_used ? e->draft_used->cfg.n_layers : 0) - e->win_layers;
     if (e->win_kv) {
         st->kv_win_blocks_total = kv_num_blocks(e->win_kv) - 1;
         st->kv_win_blocks_used = kv_num_used(e->win_kv);
-        for (int l = 0; l < m->n_layers; l++) st->kv_win_layers += model_layer_window(m, l) > 0;
-        st->kv_layers -= st->kv_win_layers;
     }
     st->kv_bytes_used = (double)st->kv_blocks_used * (double)e->run->kv_block_bytes[0] +
                         (double)st->kv_win_blocks_used * (double)e->run->kv_block_bytes[1];

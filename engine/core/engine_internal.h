@@ -130,7 +130,7 @@ struct engine {
     kv_pool *win_kv;             /* a model that mixes window and full layers (Gemma 3):
                                   * the window layers' pool, whose blocks are released
                                   * behind win_window; NULL otherwise */
-    int win_window;
+    int win_window, win_layers;  /* its window and how many target layers it holds */
     engine_drafter drafter;
     spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
     int spec_rows, spec_extra;   /* this step's decoding rows and draft + prefill tokens */

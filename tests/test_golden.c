@@ -147,14 +147,16 @@ typedef struct {
     int used, win_used, win_total, hit;   /* blocks held at most, prefix-hit tokens */
     int layers, win_layers;               /* layers in each pool */
     double bytes;                         /* KV bytes in use at most */
+    uint64_t drafted;                     /* draft tokens verified */
 } window_run;
 
-static void run_window(const char *name, int keep, int rounds, int budget, int32_t *out, float *lp, int n_out,
-                       window_run *w) {
+static void run_window(const char *name, int keep, int rounds, int budget, int draft_layers, int32_t *out, float *lp,
+                       int n_out, window_run *w) {
     char path[4096], err[1024] = "";
     model_dir(name, path, sizeof path);
     engine_config c = {.model_path = path, .max_seq_len = 512, .max_batch = 2, .kv_bytes = 64u << 20, .threads = 2,
-                       .max_tokens_per_step = budget, .keep_window_kv = keep};
+                       .max_tokens_per_step = budget, .keep_window_kv = keep, .draft_layers = draft_layers,
+                       .spec_always = draft_layers > 0};
     engine *e = engine_create(&c, err, sizeof err);
     assert_non_null(e);
     json_t *g = golden(name), *cs = NULL, *p;
@@ -195,6 +197,7 @@ static void run_window(const char *name, int keep, int rounds, int budget, int32
             w->layers = s.kv_layers;
             w->win_layers = s.kv_win_layers;
             if (s.kv_bytes_used > w->bytes) w->bytes = s.kv_bytes_used;
+            w->drafted = s.spec_draft_tokens;
             w->hit = (int)s.prefix_cache_hit_tokens;
         }
         assert_int_equal(got, n_out);
@@ -210,8 +213,8 @@ static void test_sliding_window_blocks_are_released(void **st) {
     int32_t kept[N], released[N];
     float lk[N], lr[N];
     window_run k, r;
-    run_window("mistral-swa-tiny", 1, 1, 2048, kept, lk, N, &k);
-    run_window("mistral-swa-tiny", 0, 2, 2048, released, lr, N, &r);
+    run_window("mistral-swa-tiny", 1, 1, 2048, 0, kept, lk, N, &k);
+    run_window("mistral-swa-tiny", 0, 2, 2048, 0, released, lr, N, &r);
     assert_memory_equal(kept, released, sizeof kept);
     for (int i = 0; i < N; i++) assert_float_equal(lk[i], lr[i], 1e-5);
     /* 400 tokens: 25 blocks kept; released: the window (64) plus margin and the block
@@ -227,18 +230,23 @@ static void test_sliding_window_blocks_are_released(void **st) {
 static void test_window_pool_of_mixed_layers_is_released(void **st) {
     (void)st;
     enum { N = 300 };
-    int32_t kept[N], released[N], again[N];
-    float lk[N], lr[N], la[N];
-    window_run k, r, a;
-    run_window("gemma3-tiny", 1, 1, 2048, kept, lk, N, &k);
+    int32_t kept[N], released[N], again[N], spec[N];
+    float lk[N], lr[N], la[N], ls[N];
+    window_run k, r, a, sp;
+    run_window("gemma3-tiny", 1, 1, 2048, 0, kept, lk, N, &k);
     /* a step budget of 64 tokens makes the window pool 20 blocks, so released blocks are
      * taken again (and overwritten) within the 400 tokens */
-    run_window("gemma3-tiny", 0, 1, 64, released, lr, N, &r);
+    run_window("gemma3-tiny", 0, 1, 64, 0, released, lr, N, &r);
     /* the default budget's pool (144 blocks) still caches the last window of the prompt
      * when the same prompt comes again */
-    run_window("gemma3-tiny", 0, 2, 2048, again, la, N, &a);
+    run_window("gemma3-tiny", 0, 2, 2048, 0, again, la, N, &a);
+    /* speculation (a draft of the first 2 layers, verify steps writing k positions ahead
+     * into both pools): greedy output unchanged */
+    run_window("gemma3-tiny", 0, 1, 64, 2, spec, ls, N, &sp);
     assert_memory_equal(kept, released, sizeof kept);
     assert_memory_equal(kept, again, sizeof kept);
+    assert_memory_equal(kept, spec, sizeof kept);
+    assert_true(sp.drafted > 100);
     for (int i = 0; i < N; i++) {
         assert_float_equal(lk[i], lr[i], 1e-5);
         assert_float_equal(lk[i], la[i], 1e-5);

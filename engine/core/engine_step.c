@@ -84,8 +84,6 @@ static int sync_slot(engine *e, req *r) {
     return 0;
 }
 
-/* Each buffer holds 3 * max_batch + 8 events; only mass rejection or failure can exceed
- * that, and then it grows (a caller holds a buffer only until the second call after). */
 /* Commit the computed blocks' hashes; release the blocks every later query's window has
  * left (kv_window_drop_upto): the whole table's when every layer slides, the window
  * pool's when the model mixes window and full layers. */
@@ -142,7 +140,9 @@ static int mask_result(const engine *e, int i) {
 
 /* The request's event in this call's output: a new one, or (async scheduling, where one
  * call commits the step in flight and then runs another) the one it already has, so a
- * request reports at most once per call and its tokens stay in order. */
+ * request reports at most once per call and its tokens stay in order. Each buffer holds
+ * 3 * max_batch + 8 events; only mass rejection or failure can exceed that, and then it
+ * grows (a caller holds a buffer only until the second call after). */
 static engine_event *new_event(engine *e, engine_output *out, req *r) {
     if (r->ev_stamp == e->out_stamp) return &out->events[r->ev_idx];
     int b = e->ev_cur;

@@ -900,7 +900,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     if (c->num_blocks == 0) {
         double budget = c->mem_fraction * (double)free1 - (double)win_bytes;
         size_t nb = budget > 0 ? (size_t)floor(budget / (double)block_bytes) : 0;
-        if (c->kv_bytes && nb > c->kv_bytes / block_bytes + 1) nb = c->kv_bytes / block_bytes + 1;
+        if (c->kv_bytes) {   /* a given budget holds both pools */
+            size_t cap = (c->kv_bytes > win_bytes ? c->kv_bytes - win_bytes : 0) / block_bytes + 1;
+            if (nb > cap) nb = cap;
+        }
         if (nb > ((size_t)1 << 30)) nb = (size_t)1 << 30;
         c->num_blocks = (int)nb;
         /* Block ids are global: every rank takes the smallest count any rank can hold. */

@@ -150,13 +150,18 @@ typedef struct {
     uint64_t drafted;                     /* draft tokens verified */
 } window_run;
 
-static void run_window(const char *name, int keep, int rounds, int budget, int draft_layers, int32_t *out, float *lp,
-                       int n_out, window_run *w) {
+/* The engine these tests run: two slots of 512 tokens, 64 MiB of KV, the given step
+ * budget; the callers change the rest. */
+static engine_config window_cfg(int keep, int budget) {
+    return (engine_config){.max_seq_len = 512, .max_batch = 2, .kv_bytes = 64u << 20, .threads = 2,
+                           .max_tokens_per_step = budget, .keep_window_kv = keep};
+}
+
+static void run_window(const char *name, engine_config c, int rounds, int32_t *out, float *lp, int n_out,
+                       window_run *w) {
     char path[4096], err[1024] = "";
     model_dir(name, path, sizeof path);
-    engine_config c = {.model_path = path, .max_seq_len = 512, .max_batch = 2, .kv_bytes = 64u << 20, .threads = 2,
-                       .max_tokens_per_step = budget, .keep_window_kv = keep, .draft_layers = draft_layers,
-                       .spec_always = draft_layers > 0};
+    c.model_path = path;
     engine *e = engine_create(&c, err, sizeof err);
     assert_non_null(e);
     json_t *g = golden(name), *cs = NULL, *p;
@@ -213,8 +218,8 @@ static void test_sliding_window_blocks_are_released(void **st) {
     int32_t kept[N], released[N];
     float lk[N], lr[N];
     window_run k, r;
-    run_window("mistral-swa-tiny", 1, 1, 2048, 0, kept, lk, N, &k);
-    run_window("mistral-swa-tiny", 0, 2, 2048, 0, released, lr, N, &r);
+    run_window("mistral-swa-tiny", window_cfg(1, 2048), 1, kept, lk, N, &k);
+    run_window("mistral-swa-tiny", window_cfg(0, 2048), 2, released, lr, N, &r);
     assert_memory_equal(kept, released, sizeof kept);
     for (int i = 0; i < N; i++) assert_float_equal(lk[i], lr[i], 1e-5);
     /* 400 tokens: 25 blocks kept; released: the window (64) plus margin and the block
@@ -230,22 +235,35 @@ static void test_sliding_window_blocks_are_released(void **st) {
 static void test_window_pool_of_mixed_layers_is_released(void **st) {
     (void)st;
     enum { N = 300 };
-    int32_t kept[N], released[N], again[N], spec[N];
-    float lk[N], lr[N], la[N], ls[N];
-    window_run k, r, a, sp;
-    run_window("gemma3-tiny", 1, 1, 2048, 0, kept, lk, N, &k);
+    int32_t kept[N], released[N], again[N], spec[N], small[N];
+    float lk[N], lr[N], la[N], ls[N], lm[N];
+    window_run k, r, a, sp, sm;
+    run_window("gemma3-tiny", window_cfg(1, 2048), 1, kept, lk, N, &k);
     /* a step budget of 64 tokens makes the window pool 20 blocks, so released blocks are
      * taken again (and overwritten) within the 400 tokens */
-    run_window("gemma3-tiny", 0, 1, 64, 0, released, lr, N, &r);
+    run_window("gemma3-tiny", window_cfg(0, 64), 1, released, lr, N, &r);
     /* the default budget's pool (144 blocks) still caches the last window of the prompt
      * when the same prompt comes again */
-    run_window("gemma3-tiny", 0, 2, 2048, 0, again, la, N, &a);
+    run_window("gemma3-tiny", window_cfg(0, 2048), 2, again, la, N, &a);
     /* speculation (a draft of the first 2 layers, verify steps writing k positions ahead
      * into both pools): greedy output unchanged */
-    run_window("gemma3-tiny", 0, 1, 64, 2, spec, ls, N, &sp);
+    engine_config cs = window_cfg(0, 64);
+    cs.draft_layers = 2;
+    cs.spec_always = 1;
+    run_window("gemma3-tiny", cs, 1, spec, ls, N, &sp);
+    /* a KV budget of 600,000 bytes: the 20 blocks asked for (24,576 bytes each here) would
+     * take 82% of it and leave the full layer too little for one sequence. Half the budget
+     * holds 12.2 blocks, under the fewest the engine runs with (13 with the null block: one
+     * slot's window and one step's chunk), so the window pool gets 13 and the full layer
+     * the rest */
+    engine_config cm = window_cfg(0, 64);
+    cm.kv_bytes = 600000;
+    run_window("gemma3-tiny", cm, 2, small, lm, N, &sm);
     assert_memory_equal(kept, released, sizeof kept);
     assert_memory_equal(kept, again, sizeof kept);
     assert_memory_equal(kept, spec, sizeof kept);
+    assert_memory_equal(kept, small, sizeof kept);
+    assert_int_equal(sm.win_total, 12);
     assert_true(sp.drafted > 100);
     for (int i = 0; i < N; i++) {
         assert_float_equal(lk[i], lr[i], 1e-5);

@@ -145,13 +145,13 @@ static int mixed_window(const engine_config *ec, const model_config *c) {
     return c->sliding_window;
 }
 
-/* Blocks of the window pool (with its null block): every slot's window with the margin
- * kv_window_drop_upto keeps, its draft lookahead and the block being filled, plus one
- * step's prompt chunks. */
-static int window_pool_blocks(const engine *e, int window) {
+/* Blocks of the window pool (with its null block) for `slots` slots: each slot's window
+ * with the margin kv_window_drop_upto keeps, its draft lookahead and the block being
+ * filled, plus one step's prompt chunks. */
+static int window_pool_blocks(const engine *e, int window, int slots) {
     const engine_config *c = &e->cfg;
     int bs = c->block_size, per_seq = (window + 2 + e->k + bs - 1) / bs + 2;
-    return c->max_batch * per_seq + (c->max_tokens_per_step + bs - 1) / bs + 2;
+    return slots * per_seq + (c->max_tokens_per_step + bs - 1) / bs + 2;
 }
 
 /* A whole file as a NUL-terminated string (NULL on error). */
@@ -234,18 +234,20 @@ static int size_pool(engine *e, runner_config *rc, char *err, size_t errlen) {
     }
     int fp8 = c->kv_dtype == ENGINE_KV_FP8;
     size_t bb = runner_cpu_block_bytes(e->target, e->draft_used, bs, fp8, rc->win_blocks ? RUNNER_POOL_MAIN : RUNNER_POOL_ALL);
-    size_t win = (size_t)rc->win_blocks * runner_cpu_block_bytes(e->target, e->draft_used, bs, fp8, RUNNER_POOL_WINDOW);
+    size_t wb = runner_cpu_block_bytes(e->target, e->draft_used, bs, fp8, RUNNER_POOL_WINDOW);
     size_t budget = c->kv_bytes;
     if (!budget) {
         size_t avail = mem_available(), w = weight_bytes_f32(e->target);
         if (e->draft) w += weight_bytes_f32(e->draft);
         budget = avail > w ? (size_t)(c->mem_fraction * (double)(avail - w)) : 0;
-        /* more than every slot full at max_seq_len only feeds the prefix cache; cap it */
-        size_t cap = (size_t)c->max_batch * (size_t)(min_blocks + 1) * bb;
-        if (budget > cap) budget = cap;
-        budget += win;
     }
+    if (rc->win_blocks) rc->win_blocks = runner_window_pool_fit(rc, wb, (double)budget);
+    size_t win = (size_t)rc->win_blocks * wb;
+    /* without a given budget, more than every slot full at max_seq_len only feeds the
+     * prefix cache: cap the first pool there */
     size_t nb = budget > win ? (budget - win) / bb : 0;
+    if (!c->kv_bytes && nb > (size_t)c->max_batch * (size_t)(min_blocks + 1))
+        nb = (size_t)c->max_batch * (size_t)(min_blocks + 1);
     if (nb < (size_t)min_blocks)
         return specd_errf(err, errlen, SPECD_ENOSPACE,
                           "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each), "
@@ -463,7 +465,8 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     runner_config rc = make_runner_config(e);
     e->win_window = mixed_window(c, &e->target->cfg);
     if (e->win_window) {
-        rc.win_blocks = window_pool_blocks(e, e->win_window);
+        rc.win_blocks = window_pool_blocks(e, e->win_window, c->max_batch);
+        rc.win_min_blocks = window_pool_blocks(e, e->win_window, 1);
         e->win_layers = window_layers(&e->target->cfg);
     }
     if (size_pool(e, &rc, err, errlen)) goto fail;

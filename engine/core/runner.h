@@ -74,8 +74,11 @@ typedef struct {
      * benchmarks of real shapes without host weights. The CPU runner refuses it. */
     uint64_t random_weights_seed;
     /* Blocks of the window pool (see the top of this file), including its null block;
-     * 0: one pool for every layer. The CPU and single-GPU CUDA runners take it. */
+     * 0: one pool for every layer. The CPU and single-GPU CUDA runners take it, cut to
+     * runner_window_pool_fit of their KV budget (the CUDA runner writes the count back). */
     int win_blocks;
+    int win_min_blocks;      /* the fewest the engine can run with (one slot's window and
+                              * one step's prompt chunks) */
     /* Tensor parallelism (see docs/tensor-parallel.md). With tp_world > 1 the
      * runner holds shard tp_rank of the TARGET (shard_model: its Q/KV heads and ffn rows,
      * so its pool holds n_kv_heads / tp_world heads per target layer) and calls
@@ -303,6 +306,17 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
 /* Which layers a KV block holds: every target + draft layer (one pool), or with a
  * window pool the first pool's layers (RUNNER_POOL_MAIN) or the window pool's. */
 enum { RUNNER_POOL_ALL = 0, RUNNER_POOL_MAIN = 1, RUNNER_POOL_WINDOW = 2 };
+/* Blocks of the window pool within a KV budget of `budget` bytes: what the engine asked
+ * for (every slot's window), but at most half the budget, so that the full layers keep
+ * room when memory is short; never fewer than min (the runner then fails to size the
+ * first pool if even that does not fit). */
+static inline int runner_window_pool_fit(const runner_config *c, size_t win_block_bytes, double budget) {
+    double half = budget / 2 / (double)win_block_bytes;
+    int n = c->win_blocks;
+    if ((double)n > half) n = half > (double)c->win_min_blocks ? (int)half : c->win_min_blocks;
+    return n;
+}
+
 /* Target layer l's KV lives in the window pool (win: the runner has one). */
 static inline int runner_layer_in_window_pool(const model_config *target, int win, int l) {
     return win && l < target->n_layers && model_layer_window(target, l) > 0;

@@ -895,12 +895,17 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     cudaFree(scratch);
     scratch = NULL;
 
-    /* KV pool from what is left, after the window pool's fixed size. */
-    size_t block_bytes = pool_block_bytes(r), win_bytes = (size_t)c->win_blocks * win_block_bytes;
+    /* KV pools from what is left: the window pool's share first (runner_window_pool_fit;
+     * a given budget holds both pools), the first pool from the rest. */
+    size_t block_bytes = pool_block_bytes(r);
+    double budget = c->mem_fraction * (double)free1;
+    if (c->kv_bytes && (double)c->kv_bytes < budget) budget = (double)c->kv_bytes;
+    if (c->win_blocks) c->win_blocks = runner_window_pool_fit(c, win_block_bytes, budget);
+    size_t win_bytes = (size_t)c->win_blocks * win_block_bytes;
     if (c->num_blocks == 0) {
-        double budget = c->mem_fraction * (double)free1 - (double)win_bytes;
-        size_t nb = budget > 0 ? (size_t)floor(budget / (double)block_bytes) : 0;
-        if (c->kv_bytes) {   /* a given budget holds both pools */
+        double left = c->mem_fraction * (double)free1 - (double)win_bytes;
+        size_t nb = left > 0 ? (size_t)floor(left / (double)block_bytes) : 0;
+        if (c->kv_bytes) {
             size_t cap = (c->kv_bytes > win_bytes ? c->kv_bytes - win_bytes : 0) / block_bytes + 1;
             if (nb > cap) nb = cap;
         }

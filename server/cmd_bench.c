@@ -21,7 +21,10 @@ static void usage(FILE *f) {
             "  --prompt-len N          prompt tokens per sequence (default 64)\n"
             "  --gen N                 tokens generated per sequence (default 64)\n"
             "  --seed S                prompt ids seed (default 0)\n"
-            "  --json                  one JSON object per batch size\n");
+            "  --json                  one JSON object per batch size\n\n"
+            "Here --max-prefill-decoding defaults to -1: the batch's prompts prefill as one burst\n"
+            "under the step budget even after the first ones decode, as peers' batched benchmarks\n"
+            "measure it (serve's default of 512 trades that for shorter decode steps).\n");
 }
 
 static double now_s(void) {
@@ -158,6 +161,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < nb; i++) maxb = bs[i] > maxb ? bs[i] : maxb;
     if (!ec.max_batch) ec.max_batch = maxb;
     if (!ec.max_seq_len) ec.max_seq_len = plen + gen + 16;
+    if (!ec.max_prefill_decoding) ec.max_prefill_decoding = -1;   /* see usage() */
     int tp_exit;   /* argv - 1 is main()'s argv, which spawned worker ranks re-execute */
     if (cli_tp_enter(&ec, argv - 1, &tp_exit)) {
         free(bs);

@@ -117,19 +117,18 @@ static int load_draft(engine *e, char *err, size_t errlen) {
     return 0;
 }
 
-/* The window when every layer of the model attends through the same sliding window
- * (Mistral), else 0 (full layers, as Gemma 3 has, need the whole context). */
-static int all_layers_slide(const model_config *c) {
-    for (int l = 0; l < c->n_layers; l++)
-        if (model_layer_window(c, l) != c->sliding_window) return 0;
-    return c->sliding_window;
-}
-
-/* Layers of c that attend through a sliding window. */
+/* Layers of c that attend through a sliding window (model_layer_window: 0, or the
+ * model's one window). */
 static int window_layers(const model_config *c) {
     int n = 0;
     for (int l = 0; l < c->n_layers; l++) n += model_layer_window(c, l) > 0;
     return n;
+}
+
+/* The window when every layer of the model attends through the same sliding window
+ * (Mistral), else 0 (full layers, as Gemma 3 has, need the whole context). */
+static int all_layers_slide(const model_config *c) {
+    return window_layers(c) == c->n_layers ? c->sliding_window : 0;
 }
 
 /* The window of a model whose layers mix sliding windows and full attention (Gemma 3),

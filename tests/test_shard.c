@@ -1,10 +1,13 @@
 /* Tensor-parallel sharding on the CPU with world size 2 simulated: for one layer of each
- * fixture model (llama-tiny, qwen2-tiny with q/k/v bias, qwen3-tiny with q/k norm), the
- * concatenated column-parallel outputs (QKV, gate/up) equal the unsharded outputs and the
- * SUM of the row-parallel partial outputs (O, down) equals the unsharded projection; the
+ * fixture model (llama-tiny, qwen2-tiny with q/k/v bias, qwen3-tiny with q/k norm, phi3-tiny
+ * from fused views, gemma3-tiny with GELU-tanh), the concatenated column-parallel outputs
+ * (QKV, gate/up) equal the unsharded outputs and the SUM of the row-parallel partial
+ * outputs (O, down) equals the unsharded projection; every expert of qwen3moe-tiny and
+ * mixtral-tiny splits the same way, with the router and Gemma's sandwich norms replicated;
+ * the
  * simulated TP forward's logits equal runner_cpu's on the full model for a 16-token
- * prompt; a split that is off by one head or one ffn row is caught; the divisibility
- * checks; block-aligned and unaligned column slices of quantized weights; whole-head row
+ * prompt (Llama / Qwen layers: the simulation refuses the others); a split that is off
+ * by one head or one ffn row is caught; the divisibility checks; block-aligned and unaligned column slices of quantized weights; whole-head row
  * slices of GGUF-permuted Q/K.
  *
  * Inputs are random and fresh per run: the seed (time ^ pid) is printed; set
@@ -131,30 +134,58 @@ static double rowpar_err(const float *in, int T, const tensor_view *full_w, mode
     return e;
 }
 
-/* The MLP end to end: each rank's SiLU(gate_r) * up_r through its down shard; the sum of
- * the partials equals the full MLP output. */
-static double mlp_err(const float *x, int T, const model_layer *F, model *const *sh, int l) {
-    int D = (int)F->w_gate.shape[1], FF = (int)F->w_gate.shape[0], per = FF / W;
+/* act(gate) * up over n values, in place into g (SiLU, or Gemma's GELU-tanh). */
+static void act_mul(float *g, const float *u, size_t n, ffn_act act) {
+    for (size_t i = 0; i < n; i++) {
+        float a = g[i];
+        a = act == ACT_GELU_TANH ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
+                                 : a / (1.0f + expf(-a));
+        g[i] = a * u[i];
+    }
+}
+
+/* A gated MLP end to end: each rank's act(gate_r) * up_r through its down shard (the views
+ * rank r keeps: rg[r], ru[r], rd[r]); the sum of the partials equals the full MLP's output. */
+static double gated_err(const float *x, int T, ffn_act act, const tensor_view *fg, const tensor_view *fu,
+                        const tensor_view *fd, const tensor_view *const *rg, const tensor_view *const *ru,
+                        const tensor_view *const *rd) {
+    int D = (int)fg->shape[1], FF = (int)fg->shape[0], per = FF / W;
     float *g = malloc(sizeof(float) * (size_t)T * FF), *u = malloc(sizeof(float) * (size_t)T * FF);
     float *ref = malloc(sizeof(float) * (size_t)T * D), *sum = calloc((size_t)T * D, sizeof(float));
-    float *wg = f32(&F->w_gate), *wu = f32(&F->w_up), *wd = f32(&F->w_down);
+    float *part = malloc(sizeof(float) * (size_t)T * D);
+    float *wg = f32(fg), *wu = f32(fu), *wd = f32(fd);
     mm(g, x, D, wg, NULL, T, D, FF);
     mm(u, x, D, wu, NULL, T, D, FF);
-    for (size_t i = 0; i < (size_t)T * FF; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    act_mul(g, u, (size_t)T * FF, act);
     mm(ref, g, FF, wd, NULL, T, FF, D);
     for (int r = 0; r < W; r++) {
-        const model_layer *L = &sh[r]->layers[l];
-        float *rg = f32(&L->w_gate), *ru = f32(&L->w_up), *rd = f32(&L->w_down);
-        mm(g, x, D, rg, NULL, T, D, per);
-        mm(u, x, D, ru, NULL, T, D, per);
-        for (size_t i = 0; i < (size_t)T * per; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        mm(u, g, per, rd, NULL, T, per, D);
-        for (size_t i = 0; i < (size_t)T * D; i++) sum[i] += u[i];
-        free(rg); free(ru); free(rd);
+        assert_int_equal(rg[r]->shape[0], per);
+        assert_int_equal(rd[r]->shape[1], per);
+        float *pg = f32(rg[r]), *pu = f32(ru[r]), *pd = f32(rd[r]);
+        mm(g, x, D, pg, NULL, T, D, per);
+        mm(u, x, D, pu, NULL, T, D, per);
+        act_mul(g, u, (size_t)T * per, act);
+        mm(part, g, per, pd, NULL, T, per, D);
+        for (size_t i = 0; i < (size_t)T * D; i++) sum[i] += part[i];
+        free(pg); free(pu); free(pd);
     }
     double e = rel_err(sum, ref, (size_t)T * D);
-    free(g); free(u); free(ref); free(sum); free(wg); free(wu); free(wd);
+    free(g); free(u); free(ref); free(sum); free(part); free(wg); free(wu); free(wd);
     return e;
+}
+
+/* The dense MLP of layer l (or expert e's, e >= 0) split over the shards. */
+static double mlp_err(const float *x, int T, const model *m, model *const *sh, int l, int e) {
+    const model_layer *F = &m->layers[l];
+    const tensor_view *rg[W], *ru[W], *rd[W];
+    for (int r = 0; r < W; r++) {
+        const model_layer *L = &sh[r]->layers[l];
+        rg[r] = e < 0 ? &L->w_gate : &L->exp_gate[e];
+        ru[r] = e < 0 ? &L->w_up : &L->exp_up[e];
+        rd[r] = e < 0 ? &L->w_down : &L->exp_down[e];
+    }
+    return e < 0 ? gated_err(x, T, m->cfg.act, &F->w_gate, &F->w_up, &F->w_down, rg, ru, rd)
+                 : gated_err(x, T, m->cfg.act, &F->exp_gate[e], &F->exp_up[e], &F->exp_down[e], rg, ru, rd);
 }
 
 #define OFF(l, f) ((size_t)(l) * sizeof(model_layer) + offsetof(model_layer, f))
@@ -172,9 +203,13 @@ static layer_err check_layer(const model *m, model *const *sh, int l, uint64_t s
     e.k = concat_err(x, T, D, &F->wk, &F->bk, sh, OFF(l, wk), OFF(l, bk));
     e.v = concat_err(x, T, D, &F->wv, &F->bv, sh, OFF(l, wv), OFF(l, bv));
     e.o = rowpar_err(att, T, &F->wo, sh, OFF(l, wo));
-    e.gate = concat_err(x, T, D, &F->w_gate, NULL, sh, OFF(l, w_gate), 0);
-    e.up = concat_err(x, T, D, &F->w_up, NULL, sh, OFF(l, w_up), 0);
-    e.down = mlp_err(x, T, F, sh, l);
+    if (c->n_experts) {   /* experts: checked by test_shard_experts_split_like_the_mlp */
+        e.gate = e.up = e.down = 0;
+    } else {
+        e.gate = concat_err(x, T, D, &F->w_gate, NULL, sh, OFF(l, w_gate), 0);
+        e.up = concat_err(x, T, D, &F->w_up, NULL, sh, OFF(l, w_up), 0);
+        e.down = mlp_err(x, T, m, sh, l, -1);
+    }
     free(x);
     free(att);
     return e;
@@ -196,6 +231,78 @@ static void layer_ok(const char *name) {
 static void test_shard_layer_llama_concat_and_partial_sums(void **st) { (void)st; layer_ok("llama-tiny"); }
 static void test_shard_layer_qwen2_bias_split(void **st) { (void)st; layer_ok("qwen2-tiny"); }
 static void test_shard_layer_qwen3_qk_norm(void **st) { (void)st; layer_ok("qwen3-tiny"); }
+static void test_shard_layer_phi3_fused_views(void **st) { (void)st; layer_ok("phi3-tiny"); }
+
+/* Gemma 3: GELU-tanh in the split MLP; the sandwich norms and q/k norms are replicated
+ * (the same views on every rank: they act on whole outputs, after the all-reduce). */
+static void test_shard_layer_gemma3_gelu_and_replicated_norms(void **st) {
+    (void)st;
+    layer_ok("gemma3-tiny");
+    model *m = load("gemma3-tiny"), *sh[W];
+    assert_int_equal(m->cfg.act, ACT_GELU_TANH);
+    make_shards(m, sh);
+    for (int r = 0; r < W; r++)
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            assert_non_null(m->layers[l].post_attn_norm.data);
+            assert_ptr_equal(sh[r]->layers[l].post_attn_norm.data, m->layers[l].post_attn_norm.data);
+            assert_ptr_equal(sh[r]->layers[l].post_ffn_norm.data, m->layers[l].post_ffn_norm.data);
+            assert_ptr_equal(sh[r]->layers[l].q_norm.data, m->layers[l].q_norm.data);
+        }
+    for (int r = 0; r < W; r++) shard_free(sh[r]);
+    model_free(m);
+}
+
+/* Experts (Qwen3-MoE, Mixtral): the router is replicated, every expert is on every rank
+ * with moe_ffn / W of its rows, and for each expert the concatenated gate / up outputs
+ * and the sum of the partial MLP outputs equal the whole expert's. */
+static void experts_ok(const char *name) {
+    model *m = load(name), *sh[W];
+    make_shards(m, sh);
+    const model_config *c = &m->cfg;
+    assert_true(c->n_experts > 0);
+    int l = (int)(g_seed % (uint64_t)c->n_layers), T = 5, D = c->hidden;
+    uint64_t s = g_seed ^ 0xe7u;
+    float *x = malloc(sizeof(float) * (size_t)T * D);
+    fill(x, (size_t)T * D, &s);
+    double worst = 0;
+    for (int r = 0; r < W; r++) {
+        assert_int_equal(sh[r]->cfg.moe_ffn, c->moe_ffn / W);
+        assert_int_equal(sh[r]->cfg.n_experts, c->n_experts);
+        assert_ptr_equal(sh[r]->layers[l].router.data, m->layers[l].router.data);
+    }
+    for (int e = 0; e < c->n_experts; e++) {
+        double eg, eu, ed = mlp_err(x, T, m, sh, l, e);
+        /* gate and up rows: concatenated over the ranks they are the whole expert's */
+        const tensor_view *F = &m->layers[l].exp_gate[e];
+        float *wf = f32(F), *wu = f32(&m->layers[l].exp_up[e]);
+        int MF = (int)F->shape[0], per = MF / W;
+        eg = eu = 0;
+        for (int r = 0; r < W; r++) {
+            float *pg = f32(&sh[r]->layers[l].exp_gate[e]), *pu = f32(&sh[r]->layers[l].exp_up[e]);
+            double dg = rel_err(pg, wf + (size_t)r * per * D, (size_t)per * D);
+            double du = rel_err(pu, wu + (size_t)r * per * D, (size_t)per * D);
+            eg = dg > eg ? dg : eg;
+            eu = du > eu ? du : eu;
+            free(pg);
+            free(pu);
+        }
+        free(wf);
+        free(wu);
+        assert_true(eg < TOL && eu < TOL && ed < TOL);
+        worst = ed > worst ? ed : worst;
+    }
+    fprintf(stderr, "  %s layer %d: %d experts split in %d, worst expert MLP rel err %.2g\n", name, l,
+            c->n_experts, W, worst);
+    free(x);
+    for (int r = 0; r < W; r++) shard_free(sh[r]);
+    model_free(m);
+}
+
+static void test_shard_experts_split_like_the_mlp(void **st) {
+    (void)st;
+    experts_ok("qwen3moe-tiny");
+    experts_ok("mixtral-tiny");
+}
 
 /* ---- full forward: simulated TP 2 vs the unsharded CPU runner ------------------------ */
 
@@ -311,6 +418,32 @@ static void test_shard_check_rejects_indivisible_sizes(void **st) {
     assert_int_equal(shard_check(&c, 2, err, sizeof err), SPECD_EINVAL);
     assert_non_null(strstr(err, "intermediate size 345"));
     model_free(m);
+    m = load("qwen3moe-tiny");   /* experts of 96 rows */
+    assert_int_equal(shard_check(&m->cfg, 2, err, sizeof err), 0);
+    c = m->cfg;
+    c.moe_ffn = 97;
+    assert_int_equal(shard_check(&c, 2, err, sizeof err), SPECD_EINVAL);
+    assert_non_null(strstr(err, "experts' intermediate size 97"));
+    model_free(m);
+}
+
+/* The simulation models Llama / Qwen layers only: any other layer kind is refused rather
+ * than simulated wrongly. */
+static void test_shard_simulation_refuses_what_it_does_not_model(void **st) {
+    (void)st;
+    const char *names[] = {"gemma3-tiny", "qwen3moe-tiny", "mistral-swa-tiny"};
+    for (int k = 0; k < 3; k++) {
+        model *m = load(names[k]), *sh[W];
+        make_shards(m, sh);
+        int32_t tok[NP] = {0};
+        float *lg = malloc(sizeof(float) * NP * (size_t)m->cfg.vocab);
+        char err[256] = "";
+        assert_int_equal(shard_simulate_forward(sh, W, tok, NP, lg, err, sizeof err), SPECD_EUNSUPPORTED);
+        assert_non_null(strstr(err, "Llama / Qwen layers only"));
+        free(lg);
+        for (int r = 0; r < W; r++) shard_free(sh[r]);
+        model_free(m);
+    }
 }
 
 static void test_shard_config_divides_heads_and_ffn(void **st) {
@@ -478,6 +611,10 @@ int main(void) {
         cmocka_unit_test(test_shard_layer_llama_concat_and_partial_sums),
         cmocka_unit_test(test_shard_layer_qwen2_bias_split),
         cmocka_unit_test(test_shard_layer_qwen3_qk_norm),
+        cmocka_unit_test(test_shard_layer_phi3_fused_views),
+        cmocka_unit_test(test_shard_layer_gemma3_gelu_and_replicated_norms),
+        cmocka_unit_test(test_shard_experts_split_like_the_mlp),
+        cmocka_unit_test(test_shard_simulation_refuses_what_it_does_not_model),
         cmocka_unit_test(test_shard_forward_llama_tp2_equals_cpu_runner),
         cmocka_unit_test(test_shard_forward_qwen2_tp2_equals_cpu_runner),
         cmocka_unit_test(test_shard_forward_qwen3_tp2_equals_cpu_runner),

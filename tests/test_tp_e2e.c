@@ -3,9 +3,11 @@
  * through the real TCP rendezvous; every runner op is broadcast and the O / down partial
  * outputs are all-reduced over the sockets.
  *
- * Proves: greedy tokens of TP 2 equal TP 1 for llama-tiny, qwen2-tiny and qwen3-tiny (the
- * golden prompts of 16 and 100 tokens, batched, 32 steps) and the logits that chose the
- * first token agree within 1e-5 relative; speculative decoding under TP 2 (draft
+ * Proves: greedy tokens of TP 2 equal TP 1 for llama-tiny, qwen2-tiny, qwen3-tiny, phi3-tiny,
+ * mistral-swa-tiny and gemma3-tiny (sliding windows of 64 crossed by the 100-token prompt;
+ * Gemma's sandwich norms after the all-reduce), and the MoE models qwen3moe-tiny and
+ * mixtral-tiny (every expert split like the MLP) (the golden prompts of 16 and 100 tokens,
+ * batched, 32 steps) and the logits that chose the first token agree within 1e-5 relative; speculative decoding under TP 2 (draft
  * llama-draft, and draft == target; the draft is replicated) gives TP 1's plain greedy
  * tokens; a worker killed mid-generation makes rank 0's step fail and its watchdog fire
  * within a bounded time; and from the shell, `specd generate --tensor-parallel-size 2`
@@ -240,6 +242,28 @@ static void test_tp2_greedy_equals_tp1_llama_tiny(void **st) { (void)st; check_m
 static void test_tp2_kv_fp8_equals_tp1(void **st) { (void)st; check_model_kv("llama-tiny", ENGINE_KV_FP8); }
 static void test_tp2_greedy_equals_tp1_qwen2_tiny(void **st) { (void)st; check_model("qwen2-tiny"); }
 static void test_tp2_greedy_equals_tp1_qwen3_tiny(void **st) { (void)st; check_model("qwen3-tiny"); }
+static void test_tp2_greedy_equals_tp1_phi3_tiny(void **st) { (void)st; check_model("phi3-tiny"); }
+static void test_tp2_greedy_equals_tp1_mistral_swa_tiny(void **st) { (void)st; check_model("mistral-swa-tiny"); }
+/* Gemma 3 under TP 2 also keeps its window layers' KV in the window pool (both tables
+ * mirrored to the worker), as TP 1 does. */
+static void test_tp2_greedy_equals_tp1_gemma3_tiny(void **st) {
+    (void)st;
+    check_model("gemma3-tiny");
+    prompts p = load_prompts("gemma3-tiny");
+    engine_config c = base_config("gemma3-tiny", NULL);
+    run_out one = run_tp1(c, &p, 0), two = run_tp2(c, &p, 0);
+    assert_same_tokens(&one, &two);
+    print_message("  gemma3-tiny window pool: %d blocks of %d window layers (TP 1: %d)\n",
+                  (int)two.st.kv_win_blocks_total, (int)two.st.kv_win_layers, (int)one.st.kv_win_blocks_total);
+    assert_true(two.st.kv_win_blocks_total > 0);
+    assert_int_equal(two.st.kv_win_blocks_total, one.st.kv_win_blocks_total);
+    assert_int_equal(two.st.kv_win_layers, 3);
+    free_out(&one);
+    free_out(&two);
+    free_prompts(&p);
+}
+static void test_tp2_greedy_equals_tp1_qwen3moe_tiny(void **st) { (void)st; check_model("qwen3moe-tiny"); }
+static void test_tp2_greedy_equals_tp1_mixtral_tiny(void **st) { (void)st; check_model("mixtral-tiny"); }
 
 /* ---- speculative decoding stays lossless ----------------------------------------------- */
 
@@ -543,6 +567,11 @@ int main(void) {
         cmocka_unit_test_teardown(test_tp2_kv_fp8_equals_tp1, teardown),
         cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_qwen2_tiny, teardown),
         cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_qwen3_tiny, teardown),
+        cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_phi3_tiny, teardown),
+        cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_mistral_swa_tiny, teardown),
+        cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_gemma3_tiny, teardown),
+        cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_qwen3moe_tiny, teardown),
+        cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_mixtral_tiny, teardown),
         cmocka_unit_test_teardown(test_tp2_spec_llama_draft_is_lossless, teardown),
         cmocka_unit_test_teardown(test_tp2_spec_draft_equals_target_is_lossless, teardown),
         cmocka_unit_test_teardown(test_tp2_killed_worker_fails_rank0_in_bounded_time, teardown),

@@ -132,14 +132,14 @@ static int all_layers_slide(const model_config *c) {
 }
 
 /* The window of a model whose layers mix sliding windows and full attention (Gemma 3),
- * when those layers get a window pool of their own: else 0. A tensor-parallel group
- * keeps one pool. So does the CUDA runner for now: its window pool is built and has its
- * test (test_gpu_runner test_window_pool_matches_one_pool), which has not run on a GPU
- * yet; until it has, GPU users keep the path that has. */
+ * when those layers get a window pool of their own: else 0. The CUDA runner keeps one
+ * pool for now: its window pool is built and has its test (test_gpu_runner
+ * test_window_pool_matches_one_pool), which has not run on a GPU yet; until it has, GPU
+ * users keep the path that has. A CPU tensor-parallel group mirrors both tables to every
+ * rank. */
 static int mixed_window(const engine_config *ec, const model_config *c) {
     const int n_win = window_layers(c);
-    if (ec->keep_window_kv || ec->tp.world_size > 1 || ec->device == ENGINE_DEVICE_CUDA || n_win == 0 ||
-        n_win == c->n_layers)
+    if (ec->keep_window_kv || ec->device == ENGINE_DEVICE_CUDA || n_win == 0 || n_win == c->n_layers)
         return 0;
     return c->sliding_window;
 }

@@ -16,9 +16,10 @@
  * then the draft's (pool layer L_target + i).
  *
  * Tensor parallelism (cfg.tp_world > 1): the target is loaded from shard_model(), so
- * n_heads, n_kv_heads and ffn below are this rank's share; the O and down projections
- * then give partial sums, which cfg.allreduce adds up over the ranks before the residual
- * add. The draft stays whole (replicated). */
+ * n_heads, n_kv_heads, ffn and moe_ffn below are this rank's share; the O and down
+ * projections (for experts, their weighted sum) then give partial sums, which
+ * cfg.allreduce adds up over the ranks before the sandwich norm and the residual add. The
+ * draft stays whole (replicated). */
 #include "engine/core/runner.h"
 
 #include <math.h>
@@ -694,12 +695,9 @@ static int cpu_forward(runner *base, const runner_batch *b) {
 
         for (int t = 0; t < T; t++)
             rmsnorm(r->xn + (size_t)t * D, r->x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
-        if (L->router) {
-            moe_mlp(r, c, L, T);
-        } else {
-            gated_mlp(r, c->act, r->o, r->xn, L->w_gate, L->w_up, L->w_down, T, D, c->ffn);
-            if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
-        }
+        if (L->router) moe_mlp(r, c, L, T);
+        else gated_mlp(r, c->act, r->o, r->xn, L->w_gate, L->w_up, L->w_down, T, D, c->ffn);
+        if ((rc = reduce(r, b, r->o, (size_t)T * D))) return rc;
         residual_add(r->x, r->o, L->post_ffn_norm, T, D, c->rms_eps);
     }
 
@@ -1142,8 +1140,7 @@ static int imax(int a, int b) { return a > b ? a : b; }
 runner *runner_cpu_create(const model *target, const model *draft, const runner_config *cfg,
                           char *err, size_t errlen) {
     if (!target || !cfg || cfg->num_blocks < 2 || cfg->block_size < 1 || cfg->max_batch < 1 ||
-        cfg->max_seq_len < 1 || cfg->max_tokens_per_step < 1 || cfg->win_blocks == 1 || cfg->win_blocks < 0 ||
-        (cfg->win_blocks > 0 && cfg->tp_world > 1)) {
+        cfg->max_seq_len < 1 || cfg->max_tokens_per_step < 1 || cfg->win_blocks == 1 || cfg->win_blocks < 0) {
         specd_errf(err, errlen, SPECD_EINVAL, "cpu runner: invalid configuration");
         return NULL;
     }

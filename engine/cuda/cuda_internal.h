@@ -42,8 +42,9 @@ typedef struct {
     const float *inv_freq; /* this layer's rotary frequencies: the model's global or local */
     /* mixture of experts (c.n_experts > 0; wgu / wdown are then NULL) */
     uint16_t *router;    /* n_experts, hidden */
-    uint16_t *exp_gu;    /* n_experts x [2*moe_ffn, hidden]: each expert's gate rows, then up rows */
-    uint16_t *exp_down;  /* n_experts x [hidden, moe_ffn] */
+    uint16_t *exp_gu;    /* n_experts x [2*ffn, hidden]: each expert's gate rows, then up rows (ffn:
+                          * this rank's share of moe_ffn) */
+    uint16_t *exp_down;  /* n_experts x [hidden, ffn] */
     int window;          /* sliding window of this layer, 0: full attention */
     cuda_qmat qqkv, qo, qgu, qdown;   /* quantized forms (then the bf16 pointer is NULL) */
     /* FP8 projections: when a scale array [rows] is set, the matching pointer above
@@ -108,6 +109,10 @@ typedef struct {
                               * host and sample there (A/B of runner_batch.sp) */
     int tp_vocab_split;      /* SPECD_TP_VOCAB_SPLIT=0 turns it off: lm_head replicated under TP */
     int tp_shard_draft;      /* SPECD_TP_SHARD_DRAFT=1: the draft split like the target */
+    /* SPECD_CUDA_TP_UNRUN_LAYERS=1: tensor parallelism also takes experts and Gemma 3's
+     * layers (built, run on the CPU runner; tests/gpu/tp_test.sh sets it for its MoE and
+     * Gemma 3 checks until they have passed on two GPUs, after which the switch goes) */
+    int tp_unrun_layers;
     k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1,
                               * SPECD_ATTN_DEC=0|1|2 */
     /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */

@@ -670,6 +670,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
     t->tp_shard_draft = env_flag("SPECD_TP_SHARD_DRAFT", 0);
+    t->tp_unrun_layers = world > 1 && env_flag("SPECD_CUDA_TP_UNRUN_LAYERS", 0);
     t->k = k_tuning_default;
     t->k.pdl = env_flag("SPECD_CUDA_PDL", t->k.pdl);
     t->k.attn_pdl = env_flag("SPECD_ATTN_PDL", t->k.attn_pdl);
@@ -764,12 +765,24 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;
     }
+    if (r->opts.world > 1 && !r->tune.tp_unrun_layers && (target->cfg.n_experts || target->cfg.sandwich_norms)) {
+        specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                   "cuda runner: tensor parallelism for %s (%s) has not run on GPUs yet: use "
+                   "--tensor-parallel-size 1 (or --device cpu, where it is tested)", target->path,
+                   target->cfg.n_experts ? "experts" : "Gemma 3 layers");
+        goto fail_free;
+    }
     for (const model *mm = target; mm; mm = mm == target ? draft : NULL) {
         const model_config *mc = &mm->cfg;
-        if (mc->n_experts && (mc->n_experts > 512 || mc->n_experts_used > 16 || mc->moe_ffn % 8 || mc->hidden % 8)) {
+        /* a tensor-parallel rank holds 1/world of each expert's rows (the target's; the
+         * draft's too where the draft is sharded) */
+        const int w = mm == target || r->tune.tp_shard_draft ? r->opts.world : 1;
+        if (mc->n_experts && (mc->n_experts > 512 || mc->n_experts_used > 16 || mc->moe_ffn % (8 * w) ||
+                              mc->hidden % 8)) {
             specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                       "cuda runner: %s: %d experts, %d per token, of width %d (at most 512 experts and 16 per "
-                       "token, widths multiples of 8)", mm->path, mc->n_experts, mc->n_experts_used, mc->moe_ffn);
+                       "cuda runner: %s: %d experts, %d per token, of width %d over %d rank(s) (at most 512 experts "
+                       "and 16 per token, widths per rank multiples of 8)", mm->path, mc->n_experts,
+                       mc->n_experts_used, mc->moe_ffn, w);
             goto fail_free;
         }
     }

@@ -173,21 +173,26 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
         if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
-        if (L->post_attn_norm) {   /* Gemma 3: the output normed, then added */
-            if ((rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_f32, 0.f))) return rc;
+        if (L->post_attn_norm) {   /* Gemma 3: the output (all-reduced first) normed, then added */
+            if ((rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_f32, 0.f)) ||
+                (partial && (rc = cuda_tp_allreduce(r, p->which, r->d_f32, (size_t)n * hidden))))
+                return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_attn_norm, r->d_resid, n, hidden, c->rms_eps, s));
         } else if (fuse_norm)
             K_CHECK(r, k_gemv_w((k_wmat){L->wo, L->so}, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
         else if (!(r->tune.dbg_skip & 8) &&
                  (rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
             return rc;
-        if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
+        if (!L->post_attn_norm && (rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
         if (!(r->tune.dbg_skip & 1) && !fuse_norm)
             K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         const uint16_t *act = r->d_xb;
         if (L->router && (r->tune.dbg_skip & 64)) continue;   /* SPECD_DEBUG_SKIP=moe (timing only) */
         if (L->router) {   /* mixture of experts (kernels/moe.cu), added into the residual */
-            const int E = c->n_experts, K = c->n_experts_used, MF = c->moe_ffn, gelu = c->act == ACT_GELU_TANH;
+            /* MF: this rank's rows of each expert; the partial sums add into a zeroed
+             * residual off rank 0 (as beta_res does for the dense MLP), then all-reduce */
+            const int E = c->n_experts, K = c->n_experts_used, MF = F, gelu = c->act == ACT_GELU_TANH;
+            if (beta_res == 0.f) CU_CHECK(r, cudaMemsetAsync(r->d_resid, 0, (size_t)n * hidden * sizeof(float), s));
             const k_moe_route_buf mb = {
                 .logits = r->d_moe_lg, .ids = r->d_moe_ids, .w = r->d_moe_w, .counts = r->d_moe_cnt + 1,
                 .rows = r->d_moe_rows, .active = r->d_moe_cnt + 1 + E, .done = (unsigned *)r->d_moe_cnt,
@@ -201,16 +206,17 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                 K_CHECK(r, k_moe_gated_dec(L->exp_gu, mx, min, &mb, n, E, K, MF, hidden, gelu, r->d_moe_act, s));
                 K_CHECK(r, k_moe_down_combine(L->exp_down, r->d_moe_act, &mb, n, K, hidden, MF, r->d_resid,
                                               fuse_norm && l + 1 < c->n_layers ? &nout_attn : NULL, s));
-                continue;
+            } else {
+                if ((rc = gemm(r, L->router, E, hidden, r->d_xb, n, r->d_moe_lg, 0.f))) return rc;
+                CU_CHECK(r, cudaMemsetAsync(mb.counts, 0, (size_t)E * sizeof(int32_t), s));
+                K_CHECK(r, k_moe_route(r->d_moe_lg, n, E, K, c->moe_norm_topk, mb.ids, mb.w, mb.counts, mb.rows, s));
+                K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, mb.rows, mb.counts, n, E, MF, hidden, 1, gelu, NULL,
+                                      r->d_moe_act, s));
+                K_CHECK(r, k_moe_gemm(L->exp_down, r->d_moe_act, 1, mb.rows, mb.counts, n, E, hidden, MF, 0, 0,
+                                      r->d_moe_out, NULL, s));
+                K_CHECK(r, k_moe_combine(r->d_moe_out, r->d_moe_w, n, K, hidden, r->d_resid, s));
             }
-            if ((rc = gemm(r, L->router, E, hidden, r->d_xb, n, r->d_moe_lg, 0.f))) return rc;
-            CU_CHECK(r, cudaMemsetAsync(mb.counts, 0, (size_t)E * sizeof(int32_t), s));
-            K_CHECK(r, k_moe_route(r->d_moe_lg, n, E, K, c->moe_norm_topk, mb.ids, mb.w, mb.counts, mb.rows, s));
-            K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, mb.rows, mb.counts, n, E, MF, hidden, 1, gelu, NULL,
-                                  r->d_moe_act, s));
-            K_CHECK(r, k_moe_gemm(L->exp_down, r->d_moe_act, 1, mb.rows, mb.counts, n, E, hidden, MF, 0, 0,
-                                  r->d_moe_out, NULL, s));
-            K_CHECK(r, k_moe_combine(r->d_moe_out, r->d_moe_w, n, K, hidden, r->d_resid, s));
+            if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
             continue;
         }
         if (r->tune.dbg_skip & 16) {
@@ -230,8 +236,11 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             else K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
         if (L->post_ffn_norm) {
-            if ((rc = gemm_q(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_q(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_f32, 0.f)) ||
+                (partial && (rc = cuda_tp_allreduce(r, p->which, r->d_f32, (size_t)n * hidden))))
+                return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_ffn_norm, r->d_resid, n, hidden, c->rms_eps, s));
+            continue;
         } else if (fuse_norm && l + 1 < c->n_layers)
             K_CHECK(r, k_gemv_w((k_wmat){L->wdown, L->sdown}, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
         else if (!(r->tune.dbg_skip & 32) &&

@@ -244,11 +244,17 @@ static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank, 
         K_CHECK(r, k_fill_uniform_bf16_slice(proj_bf16(cm, L->wo, stage), hidden, qd, 0, rk * qd, full_qd,
                                              mix_seed(seed, tag++), a, st));
         if (fp8_finish(r, cm, stage, L->wo, L->so, (int64_t)hidden, (int64_t)qd)) goto fail;
-        if (L->router) {   /* experts (never sharded: TP refuses MoE) */
+        if (L->router) {   /* experts: each rank its rows [rk * F, (rk + 1) * F) of every expert */
             const size_t E = (size_t)c->n_experts, MF = (size_t)c->moe_ffn;
+            const uint64_t gu_seed = mix_seed(seed, tag++);
             K_CHECK(r, k_fill_uniform_bf16(L->router, E * hidden, mix_seed(seed, tag++), a, st));
-            K_CHECK(r, k_fill_uniform_bf16(L->exp_gu, E * 2 * MF * hidden, mix_seed(seed, tag++), a, st));
-            K_CHECK(r, k_fill_uniform_bf16(L->exp_down, E * hidden * MF, mix_seed(seed, tag++), a, st));
+            for (size_t e = 0; e < E; e++)   /* the unsharded tensor: [E][gate MF; up MF][hidden] */
+                for (size_t h = 0; h < 2; h++)
+                    K_CHECK(r, k_fill_uniform_bf16_slice(L->exp_gu + (e * 2 + h) * F * hidden, F, hidden,
+                                                         (e * 2 + h) * MF + rk * F, 0, hidden, gu_seed, a, st));
+            /* [E][hidden][MF]: rows of every expert, this rank's columns */
+            K_CHECK(r, k_fill_uniform_bf16_slice(L->exp_down, E * hidden, F, 0, rk * F, MF, mix_seed(seed, tag++),
+                                                 a, st));
         } else {
             uint16_t *gu = proj_bf16(cm, L->wgu, stage);
             K_CHECK(r, k_fill_uniform_bf16_slice(gu, F, hidden, rk * F, 0, hidden, mix_seed(seed, tag++), a, st));
@@ -331,7 +337,8 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
             (rc = upload_norm(r, s, &ml->post_ffn_norm, hidden, L->post_ffn_norm, c->norm_plus_one)))
             goto out;
     }
-    if (L->router) {   /* experts: the router, then each expert's [gate; up] and down */
+    if (L->router) {   /* experts: the router, then each expert's [gate; up] and down (this
+                        * rank's F of its MF rows, as the dense MLP's) */
         const int64_t E = c->n_experts, MF = c->moe_ffn;
         if ((rc = check_view(&ml->router, E, hidden, "router", l, err, errlen))) return rc;
         for (int64_t e = 0; e < E; e++)
@@ -341,10 +348,10 @@ static int load_layer(cuda_runner *r, cuda_model *cm, staging *s, const model_la
                 return rc;
         if ((rc = upload_bf16(r, s, &ml->router, E, hidden, 0, E, 0, hidden, L->router))) goto out;
         for (int64_t e = 0; e < E; e++) {
-            uint16_t *gu = L->exp_gu + (size_t)e * 2 * MF * hidden, *dn = L->exp_down + (size_t)e * hidden * MF;
-            if ((rc = upload_bf16(r, s, &ml->exp_gate[e], MF, hidden, 0, MF, 0, hidden, gu)) ||
-                (rc = upload_bf16(r, s, &ml->exp_up[e], MF, hidden, 0, MF, 0, hidden, gu + MF * hidden)) ||
-                (rc = upload_bf16(r, s, &ml->exp_down[e], hidden, MF, 0, hidden, 0, MF, dn)))
+            uint16_t *gu = L->exp_gu + (size_t)e * 2 * F * hidden, *dn = L->exp_down + (size_t)e * hidden * F;
+            if ((rc = upload_bf16(r, s, &ml->exp_gate[e], MF, hidden, rank * F, F, 0, hidden, gu)) ||
+                (rc = upload_bf16(r, s, &ml->exp_up[e], MF, hidden, rank * F, F, 0, hidden, gu + F * hidden)) ||
+                (rc = upload_bf16(r, s, &ml->exp_down[e], hidden, MF, 0, hidden, rank * F, F, dn)))
                 goto out;
         }
     }
@@ -380,11 +387,11 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     int rc = SPECD_ECUDA;
     memset(cm, 0, sizeof *cm);
     cm->c = *c;
-    if (world < 1 || rank < 0 || rank >= world || c->n_heads % world || c->n_kv_heads % world ||
-        c->ffn % world)
+    const int ffn_all = c->n_experts ? c->moe_ffn : c->ffn;   /* MoE: an expert's width */
+    if (world < 1 || rank < 0 || rank >= world || c->n_heads % world || c->n_kv_heads % world || ffn_all % world)
         return specd_errf(err, errlen, SPECD_EINVAL,
                           "cuda runner: %s: heads %d / kv heads %d / ffn %d do not split over %d ranks",
-                          m->path, c->n_heads, c->n_kv_heads, c->ffn, world);
+                          m->path, c->n_heads, c->n_kv_heads, ffn_all, world);
     if (c->n_heads % c->n_kv_heads ||
         (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256))
         return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
@@ -393,7 +400,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     cm->H = c->n_heads / world;
     cm->KVH = c->n_kv_heads / world;
     cm->D = c->head_dim;
-    cm->ffn = c->n_experts ? c->moe_ffn : c->ffn / world;   /* MoE: an expert's width (buffers) */
+    cm->ffn = ffn_all / world;   /* this rank's rows of the MLP (MoE: of each expert) */
     size_t hidden = (size_t)c->hidden, D = (size_t)cm->D, qkv = (size_t)(cm->H + 2 * cm->KVH) * D;
     cm->layers = calloc((size_t)c->n_layers, sizeof *cm->layers);
     if (!cm->layers) return specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of host memory");
@@ -440,7 +447,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
             goto oom;
         if (tq || to || tgu || tdn) cm->plain = 1;   /* the fused GEMV forms read bf16 only */
         if (c->n_experts) {
-            size_t E = (size_t)c->n_experts, MF = (size_t)c->moe_ffn;
+            size_t E = (size_t)c->n_experts, MF = (size_t)cm->ffn;
             if (!(L->router = dalloc(r, cm, E * hidden * 2)) || !(L->exp_gu = dalloc(r, cm, E * 2 * MF * hidden * 2)) ||
                 !(L->exp_down = dalloc(r, cm, E * hidden * MF * 2)))
                 goto oom;

@@ -7,6 +7,7 @@
  *   op          header fields                     payload
  *   FORWARD     which, n = rows, n_tokens         rows [n][5] int32, tokens [n_tokens] int32
  *   SLOT_WRITE  a = slot, b = first, n            blocks [n] int32
+ *   SLOT_WIN    a = slot, b = first, n            blocks [n] int32 (the window pool's table)
  *   SET_LEN     a = slot, which, b = len          -
  *   COPY_BLOCK  a = dst, b = src                  -
  *   DECODE      n                                 slots [n], tokens [n] int32, runner_sampling [n]
@@ -26,7 +27,7 @@
 #include "engine/core/err.h"
 #include "engine/tp/shard.h"
 
-enum { OP_FORWARD = 1, OP_SLOT_WRITE, OP_SET_LEN, OP_COPY_BLOCK, OP_DECODE, OP_SPEC, OP_STOP };
+enum { OP_FORWARD = 1, OP_SLOT_WRITE, OP_SET_LEN, OP_COPY_BLOCK, OP_DECODE, OP_SPEC, OP_SLOT_WIN, OP_STOP };
 
 typedef struct {
     int32_t op, which, n, n_tokens, a, b, c;
@@ -109,15 +110,25 @@ static int tpr_forward(runner *base, const runner_batch *b) {
     return rc ? rc : local_done(r, r->local->ops->forward(r->local, b));
 }
 
-static int tpr_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
-    tp_runner *r = (tp_runner *)base;
+/* SLOT_WRITE or SLOT_WIN: a block table row (first pool or window pool). */
+static int write_table(tp_runner *r, int op, int slot, int first, const int32_t *blocks, int n) {
     if (n < 0) return SPECD_EINVAL;
     int32_t *w = words(r, (size_t)n);
     if (!w) return SPECD_ENOMEM;
     if (n) memcpy(w, blocks, sizeof(int32_t) * (size_t)n);
-    tp_op h = {.op = OP_SLOT_WRITE, .a = slot, .b = first, .n = n};
+    tp_op h = {.op = op, .a = slot, .b = first, .n = n};
     int rc = send_op(r, &h, (size_t)n * sizeof(int32_t));
-    return rc ? rc : r->local->ops->slot_write_blocks(r->local, slot, first, blocks, n);
+    if (rc) return rc;
+    const runner_ops *o = r->local->ops;
+    return (op == OP_SLOT_WIN ? o->slot_write_win_blocks : o->slot_write_blocks)(r->local, slot, first, blocks, n);
+}
+
+static int tpr_slot_write_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    return write_table((tp_runner *)base, OP_SLOT_WRITE, slot, first, blocks, n);
+}
+
+static int tpr_slot_write_win_blocks(runner *base, int slot, int first, const int32_t *blocks, int n) {
+    return write_table((tp_runner *)base, OP_SLOT_WIN, slot, first, blocks, n);
 }
 
 static int tpr_slot_set_len(runner *base, int slot, int which, int len) {
@@ -203,6 +214,7 @@ runner *runner_tp_wrap(runner *local, tp_comm *t, char *err, size_t errlen) {
         .name = r->name,
         .forward = tpr_forward,
         .slot_write_blocks = tpr_slot_write_blocks,
+        .slot_write_win_blocks = local->ops->slot_write_win_blocks ? tpr_slot_write_win_blocks : NULL,
         .slot_set_len = tpr_slot_set_len,
         .slot_get_len = tpr_slot_get_len,
         .copy_block = tpr_copy_block,
@@ -291,8 +303,11 @@ static int apply(worker *w, const tp_op *h) {
     switch (h->op) {
     case OP_FORWARD: return apply_forward(w, h);
     case OP_SLOT_WRITE:
+    case OP_SLOT_WIN:
         if (h->n < 0 || h->payload_bytes != (size_t)h->n * sizeof(int32_t)) return SPECD_EFORMAT;
-        return l->ops->slot_write_blocks(l, h->a, h->b, (const int32_t *)w->buf, h->n);
+        if (h->op == OP_SLOT_WIN && !l->ops->slot_write_win_blocks) return SPECD_EFORMAT;
+        return (h->op == OP_SLOT_WIN ? l->ops->slot_write_win_blocks : l->ops->slot_write_blocks)(
+            l, h->a, h->b, (const int32_t *)w->buf, h->n);
     case OP_SET_LEN: return l->ops->slot_set_len(l, h->a, h->which, h->b);
     case OP_COPY_BLOCK: return l->ops->copy_block(l, h->a, h->b);
     case OP_DECODE:
@@ -303,7 +318,7 @@ static int apply(worker *w, const tp_op *h) {
 
 static const char *op_name(int op) {
     static const char *const names[] = {"?", "forward", "slot_write_blocks", "slot_set_len", "copy_block",
-                                        "decode", "spec_step", "stop"};
+                                        "decode", "spec_step", "slot_write_win_blocks", "stop"};
     return op >= 1 && op <= OP_STOP ? names[op] : names[0];
 }
 
@@ -351,14 +366,15 @@ int runner_tp_allreduce(void *ctx, float *buf, size_t n) {
 
 int runner_tp_share_config(tp_comm *t, runner_config *rc, const int32_t *model_sig, int n_sig,
                            int timeout_ms, char *err, size_t errlen) {
-    enum { N_SIZES = 7, HDR = 2 };
+    enum { N_SIZES = 9, HDR = 2 };
     if (n_sig < 0 || HDR + N_SIZES + n_sig > CONFIG_WORDS)
         return specd_errf(err, errlen, SPECD_EINVAL, "runner_tp_share_config: %d signature words", n_sig);
     int32_t m[CONFIG_WORDS] = {0};
     int rank = tp_comm_rank(t);
     if (rank == 0) {
         int32_t sizes[N_SIZES] = {rc->num_blocks, rc->block_size, rc->max_batch, rc->max_seq_len,
-                                  rc->max_tokens_per_step, rc->num_draft_tokens, rc->rope_bf16_freqs};
+                                  rc->max_tokens_per_step, rc->num_draft_tokens, rc->rope_bf16_freqs,
+                                  rc->win_blocks, rc->win_min_blocks};
         m[0] = CONFIG_MAGIC;
         m[1] = n_sig;
         memcpy(m + HDR, sizes, sizeof sizes);
@@ -378,6 +394,7 @@ int runner_tp_share_config(tp_comm *t, runner_config *rc, const int32_t *model_s
     const int32_t *s = m + HDR;
     rc->num_blocks = s[0], rc->block_size = s[1], rc->max_batch = s[2], rc->max_seq_len = s[3];
     rc->max_tokens_per_step = s[4], rc->num_draft_tokens = s[5], rc->rope_bf16_freqs = s[6];
+    rc->win_blocks = s[7], rc->win_min_blocks = s[8];
     return 0;
 }
 
@@ -390,6 +407,7 @@ static int model_sig(const model *target, const model *draft, int32_t *s) {
     s[n++] = t->head_dim, s[n++] = t->ffn, s[n++] = t->vocab;
     s[n++] = draft ? draft->cfg.n_layers : 0, s[n++] = draft ? draft->cfg.hidden : 0;
     s[n++] = draft ? draft->cfg.n_heads : 0, s[n++] = draft ? draft->cfg.ffn : 0;
+    s[n++] = t->n_experts, s[n++] = t->moe_ffn, s[n++] = t->sliding_window;
     return n;
 }
 

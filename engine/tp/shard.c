@@ -208,11 +208,11 @@ int shard_check(const model_config *c, int world, char *err, size_t errlen) {
                           "--tensor-parallel-size %d does not divide the %d KV heads (GQA: "
                           "each rank must own whole KV heads; KV heads are not replicated)",
                           world, c->n_kv_heads);
-    if (world > 1 && (c->n_experts || c->sandwich_norms || c->act != ACT_SILU))
-        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
-                          "tensor parallelism for %s (experts, Gemma 3 layers) is not implemented: use "
-                          "--tensor-parallel-size 1", c->arch_name);
-    if (c->ffn % world)
+    if (c->n_experts && c->moe_ffn % world)
+        return specd_errf(err, errlen, SPECD_EINVAL,
+                          "--tensor-parallel-size %d does not divide the experts' intermediate size %d",
+                          world, c->moe_ffn);
+    if (!c->n_experts && c->ffn % world)
         return specd_errf(err, errlen, SPECD_EINVAL,
                           "--tensor-parallel-size %d does not divide the intermediate size %d",
                           world, c->ffn);
@@ -231,21 +231,49 @@ void shard_free(model *m) {
     free(m);
 }
 
+/* A gated MLP's share: rows [f0, f0 + fn) of gate and up, the same input columns of down. */
+static int shard_mlp(model *s, const tensor_view *gate, const tensor_view *up, const tensor_view *down, int64_t f0,
+                     int64_t fn, tensor_view *g, tensor_view *u, tensor_view *d) {
+    int rc;
+    if ((rc = shard_slice_rows(s, gate, f0, fn, g)) || (rc = shard_slice_rows(s, up, f0, fn, u)) ||
+        (rc = shard_slice_cols(s, down, f0, fn, d)))
+        return rc;
+    return 0;
+}
+
 static int shard_layer(model *s, const model_layer *F, model_layer *L, int rank) {
     const model_config *c = &s->cfg;  /* already the shard's config */
     int64_t hd = c->head_dim, q0 = (int64_t)rank * c->n_heads * hd, qn = (int64_t)c->n_heads * hd;
     int64_t k0 = (int64_t)rank * c->n_kv_heads * hd, kn = (int64_t)c->n_kv_heads * hd;
-    int64_t f0 = (int64_t)rank * c->ffn, fn = c->ffn;
     int rc;
-    *L = *F;  /* norms replicated */
+    *L = *F;  /* norms (sandwich norms too) and the router replicated */
+    L->exp_gate = L->exp_up = L->exp_down = NULL;
     if ((rc = shard_slice_rows(s, &F->wq, q0, qn, &L->wq)) ||
         (rc = shard_slice_rows(s, &F->wk, k0, kn, &L->wk)) ||
         (rc = shard_slice_rows(s, &F->wv, k0, kn, &L->wv)) ||
-        (rc = shard_slice_cols(s, &F->wo, q0, qn, &L->wo)) ||
-        (rc = shard_slice_rows(s, &F->w_gate, f0, fn, &L->w_gate)) ||
-        (rc = shard_slice_rows(s, &F->w_up, f0, fn, &L->w_up)) ||
-        (rc = shard_slice_cols(s, &F->w_down, f0, fn, &L->w_down)))
+        (rc = shard_slice_cols(s, &F->wo, q0, qn, &L->wo)))
         return rc;
+    if (c->n_experts) {
+        /* every expert split like the dense MLP: its rows [rank * mf, (rank + 1) * mf) */
+        const int E = c->n_experts;
+        const int64_t mf = c->moe_ffn, f0 = (int64_t)rank * mf;
+        tensor_view *ev = calloc(3 * (size_t)E, sizeof *ev);
+        if (!ev) return SPECD_ENOMEM;
+        if ((rc = keep(s, ev))) {
+            free(ev);
+            return rc;
+        }
+        L->exp_gate = ev;
+        L->exp_up = ev + E;
+        L->exp_down = ev + 2 * E;
+        for (int e = 0; e < E; e++)
+            if ((rc = shard_mlp(s, &F->exp_gate[e], &F->exp_up[e], &F->exp_down[e], f0, mf, &L->exp_gate[e],
+                                &L->exp_up[e], &L->exp_down[e])))
+                return rc;
+    } else if ((rc = shard_mlp(s, &F->w_gate, &F->w_up, &F->w_down, (int64_t)rank * c->ffn, c->ffn, &L->w_gate,
+                               &L->w_up, &L->w_down))) {
+        return rc;
+    }
     if (F->bq.data && (rc = shard_slice_rows(s, &F->bq, q0, qn, &L->bq))) return rc;
     if (F->bk.data && (rc = shard_slice_rows(s, &F->bk, k0, kn, &L->bk))) return rc;
     if (F->bv.data && (rc = shard_slice_rows(s, &F->bv, k0, kn, &L->bv))) return rc;
@@ -272,6 +300,7 @@ model *shard_model(const model *full, int rank, int world, char *err, size_t err
     s->cfg.n_heads /= world;
     s->cfg.n_kv_heads /= world;
     s->cfg.ffn /= world;
+    s->cfg.moe_ffn /= world;
     memcpy(s->path, full->path, sizeof s->path);
     s->is_gguf = full->is_gguf;
     s->tok_embd = full->tok_embd;   /* replicated: see shard.h */
@@ -425,6 +454,13 @@ int shard_simulate_forward(model *const *shards, int world, const int32_t *token
         return specd_errf(err, errlen, SPECD_EINVAL, "shard_simulate_forward: bad arguments");
     const model_config *c = &shards[0]->cfg;  /* a shard's config: heads and ffn per rank */
     int D = c->hidden, V = c->vocab, hd = c->head_dim, rc = 0;
+    int windows = 0;
+    for (int l = 0; l < c->n_layers; l++) windows |= model_layer_window(c, l) > 0;
+    if (c->n_experts || c->sandwich_norms || c->act != ACT_SILU || c->norm_plus_one || c->embed_scale > 0 ||
+        c->attn_scale > 0 || c->rope_local_theta > 0 || windows)
+        return specd_errf(err, errlen, SPECD_EUNSUPPORTED,
+                          "shard_simulate_forward: %s: the simulation covers Llama / Qwen layers only (no "
+                          "experts, windows or Gemma 3 layers)", c->arch_name);
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= V)
             return specd_errf(err, errlen, SPECD_EINVAL, "token %d out of vocabulary", tokens[t]);

@@ -33,7 +33,7 @@ extern char **environ;
 #define TP_MAGIC 0x50545053u   /* "SPTP" */
 #define TP_BC_MAGIC 0x43425053u /* "SPBC" */
 #define TP_AR_MAGIC 0x52415053u /* "SPAR" */
-#define TP_VERSION 1u
+#define TP_VERSION 2u   /* 2: window-pool tables and sizes in the runner ops */
 #define HELLO_BYTES 20
 #define MSG_BYTES 116
 #define ANSWER_BYTES (12 + MSG_BYTES + TP_UID_BYTES)

@@ -27,6 +27,17 @@ static __device__ __forceinline__ bool first_of(const k_logit_adj *adj, int lo, 
     return true;
 }
 
+/* A penalised logit (engine/core/sample.c's penalize, rounded the same); *saved gets the
+ * logit it replaces. */
+static __device__ __forceinline__ float penalize(float old, float count, const k_sample_params &p, bool use_rep,
+                                                 bool use_add, float *saved) {
+    float l = old;
+    if (use_rep) l = l > 0.f ? __fdiv_rn(l, p.repetition) : __fmul_rn(l, p.repetition);
+    if (use_add && count > 0.f) l = __fsub_rn(l, __fadd_rn(__fmul_rn(p.frequency, count), p.presence));
+    *saved = old;
+    return l;
+}
+
 /* The row's adjustments in place, in engine/core/sample.c's order and arithmetic (the
  * intrinsics keep the compiler from fusing a multiply and an add, which the host does
  * not). Each applying entry's v becomes the logit it replaced. Ends with a barrier. */
@@ -54,18 +65,30 @@ __device__ void adjust_row(float *x, int vocab, const k_sample_params &p) {
         x[id] = -INFINITY;
     }
     __syncthreads();
-    /* 3. penalties over the token statistics (distinct ids) */
+    /* 3. penalties over the token statistics (distinct ids); with p.fed the last entry is a
+     * placeholder for the token the row was fed: a listed id's count + 1, else the
+     * placeholder becomes that id with count 1 (id -1 when it applies nothing) */
     const float rep = p.repetition;
     const bool use_rep = rep > 0.f && rep != 1.f, use_add = p.presence != 0.f || p.frequency != 0.f;
-    for (int j = threadIdx.x; (use_rep || use_add) && j < nst; j += NT) {
+    const int32_t fed = p.fed ? *p.fed : -1;
+    const int listed_n = p.fed ? nst - 1 : nst;
+    __shared__ int fed_listed;
+    if (threadIdx.x == 0) fed_listed = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; (use_rep || use_add) && j < listed_n; j += NT) {
         k_logit_adj *e = &a[nb + ns + j];
         if (e->id < 0 || e->id >= vocab) continue;
-        const float count = e->v, old = x[e->id];
-        float l = old;
-        if (use_rep) l = l > 0.f ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
-        if (use_add && count > 0.f) l = __fsub_rn(l, __fadd_rn(__fmul_rn(p.frequency, count), p.presence));
-        x[e->id] = l;
-        e->v = old;
+        if (e->id == fed) fed_listed = 1;
+        x[e->id] = penalize(x[e->id], e->v + (e->id == fed ? 1.f : 0.f), p, use_rep, use_add, &e->v);
+    }
+    __syncthreads();
+    if (p.fed && threadIdx.x == 0) {
+        k_logit_adj *e = &a[nb + ns + nst - 1];
+        e->id = -1;
+        if ((use_rep || use_add) && !fed_listed && fed >= 0 && fed < vocab) {
+            e->id = fed;
+            x[fed] = penalize(x[fed], 1.f, p, use_rep, use_add, &e->v);
+        }
     }
     __syncthreads();
 }

@@ -292,6 +292,11 @@ typedef struct {
     k_logit_adj *adj;
     int n_bias, n_suppress, n_stats;
     float presence, frequency, repetition;
+    /* NULL, or where in device memory the token this row was fed is (under async
+     * scheduling the one the op before sampled, missing from the statistics): it counts
+     * once more, and the statistics' last entry is a placeholder for it (the kernel writes
+     * its id, or -1 when it applies nothing). */
+    const int32_t *fed;
     int n_top;             /* top logprobs wanted, 0..K_MAX_TOP */
 } k_sample_params;
 

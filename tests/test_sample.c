@@ -149,7 +149,8 @@ static void test_penalties_and_bias(void **st) {
 
 /* The runners' form of the penalties: a request's token statistics, kept token by token,
  * give bit-identical logits to the history form, with and without a repetition penalty
- * (without one, only generated tokens are listed, as the engine does). */
+ * (without one, only generated tokens are listed, as the engine does); so do the
+ * statistics plus one fed token the list lacks (sample_apply_penalties_fed). */
 static void test_sparse_penalties_equal_history_penalties(void **st) {
     (void)st;
     enum { V = 300, NP = 40, NH = 160 };
@@ -175,6 +176,17 @@ static void test_sparse_penalties_equal_history_penalties(void **st) {
             sample_apply_penalties(a, V, &sp, hist, n, NP, scratch);
             sample_apply_penalties_sparse(b, V, &sp, ts.ids, ts.counts, ts.n);
             assert_memory_equal(a, b, sizeof a);
+            /* one more generated token the statistics lack (runner_sampling.stats_fed): the
+             * next one of the history (listed or not), and an id never seen */
+            int32_t h2[NH + 1];
+            memcpy(h2, hist, sizeof(int32_t) * (size_t)n);
+            for (int k = 0; k < 2; k++) {
+                h2[n] = k == 0 && n < NH ? hist[n] : (int32_t)(250 + n % 40);
+                for (int i = 0; i < V; i++) a[i] = b[i] = (float)(urand(&rs) * 8 - 4);
+                sample_apply_penalties(a, V, &sp, h2, n + 1, NP, scratch);
+                sample_apply_penalties_fed(b, V, &sp, ts.ids, ts.counts, ts.n, h2[n]);
+                assert_memory_equal(a, b, sizeof a);
+            }
         }
         /* every distinct id once, with its generated count */
         for (int j = 0; j < ts.n; j++) {

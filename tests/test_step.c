@@ -41,6 +41,7 @@ static const float g_bias_vals[] = {6.0f, 2.5f, -100.0f, 1.0f, 3.0f};
 /* Request i: a sampling mode (greedy, or a seeded draw through one of the filters) and a
  * combination of the adjustments; every request reports the chosen token's logprob. */
 static int g_all_greedy;   /* the speculative test: every request greedy */
+static int g_all_penalized;   /* every request with a presence penalty too */
 
 static void sampling_of(int i, engine_sampling *sp) {
     engine_sampling_defaults(sp);
@@ -73,6 +74,7 @@ static void sampling_of(int i, engine_sampling *sp) {
     }
     sp->logit_bias_ids = g_bias_ids;
     sp->logit_bias_vals = g_bias_vals;
+    if (g_all_penalized && sp->presence_penalty == 0) sp->presence_penalty = 0.4f;
 }
 
 /* Requests enter every other step, so prefill chunks share steps with decode rows. spec 1:
@@ -122,12 +124,14 @@ static void run_all(int host, int max_batch, int spec, run *r) {
     engine_destroy(e);
 }
 
-static void test_runner_sampling_equals_host_sampling(void **s) {
-    (void)s;
-    for (int mb = 1; mb <= NREQ; mb += NREQ - 1) {   /* one at a time, then all batched */
+/* Both runs of every request: the runner's (dev) equals the host sampler's (host). */
+static void check_runs(int mb) {
         static run dev, host;
         run_all(0, mb, 0, &dev);
         run_all(1, mb, 0, &host);
+        /* with a penalty on every request, the steps queued in flight all carry penalised
+         * rows: the runner counted the token in flight into their statistics */
+        if (g_all_penalized) assert_true(dev.st.steps_async > 0);
         /* the runner sampled in both of its ways; the recorded requests never */
         assert_true(dev.st.steps_forward_sampled > 0);
         assert_true(dev.st.steps_device_decode > 0);
@@ -157,11 +161,26 @@ static void test_runner_sampling_equals_host_sampling(void **s) {
             }
         }
         assert_true(worst <= 1e-6);
-        printf("  max_batch %d: %d requests equal (two end on eos after %d, %d tokens), %d top logprobs, logprobs within "
-               "%.1e; %llu decode-op steps, %llu of %llu composed steps sampled in the forward pass\n", mb, NREQ,
-               dev.n[3], dev.n[6], tops, worst, (unsigned long long)dev.st.steps_device_decode,
-               (unsigned long long)dev.st.steps_forward_sampled, (unsigned long long)dev.st.steps_composed);
-    }
+        printf("  max_batch %d%s: %d requests equal (two end on eos after %d, %d tokens), %d top logprobs, logprobs "
+               "within %.1e; %llu decode-op steps, %llu of %llu composed steps sampled in the forward pass, %llu "
+               "queued in flight\n", mb, g_all_penalized ? ", every request penalised" : "", NREQ, dev.n[3], dev.n[6],
+               tops, worst, (unsigned long long)dev.st.steps_device_decode,
+               (unsigned long long)dev.st.steps_forward_sampled, (unsigned long long)dev.st.steps_composed,
+               (unsigned long long)dev.st.steps_async);
+}
+
+static void test_runner_sampling_equals_host_sampling(void **s) {
+    (void)s;
+    for (int mb = 1; mb <= NREQ; mb += NREQ - 1) check_runs(mb);   /* one at a time, then all batched */
+}
+
+/* Penalised rows are queued in flight like any other (async scheduling): the token the
+ * step in flight samples is counted by the runner, so the tokens equal the host's. */
+static void test_penalised_rows_queue_in_flight(void **s) {
+    (void)s;
+    g_all_penalized = 1;
+    for (int mb = 1; mb <= NREQ; mb += NREQ - 1) check_runs(mb);
+    g_all_penalized = 0;
 }
 
 /* Speculative rows: the same requests, all greedy, with drafts verified beside them must
@@ -216,6 +235,7 @@ static void test_speculative_rows_keep_every_sampling_feature(void **s) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_runner_sampling_equals_host_sampling),
+        cmocka_unit_test(test_penalised_rows_queue_in_flight),
         cmocka_unit_test(test_speculative_rows_keep_every_sampling_feature),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

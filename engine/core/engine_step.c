@@ -432,7 +432,8 @@ _Static_assert(ENGINE_MAX_TOP_LOGPROBS <= RUNNER_MAX_TOP, "top logprobs the runn
  * before them (logit bias, eos suppressed before min_tokens, penalties over its token
  * statistics), with the top logprobs it wants. Rows that reach the speculative paths have
  * none of the latter (needs_host_sampling). `ahead`: tokens the row will have emitted
- * before this one (async scheduling: the one the step in flight samples). */
+ * before this one (async scheduling: the one the step in flight samples, which its
+ * statistics lack and the runner counts, stats_fed). */
 static runner_sampling device_sampling(const req *r, int ahead) {
     const int n_out = r->n_out + ahead, suppress = n_out < r->sp.min_tokens;
     return (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .min_p = r->sp.min_p,
@@ -442,7 +443,7 @@ static runner_sampling device_sampling(const req *r, int ahead) {
                              .suppress_ids = suppress ? r->spp.eos_ids : NULL,
                              .presence_penalty = r->sp.presence_penalty, .frequency_penalty = r->sp.frequency_penalty,
                              .repetition_penalty = r->sp.repetition_penalty, .n_stats = r->stats.n,
-                             .stat_ids = r->stats.ids, .stat_counts = r->stats.counts,
+                             .stat_ids = r->stats.ids, .stat_counts = r->stats.counts, .stats_fed = ahead > 0,
                              .n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0};
 }
 
@@ -837,7 +838,8 @@ static double step_now(void) {
 /* ---- async scheduling -------------------------------------------------------------------
  * Where the runner pipelines its ops (runner.decode_async, forward_async), a step whose
  * rows sample on the device with nothing the host must update between tokens (no grammar,
- * no penalties, no host sampling, no speculation possible: async_kind) is queued without
+ * no host sampling, no speculation possible, no penalties unless the runner counts the
+ * token in flight itself, runner.async_stats: async_kind) is queued without
  * waiting for it, as the decode op when every row decodes, else as one forward that
  * samples (prompt chunks beside decode rows): it is "in flight". The next engine_step
  * first assumes every row of it goes on: each row's fed positions count as computed and a
@@ -879,9 +881,11 @@ static int async_kind(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        /* penalties read the row's output counts, which the host has not seen yet */
-        if (needs_host_sampling(r, 1, 0, run->sample_adjusts) || r->sp.presence_penalty != 0 ||
-            r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1.0f)
+        /* penalties read the row's output counts, which lack the token the step in flight
+         * samples: the runner counts it (runner_sampling.stats_fed) where it can */
+        if (needs_host_sampling(r, 1, 0, run->sample_adjusts) ||
+            (!run->async_stats && (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
+                                   r->sp.repetition_penalty != 1.0f)))
             return ASYNC_NONE;
         all_decode &= row_decodes(p);
     }

@@ -127,6 +127,11 @@ typedef struct {
     float presence_penalty, frequency_penalty, repetition_penalty;   /* 0, 0, 0 or 1: off */
     int n_stats;
     const int32_t *stat_ids, *stat_counts;
+    /* Where runner.async_stats: 1 counts the token this row is fed (its last position's
+     * input; under async scheduling the token the op before sampled, which the host has not
+     * seen, so the stats above lack it) as one more occurrence: its count + 1, or a new id
+     * of count 1, exactly as if the stats listed it. 0: the stats are complete. */
+    int stats_fed;
     /* Top logprobs wanted (0..RUNNER_MAX_TOP), where runner.sample_adjusts: the n_top
      * largest log softmax values of the logits before the adjustments (as the chosen
      * token's logprob; a masked row's may be of the masked logits, so the engine samples
@@ -293,6 +298,8 @@ struct runner {
                               * runner_sampling's logit adjustments and n_top */
     int verify_max_k, verify_max_rows;   /* limits of ops.verify (set by the runner) */
     int decode_async;        /* decode() takes runner_decode_batch.async and prev_row */
+    int async_stats;         /* decode() and sampling forward() honour runner_sampling.stats_fed,
+                              * so rows with penalties can be queued in flight too */
     int forward_async;       /* forward() takes runner_batch.async and prev_tok */
     size_t kv_block_bytes[2];/* bytes of one block of the first pool and of the window pool */
 };

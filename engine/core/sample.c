@@ -60,12 +60,22 @@ void sample_apply_penalties(float *logits, int vocab, const sample_params *p,
 
 void sample_apply_penalties_sparse(float *logits, int vocab, const sample_params *p,
                                    const int32_t *ids, const int32_t *counts, int n) {
+    sample_apply_penalties_fed(logits, vocab, p, ids, counts, n, -1);
+}
+
+void sample_apply_penalties_fed(float *logits, int vocab, const sample_params *p, const int32_t *ids,
+                                const int32_t *counts, int n, int32_t fed) {
     apply_bias_eos(logits, vocab, p);
     int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f;
     int add = p->presence_penalty != 0 || p->frequency_penalty != 0;
     if (!rep && !add) return;
-    for (int j = 0; j < n; j++)
-        if (ids[j] >= 0 && ids[j] < vocab) logits[ids[j]] = penalize(logits[ids[j]], counts[j], p, rep, add);
+    int listed = 0;
+    for (int j = 0; j < n; j++) {
+        if (ids[j] < 0 || ids[j] >= vocab) continue;
+        listed |= ids[j] == fed;
+        logits[ids[j]] = penalize(logits[ids[j]], counts[j] + (ids[j] == fed), p, rep, add);
+    }
+    if (!listed && fed >= 0 && fed < vocab) logits[fed] = penalize(logits[fed], 1, p, rep, add);
 }
 
 int sample_stats_init(sample_stats *s, int cap) {

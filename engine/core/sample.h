@@ -39,6 +39,10 @@ void sample_apply_penalties(float *logits, int vocab, const sample_params *p,
  * every generated one). */
 void sample_apply_penalties_sparse(float *logits, int vocab, const sample_params *p,
                                    const int32_t *ids, const int32_t *counts, int n);
+/* The same with one more generated token, fed (>= 0; -1: none), that the list may lack:
+ * its count + 1 where listed, else a new id of count 1 (runner_sampling.stats_fed). */
+void sample_apply_penalties_fed(float *logits, int vocab, const sample_params *p, const int32_t *ids,
+                                const int32_t *counts, int n, int32_t fed);
 
 /* A request's token statistics in that form, kept up to date token by token: each
  * distinct id once (in order of first appearance) with its count among generated tokens.

@@ -519,10 +519,10 @@ static void attn_task(void *ctx, int task) {
 /* ---- forward ------------------------------------------------------------------------ */
 
 /* The engine's host sampler, step for step: the mask, then logit bias, eos suppression
- * and penalties (from the row's token statistics), then greedy argmax, or a draw from the
- * filtered softmax with the uniform the host uses at (seed, 2 * counter). logits is
- * overwritten. */
-static int32_t sample_row_in_place(float *logits, int V, const runner_sampling *sp, int *scratch) {
+ * and penalties (from the row's token statistics, with `fed`, the token the row was fed,
+ * counted once more where sp->stats_fed), then greedy argmax, or a draw from the filtered
+ * softmax with the uniform the host uses at (seed, 2 * counter). logits is overwritten. */
+static int32_t sample_row_in_place(float *logits, int V, const runner_sampling *sp, int32_t fed, int *scratch) {
     for (int i = 0; sp->mask && i < V; i++)
         if (!((sp->mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
     sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k, .min_p = sp->min_p,
@@ -530,7 +530,7 @@ static int32_t sample_row_in_place(float *logits, int V, const runner_sampling *
                        .repetition_penalty = sp->repetition_penalty, .n_logit_bias = sp->n_logit_bias,
                        .logit_bias_ids = sp->logit_bias_ids, .logit_bias_vals = sp->logit_bias_vals,
                        .suppress_eos = sp->n_suppress > 0, .eos_ids = sp->suppress_ids, .n_eos = sp->n_suppress};
-    sample_apply_penalties_sparse(logits, V, &p, sp->stat_ids, sp->stat_counts, sp->n_stats);
+    sample_apply_penalties_fed(logits, V, &p, sp->stat_ids, sp->stat_counts, sp->n_stats, sp->stats_fed ? fed : -1);
     if (sp->temperature <= 0) return sample_argmax(logits, V);
     sample_probs(logits, V, &p, scratch);
     return sample_from_probs(logits, V, sample_uniform(sp->seed, 2 * sp->counter));
@@ -713,7 +713,7 @@ static int cpu_forward(runner *base, const runner_batch *b) {
             int n_top = b->out_top_ids && b->out_top_logprobs ? b->sp[i].n_top : 0;
             n_top = n_top < RUNNER_MAX_TOP ? n_top : RUNNER_MAX_TOP;
             if (b->out_logprobs || n_top > 0) memcpy(r->fs_raw, lg, sizeof(float) * (size_t)c->vocab);
-            b->out_tokens[i] = sample_row_in_place(lg, c->vocab, &b->sp[i], r->fs_scratch);
+            b->out_tokens[i] = sample_row_in_place(lg, c->vocab, &b->sp[i], b->tokens[r->out_tok[i]], r->fs_scratch);
             if (b->out_logprobs) b->out_logprobs[i] = sample_logprob(r->fs_raw, c->vocab, b->out_tokens[i]);
             if (n_top > 0)
                 sample_top_logprobs(r->fs_raw, c->vocab, n_top, b->out_top_ids + (size_t)i * RUNNER_MAX_TOP,
@@ -1291,6 +1291,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->base.forward_async = r->base.forward_samples;
     /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
     r->base.sample_adjusts = cfg->tp_world <= 1;
+    r->base.async_stats = r->base.sample_adjusts;
     if (draft && cfg->num_draft_tokens > 0) {
         size_t B = (size_t)cfg->max_batch, K = (size_t)cfg->num_draft_tokens, V = (size_t)r->base.vocab;
         if (K > 15) {

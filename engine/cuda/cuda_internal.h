@@ -364,9 +364,12 @@ int cuda_sample_alloc(cuda_runner *r);
 void cuda_sample_free(cuda_runner *r);
 /* q[0..n) = the k_sample_params of rows sp[0..n): the base fields, and where
  * base.sample_adjusts the penalties, n_top and the adjustments, staged into h_adj (grown
- * as needed) and copied to d_adj on r->stream. *want_top: whether a row wants top
- * logprobs. Returns 0, SPECD_ENOMEM or SPECD_ECUDA. */
-int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, k_sample_params *q, int *want_top);
+ * as needed) and copied to d_adj on r->stream. A row with stats_fed and a penalty counts
+ * the token it is fed, found on the device at d_fed[fed_idx ? fed_idx[i] : i]
+ * (k_sample_params.fed). *want_top: whether a row wants top logprobs. Returns 0,
+ * SPECD_ENOMEM or SPECD_ECUDA. */
+int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, const int32_t *d_fed,
+                        const int32_t *fed_idx, k_sample_params *q, int *want_top);
 void cuda_graph_size_list(int max_batch, int *sizes, int *n);
 /* engine/cuda/cuda_spec.c: buffers (before capture), capture, the op, cleanup. */
 int cuda_spec_alloc(cuda_runner *r, int k);

@@ -155,7 +155,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         if (n_out > MB) return SPECD_EINVAL;
         for (int o = 0; o < n_out; o++)
             if (b->sp[o].mask) return SPECD_EINVAL;
-        if ((rc = cuda_sample_prepare(r, b->sp, n_out, par, &want_top))) return rc;
+        if ((rc = cuda_sample_prepare(r, b->sp, n_out, r->d_meta + META_TOKENS * T, lrows, par, &want_top))) return rc;
         want_top = want_top && b->out_top_ids && b->out_top_logprobs;
         if (n_out) CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)n_out * sizeof *par, cudaMemcpyHostToDevice, s));
     }
@@ -183,7 +183,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
                 cudaStreamSynchronize(s);   /* the pass may still write; nothing is read back */
                 return rc;
             }
-            if ((rc = cuda_sample_prepare(r, b->sp, n_out, par, &want_top))) return rc;
+            if ((rc = cuda_sample_prepare(r, b->sp, n_out, r->d_meta + META_TOKENS * T, lrows, par, &want_top))) return rc;
             want_top = want_top && b->out_top_ids && b->out_top_logprobs;
             for (int o = 0; o < n_out; o++) masked |= b->sp[o].mask != NULL;
             CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)n_out * sizeof *par, cudaMemcpyHostToDevice, s));
@@ -761,6 +761,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* logit adjustments and top logprobs in k_sample (one GPU: runner_sampling's lists are
      * pointers that a tensor-parallel group does not ship to its other ranks) */
     r->base.sample_adjusts = r->opts.world == 1;
+    /* k_sample counts the token a row is fed (k_sample_params.fed), so penalised rows could
+     * be queued in flight; off until test_gpu_kernels test_sample_counts_fed_token has run
+     * on a GPU (built, not run yet): until then they step one at a time, as they have */
+    r->base.async_stats = 0;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

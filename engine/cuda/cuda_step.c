@@ -332,12 +332,22 @@ void cuda_sample_free(cuda_runner *r) {
 
 static int nonneg(int v) { return v > 0 ? v : 0; }
 
-int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, k_sample_params *q, int *want_top) {
+/* Whether row x's statistics get a placeholder for the token it is fed (its penalties
+ * must count that token). */
+static int counts_fed(const runner_sampling *x, const int32_t *d_fed) {
+    return d_fed && x->stats_fed &&
+           ((x->repetition_penalty > 0 && x->repetition_penalty != 1.f) || x->presence_penalty != 0 ||
+            x->frequency_penalty != 0);
+}
+
+int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, const int32_t *d_fed,
+                        const int32_t *fed_idx, k_sample_params *q, int *want_top) {
     const int adjusts = r->base.sample_adjusts;
     size_t need = 0, used = 0;
     *want_top = 0;
     for (int i = 0; adjusts && i < n; i++)
-        need += (size_t)nonneg(sp[i].n_logit_bias) + (size_t)nonneg(sp[i].n_suppress) + (size_t)nonneg(sp[i].n_stats);
+        need += (size_t)nonneg(sp[i].n_logit_bias) + (size_t)nonneg(sp[i].n_suppress) + (size_t)nonneg(sp[i].n_stats) +
+                (size_t)counts_fed(&sp[i], d_fed);
     int rc = adj_reserve(r, need);
     if (rc) return rc;
     for (int i = 0; i < n; i++) {
@@ -349,12 +359,17 @@ int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, k_samp
         q[i].repetition = x->repetition_penalty;
         q[i].n_top = x->n_top < K_MAX_TOP ? nonneg(x->n_top) : K_MAX_TOP;
         *want_top |= q[i].n_top > 0;
-        const int nb = nonneg(x->n_logit_bias), ns = nonneg(x->n_suppress), nst = nonneg(x->n_stats);
+        const int fed = counts_fed(x, d_fed);
+        const int nb = nonneg(x->n_logit_bias), ns = nonneg(x->n_suppress), nst = nonneg(x->n_stats) + fed;
         if (nb + ns + nst == 0) continue;
         k_logit_adj *a = r->h_adj + used;
         for (int j = 0; j < nb; j++) a[j] = (k_logit_adj){x->logit_bias_ids[j], x->logit_bias_vals[j]};
         for (int j = 0; j < ns; j++) a[nb + j] = (k_logit_adj){x->suppress_ids[j], 0.f};
-        for (int j = 0; j < nst; j++) a[nb + ns + j] = (k_logit_adj){x->stat_ids[j], (float)x->stat_counts[j]};
+        for (int j = 0; j < nst - fed; j++) a[nb + ns + j] = (k_logit_adj){x->stat_ids[j], (float)x->stat_counts[j]};
+        if (fed) {   /* the placeholder, last */
+            a[nb + ns + nst - 1] = (k_logit_adj){-1, 0.f};
+            q[i].fed = d_fed + (fed_idx ? fed_idx[i] : i);
+        }
         q[i].adj = r->d_adj + used;
         q[i].n_bias = nb;
         q[i].n_suppress = ns;
@@ -457,7 +472,7 @@ static int fill_dec_in(cuda_runner *r, const runner_decode_batch *b, int B, int 
     k_sample_params *sp = (k_sample_params *)((char *)tokens + cuda_dec_par_off(MB));
     int n = b ? b->n : 0, rc;
     *want_top = 0;
-    if (params && b && b->sp && (rc = cuda_sample_prepare(r, b->sp, n, sp, want_top))) return rc;
+    if (params && b && b->sp && (rc = cuda_sample_prepare(r, b->sp, n, r->d_dec_in, NULL, sp, want_top))) return rc;
     for (int i = 0; i < B; i++) {
         if (i < n) {
             prev[i] = b->prev_row ? b->prev_row[i] : -1;
@@ -561,7 +576,7 @@ static int decode_masked(cuda_runner *r, const runner_decode_batch *b, int gi, i
         cudaStreamSynchronize(s);   /* the pass may still write; the lengths did not advance */
         return rc;
     }
-    if ((rc = cuda_sample_prepare(r, b->sp, n, par, want_top))) return rc;
+    if ((rc = cuda_sample_prepare(r, b->sp, n, r->d_dec_in, NULL, par, want_top))) return rc;
     int rows = 0;   /* masked rows are within [0, rows) */
     for (int i = 0; i < B; i++) {
         const uint32_t *m = i < n ? b->sp[i].mask : NULL;

@@ -1418,6 +1418,111 @@ static void test_sample_adjusted_matches_host_and_reports_raw_logprobs(void **st
     adj_case_free(&c);
 }
 
+/* k_sample_params.fed (async scheduling: the token a row is fed, which its statistics
+ * lack): the statistics get a placeholder entry, and the penalties must equal the host's
+ * sample_apply_penalties_fed bit for bit, whether the fed token is listed (count + 1),
+ * listed with count 0 (a prompt-only id), absent (a new id), suppressed, or outside the
+ * vocabulary; k_sample puts every row back as it came, the placeholder's logit included. */
+static void test_sample_counts_fed_token(void **state) {
+    (void)state;
+    adj_case c;
+    adj_case_make(&c, 40, 5003);
+    const int n = c.n, V = c.V;
+    k_logit_adj *adj = malloc(sizeof(k_logit_adj) * (size_t)(c.off[n] + n));
+    int off[41], used = 0, kinds[5] = {0}, has_fed[40] = {0};
+    int32_t fed[40];
+    k_sample_params sp[40];
+    for (int r = 0; r < n; r++) {
+        const k_sample_params *q = &c.sp[r];
+        const int m = q->n_bias + q->n_suppress + q->n_stats, js = q->n_stats / 2;
+        k_logit_adj *a = adj + used, *st = a + q->n_bias + q->n_suppress;
+        memcpy(a, c.adj + c.off[r], sizeof(k_logit_adj) * (size_t)m);
+        sp[r] = *q;
+        off[r] = used;
+        const int kind = r % 5;   /* listed, absent, suppressed, outside the vocabulary, listed with count 0 */
+        if (kind == 0 || kind == 4) {
+            fed[r] = q->n_stats ? st[js].id : 0;
+            if (kind == 4 && q->n_stats) st[js].v = 0.f;   /* a prompt-only id */
+        } else if (kind == 1 || (kind == 2 && !q->n_suppress)) {
+            fed[r] = (int32_t)(gu_next(&g_rng) % V);   /* moved on until no entry lists it */
+            for (int j = 0; j < q->n_stats; j++)
+                if (st[j].id == fed[r]) fed[r] = (fed[r] + 1) % V, j = -1;
+        } else {
+            fed[r] = kind == 2 ? a[q->n_bias].id : V + 3;
+        }
+        if (q->n_stats && (q->presence != 0 || q->frequency != 0 || q->repetition != 1)) {
+            a[m] = (k_logit_adj){-1, 0.f};   /* the placeholder */
+            sp[r].n_stats++;
+            has_fed[r] = 1;
+            kinds[kind]++;
+        }
+        used += m + has_fed[r];
+    }
+    off[n] = used;
+    float *d_x = gu_upload(c.x, (size_t)n * V * 4);
+    k_logit_adj *d_adj = gu_upload(adj, sizeof(k_logit_adj) * (size_t)used);
+    int32_t *d_fed = gu_upload(fed, sizeof fed);
+    for (int r = 0; r < n; r++) {
+        if (sp[r].n_bias + sp[r].n_suppress + sp[r].n_stats) sp[r].adj = d_adj + off[r];
+        if (has_fed[r]) sp[r].fed = d_fed + r;
+    }
+    k_sample_params *d_sp = gu_upload(sp, sizeof sp);
+    assert_int_equal(k_logit_adjust(d_x, n, V, d_sp, 0), 0);
+    float *got = malloc((size_t)n * V * 4), *want = malloc((size_t)V * 4);
+    gu_download(got, d_x, (size_t)n * V * 4);
+    int fed_changed = 0;
+    for (int r = 0; r < n; r++) {
+        const k_sample_params *q = &c.sp[r];
+        const k_logit_adj *a = adj + off[r];
+        int32_t ids[4000], cnt[4000], bias_ids[8], sup[4];
+        float bias_vals[8];
+        for (int j = 0; j < q->n_bias; j++) bias_ids[j] = a[j].id, bias_vals[j] = a[j].v;
+        for (int j = 0; j < q->n_suppress; j++) sup[j] = a[q->n_bias + j].id;
+        for (int j = 0; j < q->n_stats; j++) {
+            ids[j] = a[q->n_bias + q->n_suppress + j].id;
+            cnt[j] = (int32_t)a[q->n_bias + q->n_suppress + j].v;
+        }
+        sample_params hp = {.temperature = q->temperature, .presence_penalty = q->presence,
+                            .frequency_penalty = q->frequency, .repetition_penalty = q->repetition,
+                            .n_logit_bias = q->n_bias, .logit_bias_ids = bias_ids, .logit_bias_vals = bias_vals,
+                            .suppress_eos = q->n_suppress > 0, .eos_ids = sup, .n_eos = q->n_suppress};
+        memcpy(want, c.x + (size_t)r * V, (size_t)V * 4);
+        sample_apply_penalties_fed(want, V, &hp, ids, cnt, q->n_stats, has_fed[r] ? fed[r] : -1);
+        for (int i = 0; i < V; i++) {
+            const float g = got[(size_t)r * V + i];
+            if (memcmp(&g, &want[i], 4))
+                fail_msg("row %d id %d (fed %d): device %.9g, host %.9g", r, i, fed[r], g, want[i]);
+        }
+        if (has_fed[r] && fed[r] >= 0 && fed[r] < V) {   /* the fed token's logit as the plain stats leave it */
+            float plain[1];
+            memcpy(want, c.x + (size_t)r * V, (size_t)V * 4);
+            sample_apply_penalties_sparse(want, V, &hp, ids, cnt, q->n_stats);
+            plain[0] = want[fed[r]];
+            fed_changed += memcmp(plain, &got[(size_t)r * V + fed[r]], 4) != 0;
+        }
+    }
+    /* k_sample: the rows come back as they were */
+    cudaFree(d_adj);
+    d_adj = gu_upload(adj, sizeof(k_logit_adj) * (size_t)used);
+    for (int r = 0; r < n; r++)
+        if (sp[r].n_bias + sp[r].n_suppress + sp[r].n_stats) sp[r].adj = d_adj + off[r];
+    cudaFree(d_sp);
+    d_sp = gu_upload(sp, sizeof sp);
+    cudaFree(d_x);
+    d_x = gu_upload(c.x, (size_t)n * V * 4);
+    int32_t *d_tok = gu_dev(n * 4);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, NULL, NULL, NULL, 0), 0);
+    gu_download(got, d_x, (size_t)n * V * 4);
+    assert_memory_equal(got, c.x, (size_t)n * V * 4);
+    printf("    fed token counted: listed %d, absent %d, suppressed %d, outside %d, listed with count 0 %d rows; the fed "
+           "logit moved in %d rows, all bit-identical to the host\n", kinds[0], kinds[1], kinds[2], kinds[3],
+           kinds[4], fed_changed);
+    assert_true(fed_changed >= 8);
+    cudaFree(d_x); cudaFree(d_adj); cudaFree(d_sp); cudaFree(d_fed); cudaFree(d_tok);
+    free(got); free(want); free(adj);
+    adj_case_free(&c);
+}
+
 static void test_advance_lens_skips_dummy_rows(void **state) {
     (void)state;
     int32_t lens[10] = {5, 1, 7, 2, 0, 0, 9, 3, 4, 4};   /* slots 0..4, dummy = 4 */
@@ -1487,6 +1592,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_sample_same_seed_same_token_other_counter_varies),
         cmocka_unit_test(test_logit_adjust_equals_host_penalties),
         cmocka_unit_test(test_sample_adjusted_matches_host_and_reports_raw_logprobs),
+        cmocka_unit_test(test_sample_counts_fed_token),
         cmocka_unit_test(test_advance_lens_skips_dummy_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -300,7 +300,9 @@ static int alloc_buffers(engine *e) {
     for (int i = 0; i < 2; i++) {
         e->pend[i].plan = malloc((size_t)B * sizeof *e->pend[i].plan);
         e->pend[i].res = malloc((size_t)B * sizeof *e->pend[i].res);
-        outs_ok = outs_ok && e->pend[i].plan && e->pend[i].res && dec_outs_alloc(&e->pend[i].o, B) == 0;
+        e->pend[i].dead = calloc((size_t)B, sizeof *e->pend[i].dead);
+        outs_ok = outs_ok && e->pend[i].plan && e->pend[i].res && e->pend[i].dead &&
+                  dec_outs_alloc(&e->pend[i].o, B) == 0;
     }
     e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
@@ -606,6 +608,7 @@ void engine_destroy(engine *e) {
     for (int i = 0; i < 2; i++) {
         free(e->pend[i].plan);
         free(e->pend[i].res);
+        free(e->pend[i].dead);
         dec_outs_free(&e->pend[i].o);
     }
     free(e->dec_sp);

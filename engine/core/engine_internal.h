@@ -52,6 +52,9 @@ typedef struct req {
     int pend_row;                /* its row in the last decode step queued */
     int pend_tok;                /* its last token is a placeholder for the token the step in
                                   * flight samples (fed to the next step on the device) */
+    int m_pre, m_pre_rc;         /* the matcher already took that token (to mask the next
+                                  * step's row while it ran), with this result: emit_token
+                                  * uses it instead of taking the token again */
     uint64_t ev_stamp;           /* the engine_step call whose output has its event ... */
     int ev_idx;                  /* ... at this index */
 } req;
@@ -111,6 +114,10 @@ typedef struct {
     row_plan *plan;              /* (max_batch) */
     row_result *res;             /* (max_batch) */
     dec_outs o;
+    int *dead;                   /* (max_batch) a constrained row that no token fitted (its
+                                  * draw is unmasked: the row ends with an error) */
+    int waited;                  /* its outputs are in o already (the next step's mask
+                                  * callback waited for them) */
 } pend_step;
 
 struct engine {
@@ -186,6 +193,8 @@ struct engine {
     pend_step pend[2];           /* async scheduling: the step in flight is pend[pend_cur]
                                   * (when its n > 0); the next one is queued in the other */
     int pend_cur;
+    pend_step *mask_fl;          /* while a step is queued behind the one in flight: that
+                                  * one, whose tokens prepare_masks_async waits for */
     int n_plan;                  /* rows of e->plan in use (a dropped request leaves them) */
     uint64_t out_stamp;          /* engine_step calls: one event per request per call */
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */

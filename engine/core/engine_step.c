@@ -131,6 +131,29 @@ static int prepare_masks(void *ctx) {
     return 0;
 }
 
+/* runner prepare_sp of a step queued in flight (async scheduling) with constrained rows:
+ * a row fed the token of the step in flight needs its matcher past that token first. So
+ * wait for that step's outputs (the runner has already queued this step's pass, which
+ * runs meanwhile), let each such row's matcher take its token ahead of the commit (m_pre),
+ * then compute the masks as prepare_masks does. */
+static int prepare_masks_async(void *ctx) {
+    engine *e = ctx;
+    pend_step *fl = e->mask_fl;
+    if (fl && fl->n && !fl->waited) {
+        int rc = e->run->ops->wait_queued(e->run);
+        fl->waited = 1;
+        if (rc) return rc;
+    }
+    for (int j = 0; j < e->n_mask_rows; j++) {
+        req *r = e->plan[e->mask_rows[j]].r;
+        if (r && r->pend_tok && fl && !r->m_pre) {
+            r->m_pre_rc = matcher_accept_token(r->m, fl->o.tok[r->pend_row]);
+            r->m_pre = 1;
+        }
+    }
+    return prepare_masks(ctx);
+}
+
 /* The mask result of plan row i in this step's prepare_masks (-1: nothing fits). */
 static int mask_result(const engine *e, int i) {
     for (int j = 0; j < e->masks_done; j++)
@@ -197,7 +220,9 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
     if (r->m) {
         /* t came from the mask, so the matcher takes it; eos ends a complete sentence,
          * and so does a sentence nothing may follow (no step spent on eos) */
-        if (matcher_accept_token(r->m, t)) return ENGINE_FINISH_ERROR;
+        const int rc = r->m_pre ? r->m_pre_rc : matcher_accept_token(r->m, t);
+        r->m_pre = 0;
+        if (rc) return ENGINE_FINISH_ERROR;
         if (matcher_done(r->m)) return ENGINE_FINISH_STOP;
     }
     if (!r->sp.ignore_eos && is_eos(e, t) && r->n_out > r->sp.min_tokens - 1) return ENGINE_FINISH_STOP;
@@ -215,7 +240,9 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
  * tokens allowed besides eos, or -1 when nothing fits (a grammar needing bytes no token
  * spells). */
 static int grammar_mask_ahead(engine *e, req *r, int ahead, uint32_t *mask) {
-    int left = r->max_new - r->n_out - ahead, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens - ahead;
+    /* (a token the matcher took ahead of its commit, m_pre, is not in n_out yet; its
+     * placeholder is in n_tokens) */
+    int left = r->max_new - r->n_out - r->m_pre - ahead, ctx_left = e->cfg.max_seq_len - r->seq.n_tokens - ahead;
     if (ctx_left < left) left = ctx_left;
     int n_ok = -1, dist = matcher_distance(r->m);
     /* (not when even 8 bytes a token could not close it: then the plain mask only; once
@@ -837,9 +864,11 @@ static double step_now(void) {
 
 /* ---- async scheduling -------------------------------------------------------------------
  * Where the runner pipelines its ops (runner.decode_async, forward_async), a step whose
- * rows sample on the device with nothing the host must update between tokens (no grammar,
- * no host sampling, no speculation possible, no penalties unless the runner counts the
- * token in flight itself, runner.async_stats: async_kind) is queued without
+ * rows sample on the device with nothing the host must update between tokens (no host
+ * sampling, no speculation possible; penalties only where the runner counts the token in
+ * flight itself, runner.async_stats; grammars only where the runner calls back once the
+ * pass is queued, runner.async_masks, so that prepare_masks_async can wait for the step in
+ * flight's tokens and advance the rows' matchers past them: async_kind) is queued without
  * waiting for it, as the decode op when every row decodes, else as one forward that
  * samples (prompt chunks beside decode rows): it is "in flight". The next engine_step
  * first assumes every row of it goes on: each row's fed positions count as computed and a
@@ -883,7 +912,7 @@ static int async_kind(const engine *e, int n) {
         const req *r = p->r;
         /* penalties read the row's output counts, which lack the token the step in flight
          * samples: the runner counts it (runner_sampling.stats_fed) where it can */
-        if (needs_host_sampling(r, 1, 0, run->sample_adjusts) ||
+        if (needs_host_sampling(r, 1, run->async_masks, run->sample_adjusts) ||
             (!run->async_stats && (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
                                    r->sp.repetition_penalty != 1.0f)))
             return ASYNC_NONE;
@@ -915,9 +944,23 @@ static void pre_commit(engine *e, const pend_step *q) {
     }
 }
 
+/* A constrained row of a step being queued in flight: its mask goes in row_masks row
+ * `row` (sampling row), computed by prepare_masks_async once the pass is queued. */
+static void async_mask_row(engine *e, int i, int row) {
+    e->dec_sp[row].mask = e->row_masks + (size_t)row * vocab_mask_words(e->vocab);
+    e->mask_rows[e->n_mask_rows++] = i;
+}
+
+/* After a step with constrained rows was queued into q: which of them no token fitted. */
+static void keep_dead_rows(engine *e, int n, pend_step *q) {
+    for (int i = 0; i < n; i++) q->dead[i] = 0;
+    for (int j = 0; j < e->n_mask_rows; j++) q->dead[e->mask_rows[j]] = mask_result(e, e->mask_rows[j]) < 0;
+}
+
 /* Queue the planned decode step (slots synced) in flight into q. */
 static int launch_decode(engine *e, int n, pend_step *q) {
     int any_prev = 0;
+    e->n_mask_rows = e->masks_done = 0;
     for (int i = 0; i < n; i++) {
         req *r = e->plan[i].r;
         const sched_seq *s = &r->seq;
@@ -927,6 +970,8 @@ static int launch_decode(engine *e, int n, pend_step *q) {
         e->dec_slots[i] = s->slot;
         e->dec_tokens[i] = prev >= 0 ? 0 : s->tokens[s->n_computed];
         e->dec_sp[i] = device_sampling(r, r->pend_tok);
+        e->plan[i].logits_off = i;
+        if (r->m) async_mask_row(e, i, i);
         q->plan[i] = (row_plan){.r = r, .n_new = 1, .target_logits = 1, .logits_off = i};
         r->decode_steps++;
     }
@@ -934,13 +979,16 @@ static int launch_decode(engine *e, int n, pend_step *q) {
     e->st.spec_steps_decoding++;
     runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
                               .out_tokens = q->o.tok, .out_logprobs = q->o.lp, .out_top_ids = q->o.top_ids,
-                              .out_top_logprobs = q->o.top_lp, .async = 1, .prev_row = any_prev ? e->dec_prev : NULL};
+                              .out_top_logprobs = q->o.top_lp, .async = 1, .prev_row = any_prev ? e->dec_prev : NULL,
+                              .prepare_sp = e->n_mask_rows ? prepare_masks_async : NULL, .prepare_ctx = e};
     const double t = step_now();
     int rc = e->run->ops->decode(e->run, &db);
     e->st.run_seconds += step_now() - t;
     if (rc) return rc;
+    keep_dead_rows(e, n, q);
     e->st.steps_device_decode++;
     q->n = n;
+    q->waited = 0;
     return 0;
 }
 
@@ -948,6 +996,7 @@ static int launch_decode(engine *e, int n, pend_step *q) {
  * q: one forward that samples on the device, as composed_step runs it. */
 static int launch_forward(engine *e, int n, pend_step *q) {
     int nt = 0, no = 0, nd = 0, any_prev = 0;
+    e->n_mask_rows = e->masks_done = 0;
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
         req *r = p->r;
@@ -962,6 +1011,7 @@ static int launch_forward(engine *e, int n, pend_step *q) {
         p->target_logits = samples;
         p->logits_off = no;
         if (samples) e->dec_sp[no] = device_sampling(r, r->pend_tok);
+        if (samples && r->m) async_mask_row(e, i, no);
         if (row_decodes(p)) {
             r->decode_steps++;
             nd++;
@@ -977,11 +1027,14 @@ static int launch_forward(engine *e, int n, pend_step *q) {
     runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens, .n_tokens = nt,
                        .logits = e->logits, .sp = e->dec_sp, .out_tokens = q->o.tok, .out_logprobs = q->o.lp,
                        .out_top_ids = q->o.top_ids, .out_top_logprobs = q->o.top_lp, .async = 1,
-                       .prev_tok = any_prev ? e->dec_prev : NULL};
+                       .prev_tok = any_prev ? e->dec_prev : NULL,
+                       .prepare_sp = e->n_mask_rows ? prepare_masks_async : NULL, .prepare_ctx = e};
     const double t = step_now();
     int rc = runner_forward(e->run, &tb);
     e->st.run_seconds += step_now() - t;
     if (rc) return rc;
+    keep_dead_rows(e, n, q);
+    q->waited = 0;
     e->st.steps_composed++;
     e->st.steps_forward_sampled++;
     e->st.steps_async_composed++;
@@ -996,10 +1049,11 @@ static int launch_async(engine *e, int kind, int n, pend_step *q) {
 /* Wait for the step in flight and commit it. */
 static int finish_pending(engine *e, pend_step *q, engine_output *out) {
     const double t = step_now();
-    int rc = e->run->ops->wait_queued(e->run);
+    int rc = q->waited ? 0 : e->run->ops->wait_queued(e->run);   /* (a mask callback may have) */
     e->st.run_seconds += step_now() - t;
     const int n = q->n;
     q->n = 0;
+    q->waited = 0;
     if (rc) return rc;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &q->plan[i];
@@ -1007,6 +1061,7 @@ static int finish_pending(engine *e, pend_step *q, engine_output *out) {
         q->res[i] = (row_result){.event = p->target_logits, .n = p->target_logits, .dev = p->logits_off,
                                  .kv_cap = INT_MAX, .forced = ENGINE_RUNNING, .placed = r && r->pend_tok};
         q->res[i].tok[0] = q->o.tok[p->logits_off];
+        if (r && q->dead[i]) grammar_dead_end(r, &q->res[i]);   /* its draw was unmasked */
         if (r && r->seq.slot >= 0 && e->drafter == ENGINE_DRAFTER_MODEL)   /* the draft stays behind,
                                                                              * as in device_decode */
             q->res[i].kv_cap = e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT);
@@ -1116,7 +1171,10 @@ static int engine_step_timed(engine *e, engine_output *out) {
     if (fl) {
         const int kind = async_kind(e, n);
         if (kind) {   /* queue the next step, then commit the one in flight */
-            if ((rc = sync_rows(e, n, out)) || (rc = launch_async(e, kind, n, &e->pend[e->pend_cur ^ 1]))) goto fail;
+            e->mask_fl = fl;   /* constrained rows wait for its tokens (prepare_masks_async) */
+            if (!(rc = sync_rows(e, n, out))) rc = launch_async(e, kind, n, &e->pend[e->pend_cur ^ 1]);
+            e->mask_fl = NULL;
+            if (rc) goto fail;
             e->st.steps_async++;
             e->pend_cur ^= 1;
             if ((rc = finish_pending(e, fl, out))) goto fail;

@@ -154,10 +154,14 @@ typedef struct {
      * runner reads sp; sp[i].mask is honoured where runner.decode_masks. */
     int (*prepare_sp)(void *ctx);
     void *prepare_ctx;
-    /* Pipelining, where runner.decode_async (never with prepare_sp or masks):
+    /* Pipelining, where runner.decode_async (with prepare_sp and masks only where
+     * runner.async_masks):
      * async: the op returns once the step is queued; its outputs reach the out_* arrays
      *   above (which must stay valid until then) at a later wait_queued. At most two
      *   ops (decode or forward) are pending, and no op runs without async while one is.
+     *   With prepare_sp, the op calls it once its pass is queued, and the callback may call
+     *   wait_queued for the op queued before this one (the engine needs that op's tokens
+     *   to compute this one's masks); the op is pending only after the callback returns.
      * prev_row (may be NULL): prev_row[i] >= 0 feeds row i the token that the op queued
      *   just before this one sampled into its output row prev_row[i] (that op may still
      *   be pending: the token never travels through the host); tokens[i] is not read. */
@@ -241,10 +245,11 @@ typedef struct {
      * grammar masks here. */
     int (*prepare_sp)(void *ctx);
     void *prepare_ctx;
-    /* Pipelining, where runner.forward_async, with sp (no prepare_sp, no masks, at most
-     * max_batch logits rows): async and prev_tok as runner_decode_batch's async and
-     * prev_row, per token (prev_tok[t] >= 0: token t is the one the op queued just before
-     * sampled into its output row prev_tok[t]). */
+    /* Pipelining, where runner.forward_async, with sp (prepare_sp and masks only where
+     * runner.async_masks, as for decode; at most max_batch logits rows): async and
+     * prev_tok as runner_decode_batch's async and prev_row, per token (prev_tok[t] >= 0:
+     * token t is the one the op queued just before sampled into its output row
+     * prev_tok[t]). */
     int async;
     const int *prev_tok;
 } runner_batch;
@@ -300,6 +305,9 @@ struct runner {
     int decode_async;        /* decode() takes runner_decode_batch.async and prev_row */
     int async_stats;         /* decode() and sampling forward() honour runner_sampling.stats_fed,
                               * so rows with penalties can be queued in flight too */
+    int async_masks;         /* async decode() / forward() take prepare_sp and masks (and
+                              * let the callback wait for the op before): constrained rows
+                              * can be queued in flight */
     int forward_async;       /* forward() takes runner_batch.async and prev_tok */
     size_t kv_block_bytes[2];/* bytes of one block of the first pool and of the window pool */
 };

@@ -790,12 +790,12 @@ static int cpu_decode(runner *base, const runner_decode_batch *db) {
     const int MB = base->cfg.max_batch;
     if (!db || db->n < 1 || db->n > MB || !db->slots || !db->tokens || !db->sp || !db->out_tokens)
         return SPECD_EINVAL;
-    if (db->async && (db->prepare_sp || r->n_pend == 2)) return SPECD_EINVAL;
+    if (db->async && ((db->prepare_sp && !base->async_masks) || r->n_pend == 2)) return SPECD_EINVAL;
     if (!db->async && r->n_pend) return SPECD_ESTATE;
     if (!r->dec_rows && alloc_decode_bufs(r)) return SPECD_ENOMEM;
     for (int i = 0; i < db->n; i++) {
         const int pr = db->prev_row ? db->prev_row[i] : -1;
-        if (pr >= MB || (db->async && db->sp[i].mask)) return SPECD_EINVAL;
+        if (pr >= MB || (db->async && db->sp[i].mask && !base->async_masks)) return SPECD_EINVAL;
         r->dec_fed[i] = pr >= 0 ? r->dec_last[pr] : db->tokens[i];
         r->dec_rows[i] = (runner_row){.slot = db->slots[i], .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
     }
@@ -838,11 +838,11 @@ static int cpu_forward_op(runner *base, const runner_batch *b) {
         }
         return rc;
     }
-    if (!b->sp || !b->out_tokens || b->prepare_sp || n_out > MB || r->n_pend == 2 || b->n_tokens < 0 ||
-        b->n_tokens > base->cfg.max_tokens_per_step)
+    if (!b->sp || !b->out_tokens || (b->prepare_sp && !base->async_masks) || n_out > MB || r->n_pend == 2 ||
+        b->n_tokens < 0 || b->n_tokens > base->cfg.max_tokens_per_step)
         return SPECD_EINVAL;
     if (!r->dec_rows && alloc_decode_bufs(r)) return SPECD_ENOMEM;
-    for (int o = 0; o < n_out; o++)
+    for (int o = 0; o < n_out && !base->async_masks; o++)
         if (b->sp[o].mask) return SPECD_EINVAL;
     for (int t = 0; t < b->n_tokens; t++) {
         const int pr = b->prev_tok ? b->prev_tok[t] : -1;
@@ -1292,6 +1292,9 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
     r->base.sample_adjusts = cfg->tp_world <= 1;
     r->base.async_stats = r->base.sample_adjusts;
+    /* an async op is computed when queued: its prepare_sp runs after its pass, and a
+     * wait_queued from there hands over the op before it (the ring's other slot) */
+    r->base.async_masks = r->base.forward_masks;
     if (draft && cfg->num_draft_tokens > 0) {
         size_t B = (size_t)cfg->max_batch, K = (size_t)cfg->num_draft_tokens, V = (size_t)r->base.vocab;
         if (K > 15) {

@@ -151,8 +151,11 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     int want_top = 0;   /* a sampled row wants top logprobs */
     const int async = b->async, half = r->dec_half;
     k_sample_params *par = r->h_fs_par;
-    if (async) {   /* every input before the pass: the next op may write the staging then */
-        if (n_out > MB) return SPECD_EINVAL;
+    /* async with a callback (constrained rows): the sampling inputs come after the pass is
+     * queued, as without async */
+    const int late = async && b->prepare_sp;
+    if ((late && !base->async_masks) || (async && n_out > MB)) return SPECD_EINVAL;
+    if (async && !late) {   /* every input before the pass: the next op may write the staging then */
         for (int o = 0; o < n_out; o++)
             if (b->sp[o].mask) return SPECD_EINVAL;
         if ((rc = cuda_sample_prepare(r, b->sp, n_out, r->d_meta + META_TOKENS * T, lrows, par, &want_top))) return rc;
@@ -162,7 +165,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     CU_CHECK(r, cudaMemcpyAsync(r->d_meta, hm, (size_t)META_N * T * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, s));
     const int32_t *dm = r->d_meta;
-    if (async) CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));
+    if (async && !late) CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));
     if (b->prev_tok && b->n_tokens > 0)
         K_CHECK(r, k_feed_prev((int32_t *)dm + META_TOKENS * T, dm + META_PREV * T, r->d_dec_out, b->n_tokens, s));
     if (nr > 0) {
@@ -177,7 +180,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         if ((rc = cuda_enqueue_pass(r, &p))) return rc == SPECD_EUNSUPPORTED ? rc : SPECD_ECUDA;
         int masked = 0;
         const size_t mw = ((size_t)vocab + 31) / 32;
-        if (b->sp && !async) {   /* sample on the device: only token ids (and wanted top logprobs) come back */
+        if (b->sp && (!async || late)) {   /* sample on the device: only token ids (and wanted top logprobs) come back */
             /* the caller's work on sp (grammar masks) runs while the device runs the pass */
             if (b->prepare_sp && (rc = b->prepare_sp(b->prepare_ctx))) {
                 cudaStreamSynchronize(s);   /* the pass may still write; nothing is read back */
@@ -196,6 +199,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
                 CU_CHECK(r, cudaMemcpyAsync(r->d_fs_mask, r->h_fs_mask, (size_t)n_out * mw * 4, cudaMemcpyHostToDevice, s));
                 CU_CHECK(r, cudaMemcpyAsync(r->d_fs_has, r->h_fs_has, (size_t)n_out * 4, cudaMemcpyHostToDevice, s));
             }
+            if (late) CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));   /* the staging is on its way */
         }
         for (int o = 0; o < n_out; o += r->LR) {
             int cnt = n_out - o < r->LR ? n_out - o : r->LR;
@@ -765,6 +769,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
      * be queued in flight; off until test_gpu_kernels test_sample_counts_fed_token has run
      * on a GPU (built, not run yet): until then they step one at a time, as they have */
     r->base.async_stats = 0;
+    /* async decode / forward with a mask callback (constrained rows queued in flight) are
+     * built (decode_masked, cuda_forward's late inputs); off until test_gpu_runner
+     * test_async_masked_decode_waits_in_callback has run on a GPU */
+    r->base.async_masks = 0;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

@@ -539,9 +539,10 @@ void cuda_destroy_graphs(cuda_runner *r) {
 }
 
 /* Capture graph size gi's two halves for constrained rows (first use of that size; the
- * stream is idle between steps). */
+ * stream is made idle first, as an op queued in flight may still run on it). */
 static int capture_masked(cuda_runner *r, int gi) {
     const int B = r->graph_sizes[gi];
+    CU_CHECK(r, cudaStreamSynchronize(r->stream));
     for (int h = 0; h < 2; h++) {
         cudaGraph_t g = NULL;
         CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
@@ -561,7 +562,7 @@ fail:
 /* A decode step with grammar masks: the pass (graph half 0) is under way while the caller
  * computes the masks (prepare_sp); then the sampling parameters and masks go to the device
  * and half 1 masks, samples and advances. Padding rows are unmasked and sample greedily. */
-static int decode_masked(cuda_runner *r, const runner_decode_batch *b, int gi, int B, int *want_top) {
+static int decode_masked(cuda_runner *r, const runner_decode_batch *b, int gi, int B, int half, int *want_top) {
     const int n = b->n;
     const size_t mw = ((size_t)r->m[0].c.vocab + 31) / 32;
     k_sample_params *par = r->h_fs_par;
@@ -590,6 +591,8 @@ static int decode_masked(cuda_runner *r, const runner_decode_batch *b, int gi, i
     CU_CHECK(r, cudaMemcpyAsync(r->d_fs_par, par, (size_t)B * sizeof *par, cudaMemcpyHostToDevice, s));
     CU_CHECK(r, cudaMemcpyAsync(r->d_fs_has, r->h_fs_has, (size_t)B * 4, cudaMemcpyHostToDevice, s));
     if (rows) CU_CHECK(r, cudaMemcpyAsync(r->d_fs_mask, r->h_fs_mask, (size_t)rows * mw * 4, cudaMemcpyHostToDevice, s));
+    /* queued in flight: every staged input is on its way, so the next op may refill them */
+    if (b->async) CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));
     if (gi >= 0) CU_CHECK(r, cudaGraphLaunch(r->mgraphs[gi][1], s));
     else if ((rc = enqueue_decode_tail(r, B, 1))) return rc;
     return 0;
@@ -643,7 +646,7 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     if (b->async ? !base->decode_async || r->n_dpend == 2 : r->n_dpend != 0) return SPECD_ESTATE;
     int masked = b->prepare_sp != NULL;
     for (int i = 0; b->sp && i < b->n; i++) masked |= b->sp[i].mask != NULL;
-    if (masked && (b->async || b->prev_row)) return SPECD_EINVAL;
+    if (masked && (b->async || b->prev_row) && !base->async_masks) return SPECD_EINVAL;
     for (int i = 0; i < b->n; i++) {
         int s = b->slots[i];
         const int pr = b->prev_row ? b->prev_row[i] : -1;
@@ -663,7 +666,7 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     const int half = r->dec_half;
     if (masked) {
         if (!base->decode_masks || !b->sp) return SPECD_EINVAL;
-        if ((rc = decode_masked(r, b, gi, B, &want_top))) return rc;
+        if ((rc = decode_masked(r, b, gi, B, half, &want_top))) return rc;
     } else {
         if ((rc = fill_dec_in(r, b, B, 1, &want_top)) || (rc = put_dec_in(r))) return rc;
         CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));

@@ -889,6 +889,108 @@ static void test_decode_graph_masks_decide_tokens(void **s) {
     fixture_close(&f);
 }
 
+/* Constrained rows queued in flight (runner.async_masks, which the engine turns on once
+ * this test has passed): a chain of three ops, each fed on the device by the one before
+ * (prev_row / prev_tok), the second a decode and the third a forward, both with a mask
+ * callback that first calls wait_queued for the op before it (as the engine's
+ * prepare_masks_async does, to advance each row's grammar past that op's token) and then
+ * sets the masks. The masks keep ids = row (mod 7) (row 0 unmasked), so each masked
+ * greedy row takes the best such id. Tokens, the callbacks' view of the op before, and
+ * the lengths must equal the same chain run one op at a time. */
+typedef struct {
+    runner *r;
+    runner_sampling *sp;
+    uint32_t *masks;
+    const int32_t *prev_out;   /* the op before's outputs: in after the callback's wait */
+    int32_t seen[MAXB];        /* what the callback saw there */
+    int async, calls;
+} chain_cb;
+
+static int chain_masks(void *ctx) {
+    chain_cb *c = ctx;
+    c->calls++;
+    if (c->async && c->r->ops->wait_queued(c->r)) return -1;
+    memcpy(c->seen, c->prev_out, sizeof c->seen);
+    const size_t mw = ((size_t)c->r->vocab + 31) / 32;
+    for (int i = 1; i < 5; i++) c->sp[i].mask = c->masks + (size_t)i * mw;
+    return 0;
+}
+
+static void masked_chain(fixture *f, int async, int32_t out[3][MAXB], int32_t seen[2][MAXB], int lens[MAXB]) {
+    runner *r = f->r;
+    golden *g = &f->g;
+    const int V = f->vocab;
+    const size_t mw = ((size_t)V + 31) / 32;
+    float *logits = malloc(sizeof(float) * (size_t)V * MAXB);
+    uint32_t *masks = calloc((size_t)MAXB * mw, 4);
+    for (int i = 1; i < 5; i++)
+        for (int v = i; v < V; v += 7) masks[(size_t)i * mw + (size_t)v / 32] |= 1u << (v % 32);
+    int slots[5], prev[5];
+    int32_t in[5], zero[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        slots[i] = i;
+        prev[i] = i;
+        slot_reset(r, i);
+        prefill(f, i, g->prompt[i % g->n_prompts], g->len[i % g->n_prompts], 1, logits);
+        in[i] = argmax(logits, V);
+    }
+    runner_sampling sp[5];
+    for (int i = 0; i < 5; i++) sp[i] = (runner_sampling){.top_p = 1.f};
+    memset(out, 0, sizeof(int32_t) * 3 * MAXB);
+    /* A: a plain decode */
+    runner_decode_batch a = {.n = 5, .slots = slots, .tokens = in, .sp = sp, .out_tokens = out[0], .async = async};
+    if (r->ops->decode(r, &a)) fail_msg("A (async %d): %s", async, cuda_runner_error(r));
+    if (!async) assert_int_equal(r->ops->wait_queued(r), 0);
+    /* B: a decode fed A's tokens, masked through the callback */
+    chain_cb cb = {.r = r, .sp = sp, .masks = masks, .prev_out = out[0], .async = async};
+    runner_decode_batch b = {.n = 5, .slots = slots, .tokens = async ? zero : out[0], .sp = sp, .out_tokens = out[1],
+                             .async = async, .prev_row = async ? prev : NULL, .prepare_sp = chain_masks,
+                             .prepare_ctx = &cb};
+    if (r->ops->decode(r, &b)) fail_msg("B (async %d): %s", async, cuda_runner_error(r));
+    memcpy(seen[0], cb.seen, sizeof cb.seen);
+    /* C: a forward of five one-token rows fed B's tokens, masked the same way */
+    for (int i = 0; i < 5; i++) sp[i].mask = NULL;
+    cb.prev_out = out[1];
+    runner_row rows[5];
+    for (int i = 0; i < 5; i++) rows[i] = (runner_row){.slot = i, .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
+    runner_batch c = {.which = RUNNER_TARGET, .n_rows = 5, .rows = rows, .tokens = async ? zero : out[1], .n_tokens = 5,
+                      .logits = logits, .sp = sp, .out_tokens = out[2], .async = async,
+                      .prev_tok = async ? prev : NULL, .prepare_sp = chain_masks, .prepare_ctx = &cb};
+    if (runner_forward(r, &c)) fail_msg("C (async %d): %s", async, cuda_runner_error(r));
+    memcpy(seen[1], cb.seen, sizeof cb.seen);
+    if (async) assert_int_equal(r->ops->wait_queued(r), 0);   /* C's (A's and B's were taken in the callbacks) */
+    assert_int_equal(r->ops->wait_queued(r), 0);               /* nothing left */
+    assert_int_equal(cb.calls, 2);
+    for (int i = 0; i < 5; i++) lens[i] = dev_len(r, i, RUNNER_TARGET);
+    free(masks);
+    free(logits);
+}
+
+static void test_async_masked_decode_waits_in_callback(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    runner *r = f.r;
+    const int was = r->async_masks;
+    r->async_masks = 1;   /* the path under test, whatever the default */
+    int32_t so[3][MAXB], ao[3][MAXB], ss[2][MAXB], as[2][MAXB];
+    int sl[MAXB], al[MAXB];
+    masked_chain(&f, 0, so, ss, sl);
+    masked_chain(&f, 1, ao, as, al);
+    r->async_masks = was;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 5; i++) {
+            if (ao[k][i] != so[k][i]) fail_msg("op %c row %d: async %d, one at a time %d", 'A' + k, i, ao[k][i], so[k][i]);
+            if (k > 0 && i > 0) assert_int_equal(ao[k][i] % 7, i % 7);   /* the mask decided */
+        }
+    for (int k = 0; k < 2; k++) assert_memory_equal(as[k], ao[k], 5 * sizeof(int32_t));   /* the callback saw them */
+    assert_memory_equal(al, sl, 5 * sizeof(int));
+    printf("    async decode / forward with mask callbacks that wait for the op before: tokens "
+           "%d %d %d / %d %d %d / %d %d %d ... as one at a time; lengths %d\n", ao[0][0], ao[0][1], ao[0][2],
+           ao[1][0], ao[1][1], ao[1][2], ao[2][0], ao[2][1], ao[2][2], al[0]);
+    fixture_close(&f);
+}
+
 static void test_chunked_prefill_matches_whole_prompt(void **s) {
     (void)s;
     fixture f;
@@ -1701,6 +1803,7 @@ int main(void) {
         cmocka_unit_test(test_forward_sampling_adjustments_match_host),
         cmocka_unit_test(test_decode_graph_adjustments_decide_tokens),
         cmocka_unit_test(test_decode_graph_masks_decide_tokens),
+        cmocka_unit_test(test_async_masked_decode_waits_in_callback),
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),

@@ -147,7 +147,7 @@ typedef struct {
     int used, win_used, win_total, hit;   /* blocks held at most, prefix-hit tokens */
     int layers, win_layers;               /* layers in each pool */
     double bytes;                         /* KV bytes in use at most */
-    uint64_t drafted;                     /* draft tokens verified */
+    uint64_t drafted, accepted;           /* draft tokens verified, and accepted */
 } window_run;
 
 /* The engine these tests run: two slots of 512 tokens, 64 MiB of KV, the given step
@@ -203,6 +203,7 @@ static void run_window(const char *name, engine_config c, int rounds, int32_t *o
             w->win_layers = s.kv_win_layers;
             if (s.kv_bytes_used > w->bytes) w->bytes = s.kv_bytes_used;
             w->drafted = s.spec_draft_tokens;
+            w->accepted = s.spec_accepted_tokens;
             w->hit = (int)s.prefix_cache_hit_tokens;
         }
         assert_int_equal(got, n_out);
@@ -235,9 +236,9 @@ static void test_sliding_window_blocks_are_released(void **st) {
 static void test_window_pool_of_mixed_layers_is_released(void **st) {
     (void)st;
     enum { N = 300 };
-    int32_t kept[N], released[N], again[N], spec[N], small[N];
-    float lk[N], lr[N], la[N], ls[N], lm[N];
-    window_run k, r, a, sp, sm;
+    int32_t kept[N], released[N], again[N], spec[N], spec_kept[N], small[N];
+    float lk[N], lr[N], la[N], ls[N], lsk[N], lm[N];
+    window_run k, r, a, sp, spk, sm;
     run_window("gemma3-tiny", window_cfg(1, 2048), 1, kept, lk, N, &k);
     /* a step budget of 64 tokens makes the window pool 20 blocks, so released blocks are
      * taken again (and overwritten) within the 400 tokens */
@@ -245,12 +246,16 @@ static void test_window_pool_of_mixed_layers_is_released(void **st) {
     /* the default budget's pool (144 blocks) still caches the last window of the prompt
      * when the same prompt comes again */
     run_window("gemma3-tiny", window_cfg(0, 2048), 2, again, la, N, &a);
-    /* speculation (a draft of the first 2 layers, verify steps writing k positions ahead
-     * into both pools): greedy output unchanged */
+    /* speculation (a draft of the first 2 layers, both window layers, whose KV joins the
+     * window pool; verify steps writing k positions ahead into both pools): greedy output
+     * unchanged, and the draft proposes exactly what it proposes with every layer in one
+     * pool (a draft key read from the wrong pool would change its drafts) */
     engine_config cs = window_cfg(0, 64);
     cs.draft_layers = 2;
     cs.spec_always = 1;
     run_window("gemma3-tiny", cs, 1, spec, ls, N, &sp);
+    cs.keep_window_kv = 1;
+    run_window("gemma3-tiny", cs, 1, spec_kept, lsk, N, &spk);
     /* a KV budget of 600,000 bytes: the 20 blocks asked for (24,576 bytes each here) would
      * take 82% of it and leave the full layer too little for one sequence. Half the budget
      * holds 12.2 blocks, under the fewest the engine runs with (13 with the null block: one
@@ -265,6 +270,14 @@ static void test_window_pool_of_mixed_layers_is_released(void **st) {
     assert_memory_equal(kept, small, sizeof kept);
     assert_int_equal(sm.win_total, 12);
     assert_true(sp.drafted > 100);
+    assert_memory_equal(spec, spec_kept, sizeof spec);
+    assert_true(sp.drafted == spk.drafted && sp.accepted == spk.accepted);
+    assert_int_equal(sp.win_layers, 5);   /* 3 of the target's, 2 of the draft's */
+    assert_int_equal(sp.layers, 1);
+    assert_int_equal(spk.win_layers, 0);
+    print_message("  with a draft of the first 2 layers: %d layers in the window pool, %llu of %llu drafts "
+                  "accepted, as with one pool\n", sp.win_layers, (unsigned long long)sp.accepted,
+                  (unsigned long long)sp.drafted);
     for (int i = 0; i < N; i++) {
         assert_float_equal(lk[i], lr[i], 1e-5);
         assert_float_equal(lk[i], la[i], 1e-5);

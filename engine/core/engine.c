@@ -131,17 +131,18 @@ static int all_layers_slide(const model_config *c) {
     return window_layers(c) == c->n_layers ? c->sliding_window : 0;
 }
 
-/* The window of a model whose layers mix sliding windows and full attention (Gemma 3),
- * when those layers get a window pool of their own: else 0. The CUDA runner keeps one
- * pool for now: its window pool is built and has its test (test_gpu_runner
- * test_window_pool_matches_one_pool), which has not run on a GPU yet; until it has, GPU
- * users keep the path that has. A CPU tensor-parallel group mirrors both tables to every
- * rank. */
-static int mixed_window(const engine_config *ec, const model_config *c) {
+/* The window of a target whose layers mix sliding windows and full attention (Gemma 3),
+ * when those layers get a window pool of their own: else 0. A draft's window layers join
+ * them there (Gemma 3 270M drafting for a larger Gemma 3), so the pool keeps the wider of
+ * the two windows. The CUDA runner keeps one pool for now: its window pool is built and
+ * has its test (test_gpu_runner test_window_pool_matches_one_pool), which has not run on a
+ * GPU yet; until it has, GPU users keep the path that has. A CPU tensor-parallel group
+ * mirrors both tables to every rank. */
+static int mixed_window(const engine_config *ec, const model_config *c, const model_config *d) {
     const int n_win = window_layers(c);
     if (ec->keep_window_kv || ec->device == ENGINE_DEVICE_CUDA || n_win == 0 || n_win == c->n_layers)
         return 0;
-    return c->sliding_window;
+    return d && window_layers(d) && d->sliding_window > c->sliding_window ? d->sliding_window : c->sliding_window;
 }
 
 /* Blocks of the window pool (with its null block) for `slots` slots: each slot's window
@@ -464,11 +465,12 @@ engine *engine_create(const engine_config *cfg_in, char *err, size_t errlen) {
     }
 
     runner_config rc = make_runner_config(e);
-    e->win_window = mixed_window(c, &e->target->cfg);
+    const model_config *dc = e->draft_used ? &e->draft_used->cfg : NULL;
+    e->win_window = mixed_window(c, &e->target->cfg, dc);
     if (e->win_window) {
         rc.win_blocks = window_pool_blocks(e, e->win_window, c->max_batch);
         rc.win_min_blocks = window_pool_blocks(e, e->win_window, 1);
-        e->win_layers = window_layers(&e->target->cfg);
+        e->win_layers = window_layers(&e->target->cfg) + (dc ? window_layers(dc) : 0);
     }
     if (size_pool(e, &rc, err, errlen)) goto fail;
     if (c->tp.world_size > 1) {

@@ -8,12 +8,12 @@
  * pool layer L_target + i. Block 0 is the null block: never handed to a request,
  * padding rows write there.
  *
- * Window pool: with runner_config.win_blocks > 0 the target's sliding-window layers keep
- * their KV in a second pool of win_blocks blocks (same block size, its own null block 0),
- * addressed through a second block table per slot (slot_write_win_blocks); the first
- * pool then holds the other layers (full attention, and every draft layer). The engine
- * gives the window pool's blocks back once every window has left them (Gemma 3: five of
- * six layers), while the full layers keep the whole context.
+ * Window pool: with runner_config.win_blocks > 0 the sliding-window layers (the target's
+ * and the draft's) keep their KV in a second pool of win_blocks blocks (same block size,
+ * its own null block 0), addressed through a second block table per slot
+ * (slot_write_win_blocks); the first pool then holds the other layers (full attention).
+ * The engine gives the window pool's blocks back once every window has left them (Gemma
+ * 3: five of six layers), while the full layers keep the whole context.
  *
  * Slots: a table of max_batch + 1 rows; row max_batch is the dummy slot. Each row holds a
  * block table (max_blocks_per_seq entries, unused entries = 0) and a context length per
@@ -332,9 +332,15 @@ static inline int runner_window_pool_fit(const runner_config *c, size_t win_bloc
     return n;
 }
 
-/* Target layer l's KV lives in the window pool (win: the runner has one). */
-static inline int runner_layer_in_window_pool(const model_config *target, int win, int l) {
-    return win && l < target->n_layers && model_layer_window(target, l) > 0;
+/* Pool layer l's KV (target layers first, then the draft's: draft NULL without one)
+ * lives in the window pool (win: the runner has one): every sliding-window layer of
+ * either model. */
+static inline int runner_layer_in_window_pool(const model_config *target, const model_config *draft, int win,
+                                              int l) {
+    if (!win) return 0;
+    if (l < target->n_layers) return model_layer_window(target, l) > 0;
+    l -= target->n_layers;
+    return draft && l < draft->n_layers && model_layer_window(draft, l) > 0;
 }
 /* Bytes of one KV block of that pool in the CPU runner's storage. */
 size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8, int pool);

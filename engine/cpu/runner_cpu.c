@@ -1127,11 +1127,12 @@ static const runner_ops cpu_ops = {
 };
 
 size_t runner_cpu_block_bytes(const model *target, const model *draft, int block_size, int kv_fp8, int pool) {
+    const model_config *d = draft ? &draft->cfg : NULL;
+    const int nt = target->cfg.n_layers, np = nt + (d ? d->n_layers : 0);
     size_t n = 0;
-    for (int l = 0; l < target->cfg.n_layers; l++)
-        if (pool == RUNNER_POOL_ALL || runner_layer_in_window_pool(&target->cfg, 1, l) == (pool == RUNNER_POOL_WINDOW))
-            n += 2 * layer_block_floats(&target->cfg, block_size);
-    if (draft && pool != RUNNER_POOL_WINDOW) n += 2 * (size_t)draft->cfg.n_layers * layer_block_floats(&draft->cfg, block_size);
+    for (int l = 0; l < np; l++)
+        if (pool == RUNNER_POOL_ALL || runner_layer_in_window_pool(&target->cfg, d, 1, l) == (pool == RUNNER_POOL_WINDOW))
+            n += 2 * layer_block_floats(l < nt ? &target->cfg : d, block_size);
     return n * (kv_fp8 ? 1 : sizeof(float));
 }
 
@@ -1220,7 +1221,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         const model_layer *ly = &(is_draft ? draft : target)->layers[is_draft ? l - target->cfg.n_layers : l];
         r->kv_scale[2 * l] = ly->k_scale > 0 ? ly->k_scale : 1.0f;
         r->kv_scale[2 * l + 1] = ly->v_scale > 0 ? ly->v_scale : 1.0f;
-        r->in_win[l] = (unsigned char)runner_layer_in_window_pool(&target->cfg, cfg->win_blocks > 0, l);
+        r->in_win[l] = (unsigned char)runner_layer_in_window_pool(&target->cfg, draft ? &draft->cfg : NULL,
+                                                                  cfg->win_blocks > 0, l);
         size_t n = (size_t)(r->in_win[l] ? cfg->win_blocks : cfg->num_blocks) * layer_block_floats(c, cfg->block_size);
         if (r->kv_fp8) {
             r->k8[l] = calloc(n, 1);

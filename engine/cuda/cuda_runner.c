@@ -851,7 +851,8 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         const int is_draft = l >= target->cfg.n_layers;
         const cuda_model *cm = &r->m[is_draft];
         const model_layer *ly = &(is_draft ? draft : target)->layers[is_draft ? l - target->cfg.n_layers : l];
-        size_t *o = (r->in_win[l] = (unsigned char)runner_layer_in_window_pool(&target->cfg, c->win_blocks > 0, l))
+        size_t *o = (r->in_win[l] = (unsigned char)runner_layer_in_window_pool(
+                         &target->cfg, draft ? &draft->cfg : NULL, c->win_blocks > 0, l))
                         ? &woff : &off;
         r->layer_off[l] = *o;
         *o += 2 * (size_t)cm->KVH * c->block_size * cm->D;

@@ -1287,10 +1287,9 @@ static void adj_case_make(adj_case *c, int n, int V) {
     c->off[n] = used;
 }
 
-/* The row's adjustments on the host, by engine/core/sample.c. */
-static void adj_case_host(const adj_case *c, int r, float *xr) {
-    const k_sample_params *q = &c->sp[r];
-    const k_logit_adj *a = c->adj + c->off[r];
+/* A row's adjustments q over its entries a (V logits xr) on the host, by
+ * engine/core/sample.c, with fed (>= 0) counted once more in its statistics. */
+static void adj_host(const k_sample_params *q, const k_logit_adj *a, int V, int32_t fed, float *xr) {
     int32_t ids[4000], cnt[4000], bias_ids[8], sup[4];
     float bias_vals[8];
     for (int j = 0; j < q->n_bias; j++) bias_ids[j] = a[j].id, bias_vals[j] = a[j].v;
@@ -1303,8 +1302,11 @@ static void adj_case_host(const adj_case *c, int r, float *xr) {
                         .frequency_penalty = q->frequency, .repetition_penalty = q->repetition,
                         .n_logit_bias = q->n_bias, .logit_bias_ids = bias_ids, .logit_bias_vals = bias_vals,
                         .suppress_eos = q->n_suppress > 0, .eos_ids = sup, .n_eos = q->n_suppress};
-    sample_apply_penalties_sparse(xr, c->V, &sp, ids, cnt, q->n_stats);
+    sample_apply_penalties_fed(xr, V, &sp, ids, cnt, q->n_stats, fed);
 }
+
+/* Row r's adjustments on the host. */
+static void adj_case_host(const adj_case *c, int r, float *xr) { adj_host(&c->sp[r], c->adj + c->off[r], c->V, -1, xr); }
 
 /* Fresh device copies of the logits, the entries and the parameters (pointing into them). */
 static void adj_case_upload(const adj_case *c, float **d_x, k_logit_adj **d_adj, k_sample_params **d_sp) {
@@ -1472,22 +1474,9 @@ static void test_sample_counts_fed_token(void **state) {
     gu_download(got, d_x, (size_t)n * V * 4);
     int fed_changed = 0;
     for (int r = 0; r < n; r++) {
-        const k_sample_params *q = &c.sp[r];
-        const k_logit_adj *a = adj + off[r];
-        int32_t ids[4000], cnt[4000], bias_ids[8], sup[4];
-        float bias_vals[8];
-        for (int j = 0; j < q->n_bias; j++) bias_ids[j] = a[j].id, bias_vals[j] = a[j].v;
-        for (int j = 0; j < q->n_suppress; j++) sup[j] = a[q->n_bias + j].id;
-        for (int j = 0; j < q->n_stats; j++) {
-            ids[j] = a[q->n_bias + q->n_suppress + j].id;
-            cnt[j] = (int32_t)a[q->n_bias + q->n_suppress + j].v;
-        }
-        sample_params hp = {.temperature = q->temperature, .presence_penalty = q->presence,
-                            .frequency_penalty = q->frequency, .repetition_penalty = q->repetition,
-                            .n_logit_bias = q->n_bias, .logit_bias_ids = bias_ids, .logit_bias_vals = bias_vals,
-                            .suppress_eos = q->n_suppress > 0, .eos_ids = sup, .n_eos = q->n_suppress};
+        const k_sample_params *q = &c.sp[r];   /* (the statistics without the placeholder) */
         memcpy(want, c.x + (size_t)r * V, (size_t)V * 4);
-        sample_apply_penalties_fed(want, V, &hp, ids, cnt, q->n_stats, has_fed[r] ? fed[r] : -1);
+        adj_host(q, adj + off[r], V, has_fed[r] ? fed[r] : -1, want);
         for (int i = 0; i < V; i++) {
             const float g = got[(size_t)r * V + i];
             if (memcmp(&g, &want[i], 4))
@@ -1496,7 +1485,7 @@ static void test_sample_counts_fed_token(void **state) {
         if (has_fed[r] && fed[r] >= 0 && fed[r] < V) {   /* the fed token's logit as the plain stats leave it */
             float plain[1];
             memcpy(want, c.x + (size_t)r * V, (size_t)V * 4);
-            sample_apply_penalties_sparse(want, V, &hp, ids, cnt, q->n_stats);
+            adj_host(q, adj + off[r], V, -1, want);
             plain[0] = want[fed[r]];
             fed_changed += memcmp(plain, &got[(size_t)r * V + fed[r]], 4) != 0;
         }

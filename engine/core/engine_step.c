@@ -988,7 +988,6 @@ static int launch_decode(engine *e, int n, pend_step *q) {
     keep_dead_rows(e, n, q);
     e->st.steps_device_decode++;
     q->n = n;
-    q->waited = 0;
     return 0;
 }
 
@@ -1034,7 +1033,6 @@ static int launch_forward(engine *e, int n, pend_step *q) {
     e->st.run_seconds += step_now() - t;
     if (rc) return rc;
     keep_dead_rows(e, n, q);
-    q->waited = 0;
     e->st.steps_composed++;
     e->st.steps_forward_sampled++;
     e->st.steps_async_composed++;

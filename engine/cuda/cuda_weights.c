@@ -246,8 +246,8 @@ static int fill_random(cuda_runner *r, cuda_model *cm, uint64_t seed, int rank, 
         if (fp8_finish(r, cm, stage, L->wo, L->so, (int64_t)hidden, (int64_t)qd)) goto fail;
         if (L->router) {   /* experts: each rank its rows [rk * F, (rk + 1) * F) of every expert */
             const size_t E = (size_t)c->n_experts, MF = (size_t)c->moe_ffn;
-            const uint64_t gu_seed = mix_seed(seed, tag++);
             K_CHECK(r, k_fill_uniform_bf16(L->router, E * hidden, mix_seed(seed, tag++), a, st));
+            const uint64_t gu_seed = mix_seed(seed, tag++);
             for (size_t e = 0; e < E; e++)   /* the unsharded tensor: [E][gate MF; up MF][hidden] */
                 for (size_t h = 0; h < 2; h++)
                     K_CHECK(r, k_fill_uniform_bf16_slice(L->exp_gu + (e * 2 + h) * F * hidden, F, hidden,

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The tests of tests/gpu/UNRUN.md in one go (what is built for the GPU but has not run on
+# one), each reported ok / FAIL with its log under $LOG; tp_test.sh only with two GPUs.
+#
+#   tests/gpu/unrun.sh [GPU_BUILD_DIR [SPECD_BUILD_DIR]]     (defaults: build/gpu, build)
+set -u
+cd "$(dirname "$0")/../.."
+G=${1:-build/gpu}
+B=${2:-build}
+LOG=${GPU_LOG_DIR:-$G/logs}
+mkdir -p "$LOG"
+export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fail=0
+run() {   # name, command...
+    local name=$1; shift
+    if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
+    else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
+}
+run window_pool "$G/test_gpu_runner" "*window_pool*"
+run moe_limits "$G/test_gpu_runner" "*moe_shape_limits*"
+run async_masked "$G/test_gpu_runner" "*async_masked*"
+run counts_fed "$G/test_gpu_kernels" "*counts_fed*"
+grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
+n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"
+else echo "skip tp_test (needs 2 GPUs, found ${n_gpu:-0})"; fi
+[ $fail -eq 0 ] && echo "unrun: all passed" || echo "unrun: FAILED"
+exit $fail

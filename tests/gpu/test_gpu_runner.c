@@ -1778,7 +1778,9 @@ static void test_fp8_gemm_timing_report(void **s) {
     model_free(m);
 }
 
-int main(void) {
+/* argv[1], when given: run only the tests whose names match this cmocka filter pattern. */
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("gpu runner tests: skipped (no GPU)\n");

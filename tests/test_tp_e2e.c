@@ -292,6 +292,28 @@ static void check_spec(const char *draft) {
 static void test_tp2_spec_llama_draft_is_lossless(void **st) { (void)st; check_spec("llama-draft"); }
 static void test_tp2_spec_draft_equals_target_is_lossless(void **st) { (void)st; check_spec("llama-tiny"); }
 
+/* Gemma 3 with a draft of its first 2 layers (both sliding-window layers, so their KV is in
+ * the window pool with the target's 3) under TP 2, the draft replicated: TP 1's plain
+ * greedy tokens. */
+static void test_tp2_gemma3_draft_layers_in_window_pool_lossless(void **st) {
+    (void)st;
+    prompts p = load_prompts("gemma3-tiny");
+    engine_config c = base_config("gemma3-tiny", NULL);
+    run_out plain = run_tp1(c, &p, 0);
+    c.draft_layers = 2;
+    c.spec_always = 1;
+    run_out spec = run_tp2(c, &p, 0);
+    assert_same_tokens(&plain, &spec);
+    print_message("  gemma3-tiny, draft of 2 layers under TP 2: %d layers in the window pool, %llu of %llu drafts "
+                  "accepted\n", spec.st.kv_win_layers, (unsigned long long)spec.st.spec_accepted_tokens,
+                  (unsigned long long)spec.st.spec_draft_tokens);
+    assert_int_equal(spec.st.kv_win_layers, 5);
+    assert_true(spec.st.spec_accepted_tokens > 0);
+    free_out(&plain);
+    free_out(&spec);
+    free_prompts(&p);
+}
+
 /* ---- a dead worker ----------------------------------------------------------------------- */
 
 static atomic_int g_fail_calls;
@@ -574,6 +596,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_tp2_greedy_equals_tp1_mixtral_tiny, teardown),
         cmocka_unit_test_teardown(test_tp2_spec_llama_draft_is_lossless, teardown),
         cmocka_unit_test_teardown(test_tp2_spec_draft_equals_target_is_lossless, teardown),
+        cmocka_unit_test_teardown(test_tp2_gemma3_draft_layers_in_window_pool_lossless, teardown),
         cmocka_unit_test_teardown(test_tp2_killed_worker_fails_rank0_in_bounded_time, teardown),
         cmocka_unit_test_teardown(test_cli_generate_tp2_matches_tp1_and_fails_cleanly, teardown),
         cmocka_unit_test_teardown(test_cli_generate_two_nodes_matches_tp1, teardown),

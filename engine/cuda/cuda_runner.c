@@ -75,7 +75,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->failed) return SPECD_ECUDA;
     const int MB = base->cfg.max_batch;
-    if (b->async || b->prev_tok ? !base->forward_async || !b->sp || !b->out_tokens || b->prepare_sp || r->n_dpend == 2
+    if (b->async || b->prev_tok ? !base->forward_async || !b->sp || !b->out_tokens || (b->prepare_sp && !base->async_masks) || r->n_dpend == 2
                                 : r->n_dpend != 0)
         return b->async || b->prev_tok ? SPECD_EINVAL : SPECD_ESTATE;
     int rc = check_batch(r, b);

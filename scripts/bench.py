@@ -102,6 +102,7 @@ async def one(client, args, prompt, max_tokens):
             "stream_options": {"include_usage": True}, "temperature": args.temperature}
     if args.ignore_eos:
         body["ignore_eos"] = True
+    body.update(args.extra_body)
     if args.endpoint == "chat":
         path = "/v1/chat/completions"
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -321,6 +322,8 @@ def main():
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                     help="let EOS end outputs early (by default outputs run to their length)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--extra-body", type=json.loads, default={},
+                    help='JSON object merged into every request, e.g. \'{"presence_penalty": 0.5}\'')
     ap.add_argument("--processes", type=int, default=1,
                     help="client processes per level (streams and requests split evenly; one merged report)")
     ap.add_argument("--no-plot", action="store_true", help="skip bench.png (no matplotlib needed)")

@@ -134,13 +134,14 @@ static int all_layers_slide(const model_config *c) {
 /* The window of a target whose layers mix sliding windows and full attention (Gemma 3),
  * when those layers get a window pool of their own: else 0. A draft's window layers join
  * them there (Gemma 3 270M drafting for a larger Gemma 3), so the pool keeps the wider of
- * the two windows. The CUDA runner keeps one pool for now: its window pool is built and
- * has its test (test_gpu_runner test_window_pool_matches_one_pool), which has not run on a
- * GPU yet; until it has, GPU users keep the path that has. A CPU tensor-parallel group
- * mirrors both tables to every rank. */
+ * the two windows. Both runners take it (the CUDA runner's test_gpu_runner
+ * test_window_pool_matches_one_pool passed on an H100, 2026-12-05); a CPU tensor-parallel
+ * group mirrors both tables to every rank, a CUDA one keeps one pool (runner_cuda_create
+ * refuses a window pool there). */
 static int mixed_window(const engine_config *ec, const model_config *c, const model_config *d) {
     const int n_win = window_layers(c);
-    if (ec->keep_window_kv || ec->device == ENGINE_DEVICE_CUDA || n_win == 0 || n_win == c->n_layers)
+    if (ec->keep_window_kv || (ec->device == ENGINE_DEVICE_CUDA && ec->tp.world_size > 1) || n_win == 0 ||
+        n_win == c->n_layers)
         return 0;
     return d && window_layers(d) && d->sliding_window > c->sliding_window ? d->sliding_window : c->sliding_window;
 }

@@ -766,12 +766,13 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
      * pointers that a tensor-parallel group does not ship to its other ranks) */
     r->base.sample_adjusts = r->opts.world == 1;
     /* k_sample counts the token a row is fed (k_sample_params.fed), so penalised rows could
-     * be queued in flight; off until test_gpu_kernels test_sample_counts_fed_token has run
-     * on a GPU (built, not run yet): until then they step one at a time, as they have */
+     * be queued in flight. The kernel passed test_gpu_kernels test_sample_counts_fed_token
+     * (H100); the fed addresses cuda_sample_prepare gives it have not run in an engine yet,
+     * so this stays off (tests/gpu/UNRUN.md) and such rows step one at a time, as they have */
     r->base.async_stats = 0;
     /* async decode / forward with a mask callback (constrained rows queued in flight) are
      * built (decode_masked, cuda_forward's late inputs); off until test_gpu_runner
-     * test_async_masked_decode_waits_in_callback has run on a GPU */
+     * test_async_masked_decode_waits_in_callback has passed on a GPU (tests/gpu/UNRUN.md) */
     r->base.async_masks = 0;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);

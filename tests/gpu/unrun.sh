@@ -16,8 +16,6 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
-run window_pool "$G/test_gpu_runner" "*window_pool*"
-run moe_limits "$G/test_gpu_runner" "*moe_shape_limits*"
 run async_masked "$G/test_gpu_runner" "*async_masked*"
 run counts_fed "$G/test_gpu_kernels" "*counts_fed*"
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null

@@ -991,6 +991,56 @@ static void test_async_masked_decode_waits_in_callback(void **s) {
     fixture_close(&f);
 }
 
+/* runner_sampling.stats_fed through the runner's plumbing (the fed token's device address
+ * per row: the decode op's input tokens, the forward's token rows, both fed on the device
+ * by the op before): a presence penalty of -100 on nothing but the fed token makes every
+ * greedy row repeat the token it was fed, so a decode queued behind a decode, and a
+ * forward queued behind that, must each give the tokens of the op before. A wrong address
+ * rewards some other token. */
+static void test_async_rows_count_the_fed_token(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    runner *r = f.r;
+    golden *g = &f.g;
+    const int V = f.vocab;
+    float *logits = malloc(sizeof(float) * (size_t)V * MAXB);
+    int slots[5], prev[5];
+    int32_t in[5], zero[5] = {0}, a[5], b[5], c[5];
+    for (int i = 0; i < 5; i++) {
+        slots[i] = i;
+        prev[i] = i;
+        slot_reset(r, i);
+        prefill(&f, i, g->prompt[i % g->n_prompts], g->len[i % g->n_prompts], 1, logits);
+        in[i] = argmax(logits, V);
+    }
+    runner_sampling plain[5], fed[5];
+    for (int i = 0; i < 5; i++) {
+        plain[i] = (runner_sampling){.top_p = 1.f};
+        fed[i] = (runner_sampling){.top_p = 1.f, .presence_penalty = -100.f, .stats_fed = 1};
+    }
+    runner_decode_batch da = {.n = 5, .slots = slots, .tokens = in, .sp = plain, .out_tokens = a, .async = 1};
+    runner_decode_batch db = {.n = 5, .slots = slots, .tokens = zero, .sp = fed, .out_tokens = b, .async = 1,
+                              .prev_row = prev};
+    if (r->ops->decode(r, &da) || r->ops->decode(r, &db)) fail_msg("decode: %s", cuda_runner_error(r));
+    assert_int_equal(r->ops->wait_queued(r), 0);
+    runner_row rows[5];
+    for (int i = 0; i < 5; i++) rows[i] = (runner_row){.slot = i, .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
+    runner_batch fc = {.which = RUNNER_TARGET, .n_rows = 5, .rows = rows, .tokens = zero, .n_tokens = 5,
+                       .logits = logits, .sp = fed, .out_tokens = c, .async = 1, .prev_tok = prev};
+    if (runner_forward(r, &fc)) fail_msg("forward: %s", cuda_runner_error(r));
+    assert_int_equal(r->ops->wait_queued(r), 0);
+    assert_int_equal(r->ops->wait_queued(r), 0);
+    for (int i = 0; i < 5; i++) {
+        if (b[i] != a[i] || c[i] != b[i]) fail_msg("row %d: fed %d -> %d (decode), %d -> %d (forward)", i, a[i], b[i], b[i], c[i]);
+        assert_int_equal(dev_len(r, i, RUNNER_TARGET), g->len[i % g->n_prompts] + 3);
+    }
+    printf("    queued decode and forward rows rewarded only for their fed token repeat it: %d %d %d %d %d\n", c[0], c[1],
+           c[2], c[3], c[4]);
+    free(logits);
+    fixture_close(&f);
+}
+
 static void test_chunked_prefill_matches_whole_prompt(void **s) {
     (void)s;
     fixture f;
@@ -1806,6 +1856,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_decode_graph_adjustments_decide_tokens),
         cmocka_unit_test(test_decode_graph_masks_decide_tokens),
         cmocka_unit_test(test_async_masked_decode_waits_in_callback),
+        cmocka_unit_test(test_async_rows_count_the_fed_token),
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),

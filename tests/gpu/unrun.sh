@@ -17,6 +17,7 @@ run() {   # name, command...
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
 run async_masked "$G/test_gpu_runner" "*async_masked*"
+run fed_plumbing "$G/test_gpu_runner" "*count_the_fed*"
 run counts_fed "$G/test_gpu_kernels" "*counts_fed*"
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)

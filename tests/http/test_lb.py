@@ -60,10 +60,13 @@ def cluster(server_factory):
     p.stop()
 
 
-def stream(p, n_tokens, timeout=60):
+def stream(p, n_tokens, timeout=60, out=None):
     """One streamed completion through the proxy: model (replica), tokens, [DONE] seen,
-    arrival time of every event, and an error text if the stream broke."""
-    out = {"model": None, "tokens": 0, "done": False, "times": [], "error": None}
+    arrival time of every event, and an error text if the stream broke. With out (a dict),
+    filled in as the events arrive, so another thread can watch the stream's progress."""
+    if out is None:
+        out = {}
+    out.update({"model": None, "tokens": 0, "done": False, "times": [], "error": None})
     t0 = time.time()
     try:
         with requests.post(p.url + "/v1/completions", stream=True, timeout=timeout,
@@ -137,15 +140,19 @@ def test_sigterm_drains_one_replica_under_load_with_no_failed_request(cluster):
 
 def test_sigkill_fails_only_that_replicas_streams(cluster):
     a, b, p = cluster
-    got = [None] * 6
-    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, stream(p, 6000))) for i in range(6)]
+    got = [{"model": None} for _ in range(6)]
+    threads = [threading.Thread(target=stream, args=(p, 6000), kwargs={"out": got[i]}) for i in range(6)]
     for t in threads:
         t.start()
-    deadline = time.time() + 20   # wait until both replicas run some of them
+    # wait until streams of both replicas have reached their clients (a request that is
+    # running may not have sent its first chunk yet: killed then, its client never learns
+    # which replica had it)
+    deadline = time.time() + 20
     while time.time() < deadline:
-        if a.metric("num_requests_running") >= 1 and b.metric("num_requests_running") >= 1:
+        seen = {o["model"] for o in got}
+        if "replica-a" in seen and "replica-b" in seen:
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     b.proc.kill()
     for t in threads:
         t.join(120)

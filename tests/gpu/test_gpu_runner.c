@@ -916,9 +916,21 @@ static int chain_masks(void *ctx) {
     return 0;
 }
 
+/* The start of the async chains below: slots 0..4 (also each row's prev_row / prev_tok
+ * index) prefilled with the golden prompts in turn, in[i] the greedy token after slot i's. */
+static void chain_start(fixture *f, int slots[5], int prev[5], int32_t in[5], float *logits) {
+    const golden *g = &f->g;
+    for (int i = 0; i < 5; i++) {
+        slots[i] = i;
+        prev[i] = i;
+        slot_reset(f->r, i);
+        prefill(f, i, g->prompt[i % g->n_prompts], g->len[i % g->n_prompts], 1, logits);
+        in[i] = argmax(logits, f->vocab);
+    }
+}
+
 static void masked_chain(fixture *f, int async, int32_t out[3][MAXB], int32_t seen[2][MAXB], int lens[MAXB]) {
     runner *r = f->r;
-    golden *g = &f->g;
     const int V = f->vocab;
     const size_t mw = ((size_t)V + 31) / 32;
     float *logits = malloc(sizeof(float) * (size_t)V * MAXB);
@@ -927,13 +939,7 @@ static void masked_chain(fixture *f, int async, int32_t out[3][MAXB], int32_t se
         for (int v = i; v < V; v += 7) masks[(size_t)i * mw + (size_t)v / 32] |= 1u << (v % 32);
     int slots[5], prev[5];
     int32_t in[5], zero[5] = {0};
-    for (int i = 0; i < 5; i++) {
-        slots[i] = i;
-        prev[i] = i;
-        slot_reset(r, i);
-        prefill(f, i, g->prompt[i % g->n_prompts], g->len[i % g->n_prompts], 1, logits);
-        in[i] = argmax(logits, V);
-    }
+    chain_start(f, slots, prev, in, logits);
     runner_sampling sp[5];
     for (int i = 0; i < 5; i++) sp[i] = (runner_sampling){.top_p = 1.f};
     memset(out, 0, sizeof(int32_t) * 3 * MAXB);
@@ -1007,13 +1013,7 @@ static void test_async_rows_count_the_fed_token(void **s) {
     float *logits = malloc(sizeof(float) * (size_t)V * MAXB);
     int slots[5], prev[5];
     int32_t in[5], zero[5] = {0}, a[5], b[5], c[5];
-    for (int i = 0; i < 5; i++) {
-        slots[i] = i;
-        prev[i] = i;
-        slot_reset(r, i);
-        prefill(&f, i, g->prompt[i % g->n_prompts], g->len[i % g->n_prompts], 1, logits);
-        in[i] = argmax(logits, V);
-    }
+    chain_start(&f, slots, prev, in, logits);
     runner_sampling plain[5], fed[5];
     for (int i = 0; i < 5; i++) {
         plain[i] = (runner_sampling){.top_p = 1.f};

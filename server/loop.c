@@ -148,6 +148,7 @@ int loop_submit(loop *l, loop_job *job, uint64_t *id) {
         loop_job_free(job);
         return SPECD_ENOSPACE;
     }
+    job->seats = want;
     job->id = atomic_fetch_add(&l->next_id, 1);
     *id = job->id;  /* before the job becomes visible to the loop, which may free it */
     job->next = NULL;
@@ -194,10 +195,15 @@ static void unlink_job(loop *l, loop_job *job) {
     }
 }
 
+void loop_give_seats(loop *l, loop_job *job) {
+    atomic_fetch_sub(&l->inflight, job->seats);
+    job->seats = 0;
+}
+
 void loop_release_job(loop *l, loop_job *job) {
     unlink_job(l, job);
     if (job->paused) l->n_paused--;
-    atomic_fetch_sub(&l->inflight, job->n_prompts * job->req->n);
+    loop_give_seats(l, job);
     loop_job_free(job);
 }
 

@@ -56,6 +56,7 @@ typedef struct loop_job {
     grammar *tool_grammar;
     /* Loop-private from here on. */
     struct loop_job *next, *hnext;
+    int seats;                   /* sequences counted in loop.inflight (loop_give_seats) */
     loop_choice *choices;
     int n_choices, n_done, n_admitted;
     int error_status;            /* != 0: the job failed with this HTTP status */

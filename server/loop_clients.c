@@ -27,7 +27,7 @@ void loop_process_cancels(loop *l) {
             job = *pp;
             *pp = job->next;
             if (l->wait_tail == job) l->wait_tail = prev;
-            atomic_fetch_sub(&l->inflight, job->n_prompts * job->req->n);
+            loop_give_seats(l, job);
             loop_job_free(job);
             continue;
         }

@@ -131,6 +131,10 @@ struct loop {
 
 /* loop.c */
 loop_job *loop_find_job(loop *l, uint64_t id);
+/* The job's sequences leave loop.inflight, once: before its reply goes out, so that a
+ * client sending its next request on the reply is not refused for seats about to be
+ * freed (the engine aborts of loop_abort_choices are queued before, in order). */
+void loop_give_seats(loop *l, loop_job *job);
 void loop_release_job(loop *l, loop_job *job);
 void loop_abort_choices(loop *l, loop_job *job);
 void loop_pump(loop *l);

@@ -281,6 +281,7 @@ void loop_log_job(loop *l, loop_job *job, int status) {
 
 static void finish_job(loop *l, loop_job *job) {
     loop_abort_choices(l, job);
+    loop_give_seats(l, job);
     if (job->error_status) send_error_body(job);
     else send_success(l, job);
     metrics_observe_e2e(l->m, loop_now() - job->t_arrival);

@@ -104,6 +104,12 @@ typedef struct {
                               * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
+    /* SPECD_CUDA_GEMM_Q_ROWS=N: passes of K_GEMV_MAX_N + 1 .. N token rows over GGUF
+     * quantized projections on the tensor-core GEMM that decodes the blocks in shared
+     * memory (k_gemm_q), longer ones through the bf16 scratch copy and cuBLAS; 0, the
+     * default until tests/gpu/UNRUN.md's check has passed: every pass past the GEMV through
+     * the scratch copy */
+    int gemm_q_rows;
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */
@@ -215,7 +221,9 @@ typedef struct {
     int32_t *d_moe_cnt;   /* [2 E + 2]: the fused routing's done counter, counts [E], active [1 + E] */
     uint16_t *d_moe_act;
     float *d_logits;     /* LR, vocab */
-    uint16_t *d_qscratch;/* bf16 copy of one quantized projection, for passes past the GEMV */
+    uint16_t *d_qscratch;/* bf16 copy of one quantized projection, for passes past the GEMV,
+                          * or k_gemm_q's split partial sums */
+    size_t qscratch_bytes;
     /* FP8 GEMMs (engine/cuda/cuda_fp8.c; either model with FP8 projections): activations
      * quantized per token [T, xbw] E4M3 and their scales [T]; cuBLASLt and its plans per
      * shape; without cuBLASLt's per-row scale vectors (lt_outer 0) the unscaled products

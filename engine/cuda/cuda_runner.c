@@ -544,6 +544,7 @@ static int alloc_work(cuda_runner *r) {
         }
     size_t qs = r->m[0].q_scratch > r->m[1].q_scratch ? r->m[0].q_scratch : r->m[1].q_scratch;
     if (qs && dmalloc(r, &r->d_qscratch, qs * 2)) return SPECD_ECUDA;
+    r->qscratch_bytes = qs * 2;
     if ((r->m[0].fp8 || r->m[1].fp8) && cuda_fp8_init(r, xbw, f32w, T)) return SPECD_ECUDA;
     if (ne && (dmalloc(r, &r->d_moe_lg, (size_t)T * ne * 4) || dmalloc(r, &r->d_moe_w, (size_t)T * nk * 4) ||
                dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, (2 * ne + 2) * 4) ||
@@ -670,6 +671,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->no_gemv = env_flag("SPECD_CUDA_NO_GEMV", 0);
     t->gemv_rows = env_flag("SPECD_CUDA_GEMV_ROWS", CUDA_GEMV_DEFAULT_ROWS);
     if (t->gemv_rows < 1 || t->gemv_rows > CUDA_GEMV_MAX_ROWS) t->gemv_rows = CUDA_GEMV_DEFAULT_ROWS;
+    t->gemm_q_rows = env_flag("SPECD_CUDA_GEMM_Q_ROWS", 0);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

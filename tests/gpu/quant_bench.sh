@@ -6,7 +6,7 @@
 # generated tokens), greedy tokens of the two specd forms and their top-5 logprobs.
 #   tests/gpu/quant_bench.sh MODEL.gguf [BIN] [LLAMA_CPP_DIR]
 # A file to run: tests/gpu/make_gguf.py --shape llama-3.2-1b, then llama-quantize ... Q4_K_M.
-# Run build/gpu/test_gpu_gemv first (k_gemv_q / k_dequant_q against the host decode).
+# Run build/gpu/test_gpu_gemv first (k_gemv_q / k_dequant_q / k_gemm_q against the host decode).
 set -u
 cd "$(dirname "$0")/../.."
 M=${1:?a GGUF with quantized matrices}
@@ -14,25 +14,32 @@ S=${2:-build/specd}
 Q=${3:-}
 R=${OUT:-build/gpu/quant_logs}; mkdir -p "$R"
 P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
-for d in bf16 gguf; do
-    timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 --prompt-len 128 --gen 128 \
-        --max-batch 256 --max-seq-len 512 -v > "$R/bench_$d.log" 2>&1
-    echo "== specd --dtype $d (rc $?): $(grep -o 'weights [0-9.]* GiB' "$R/bench_$d.log" | head -1)"
-    tail -5 "$R/bench_$d.log"
-    "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json --top-logprobs 5 \
-        > "$R/gen_$d.json" 2> "$R/gen_$d.log"
+# gguf_tc: --dtype gguf with passes of 9..GEMM_Q_ROWS tokens (decode batches, the 12-token
+# prompt below) on the tensor-core GEMM over the blocks (k_gemm_q) instead of dequantize +
+# cuBLAS
+for v in bf16 gguf gguf_tc; do
+    d=${v%_tc}
+    rows=0; [ "$v" = gguf_tc ] && rows=${GEMM_Q_ROWS:-256}
+    SPECD_CUDA_GEMM_Q_ROWS=$rows timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \
+        --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 -v > "$R/bench_$v.log" 2>&1
+    echo "== specd --dtype $d, SPECD_CUDA_GEMM_Q_ROWS=$rows (rc $?): $(grep -o 'weights [0-9.]* GiB' "$R/bench_$v.log" | head -1)"
+    tail -5 "$R/bench_$v.log"
+    SPECD_CUDA_GEMM_Q_ROWS=$rows "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json \
+        --top-logprobs 5 > "$R/gen_$v.json" 2> "$R/gen_$v.log"
 done
 python3 - "$R" <<'PY'
 import json, sys
 r = sys.argv[1]
-a, b = (json.load(open(f"{r}/gen_{d}.json")) for d in ("bf16", "gguf"))
-ta, tb = a["output_ids"], b["output_ids"]
-same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-print(f"greedy tokens equal for the first {same} of {len(ta)}")
-la, lb = a.get("top_logprobs"), b.get("top_logprobs")
-if la and lb:
-    d = max(abs(x[j][1] - y[j][1]) for x, y in zip(la[:same + 1], lb[:same + 1]) for j in range(min(len(x), len(y))))
-    print(f"top-5 logprobs up to the first difference: max |gguf - bf16| = {d:.3e}")
+a = json.load(open(f"{r}/gen_bf16.json"))
+for v in ("gguf", "gguf_tc"):
+    b = json.load(open(f"{r}/gen_{v}.json"))
+    ta, tb = a["output_ids"], b["output_ids"]
+    same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    print(f"{v}: greedy tokens equal to bf16's for the first {same} of {len(ta)}")
+    la, lb = a.get("top_logprobs"), b.get("top_logprobs")
+    if la and lb:
+        d = max(abs(x[j][1] - y[j][1]) for x, y in zip(la[:same + 1], lb[:same + 1]) for j in range(min(len(x), len(y))))
+        print(f"{v}: top-5 logprobs up to the first difference: max |{v} - bf16| = {d:.3e}")
 PY
 if [ -n "$Q" ]; then
     timeout 200 "$Q/llama-batched-bench" -m "$M" -c 70000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,64,256 \

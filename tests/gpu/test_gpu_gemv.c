@@ -15,6 +15,9 @@
  *   against the host decode, every type
  *   and token count, unaligned row starts; then a printed timing of k_gemv_q at batch 1
  *   (GB/s of weight bytes) next to k_gemv_bf16 on the same shapes.
+ * - k_gemm_q (the same blocks on tensor cores, more token rows) against the host decode
+ *   rounded to bf16, split and not; a printed timing next to dequantize + cuBLAS and
+ *   cuBLAS on bf16 at 8B projection shapes.
  * - FP8 weights (k_wmat with row scales): the plain, accumulating, gated and norm-folded
  *   GEMVs for n = 1..8 against a double reference on the exact E4M3 values; the device
  *   quantizer k_quant_fp8_rows byte for byte against the host's fp8_quantize_row; a
@@ -28,6 +31,7 @@
 #include "kernels/quant_blocks.h"
 #include "engine/model/fp8.h"
 #include "tests/gpu/gpu_util.h"
+#include <cublas_v2.h>
 
 #define GUARD 64   /* poisoned elements after every output */
 
@@ -485,6 +489,18 @@ static void put_scale(uint8_t *p) {
     p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
 }
 
+/* Random blocks of type t: random bytes with realistic half scales. */
+static void random_blocks(int t, uint8_t *W, size_t bytes) {
+    const int S = qb_bytes(t);
+    for (size_t i = 0; i < bytes; i++) W[i] = (uint8_t)gu_next(&g_seed);
+    for (size_t b = 0; b < bytes / S; b++) {
+        uint8_t *blk = W + b * S;
+        if (t == QB_Q8_0 || t == QB_Q4_0) put_scale(blk);
+        if (t == QB_Q4_K || t == QB_Q5_K || t == QB_Q4_1) put_scale(blk), put_scale(blk + 2);
+        if (t == QB_Q6_K) put_scale(blk + 208);
+    }
+}
+
 /* k_gemv_q on random blocks of type t (out rows of `in` elements) and n tokens, overwrite
  * and accumulate, against the host decode (quant_blocks.h, checked against ggml_dequantize
  * by tests/test_quant_blocks.c) and a double dot; rows past n and the guard untouched. */
@@ -492,13 +508,7 @@ static void check_gemv_q(int t, int out, int in, int n) {
     const int E = qb_elems(t), S = qb_bytes(t);
     const size_t wbytes = (size_t)out * (in / E) * S, outn = (size_t)n * out, guard = 64;
     uint8_t *W = malloc(wbytes);
-    for (size_t i = 0; i < wbytes; i++) W[i] = (uint8_t)gu_next(&g_seed);
-    for (size_t b = 0; b < wbytes / S; b++) {
-        uint8_t *blk = W + b * S;
-        if (t == QB_Q8_0 || t == QB_Q4_0) put_scale(blk);
-        if (t == QB_Q4_K || t == QB_Q5_K || t == QB_Q4_1) put_scale(blk), put_scale(blk + 2);
-        if (t == QB_Q6_K) put_scale(blk + 208);
-    }
+    random_blocks(t, W, wbytes);
     uint16_t *X = malloc((size_t)n * in * 2);
     fill_bf(X, (size_t)n * in, -1.f, 1.f);
     float *w = malloc(sizeof(float) * (size_t)in), *y0 = malloc(sizeof(float) * outn);
@@ -588,6 +598,182 @@ static void test_gemv_q_every_type_and_token_count(void **state) {
     check_gemv_q(QB_Q4_K, 1, 256, 1);       /* one row: the warp's second row is past out */
 }
 
+/* k_gemm_q (kernels/gemm_q.cu) on random blocks of type t and n token rows, overwrite and
+ * accumulate, with a workspace (the reduction split where the tiles are few) and without:
+ * against a double dot of the host decode rounded to bf16 (as the kernel rounds each
+ * weight); rows past n and the guard stay poisoned. Returns the worst relative error. */
+static double check_gemm_q(int t, int out, int in, int n) {
+    const int E = qb_elems(t), S = qb_bytes(t);
+    const size_t wbytes = (size_t)out * (in / E) * S, outn = (size_t)n * out, guard = 64;
+    uint8_t *W = malloc(wbytes);
+    random_blocks(t, W, wbytes);
+    uint16_t *X = malloc((size_t)n * in * 2);
+    fill_bf(X, (size_t)n * in, -1.f, 1.f);
+    float *w = malloc(sizeof(float) * (size_t)in), *y0 = malloc(sizeof(float) * outn);
+    float *Y = malloc(sizeof(float) * (outn + guard));
+    double *ref = malloc(sizeof(double) * outn);
+    for (int o = 0; o < out; o++) {
+        for (int k = 0; k < in; k += 8) qb_decode8(t, W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int k = 0; k < in; k++) w[k] = gu_bf2f(gu_f2bf(w[k]));
+        for (int b = 0; b < n; b++) {
+            double acc = 0;
+            for (int k = 0; k < in; k++) acc += (double)w[k] * gu_bf2f(X[(size_t)b * in + k]);
+            ref[(size_t)b * out + o] = acc;
+        }
+    }
+    fill(y0, outn, -1.f, 1.f);
+    const size_t ws_bytes = 16 * outn * sizeof(float);
+    void *dW = gu_upload(W, wbytes), *dX = gu_upload(X, (size_t)n * in * 2), *dws = gu_dev(ws_bytes);
+    double worst = 0;
+    for (int with_ws = 0; with_ws < 2; with_ws++)
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+            void *dY = gu_dev(sizeof(float) * (outn + guard));   /* NaN-poisoned */
+            if (accumulate) GPU_CHECK(cudaMemcpy(dY, y0, sizeof(float) * outn, cudaMemcpyHostToDevice));
+            assert_int_equal(k_gemm_q(t, dW, dX, dY, out, in, n, accumulate, with_ws ? dws : NULL,
+                                      with_ws ? ws_bytes : 0, 0), 0);
+            gu_download(Y, dY, sizeof(float) * (outn + guard));
+            double me = 0, mr = 0;
+            for (size_t i = 0; i < outn; i++) {
+                double r = ref[i] + (accumulate ? y0[i] : 0.0);
+                assert_false(isnan(Y[i]));
+                me = fmax(me, fabs(Y[i] - r));
+                mr = fmax(mr, fabs(r));
+            }
+            for (size_t i = outn; i < outn + guard; i++) assert_true(isnan(Y[i]));
+            printf("  gemm_q type %d out %d in %d n %d ws %d acc %d: rel err %.2e\n", t, out, in, n, with_ws, accumulate,
+                   me / mr);
+            assert_true(me / mr < 1e-4);
+            worst = fmax(worst, me / mr);
+            cudaFree(dY);
+        }
+    cudaFree(dW), cudaFree(dX), cudaFree(dws);
+    free(W), free(X), free(w), free(y0), free(Y), free(ref);
+    return worst;
+}
+
+/* Every type; token counts just past the GEMV's, one and several row tiles, a partial last
+ * tile; columns not a multiple of the tile; a long reduction (split when a workspace is
+ * given: 2048 columns make 32 tiles); rows of 18- and 34-byte blocks starting at every
+ * even offset. Also the shapes k_gemm_q refuses. */
+static void test_gemm_q_matches_host_decode(void **state) {
+    (void)state;
+    const int types[6] = {QB_Q8_0, QB_Q4_K, QB_Q6_K, QB_Q4_0, QB_Q4_1, QB_Q5_K};
+    const int ns[5] = {9, 16, 33, 64, 100};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 5; j++) check_gemm_q(types[i], 37 + 30 * j, qb_elems(types[i]) == 32 ? 96 : 768, ns[j]);
+    check_gemm_q(QB_Q4_K, 2048, 8192, 16);   /* 1B down at a decode batch: split */
+    check_gemm_q(QB_Q6_K, 2048, 8192, 64);
+    check_gemm_q(QB_Q8_0, 2050, 4160, 9);    /* 130 blocks of 34 bytes a row */
+    check_gemm_q(QB_Q4_0, 257, 4160, 200);
+    check_gemm_q(QB_Q5_K, 576, 1536, 256);
+    uint8_t *d = gu_dev(1 << 20);
+    float *f = gu_dev(1 << 20);
+    assert_int_equal(k_gemm_q(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 200, 16, 0, NULL, 0, 0), -1);   /* not whole blocks */
+    assert_int_equal(k_gemm_q(6, d, (uint16_t *)(d + 65536), f, 8, 64, 16, 0, NULL, 0, 0), -1);          /* Q5_0 */
+    assert_int_equal(k_gemm_q(QB_Q8_0, d, (uint16_t *)(d + 65538), f, 8, 64, 16, 0, NULL, 0, 0), -1);    /* X unaligned */
+    assert_int_equal(k_gemm_q(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 64, 0, 0, NULL, 0, 0), -1);     /* no rows */
+    cudaFree(d), cudaFree(f);
+}
+
+/* Mean microseconds of fn over rotating matrix copies (two passes, the first warms up). */
+typedef void (*gq_fn)(void *ctx, const uint8_t *W);
+static double time_copies(gq_fn fn, void *ctx, uint8_t *const *W, int copies) {
+    cudaEvent_t a, b;
+    GPU_CHECK(cudaEventCreate(&a));
+    GPU_CHECK(cudaEventCreate(&b));
+    const int iters = copies * (copies < 50 ? (50 + copies - 1) / copies : 1);
+    for (int pass = 0; pass < 2; pass++) {
+        GPU_CHECK(cudaEventRecord(a, 0));
+        for (int i = 0; i < iters; i++) fn(ctx, W[i % copies]);
+        GPU_CHECK(cudaEventRecord(b, 0));
+        GPU_CHECK(cudaEventSynchronize(b));
+    }
+    float ms = 0;
+    GPU_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return 1e3 * ms / iters;
+}
+
+typedef struct {
+    int type, out, in, n;
+    const uint16_t *X;
+    float *Y, *ws;
+    size_t ws_bytes;
+    uint16_t *scratch;
+    cublasHandle_t blas;
+} gq_ctx;
+
+static void run_tc(void *p, const uint8_t *W) {
+    gq_ctx *c = p;
+    assert_int_equal(k_gemm_q(c->type, W, c->X, c->Y, c->out, c->in, c->n, 0, c->ws, c->ws_bytes, 0), 0);
+}
+
+static void blas_bf16(gq_ctx *c, const uint16_t *B) {
+    const float alpha = 1.f, beta = 0.f;
+    assert_int_equal(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, c->out, c->n, c->in, &alpha, B, CUDA_R_16BF, c->in,
+                                  c->X, CUDA_R_16BF, c->in, &beta, c->Y, CUDA_R_32F, c->out, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_SUCCESS);
+}
+
+static void run_scratch(void *p, const uint8_t *W) {   /* the path k_gemm_q replaces */
+    gq_ctx *c = p;
+    assert_int_equal(k_dequant_q(c->type, W, c->scratch, c->out, c->in, 0), 0);
+    blas_bf16(c, c->scratch);
+}
+
+static void run_bf16(void *p, const uint8_t *W) { blas_bf16(p, (const uint16_t *)W); }
+
+/* A printed timing on Llama-3.1-8B projection shapes at decode batch sizes: k_gemm_q, the
+ * dequantize + cuBLAS path it replaces, and cuBLAS on a bf16 matrix of the same shape. */
+static void test_gemm_q_speed_report(void **state) {
+    (void)state;
+    const char *on = getenv("SPECD_GEMV_BENCH");
+    if (on && !strcmp(on, "0")) {
+        printf("  bench gemm_q: not timed (SPECD_GEMV_BENCH=0)\n");
+        return;
+    }
+    const int shapes[3][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}};   /* gate, down, qkv (out, in) */
+    const int types[3] = {QB_Q4_K, QB_Q6_K, QB_Q8_0}, ns[4] = {16, 64, 128, 256};
+    gq_ctx c = {0};
+    assert_int_equal(cublasCreate(&c.blas), CUBLAS_STATUS_SUCCESS);
+    for (int si = 0; si < 3; si++) {
+        c.out = shapes[si][0], c.in = shapes[si][1];
+        uint16_t *X = malloc((size_t)256 * c.in * 2);
+        fill_bf(X, (size_t)256 * c.in, -1.f, 1.f);
+        c.X = gu_upload(X, (size_t)256 * c.in * 2);
+        c.Y = gu_dev(sizeof(float) * 256 * (size_t)c.out);
+        c.scratch = gu_dev((size_t)c.out * c.in * 2);
+        c.ws = (float *)c.scratch, c.ws_bytes = (size_t)c.out * c.in * 2;
+        const size_t bbytes = (size_t)c.out * c.in * 2;
+        uint8_t *hb = malloc(bbytes), *B[4];
+        for (size_t i = 0; i < bbytes / 2; i++) ((uint16_t *)hb)[i] = gu_f2bf(gu_uniform(&g_seed, -0.05f, 0.05f));
+        for (int k = 0; k < 4; k++) B[k] = gu_upload(hb, bbytes);
+        for (int ti = 0; ti < 3; ti++) {
+            c.type = types[ti];
+            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
+            uint8_t *hq = malloc(qbytes), *Q[4];
+            random_blocks(c.type, hq, qbytes);
+            for (int k = 0; k < 4; k++) Q[k] = gu_upload(hq, qbytes);
+            for (int ni = 0; ni < 4; ni++) {
+                c.n = ns[ni];
+                const double tc = time_copies(run_tc, &c, Q, 4), sc = time_copies(run_scratch, &c, Q, 4);
+                const double bf = time_copies(run_bf16, &c, B, 4);
+                const double flops = 2.0 * c.n * c.out * c.in;
+                printf("  bench gemm_q out %5d in %5d type %2d n %3d: tc %8.2f us (%5.1f TFLOP/s, %6.1f GB/s of blocks)"
+                       "  dequant+cublas %8.2f us  bf16 cublas %8.2f us  tc/bf16 %.2fx\n",
+                       c.out, c.in, c.type, c.n, tc, flops / (tc * 1e6), (double)qbytes / (tc * 1e3), sc, bf, tc / bf);
+            }
+            for (int k = 0; k < 4; k++) cudaFree(Q[k]);
+            free(hq);
+        }
+        for (int k = 0; k < 4; k++) cudaFree(B[k]);
+        cudaFree((void *)c.X), cudaFree(c.Y), cudaFree(c.scratch);
+        free(hb), free(X);
+    }
+    cublasDestroy(c.blas);
+}
+
 /* ---- timing (read from the log; asserts only that the launches succeed) ---------------- */
 
 /* Mean microseconds per batch-1 launch (type 0: k_gemv_bf16), rotating over `copies`
@@ -619,15 +805,8 @@ static double bench_one(int type, int out, int in, const uint16_t *dX, float *dY
     if (copies < 2) copies = 2;
     if (copies > 64) copies = 64;
     uint8_t *h = malloc(bytes), *W[64];
-    for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)gu_next(&g_seed);
     if (type) {
-        const int S = qb_bytes(type);
-        for (size_t k = 0; k < bytes / S; k++) {
-            uint8_t *blk = h + k * S;
-            if (type == QB_Q8_0 || type == QB_Q4_0) put_scale(blk);
-            if (type == QB_Q4_K || type == QB_Q5_K || type == QB_Q4_1) put_scale(blk), put_scale(blk + 2);
-            if (type == QB_Q6_K) put_scale(blk + 208);
-        }
+        random_blocks(type, h, bytes);
     } else {
         uint16_t *hb = (uint16_t *)h;
         for (size_t i = 0; i < bytes / 2; i++) hb[i] = gu_f2bf(gu_uniform(&g_seed, -0.05f, 0.05f));
@@ -840,7 +1019,10 @@ static void test_fp8_gemv_bandwidth_report(void **state) {
     cudaFree(ds), cudaFree(X), cudaFree(Y);
 }
 
-int main(void) {
+/* argv[1], when given: run only the tests whose names match this cmocka filter pattern
+ * (e.g. "*gemm_q*"). */
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     g_seed = gu_seed();
     printf("test_gpu_gemv: seed %llu (SPECD_TEST_SEED replays)\n", (unsigned long long)g_seed);
     const struct CMUnitTest tests[] = {
@@ -853,6 +1035,8 @@ int main(void) {
         cmocka_unit_test(test_gemv_q_matches_host_decode),
         cmocka_unit_test(test_gemv_q_every_type_and_token_count),
         cmocka_unit_test(test_gemv_q_bandwidth_report),
+        cmocka_unit_test(test_gemm_q_matches_host_decode),
+        cmocka_unit_test(test_gemm_q_speed_report),
         cmocka_unit_test(test_fp8_gemv_matches_exact_values),
         cmocka_unit_test(test_fp8_quantizer_matches_host),
         cmocka_unit_test(test_fp8_gemv_bandwidth_report),

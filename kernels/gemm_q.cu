@@ -1,0 +1,196 @@
+/* GEMM over GGUF-quantized weights read in place, on tensor cores (issue #17): Y[t, o]
+ * (+)= sum_k W[o, k] X[t, k] for more token rows than the GEMV takes (decode batches above
+ * K_GEMV_MAX_N, verify steps, short prefills). W's rows are in / E blocks of S bytes
+ * (kernels/quant_blocks.h), X [n, in] bf16, Y [n, out] fp32.
+ *
+ * Until now such batches dequantized each matrix into a bf16 scratch copy and ran cuBLAS
+ * on it: per step every weight was read quantized, written as bf16 and read again (about
+ * 4.5 bytes per weight where a bf16 model reads 2). Here the quantized bytes are read once
+ * per tile of token rows and decoded into shared memory:
+ *   - A block of GQ_NT threads (4 warps, 2 x 2) owns GQ_TM token rows x GQ_TN output
+ *     columns; each warp 32 x 32 of it (2 x 4 mma tiles of m16n8k16, bf16 in, fp32
+ *     accumulators). Warps whose rows are all past n skip their multiplies (decode
+ *     batches of 9..63 tokens fill one or two row groups).
+ *   - The reduction runs in chunks of GQ_TK = 32 elements, double-buffered: the X chunk
+ *     comes by cp.async (zero-filled past n), the W chunk is decoded by the block's
+ *     threads, 8 elements each (qb_decode8: the host decoders, bit-exact with ggml's
+ *     dequantization), rounded to bf16 and stored as one 16-byte word, while the other
+ *     buffer is multiplied.
+ *   - Tiles of the same columns for different token rows are neighbours in the grid
+ *     (blockIdx.x), so a matrix's bytes come from DRAM about once and from L2 for the
+ *     other row tiles.
+ *   - When the tiles are too few to fill the GPU (a 4096-wide projection of a decode batch
+ *     gives 64 blocks), the reduction is split over blockIdx.z: each split writes fp32
+ *     partial sums into a caller's workspace and a second kernel adds them in split order
+ *     (deterministic: the same bits every run).
+ * Each weight is rounded to bf16 as the scratch path rounds it (k_dequant_q); products are
+ * summed in fp32 in another order than cuBLAS's, so the two agree to fp32 rounding. */
+#include "kernels/specd_kernels.h"
+#include "kernels/kutil.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/tc.cuh"
+
+#define GQ_TM 64          /* token rows per tile */
+#define GQ_TN 64          /* output columns per tile */
+#define GQ_TK 32          /* reduction chunk: two mma k-steps */
+#define GQ_LD (GQ_TK + 8) /* padded shared row: ldmatrix's 8 rows fall in 8 bank groups */
+#define GQ_NT 128         /* threads: 4 warps */
+#define GQ_MAX_SPLIT 16
+
+template <int T>
+__global__ void __launch_bounds__(GQ_NT)
+gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int n, int out, int in, int kchunk,
+              int accumulate, float *__restrict__ Y, float *__restrict__ part) {
+    __shared__ __align__(16) uint16_t as[2][GQ_TM][GQ_LD];
+    __shared__ __align__(16) uint16_t bs[2][GQ_TN][GQ_LD];
+    k_pdl_trigger();
+    k_pdl_wait();   /* X is the kernel before's output; Y / part may still be read */
+    const int E = qb_elems(T), S = qb_bytes(T);
+    const int m0 = blockIdx.x * GQ_TM, c0 = blockIdx.y * GQ_TN, kb = blockIdx.z * kchunk;
+    const int nk = (min(in, kb + kchunk) - kb) / GQ_TK;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    const size_t row_bytes = (size_t)(in / E) * S;
+    /* each thread moves two 8-element words of each operand per chunk: row idx / 4, word
+     * idx % 4 for idx = tid, tid + GQ_NT */
+    auto load_x = [&](int st, int k0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int idx = tid + i * GQ_NT, r = idx >> 2, c = (idx & 3) * 8;
+            const bool ok = m0 + r < n;
+            tc_cp16(tc_smem_addr(&as[st][r][c]), ok ? X + (size_t)(m0 + r) * in + k0 + c : X, ok);
+        }
+        tc_commit();
+    };
+    auto decode_w = [&](int st, int k0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int idx = tid + i * GQ_NT, r = idx >> 2, c = (idx & 3) * 8, col = c0 + r, k = k0 + c;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (col < out) {
+                float w[8];
+                qb_decode8(T, W + (size_t)col * row_bytes + (size_t)(k / E) * S, k % E, w);
+                v.x = (uint32_t)k_f2bf(w[0]) | (uint32_t)k_f2bf(w[1]) << 16;
+                v.y = (uint32_t)k_f2bf(w[2]) | (uint32_t)k_f2bf(w[3]) << 16;
+                v.z = (uint32_t)k_f2bf(w[4]) | (uint32_t)k_f2bf(w[5]) << 16;
+                v.w = (uint32_t)k_f2bf(w[6]) | (uint32_t)k_f2bf(w[7]) << 16;
+            }
+            *(uint4 *)&bs[st][r][c] = v;
+        }
+    };
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[mi][j][0] = acc[mi][j][1] = acc[mi][j][2] = acc[mi][j][3] = 0.f;
+    /* which of the warp's two 16-row groups hold rows below n (warp-uniform) */
+    const bool act0 = m0 + wm * 32 < n, act1 = m0 + wm * 32 + 16 < n;
+    if (nk > 0) {
+        load_x(0, kb);
+        decode_w(0, kb);
+    }
+    for (int it = 0; it < nk; it++) {
+        const int st = it & 1;
+        tc_wait<0>();      /* chunk it's X has landed (this thread's copies) */
+        __syncthreads();   /* ... everyone's, its W is stored, chunk it - 1 is multiplied */
+        if (it + 1 < nk) {
+            load_x(st ^ 1, kb + (it + 1) * GQ_TK);
+            decode_w(st ^ 1, kb + (it + 1) * GQ_TK);
+        }
+        if (!act0) continue;
+        uint32_t a[2][2][4];   /* [k-step][row group] */
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                if (mi == 0 || act1)
+                    tc_ldsm4(tc_smem_addr(&as[st][wm * 32 + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]),
+                             a[ks][mi][0], a[ks][mi][1], a[ks][mi][2], a[ks][mi][3]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t b0, b1, b2, b3;   /* columns 8j + (lane & 7), k 8 (lane >> 3): both k-steps */
+            tc_ldsm4(tc_smem_addr(&bs[st][wn * 32 + 8 * j + (lane & 7)][(lane >> 3) * 8]), b0, b1, b2, b3);
+            tc_mma(acc[0][j], a[0][0], b0, b1);
+            tc_mma(acc[0][j], a[1][0], b2, b3);
+            if (act1) {
+                tc_mma(acc[1][j], a[0][1], b0, b1);
+                tc_mma(acc[1][j], a[1][1], b2, b3);
+            }
+        }
+    }
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = m0 + wm * 32 + mi * 16 + gid + 8 * h;
+            if (row >= n) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const int col = c0 + wn * 32 + 8 * j + 2 * tig + q;
+                    if (col >= out) continue;
+                    const float v = acc[mi][j][2 * h + q];
+                    const size_t o = (size_t)row * out + col;
+                    if (part) part[(size_t)blockIdx.z * n * out + o] = v;
+                    else Y[o] = accumulate ? Y[o] + v : v;
+                }
+        }
+}
+
+/* Y (+)= the splits' partial sums, added in split order. */
+__global__ void gemm_q_reduce_kernel(const float *__restrict__ part, int splits, size_t total, int accumulate,
+                                     float *__restrict__ Y) {
+    k_pdl_trigger();
+    k_pdl_wait();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    float s = accumulate ? Y[i] : 0.f;
+    for (int z = 0; z < splits; z++) s += part[(size_t)z * total + i];
+    Y[i] = s;
+}
+
+/* Splits of the reduction: enough blocks for two per multiprocessor, each split at least
+ * four chunks, the partial sums within the workspace. */
+static int gemm_q_splits(int tiles, int in, int n, int out, size_t ws_bytes) {
+    const int nk = in / GQ_TK, sms = k_sm_count();
+    if (tiles >= sms) return 1;
+    int s = (2 * sms + tiles - 1) / tiles;
+    if (s > nk / 4) s = nk / 4;
+    const size_t per = (size_t)n * out * sizeof(float);
+    if (per && (size_t)s > ws_bytes / per) s = (int)(ws_bytes / per);
+    if (s > GQ_MAX_SPLIT) s = GQ_MAX_SPLIT;
+    return s < 1 ? 1 : s;
+}
+
+template <int T>
+static int gemm_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+                         float *ws, size_t ws_bytes, cudaStream_t s) {
+    const int mt = (n + GQ_TM - 1) / GQ_TM, nt = (out + GQ_TN - 1) / GQ_TN;
+    int splits = gemm_q_splits(mt * nt, in, n, out, ws ? ws_bytes : 0);
+    const int nk = in / GQ_TK, per = (nk + splits - 1) / splits;
+    splits = (nk + per - 1) / per;   /* no empty split */
+    const dim3 grid((unsigned)mt, (unsigned)nt, (unsigned)splits);
+    int rc = k_launch(gemm_q_kernel<T>, grid, dim3(GQ_NT), 0, s, W, X, n, out, in, per * GQ_TK, accumulate, Y,
+                      splits > 1 ? ws : (float *)NULL);
+    if (rc || splits == 1) return rc;
+    const size_t total = (size_t)n * out;
+    return k_launch(gemm_q_reduce_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, (const float *)ws,
+                    splits, total, accumulate, Y);
+}
+
+extern "C" int k_gemm_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                        int accumulate, float *ws, size_t ws_bytes, cudaStream_t s) {
+    if (!qb_bytes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || in % GQ_TK || n < 1 ||
+        ((uintptr_t)X % 16) || ((uintptr_t)ws % 16))
+        return -1;
+    switch (type) {
+    case QB_Q8_0: return gemm_q_launch<QB_Q8_0>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q4_0: return gemm_q_launch<QB_Q4_0>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q4_1: return gemm_q_launch<QB_Q4_1>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q5_K: return gemm_q_launch<QB_Q5_K>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q4_K: return gemm_q_launch<QB_Q4_K>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q6_K: return gemm_q_launch<QB_Q6_K>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
+    default: return -1;
+    }
+}

@@ -11,11 +11,13 @@
  *     columns; each warp 32 x 32 of it (2 x 4 mma tiles of m16n8k16, bf16 in, fp32
  *     accumulators). Warps whose rows are all past n skip their multiplies (decode
  *     batches of 9..63 tokens fill one or two row groups).
- *   - The reduction runs in chunks of GQ_TK = 32 elements, double-buffered: the X chunk
- *     comes by cp.async (zero-filled past n), the W chunk is decoded by the block's
- *     threads, 8 elements each (qb_decode8: the host decoders, bit-exact with ggml's
- *     dequantization), rounded to bf16 and stored as one 16-byte word, while the other
- *     buffer is multiplied.
+ *   - The reduction runs in chunks of GQ_TK = 64 elements, double-buffered: the X chunk
+ *     comes by cp.async (zero-filled past n and past the end of a row of 32-element
+ *     blocks that is not a whole chunk), the W chunk is decoded by the block's threads
+ *     (Q4_K / Q5_K: two threads per column, each from three or four 16-byte loads with
+ *     qb_k45_word; the other types 8 elements at a time with qb_decode8; both the host
+ *     decoders, bit-exact with ggml's dequantization), rounded to bf16 and stored as
+ *     16-byte words, while the other buffer is multiplied.
  *   - Tiles of the same columns for different token rows are neighbours in the grid
  *     (blockIdx.x), so a matrix's bytes come from DRAM about once and from L2 for the
  *     other row tiles.
@@ -32,10 +34,40 @@
 
 #define GQ_TM 64          /* token rows per tile */
 #define GQ_TN 64          /* output columns per tile */
-#define GQ_TK 32          /* reduction chunk: two mma k-steps */
-#define GQ_LD (GQ_TK + 8) /* padded shared row: ldmatrix's 8 rows fall in 8 bank groups */
+#define GQ_TK 64          /* reduction chunk: four mma k-steps, a quarter of a K-quant block */
+#define GQ_LD (GQ_TK + 8) /* padded shared row (144 bytes): ldmatrix's 8 rows fall in 8 bank groups */
 #define GQ_NT 128         /* threads: 4 warps */
 #define GQ_MAX_SPLIT 16
+
+/* Eight decoded weights -> one 16-byte word of bf16 (round to nearest even, as k_dequant_q). */
+__device__ __forceinline__ uint4 gq_pack8(const float *w) {
+    return make_uint4(tc_pack(w[0], w[1]), tc_pack(w[2], w[3]), tc_pack(w[4], w[5]), tc_pack(w[6], w[7]));
+}
+
+/* Chunk k0 of output column `col` into shared row dst[GQ_TK] for Q4_K / Q5_K: thread half h
+ * takes 16-byte word 2 p + h of the block's qs (p = the chunk's quarter of the block), which
+ * holds 16 elements of each of the chunk's two sub-blocks (qb_k45_word): three or four
+ * vector loads and a decode that reads the scales once per 16 weights. W and rows 16-byte
+ * aligned (blocks of 144 and 176 bytes). */
+template <int T>
+__device__ __forceinline__ void gq_decode_k45(const uint8_t *__restrict__ row, int k0, int h, uint16_t *dst) {
+    const uint8_t *blk = row + (size_t)(k0 >> 8) * qb_bytes(T);
+    const int w = 2 * ((k0 & 255) >> 6) + h;
+    const uint4 hv = __ldg((const uint4 *)blk), qv = __ldg((const uint4 *)(blk + (T == QB_Q5_K ? 48 : 16) + 16 * w));
+    const uint32_t hdr[4] = {hv.x, hv.y, hv.z, hv.w}, qs[4] = {qv.x, qv.y, qv.z, qv.w};
+    float y[32];
+    if (T == QB_Q5_K) {
+        const uint4 bv = __ldg((const uint4 *)(blk + 16 + 16 * h));
+        const uint32_t qh[4] = {bv.x, bv.y, bv.z, bv.w};
+        qb_k45_word(hdr, qs, qh, w, y);
+    } else {
+        qb_k45_word(hdr, qs, NULL, w, y);
+    }
+    *(uint4 *)(dst + 16 * h) = gq_pack8(y);
+    *(uint4 *)(dst + 16 * h + 8) = gq_pack8(y + 8);
+    *(uint4 *)(dst + 32 + 16 * h) = gq_pack8(y + 16);
+    *(uint4 *)(dst + 32 + 16 * h + 8) = gq_pack8(y + 24);
+}
 
 template <int T>
 __global__ void __launch_bounds__(GQ_NT)
@@ -45,36 +77,48 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
     __shared__ __align__(16) uint16_t bs[2][GQ_TN][GQ_LD];
     k_pdl_trigger();
     k_pdl_wait();   /* X is the kernel before's output; Y / part may still be read */
+    constexpr bool K45 = T == QB_Q4_K || T == QB_Q5_K;
     const int E = qb_elems(T), S = qb_bytes(T);
     const int m0 = blockIdx.x * GQ_TM, c0 = blockIdx.y * GQ_TN, kb = blockIdx.z * kchunk;
-    const int nk = (min(in, kb + kchunk) - kb) / GQ_TK;
+    const int ke = min(in, kb + kchunk), nk = (ke - kb + GQ_TK - 1) / GQ_TK;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
     const size_t row_bytes = (size_t)(in / E) * S;
-    /* each thread moves two 8-element words of each operand per chunk: row idx / 4, word
-     * idx % 4 for idx = tid, tid + GQ_NT */
+    /* X: 64 rows x 8 words of 8 per chunk, four per thread (row idx / 8, word idx % 8 for
+     * idx = tid + i GQ_NT); past n or the split's end, zeros */
     auto load_x = [&](int st, int k0) {
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int idx = tid + i * GQ_NT, r = idx >> 2, c = (idx & 3) * 8;
-            const bool ok = m0 + r < n;
+        for (int i = 0; i < 4; i++) {
+            const int idx = tid + i * GQ_NT, r = idx >> 3, c = (idx & 7) * 8;
+            const bool ok = m0 + r < n && k0 + c < ke;
             tc_cp16(tc_smem_addr(&as[st][r][c]), ok ? X + (size_t)(m0 + r) * in + k0 + c : X, ok);
         }
         tc_commit();
     };
+    /* W: Q4_K / Q5_K a column's chunk per pair of threads (gq_decode_k45); the other types
+     * four 8-element words per thread (qb_decode8), zeros past the split's end. Columns
+     * past out are zeros. */
     auto decode_w = [&](int st, int k0) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int idx = tid + i * GQ_NT, r = idx >> 2, c = (idx & 3) * 8, col = c0 + r, k = k0 + c;
-            uint4 v = make_uint4(0, 0, 0, 0);
+        if constexpr (K45) {
+            const int r = tid >> 1, col = c0 + r;
             if (col < out) {
-                float w[8];
-                qb_decode8(T, W + (size_t)col * row_bytes + (size_t)(k / E) * S, k % E, w);
-                v.x = (uint32_t)k_f2bf(w[0]) | (uint32_t)k_f2bf(w[1]) << 16;
-                v.y = (uint32_t)k_f2bf(w[2]) | (uint32_t)k_f2bf(w[3]) << 16;
-                v.z = (uint32_t)k_f2bf(w[4]) | (uint32_t)k_f2bf(w[5]) << 16;
-                v.w = (uint32_t)k_f2bf(w[6]) | (uint32_t)k_f2bf(w[7]) << 16;
+                gq_decode_k45<T>(W + (size_t)col * row_bytes, k0, tid & 1, bs[st][r]);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    *(uint4 *)&bs[st][r][16 * (tid & 1) + (q >> 1) * 32 + (q & 1) * 8] = make_uint4(0, 0, 0, 0);
             }
-            *(uint4 *)&bs[st][r][c] = v;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int idx = tid + i * GQ_NT, r = idx >> 3, c = (idx & 7) * 8, col = c0 + r, k = k0 + c;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (col < out && k < ke) {
+                    float w[8];
+                    qb_decode8(T, W + (size_t)col * row_bytes + (size_t)(k / E) * S, k % E, w);
+                    v = gq_pack8(w);
+                }
+                *(uint4 *)&bs[st][r][c] = v;
+            }
         }
     };
     float acc[2][4][4];
@@ -97,23 +141,26 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
             decode_w(st ^ 1, kb + (it + 1) * GQ_TK);
         }
         if (!act0) continue;
-        uint32_t a[2][2][4];   /* [k-step][row group] */
 #pragma unroll
-        for (int ks = 0; ks < 2; ks++)
+        for (int kp = 0; kp < GQ_TK / 32; kp++) {
+            uint32_t a[2][2][4];   /* [k-step][row group] */
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-                if (mi == 0 || act1)
-                    tc_ldsm4(tc_smem_addr(&as[st][wm * 32 + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]),
-                             a[ks][mi][0], a[ks][mi][1], a[ks][mi][2], a[ks][mi][3]);
+            for (int ks = 0; ks < 2; ks++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t b0, b1, b2, b3;   /* columns 8j + (lane & 7), k 8 (lane >> 3): both k-steps */
-            tc_ldsm4(tc_smem_addr(&bs[st][wn * 32 + 8 * j + (lane & 7)][(lane >> 3) * 8]), b0, b1, b2, b3);
-            tc_mma(acc[0][j], a[0][0], b0, b1);
-            tc_mma(acc[0][j], a[1][0], b2, b3);
-            if (act1) {
-                tc_mma(acc[1][j], a[0][1], b0, b1);
-                tc_mma(acc[1][j], a[1][1], b2, b3);
+                for (int mi = 0; mi < 2; mi++)
+                    if (mi == 0 || act1)
+                        tc_ldsm4(tc_smem_addr(&as[st][wm * 32 + mi * 16 + (lane & 15)][kp * 32 + ks * 16 + (lane >> 4) * 8]),
+                                 a[ks][mi][0], a[ks][mi][1], a[ks][mi][2], a[ks][mi][3]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t b0, b1, b2, b3;   /* columns 8j + (lane & 7), k 8 (lane >> 3): both k-steps */
+                tc_ldsm4(tc_smem_addr(&bs[st][wn * 32 + 8 * j + (lane & 7)][kp * 32 + (lane >> 3) * 8]), b0, b1, b2, b3);
+                tc_mma(acc[0][j], a[0][0], b0, b1);
+                tc_mma(acc[0][j], a[1][0], b2, b3);
+                if (act1) {
+                    tc_mma(acc[1][j], a[0][1], b0, b1);
+                    tc_mma(acc[1][j], a[1][1], b2, b3);
+                }
             }
         }
     }
@@ -153,7 +200,7 @@ __global__ void gemm_q_reduce_kernel(const float *__restrict__ part, int splits,
 /* Splits of the reduction: enough blocks for two per multiprocessor, each split at least
  * four chunks, the partial sums within the workspace. */
 static int gemm_q_splits(int tiles, int in, int n, int out, size_t ws_bytes) {
-    const int nk = in / GQ_TK, sms = k_sm_count();
+    const int nk = (in + GQ_TK - 1) / GQ_TK, sms = k_sm_count();
     if (tiles >= sms) return 1;
     int s = (2 * sms + tiles - 1) / tiles;
     if (s > nk / 4) s = nk / 4;
@@ -168,7 +215,7 @@ static int gemm_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out,
                          float *ws, size_t ws_bytes, cudaStream_t s) {
     const int mt = (n + GQ_TM - 1) / GQ_TM, nt = (out + GQ_TN - 1) / GQ_TN;
     int splits = gemm_q_splits(mt * nt, in, n, out, ws ? ws_bytes : 0);
-    const int nk = in / GQ_TK, per = (nk + splits - 1) / splits;
+    const int nk = (in + GQ_TK - 1) / GQ_TK, per = (nk + splits - 1) / splits;
     splits = (nk + per - 1) / per;   /* no empty split */
     const dim3 grid((unsigned)mt, (unsigned)nt, (unsigned)splits);
     int rc = k_launch(gemm_q_kernel<T>, grid, dim3(GQ_NT), 0, s, W, X, n, out, in, per * GQ_TK, accumulate, Y,
@@ -181,8 +228,9 @@ static int gemm_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out,
 
 extern "C" int k_gemm_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
                         int accumulate, float *ws, size_t ws_bytes, cudaStream_t s) {
-    if (!qb_bytes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || in % GQ_TK || n < 1 ||
-        ((uintptr_t)X % 16) || ((uintptr_t)ws % 16))
+    if (!qb_bytes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 ||
+        ((uintptr_t)X % 16) || ((uintptr_t)ws % 16) ||
+        ((type == QB_Q4_K || type == QB_Q5_K) && (uintptr_t)W % 16))   /* (their rows: whole 16-byte words) */
         return -1;
     switch (type) {
     case QB_Q8_0: return gemm_q_launch<QB_Q8_0>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);

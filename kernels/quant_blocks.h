@@ -50,9 +50,10 @@ QB_HD int qb_bytes(int t) {
 #define QB_MUL(a, b) ((a) * (b))
 #endif
 
-/* IEEE half -> float without intrinsics (normal, subnormal, zero, inf / NaN). */
-QB_HD float qb_half(const uint8_t *p) {
-    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+/* IEEE half (the low 16 bits of h) -> float without intrinsics (normal, subnormal, zero,
+ * inf / NaN). */
+QB_HD float qb_half_bits(uint32_t h) {
+    h &= 0xffff;
     const uint32_t sign = (h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
     float v;
     if (e == 0) {
@@ -68,6 +69,8 @@ QB_HD float qb_half(const uint8_t *p) {
     }
     return sign ? -v : v;
 }
+
+QB_HD float qb_half(const uint8_t *p) { return qb_half_bits((uint32_t)p[0] | (uint32_t)p[1] << 8); }
 
 /* Q4_K sub-block s's 6-bit scale and min (four in the low bits of bytes 0..7, four split
  * between bytes 8..11 and the spare top bits of bytes 0..7). */
@@ -100,6 +103,39 @@ QB_HD void qb_decode8_k45(const uint8_t *b, int e0, float *y, int q5) {
     for (int j = 0; j < 8; j++) {
         const int hi = q5 ? ((qh[j] >> s) & 1) << 4 : 0;
         y[j] = QB_MUL(ds, (float)(((q[j] >> shift) & 0xf) | hi)) - dm;
+    }
+}
+
+/* Q4_K / Q5_K from 16-byte words already in registers (the tensor-core GEMM loads them
+ * with one vector load each): hdr the block's first 16 bytes (d, dmin, scales[12]), qs
+ * word w (0..7) of its qs (bytes 16 w ..), and for Q5_K qh word w % 2 (qh bytes 16 (w % 2)
+ * ..; NULL for Q4_K); words little-endian, byte i of a word in bits 8i.. . The word holds
+ * elements l0 .. l0 + 15 (l0 = 16 (w % 2)) of sub-block s = 2 (w / 2) in its low nibbles
+ * and of sub-block s + 1 in its high nibbles: y[j] is element 32 s + l0 + j of the block,
+ * y[16 + j] element 32 (s + 1) + l0 + j, the same floats as qb_decode8_k45. Only shifts of
+ * whole words: no byte arrays that a kernel would have to keep in local memory. */
+QB_HD void qb_k45_word(const uint32_t hdr[4], const uint32_t qs[4], const uint32_t *qh, int w, float y[32]) {
+    const float d = qb_half_bits(hdr[0]), dmin = qb_half_bits(hdr[0] >> 16);
+    const uint64_t lo8 = (uint64_t)hdr[1] | (uint64_t)hdr[2] << 32;   /* scales[0..7] */
+    const int s0 = 2 * (w >> 1);
+    for (int t = 0; t < 2; t++) {
+        const int s = s0 + t;
+        int sc, mn;   /* as qb_k4_scale_min, byte i of scales at bits 8i of lo8 / hdr[3] */
+        if (s < 4) {
+            sc = (int)(lo8 >> (8 * s)) & 63;
+            mn = (int)(lo8 >> (8 * (s + 4))) & 63;
+        } else {
+            const int b4 = (int)(hdr[3] >> (8 * (s - 4))) & 0xff;   /* scales[s + 4] */
+            sc = (b4 & 0xf) | (((int)(lo8 >> (8 * (s - 4))) & 0xff) >> 6) << 4;
+            mn = (b4 >> 4) | (((int)(lo8 >> (8 * s)) & 0xff) >> 6) << 4;
+        }
+        const float ds = d * (float)sc, dm = dmin * (float)mn;
+        for (int j = 0; j < 16; j++) {
+            const uint32_t byte = (qs[j >> 2] >> (8 * (j & 3))) & 0xff;
+            int q = (int)(byte >> (4 * t)) & 0xf;
+            if (qh) q |= (int)((qh[j >> 2] >> (8 * (j & 3) + s)) & 1) << 4;
+            y[16 * t + j] = QB_MUL(ds, (float)q) - dm;
+        }
     }
 }
 

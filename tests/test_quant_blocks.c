@@ -68,6 +68,40 @@ static void test_decode8_equals_dequantize(void **st) {
     check_type(QB_Q5_K, GGML_Q5_K, 2000);
 }
 
+/* qb_k45_word (Q4_K / Q5_K from 16-byte words, for the tensor-core GEMM) against
+ * qb_decode8: every word of random blocks, bit for bit. */
+static void check_k45_word(int t, int n_blocks) {
+    const int q5 = t == QB_Q5_K, S = qb_bytes(t);
+    uint8_t blk[176];
+    float ref[256], got[32];
+    for (int b = 0; b < n_blocks; b++) {
+        for (int i = 0; i < S; i++) blk[i] = (uint8_t)rnd();
+        put_half(blk), put_half(blk + 2);
+        for (int e0 = 0; e0 < 256; e0 += 8) qb_decode8(t, blk, e0, ref + e0);
+        uint32_t hdr[4], qs[4], qh[4];
+        memcpy(hdr, blk, 16);   /* (little-endian host, as the GPU) */
+        for (int w = 0; w < 8; w++) {
+            memcpy(qs, blk + (q5 ? 48 : 16) + 16 * w, 16);
+            if (q5) memcpy(qh, blk + 16 + 16 * (w % 2), 16);
+            qb_k45_word(hdr, qs, q5 ? qh : NULL, w, got);
+            const int s = 2 * (w / 2), l0 = 16 * (w % 2);
+            for (int j = 0; j < 32; j++) {
+                const int e = 32 * (s + j / 16) + l0 + j % 16;
+                if (memcmp(&got[j], &ref[e], 4))
+                    fail_msg("type %d block %d word %d: y[%d] %.9g, element %d %.9g", t, b, w, j, (double)got[j], e,
+                             (double)ref[e]);
+            }
+        }
+    }
+    printf("  type %d: %d blocks, every 16-byte word of qs equal to qb_decode8\n", t, n_blocks);
+}
+
+static void test_k45_word_equals_decode8(void **st) {
+    (void)st;
+    check_k45_word(QB_Q4_K, 2000);
+    check_k45_word(QB_Q5_K, 2000);
+}
+
 /* qb_half on every one of the 65536 halves, NaNs by class. */
 static void test_half_every_value(void **st) {
     (void)st;
@@ -86,6 +120,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode8_equals_dequantize),
         cmocka_unit_test(test_half_every_value),
+        cmocka_unit_test(test_k45_word_equals_decode8),
     };
     return cmocka_run_group_tests_name("quant_blocks", tests, NULL, NULL);
 }

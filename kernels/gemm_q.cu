@@ -15,8 +15,9 @@
  *     comes by cp.async (zero-filled past n and past the end of a row of 32-element
  *     blocks that is not a whole chunk), the W chunk is decoded by the block's threads
  *     (Q4_K / Q5_K: two threads per column, each from three or four 16-byte loads with
- *     qb_k45_word; the other types 8 elements at a time with qb_decode8; both the host
- *     decoders, bit-exact with ggml's dequantization), rounded to bf16 and stored as
+ *     qb_k45_word; Q6_K the same from 2-byte loads with qb_q6k_word; the 32-element types
+ *     8 elements at a time with qb_decode8; all host decoders, bit-exact with ggml's
+ *     dequantization), rounded to bf16 and stored as
  *     16-byte words, while the other buffer is multiplied.
  *   - Tiles of the same columns for different token rows are neighbours in the grid
  *     (blockIdx.x), so a matrix's bytes come from DRAM about once and from L2 for the
@@ -69,6 +70,33 @@ __device__ __forceinline__ void gq_decode_k45(const uint8_t *__restrict__ row, i
     *(uint4 *)(dst + 32 + 16 * h + 8) = gq_pack8(y + 24);
 }
 
+/* 16 bytes at a 2-byte aligned address as four little-endian words (eight 2-byte loads). */
+__device__ __forceinline__ void gq_ld16_2(const uint8_t *p, uint32_t w[4]) {
+    const unsigned short *h = (const unsigned short *)p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (uint32_t)__ldg(h + 2 * i) | (uint32_t)__ldg(h + 2 * i + 1) << 16;
+}
+
+/* The same for Q6_K (blocks of 210 bytes: only 2-byte aligned): thread half h takes
+ * elements 16 h .. 16 h + 15 of the chunk's two quarters (qb_q6k_word) from 2-byte loads
+ * of its low bits, high bits and scales. */
+__device__ __forceinline__ void gq_decode_q6k(const uint8_t *__restrict__ row, int k0, int h, uint16_t *dst) {
+    const uint8_t *blk = row + (size_t)(k0 >> 8) * 210;
+    const int half = (k0 & 255) >> 7, u0 = (k0 & 127) >> 5, l0 = 16 * h;
+    uint32_t qla[4], qlb[4], qh[4];
+    gq_ld16_2(blk + 64 * half + l0, qla);
+    gq_ld16_2(blk + 64 * half + 32 + l0, qlb);
+    gq_ld16_2(blk + 128 + 32 * half + l0, qh);
+    const int8_t *sc = (const int8_t *)(blk + 192) + 8 * half + h;
+    const float d = qb_half_bits(__ldg((const unsigned short *)(blk + 208)));
+    float y[32];
+    qb_q6k_word(qla, qlb, qh, u0, d, __ldg(sc + 2 * u0), __ldg(sc + 2 * u0 + 2), y);
+    *(uint4 *)(dst + l0) = gq_pack8(y);
+    *(uint4 *)(dst + l0 + 8) = gq_pack8(y + 8);
+    *(uint4 *)(dst + 32 + l0) = gq_pack8(y + 16);
+    *(uint4 *)(dst + 32 + l0 + 8) = gq_pack8(y + 24);
+}
+
 template <int T>
 __global__ void __launch_bounds__(GQ_NT)
 gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int n, int out, int in, int kchunk,
@@ -77,7 +105,7 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
     __shared__ __align__(16) uint16_t bs[2][GQ_TN][GQ_LD];
     k_pdl_trigger();
     k_pdl_wait();   /* X is the kernel before's output; Y / part may still be read */
-    constexpr bool K45 = T == QB_Q4_K || T == QB_Q5_K;
+    constexpr bool WORDS = T == QB_Q4_K || T == QB_Q5_K || T == QB_Q6_K;   /* two threads a column */
     const int E = qb_elems(T), S = qb_bytes(T);
     const int m0 = blockIdx.x * GQ_TM, c0 = blockIdx.y * GQ_TN, kb = blockIdx.z * kchunk;
     const int ke = min(in, kb + kchunk), nk = (ke - kb + GQ_TK - 1) / GQ_TK;
@@ -94,14 +122,15 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
         }
         tc_commit();
     };
-    /* W: Q4_K / Q5_K a column's chunk per pair of threads (gq_decode_k45); the other types
+    /* W: K-quants a column's chunk per pair of threads (gq_decode_k45, _q6k); the other types
      * four 8-element words per thread (qb_decode8), zeros past the split's end. Columns
      * past out are zeros. */
     auto decode_w = [&](int st, int k0) {
-        if constexpr (K45) {
+        if constexpr (WORDS) {
             const int r = tid >> 1, col = c0 + r;
             if (col < out) {
-                gq_decode_k45<T>(W + (size_t)col * row_bytes, k0, tid & 1, bs[st][r]);
+                if constexpr (T == QB_Q6_K) gq_decode_q6k(W + (size_t)col * row_bytes, k0, tid & 1, bs[st][r]);
+                else gq_decode_k45<T>(W + (size_t)col * row_bytes, k0, tid & 1, bs[st][r]);
             } else {
 #pragma unroll
                 for (int q = 0; q < 4; q++)

@@ -139,6 +139,28 @@ QB_HD void qb_k45_word(const uint32_t hdr[4], const uint32_t qs[4], const uint32
     }
 }
 
+/* Q6_K from words already in registers (a block is only 2-byte aligned: the tensor-core
+ * GEMM builds them from 2-byte loads): the 32 elements l0 .. l0 + 15 (l0 0 or 16) of
+ * quarters u0 and u0 + 1 (u0 0 or 2) of one half of the block. qla: ql bytes l0 .. of
+ * the half (quarter u0's low 4 bits: low nibbles for u0 0, high for 2), qlb: ql bytes
+ * 32 + l0 .. (quarter u0 + 1's), qh: qh bytes l0 .. of the half (bits 2u, 2u + 1 of
+ * quarter u); d the block's half scale, sca / scb the int8 scales of groups l0 / 16 +
+ * 2 u0 and + 2 (u0 + 1). y[j]: element 32 u0 + l0 + j of the half, y[16 + j]: element
+ * 32 (u0 + 1) + l0 + j; the same floats as qb_decode8_q6_k. */
+QB_HD void qb_q6k_word(const uint32_t qla[4], const uint32_t qlb[4], const uint32_t qh[4], int u0, float d, int sca,
+                       int scb, float y[32]) {
+    for (int t = 0; t < 2; t++) {
+        const int u = u0 + t, lo_shift = (u >> 1) * 4, hi_shift = 2 * u;
+        const uint32_t *ql = t ? qlb : qla;
+        const float du = d * (float)(t ? scb : sca);
+        for (int j = 0; j < 16; j++) {
+            const int sh = 8 * (j & 3);
+            const int q = (int)((((ql[j >> 2] >> sh) >> lo_shift) & 0xf) | (((qh[j >> 2] >> (sh + hi_shift)) & 3) << 4)) - 32;
+            y[16 * t + j] = du * (float)q;
+        }
+    }
+}
+
 /* Q4_0 / Q4_1: elements e0..e0+7 are the low (e0 < 16) or high nibbles of qs[e0 % 16 ..]. */
 QB_HD void qb_decode8_q4_0(const uint8_t *b, int e0, float *y) {
     const float d = qb_half(b);

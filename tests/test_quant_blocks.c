@@ -96,10 +96,41 @@ static void check_k45_word(int t, int n_blocks) {
     printf("  type %d: %d blocks, every 16-byte word of qs equal to qb_decode8\n", t, n_blocks);
 }
 
-static void test_k45_word_equals_decode8(void **st) {
+/* qb_q6k_word (Q6_K from words, for the tensor-core GEMM) against qb_decode8: every half,
+ * pair of quarters and 16-element run of random blocks, bit for bit. */
+static void check_q6k_word(int n_blocks) {
+    uint8_t blk[210];
+    float ref[256], got[32];
+    for (int b = 0; b < n_blocks; b++) {
+        for (int i = 0; i < 210; i++) blk[i] = (uint8_t)rnd();
+        put_half(blk + 208);
+        for (int e0 = 0; e0 < 256; e0 += 8) qb_decode8(QB_Q6_K, blk, e0, ref + e0);
+        const float d = qb_half(blk + 208);
+        for (int half = 0; half < 2; half++)
+            for (int u0 = 0; u0 < 4; u0 += 2)
+                for (int l0 = 0; l0 < 32; l0 += 16) {
+                    uint32_t qla[4], qlb[4], qh[4];
+                    memcpy(qla, blk + 64 * half + l0, 16);
+                    memcpy(qlb, blk + 64 * half + 32 + l0, 16);
+                    memcpy(qh, blk + 128 + 32 * half + l0, 16);
+                    const int8_t *sc = (const int8_t *)(blk + 192) + 8 * half;
+                    qb_q6k_word(qla, qlb, qh, u0, d, sc[l0 / 16 + 2 * u0], sc[l0 / 16 + 2 * (u0 + 1)], got);
+                    for (int j = 0; j < 32; j++) {
+                        const int e = 128 * half + 32 * (u0 + j / 16) + l0 + j % 16;
+                        if (memcmp(&got[j], &ref[e], 4))
+                            fail_msg("Q6_K block %d half %d u0 %d l0 %d: y[%d] %.9g, element %d %.9g", b, half, u0, l0, j,
+                                     (double)got[j], e, (double)ref[e]);
+                    }
+                }
+    }
+    printf("  type 14: %d blocks, every run of 16 of every pair of quarters equal to qb_decode8\n", n_blocks);
+}
+
+static void test_word_decoders_equal_decode8(void **st) {
     (void)st;
     check_k45_word(QB_Q4_K, 2000);
     check_k45_word(QB_Q5_K, 2000);
+    check_q6k_word(2000);
 }
 
 /* qb_half on every one of the 65536 halves, NaNs by class. */
@@ -120,7 +151,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode8_equals_dequantize),
         cmocka_unit_test(test_half_every_value),
-        cmocka_unit_test(test_k45_word_equals_decode8),
+        cmocka_unit_test(test_word_decoders_equal_decode8),
     };
     return cmocka_run_group_tests_name("quant_blocks", tests, NULL, NULL);
 }

@@ -104,12 +104,12 @@ typedef struct {
                               * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
-    /* SPECD_CUDA_GEMM_Q_ROWS=N: passes of K_GEMV_MAX_N + 1 .. N token rows over GGUF
-     * quantized projections on the tensor-core GEMM that decodes the blocks in shared
-     * memory (k_gemm_q), longer ones through the bf16 scratch copy and cuBLAS; 0, the
-     * default until tests/gpu/UNRUN.md's check has passed: every pass past the GEMV through
-     * the scratch copy */
-    int gemm_q_rows;
+    /* SPECD_CUDA_GEMM_Q_ROWS=N, SPECD_CUDA_GEMM_Q_MIN=M (default K_GEMV_MAX_N + 1): passes
+     * of M .. N token rows over GGUF quantized projections on the tensor-core GEMM that
+     * decodes the blocks in shared memory (k_gemm_q), the others on the quantized GEMV (up
+     * to K_GEMV_MAX_N) or through the bf16 scratch copy and cuBLAS; N 0, the default until
+     * tests/gpu/UNRUN.md's check has passed: none on it */
+    int gemm_q_rows, gemm_q_min;
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */

@@ -672,6 +672,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->gemv_rows = env_flag("SPECD_CUDA_GEMV_ROWS", CUDA_GEMV_DEFAULT_ROWS);
     if (t->gemv_rows < 1 || t->gemv_rows > CUDA_GEMV_MAX_ROWS) t->gemv_rows = CUDA_GEMV_DEFAULT_ROWS;
     t->gemm_q_rows = env_flag("SPECD_CUDA_GEMM_Q_ROWS", 0);
+    t->gemm_q_min = env_flag("SPECD_CUDA_GEMM_Q_MIN", K_GEMV_MAX_N + 1);
+    if (t->gemm_q_min < 1) t->gemm_q_min = K_GEMV_MAX_N + 1;
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

@@ -43,10 +43,10 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* gemm() for a projection that may be kept in its GGUF blocks (q->type): up to
- * K_GEMV_MAX_N token rows on the quantized GEMV, up to tune.gemm_q_rows on the
- * tensor-core GEMM over the blocks (partial sums of its split reduction in the scratch
- * buffer), more through its bf16 copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row scales, set: W holds E4M3 bytes): up to
+/* gemm() for a projection that may be kept in its GGUF blocks (q->type): tune.gemm_q_min
+ * .. tune.gemm_q_rows token rows on the tensor-core GEMM over the blocks (partial sums of
+ * its split reduction in the scratch buffer), else up to K_GEMV_MAX_N on the quantized
+ * GEMV, more through its bf16 copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row scales, set: W holds E4M3 bytes): up to
  * K_GEMV_MAX_N rows on the GEMV reading the bytes, more on FP8 tensor cores. */
 static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const float *sw, int out, int in,
                   const uint16_t *X, int n, float *Y, float beta) {
@@ -58,13 +58,13 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         return cuda_fp8_gemm(r, (const uint8_t *)W, sw, out, in, X, n, Y, beta);
     }
     if (!q->type) return gemm(r, W, out, in, X, n, Y, beta);
-    if (n <= K_GEMV_MAX_N) {
-        K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
-        return 0;
-    }
-    if (n <= r->tune.gemm_q_rows) {
+    if (n >= r->tune.gemm_q_min && n <= r->tune.gemm_q_rows) {
         K_CHECK(r, k_gemm_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, (float *)r->d_qscratch, r->qscratch_bytes,
                             r->stream));
+        return 0;
+    }
+    if (n <= K_GEMV_MAX_N) {
+        K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
     K_CHECK(r, k_dequant_q(q->type, q->w, r->d_qscratch, out, in, r->stream));

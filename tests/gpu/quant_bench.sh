@@ -14,17 +14,17 @@ S=${2:-build/specd}
 Q=${3:-}
 R=${OUT:-build/gpu/quant_logs}; mkdir -p "$R"
 P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
-# gguf_tc: --dtype gguf with passes of 9..GEMM_Q_ROWS tokens (decode batches, the 12-token
-# prompt below) on the tensor-core GEMM over the blocks (k_gemm_q) instead of dequantize +
-# cuBLAS
+# gguf_tc: --dtype gguf with passes of GEMM_Q_MIN..GEMM_Q_ROWS tokens (default 9..256:
+# decode batches, the 12-token prompt below) on the tensor-core GEMM over the blocks
+# (k_gemm_q) instead of the quantized GEMV or dequantize + cuBLAS
 for v in bf16 gguf gguf_tc; do
     d=${v%_tc}
     rows=0; [ "$v" = gguf_tc ] && rows=${GEMM_Q_ROWS:-256}
-    SPECD_CUDA_GEMM_Q_ROWS=$rows timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \
+    SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=$rows timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \
         --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 -v > "$R/bench_$v.log" 2>&1
     echo "== specd --dtype $d, SPECD_CUDA_GEMM_Q_ROWS=$rows (rc $?): $(grep -o 'weights [0-9.]* GiB' "$R/bench_$v.log" | head -1)"
     tail -5 "$R/bench_$v.log"
-    SPECD_CUDA_GEMM_Q_ROWS=$rows "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json \
+    SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=$rows "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json \
         --top-logprobs 5 > "$R/gen_$v.json" 2> "$R/gen_$v.log"
 done
 python3 - "$R" <<'PY'

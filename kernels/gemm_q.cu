@@ -3,10 +3,10 @@
  * K_GEMV_MAX_N, verify steps, short prefills). W's rows are in / E blocks of S bytes
  * (kernels/quant_blocks.h), X [n, in] bf16, Y [n, out] fp32.
  *
- * Until now such batches dequantized each matrix into a bf16 scratch copy and ran cuBLAS
- * on it: per step every weight was read quantized, written as bf16 and read again (about
- * 4.5 bytes per weight where a bf16 model reads 2). Here the quantized bytes are read once
- * per tile of token rows and decoded into shared memory:
+ * The other path for such batches (k_dequant_q into a bf16 scratch copy, then cuBLAS)
+ * reads every weight quantized, writes it as bf16 and reads it again each step (about 4.5
+ * bytes per weight where a bf16 model reads 2). Here the quantized bytes are read once per
+ * tile of token rows and decoded into shared memory:
  *   - A block of GQ_NT threads (4 warps, 2 x 2) owns GQ_TM token rows x GQ_TN output
  *     columns; each warp 32 x 32 of it (2 x 4 mma tiles of m16n8k16, bf16 in, fp32
  *     accumulators). Warps whose rows are all past n skip their multiplies (decode
@@ -14,10 +14,10 @@
  *   - The reduction runs in chunks of GQ_TK = 64 elements, double-buffered: the X chunk
  *     comes by cp.async (zero-filled past n and past the end of a row of 32-element
  *     blocks that is not a whole chunk), the W chunk is decoded by the block's threads
- *     (Q4_K / Q5_K: two threads per column, each from three or four 16-byte loads with
- *     qb_k45_word; Q6_K the same from 2-byte loads with qb_q6k_word; the 32-element types
- *     8 elements at a time with qb_decode8; all host decoders, bit-exact with ggml's
- *     dequantization), rounded to bf16 and stored as
+ *     (two threads per column, each 32 weights: Q4_K / Q5_K from three or four 16-byte
+ *     loads with qb_k45_word, Q6_K and the 32-element types from 2-byte loads with
+ *     qb_q6k_word, qb_q8_0_words, qb_q4_01_words; host decoders, bit-exact with ggml's
+ *     dequantization, test_quant_blocks), rounded to bf16 and stored as
  *     16-byte words, while the other buffer is multiplied.
  *   - Tiles of the same columns for different token rows are neighbours in the grid
  *     (blockIdx.x), so a matrix's bytes come from DRAM about once and from L2 for the
@@ -97,6 +97,34 @@ __device__ __forceinline__ void gq_decode_q6k(const uint8_t *__restrict__ row, i
     *(uint4 *)(dst + 32 + l0 + 8) = gq_pack8(y + 24);
 }
 
+/* The same for the 32-element types (blocks of 34, 18, 20 bytes: only 2-byte aligned):
+ * thread half h takes the chunk's block h (elements 32 h .. 32 h + 31), zeros where the
+ * row ends inside the chunk. */
+template <int T>
+__device__ __forceinline__ void gq_decode_32(const uint8_t *__restrict__ row, int k0, int h, int ke, uint16_t *dst) {
+    float y[32];
+    const int k = k0 + 32 * h;
+    if (k >= ke) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) y[i] = 0.f;
+    } else {
+        const uint8_t *blk = row + (size_t)(k >> 5) * qb_bytes(T);
+        const float d = qb_half_bits(__ldg((const unsigned short *)blk));
+        uint32_t q[8];
+        if (T == QB_Q8_0) {
+            gq_ld16_2(blk + 2, q);
+            gq_ld16_2(blk + 18, q + 4);
+            qb_q8_0_words(q, d, y);
+        } else {
+            gq_ld16_2(blk + (T == QB_Q4_1 ? 4 : 2), q);
+            const float m = T == QB_Q4_1 ? qb_half_bits(__ldg((const unsigned short *)(blk + 2))) : 0.f;
+            qb_q4_01_words(q, d, m, T == QB_Q4_1, y);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) *(uint4 *)(dst + 32 * h + 8 * i) = gq_pack8(y + 8 * i);
+}
+
 template <int T>
 __global__ void __launch_bounds__(GQ_NT)
 gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int n, int out, int in, int kchunk,
@@ -105,12 +133,10 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
     __shared__ __align__(16) uint16_t bs[2][GQ_TN][GQ_LD];
     k_pdl_trigger();
     k_pdl_wait();   /* X is the kernel before's output; Y / part may still be read */
-    constexpr bool WORDS = T == QB_Q4_K || T == QB_Q5_K || T == QB_Q6_K;   /* two threads a column */
-    const int E = qb_elems(T), S = qb_bytes(T);
     const int m0 = blockIdx.x * GQ_TM, c0 = blockIdx.y * GQ_TN, kb = blockIdx.z * kchunk;
     const int ke = min(in, kb + kchunk), nk = (ke - kb + GQ_TK - 1) / GQ_TK;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
-    const size_t row_bytes = (size_t)(in / E) * S;
+    const size_t row_bytes = (size_t)(in / qb_elems(T)) * qb_bytes(T);
     /* X: 64 rows x 8 words of 8 per chunk, four per thread (row idx / 8, word idx % 8 for
      * idx = tid + i GQ_NT); past n or the split's end, zeros */
     auto load_x = [&](int st, int k0) {
@@ -122,33 +148,20 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
         }
         tc_commit();
     };
-    /* W: K-quants a column's chunk per pair of threads (gq_decode_k45, _q6k); the other types
-     * four 8-element words per thread (qb_decode8), zeros past the split's end. Columns
-     * past out are zeros. */
+    /* W: a column's chunk per pair of threads (gq_decode_k45, _q6k, _32: words loaded
+     * whole, decoded by the host decoders); columns past out are zeros */
     auto decode_w = [&](int st, int k0) {
-        if constexpr (WORDS) {
-            const int r = tid >> 1, col = c0 + r;
-            if (col < out) {
-                if constexpr (T == QB_Q6_K) gq_decode_q6k(W + (size_t)col * row_bytes, k0, tid & 1, bs[st][r]);
-                else gq_decode_k45<T>(W + (size_t)col * row_bytes, k0, tid & 1, bs[st][r]);
-            } else {
+        const int r = tid >> 1, h = tid & 1, col = c0 + r;
+        uint16_t *dst = bs[st][r];
+        if (col >= out) {
 #pragma unroll
-                for (int q = 0; q < 4; q++)
-                    *(uint4 *)&bs[st][r][16 * (tid & 1) + (q >> 1) * 32 + (q & 1) * 8] = make_uint4(0, 0, 0, 0);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int idx = tid + i * GQ_NT, r = idx >> 3, c = (idx & 7) * 8, col = c0 + r, k = k0 + c;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (col < out && k < ke) {
-                    float w[8];
-                    qb_decode8(T, W + (size_t)col * row_bytes + (size_t)(k / E) * S, k % E, w);
-                    v = gq_pack8(w);
-                }
-                *(uint4 *)&bs[st][r][c] = v;
-            }
+            for (int q = 0; q < 4; q++) *(uint4 *)(dst + 32 * (q >> 1) + 16 * h + 8 * (q & 1)) = make_uint4(0, 0, 0, 0);
+            return;
         }
+        const uint8_t *row = W + (size_t)col * row_bytes;
+        if constexpr (T == QB_Q6_K) gq_decode_q6k(row, k0, h, dst);
+        else if constexpr (T == QB_Q4_K || T == QB_Q5_K) gq_decode_k45<T>(row, k0, h, dst);
+        else gq_decode_32<T>(row, k0, h, ke, dst);
     };
     float acc[2][4][4];
 #pragma unroll
@@ -259,7 +272,7 @@ extern "C" int k_gemm_q(int type, const uint8_t *W, const uint16_t *X, float *Y,
                         int accumulate, float *ws, size_t ws_bytes, cudaStream_t s) {
     if (!qb_bytes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 ||
         ((uintptr_t)X % 16) || ((uintptr_t)ws % 16) ||
-        ((type == QB_Q4_K || type == QB_Q5_K) && (uintptr_t)W % 16))   /* (their rows: whole 16-byte words) */
+        (uintptr_t)W % ((type == QB_Q4_K || type == QB_Q5_K) ? 16 : 2))   /* (K4/K5 rows: whole 16-byte words) */
         return -1;
     switch (type) {
     case QB_Q8_0: return gemm_q_launch<QB_Q8_0>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);

@@ -161,6 +161,21 @@ QB_HD void qb_q6k_word(const uint32_t qla[4], const uint32_t qlb[4], const uint3
     }
 }
 
+/* The 32-element types from words already in registers (blocks only 2-byte aligned): a
+ * whole block, y[j] its element j, the same floats as qb_decode8. Q8_0: q its 32 int8
+ * codes (bytes 2 ..), d its scale. Q4_0 / Q4_1 (q41): qs its 16 code bytes (element j < 16
+ * the low nibble of byte j, j >= 16 the high nibble of byte j - 16), d and, for Q4_1, m. */
+QB_HD void qb_q8_0_words(const uint32_t q[8], float d, float y[32]) {
+    for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)(uint8_t)(q[j >> 2] >> (8 * (j & 3)));
+}
+
+QB_HD void qb_q4_01_words(const uint32_t qs[4], float d, float m, int q41, float y[32]) {
+    for (int j = 0; j < 32; j++) {
+        const int q = (int)(qs[(j & 15) >> 2] >> (8 * (j & 3) + (j >> 4) * 4)) & 0xf;
+        y[j] = q41 ? QB_MUL(d, (float)q) + m : d * (float)(q - 8);
+    }
+}
+
 /* Q4_0 / Q4_1: elements e0..e0+7 are the low (e0 < 16) or high nibbles of qs[e0 % 16 ..]. */
 QB_HD void qb_decode8_q4_0(const uint8_t *b, int e0, float *y) {
     const float d = qb_half(b);

@@ -220,8 +220,8 @@ int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, i
 int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, int in, cudaStream_t s);
 /* The same product for any n on tensor cores, the weights decoded tile by tile into shared
  * memory (kernels/gemm_q.cu): Y [n, out] (+)= X [n, in] . W^T, in a multiple of the
- * block's elements, X 16-byte aligned, W too for Q4_K / Q5_K (the other types' rows may
- * start anywhere). ws (16-byte
+ * block's elements, X 16-byte aligned, W 16-byte aligned for Q4_K / Q5_K and 2-byte
+ * aligned for the other types. ws (16-byte
  * aligned, may be NULL): a workspace of ws_bytes for partial sums when the reduction is
  * split (few output tiles), added in a fixed order: the same bits on every run. */
 int k_gemm_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,

@@ -126,11 +126,39 @@ static void check_q6k_word(int n_blocks) {
     printf("  type 14: %d blocks, every run of 16 of every pair of quarters equal to qb_decode8\n", n_blocks);
 }
 
+/* qb_q8_0_words / qb_q4_01_words against qb_decode8: whole random blocks, bit for bit. */
+static void check_32_words(int t, int n_blocks) {
+    const int S = qb_bytes(t);
+    uint8_t blk[34];
+    float ref[32], got[32];
+    for (int b = 0; b < n_blocks; b++) {
+        for (int i = 0; i < S; i++) blk[i] = (uint8_t)rnd();
+        put_half(blk);
+        if (t == QB_Q4_1) put_half(blk + 2);
+        for (int e0 = 0; e0 < 32; e0 += 8) qb_decode8(t, blk, e0, ref + e0);
+        uint32_t q[8];
+        if (t == QB_Q8_0) {
+            memcpy(q, blk + 2, 32);
+            qb_q8_0_words(q, qb_half(blk), got);
+        } else {
+            memcpy(q, blk + (t == QB_Q4_1 ? 4 : 2), 16);
+            qb_q4_01_words(q, qb_half(blk), t == QB_Q4_1 ? qb_half(blk + 2) : 0.f, t == QB_Q4_1, got);
+        }
+        for (int j = 0; j < 32; j++)
+            if (memcmp(&got[j], &ref[j], 4))
+                fail_msg("type %d block %d: y[%d] %.9g, qb_decode8 %.9g", t, b, j, (double)got[j], (double)ref[j]);
+    }
+    printf("  type %d: %d blocks decoded whole from words equal to qb_decode8\n", t, n_blocks);
+}
+
 static void test_word_decoders_equal_decode8(void **st) {
     (void)st;
     check_k45_word(QB_Q4_K, 2000);
     check_k45_word(QB_Q5_K, 2000);
     check_q6k_word(2000);
+    check_32_words(QB_Q8_0, 2000);
+    check_32_words(QB_Q4_0, 2000);
+    check_32_words(QB_Q4_1, 2000);
 }
 
 /* qb_half on every one of the 65536 halves, NaNs by class. */

@@ -4,7 +4,7 @@
  * 256/210), X [n, in] bf16, Y [n, out] fp32.
  *
  * Written for memory bandwidth (batch 1 streams every weight byte once per token):
- *   - A warp owns GEMVQ_ROWS consecutive rows and a contiguous run of their blocks (split
+ *   - A warp owns R (2 or 4) consecutive rows and a contiguous run of their blocks (split
  *     K over the warps of a block when there are too few rows to fill the GPU; partial
  *     sums meet in shared memory). It walks the run in steps of 1024 elements.
  *   - A step's bytes are copied global -> shared with 16-byte cp.async (coalesced,
@@ -16,7 +16,7 @@
  *   - Each lane decodes one 32-element part of a block from shared memory (16-byte reads,
  *     realigned with byte_perm where a block is not 4-byte aligned), in registers, and
  *     dots it with every token's activations (16-byte __ldg, L1 resident); each
- *     activation load serves all GEMVQ_ROWS rows.
+ *     activation load serves all R rows.
  *   - The integer codes become floats with one byte_perm each: the code is put into the
  *     top mantissa bits of 0.5 (f = 0.5 + q * 2^-m), the part's dot sum(f x) is taken in
  *     fp32 and sum(q x) = 2^m (sum(f x) - sum(x) / 2) recovered per 16 or 32
@@ -35,7 +35,11 @@
 #include "kernels/tc.cuh"
 
 #define GEMVQ_WARPS 8
-#define GEMVQ_ROWS 2     /* rows per warp: each activation load and unpack serves all */
+/* Rows per warp (template R): each activation load and unpack serves all of them, so more
+ * rows spend fewer instructions per weight (batch 1 is instruction-bound at 2 rows: about
+ * 7 per weight against ~3 that the copy roofline allows) at the price of registers and
+ * staging memory. k_tuning.gemvq_rows picks 2 (GEMVQ_ROWS, the default) or 4. */
+#define GEMVQ_ROWS 2
 #define GEMVQ_STAGES 3   /* shared-memory steps per warp: two in flight while one is used */
 
 /* Per type: elements E and bytes S of a block, blocks SB of a 1024-element step (lane
@@ -51,8 +55,8 @@ template <> struct gq<QB_Q6_K> { enum { E = 256, S = 210, SB = 4 }; };
 /* uint4 words of one staged (row, step): its bytes from any 2-aligned start, plus a word
  * of slack that gq_lds16's fifth read may touch. */
 template <int T> __host__ __device__ constexpr int gq_words() { return (gq<T>::SB * gq<T>::S + 15) / 16 + 2; }
-template <int T> constexpr size_t gq_smem_bytes() {
-    return (size_t)GEMVQ_WARPS * GEMVQ_STAGES * GEMVQ_ROWS * gq_words<T>() * 16;
+template <int T, int R> constexpr size_t gq_smem_bytes() {
+    return (size_t)GEMVQ_WARPS * GEMVQ_STAGES * R * gq_words<T>() * 16;
 }
 
 /* 16 bytes global -> shared, asynchronously; the first n read, the rest zero-filled
@@ -83,29 +87,29 @@ __device__ __forceinline__ float gq_half_plus(uint32_t b, int e) {
 
 /* s[r][t] += f[r] . x[t] over 8 elements at x (token rows `in` apart); sx[t] += sum x[t]
  * when SX. */
-template <int NB, bool SX>
-__device__ __forceinline__ void gq_fma8(const float (&f)[GEMVQ_ROWS][8], const uint16_t *x, int in,
-                                        float (&s)[GEMVQ_ROWS][NB], float (&sx)[NB]) {
+template <int NB, bool SX, int R>
+__device__ __forceinline__ void gq_fma8(const float (&f)[R][8], const uint16_t *x, int in,
+                                        float (&s)[R][NB], float (&sx)[NB]) {
 #pragma unroll
     for (int t = 0; t < NB; t++) {
         float xf[8];
         k_bf16x8(__ldg((const uint4 *)(x + (size_t)t * in)), xf);
         if (SX) sx[t] += ((xf[0] + xf[1]) + (xf[2] + xf[3])) + ((xf[4] + xf[5]) + (xf[6] + xf[7]));
 #pragma unroll
-        for (int r = 0; r < GEMVQ_ROWS; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int e = 0; e < 8; e++) s[r][t] = fmaf(f[r][e], xf[e], s[r][t]);
     }
 }
 
 /* A part decoder's partial sums: s[r][t] of f . x, sx[t] of x. */
-template <int NB>
-__device__ __forceinline__ void gq_clear(float (&s)[GEMVQ_ROWS][NB], float (&sx)[NB]) {
+template <int NB, int R>
+__device__ __forceinline__ void gq_clear(float (&s)[R][NB], float (&sx)[NB]) {
 #pragma unroll
     for (int t = 0; t < NB; t++) {
         sx[t] = 0.f;
 #pragma unroll
-        for (int r = 0; r < GEMVQ_ROWS; r++) s[r][t] = 0.f;
+        for (int r = 0; r < R; r++) s[r][t] = 0.f;
     }
 }
 
@@ -113,28 +117,28 @@ __device__ __forceinline__ void gq_clear(float (&s)[GEMVQ_ROWS][NB], float (&sx)
 
 /* Q8_0: the part is the whole block (d, 32 int8). Codes + 128 go under the 2^23 magic:
  * exact integers, one byte_perm and one add each. */
-template <int NB>
-__device__ __forceinline__ void gq_part_q8_0(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
-                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
+template <int NB, int R>
+__device__ __forceinline__ void gq_part_q8_0(const uint8_t *const (&blk)[R], int p, const uint16_t *x,
+                                             int in, float (&acc)[R][NB]) {
     (void)p;
-    uint4 q[GEMVQ_ROWS][2];
-    float d[GEMVQ_ROWS];
+    uint4 q[R][2];
+    float d[R];
 #pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         d[r] = gq_h2f(*(const uint16_t *)blk[r]);
         q[r][0] = gq_lds16(blk[r] + 2);
         q[r][1] = gq_lds16(blk[r] + 18);
     }
-    float s[GEMVQ_ROWS][NB], sx[NB];
+    float s[R][NB], sx[NB];
 #pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NB; t++) s[r][t] = 0.f;
 #pragma unroll
     for (int g = 0; g < 4; g++) {   /* elements 8g .. 8g + 7 */
-        float f[GEMVQ_ROWS][8];
+        float f[R][8];
 #pragma unroll
-        for (int r = 0; r < GEMVQ_ROWS; r++) {
+        for (int r = 0; r < R; r++) {
             const uint4 v = q[r][g >> 1];
             const uint32_t lo = ((g & 1) ? v.z : v.x) ^ 0x80808080u, hi = ((g & 1) ? v.w : v.y) ^ 0x80808080u;
 #pragma unroll
@@ -146,7 +150,7 @@ __device__ __forceinline__ void gq_part_q8_0(const uint8_t *const (&blk)[GEMVQ_R
         gq_fma8<NB, false>(f, x + 8 * g, in, s, sx);
     }
 #pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NB; t++) acc[r][t] = fmaf(d[r], s[r][t], acc[r][t]);
 }
@@ -158,15 +162,15 @@ __device__ __forceinline__ void gq_part_q8_0(const uint8_t *const (&blk)[GEMVQ_R
  * Q5_K (Q5): the same parts with qs at 48 and a fifth bit from qh[l0 + i], bit 2j (low
  * nibbles) or 2j + 1 (high): the 5-bit code goes to bits 2..6 of a byte, f = 0.5 + q / 64,
  * so sum(q x) = 64 s - 32 sum(x). Both blocks are 16-aligned (144 = 9 x 16, 176 = 11 x 16). */
-template <int NB, bool Q5>
-__device__ __forceinline__ void gq_part_k45(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
-                                            int in, float (&acc)[GEMVQ_ROWS][NB]) {
+template <int NB, bool Q5, int R>
+__device__ __forceinline__ void gq_part_k45(const uint8_t *const (&blk)[R], int p, const uint16_t *x,
+                                            int in, float (&acc)[R][NB]) {
     const int j = p >> 1, l0 = (p & 1) * 16, sh = 16 * (j & 1);
     constexpr float QS = Q5 ? 64.f : 32.f;   /* sum(q x) = QS (s - sum(x) / 2) */
-    uint4 q[GEMVQ_ROWS], qh[GEMVQ_ROWS];
-    float ds[GEMVQ_ROWS][2], dm[GEMVQ_ROWS][2];
+    uint4 q[R], qh[R];
+    float ds[R][2], dm[R][2];
 #pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         const uint4 h = *(const uint4 *)blk[r];   /* d, dmin, scales[12] */
         q[r] = *(const uint4 *)(blk[r] + (Q5 ? 48 : 16) + 16 * p);
         qh[r] = Q5 ? *(const uint4 *)(blk[r] + 16 + l0) : make_uint4(0, 0, 0, 0);
@@ -178,13 +182,13 @@ __device__ __forceinline__ void gq_part_k45(const uint8_t *const (&blk)[GEMVQ_RO
     }
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {   /* low nibbles (sub-block 2j), then high (2j + 1) */
-        float s[GEMVQ_ROWS][NB], sx[NB];
+        float s[R][NB], sx[NB];
         gq_clear(s, sx);
 #pragma unroll
         for (int g = 0; g < 2; g++) {
-            float f[GEMVQ_ROWS][8];
+            float f[R][8];
 #pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 const uint32_t w[2] = {g ? q[r].z : q[r].x, g ? q[r].w : q[r].y};
                 const uint32_t u[2] = {g ? qh[r].z : qh[r].x, g ? qh[r].w : qh[r].y};
 #pragma unroll
@@ -201,7 +205,7 @@ __device__ __forceinline__ void gq_part_k45(const uint8_t *const (&blk)[GEMVQ_RO
             gq_fma8<NB, true>(f, x + 64 * j + 32 * hf + l0 + 8 * g, in, s, sx);
         }
 #pragma unroll
-        for (int r = 0; r < GEMVQ_ROWS; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NB; t++)
                 acc[r][t] += ds[r][hf] * (QS * s[r][t] - 0.5f * QS * sx[t]) - dm[r][hf] * sx[t];
@@ -213,14 +217,14 @@ __device__ __forceinline__ void gq_part_k45(const uint8_t *const (&blk)[GEMVQ_RO
  * qh bits 2a..2a+1) and u = a + 2 (high nibbles, bits 2a+4..2a+5), scales sc[8h + c + 2u].
  * The 6-bit code goes to bits 1..6 of a byte: f = 0.5 + q / 128, sum((q - 32) x) =
  * 128 s - 96 sum(x). */
-template <int NB>
-__device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x,
-                                             int in, float (&acc)[GEMVQ_ROWS][NB]) {
+template <int NB, int R>
+__device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[R], int p, const uint16_t *x,
+                                             int in, float (&acc)[R][NB]) {
     const int h = p >> 2, a = (p >> 1) & 1, c = p & 1;
-    uint4 ql[GEMVQ_ROWS], qh[GEMVQ_ROWS];
-    float dsc[GEMVQ_ROWS][2];
+    uint4 ql[R], qh[R];
+    float dsc[R][2];
 #pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         ql[r] = gq_lds16(blk[r] + 64 * h + 32 * a + 16 * c);
         qh[r] = gq_lds16(blk[r] + 128 + 32 * h + 16 * c);
         const float d = gq_h2f(*(const uint16_t *)(blk[r] + 208));
@@ -230,13 +234,13 @@ __device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[GEMVQ_R
     }
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {   /* u = a, then u = a + 2 */
-        float s[GEMVQ_ROWS][NB], sx[NB];
+        float s[R][NB], sx[NB];
         gq_clear(s, sx);
 #pragma unroll
         for (int g = 0; g < 2; g++) {
-            float f[GEMVQ_ROWS][8];
+            float f[R][8];
 #pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 const uint32_t l[2] = {g ? ql[r].z : ql[r].x, g ? ql[r].w : ql[r].y};
                 const uint32_t u[2] = {g ? qh[r].z : qh[r].x, g ? qh[r].w : qh[r].y};
 #pragma unroll
@@ -251,7 +255,7 @@ __device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[GEMVQ_R
             gq_fma8<NB, true>(f, x + 128 * h + 32 * (a + 2 * hf) + 16 * c + 8 * g, in, s, sx);
         }
 #pragma unroll
-        for (int r = 0; r < GEMVQ_ROWS; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NB; t++) acc[r][t] += dsc[r][hf] * (128.f * s[r][t] - 96.f * sx[t]);
     }
@@ -260,26 +264,26 @@ __device__ __forceinline__ void gq_part_q6_k(const uint8_t *const (&blk)[GEMVQ_R
 /* Q4_0 / Q4_1: the part is the whole block (d [, m], 16 bytes of nibbles: the low ones are
  * elements 0..15, the high ones 16..31). f = 0.5 + q / 32 as in Q4_K, so sum(q x) =
  * 32 s - 16 sum(x); Q4_0's x = d (q - 8), Q4_1's x = d q + m. */
-template <int NB, bool MIN>
-__device__ __forceinline__ void gq_part_q4_01(const uint8_t *const (&blk)[GEMVQ_ROWS], const uint16_t *x, int in,
-                                              float (&acc)[GEMVQ_ROWS][NB]) {
-    uint4 q[GEMVQ_ROWS];
-    float d[GEMVQ_ROWS], m[GEMVQ_ROWS];
+template <int NB, bool MIN, int R>
+__device__ __forceinline__ void gq_part_q4_01(const uint8_t *const (&blk)[R], const uint16_t *x, int in,
+                                              float (&acc)[R][NB]) {
+    uint4 q[R];
+    float d[R], m[R];
 #pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         d[r] = gq_h2f(*(const uint16_t *)blk[r]);
         m[r] = MIN ? gq_h2f(*(const uint16_t *)(blk[r] + 2)) : 0.f;
         q[r] = gq_lds16(blk[r] + (MIN ? 4 : 2));
     }
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        float s[GEMVQ_ROWS][NB], sx[NB];
+        float s[R][NB], sx[NB];
         gq_clear(s, sx);
 #pragma unroll
         for (int g = 0; g < 2; g++) {
-            float f[GEMVQ_ROWS][8];
+            float f[R][8];
 #pragma unroll
-            for (int r = 0; r < GEMVQ_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 const uint32_t w0 = g ? q[r].z : q[r].x, w1 = g ? q[r].w : q[r].y;
                 const uint32_t b0 = (hf ? w0 >> 1 : w0 << 3) & 0x78787878u, b1 = (hf ? w1 >> 1 : w1 << 3) & 0x78787878u;
 #pragma unroll
@@ -291,7 +295,7 @@ __device__ __forceinline__ void gq_part_q4_01(const uint8_t *const (&blk)[GEMVQ_
             gq_fma8<NB, true>(f, x + 16 * hf + 8 * g, in, s, sx);
         }
 #pragma unroll
-        for (int r = 0; r < GEMVQ_ROWS; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NB; t++)
                 acc[r][t] += MIN ? d[r] * (32.f * s[r][t] - 16.f * sx[t]) + m[r] * sx[t]
@@ -299,9 +303,9 @@ __device__ __forceinline__ void gq_part_q4_01(const uint8_t *const (&blk)[GEMVQ_
     }
 }
 
-template <int T, int NB>
-__device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[GEMVQ_ROWS], int p, const uint16_t *x, int in,
-                                        float (&acc)[GEMVQ_ROWS][NB]) {
+template <int T, int NB, int R>
+__device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[R], int p, const uint16_t *x, int in,
+                                        float (&acc)[R][NB]) {
     if (T == QB_Q8_0) gq_part_q8_0<NB>(blk, p, x, in, acc);
     else if (T == QB_Q4_0) gq_part_q4_01<NB, false>(blk, x, in, acc);
     else if (T == QB_Q4_1) gq_part_q4_01<NB, true>(blk, x, in, acc);
@@ -311,17 +315,17 @@ __device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[GEMVQ_ROWS],
 }
 
 /* Copy step s of this warp's rows into its stage buffer s % GEMVQ_STAGES. */
-template <int T>
-__device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t row_bytes, const int (&row)[GEMVQ_ROWS],
+template <int T, int R>
+__device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t row_bytes, const int (&row)[R],
                                          int kb0, int kb1, int s, uint4 *buf, int lane) {
     constexpr int S = gq<T>::S, SB = gq<T>::SB, WORDS = gq_words<T>();
     const int b0 = kb0 + s * SB, b1 = min(kb1, b0 + SB);
 #pragma unroll
-    for (int r = 0; r < GEMVQ_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         const size_t gs = (size_t)row[r] * row_bytes + (size_t)b0 * S, ge = (size_t)row[r] * row_bytes + (size_t)b1 * S;
         const size_t w0 = gs >> 4;
         const int nw = (int)(((ge + 15) >> 4) - w0);
-        uint4 *dst = buf + ((s % GEMVQ_STAGES) * GEMVQ_ROWS + r) * WORDS;
+        uint4 *dst = buf + ((s % GEMVQ_STAGES) * R + r) * WORDS;
         for (int l = lane; l < nw; l += 32) {
             const size_t off = (w0 + (size_t)l) * 16;
             if (total - off >= 16) {
@@ -336,14 +340,14 @@ __device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t 
     }
 }
 
-/* Block: GEMVQ_WARPS warps, ks_n of them per unit of GEMVQ_ROWS rows, warp ks taking
+/* Block: GEMVQ_WARPS warps, ks_n of them per unit of R rows, warp ks taking
  * blocks [nb ks / ks_n, nb (ks + 1) / ks_n) of each row. */
-template <int T, int NB>
+template <int T, int NB, int R>
 __global__ void __launch_bounds__(GEMVQ_WARPS * 32)
 gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in, int ks_n,
               int accumulate) {
     constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, LPB = 32 / SB, WORDS = gq_words<T>();
-    constexpr int R = GEMVQ_ROWS, P = GEMVQ_STAGES;
+    constexpr int P = GEMVQ_STAGES;
     extern __shared__ uint4 gq_smem[];
     __shared__ float red[GEMVQ_WARPS][R * NB];
     k_pdl_trigger();
@@ -415,21 +419,28 @@ static int gemvq_ksplit(int units, int nb, int sb) {
     return ks;
 }
 
-template <int T, int NB>
-static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int accumulate,
+template <int T, int NB, int R>
+static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int accumulate,
                            cudaStream_t s) {
     static bool smem_set = false;
-    const size_t smem = gq_smem_bytes<T>();
+    const size_t smem = gq_smem_bytes<T, R>();
     if (!smem_set) {
-        if (cudaFuncSetAttribute(gemv_q_kernel<T, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+        if (cudaFuncSetAttribute(gemv_q_kernel<T, NB, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
             cudaSuccess)
             return -1;
         smem_set = true;
     }
-    const int units = (out + GEMVQ_ROWS - 1) / GEMVQ_ROWS, ks = gemvq_ksplit(units, in / gq<T>::E, gq<T>::SB);
+    const int units = (out + R - 1) / R, ks = gemvq_ksplit(units, in / gq<T>::E, gq<T>::SB);
     const int upb = GEMVQ_WARPS / ks;
-    return k_launch(gemv_q_kernel<T, NB>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W, X, Y,
+    return k_launch(gemv_q_kernel<T, NB, R>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W, X, Y,
                     out, in, ks, accumulate);
+}
+
+template <int T, int NB>
+static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int accumulate,
+                           cudaStream_t s) {
+    if (k_tuning_get()->gemvq_rows == 4) return gemv_q_launch_r<T, NB, 4>(W, X, Y, out, in, accumulate, s);
+    return gemv_q_launch_r<T, NB, GEMVQ_ROWS>(W, X, Y, out, in, accumulate, s);
 }
 
 template <int T>

@@ -37,6 +37,7 @@ typedef struct {
     int attn_tiled;   /* 1: decode rows on the tiled kernel, not the decode kernel */
     int attn_dec;     /* SPECD_ATTN_DEC: decode attention over many (row, KV head) pairs, which form
                        * (attention.cu; 0 the default, 1 and 2 for A/B) */
+    int gemvq_rows;   /* k_gemv_q's rows per warp: 4, or 2 for anything else (gemv_q.cu) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

@@ -582,8 +582,27 @@ static void test_gemv_q_matches_host_decode(void **state) {
  * bytes) and Q6_K rows of 3 or 10 blocks (630, 2100 bytes) start at every even offset mod
  * 16, and their matrices end inside a 16-byte word (the zero-filled last copy). The
  * larger shapes split K over 2-4 warps with a partial last step. */
+static void every_type_and_token_count(void);
+
+/* k_gemv_q's rows per warp (k_tuning.gemvq_rows), the other switches at their defaults
+ * (as this test runs them). */
+static void set_gemvq_rows(int rows) {
+    k_tuning t = k_tuning_default;
+    t.gemvq_rows = rows;
+    k_set_tuning(&t);
+}
+
+/* ... at the default 2 rows per warp and at 4 (SPECD_CUDA_GEMVQ_ROWS=4). */
 static void test_gemv_q_every_type_and_token_count(void **state) {
     (void)state;
+    every_type_and_token_count();
+    set_gemvq_rows(4);
+    printf("  -- rows per warp 4\n");
+    every_type_and_token_count();
+    set_gemvq_rows(k_tuning_default.gemvq_rows);
+}
+
+static void every_type_and_token_count(void) {
     const int types[6] = {QB_Q8_0, QB_Q4_K, QB_Q6_K, QB_Q4_0, QB_Q4_1, QB_Q5_K};
     for (int i = 0; i < 6; i++)
         for (int n = 1; n <= K_GEMV_MAX_N; n++) check_gemv_q(types[i], 37 + 2 * n, qb_elems(types[i]) == 32 ? 96 : 768, n);
@@ -842,12 +861,17 @@ static void test_gemv_q_bandwidth_report(void **state) {
         uint16_t *dX = gu_upload(X, (size_t)in * 2);
         float *dY = gu_dev(sizeof(float) * out);
         const double bf = bench_one(0, out, in, dX, dY, 0);
-        bench_one(QB_Q8_0, out, in, dX, dY, bf);
-        bench_one(QB_Q4_K, out, in, dX, dY, bf);
-        bench_one(QB_Q6_K, out, in, dX, dY, bf);
-        bench_one(QB_Q4_0, out, in, dX, dY, bf);
-        bench_one(QB_Q4_1, out, in, dX, dY, bf);
-        bench_one(QB_Q5_K, out, in, dX, dY, bf);
+        for (int rows = 2; rows <= 4; rows += 2) {   /* k_tuning.gemvq_rows: the default, then 4 */
+            set_gemvq_rows(rows);
+            printf("  (rows per warp %d)\n", rows);
+            bench_one(QB_Q8_0, out, in, dX, dY, bf);
+            bench_one(QB_Q4_K, out, in, dX, dY, bf);
+            bench_one(QB_Q6_K, out, in, dX, dY, bf);
+            bench_one(QB_Q4_0, out, in, dX, dY, bf);
+            bench_one(QB_Q4_1, out, in, dX, dY, bf);
+            bench_one(QB_Q5_K, out, in, dX, dY, bf);
+        }
+        set_gemvq_rows(k_tuning_default.gemvq_rows);
         cudaFree(dX), cudaFree(dY);
         free(X);
     }

@@ -36,9 +36,11 @@
 
 #define GEMVQ_WARPS 8
 /* Rows per warp (template R): each activation load and unpack serves all of them, so more
- * rows spend fewer instructions per weight (batch 1 is instruction-bound at 2 rows: about
- * 7 per weight against ~3 that the copy roofline allows) at the price of registers and
- * staging memory. k_tuning.gemvq_rows picks 2 (GEMVQ_ROWS, the default) or 4. */
+ * rows spend fewer instructions per weight, at the price of registers and staging memory.
+ * (Counted from the source, not profiled: at 2 rows a weight costs about 7 instructions,
+ * half of them unpacking activations, where the copy roofline leaves room for about 3 at
+ * batch 1; the measured GEMV runs at 20-35% of that roofline.) k_tuning.gemvq_rows picks
+ * 2 (GEMVQ_ROWS, the default) or 4. */
 #define GEMVQ_ROWS 2
 #define GEMVQ_STAGES 3   /* shared-memory steps per warp: two in flight while one is used */
 

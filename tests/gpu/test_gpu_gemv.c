@@ -501,59 +501,102 @@ static void random_blocks(int t, uint8_t *W, size_t bytes) {
     }
 }
 
-/* k_gemv_q on random blocks of type t (out rows of `in` elements) and n tokens, overwrite
- * and accumulate, against the host decode (quant_blocks.h, checked against ggml_dequantize
- * by tests/test_quant_blocks.c) and a double dot; rows past n and the guard untouched. */
-static void check_gemv_q(int t, int out, int in, int n) {
+/* A quantized product to check: random blocks of type t (out rows of `in` elements), n
+ * random token rows, a random prior Y for accumulation, and the reference: a double dot of
+ * the host decode (quant_blocks.h, checked against ggml_dequantize by
+ * tests/test_quant_blocks.c), each weight first rounded to bf16 when bf16w. */
+typedef struct {
+    int t, out, in, n;
+    size_t wbytes, outn;
+    uint8_t *W;
+    uint16_t *X;
+    float *y0, *Y;
+    double *ref;
+    void *dW, *dX;
+} qprob;
+
+
+static qprob qprob_make(int t, int out, int in, int n, int bf16w) {
     const int E = qb_elems(t), S = qb_bytes(t);
-    const size_t wbytes = (size_t)out * (in / E) * S, outn = (size_t)n * out, guard = 64;
-    uint8_t *W = malloc(wbytes);
-    random_blocks(t, W, wbytes);
-    uint16_t *X = malloc((size_t)n * in * 2);
-    fill_bf(X, (size_t)n * in, -1.f, 1.f);
-    float *w = malloc(sizeof(float) * (size_t)in), *y0 = malloc(sizeof(float) * outn);
-    float *Y = malloc(sizeof(float) * (outn + guard));
-    double *ref = malloc(sizeof(double) * outn);
+    qprob q = {.t = t, .out = out, .in = in, .n = n, .wbytes = (size_t)out * (in / E) * S, .outn = (size_t)n * out};
+    q.W = malloc(q.wbytes);
+    random_blocks(t, q.W, q.wbytes);
+    q.X = malloc((size_t)n * in * 2);
+    fill_bf(q.X, (size_t)n * in, -1.f, 1.f);
+    float *w = malloc(sizeof(float) * (size_t)in);
+    q.y0 = malloc(sizeof(float) * q.outn);
+    q.Y = malloc(sizeof(float) * (q.outn + GUARD));
+    q.ref = malloc(sizeof(double) * q.outn);
     for (int o = 0; o < out; o++) {
-        for (int k = 0; k < in; k += 8) qb_decode8(t, W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int k = 0; k < in; k += 8) qb_decode8(t, q.W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int k = 0; bf16w && k < in; k++) w[k] = gu_bf2f(gu_f2bf(w[k]));
         for (int b = 0; b < n; b++) {
             double acc = 0;
-            for (int k = 0; k < in; k++) acc += (double)w[k] * gu_bf2f(X[(size_t)b * in + k]);
-            ref[(size_t)b * out + o] = acc;
+            for (int k = 0; k < in; k++) acc += (double)w[k] * gu_bf2f(q.X[(size_t)b * in + k]);
+            q.ref[(size_t)b * out + o] = acc;
         }
     }
-    fill(y0, outn, -1.f, 1.f);
-    void *dW = gu_upload(W, wbytes), *dX = gu_upload(X, (size_t)n * in * 2);
+    free(w);
+    fill(q.y0, q.outn, -1.f, 1.f);
+    q.dW = gu_upload(q.W, q.wbytes);
+    q.dX = gu_upload(q.X, (size_t)n * in * 2);
+    return q;
+}
+
+static void qprob_free(qprob *q) {
+    cudaFree(q->dW), cudaFree(q->dX);
+    free(q->W), free(q->X), free(q->y0), free(q->Y), free(q->ref);
+}
+
+/* A NaN-poisoned output for one run (the prior Y in it when accumulating). */
+static float *qprob_out(const qprob *q, int accumulate) {
+    float *dY = gu_dev(sizeof(float) * (q->outn + GUARD));
+    if (accumulate) GPU_CHECK(cudaMemcpy(dY, q->y0, sizeof(float) * q->outn, cudaMemcpyHostToDevice));
+    return dY;
+}
+
+/* The run's output against the reference (plus the prior Y when accumulating): every
+ * element written, the guard untouched, max error / max |reference| below 1e-4; frees
+ * dY and returns that relative error. */
+static double qprob_check(qprob *q, float *dY, int accumulate, const char *what) {
+    gu_download(q->Y, dY, sizeof(float) * (q->outn + GUARD));
+    cudaFree(dY);
+    double me = 0, mr = 0;
+    for (size_t i = 0; i < q->outn; i++) {
+        double r = q->ref[i] + (accumulate ? q->y0[i] : 0.0);
+        assert_false(isnan(q->Y[i]));
+        me = fmax(me, fabs(q->Y[i] - r));
+        mr = fmax(mr, fabs(r));
+    }
+    for (size_t i = q->outn; i < q->outn + GUARD; i++) assert_true(isnan(q->Y[i]));
+    printf("  %s type %d out %d in %d n %d acc %d: rel err %.2e\n", what, q->t, q->out, q->in, q->n, accumulate,
+           me / mr);
+    assert_true(me / mr < 1e-4);
+    return me / mr;
+}
+
+/* k_gemv_q, overwrite and accumulate, against the host decode; then k_dequant_q's bf16
+ * copy element for element against the host decode rounded to bf16. */
+static void check_gemv_q(int t, int out, int in, int n) {
+    qprob q = qprob_make(t, out, in, n, 0);
     for (int accumulate = 0; accumulate < 2; accumulate++) {
-        void *dY = gu_dev(sizeof(float) * (outn + guard));   /* NaN-poisoned */
-        if (accumulate) GPU_CHECK(cudaMemcpy(dY, y0, sizeof(float) * outn, cudaMemcpyHostToDevice));
-        assert_int_equal(k_gemv_q(t, dW, dX, dY, out, in, n, accumulate, 0), 0);
-        gu_download(Y, dY, sizeof(float) * (outn + guard));
-        double me = 0, mr = 0;
-        for (size_t i = 0; i < outn; i++) {
-            double r = ref[i] + (accumulate ? y0[i] : 0.0);
-            assert_false(isnan(Y[i]));
-            me = fmax(me, fabs(Y[i] - r));
-            mr = fmax(mr, fabs(r));
-        }
-        for (size_t i = outn; i < outn + guard; i++) assert_true(isnan(Y[i]));
-        printf("  gemv_q type %d out %d in %d n %d acc %d: rel err %.2e\n", t, out, in, n, accumulate, me / mr);
-        assert_true(me / mr < 1e-4);
-        cudaFree(dY);
+        float *dY = qprob_out(&q, accumulate);
+        assert_int_equal(k_gemv_q(t, q.dW, q.dX, dY, out, in, n, accumulate, 0), 0);
+        qprob_check(&q, dY, accumulate, "gemv_q");
     }
-    /* k_dequant_q: the bf16 copy equals the host decode rounded to bf16, element for element */
+    const int E = qb_elems(t), S = qb_bytes(t);
     uint16_t *dB = gu_dev((size_t)out * in * 2), *B = malloc((size_t)out * in * 2);
-    assert_int_equal(k_dequant_q(t, dW, dB, out, in, 0), 0);
+    float *w = malloc(sizeof(float) * (size_t)in);
+    assert_int_equal(k_dequant_q(t, q.dW, dB, out, in, 0), 0);
     gu_download(B, dB, (size_t)out * in * 2);
     long bad = 0;
     for (int o = 0; o < out; o++) {
-        for (int k = 0; k < in; k += 8) qb_decode8(t, W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int k = 0; k < in; k += 8) qb_decode8(t, q.W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
         for (int k = 0; k < in; k++) bad += B[(size_t)o * in + k] != gu_f2bf(w[k]);
     }
     assert_int_equal(bad, 0);
-    cudaFree(dB), free(B);
-    cudaFree(dW), cudaFree(dX);
-    free(W), free(X), free(w), free(y0), free(Y), free(ref);
+    cudaFree(dB), free(B), free(w);
+    qprob_free(&q);
 }
 
 static void test_gemv_q_matches_host_decode(void **state) {
@@ -617,56 +660,23 @@ static void every_type_and_token_count(void) {
     check_gemv_q(QB_Q4_K, 1, 256, 1);       /* one row: the warp's second row is past out */
 }
 
-/* k_gemm_q (kernels/gemm_q.cu) on random blocks of type t and n token rows, overwrite and
- * accumulate, with a workspace (the reduction split where the tiles are few) and without:
- * against a double dot of the host decode rounded to bf16 (as the kernel rounds each
- * weight); rows past n and the guard stay poisoned. Returns the worst relative error. */
+/* k_gemm_q (kernels/gemm_q.cu), overwrite and accumulate, with a workspace (the
+ * reduction split where the tiles are few) and without, against the host decode rounded
+ * to bf16 (as the kernel rounds each weight). Returns the worst relative error. */
 static double check_gemm_q(int t, int out, int in, int n) {
-    const int E = qb_elems(t), S = qb_bytes(t);
-    const size_t wbytes = (size_t)out * (in / E) * S, outn = (size_t)n * out, guard = 64;
-    uint8_t *W = malloc(wbytes);
-    random_blocks(t, W, wbytes);
-    uint16_t *X = malloc((size_t)n * in * 2);
-    fill_bf(X, (size_t)n * in, -1.f, 1.f);
-    float *w = malloc(sizeof(float) * (size_t)in), *y0 = malloc(sizeof(float) * outn);
-    float *Y = malloc(sizeof(float) * (outn + guard));
-    double *ref = malloc(sizeof(double) * outn);
-    for (int o = 0; o < out; o++) {
-        for (int k = 0; k < in; k += 8) qb_decode8(t, W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
-        for (int k = 0; k < in; k++) w[k] = gu_bf2f(gu_f2bf(w[k]));
-        for (int b = 0; b < n; b++) {
-            double acc = 0;
-            for (int k = 0; k < in; k++) acc += (double)w[k] * gu_bf2f(X[(size_t)b * in + k]);
-            ref[(size_t)b * out + o] = acc;
-        }
-    }
-    fill(y0, outn, -1.f, 1.f);
-    const size_t ws_bytes = 16 * outn * sizeof(float);
-    void *dW = gu_upload(W, wbytes), *dX = gu_upload(X, (size_t)n * in * 2), *dws = gu_dev(ws_bytes);
+    qprob q = qprob_make(t, out, in, n, 1);
+    const size_t ws_bytes = 16 * q.outn * sizeof(float);
+    float *dws = gu_dev(ws_bytes);
     double worst = 0;
     for (int with_ws = 0; with_ws < 2; with_ws++)
         for (int accumulate = 0; accumulate < 2; accumulate++) {
-            void *dY = gu_dev(sizeof(float) * (outn + guard));   /* NaN-poisoned */
-            if (accumulate) GPU_CHECK(cudaMemcpy(dY, y0, sizeof(float) * outn, cudaMemcpyHostToDevice));
-            assert_int_equal(k_gemm_q(t, dW, dX, dY, out, in, n, accumulate, with_ws ? dws : NULL,
+            float *dY = qprob_out(&q, accumulate);
+            assert_int_equal(k_gemm_q(t, q.dW, q.dX, dY, out, in, n, accumulate, with_ws ? dws : NULL,
                                       with_ws ? ws_bytes : 0, 0), 0);
-            gu_download(Y, dY, sizeof(float) * (outn + guard));
-            double me = 0, mr = 0;
-            for (size_t i = 0; i < outn; i++) {
-                double r = ref[i] + (accumulate ? y0[i] : 0.0);
-                assert_false(isnan(Y[i]));
-                me = fmax(me, fabs(Y[i] - r));
-                mr = fmax(mr, fabs(r));
-            }
-            for (size_t i = outn; i < outn + guard; i++) assert_true(isnan(Y[i]));
-            printf("  gemm_q type %d out %d in %d n %d ws %d acc %d: rel err %.2e\n", t, out, in, n, with_ws, accumulate,
-                   me / mr);
-            assert_true(me / mr < 1e-4);
-            worst = fmax(worst, me / mr);
-            cudaFree(dY);
+            worst = fmax(worst, qprob_check(&q, dY, accumulate, with_ws ? "gemm_q (workspace)" : "gemm_q"));
         }
-    cudaFree(dW), cudaFree(dX), cudaFree(dws);
-    free(W), free(X), free(w), free(y0), free(Y), free(ref);
+    cudaFree(dws);
+    qprob_free(&q);
     return worst;
 }
 
@@ -694,13 +704,14 @@ static void test_gemm_q_matches_host_decode(void **state) {
     cudaFree(d), cudaFree(f);
 }
 
-/* Mean microseconds of fn over rotating matrix copies (two passes, the first warms up). */
+/* Mean microseconds of fn over rotating matrix copies, at least min_iters calls (two
+ * passes, the first warms up). */
 typedef void (*gq_fn)(void *ctx, const uint8_t *W);
-static double time_copies(gq_fn fn, void *ctx, uint8_t *const *W, int copies) {
+static double time_copies(gq_fn fn, void *ctx, uint8_t *const *W, int copies, int min_iters) {
     cudaEvent_t a, b;
     GPU_CHECK(cudaEventCreate(&a));
     GPU_CHECK(cudaEventCreate(&b));
-    const int iters = copies * (copies < 50 ? (50 + copies - 1) / copies : 1);
+    const int iters = copies * (copies < min_iters ? (min_iters + copies - 1) / copies : 1);
     for (int pass = 0; pass < 2; pass++) {
         GPU_CHECK(cudaEventRecord(a, 0));
         for (int i = 0; i < iters; i++) fn(ctx, W[i % copies]);
@@ -776,8 +787,8 @@ static void test_gemm_q_speed_report(void **state) {
             for (int k = 0; k < 4; k++) Q[k] = gu_upload(hq, qbytes);
             for (int ni = 0; ni < 4; ni++) {
                 c.n = ns[ni];
-                const double tc = time_copies(run_tc, &c, Q, 4), sc = time_copies(run_scratch, &c, Q, 4);
-                const double bf = time_copies(run_bf16, &c, B, 4);
+                const double tc = time_copies(run_tc, &c, Q, 4, 50), sc = time_copies(run_scratch, &c, Q, 4, 50);
+                const double bf = time_copies(run_bf16, &c, B, 4, 50);
                 const double flops = 2.0 * c.n * c.out * c.in;
                 printf("  bench gemm_q out %5d in %5d type %2d n %3d: tc %8.2f us (%5.1f TFLOP/s, %6.1f GB/s of blocks)"
                        "  dequant+cublas %8.2f us  bf16 cublas %8.2f us  tc/bf16 %.2fx\n",
@@ -795,27 +806,18 @@ static void test_gemm_q_speed_report(void **state) {
 
 /* ---- timing (read from the log; asserts only that the launches succeed) ---------------- */
 
+static void run_gemv1(void *p, const uint8_t *W) {   /* batch 1; type 0: k_gemv_bf16 */
+    const gq_ctx *c = p;
+    assert_int_equal(c->type ? k_gemv_q(c->type, W, c->X, c->Y, c->out, c->in, 1, 0, 0)
+                             : k_gemv_bf16((const uint16_t *)W, c->X, c->Y, c->out, c->in, 1, 0, 0),
+                     0);
+}
+
 /* Mean microseconds per batch-1 launch (type 0: k_gemv_bf16), rotating over `copies`
  * copies of the matrix (so the 50 MB L2 holds none of them between uses). */
 static double time_gemv(int type, uint8_t *const *W, int copies, const uint16_t *X, float *Y, int out, int in) {
-    cudaEvent_t a, b;
-    GPU_CHECK(cudaEventCreate(&a));
-    GPU_CHECK(cudaEventCreate(&b));
-    const int iters = copies * (copies < 100 ? (100 + copies - 1) / copies : 1);
-    for (int pass = 0; pass < 2; pass++) {   /* the first pass warms up */
-        GPU_CHECK(cudaEventRecord(a, 0));
-        for (int i = 0; i < iters; i++) {
-            const uint8_t *w = W[i % copies];
-            int rc = type ? k_gemv_q(type, w, X, Y, out, in, 1, 0, 0) : k_gemv_bf16((const uint16_t *)w, X, Y, out, in, 1, 0, 0);
-            assert_int_equal(rc, 0);
-        }
-        GPU_CHECK(cudaEventRecord(b, 0));
-        GPU_CHECK(cudaEventSynchronize(b));
-    }
-    float ms = 0;
-    GPU_CHECK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return 1e3 * ms / iters;
+    gq_ctx c = {.type = type, .out = out, .in = in, .n = 1, .X = X, .Y = Y};
+    return time_copies(run_gemv1, &c, W, copies, 100);
 }
 
 static double bench_one(int type, int out, int in, const uint16_t *dX, float *dY, double bf16_us) {

@@ -195,7 +195,7 @@ __device__ void top_n(const float *x, int vocab, int n, float xmax, float log_se
 
 __global__ void __launch_bounds__(SAMPLE_NT)
 sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *out_tok, float *out_logprob,
-              int32_t *out_top_ids, float *out_top_lps) {
+              int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank) {
     __shared__ float hist[256];
     __shared__ float red[32];
     __shared__ float wv[32];
@@ -204,7 +204,7 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     const int row = blockIdx.x, tid = threadIdx.x;
     float *x = logits + (size_t)row * vocab;
     const k_sample_params p = params[row];
-    const bool adjusted = has_adjust(p);
+    const bool adjusted = !p.force && has_adjust(p);
 
     /* 0. the adjustments, in place */
     if (adjusted) adjust_row<SAMPLE_NT>(x, vocab, p);
@@ -213,9 +213,9 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     float xmax;
     const int argmax = sample_block_argmax<SAMPLE_NT>(x, vocab, wv, wi, &xmax);
 
-    int tok = argmax;
+    int tok = p.force ? p.force_tok : argmax;
     const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
-    if (!greedy) {
+    if (!greedy && !p.force) {
         const sample_keep keep = sample_kept_set<SAMPLE_NT>(x, vocab, p, xmax, hist, red);
         float total;
         tok = sample_block_draw<SAMPLE_NT>(vocab, keep, k_philox_u01(p.seed, p.counter), argmax, &total);
@@ -237,14 +237,22 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
             top_n<SAMPLE_NT>(x, vocab, n_top, xmax, log_se, hist, out_top_ids + (size_t)row * K_MAX_TOP,
                              out_top_lps + (size_t)row * K_MAX_TOP);
     }
+    if (p.force && out_rank) {   /* (a count below 2^24: exact in a float sum) */
+        const float xt = x[tok];
+        float above = 0.f;
+        for (int i = tid; i < vocab; i += SAMPLE_NT) above += x[i] > xt ? 1.f : 0.f;
+        above = k_block_sum(above, red);
+        if (tid == 0) out_rank[row] = 1 + (int32_t)above;
+    }
     if (tid == 0) out_tok[row] = tok;
 }
 
 extern "C" int k_sample(float *logits, int n, int vocab, const k_sample_params *p, int32_t *out_tok,
-                        float *out_logprob, int32_t *out_top_ids, float *out_top_lps, cudaStream_t s) {
+                        float *out_logprob, int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank,
+                        cudaStream_t s) {
     if (n < 0 || vocab <= 0) return -1;
     if (n == 0) return 0;
-    sample_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, vocab, p, out_tok, out_logprob, out_top_ids, out_top_lps);
+    sample_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, vocab, p, out_tok, out_logprob, out_top_ids, out_top_lps, out_rank);
     return K_LAUNCH_RESULT();
 }
 

@@ -307,6 +307,10 @@ typedef struct {
      * its id, or -1 when it applies nothing). */
     const int32_t *fed;
     int n_top;             /* top logprobs wanted, 0..K_MAX_TOP */
+    /* force != 0: the row's token is force_tok (in [0, vocab)), not drawn; no adjustments
+     * are applied (a prompt position whose logprob is wanted) */
+    int force;
+    int32_t force_tok;
 } k_sample_params;
 
 /* For each row r of logits [n, vocab] fp32: the row's logit adjustments (p.adj), then
@@ -319,9 +323,11 @@ typedef struct {
  * NULL) get the first min(p.n_top, vocab) of the row's largest logprobs of that
  * distribution, descending, ties to the lower id (engine/core/sample.c
  * sample_top_logprobs). One block per row; the top ids come from a radix select of the
- * n_top-th largest key and a block-wide scan in index order, without sorting the row. */
+ * n_top-th largest key and a block-wide scan in index order, without sorting the row.
+ * out_rank [n] (may be NULL): for rows with p.force, 1 + the ids whose logit is larger
+ * than the forced token's (other rows' entries are left as they are). */
 int k_sample(float *logits, int n, int vocab, const k_sample_params *p, int32_t *out_tok, float *out_logprob,
-             int32_t *out_top_ids, float *out_top_lps, cudaStream_t s);
+             int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank, cudaStream_t s);
 /* k_sample's first step alone, left applied (for tests): each row's adjustments in place;
  * their entries' v then hold the values they replaced. */
 int k_logit_adjust(float *logits, int n, int vocab, const k_sample_params *p, cudaStream_t s);

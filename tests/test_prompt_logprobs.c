@@ -2,7 +2,8 @@
  * the fixture models: each prompt token's logprob equals log_softmax(all_logits[i-1])
  * [prompt[i]] of HF transformers' fp32 reference, whole, in chunked prefill, and with the
  * prompt already in the prefix cache; they come with the event that ends the prompt;
- * max_tokens 0 ends ("length") after the prompt with no token. */
+ * max_tokens 0 ends ("length") after the prompt with no token. The runner's own prompt
+ * logprobs (forced rows of its sampling forward) equal the host's, bit for bit. */
 #include <math.h>
 #include <stdlib.h>
 #include <setjmp.h>
@@ -93,7 +94,10 @@ static void run_all(engine *e, int n, run_result *res) {
     }
 }
 
-static void add(engine *e, uint64_t id, const int32_t *ids, int n, int prompt_logprobs, int max_tokens) {
+/* record: the request's first-token logits kept (engine_add_ex), which keeps its sampling
+ * on the host: the reference path for the runner's own prompt logprobs. */
+static void add_ex(engine *e, uint64_t id, const int32_t *ids, int n, int prompt_logprobs, int max_tokens,
+                   int record) {
     engine_sampling sp;
     engine_sampling_defaults(&sp);
     sp.temperature = 0;
@@ -101,7 +105,11 @@ static void add(engine *e, uint64_t id, const int32_t *ids, int n, int prompt_lo
     sp.max_tokens = max_tokens;
     sp.prompt_logprobs = prompt_logprobs;
     char err[256] = "";
-    assert_int_equal(engine_add(e, id, ids, n, &sp, err, sizeof err), 0);
+    assert_int_equal(engine_add_ex(e, id, ids, n, &sp, record, err, sizeof err), 0);
+}
+
+static void add(engine *e, uint64_t id, const int32_t *ids, int n, int prompt_logprobs, int max_tokens) {
+    add_ex(e, id, ids, n, prompt_logprobs, max_tokens, 0);
 }
 
 /* Entry 0 has no logprob; entry i matches the reference, its top-N too (sorted, the top
@@ -260,10 +268,60 @@ static void test_long_prompts_share_the_logits_budget(void **st) {
     json_decref(gp.g);
 }
 
+/* Prompt logprobs computed by the runner where the logits are (forced rows of a sampling
+ * forward, runner.forced_tokens) equal the host's from the logits, bit for bit: logprob,
+ * rank, top ids and logprobs, and the tokens that follow; whole prompts and 5-token
+ * chunks, two requests at once. The host path is taken by the same requests with recorded
+ * first-token logits; the stats show which path ran. */
+static void test_prompt_logprobs_in_the_runner_equal_the_host_path(void **st) {
+    (void)st;
+    golden_prompt gp;
+    load_golden("llama-tiny", &gp);
+    const int chunks[2] = {2048, 5};
+    for (int c = 0; c < 2; c++) {
+        run_result a[2], b[2];
+        engine_stats sa, sb;
+        for (int host = 0; host < 2; host++) {
+            engine *e = open_engine("llama-tiny", chunks[c], 4);
+            add_ex(e, 0, gp.ids, gp.n, 5, 3, host);
+            add_ex(e, 1, gp.ids + 3, gp.n - 3, 0, 2, host);
+            run_all(e, 2, host ? b : a);
+            engine_get_stats(e, host ? &sb : &sa);
+            engine_destroy(e);
+        }
+        assert_true(sa.steps_forward_sampled > 0);    /* the runner took the prompt rows */
+        assert_int_equal(sb.steps_forward_sampled, 0);   /* the reference did not */
+        for (int q = 0; q < 2; q++) {
+            assert_non_null(a[q].prompt);
+            assert_non_null(b[q].prompt);
+            assert_int_equal(a[q].n_prompt, b[q].n_prompt);
+            assert_int_equal(a[q].n_out, b[q].n_out);
+            assert_memory_equal(a[q].out, b[q].out, sizeof(int32_t) * (size_t)a[q].n_out);
+            for (int i = 1; i < a[q].n_prompt; i++) {
+                const engine_token *x = &a[q].prompt[i], *y = &b[q].prompt[i];
+                assert_false(isnan(x->logprob));
+                assert_memory_equal(&x->logprob, &y->logprob, sizeof x->logprob);
+                assert_int_equal(x->rank, y->rank);
+                assert_int_equal(x->n_top, y->n_top);
+                assert_int_equal(x->n_top, q == 0 ? 5 : 0);
+                assert_memory_equal(x->top_ids, y->top_ids, sizeof(int32_t) * (size_t)x->n_top);
+                assert_memory_equal(x->top_logprobs, y->top_logprobs, sizeof(float) * (size_t)x->n_top);
+            }
+            free(a[q].prompt), free(b[q].prompt);
+        }
+        print_message("  llama-tiny, %d tokens a step: runner and host prompt logprobs equal (%llu steps sampled "
+                      "in the forward pass)\n", chunks[c], (unsigned long long)sa.steps_forward_sampled);
+    }
+    free(gp.ids);
+    free(gp.ref);
+    json_decref(gp.g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prompt_logprobs_match_hf_reference),
         cmocka_unit_test(test_long_prompts_share_the_logits_budget),
+        cmocka_unit_test(test_prompt_logprobs_in_the_runner_equal_the_host_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -266,7 +266,8 @@ static int dec_outs_alloc(dec_outs *d, int rows) {
     d->lp = malloc((size_t)rows * sizeof(float));
     d->top_ids = malloc((size_t)rows * RUNNER_MAX_TOP * sizeof(int32_t));
     d->top_lp = malloc((size_t)rows * RUNNER_MAX_TOP * sizeof(float));
-    return d->tok && d->lp && d->top_ids && d->top_lp ? 0 : SPECD_ENOMEM;
+    d->rank = malloc((size_t)rows * sizeof(int32_t));
+    return d->tok && d->lp && d->top_ids && d->top_lp && d->rank ? 0 : SPECD_ENOMEM;
 }
 
 static void dec_outs_free(dec_outs *d) {
@@ -274,6 +275,7 @@ static void dec_outs_free(dec_outs *d) {
     free(d->lp);
     free(d->top_ids);
     free(d->top_lp);
+    free(d->rank);
 }
 static int alloc_buffers(engine *e) {
     int B = e->cfg.max_batch, K = e->k, V = e->vocab;
@@ -298,7 +300,10 @@ static int alloc_buffers(engine *e) {
     e->dec_slots = malloc((size_t)B * sizeof(int));
     e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
     e->dec_prev = malloc((size_t)e->max_step_tokens * sizeof(int));
-    int outs_ok = dec_outs_alloc(&e->dec, B) == 0;
+    /* the composed step's sampling rows: one per row, or a prompt chunk's positions whose
+     * logprobs are wanted (ENGINE_PROMPT_LOGIT_ROWS beyond the rows at most) */
+    const int SR = B + ENGINE_PROMPT_LOGIT_ROWS;
+    int outs_ok = dec_outs_alloc(&e->dec, SR) == 0;
     for (int i = 0; i < 2; i++) {
         e->pend[i].plan = malloc((size_t)B * sizeof *e->pend[i].plan);
         e->pend[i].res = malloc((size_t)B * sizeof *e->pend[i].res);
@@ -306,7 +311,7 @@ static int alloc_buffers(engine *e) {
         outs_ok = outs_ok && e->pend[i].plan && e->pend[i].res && e->pend[i].dead &&
                   dec_outs_alloc(&e->pend[i].o, B) == 0;
     }
-    e->dec_sp = malloc((size_t)B * sizeof(runner_sampling));
+    e->dec_sp = malloc((size_t)SR * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
     e->spec_n = malloc((size_t)B * sizeof(int));
     e->spec_nd = malloc((size_t)B * sizeof(int));

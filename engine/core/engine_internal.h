@@ -88,6 +88,7 @@ typedef struct {
     float *lp;
     int32_t *top_ids;            /* (rows, RUNNER_MAX_TOP) */
     float *top_lp;
+    int32_t *rank;               /* forced rows' (prompt positions') ranks */
 } dec_outs;
 
 /* What one step did for a row (engine_step's run phase, whatever path ran it), applied by
@@ -186,8 +187,9 @@ struct engine {
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
     int *dec_slots;              /* on-device decode fast path: (max_batch) each */
     int32_t *dec_tokens;
-    dec_outs dec;                /* (max_batch) the decode op's sampled tokens, their
-                                  * logprobs, top logprobs (max_batch, RUNNER_MAX_TOP) */
+    dec_outs dec;                /* (max_batch + ENGINE_PROMPT_LOGIT_ROWS) the decode op's and
+                                  * a sampling forward's tokens, their logprobs, top
+                                  * logprobs (rows, RUNNER_MAX_TOP), prompt positions' ranks */
     int *dec_prev;               /* (max_step_tokens) runner_decode_batch.prev_row, or
                                   * runner_batch.prev_tok */
     pend_step pend[2];           /* async scheduling: the step in flight is pend[pend_cur]
@@ -200,7 +202,7 @@ struct engine {
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
     int *spec_n;                 /* (max_batch) */
     int *spec_nd;                /* (max_batch) drafts per row of a runner verify step */
-    runner_sampling *dec_sp;
+    runner_sampling *dec_sp;     /* (max_batch + ENGINE_PROMPT_LOGIT_ROWS) per sampling row */
     engine_event *events[2];     /* double-buffered: step N's events stay valid while */
     int cap_events[2];           /* step N+1 runs (the server processes them meanwhile) */
     int ev_cur;                  /* the buffer this step writes */

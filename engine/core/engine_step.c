@@ -435,7 +435,10 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
 }
 
 /* The one list of sampling features each path lacks: a request that uses one is sampled
- * on the host. Host-only everywhere: recorded logits, prompt logprobs, max_tokens 0. The
+ * on the host. Host-only everywhere: recorded logits, max_tokens 0. Prompt logprobs are a
+ * feature of the forward pass where the runner takes forced tokens (path_forces:
+ * runner.forced_tokens; each prompt position a row whose token is the next prompt token,
+ * its logprob, rank and top logprobs computed where the logits are). The
  * chosen token's logprob is a device feature where the path returns it (decode and the
  * forward pass do; the speculative steps do not). Logit bias, min_tokens (eos suppression),
  * presence / frequency / repetition penalties and top logprobs are device features where
@@ -445,8 +448,10 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
  * forward pass, runner.forward_masks), unless the row wants logprobs: those are reported
  * under the model's own distribution, as the host path computes them, and a device
  * sampler that masks first would report the masked one. */
-static int needs_host_sampling(const req *r, int path_has_logprob, int path_has_mask, int path_adjusts) {
-    if (r->record || r->pl || r->max_new <= 0) return 1;
+static int needs_host_sampling(const req *r, int path_has_logprob, int path_has_mask, int path_adjusts,
+                               int path_forces) {
+    if (r->record || (r->pl && (!path_forces || r->sp.prompt_logprobs > RUNNER_MAX_TOP)) || r->max_new <= 0)
+        return 1;
     if (r->m && (!path_has_mask || r->sp.logprobs >= 0)) return 1;
     if (r->sp.logprobs > (!path_has_logprob ? -1 : path_adjusts ? ENGINE_MAX_TOP_LOGPROBS : 0)) return 1;
     return !path_adjusts && (r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
@@ -494,7 +499,7 @@ static int device_decode_ok(const engine *e, int n) {
     if (!e->run->ops->decode || e->step_spec || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
-        if (!row_decodes(p) || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts))
+        if (!row_decodes(p) || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts, 0))
             return 0;
     }
     return 1;
@@ -504,9 +509,16 @@ static int device_decode_ok(const engine *e, int n) {
  * the device inside its forward pass, so no logits travel to the host. */
 static int forward_sampling_ok(const engine *e, int n) {
     if (!e->run->forward_samples || e->step_spec) return 0;
-    for (int i = 0; i < n; i++)
-        if (needs_host_sampling(e->plan[i].r, 1, e->run->forward_masks, e->run->sample_adjusts)) return 0;
-    return 1;
+    int prompt_rows = 0, masked = 0;
+    for (int i = 0; i < n; i++) {
+        const req *r = e->plan[i].r;
+        if (needs_host_sampling(r, 1, e->run->forward_masks, e->run->sample_adjusts, e->run->forced_tokens)) return 0;
+        prompt_rows |= r->pl != NULL;
+        masked |= r->m != NULL;
+    }
+    /* grammar masks have room for max_batch sampling rows (row_masks; the CUDA runner's
+     * mask staging too), which prompt positions would push constrained rows past */
+    return !(prompt_rows && masked);
 }
 
 /* Plan row i's token as the runner sampled it into e->dec.tok[j], unless its mask found
@@ -564,7 +576,7 @@ static int runner_spec_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0) ||
+        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0, 0) ||
             e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT) < r->seq.n_tokens - 2)
             return 0;
     }
@@ -607,7 +619,7 @@ static int runner_verify_possible(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (!row_decodes(p) || needs_host_sampling(p->r, 0, 0, 0) ||
+        if (!row_decodes(p) || needs_host_sampling(p->r, 0, 0, 0, 0) ||
             s->n_computed + K + 1 > run->cfg.max_seq_len)
             return 0;
     }
@@ -680,20 +692,42 @@ static void record_finished_logits(engine *e, req *r) {
 }
 
 /* Prompt logprobs of one prompt chunk (before n_computed advances): logits row j is
- * position n_computed + j and gives the logprob of the prompt token after it. */
-static void record_prompt_logprobs(engine *e, req *r, const row_plan *p) {
+ * position n_computed + j and gives the logprob of the prompt token after it. From the
+ * logits on the host, or (on_device) as the runner computed them for its forced rows
+ * (prompt_rows_sampling). */
+static void record_prompt_logprobs(engine *e, req *r, const row_plan *p, int on_device) {
     const sched_seq *s = &r->seq;
     for (int j = 0; j < p->pl_rows; j++) {
         int t = s->n_computed + j + 1;
         if (t >= s->n_prompt) break;
-        const float *lg = e->logits + (size_t)(p->pl_off + j) * e->vocab;
         engine_token *et = &r->pl[t];
+        const int o = p->pl_off + j, n_top = r->sp.prompt_logprobs > 0 ? r->sp.prompt_logprobs : 0;
+        if (on_device) {
+            et->logprob = e->dec.lp[o];
+            et->rank = e->dec.rank[o];
+            et->n_top = n_top < e->vocab ? n_top : e->vocab;
+            memcpy(et->top_ids, e->dec.top_ids + (size_t)o * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(int32_t));
+            memcpy(et->top_logprobs, e->dec.top_lp + (size_t)o * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(float));
+            continue;
+        }
+        const float *lg = e->logits + (size_t)o * e->vocab;
         et->logprob = sample_logprob(lg, e->vocab, s->tokens[t]);
-        et->rank = 1;
-        for (int v = 0; v < e->vocab; v++) et->rank += lg[v] > lg[s->tokens[t]];
-        et->n_top = r->sp.prompt_logprobs > 0
-                        ? sample_top_logprobs(lg, e->vocab, r->sp.prompt_logprobs, et->top_ids, et->top_logprobs)
-                        : 0;
+        et->rank = sample_rank(lg, e->vocab, s->tokens[t]);
+        et->n_top = n_top ? sample_top_logprobs(lg, e->vocab, n_top, et->top_ids, et->top_logprobs) : 0;
+    }
+}
+
+/* The runner's sampling rows of a prompt chunk whose logprobs are wanted: each position but
+ * one that ends the prompt is forced to the prompt token after it (the runner reports its
+ * logprob, rank and top logprobs); the one that ends the prompt samples the first token. */
+static void prompt_rows_sampling(engine *e, const row_plan *p) {
+    const req *r = p->r;
+    const sched_seq *s = &r->seq;
+    for (int j = 0; j < p->pl_rows; j++) {
+        const int t = s->n_computed + j + 1;
+        if (t >= s->n_prompt) break;   /* the last row: p->logits_off, sampled as any */
+        e->dec_sp[p->pl_off + j] = (runner_sampling){.force = 1, .force_token = s->tokens[t],
+                                                     .n_top = r->sp.prompt_logprobs > 0 ? r->sp.prompt_logprobs : 0};
     }
 }
 
@@ -772,6 +806,7 @@ static int composed_step(engine *e, int n) {
     if (on_device) {
         for (int i = 0; i < n; i++) {
             const row_plan *p = &e->plan[i];
+            if (p->pl_rows) prompt_rows_sampling(e, p);
             if (!p->target_logits) continue;
             e->dec_sp[p->logits_off] = device_sampling(p->r, 0);
             if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * vocab_mask_words(V);
@@ -785,6 +820,7 @@ static int composed_step(engine *e, int n) {
         tb.out_logprobs = e->dec.lp;
         tb.out_top_ids = e->dec.top_ids;
         tb.out_top_logprobs = e->dec.top_lp;
+        tb.out_ranks = e->dec.rank;
         e->st.steps_forward_sampled++;
     }
     if (n && (rc = runner_forward(e->run, &tb))) return rc;
@@ -797,7 +833,7 @@ static int composed_step(engine *e, int n) {
         if (p->spec) {
             accept_row(e, p, o);
         } else {
-            if (p->pl_rows) record_prompt_logprobs(e, r, p);
+            if (p->pl_rows) record_prompt_logprobs(e, r, p, on_device);
             o->fed = p->n_new;
             o->event = p->target_logits != 0;
             if (p->target_logits && r->max_new <= 0) {   /* max_tokens 0: the prompt only */
@@ -912,7 +948,7 @@ static int async_kind(const engine *e, int n) {
         const req *r = p->r;
         /* penalties read the row's output counts, which lack the token the step in flight
          * samples: the runner counts it (runner_sampling.stats_fed) where it can */
-        if (needs_host_sampling(r, 1, run->async_masks, run->sample_adjusts) ||
+        if (needs_host_sampling(r, 1, run->async_masks, run->sample_adjusts, 0) ||
             (!run->async_stats && (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
                                    r->sp.repetition_penalty != 1.0f)))
             return ASYNC_NONE;

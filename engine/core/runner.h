@@ -138,6 +138,12 @@ typedef struct {
      * constrained rows that want logprobs on the host), descending, ties to the lower id
      * (sample_top_logprobs), into the op's out_top_ids / out_top_logprobs row. */
     int n_top;
+    /* A prompt position (prompt logprobs), where runner.forced_tokens and in forward()
+     * only: force 1 makes force_token the row's token without a draw (the adjustments,
+     * the filters and the mask are not applied); the op reports its logprob, its rank in
+     * out_ranks and the n_top top logprobs, all of the logits as they come. */
+    int force;
+    int32_t force_token;
 } runner_sampling;
 
 /* One decode step: n rows, one new token each (optional op). */
@@ -238,6 +244,8 @@ typedef struct {
                               * sampled token, per logits row */
     int32_t *out_top_ids;    /* with sp, [logits rows, RUNNER_MAX_TOP]: sp[i].n_top top */
     float *out_top_logprobs; /* logprobs of row i (may be NULL when no row wants any) */
+    int32_t *out_ranks;      /* with sp, may be NULL: for each row with sp[i].force, 1 + the
+                              * ids whose logit is larger than force_token's */
     /* Optional, with sp: called once per forward after the pass is under way and before the
      * runner reads sp (CUDA: enqueued, so the host work overlaps the device's; CPU: after the
      * pass). The caller may fill or change sp then, masks included: the runner reads none of
@@ -309,6 +317,8 @@ struct runner {
                               * let the callback wait for the op before): constrained rows
                               * can be queued in flight */
     int forward_async;       /* forward() takes runner_batch.async and prev_tok */
+    int forced_tokens;       /* sampling forward() takes runner_sampling.force (prompt positions
+                              * whose logprobs are wanted: no logits to the host for them) */
     size_t kv_block_bytes[2];/* bytes of one block of the first pool and of the window pool */
 };
 

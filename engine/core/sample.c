@@ -234,6 +234,12 @@ float sample_logprob(const float *logits, int vocab, int token) {
     return (float)(logits[token] - logsumexp(logits, vocab));
 }
 
+int sample_rank(const float *logits, int vocab, int token) {
+    int rank = 1;
+    for (int v = 0; v < vocab; v++) rank += logits[v] > logits[token];
+    return rank;
+}
+
 int sample_top_logprobs(const float *logits, int vocab, int n, int32_t *ids, float *lps) {
     if (n > vocab) n = vocab;
     double lse = logsumexp(logits, vocab);

@@ -70,8 +70,10 @@ int sample_argmax(const float *logits, int vocab);
 /* Draw from a probability vector with uniform u. */
 int sample_from_probs(const float *probs, int vocab, double u);
 
-/* log_softmax value of one token, and the top-n (ids, logprobs) sorted descending. */
+/* log_softmax value of one token, its rank (1 + the ids with a larger logit), and the
+ * top-n (ids, logprobs) sorted descending. */
 float sample_logprob(const float *logits, int vocab, int token);
+int sample_rank(const float *logits, int vocab, int token);
 int sample_top_logprobs(const float *logits, int vocab, int n, int32_t *ids, float *lps);
 
 #endif

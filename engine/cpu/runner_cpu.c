@@ -710,13 +710,22 @@ static int cpu_forward(runner *base, const runner_batch *b) {
         if (b->sp && b->prepare_sp && (rc = b->prepare_sp(b->prepare_ctx))) return rc;
         for (int i = 0; b->sp && i < n_out; i++) {
             float *lg = b->logits + (size_t)i * c->vocab;
-            int n_top = b->out_top_ids && b->out_top_logprobs ? b->sp[i].n_top : 0;
+            const runner_sampling *sp = &b->sp[i];
+            int n_top = b->out_top_ids && b->out_top_logprobs ? sp->n_top : 0;
             n_top = n_top < RUNNER_MAX_TOP ? n_top : RUNNER_MAX_TOP;
-            if (b->out_logprobs || n_top > 0) memcpy(r->fs_raw, lg, sizeof(float) * (size_t)c->vocab);
-            b->out_tokens[i] = sample_row_in_place(lg, c->vocab, &b->sp[i], b->tokens[r->out_tok[i]], r->fs_scratch);
-            if (b->out_logprobs) b->out_logprobs[i] = sample_logprob(r->fs_raw, c->vocab, b->out_tokens[i]);
+            const float *raw = lg;   /* a forced row's logits stay as they are */
+            if (sp->force) {
+                if (sp->force_token < 0 || sp->force_token >= c->vocab) return SPECD_EINVAL;
+                b->out_tokens[i] = sp->force_token;
+                if (b->out_ranks) b->out_ranks[i] = sample_rank(lg, c->vocab, sp->force_token);
+            } else {
+                if (b->out_logprobs || n_top > 0) memcpy(r->fs_raw, lg, sizeof(float) * (size_t)c->vocab);
+                b->out_tokens[i] = sample_row_in_place(lg, c->vocab, sp, b->tokens[r->out_tok[i]], r->fs_scratch);
+                raw = r->fs_raw;
+            }
+            if (b->out_logprobs) b->out_logprobs[i] = sample_logprob(raw, c->vocab, b->out_tokens[i]);
             if (n_top > 0)
-                sample_top_logprobs(r->fs_raw, c->vocab, n_top, b->out_top_ids + (size_t)i * RUNNER_MAX_TOP,
+                sample_top_logprobs(raw, c->vocab, n_top, b->out_top_ids + (size_t)i * RUNNER_MAX_TOP,
                                     b->out_top_logprobs + (size_t)i * RUNNER_MAX_TOP);
         }
     }
@@ -1290,6 +1299,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->base.forward_masks = r->base.forward_samples;
     r->base.decode_masks = r->base.forward_masks;   /* the decode op is a forward */
     r->base.decode_async = 1;
+    r->base.forced_tokens = r->base.forward_samples;
     r->base.forward_async = r->base.forward_samples;
     /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
     r->base.sample_adjusts = cfg->tp_world <= 1;

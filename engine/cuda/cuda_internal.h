@@ -260,6 +260,7 @@ typedef struct {
     void *d_fs_par, *h_fs_par;     /* eager forward sampling: k_sample_params [T] */
     int32_t *d_fs_tok, *h_fs_tok;  /* its tokens [T] */
     float *d_fs_lp, *h_fs_lp;      /* and their logprobs [T] */
+    int32_t *d_fs_rank, *h_fs_rank;/* forced rows' ranks [T] (runner_batch.out_ranks) */
     uint32_t *d_fs_mask, *h_fs_mask; /* grammar masks of sampled rows [max_batch][vocab/32] */
     int32_t *d_fs_has, *h_fs_has;  /* which of them have one [max_batch] */
     /* on-device sampling of either kind: the step's logit adjustments (k_sample_params.adj

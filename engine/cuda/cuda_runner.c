@@ -149,6 +149,9 @@ static int cuda_forward(runner *base, const runner_batch *b) {
 
     cudaStream_t s = r->stream;
     int want_top = 0;   /* a sampled row wants top logprobs */
+    int want_rank = 0;  /* a forced row (prompt position) wants its rank */
+    for (int o = 0; b->sp && b->out_ranks && o < n_out; o++) want_rank |= b->sp[o].force;
+    if (want_rank && (b->async || !base->forced_tokens)) return SPECD_EINVAL;
     const int async = b->async, half = r->dec_half;
     k_sample_params *par = r->h_fs_par;
     /* async with a callback (constrained rows): the sampling inputs come after the pass is
@@ -209,7 +212,8 @@ static int cuda_forward(runner *base, const runner_batch *b) {
             if (b->sp)
                 K_CHECK(r, k_sample(r->d_logits, cnt, vocab, (const k_sample_params *)r->d_fs_par + o,
                                     r->d_fs_tok + o, r->d_fs_lp + o, r->d_top_ids + (size_t)o * K_MAX_TOP,
-                                    r->d_top_lps + (size_t)o * K_MAX_TOP, s));
+                                    r->d_top_lps + (size_t)o * K_MAX_TOP, want_rank ? r->d_fs_rank + o : NULL,
+                                    s));
             else
                 CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
                                             (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -230,6 +234,8 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         } else if (b->sp && n_out) {
             CU_CHECK(r, cudaMemcpyAsync(r->h_fs_tok, r->d_fs_tok, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
             CU_CHECK(r, cudaMemcpyAsync(r->h_fs_lp, r->d_fs_lp, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
+            if (want_rank)
+                CU_CHECK(r, cudaMemcpyAsync(r->h_fs_rank, r->d_fs_rank, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
         }
         if (want_top && !async) {
             const size_t tk = (size_t)n_out * K_MAX_TOP;
@@ -258,6 +264,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
     if (b->sp && nr > 0) {
         memcpy(b->out_tokens, r->h_fs_tok, (size_t)n_out * sizeof(int32_t));
         if (b->out_logprobs) memcpy(b->out_logprobs, r->h_fs_lp, (size_t)n_out * sizeof(float));
+        if (want_rank) memcpy(b->out_ranks, r->h_fs_rank, (size_t)n_out * sizeof(int32_t));
     }
     if (want_top) {   /* K_MAX_TOP == RUNNER_MAX_TOP: the same row stride */
         memcpy(b->out_top_ids, r->h_top_ids, (size_t)n_out * K_MAX_TOP * sizeof(int32_t));
@@ -451,7 +458,7 @@ static void cuda_destroy(runner *base) {
     void *dev[] = {r->d_bt, r->d_bt_win, r->d_win_pool, r->d_win_pp, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
-                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_fs_mask, r->d_fs_has, r->d_qscratch, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
+                   r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_fs_rank, r->d_fs_mask, r->d_fs_has, r->d_qscratch, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
                    r->d_moe_cnt, r->d_moe_rows, r->d_moe_act};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
@@ -467,6 +474,7 @@ static void cuda_destroy(runner *base) {
     if (r->h_fs_par) cudaFreeHost(r->h_fs_par);
     if (r->h_fs_tok) cudaFreeHost(r->h_fs_tok);
     if (r->h_fs_lp) cudaFreeHost(r->h_fs_lp);
+    if (r->h_fs_rank) cudaFreeHost(r->h_fs_rank);
     if (r->h_fs_mask) cudaFreeHost(r->h_fs_mask);
     if (r->h_fs_has) cudaFreeHost(r->h_fs_has);
     if (r->blas) cublasDestroy(r->blas);
@@ -569,7 +577,7 @@ static int alloc_work(cuda_runner *r) {
         dmalloc(r, &r->d_dec_in, cuda_dec_in_bytes(MB)) ||
         dmalloc(r, &r->d_dec_out, (size_t)MB * 8) ||
         dmalloc(r, &r->d_fs_par, (size_t)T * sizeof(k_sample_params)) || dmalloc(r, &r->d_fs_tok, (size_t)T * 4) ||
-        dmalloc(r, &r->d_fs_lp, (size_t)T * 4) ||
+        dmalloc(r, &r->d_fs_lp, (size_t)T * 4) || dmalloc(r, &r->d_fs_rank, (size_t)T * 4) ||
         dmalloc(r, &r->d_fs_mask, (size_t)MB * ((vocab + 31) / 32) * 4) || dmalloc(r, &r->d_fs_has, (size_t)MB * 4) ||
         dmalloc(r, &r->d_act, (size_t)CUDA_GEMV_MAX_ROWS * ffn * 2) ||
         dmalloc(r, &r->d_xg, (size_t)CUDA_GEMV_MAX_ROWS * hid * 2) ||
@@ -589,6 +597,7 @@ static int alloc_work(cuda_runner *r) {
     CU_CHECK(r, cudaMallocHost(&r->h_fs_par, (size_t)T * sizeof(k_sample_params)));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_tok, (size_t)T * 4));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_lp, (size_t)T * 4));
+    CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_rank, (size_t)T * 4));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_mask, (size_t)MB * ((vocab + 31) / 32) * 4));
     CU_CHECK(r, cudaMallocHost((void **)&r->h_fs_has, (size_t)MB * 4));
     memset(r->h_meta, 0, (size_t)META_N * T * 4);
@@ -779,6 +788,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
      * built (decode_masked, cuda_forward's late inputs); off until test_gpu_runner
      * test_async_masked_decode_waits_in_callback has passed on a GPU (tests/gpu/UNRUN.md) */
     r->base.async_masks = 0;
+    /* prompt positions as forced rows of k_sample (prompt logprobs without their logits on
+     * the host): built, off until test_gpu_kernels test_sample_forced_rows_match_host and
+     * test_gpu_runner test_prompt_logprobs_forced_match_host have passed (UNRUN.md) */
+    r->base.forced_tokens = 0;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

@@ -359,6 +359,11 @@ int cuda_sample_prepare(cuda_runner *r, const runner_sampling *sp, int n, const 
     for (int i = 0; i < n; i++) {
         const runner_sampling *x = &sp[i];
         q[i] = cuda_sample_params(x);
+        if (x->force) {   /* a prompt position (runner.forced_tokens): its token given */
+            if (x->force_token < 0 || x->force_token >= r->base.vocab) return SPECD_EINVAL;
+            q[i].force = 1;
+            q[i].force_tok = x->force_token;
+        }
         if (!adjusts) continue;
         q[i].presence = x->presence_penalty;
         q[i].frequency = x->frequency_penalty;
@@ -455,7 +460,7 @@ static int enqueue_decode_tail(cuda_runner *r, int B, int masked) {
     cudaStream_t s = r->stream;
 
     if (masked) K_CHECK(r, k_mask_logits(r->d_logits, B, vocab, r->d_fs_mask, r->d_fs_has, s));
-    K_CHECK(r, k_sample(r->d_logits, B, vocab, sp, out_tok, out_lp, r->d_top_ids, r->d_top_lps, s));
+    K_CHECK(r, k_sample(r->d_logits, B, vocab, sp, out_tok, out_lp, r->d_top_ids, r->d_top_lps, NULL, s));
     K_CHECK(r, k_advance_lens(r->d_lens, slots, r->d_ones, B, RUNNER_TARGET, r->dummy, s));
     /* The captured store that resets the dummy slot after the advance: padding rows never
      * accumulate context, whatever a previous step or a bug left there. */

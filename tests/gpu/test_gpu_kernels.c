@@ -1169,7 +1169,7 @@ static void test_sample_matches_reference_draws(void **state) {
     k_sample_params *d_sp = gu_upload(sp, sizeof sp);
     int32_t *d_tok = gu_dev(n * 4);
     float *d_lp = gu_dev(n * 4);
-    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, NULL, NULL, 0), 0);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, NULL, NULL, NULL, 0), 0);
     int32_t tok[64];
     float lp[64];
     gu_download(tok, d_tok, sizeof tok);
@@ -1212,7 +1212,7 @@ static void test_sample_same_seed_same_token_other_counter_varies(void **state) 
     float *d_x = gu_upload(x, (size_t)n * V * 4);
     k_sample_params *d_sp = gu_upload(sp, sizeof sp);
     int32_t *d_tok = gu_dev(n * 4);
-    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, NULL, NULL, NULL, 0), 0);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, NULL, NULL, NULL, NULL, 0), 0);
     int32_t tok[48];
     gu_download(tok, d_tok, sizeof tok);
     for (int r = 1; r < n / 2; r++) assert_int_equal(tok[r], tok[0]);
@@ -1358,6 +1358,82 @@ static void test_logit_adjust_equals_host_penalties(void **state) {
     adj_case_free(&c);
 }
 
+/* k_sample's forced rows (prompt positions: k_sample_params.force) beside ordinary ones,
+ * over the adjustment case's rows (their adjustments, filters and seeds left in place, as
+ * a forced row must ignore them): every third row forced to an id (some to the row's
+ * largest logit, some to a suppressed or biased id, some to the last id). A forced row's
+ * token is its id, its rank equals sample_rank, its logprob and top logprobs those of the
+ * raw logits (top ids equal to sample_top_logprobs', logprobs within 1e-4); the other rows'
+ * tokens equal a run without forced rows; the logits come back unchanged. */
+static void test_sample_forced_rows_match_host(void **state) {
+    (void)state;
+    adj_case c;
+    adj_case_make(&c, 40, 5003);
+    const int n = c.n, V = c.V;
+    float *d_x;
+    k_logit_adj *d_adj;
+    k_sample_params *d_sp;
+    adj_case_upload(&c, &d_x, &d_adj, &d_sp);   /* the run without forced rows first */
+    int32_t *d_tok = gu_dev(n * 4), *d_top = gu_dev((size_t)n * K_MAX_TOP * 4), *d_rank = gu_dev(n * 4);
+    float *d_lp = gu_dev(n * 4), *d_tlp = gu_dev((size_t)n * K_MAX_TOP * 4);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, d_top, d_tlp, NULL, 0), 0);
+    int32_t plain[40];
+    gu_download(plain, d_tok, sizeof plain);
+    cudaFree(d_sp);
+    k_sample_params sp[40];
+    for (int r = 0; r < n; r++) {
+        sp[r] = c.sp[r];
+        if (sp[r].n_bias + sp[r].n_suppress + sp[r].n_stats) sp[r].adj = d_adj + c.off[r];
+        if (r % 3) continue;
+        const float *xr = c.x + (size_t)r * V;
+        sp[r].force = 1;
+        sp[r].force_tok = r % 9 == 0 ? sample_argmax(xr, V) : r % 9 == 3 ? V - 1 : (int32_t)(gu_next(&g_rng) % V);
+        if (sp[r].n_suppress) sp[r].force_tok = c.adj[c.off[r] + sp[r].n_bias].id;   /* a suppressed id */
+        if (sp[r].force_tok < 0 || sp[r].force_tok >= V) sp[r].force_tok = 1;
+        sp[r].n_top = r % 2 ? 0 : 7;
+    }
+    d_sp = gu_upload(sp, sizeof sp);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, d_top, d_tlp, d_rank, 0), 0);
+    int32_t tok[40], rank[40], top[40][K_MAX_TOP];
+    float lp[40], tlp[40][K_MAX_TOP], *after = malloc((size_t)n * V * 4);
+    gu_download(tok, d_tok, sizeof tok);
+    gu_download(rank, d_rank, sizeof rank);
+    gu_download(lp, d_lp, sizeof lp);
+    gu_download(top, d_top, sizeof top);
+    gu_download(tlp, d_tlp, sizeof tlp);
+    gu_download(after, d_x, (size_t)n * V * 4);
+    assert_memory_equal(after, c.x, (size_t)n * V * 4);
+    int forced = 0, ranked_low = 0;
+    double lp_err = 0;
+    for (int r = 0; r < n; r++) {
+        const float *xr = c.x + (size_t)r * V;
+        if (!sp[r].force) {
+            assert_int_equal(tok[r], plain[r]);
+            continue;
+        }
+        forced++;
+        assert_int_equal(tok[r], sp[r].force_tok);
+        assert_int_equal(rank[r], sample_rank(xr, V, sp[r].force_tok));
+        ranked_low += rank[r] > 100;
+        lp_err = fmax(lp_err, fabs(lp[r] - sample_logprob(xr, V, sp[r].force_tok)));
+        int32_t ids[K_MAX_TOP];
+        float lps[K_MAX_TOP];
+        const int k = sp[r].n_top ? sample_top_logprobs(xr, V, sp[r].n_top, ids, lps) : 0;
+        for (int j = 0; j < k; j++) {
+            if (top[r][j] != ids[j]) fail_msg("forced row %d top %d: device id %d, host %d", r, j, top[r][j], ids[j]);
+            lp_err = fmax(lp_err, fabs(tlp[r][j] - lps[j]));
+        }
+    }
+    printf("    forced rows: %d of %d (%d ranked below 100), ranks equal, max logprob abs err %.2e\n", forced, n,
+           ranked_low, lp_err);
+    assert_true(forced >= 13 && ranked_low > 0);
+    assert_true(lp_err < 1e-4);
+    cudaFree(d_x); cudaFree(d_adj); cudaFree(d_sp); cudaFree(d_tok); cudaFree(d_lp); cudaFree(d_top); cudaFree(d_tlp);
+    cudaFree(d_rank);
+    free(after);
+    adj_case_free(&c);
+}
+
 /* k_sample with adjustments: greedy rows pick the host's argmax of the adjusted logits,
  * sampled rows the reference draw over them (but within rounding of an interval's edge);
  * the logprob and the top logprobs are of the raw logits (top ids equal to
@@ -1374,7 +1450,7 @@ static void test_sample_adjusted_matches_host_and_reports_raw_logprobs(void **st
     const int n = c.n, V = c.V;
     int32_t *d_tok = gu_dev(n * 4), *d_top = gu_dev((size_t)n * K_MAX_TOP * 4);
     float *d_lp = gu_dev(n * 4), *d_tlp = gu_dev((size_t)n * K_MAX_TOP * 4);
-    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, d_top, d_tlp, 0), 0);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, d_top, d_tlp, NULL, 0), 0);
     int32_t tok[40], top[40][K_MAX_TOP];
     float lp[40], tlp[40][K_MAX_TOP], *after = malloc((size_t)n * V * 4), *adj = malloc((size_t)V * 4);
     gu_download(tok, d_tok, sizeof tok);
@@ -1500,7 +1576,7 @@ static void test_sample_counts_fed_token(void **state) {
     cudaFree(d_x);
     d_x = gu_upload(c.x, (size_t)n * V * 4);
     int32_t *d_tok = gu_dev(n * 4);
-    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, NULL, NULL, NULL, 0), 0);
+    assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, NULL, NULL, NULL, NULL, 0), 0);
     gu_download(got, d_x, (size_t)n * V * 4);
     assert_memory_equal(got, c.x, (size_t)n * V * 4);
     printf("    fed token counted: listed %d, absent %d, suppressed %d, outside %d, listed with count 0 %d rows; the fed "
@@ -1581,6 +1657,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_sample_same_seed_same_token_other_counter_varies),
         cmocka_unit_test(test_logit_adjust_equals_host_penalties),
         cmocka_unit_test(test_sample_adjusted_matches_host_and_reports_raw_logprobs),
+        cmocka_unit_test(test_sample_forced_rows_match_host),
         cmocka_unit_test(test_sample_counts_fed_token),
         cmocka_unit_test(test_advance_lens_skips_dummy_rows),
     };

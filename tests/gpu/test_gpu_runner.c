@@ -627,6 +627,70 @@ static void test_forward_sampling_matches_returned_logits(void **s) {
     fixture_close(&f);
 }
 
+/* Prompt logprobs in the runner (runner.forced_tokens; switched on here for the test):
+ * every position of every golden prompt a logits row, all but the last forced to the next
+ * prompt token with 5 top logprobs, the last sampled greedily; against a pass that returns
+ * the logits: forced tokens as given, ranks equal to sample_rank, logprobs and top
+ * logprobs those of the logits (ids equal, within 1e-4), the last rows the argmax. */
+static void test_prompt_logprobs_forced_match_host(void **s) {
+    (void)s;
+    fixture f;
+    fixture_open(&f, "llama-tiny", 0);
+    f.r->forced_tokens = 1;
+    golden *g = &f.g;
+    const int n = g->n_prompts, V = f.vocab;
+    int tok_total = 0;
+    for (int p = 0; p < n; p++) tok_total += g->len[p];
+    runner_row rows[8];
+    int32_t *tokens = malloc(sizeof(int32_t) * (size_t)tok_total), *out = malloc(sizeof(int32_t) * (size_t)tok_total);
+    int32_t *rank = malloc(sizeof(int32_t) * (size_t)tok_total), *top = malloc(sizeof(int32_t) * (size_t)tok_total * RUNNER_MAX_TOP);
+    float *lp = malloc(sizeof(float) * (size_t)tok_total), *tlp = malloc(sizeof(float) * (size_t)tok_total * RUNNER_MAX_TOP);
+    float *logits = malloc(sizeof(float) * (size_t)V * tok_total);
+    runner_sampling *sp = calloc((size_t)tok_total, sizeof *sp);
+    for (int p = 0, t = 0; p < n; p++) {
+        rows[p] = (runner_row){.slot = p, .n_new = g->len[p], .tok_off = t, .n_logits = g->len[p], .logits_off = t};
+        memcpy(tokens + t, g->prompt[p], sizeof(int32_t) * (size_t)g->len[p]);
+        for (int j = 0; j + 1 < g->len[p]; j++)
+            sp[t + j] = (runner_sampling){.force = 1, .force_token = g->prompt[p][j + 1], .n_top = 5};
+        t += g->len[p];
+    }
+    for (int pass = 0; pass < 2; pass++) {   /* 0: the logits; 1: sampled, forced rows */
+        for (int p = 0; p < n; p++) slot_reset(f.r, p);
+        runner_batch b = {.which = RUNNER_TARGET, .n_rows = n, .rows = rows, .tokens = tokens, .n_tokens = tok_total,
+                          .logits = logits};
+        if (pass)
+            b.sp = sp, b.out_tokens = out, b.out_logprobs = lp, b.out_top_ids = top, b.out_top_logprobs = tlp,
+            b.out_ranks = rank;
+        int rc = runner_forward(f.r, &b);
+        if (rc) fail_msg("forward (pass %d): %d %s", pass, rc, cuda_runner_error(f.r));
+    }
+    double err = 0;
+    int forced = 0;
+    for (int i = 0; i < tok_total; i++) {
+        const float *lg = logits + (size_t)i * V;
+        if (!sp[i].force) {
+            assert_int_equal(out[i], argmax(lg, V));
+            continue;
+        }
+        forced++;
+        assert_int_equal(out[i], sp[i].force_token);
+        assert_int_equal(rank[i], sample_rank(lg, V, sp[i].force_token));
+        err = fmax(err, fabs(lp[i] - sample_logprob(lg, V, sp[i].force_token)));
+        int32_t ids[RUNNER_MAX_TOP];
+        float lps[RUNNER_MAX_TOP];
+        sample_top_logprobs(lg, V, 5, ids, lps);
+        for (int j = 0; j < 5; j++) {
+            assert_int_equal(top[(size_t)i * RUNNER_MAX_TOP + j], ids[j]);
+            err = fmax(err, fabs(tlp[(size_t)i * RUNNER_MAX_TOP + j] - lps[j]));
+        }
+    }
+    printf("    prompt logprobs as forced rows: %d positions, ranks and top ids equal, max logprob abs err %.2e\n",
+           forced, err);
+    assert_true(err < 1e-4);
+    free(tokens), free(out), free(rank), free(top), free(lp), free(tlp), free(logits), free(sp);
+    fixture_close(&f);
+}
+
 /* ---- logit adjustments and top logprobs in the runner's sampling -------------------------- */
 
 /* Forward sampling with adjustments (eager; an identical pass without sp returns the
@@ -1851,6 +1915,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_golden_llama_draft),
         cmocka_unit_test(test_batched_padded_decode_matches_reference),
         cmocka_unit_test(test_forward_sampling_matches_returned_logits),
+        cmocka_unit_test(test_prompt_logprobs_forced_match_host),
         cmocka_unit_test(test_async_ops_chain_on_the_device),
         cmocka_unit_test(test_forward_sampling_adjustments_match_host),
         cmocka_unit_test(test_decode_graph_adjustments_decide_tokens),

@@ -202,6 +202,33 @@ static void test_spec_cost_needs_a_margin_to_speculate(void **st) {
     assert_int_equal(k[0], 1);
 }
 
+/* The same margin for the two drafters whose decision is one depth for the whole step:
+ * prompt lookup through the verify op (spec_cost_uniform_k) and a draft model
+ * (spec_cost_draft_pays), on the same table: 1.018x drafts nothing, 1.045x drafts. */
+static void test_uniform_depth_and_draft_model_need_the_margin(void **st) {
+    (void)st;
+    spec_cost c;
+    make_cost(&c, 1.0, 0.0, 0.1);
+    int avail[1] = {1};
+    float alpha[1] = {0.12f};
+    assert_int_equal(spec_cost_uniform_k(&c, 1, avail, alpha), 0);
+    assert_false(spec_cost_draft_pays(&c, 1, 0, 1, 0.12));
+    alpha[0] = 0.15f;
+    assert_int_equal(spec_cost_uniform_k(&c, 1, avail, alpha), 1);
+    assert_true(spec_cost_draft_pays(&c, 1, 0, 1, 0.15));
+    /* two rows, one able to draft 4 at 0.9 and one 2 at 0.9, tokens cheap: the deepest cap
+     * pays most (every row padded to it) */
+    make_cost(&c, 1.0, 0.0, 0.01);
+    int av2[2] = {4, 2};
+    float al2[2] = {0.9f, 0.9f};
+    assert_int_equal(spec_cost_uniform_k(&c, 2, av2, al2), 4);
+    /* tokens as dear as a step: no depth pays, and no draft model either */
+    make_cost(&c, 0.0, 1.0, 1.0);
+    assert_int_equal(spec_cost_uniform_k(&c, 2, av2, al2), 0);
+    assert_false(spec_cost_draft_pays(&c, 2, 0, 4, 0.9));
+    assert_float_equal(spec_cost_expected(0.5, 3), 0.5 + 0.25 + 0.125, 1e-12);
+}
+
 static void test_spec_cost_free_verify_takes_every_draft(void **st) {
     (void)st;
     spec_cost c;
@@ -285,6 +312,7 @@ int main(void) {
         cmocka_unit_test(test_ngram_update_work_per_token_is_constant),
         cmocka_unit_test(test_ngram_rejects_bad_arguments),
         cmocka_unit_test(test_spec_cost_interpolates_and_extrapolates),
+        cmocka_unit_test(test_uniform_depth_and_draft_model_need_the_margin),
         cmocka_unit_test(test_spec_cost_free_verify_takes_every_draft),
         cmocka_unit_test(test_spec_cost_needs_a_margin_to_speculate),
         cmocka_unit_test(test_spec_cost_drafts_only_where_they_pay),

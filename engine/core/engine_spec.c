@@ -55,13 +55,6 @@ void engine_spec_observe(engine *e, req *r, int k, int accepted) {
     }
 }
 
-/* Expected accepted drafts of k tried at per-position rate a: a + a^2 + .. + a^k. */
-static double expected_accepted(double a, int k) {
-    double g = 1, s = 0;
-    for (int j = 0; j < k; j++) s += (g *= a);
-    return s;
-}
-
 /* Drafts a prompt-lookup row may propose: k, less near the end of its block table, its
  * context, or its output limit (m emitted tokens need m - 1 drafts). */
 static int ngram_room(const engine *e, const req *r) {
@@ -90,25 +83,16 @@ int engine_spec_never(const engine *e, int n) {
 
 /* Prompt lookup through the runner's verify op: every row is padded to the step's deepest
  * draft, so the choice is one depth cap k for the step (row j drafts min(avail, k)),
- * the one with the most expected tokens per second; a declined row still probes one
- * draft now and then where one that stands would pay. */
+ * the one with the most expected tokens per second where that beats the plain step by
+ * SPEC_COST_MIN_GAIN (spec_cost_uniform_k); a declined row still probes one draft now and
+ * then where one that stands would pay. */
 static void choose_uniform(engine *e, int nd) {
     const spec_cost *c = &e->cost;
-    int K = 0, best_k = 0;
+    int K = 0;
     for (int j = 0; j < nd; j++)
         if (e->cand_avail[j] > K) K = e->cand_avail[j];
+    const int best_k = spec_cost_uniform_k(c, nd, e->cand_avail, e->cand_alpha);
     const double plain = nd / spec_cost_step(c, nd, 0);
-    double best = plain;
-    for (int k = 1; k <= K; k++) {
-        double gain = 0;
-        for (int j = 0; j < nd; j++)
-            gain += expected_accepted(e->cand_alpha[j], e->cand_avail[j] < k ? e->cand_avail[j] : k);
-        double v = (nd + gain) / spec_cost_step(c, nd, nd * k);
-        if (v > best) {
-            best = v;
-            best_k = k;
-        }
-    }
     const int probe_pays = best_k == 0 && K > 0 && (nd + 1) / spec_cost_step(c, nd, nd) > plain;
     for (int j = 0; j < nd; j++) {
         int a = e->cand_avail[j];
@@ -175,14 +159,14 @@ void engine_spec_plan(engine *e, int n) {
     e->st.spec_rows_decoding += (uint64_t)nd;
     e->st.spec_steps_decoding++;
     if (e->cost.n_b > 0 && e->drafter == ENGINE_DRAFTER_MODEL) {
-        /* one k for every row (the draft passes are shared): all or nothing */
+        /* one k for every row (the draft passes are shared): all or nothing, and only for a
+         * gain beyond SPEC_COST_MIN_GAIN (spec_cost_draft_pays) */
         double a = e->acc_s / e->acc_t;
         double plain = nd / spec_cost_step(&e->cost, nd, extra);
-        double spec = nd * (1 + expected_accepted(a, e->k)) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
         /* a probe only where drafts that all stand would pay: never at batch sizes whose
          * verify costs more than k plain steps (on a GPU, a large batch) */
         double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
-        if (spec > plain) {
+        if (spec_cost_draft_pays(&e->cost, nd, extra, e->k, a)) {
             e->probe_every = SPEC_PROBE_EVERY;
         } else if (best <= plain || ++e->declined < probe_spacing(e, nd, extra)) {
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
@@ -299,12 +283,19 @@ static double break_even(engine *e, int B) {
     const spec_cost *c = &e->cost;
     if (e->drafter != ENGINE_DRAFTER_MODEL && !ngram_verifies(e))
         return spec_cost_break_even(c, B, e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
-    /* one depth for every row: k for a draft model, the best of 1..k for verify steps */
+    /* one depth for every row: k for a draft model, the best of 1..k for verify steps
+     * (the decisions engine_spec_plan takes, margin included) */
     for (int s = 0; s <= 20; s++) {
-        double a = 0.05 * s;
-        for (int k = e->drafter == ENGINE_DRAFTER_MODEL ? e->k : 1; k <= e->k; k++)
-            if (B * (1 + expected_accepted(a, k)) / spec_cost_step(c, B, B * k) > B / spec_cost_step(c, B, 0))
-                return a;
+        const double a = 0.05 * s;
+        if (e->drafter == ENGINE_DRAFTER_MODEL) {
+            if (spec_cost_draft_pays(c, B, 0, e->k, a)) return a;
+            continue;
+        }
+        for (int i = 0; i < B; i++) {
+            e->cand_avail[i] = e->k;
+            e->cand_alpha[i] = (float)a;
+        }
+        if (spec_cost_uniform_k(c, B, e->cand_avail, e->cand_alpha) > 0) return a;
     }
     return 1.05;
 }

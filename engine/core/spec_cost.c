@@ -89,6 +89,35 @@ int spec_cost_choose(const spec_cost *c, int rows, int extra, const int *avail, 
     return best_m;
 }
 
+double spec_cost_expected(double a, int k) {
+    double g = 1, s = 0;
+    for (int j = 0; j < k; j++) s += (g *= a);
+    return s;
+}
+
+int spec_cost_uniform_k(const spec_cost *c, int rows, const int *avail, const float *alpha) {
+    int K = 0, best_k = 0;
+    for (int j = 0; j < rows; j++)
+        if (avail[j] > K) K = avail[j];
+    double best = rows / spec_cost_step(c, rows, 0) * (1 + SPEC_COST_MIN_GAIN);
+    for (int k = 1; k <= K; k++) {
+        double gain = 0;
+        for (int j = 0; j < rows; j++) gain += spec_cost_expected(alpha[j], avail[j] < k ? avail[j] : k);
+        double v = (rows + gain) / spec_cost_step(c, rows, rows * k);
+        if (v > best) {
+            best = v;
+            best_k = k;
+        }
+    }
+    return best_k;
+}
+
+int spec_cost_draft_pays(const spec_cost *c, int rows, int extra, int k, double a) {
+    const double plain = rows / spec_cost_step(c, rows, extra);
+    return rows * (1 + spec_cost_expected(a, k)) / spec_cost_step(c, rows, extra + rows * k) >
+           plain * (1 + SPEC_COST_MIN_GAIN);
+}
+
 double spec_cost_break_even(const spec_cost *c, int rows, int max_k, spec_cost_cand *cand, int *k_out,
                             int *avail, float *alpha) {
     for (int step = 0; step <= 20; step++) {

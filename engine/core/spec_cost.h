@@ -55,6 +55,18 @@ typedef struct {
 int spec_cost_choose(const spec_cost *c, int rows, int extra, const int *avail, const float *alpha,
                      int *k_out, spec_cost_cand *cand);
 
+/* Expected drafts standing of k tried at per-position acceptance a: a + a^2 + .. + a^k. */
+double spec_cost_expected(double a, int k);
+
+/* Prompt lookup through a verify op that pads every row to the step's deepest draft: the
+ * depth cap k (row i drafts min(avail[i], k)) that gives the most expected tokens per
+ * second, 0 unless it beats the plain step of `rows` rows by SPEC_COST_MIN_GAIN. */
+int spec_cost_uniform_k(const spec_cost *c, int rows, const int *avail, const float *alpha);
+
+/* Whether a draft model's k drafts on each of `rows` rows (and `extra` tokens besides),
+ * standing at rate a, beat the plain step by SPEC_COST_MIN_GAIN. */
+int spec_cost_draft_pays(const spec_cost *c, int rows, int extra, int k, double a);
+
 /* Smallest acceptance rate (in steps of 0.05) at which a batch of `rows` rows, each able to
  * draft max_k tokens, drafts anything (the gain above included); 1.05 if none (for the
  * start-up report). */

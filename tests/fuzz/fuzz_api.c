@@ -37,7 +37,7 @@
         }                                                                             \
     } while (0)
 
-static const api_limits LIM = {"m", VOCAB, MAX_N};
+static const api_limits LIM = {.served_model = "m", .vocab = VOCAB, .max_n = MAX_N, .max_token_bytes = 16};
 
 static int utf8_boundary(const char *s, size_t len, size_t at) {
     return at == 0 || at >= len || ((unsigned char)s[at] & 0xC0) != 0x80;
@@ -181,7 +181,8 @@ static void answer(api_request *r, const char *text, size_t len, uint32_t h) {
 static void check_request(api_request *r, api_kind kind, uint32_t h) {
     CHECK(r->kind == kind);
     CHECK(r->n >= 1 && r->n <= MAX_N);
-    CHECK(r->max_tokens == -1 || (r->max_tokens >= 1 && r->max_tokens <= (1 << 24)));
+    /* completions take max_tokens 0 (the prompt only, its logprobs with echo); chat 1 at least */
+    CHECK(r->max_tokens == -1 || (r->max_tokens >= (kind == API_COMPLETION ? 0 : 1) && r->max_tokens <= (1 << 24)));
     CHECK(r->logprobs >= -1 && r->logprobs <= API_MAX_TOP_LOGPROBS);
     CHECK(r->sp.logprobs == r->logprobs);
     CHECK(r->n_stop >= 0 && r->n_stop <= API_MAX_STOP);

@@ -1,8 +1,5 @@
-/* libFuzzer target for the tokenizer. Build and run (from the repo root):
- *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. \
- *     tests/fuzz/fuzz_tokenizer.c engine/text/tokenizer.c engine/tok_*.c engine/model/gguf.c engine/core/err.c \
- *     -ljansson -lpcre2-8 -lutf8proc -lm -o build/fuzz_tokenizer
- *   build/fuzz_tokenizer -max_total_time=300 tests/fuzz/corpus_tokenizer
+/* libFuzzer target for the tokenizer. Build and run: scripts/fuzz.sh tokenizer SECONDS
+ * (the fixtures' tokenizers from SPECD_FIXTURES, default ../shared/fixtures).
  * The first input byte picks a tokenizer from the fixtures; the rest is the text. Checks:
  * no crash or leak on any bytes; invalid UTF-8 gives SPECD_EUTF8 and nothing else;
  * byte-level tokenizers without a normalizer round-trip exactly; streaming equals the

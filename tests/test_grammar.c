@@ -761,6 +761,92 @@ static void test_engine_constrained_rows_async_equals_sync(void **state) {
     }
 }
 
+/* Constrained rows that want logprobs sample in the runner where it reports them of the
+ * logits before the mask (runner.masked_raw_logprobs: the CPU runner), as the host path
+ * does: 4 requests under the schema, greedy and seeded, with 3 top logprobs each, give the
+ * tokens, logprobs and top logprobs of the same requests kept on the host (recorded
+ * first-token logits), bit for bit; the runner run took the decode op, the host run never
+ * did. The logprobs are of the model's own distribution: some chosen tokens are not the
+ * unconstrained top one. */
+typedef struct {
+    int32_t id[64];
+    float lp[64], top_lp[64][3];
+    int32_t top[64][3];
+    int n;
+} lp_run;
+
+static void run_constrained_logprobs(int host, lp_run out[4], engine_stats *st) {
+    char err[512] = "";
+    engine_config c = {.model_path = SMOL, .max_seq_len = 256, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2};
+    engine *e = engine_create(&c, err, sizeof err);
+    if (!e) fail_msg("%s", err);
+    static const char schema[] = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":10},"
+                                 "\"n\":{\"type\":\"integer\"}},\"required\":[\"city\",\"n\"],"
+                                 "\"additionalProperties\":false}";
+    grammar *g = grammar_compile(GRAMMAR_JSON_SCHEMA, schema, strlen(schema), err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    for (int i = 0; i < 4; i++) {
+        char text[128], terr[256];
+        snprintf(text, sizeof text, "Answer %d in JSON:", i);
+        engine_sampling sp;
+        engine_sampling_defaults(&sp);
+        sp.temperature = i % 2 ? 0.8f : 0.f;
+        sp.seed = 77 + (uint64_t)i;
+        sp.has_seed = 1;
+        sp.max_tokens = 64;
+        sp.logprobs = 3;
+        sp.grammar = g;
+        int32_t *ids = NULL;
+        int n = tok_encode(engine_tokenizer(e), text, strlen(text), 1, &ids, terr, sizeof terr);
+        assert_true(n > 0);
+        assert_int_equal(engine_add_ex(e, (uint64_t)i, ids, n, &sp, host, err, sizeof err), 0);
+        free(ids);
+        out[i].n = 0;
+    }
+    while (engine_has_work(e)) {
+        engine_output o;
+        assert_int_equal(engine_step(e, &o), 0);
+        for (int k = 0; k < o.n_events; k++) {
+            const engine_event *ev = &o.events[k];
+            lp_run *r = &out[ev->req_id];
+            for (int t = 0; t < ev->n_tokens && r->n < 64; t++, r->n++) {
+                const engine_token *tk = &ev->tokens[t];
+                r->id[r->n] = tk->id;
+                r->lp[r->n] = tk->logprob;
+                assert_int_equal(tk->n_top, 3);
+                for (int j = 0; j < 3; j++) r->top[r->n][j] = tk->top_ids[j], r->top_lp[r->n][j] = tk->top_logprobs[j];
+            }
+        }
+    }
+    engine_get_stats(e, st);
+    grammar_unref(g);
+    engine_destroy(e);
+}
+
+static void test_engine_constrained_rows_logprobs_in_the_runner(void **state) {
+    (void)state;
+    if (access(SMOL, R_OK) != 0) fail_msg("%s absent: run scripts/fetch-model.sh", SMOL);
+    static lp_run a[4], b[4];
+    engine_stats sa, sb;
+    run_constrained_logprobs(0, a, &sa);
+    run_constrained_logprobs(1, b, &sb);
+    assert_true(sa.steps_device_decode > 10);
+    assert_int_equal(sb.steps_device_decode, 0);
+    int below_top = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_true(a[i].n > 3);
+        assert_int_equal(a[i].n, b[i].n);
+        assert_memory_equal(a[i].id, b[i].id, sizeof(int32_t) * (size_t)a[i].n);
+        assert_memory_equal(a[i].lp, b[i].lp, sizeof(float) * (size_t)a[i].n);
+        assert_memory_equal(a[i].top, b[i].top, sizeof(int32_t) * 3 * (size_t)a[i].n);
+        assert_memory_equal(a[i].top_lp, b[i].top_lp, sizeof(float) * 3 * (size_t)a[i].n);
+        for (int t = 0; t < a[i].n; t++) below_top += a[i].id[t] != a[i].top[t][0];
+    }
+    print_message("  4 constrained requests with logprobs: %llu decode-op steps; %d tokens the mask kept off the "
+                  "model's top choice\n", (unsigned long long)sa.steps_device_decode, below_top);
+    assert_true(below_top > 0);
+}
+
 /* Prompt lookup on constrained rows: drafts are cut where the grammar refuses them and
  * each verified position is masked with the grammar's state after the drafts before it.
  * Greedy on SmolLM2, three requests asked to copy a line under a regex that allows only
@@ -826,6 +912,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_constrained_rows_valid_and_thread_independent),
         cmocka_unit_test(test_engine_constrained_rows_async_equals_sync),
+        cmocka_unit_test(test_engine_constrained_rows_logprobs_in_the_runner),
         cmocka_unit_test(test_engine_prompt_lookup_on_constrained_rows),
         cmocka_unit_test(test_schema_errors_name_keyword_and_path),
         cmocka_unit_test(test_regex_choice_gbnf_errors),

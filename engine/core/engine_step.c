@@ -445,14 +445,15 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
  * the path applies runner_sampling's adjustments (path_adjusts: decode and the forward pass
  * where runner.sample_adjusts; never the speculative steps, whose acceptance would need
  * them at every draft position). A grammar's mask is one where the path takes masks (the
- * forward pass, runner.forward_masks), unless the row wants logprobs: those are reported
- * under the model's own distribution, as the host path computes them, and a device
- * sampler that masks first would report the masked one. */
+ * forward pass, runner.forward_masks), with logprobs only where the runner reports them
+ * of the logits before the mask (runner.masked_raw_logprobs): they are the model's own
+ * distribution, as the host path computes them, where a sampler that masks first would
+ * report the masked one. */
 static int needs_host_sampling(const req *r, int path_has_logprob, int path_has_mask, int path_adjusts,
-                               int path_forces) {
+                               int path_forces, int path_raw_masked) {
     if (r->record || (r->pl && (!path_forces || r->sp.prompt_logprobs > RUNNER_MAX_TOP)) || r->max_new <= 0)
         return 1;
-    if (r->m && (!path_has_mask || r->sp.logprobs >= 0)) return 1;
+    if (r->m && (!path_has_mask || (r->sp.logprobs >= 0 && !path_raw_masked))) return 1;
     if (r->sp.logprobs > (!path_has_logprob ? -1 : path_adjusts ? ENGINE_MAX_TOP_LOGPROBS : 0)) return 1;
     return !path_adjusts && (r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
                              r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens);
@@ -499,7 +500,7 @@ static int device_decode_ok(const engine *e, int n) {
     if (!e->run->ops->decode || e->step_spec || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
-        if (!row_decodes(p) || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts, 0))
+        if (!row_decodes(p) || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts, 0, e->run->masked_raw_logprobs))
             return 0;
     }
     return 1;
@@ -512,7 +513,8 @@ static int forward_sampling_ok(const engine *e, int n) {
     int prompt_rows = 0, masked = 0;
     for (int i = 0; i < n; i++) {
         const req *r = e->plan[i].r;
-        if (needs_host_sampling(r, 1, e->run->forward_masks, e->run->sample_adjusts, e->run->forced_tokens)) return 0;
+        if (needs_host_sampling(r, 1, e->run->forward_masks, e->run->sample_adjusts, e->run->forced_tokens,
+                                e->run->masked_raw_logprobs)) return 0;
         prompt_rows |= r->pl != NULL;
         masked |= r->m != NULL;
     }
@@ -576,7 +578,7 @@ static int runner_spec_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0, 0) ||
+        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0, 0, 0) ||
             e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT) < r->seq.n_tokens - 2)
             return 0;
     }
@@ -619,7 +621,7 @@ static int runner_verify_possible(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (!row_decodes(p) || needs_host_sampling(p->r, 0, 0, 0, 0) ||
+        if (!row_decodes(p) || needs_host_sampling(p->r, 0, 0, 0, 0, 0) ||
             s->n_computed + K + 1 > run->cfg.max_seq_len)
             return 0;
     }
@@ -948,7 +950,7 @@ static int async_kind(const engine *e, int n) {
         const req *r = p->r;
         /* penalties read the row's output counts, which lack the token the step in flight
          * samples: the runner counts it (runner_sampling.stats_fed) where it can */
-        if (needs_host_sampling(r, 1, run->async_masks, run->sample_adjusts, 0) ||
+        if (needs_host_sampling(r, 1, run->async_masks, run->sample_adjusts, 0, run->masked_raw_logprobs) ||
             (!run->async_stats && (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
                                    r->sp.repetition_penalty != 1.0f)))
             return ASYNC_NONE;

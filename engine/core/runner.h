@@ -134,9 +134,10 @@ typedef struct {
     int stats_fed;
     /* Top logprobs wanted (0..RUNNER_MAX_TOP), where runner.sample_adjusts: the n_top
      * largest log softmax values of the logits before the adjustments (as the chosen
-     * token's logprob; a masked row's may be of the masked logits, so the engine samples
-     * constrained rows that want logprobs on the host), descending, ties to the lower id
-     * (sample_top_logprobs), into the op's out_top_ids / out_top_logprobs row. */
+     * token's logprob; a masked row's are of the logits before the mask only where
+     * runner.masked_raw_logprobs, else the engine samples constrained rows that want
+     * logprobs on the host), descending, ties to the lower id (sample_top_logprobs), into
+     * the op's out_top_ids / out_top_logprobs row. */
     int n_top;
     /* A prompt position (prompt logprobs), where runner.forced_tokens and in forward()
      * only: force 1 makes force_token the row's token without a draw (the adjustments,
@@ -319,6 +320,8 @@ struct runner {
     int forward_async;       /* forward() takes runner_batch.async and prev_tok */
     int forced_tokens;       /* sampling forward() takes runner_sampling.force (prompt positions
                               * whose logprobs are wanted: no logits to the host for them) */
+    int masked_raw_logprobs; /* a masked row's logprob and top logprobs are of its logits
+                              * before the mask, as the host reports them */
     size_t kv_block_bytes[2];/* bytes of one block of the first pool and of the window pool */
 };
 

@@ -1300,6 +1300,8 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
     r->base.decode_masks = r->base.forward_masks;   /* the decode op is a forward */
     r->base.decode_async = 1;
     r->base.forced_tokens = r->base.forward_samples;
+    /* (its sampling keeps the logits as they came for the logprobs before it masks) */
+    r->base.masked_raw_logprobs = r->base.forward_masks;
     r->base.forward_async = r->base.forward_samples;
     /* runner_sampling's lists are pointers: a tensor-parallel group does not ship them */
     r->base.sample_adjusts = cfg->tp_world <= 1;

@@ -792,6 +792,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
      * the host): built, off until test_gpu_kernels test_sample_forced_rows_match_host and
      * test_gpu_runner test_prompt_logprobs_forced_match_host have passed (UNRUN.md) */
     r->base.forced_tokens = 0;
+    /* k_mask_logits masks the logits in place before k_sample: a masked row's logprobs would
+     * be of the masked distribution, so constrained rows that want logprobs sample on the host */
+    r->base.masked_raw_logprobs = 0;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

@@ -643,14 +643,19 @@ static void test_special_tokens_never_allowed(void **state) {
  * even on a 2-core machine); their decode steps took the decode op, not composed steps. */
 #define SMOL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-/* Queue request id: text in the engine's tokenizer, sampled as sp says. */
-static void add_text_request(engine *e, uint64_t id, const char *text, const engine_sampling *sp) {
+/* Queue request id: text in the engine's tokenizer, sampled as sp says; record keeps its
+ * first-token logits (engine_add_ex), which keeps its sampling on the host. */
+static void add_text_request_rec(engine *e, uint64_t id, const char *text, const engine_sampling *sp, int record) {
     char err[512], terr[256];
     int32_t *ids = NULL;
     int n = tok_encode(engine_tokenizer(e), text, strlen(text), 1, &ids, terr, sizeof terr);
     assert_true(n > 0);
-    assert_int_equal(engine_add_ex(e, id, ids, n, sp, 0, err, sizeof err), 0);
+    assert_int_equal(engine_add_ex(e, id, ids, n, sp, record, err, sizeof err), 0);
     free(ids);
+}
+
+static void add_text_request(engine *e, uint64_t id, const char *text, const engine_sampling *sp) {
+    add_text_request_rec(e, id, text, sp, 0);
 }
 
 /* Step until done, collecting each request's tokens (at most cap) into out[id]; every
@@ -783,10 +788,9 @@ static void run_constrained_logprobs(int host, lp_run out[4], engine_stats *st) 
     static const char schema[] = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":10},"
                                  "\"n\":{\"type\":\"integer\"}},\"required\":[\"city\",\"n\"],"
                                  "\"additionalProperties\":false}";
-    grammar *g = grammar_compile(GRAMMAR_JSON_SCHEMA, schema, strlen(schema), err, sizeof err);
-    if (!g) fail_msg("%s", err);
+    grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, schema);
     for (int i = 0; i < 4; i++) {
-        char text[128], terr[256];
+        char text[128];
         snprintf(text, sizeof text, "Answer %d in JSON:", i);
         engine_sampling sp;
         engine_sampling_defaults(&sp);
@@ -796,11 +800,7 @@ static void run_constrained_logprobs(int host, lp_run out[4], engine_stats *st) 
         sp.max_tokens = 64;
         sp.logprobs = 3;
         sp.grammar = g;
-        int32_t *ids = NULL;
-        int n = tok_encode(engine_tokenizer(e), text, strlen(text), 1, &ids, terr, sizeof terr);
-        assert_true(n > 0);
-        assert_int_equal(engine_add_ex(e, (uint64_t)i, ids, n, &sp, host, err, sizeof err), 0);
-        free(ids);
+        add_text_request_rec(e, (uint64_t)i, text, &sp, host);
         out[i].n = 0;
     }
     while (engine_has_work(e)) {

@@ -436,28 +436,38 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
 
 /* The one list of sampling features each path lacks: a request that uses one is sampled
  * on the host. Host-only everywhere: recorded logits, max_tokens 0. Prompt logprobs are a
- * feature of the forward pass where the runner takes forced tokens (path_forces:
+ * feature of the forward pass where the runner takes forced tokens (path.forces:
  * runner.forced_tokens; each prompt position a row whose token is the next prompt token,
  * its logprob, rank and top logprobs computed where the logits are). The
  * chosen token's logprob is a device feature where the path returns it (decode and the
  * forward pass do; the speculative steps do not). Logit bias, min_tokens (eos suppression),
  * presence / frequency / repetition penalties and top logprobs are device features where
- * the path applies runner_sampling's adjustments (path_adjusts: decode and the forward pass
+ * the path applies runner_sampling's adjustments (path.adjusts: decode and the forward pass
  * where runner.sample_adjusts; never the speculative steps, whose acceptance would need
  * them at every draft position). A grammar's mask is one where the path takes masks (the
  * forward pass, runner.forward_masks), with logprobs only where the runner reports them
  * of the logits before the mask (runner.masked_raw_logprobs): they are the model's own
  * distribution, as the host path computes them, where a sampler that masks first would
  * report the masked one. */
-static int needs_host_sampling(const req *r, int path_has_logprob, int path_has_mask, int path_adjusts,
-                               int path_forces, int path_raw_masked) {
-    if (r->record || (r->pl && (!path_forces || r->sp.prompt_logprobs > RUNNER_MAX_TOP)) || r->max_new <= 0)
+typedef struct {
+    int logprob;     /* returns the chosen token's logprob */
+    int mask;        /* takes grammar masks */
+    int adjusts;     /* applies runner_sampling's adjustments and top logprobs */
+    int forces;      /* takes forced rows (prompt positions) */
+    int raw_masked;  /* reports a masked row's logprobs of its logits before the mask */
+} sampling_path;
+
+static int needs_host_sampling(const req *r, sampling_path path) {
+    if (r->record || (r->pl && (!path.forces || r->sp.prompt_logprobs > RUNNER_MAX_TOP)) || r->max_new <= 0)
         return 1;
-    if (r->m && (!path_has_mask || (r->sp.logprobs >= 0 && !path_raw_masked))) return 1;
-    if (r->sp.logprobs > (!path_has_logprob ? -1 : path_adjusts ? ENGINE_MAX_TOP_LOGPROBS : 0)) return 1;
-    return !path_adjusts && (r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
+    if (r->m && (!path.mask || (r->sp.logprobs >= 0 && !path.raw_masked))) return 1;
+    if (r->sp.logprobs > (!path.logprob ? -1 : path.adjusts ? ENGINE_MAX_TOP_LOGPROBS : 0)) return 1;
+    return !path.adjusts && (r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
                              r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens);
 }
+
+/* The speculative steps' path: no logprob, mask, adjustments or forced rows. */
+static const sampling_path SPEC_PATH = {0};
 
 _Static_assert(ENGINE_MAX_TOP_LOGPROBS <= RUNNER_MAX_TOP, "top logprobs the runners report");
 
@@ -500,7 +510,9 @@ static int device_decode_ok(const engine *e, int n) {
     if (!e->run->ops->decode || e->step_spec || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
-        if (!row_decodes(p) || needs_host_sampling(p->r, 1, e->run->decode_masks, e->run->sample_adjusts, 0, e->run->masked_raw_logprobs))
+        if (!row_decodes(p) || needs_host_sampling(p->r, (sampling_path){.logprob = 1, .mask = e->run->decode_masks,
+                                                                    .adjusts = e->run->sample_adjusts,
+                                                                    .raw_masked = e->run->masked_raw_logprobs}))
             return 0;
     }
     return 1;
@@ -513,8 +525,9 @@ static int forward_sampling_ok(const engine *e, int n) {
     int prompt_rows = 0, masked = 0;
     for (int i = 0; i < n; i++) {
         const req *r = e->plan[i].r;
-        if (needs_host_sampling(r, 1, e->run->forward_masks, e->run->sample_adjusts, e->run->forced_tokens,
-                                e->run->masked_raw_logprobs)) return 0;
+        if (needs_host_sampling(r, (sampling_path){.logprob = 1, .mask = e->run->forward_masks,
+                                                   .adjusts = e->run->sample_adjusts, .forces = e->run->forced_tokens,
+                                                   .raw_masked = e->run->masked_raw_logprobs})) return 0;
         prompt_rows |= r->pl != NULL;
         masked |= r->m != NULL;
     }
@@ -578,7 +591,7 @@ static int runner_spec_ok(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, 0, 0, 0, 0, 0) ||
+        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, SPEC_PATH) ||
             e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT) < r->seq.n_tokens - 2)
             return 0;
     }
@@ -621,7 +634,7 @@ static int runner_verify_possible(const engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
-        if (!row_decodes(p) || needs_host_sampling(p->r, 0, 0, 0, 0, 0) ||
+        if (!row_decodes(p) || needs_host_sampling(p->r, SPEC_PATH) ||
             s->n_computed + K + 1 > run->cfg.max_seq_len)
             return 0;
     }
@@ -693,6 +706,9 @@ static void record_finished_logits(engine *e, req *r) {
     r->first_logits = NULL;
 }
 
+/* Top logprobs wanted at each prompt position (prompt_logprobs -1: none, 0: the token's only). */
+static int prompt_top(const req *r) { return r->sp.prompt_logprobs > 0 ? r->sp.prompt_logprobs : 0; }
+
 /* Prompt logprobs of one prompt chunk (before n_computed advances): logits row j is
  * position n_computed + j and gives the logprob of the prompt token after it. From the
  * logits on the host, or (on_device) as the runner computed them for its forced rows
@@ -703,7 +719,7 @@ static void record_prompt_logprobs(engine *e, req *r, const row_plan *p, int on_
         int t = s->n_computed + j + 1;
         if (t >= s->n_prompt) break;
         engine_token *et = &r->pl[t];
-        const int o = p->pl_off + j, n_top = r->sp.prompt_logprobs > 0 ? r->sp.prompt_logprobs : 0;
+        const int o = p->pl_off + j, n_top = prompt_top(r);
         if (on_device) {
             et->logprob = e->dec.lp[o];
             et->rank = e->dec.rank[o];
@@ -728,8 +744,7 @@ static void prompt_rows_sampling(engine *e, const row_plan *p) {
     for (int j = 0; j < p->pl_rows; j++) {
         const int t = s->n_computed + j + 1;
         if (t >= s->n_prompt) break;   /* the last row: p->logits_off, sampled as any */
-        e->dec_sp[p->pl_off + j] = (runner_sampling){.force = 1, .force_token = s->tokens[t],
-                                                     .n_top = r->sp.prompt_logprobs > 0 ? r->sp.prompt_logprobs : 0};
+        e->dec_sp[p->pl_off + j] = (runner_sampling){.force = 1, .force_token = s->tokens[t], .n_top = prompt_top(r)};
     }
 }
 
@@ -950,7 +965,8 @@ static int async_kind(const engine *e, int n) {
         const req *r = p->r;
         /* penalties read the row's output counts, which lack the token the step in flight
          * samples: the runner counts it (runner_sampling.stats_fed) where it can */
-        if (needs_host_sampling(r, 1, run->async_masks, run->sample_adjusts, 0, run->masked_raw_logprobs) ||
+        if (needs_host_sampling(r, (sampling_path){.logprob = 1, .mask = run->async_masks, .adjusts = run->sample_adjusts,
+                                                   .raw_masked = run->masked_raw_logprobs}) ||
             (!run->async_stats && (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
                                    r->sp.repetition_penalty != 1.0f)))
             return ASYNC_NONE;

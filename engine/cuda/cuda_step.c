@@ -46,8 +46,9 @@ fail:
 /* gemm() for a projection that may be kept in its GGUF blocks (q->type): tune.gemm_q_min
  * .. tune.gemm_q_rows token rows on the tensor-core GEMM over the blocks (partial sums of
  * its split reduction in the scratch buffer), else up to K_GEMV_MAX_N on the quantized
- * GEMV, more through its bf16 copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row scales, set: W holds E4M3 bytes): up to
- * K_GEMV_MAX_N rows on the GEMV reading the bytes, more on FP8 tensor cores. */
+ * GEMV, more through its bf16 copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row
+ * scales, set: W holds E4M3 bytes): up to K_GEMV_MAX_N rows on the GEMV reading the bytes,
+ * more on FP8 tensor cores. */
 static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const float *sw, int out, int in,
                   const uint16_t *X, int n, float *Y, float beta) {
     if (sw) {

@@ -779,19 +779,19 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* logit adjustments and top logprobs in k_sample (one GPU: runner_sampling's lists are
      * pointers that a tensor-parallel group does not ship to its other ranks) */
     r->base.sample_adjusts = r->opts.world == 1;
-    /* k_sample counts the token a row is fed (k_sample_params.fed), so penalised rows could
-     * be queued in flight. The kernel passed test_gpu_kernels test_sample_counts_fed_token
-     * (H100); the fed addresses cuda_sample_prepare gives it have not run in an engine yet,
-     * so this stays off (tests/gpu/UNRUN.md) and such rows step one at a time, as they have */
-    r->base.async_stats = 0;
-    /* async decode / forward with a mask callback (constrained rows queued in flight) are
-     * built (decode_masked, cuda_forward's late inputs); off until test_gpu_runner
-     * test_async_masked_decode_waits_in_callback has passed on a GPU (tests/gpu/UNRUN.md) */
-    r->base.async_masks = 0;
+    /* k_sample counts the token a row is fed (k_sample_params.fed), so penalised rows are
+     * queued in flight like any other (test_gpu_kernels test_sample_counts_fed_token and
+     * test_gpu_runner test_async_rows_count_the_fed_token passed on an H100, 2026-12-05) */
+    r->base.async_stats = r->base.sample_adjusts;
+    /* async decode / forward with a mask callback: constrained rows queued in flight
+     * (decode_masked, cuda_forward's late inputs; test_gpu_runner
+     * test_async_masked_decode_waits_in_callback passed on an H100, 2026-12-05) */
+    r->base.async_masks = r->base.forward_masks && r->base.decode_masks;
     /* prompt positions as forced rows of k_sample (prompt logprobs without their logits on
-     * the host): built, off until test_gpu_kernels test_sample_forced_rows_match_host and
-     * test_gpu_runner test_prompt_logprobs_forced_match_host have passed (UNRUN.md) */
-    r->base.forced_tokens = 0;
+     * the host): test_gpu_runner test_prompt_logprobs_forced_match_host passed on an H100
+     * (2026-12-05), and test_gpu_kernels test_sample_forced_rows_match_host once its reuse
+     * of consumed adjustment entries was fixed */
+    r->base.forced_tokens = r->base.forward_samples;
     /* k_mask_logits masks the logits in place before k_sample: a masked row's logprobs would
      * be of the masked distribution, so constrained rows that want logprobs sample on the host */
     r->base.masked_raw_logprobs = 0;

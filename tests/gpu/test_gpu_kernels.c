@@ -1380,6 +1380,9 @@ static void test_sample_forced_rows_match_host(void **state) {
     int32_t plain[40];
     gu_download(plain, d_tok, sizeof plain);
     cudaFree(d_sp);
+    /* k_sample leaves in each applied entry the logit it replaced: the entries again */
+    assert_int_equal(cudaMemcpy(d_adj, c.adj, sizeof(k_logit_adj) * (size_t)(c.off[n] ? c.off[n] : 1),
+                                cudaMemcpyHostToDevice), cudaSuccess);
     k_sample_params sp[40];
     for (int r = 0; r < n; r++) {
         sp[r] = c.sp[r];
@@ -1387,8 +1390,9 @@ static void test_sample_forced_rows_match_host(void **state) {
         if (r % 3) continue;
         const float *xr = c.x + (size_t)r * V;
         sp[r].force = 1;
+        /* (every forced row has suppressed ids, the first of them the argmax, which is also
+         * its first biased id when it has bias: r % 9 == 0 forces a suppressed, biased id) */
         sp[r].force_tok = r % 9 == 0 ? sample_argmax(xr, V) : r % 9 == 3 ? V - 1 : (int32_t)(gu_next(&g_rng) % V);
-        if (sp[r].n_suppress) sp[r].force_tok = c.adj[c.off[r] + sp[r].n_bias].id;   /* a suppressed id */
         if (sp[r].force_tok < 0 || sp[r].force_tok >= V) sp[r].force_tok = 1;
         sp[r].n_top = r % 2 ? 0 : 7;
     }

@@ -7,7 +7,7 @@
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 
-extern "C" const k_tuning k_tuning_default = {1, 2, 0, 0, 0, 2};  /* pdl, attn_pdl, attn_simt, attn_tiled, attn_dec,
+extern "C" const k_tuning k_tuning_default = {1, 2, 0, 0, 0, 4};  /* pdl, attn_pdl, attn_simt, attn_tiled, attn_dec,
                                                                      * gemvq_rows */
 static k_tuning tuning = k_tuning_default;
 

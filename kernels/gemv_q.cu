@@ -39,8 +39,10 @@
  * rows spend fewer instructions per weight, at the price of registers and staging memory.
  * (Counted from the source, not profiled: at 2 rows a weight costs about 7 instructions,
  * half of them unpacking activations, where the copy roofline leaves room for about 3 at
- * batch 1; the measured GEMV runs at 20-35% of that roofline.) k_tuning.gemvq_rows picks
- * 2 (GEMVQ_ROWS, the default) or 4. */
+ * batch 1; the measured GEMV runs at 20-45% of that roofline.) k_tuning.gemvq_rows picks
+ * 4 (the default: the 8B shapes' batch-1 GEMVs took about 10% less time than at 2 on an
+ * H100, 2026-12-05) or 2 (GEMVQ_ROWS). K-quant blocks have a tensor-core form below
+ * (k_gemv_qtc) that spends far fewer instructions per weight. */
 #define GEMVQ_ROWS 2
 #define GEMVQ_STAGES 3   /* shared-memory steps per warp: two in flight while one is used */
 
@@ -472,6 +474,264 @@ extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y,
     case QB_Q4_K: return gemv_q_launch<QB_Q4_K>(W, X, Y, out, in, n, accumulate, s);
     case QB_Q6_K: return gemv_q_launch<QB_Q6_K>(W, X, Y, out, in, n, accumulate, s);
     default: return -1;
+    }
+}
+
+/* ---- the same product on tensor cores for K-quant blocks (Q4_K, Q5_K, Q6_K), n <= 16 ---
+ * k_gemv_qtc. k_gemv_q spends several instructions per weight turning codes into floats
+ * and fp32 FMAs on every token; here a weight costs about half a mask and a byte_perm:
+ *   - mma.sync m16n8k16 with the tokens as M (16; for n <= 8 its rows 8..15 are zero) and
+ *     8 weight rows as N. A warp owns QTC_ROWS = 8 consecutive rows; their bytes are staged
+ *     in shared memory by gq_stage exactly as k_gemv_q stages them (steps of SB blocks,
+ *     GEMVQ_STAGES deep, cp.async, the first steps before the PDL wait), split K over up
+ *     to QTC_WARPS warps of a block when the rows are too few to fill the GPU.
+ *   - Lane (g, t) = (lane / 4, lane % 4) decodes row g's codes for B and holds the
+ *     matching activations of tokens g and g + 8 for A. Each mma covers 16 elements of one
+ *     sub-block (one scale); their order along k is free as long as A and B agree: lane t
+ *     takes elements 8t .. 8t + 7 of each 32-element Q4_K / Q5_K sub-block (two mmas) and
+ *     4t .. 4t + 3 of each 16-element Q6_K sub-block (one).
+ *   - A code q goes in as the exact bf16 integer 128 + q (the byte under 0x43: 2^7 (1 +
+ *     q 2^-7), q < 128), one byte_perm per two codes. A second mma with an all-ones B gives
+ *     sum(x) per (token, sub-block), and per row and sub-block
+ *         sum(w x) = d sc (sum((128 + q) x) - 128 sum(x)) - dmin m sum(x)    (Q4_K, Q5_K)
+ *         sum(w x) = d sc (sum((128 + q) x) - 160 sum(x))                     (Q6_K: q - 32)
+ *     The products are exact in the fp32 accumulators, so the result is the host decode's
+ *     product to fp32 rounding (like k_gemv_q's; tests/gpu/test_gpu_gemv.c "*gemv_qtc*"). */
+#define QTC_WARPS 4
+#define QTC_ROWS 8
+#define QTC_ONES 0x3f803f80u   /* two bf16 1.0 */
+
+template <int T> constexpr size_t qtc_smem_bytes() {
+    return (size_t)QTC_WARPS * GEMVQ_STAGES * QTC_ROWS * gq_words<T>() * 16;
+}
+
+/* Two codes (bytes 0, 1 of w: sel 0x5150; bytes 2, 3: 0x5352) as two bf16 128 + code. */
+__device__ __forceinline__ uint32_t qtc_pair(uint32_t w, uint32_t sel) { return __byte_perm(w, 0x43434343u, sel); }
+
+/* 4 bytes of shared memory at a 2-aligned address (Q6_K blocks are 210 bytes). */
+__device__ __forceinline__ uint32_t qtc_lds4(const uint8_t *p) {
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)h[0] | (uint32_t)h[1] << 16;
+}
+
+template <typename V> __device__ __forceinline__ V qtc_ldx(const uint16_t *p, bool ok);
+template <> __device__ __forceinline__ uint4 qtc_ldx<uint4>(const uint16_t *p, bool ok) {
+    return ok ? __ldg((const uint4 *)p) : make_uint4(0, 0, 0, 0);
+}
+template <> __device__ __forceinline__ uint2 qtc_ldx<uint2>(const uint16_t *p, bool ok) {
+    return ok ? __ldg((const uint2 *)p) : make_uint2(0, 0);
+}
+
+/* One sub-block's 16 (Q6_K) or 2 x 16 elements: c = A . codes, sx = A . ones, from zero;
+ * then acc[i] += ds c[i] - dk sx[i] for the lane's two rows (ds[0] / dk[0]: row 2t, [1]:
+ * row 2t + 1; acc 0, 1: token g, 2, 3: token g + 8). */
+template <bool BIG, int NCH>
+__device__ __forceinline__ void qtc_sub(const uint32_t (&a)[NCH][4], const uint32_t (&b)[NCH][2], const float (&ds)[2],
+                                        const float (&dk)[2], float (&acc)[4]) {
+    float c[4] = {0.f, 0.f, 0.f, 0.f}, sx[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < NCH; h++) {
+        tc_mma(c, a[h], b[h][0], b[h][1]);
+        tc_mma(sx, a[h], QTC_ONES, QTC_ONES);
+    }
+#pragma unroll
+    for (int i = 0; i < (BIG ? 4 : 2); i++) acc[i] += ds[i & 1] * c[i] - dk[i & 1] * sx[i];
+}
+
+/* Q4_K / Q5_K block: bg row g's block, bh[0] / bh[1] rows 2t / 2t + 1's (16-aligned),
+ * xg / xg8 the tokens' activations at the block's first element. */
+template <bool Q5, bool BIG>
+__device__ __forceinline__ void qtc_block_k45(const uint8_t *bg, const uint8_t *const (&bh)[2], const uint16_t *xg,
+                                              const uint16_t *xg8, bool gok, bool g8ok, int t, float (&acc)[4]) {
+    uint32_t scw[2][2], mnw[2][2];
+    float d[2], dmin[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const uint4 h = *(const uint4 *)bh[r];   /* d, dmin, scales[12] */
+        d[r] = gq_h2f(h.x & 0xffff), dmin[r] = gq_h2f(h.x >> 16);
+        scw[r][0] = h.y & 0x3f3f3f3fu, mnw[r][0] = h.z & 0x3f3f3f3fu;   /* sub-blocks 0..3 */
+        scw[r][1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);   /* 4..7 */
+        mnw[r][1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+    }
+    const uint2 qh = Q5 ? *(const uint2 *)(bg + 16 + 8 * t) : make_uint2(0, 0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint2 q = *(const uint2 *)(bg + (Q5 ? 48 : 16) + 32 * j + 8 * t);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {   /* low nibbles: sub-block 2j; high: 2j + 1 */
+            const int sb = 2 * j + hf;
+            uint32_t w[2] = {hf ? (q.x >> 4) & 0x0f0f0f0fu : q.x & 0x0f0f0f0fu,
+                             hf ? (q.y >> 4) & 0x0f0f0f0fu : q.y & 0x0f0f0f0fu};
+            if (Q5) {
+                w[0] |= ((qh.x >> sb) & 0x01010101u) << 4;
+                w[1] |= ((qh.y >> sb) & 0x01010101u) << 4;
+            }
+            float ds[2], dk[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int sh = 8 * (sb & 3);
+                const float sc = (float)((scw[r][sb >> 2] >> sh) & 0xff), mn = (float)((mnw[r][sb >> 2] >> sh) & 0xff);
+                ds[r] = d[r] * sc;
+                dk[r] = 128.f * ds[r] + dmin[r] * mn;
+            }
+            const int e = 32 * sb + 8 * t;
+            const uint4 xa = qtc_ldx<uint4>(xg + e, gok), xb = BIG ? qtc_ldx<uint4>(xg8 + e, g8ok) : make_uint4(0, 0, 0, 0);
+            const uint32_t a[2][4] = {{xa.x, xb.x, xa.y, xb.y}, {xa.z, xb.z, xa.w, xb.w}};
+            const uint32_t b[2][2] = {{qtc_pair(w[0], 0x5150), qtc_pair(w[0], 0x5352)},
+                                      {qtc_pair(w[1], 0x5150), qtc_pair(w[1], 0x5352)}};
+            qtc_sub<BIG, 2>(a, b, ds, dk, acc);
+        }
+    }
+}
+
+/* Q6_K block (2-aligned): ql [128], qh [64], scales int8 [16], d at 208. */
+template <bool BIG>
+__device__ __forceinline__ void qtc_block_q6k(const uint8_t *bg, const uint8_t *const (&bh)[2], const uint16_t *xg,
+                                              const uint16_t *xg8, bool gok, bool g8ok, int t, float (&acc)[4]) {
+    float d[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) d[r] = gq_h2f(*(const uint16_t *)(bh[r] + 208));
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const uint32_t wa = qtc_lds4(bg + 64 * h + 16 * c + 4 * t), wb = qtc_lds4(bg + 64 * h + 32 + 16 * c + 4 * t);
+            const uint32_t wh = qtc_lds4(bg + 128 + 32 * h + 16 * c + 4 * t);
+            const uint32_t q[4] = {(wa & 0x0f0f0f0fu) | ((wh << 4) & 0x30303030u),
+                                   (wb & 0x0f0f0f0fu) | ((wh << 2) & 0x30303030u),
+                                   ((wa >> 4) & 0x0f0f0f0fu) | (wh & 0x30303030u),
+                                   ((wb >> 4) & 0x0f0f0f0fu) | ((wh >> 2) & 0x30303030u)};
+#pragma unroll
+            for (int u = 0; u < 4; u++) {   /* elements 128h + 32u + 16c + i, scale 8h + c + 2u */
+                const int sb = 8 * h + c + 2 * u, e = 128 * h + 32 * u + 16 * c + 4 * t;
+                float ds[2], dk[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    ds[r] = d[r] * (float)(int8_t)bh[r][192 + sb];
+                    dk[r] = 160.f * ds[r];
+                }
+                const uint2 xa = qtc_ldx<uint2>(xg + e, gok), xb = BIG ? qtc_ldx<uint2>(xg8 + e, g8ok) : make_uint2(0, 0);
+                const uint32_t a[1][4] = {{xa.x, xb.x, xa.y, xb.y}};
+                const uint32_t b[1][2] = {{qtc_pair(q[u], 0x5150), qtc_pair(q[u], 0x5352)}};
+                qtc_sub<BIG, 1>(a, b, ds, dk, acc);
+            }
+        }
+}
+
+/* Block: QTC_WARPS warps, ks_n of them per unit of QTC_ROWS rows, warp ks taking blocks
+ * [nb ks / ks_n, nb (ks + 1) / ks_n) of each row (as gemv_q_kernel). BIG: n > 8. */
+template <int T, bool BIG>
+__global__ void __launch_bounds__(QTC_WARPS * 32)
+gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in, int n,
+                int ks_n, int accumulate) {
+    constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, WORDS = gq_words<T>(), P = GEMVQ_STAGES, R = QTC_ROWS;
+    extern __shared__ uint4 gq_smem[];
+    __shared__ float red[QTC_WARPS][16 * R];
+    k_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % ks_n;
+    const int unit = blockIdx.x * (QTC_WARPS / ks_n) + warp / ks_n;
+    const bool live = unit * R < out;
+    const int nb = in / E, kb0 = (int)((long)nb * ks / ks_n), kb1 = (int)((long)nb * (ks + 1) / ks_n);
+    const int nsteps = live ? (kb1 - kb0 + SB - 1) / SB : 0;
+    const size_t row_bytes = (size_t)nb * S, total = (size_t)out * row_bytes;
+    uint4 *buf = gq_smem + (size_t)warp * P * R * WORDS;
+    int row[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) row[r] = min(unit * R + r, out - 1);   /* past out: reread the last row */
+#pragma unroll
+    for (int s = 0; s < P - 1; s++) {
+        if (s < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s, buf, lane);
+        tc_commit();
+    }
+    k_pdl_wait();
+    const int g = lane >> 2, t = lane & 3;
+    const int rg = min(unit * R + g, out - 1), r0 = min(unit * R + 2 * t, out - 1), r1 = min(unit * R + 2 * t + 1, out - 1);
+    const bool gok = g < n, g8ok = BIG && g + 8 < n;
+    const uint16_t *xg = X + (size_t)(gok ? g : 0) * in, *xg8 = X + (size_t)(g8ok ? g + 8 : 0) * in;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < nsteps; s++) {
+        if (s + P - 1 < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s + P - 1, buf, lane);
+        tc_commit();
+        tc_wait<P - 1>();
+        __syncwarp();
+        const int b0 = kb0 + s * SB, nbl = min(SB, kb1 - b0);
+        const uint8_t *stage = (const uint8_t *)(buf + (size_t)(s % P) * R * WORDS);
+        const size_t off = (size_t)b0 * S;
+        const uint8_t *pg = stage + (size_t)g * WORDS * 16 + (((size_t)rg * row_bytes + off) & 15);
+        const uint8_t *ph[2] = {stage + (size_t)(2 * t) * WORDS * 16 + (((size_t)r0 * row_bytes + off) & 15),
+                                stage + (size_t)(2 * t + 1) * WORDS * 16 + (((size_t)r1 * row_bytes + off) & 15)};
+        for (int bl = 0; bl < nbl; bl++) {
+            const uint8_t *bh[2] = {ph[0] + bl * S, ph[1] + bl * S};
+            const size_t xo = (size_t)(b0 + bl) * E;
+            if (T == QB_Q6_K) qtc_block_q6k<BIG>(pg + bl * S, bh, xg + xo, xg8 + xo, gok, g8ok, t, acc);
+            else qtc_block_k45<T == QB_Q5_K, BIG>(pg + bl * S, bh, xg + xo, xg8 + xo, gok, g8ok, t, acc);
+        }
+        __syncwarp();
+    }
+    /* acc: token g rows 2t, 2t + 1, then token g + 8's; reduce over the K split */
+    red[warp][g * R + 2 * t] = acc[0];
+    red[warp][g * R + 2 * t + 1] = acc[1];
+    if (BIG) {
+        red[warp][(g + 8) * R + 2 * t] = acc[2];
+        red[warp][(g + 8) * R + 2 * t + 1] = acc[3];
+    }
+    __syncthreads();
+    if (live && ks == 0) {
+        for (int i = lane; i < (BIG ? 16 : 8) * R; i += 32) {
+            const int tok = i / R, o = unit * R + i % R;
+            if (tok >= n || o >= out) continue;
+            float v = 0.f;
+            for (int j = 0; j < ks_n; j++) v += red[warp + j][i];
+            float *y = Y + (size_t)tok * out + o;
+            *y = accumulate ? *y + v : v;
+        }
+    }
+}
+
+/* Warps per unit of 8 rows: split K until about 16 warps per multiprocessor are busy, as
+ * long as each keeps at least one full step. */
+static int gemv_qtc_ksplit(int units, int nb, int sb) {
+    const long want = (long)k_sm_count() * 16;
+    int ks = 1;
+    while (ks < QTC_WARPS && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
+    return ks;
+}
+
+template <int T, bool BIG>
+static int gemv_qtc_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+                           cudaStream_t s) {
+    static bool smem_set = false;
+    const size_t smem = qtc_smem_bytes<T>();
+    if (!smem_set) {
+        if (cudaFuncSetAttribute(gemv_qtc_kernel<T, BIG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            cudaSuccess)
+            return -1;
+        smem_set = true;
+    }
+    const int units = (out + QTC_ROWS - 1) / QTC_ROWS, ks = gemv_qtc_ksplit(units, in / gq<T>::E, gq<T>::SB);
+    const int upb = QTC_WARPS / ks;
+    return k_launch(gemv_qtc_kernel<T, BIG>, dim3((units + upb - 1) / upb), dim3(QTC_WARPS * 32), smem, s, W, X, Y,
+                    out, in, n, ks, accumulate);
+}
+
+template <int T>
+static int gemv_qtc_launch_t(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+                             cudaStream_t s) {
+    return n > 8 ? gemv_qtc_launch<T, true>(W, X, Y, out, in, n, accumulate, s)
+                 : gemv_qtc_launch<T, false>(W, X, Y, out, in, n, accumulate, s);
+}
+
+extern "C" int k_gemv_qtc_takes(int type) { return type == QB_Q4_K || type == QB_Q5_K || type == QB_Q6_K; }
+
+extern "C" int k_gemv_qtc(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                          int accumulate, cudaStream_t s) {
+    if (!k_gemv_qtc_takes(type) || out <= 0 || in <= 0 || in % 256 || n < 1 || n > K_GEMV_QTC_MAX_N ||
+        ((uintptr_t)X | (uintptr_t)W) % 16)
+        return -1;
+    switch (type) {
+    case QB_Q4_K: return gemv_qtc_launch_t<QB_Q4_K>(W, X, Y, out, in, n, accumulate, s);
+    case QB_Q5_K: return gemv_qtc_launch_t<QB_Q5_K>(W, X, Y, out, in, n, accumulate, s);
+    default: return gemv_qtc_launch_t<QB_Q6_K>(W, X, Y, out, in, n, accumulate, s);
     }
 }
 

@@ -110,6 +110,8 @@ typedef struct {
      * to K_GEMV_MAX_N) or through the bf16 scratch copy and cuBLAS; N 0, the default until
      * tests/gpu/UNRUN.md's check has passed: none on it */
     int gemm_q_rows, gemm_q_min;
+    int gemvq_tc, gemvq_tc_min, gemvq_tc_q6k;   /* K-quant passes of gemvq_tc_min..gemvq_tc tokens on
+                                                 * k_gemv_qtc (Q6_K too when gemvq_tc_q6k) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */

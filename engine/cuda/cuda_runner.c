@@ -680,9 +680,25 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->no_gemv = env_flag("SPECD_CUDA_NO_GEMV", 0);
     t->gemv_rows = env_flag("SPECD_CUDA_GEMV_ROWS", CUDA_GEMV_DEFAULT_ROWS);
     if (t->gemv_rows < 1 || t->gemv_rows > CUDA_GEMV_MAX_ROWS) t->gemv_rows = CUDA_GEMV_DEFAULT_ROWS;
-    t->gemm_q_rows = env_flag("SPECD_CUDA_GEMM_Q_ROWS", 0);
-    t->gemm_q_min = env_flag("SPECD_CUDA_GEMM_Q_MIN", K_GEMV_MAX_N + 1);
-    if (t->gemm_q_min < 1) t->gemm_q_min = K_GEMV_MAX_N + 1;
+    /* GGUF projections of gemm_q_min..gemm_q_rows tokens on the tensor-core GEMM over the
+     * blocks (k_gemm_q) instead of dequantize + cuBLAS. -1 (the default): 17..64 tokens for
+     * matrices whose sides are both >= 4096, none for smaller ones. Measured on an H100
+     * (specd bench, Q4_K_M files, 2026-12-05): 8B shape at batch 32 / 64 2,877 / 4,967
+     * decode tok/s against 2,213 / 4,249, at 96 / 128 no gain or a loss; 1B shape (2048
+     * hidden) at 32 / 64 11,034 / 20,286 against 12,653 / 23,564 */
+    t->gemm_q_rows = env_flag("SPECD_CUDA_GEMM_Q_ROWS", -1);
+    t->gemm_q_min = env_flag("SPECD_CUDA_GEMM_Q_MIN", K_GEMV_QTC_MAX_N + 1);
+    /* Q4_K / Q5_K projections of 8..16 tokens on the tensor-core GEMV (kernels/gemv_q.cu
+     * k_gemv_qtc) instead of k_gemv_q (up to 8) or dequantize + cuBLAS. Measured on an H100
+     * (test_gpu_gemv "*gemv_qtc*", 8B shapes, 2026-12-05): Q4_K gate at 8 tokens 50.8 us
+     * against k_gemv_q's 64.6, at 16 58.5 against dequantize + cuBLAS's 114.2; below 8 tokens
+     * k_gemv_q is faster (n 1: 18.3 against 46.6), and for Q6_K k_gemv_q / dequantize +
+     * cuBLAS win at every count (SPECD_CUDA_GEMVQ_TC_Q6K=1 sends it there anyway) */
+    t->gemvq_tc = env_flag("SPECD_CUDA_GEMVQ_TC", K_GEMV_QTC_MAX_N);
+    if (t->gemvq_tc > K_GEMV_QTC_MAX_N) t->gemvq_tc = K_GEMV_QTC_MAX_N;
+    t->gemvq_tc_min = env_flag("SPECD_CUDA_GEMVQ_TC_MIN", K_GEMV_MAX_N);
+    t->gemvq_tc_q6k = env_flag("SPECD_CUDA_GEMVQ_TC_Q6K", 0);
+    if (t->gemm_q_min < 1) t->gemm_q_min = K_GEMV_QTC_MAX_N + 1;
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

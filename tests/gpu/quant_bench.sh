@@ -14,24 +14,35 @@ S=${2:-build/specd}
 Q=${3:-}
 R=${OUT:-build/gpu/quant_logs}; mkdir -p "$R"
 P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
-# gguf_tc: --dtype gguf with passes of GEMM_Q_MIN..GEMM_Q_ROWS tokens (default 9..256:
-# decode batches, the 12-token prompt below) on the tensor-core GEMM over the blocks
-# (k_gemm_q) instead of the quantized GEMV or dequantize + cuBLAS
-for v in bf16 gguf gguf_tc; do
-    d=${v%_tc}
-    rows=0; [ "$v" = gguf_tc ] && rows=${GEMM_Q_ROWS:-256}
-    SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=$rows timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \
+# Variants (VARIANTS, default "bf16 gguf gguf_gemv"): gguf is the build's defaults (Q4_K /
+# Q5_K passes of 8..16 tokens on the tensor-core GEMV k_gemv_qtc); gguf_gemv with that off
+# (SPECD_CUDA_GEMVQ_TC=0: k_gemv_q up to 8 tokens, then dequantize + cuBLAS); gguf_qtc all
+# K-quant passes of 1..16 tokens on it, Q6_K too (SPECD_CUDA_GEMVQ_TC_MIN=1,
+# SPECD_CUDA_GEMVQ_TC_Q6K=1); gguf_tc passes of GEMM_Q_MIN..GEMM_Q_ROWS tokens (default
+# 9..256) on the tensor-core GEMM over the blocks (k_gemm_q).
+VARIANTS=${VARIANTS:-bf16 gguf gguf_gemv}
+for v in $VARIANTS; do
+    d=${v%%_*}
+    env=()
+    case $v in
+        gguf_qtc) env=(SPECD_CUDA_GEMVQ_TC_MIN=1 SPECD_CUDA_GEMVQ_TC_Q6K=1) ;;
+        gguf_gemv) env=(SPECD_CUDA_GEMVQ_TC=0) ;;
+        gguf_tc) env=(SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=${GEMM_Q_ROWS:-256}) ;;
+    esac
+    env "${env[@]}" timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \
         --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 -v > "$R/bench_$v.log" 2>&1
-    echo "== specd --dtype $d, SPECD_CUDA_GEMM_Q_ROWS=$rows (rc $?): $(grep -o 'weights [0-9.]* GiB' "$R/bench_$v.log" | head -1)"
+    echo "== specd $v: --dtype $d ${env[*]} (rc $?): $(grep -o 'weights [0-9.]* GiB' "$R/bench_$v.log" | head -1)"
     tail -5 "$R/bench_$v.log"
-    SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=$rows "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json \
+    env "${env[@]}" "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json \
         --top-logprobs 5 > "$R/gen_$v.json" 2> "$R/gen_$v.log"
 done
-python3 - "$R" <<'PY'
-import json, sys
+python3 - "$R" "$VARIANTS" <<'PY'
+import json, os, sys
 r = sys.argv[1]
 a = json.load(open(f"{r}/gen_bf16.json"))
-for v in ("gguf", "gguf_tc"):
+for v in sys.argv[2].split():
+    if v == "bf16" or not os.path.exists(f"{r}/gen_{v}.json"):
+        continue
     b = json.load(open(f"{r}/gen_{v}.json"))
     ta, tb = a["output_ids"], b["output_ids"]
     same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))

@@ -635,9 +635,10 @@ static void set_gemvq_rows(int rows) {
     k_set_tuning(&t);
 }
 
-/* ... at the default 2 rows per warp and at 4 (SPECD_CUDA_GEMVQ_ROWS=4). */
+/* ... at 2 rows per warp (SPECD_CUDA_GEMVQ_ROWS=2) and at 4 (the default). */
 static void test_gemv_q_every_type_and_token_count(void **state) {
     (void)state;
+    set_gemvq_rows(2);
     every_type_and_token_count();
     set_gemvq_rows(4);
     printf("  -- rows per warp 4\n");
@@ -658,6 +659,47 @@ static void every_type_and_token_count(void) {
     check_gemv_q(QB_Q8_0, 257, 4160, 4);
     check_gemv_q(QB_Q4_K, 129, 3328, 2);
     check_gemv_q(QB_Q4_K, 1, 256, 1);       /* one row: the warp's second row is past out */
+}
+
+/* k_gemv_qtc (the tensor-core GEMV over K-quant blocks), overwrite and accumulate, against
+ * the host decode (exact codes, fp32 sums: the same 1e-4 bound as k_gemv_q). */
+static void check_gemv_qtc(int t, int out, int in, int n) {
+    qprob q = qprob_make(t, out, in, n, 0);
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        float *dY = qprob_out(&q, accumulate);
+        assert_int_equal(k_gemv_qtc(t, q.dW, q.dX, dY, out, in, n, accumulate, 0), 0);
+        qprob_check(&q, dY, accumulate, "gemv_qtc");
+    }
+    qprob_free(&q);
+}
+
+/* Every K-quant type at every token count 1..16 (a warp's 8 rows, tokens 8..15 in the
+ * mma's upper half) on row counts that are not a multiple of 8; one block a row; rows of
+ * Q6_K's 210-byte blocks starting at every even offset; split K over 2 and 4 warps with a
+ * partial last step; a 1B down and an 8B-wide row. Then what it refuses. */
+static void test_gemv_qtc_matches_host_decode(void **state) {
+    (void)state;
+    const int types[3] = {QB_Q4_K, QB_Q5_K, QB_Q6_K};
+    for (int i = 0; i < 3; i++) {
+        for (int n = 1; n <= K_GEMV_QTC_MAX_N; n++) check_gemv_qtc(types[i], 37 + 2 * n, 768, n);
+        check_gemv_qtc(types[i], 1, 256, 1);       /* one row: seven of the warp's rows past out */
+        check_gemv_qtc(types[i], 333, 2560, 5);    /* 10 blocks: partial steps */
+        check_gemv_qtc(types[i], 129, 3328, 12);
+    }
+    check_gemv_qtc(QB_Q4_K, 2048, 8192, 1);   /* 1B down at batch 1 */
+    check_gemv_qtc(QB_Q6_K, 2048, 8192, 8);
+    check_gemv_qtc(QB_Q4_K, 4096, 14336, 16); /* 8B down */
+    assert_int_equal(k_gemv_qtc_takes(QB_Q8_0), 0);
+    assert_int_equal(k_gemv_qtc_takes(QB_Q4_K), 1);
+    uint8_t *d = gu_dev(1 << 20);
+    float *f = gu_dev(1 << 20);
+    assert_int_equal(k_gemv_qtc(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 1, 0, 0), -1);   /* not a K type */
+    assert_int_equal(k_gemv_qtc(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 200, 1, 0, 0), -1);   /* not whole blocks */
+    assert_int_equal(k_gemv_qtc(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 256, 17, 0, 0), -1);  /* too many tokens */
+    assert_int_equal(k_gemv_qtc(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 256, 0, 0, 0), -1);
+    assert_int_equal(k_gemv_qtc(QB_Q6_K, d, (uint16_t *)(d + 65538), f, 8, 256, 1, 0, 0), -1);   /* X unaligned */
+    assert_int_equal(k_gemv_qtc(QB_Q6_K, d + 2, (uint16_t *)(d + 65536), f, 8, 256, 1, 0, 0), -1);
+    cudaFree(d), cudaFree(f);
 }
 
 /* k_gemm_q (kernels/gemm_q.cu), overwrite and accumulate, with a workspace (the
@@ -804,6 +846,68 @@ static void test_gemm_q_speed_report(void **state) {
     cublasDestroy(c.blas);
 }
 
+static void run_qtc(void *p, const uint8_t *W) {
+    gq_ctx *c = p;
+    assert_int_equal(k_gemv_qtc(c->type, W, c->X, c->Y, c->out, c->in, c->n, 0, 0), 0);
+}
+
+static void run_gemvq(void *p, const uint8_t *W) {
+    gq_ctx *c = p;
+    assert_int_equal(k_gemv_q(c->type, W, c->X, c->Y, c->out, c->in, c->n, 0, 0), 0);
+}
+
+/* A printed timing of k_gemv_qtc at 1-16 tokens on Llama-3.1-8B / 3.2-1B projection shapes
+ * for the K-quant types, beside k_gemv_q (n <= 8), dequantize + cuBLAS and cuBLAS on a bf16
+ * matrix of the same shape; bandwidth on the quantized bytes. 8 copies of each matrix
+ * rotate, so the L2 holds none between uses. */
+static void test_gemv_qtc_speed_report(void **state) {
+    (void)state;
+    const char *on = getenv("SPECD_GEMV_BENCH");
+    if (on && !strcmp(on, "0")) {
+        printf("  bench gemv_qtc: not timed (SPECD_GEMV_BENCH=0)\n");
+        return;
+    }
+    const int shapes[4][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {2048, 8192}};
+    const int types[3] = {QB_Q4_K, QB_Q6_K, QB_Q5_K}, ns[5] = {1, 2, 4, 8, 16};
+    enum { C = 8 };
+    gq_ctx c = {0};
+    assert_int_equal(cublasCreate(&c.blas), CUBLAS_STATUS_SUCCESS);
+    for (int si = 0; si < 4; si++) {
+        c.out = shapes[si][0], c.in = shapes[si][1];
+        uint16_t *X = malloc((size_t)16 * c.in * 2);
+        fill_bf(X, (size_t)16 * c.in, -1.f, 1.f);
+        c.X = gu_upload(X, (size_t)16 * c.in * 2);
+        c.Y = gu_dev(sizeof(float) * 16 * (size_t)c.out);
+        c.scratch = gu_dev((size_t)c.out * c.in * 2);
+        const size_t bbytes = (size_t)c.out * c.in * 2;
+        uint8_t *hb = malloc(bbytes), *B[C];
+        for (size_t i = 0; i < bbytes / 2; i++) ((uint16_t *)hb)[i] = gu_f2bf(gu_uniform(&g_seed, -0.05f, 0.05f));
+        for (int k = 0; k < C; k++) B[k] = gu_upload(hb, bbytes);
+        for (int ti = 0; ti < 3; ti++) {
+            c.type = types[ti];
+            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
+            uint8_t *hq = malloc(qbytes), *Q[C];
+            random_blocks(c.type, hq, qbytes);
+            for (int k = 0; k < C; k++) Q[k] = gu_upload(hq, qbytes);
+            for (int ni = 0; ni < 5; ni++) {
+                c.n = ns[ni];
+                const double tc = time_copies(run_qtc, &c, Q, C, 200);
+                const double gv = c.n <= K_GEMV_MAX_N ? time_copies(run_gemvq, &c, Q, C, 200) : 0;
+                const double sc = time_copies(run_scratch, &c, Q, C, 100), bf = time_copies(run_bf16, &c, B, C, 100);
+                printf("  bench gemv_qtc out %5d in %5d type %2d n %2d: qtc %7.2f us (%6.1f GB/s of blocks)  gemv_q %7.2f us"
+                       "  dequant+cublas %7.2f us  bf16 cublas %7.2f us\n",
+                       c.out, c.in, c.type, c.n, tc, (double)qbytes / (tc * 1e3), gv, sc, bf);
+            }
+            for (int k = 0; k < C; k++) cudaFree(Q[k]);
+            free(hq);
+        }
+        for (int k = 0; k < C; k++) cudaFree(B[k]);
+        cudaFree((void *)c.X), cudaFree(c.Y), cudaFree(c.scratch);
+        free(hb), free(X);
+    }
+    cublasDestroy(c.blas);
+}
+
 /* ---- timing (read from the log; asserts only that the launches succeed) ---------------- */
 
 static void run_gemv1(void *p, const uint8_t *W) {   /* batch 1; type 0: k_gemv_bf16 */
@@ -863,7 +967,7 @@ static void test_gemv_q_bandwidth_report(void **state) {
         uint16_t *dX = gu_upload(X, (size_t)in * 2);
         float *dY = gu_dev(sizeof(float) * out);
         const double bf = bench_one(0, out, in, dX, dY, 0);
-        for (int rows = 2; rows <= 4; rows += 2) {   /* k_tuning.gemvq_rows: the default, then 4 */
+        for (int rows = 2; rows <= 4; rows += 2) {   /* k_tuning.gemvq_rows: 2, then 4 (the default) */
             set_gemvq_rows(rows);
             printf("  (rows per warp %d)\n", rows);
             bench_one(QB_Q8_0, out, in, dX, dY, bf);
@@ -1062,6 +1166,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemv_q_every_type_and_token_count),
         cmocka_unit_test(test_gemv_q_bandwidth_report),
         cmocka_unit_test(test_gemm_q_matches_host_decode),
+        cmocka_unit_test(test_gemv_qtc_matches_host_decode),
+        cmocka_unit_test(test_gemv_qtc_speed_report),
         cmocka_unit_test(test_gemm_q_speed_report),
         cmocka_unit_test(test_fp8_gemv_matches_exact_values),
         cmocka_unit_test(test_fp8_quantizer_matches_host),

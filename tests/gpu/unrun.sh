@@ -16,13 +16,6 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
-run async_masked "$G/test_gpu_runner" "*async_masked*"
-run fed_plumbing "$G/test_gpu_runner" "*count_the_fed*"
-run counts_fed "$G/test_gpu_kernels" "*counts_fed*"
-run gemm_q "$G/test_gpu_gemv" "*gemm_q*"
-run gemv_q4 "$G/test_gpu_gemv" "*gemv_q*"
-run forced_kernel "$G/test_gpu_kernels" "*forced*"
-run forced_runner "$G/test_gpu_runner" "*forced*"
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

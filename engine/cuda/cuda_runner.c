@@ -682,7 +682,9 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     if (t->gemv_rows < 1 || t->gemv_rows > CUDA_GEMV_MAX_ROWS) t->gemv_rows = CUDA_GEMV_DEFAULT_ROWS;
     /* GGUF projections of gemm_q_min..gemm_q_rows tokens on the tensor-core GEMM over the
      * blocks (k_gemm_q) instead of dequantize + cuBLAS. -1 (the default): 17..64 tokens for
-     * matrices whose sides are both >= 4096, none for smaller ones. Measured on an H100
+     * K-quant matrices (Q4_K, Q5_K, Q6_K) whose sides are both >= 4096, none for smaller ones
+     * or other types (its Q8_0 form took 2.3x dequantize + cuBLAS's time at the 8B gate shape
+     * and 64 tokens in test_gpu_gemv's report). Measured on an H100
      * (specd bench, Q4_K_M files, 2026-12-05): 8B shape at batch 32 / 64 2,877 / 4,967
      * decode tok/s against 2,213 / 4,249, at 96 / 128 no gain or a loss; 1B shape (2048
      * hidden) at 32 / 64 11,034 / 20,286 against 12,653 / 23,564 */

@@ -46,8 +46,8 @@ fail:
 
 /* gemm() for a projection that may be kept in its GGUF blocks (q->type): Q4_K / Q5_K passes
  * of tune.gemvq_tc_min .. tune.gemvq_tc tokens on the tensor-core GEMV (k_gemv_qtc); tune.gemm_q_min
- * .. tune.gemm_q_rows token rows (-1: 64 for matrices of both sides >= 4096, else none, as
- * measured) on the tensor-core GEMM over the blocks (partial sums of
+ * .. tune.gemm_q_rows token rows (-1: 64 for K-quant matrices of both sides >= 4096, else
+ * none, as measured) on the tensor-core GEMM over the blocks (partial sums of
  * its split reduction in the scratch buffer), else up to K_GEMV_MAX_N on the quantized
  * GEMV, more through its bf16 copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row
  * scales, set: W holds E4M3 bytes): up to K_GEMV_MAX_N rows on the GEMV reading the bytes,
@@ -67,7 +67,8 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         K_CHECK(r, k_gemv_qtc(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
-    const int gq_rows = r->tune.gemm_q_rows >= 0 ? r->tune.gemm_q_rows : out >= 4096 && in >= 4096 ? 64 : 0;
+    const int kquant = q->type == QB_Q4_K || q->type == QB_Q5_K || q->type == QB_Q6_K;
+    const int gq_rows = r->tune.gemm_q_rows >= 0 ? r->tune.gemm_q_rows : kquant && out >= 4096 && in >= 4096 ? 64 : 0;
     if (n >= r->tune.gemm_q_min && n <= gq_rows) {
         K_CHECK(r, k_gemm_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, (float *)r->d_qscratch, r->qscratch_bytes,
                             r->stream));

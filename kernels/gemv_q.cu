@@ -344,33 +344,63 @@ __device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t 
     }
 }
 
-/* Block: GEMVQ_WARPS warps, ks_n of them per unit of R rows, warp ks taking
- * blocks [nb ks / ks_n, nb (ks + 1) / ks_n) of each row. */
+/* A warp's share of a k_gemv_q / k_gemv_qtc launch (blocks of WARPS warps, ks_n of them per
+ * unit of R rows, warp ks taking blocks [nb ks / ks_n, nb (ks + 1) / ks_n) of each row):
+ * its rows (past out: the last row again), its run of blocks, its GEMVQ_STAGES staging
+ * buffers. prologue() copies the first steps (weights only: before the PDL wait); next(s)
+ * queues step s + GEMVQ_STAGES - 1 and waits for step s to have landed for the whole warp. */
+template <int T, int R, int WARPS>
+struct gq_warp {
+    static constexpr int P = GEMVQ_STAGES, SB = gq<T>::SB, WORDS = gq_words<T>();
+    int lane, warp, ks, unit, kb0, kb1, nsteps;
+    bool live;
+    size_t row_bytes, total;
+    uint4 *buf;
+    int row[R];
+    __device__ __forceinline__ gq_warp(int out, int in, int ks_n, uint4 *smem) {
+        lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % ks_n;
+        unit = blockIdx.x * (WARPS / ks_n) + warp / ks_n;
+        live = unit * R < out;
+        const int nb = in / gq<T>::E;
+        kb0 = (int)((long)nb * ks / ks_n), kb1 = (int)((long)nb * (ks + 1) / ks_n);
+        nsteps = live ? (kb1 - kb0 + SB - 1) / SB : 0;
+        row_bytes = (size_t)nb * gq<T>::S, total = (size_t)out * row_bytes;
+        buf = smem + (size_t)warp * P * R * WORDS;
+#pragma unroll
+        for (int r = 0; r < R; r++) row[r] = min(unit * R + r, out - 1);
+    }
+    __device__ __forceinline__ void prologue(const uint8_t *W) {
+#pragma unroll
+        for (int s = 0; s < P - 1; s++) {
+            if (s < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s, buf, lane);
+            tc_commit();
+        }
+    }
+    __device__ __forceinline__ void next(const uint8_t *W, int s) {
+        if (s + P - 1 < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s + P - 1, buf, lane);
+        tc_commit();
+        tc_wait<P - 1>();   /* step s's group has landed (this lane's copies) ... */
+        __syncwarp();       /* ... and every other lane's */
+    }
+    /* Row r's bytes of step s in its stage buffer, from the step's first block. */
+    __device__ __forceinline__ const uint8_t *staged(int s, int r, int rr) const {
+        return (const uint8_t *)(buf + ((s % P) * R + r) * WORDS) +
+               (((size_t)rr * row_bytes + (size_t)(kb0 + s * SB) * gq<T>::S) & 15);
+    }
+};
+
+/* Block: GEMVQ_WARPS warps, each a gq_warp of R rows. */
 template <int T, int NB, int R>
 __global__ void __launch_bounds__(GEMVQ_WARPS * 32)
 gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in, int ks_n,
               int accumulate) {
-    constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, LPB = 32 / SB, WORDS = gq_words<T>();
-    constexpr int P = GEMVQ_STAGES;
+    constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, LPB = 32 / SB;
     extern __shared__ uint4 gq_smem[];
     __shared__ float red[GEMVQ_WARPS][R * NB];
     k_pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % ks_n;
-    const int unit = blockIdx.x * (GEMVQ_WARPS / ks_n) + warp / ks_n;
-    const bool live = unit * R < out;
-    const int nb = in / E, kb0 = (int)((long)nb * ks / ks_n), kb1 = (int)((long)nb * (ks + 1) / ks_n);
-    const int nsteps = live ? (kb1 - kb0 + SB - 1) / SB : 0;
-    const size_t row_bytes = (size_t)nb * S, total = (size_t)out * row_bytes;
-    uint4 *buf = gq_smem + (size_t)warp * P * R * WORDS;
-    int row[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) row[r] = min(unit * R + r, out - 1);   /* past out: reread the last row */
-    /* weights only before the wait */
-#pragma unroll
-    for (int s = 0; s < P - 1; s++) {
-        if (s < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s, buf, lane);
-        tc_commit();
-    }
+    gq_warp<T, R, GEMVQ_WARPS> w(out, in, ks_n, gq_smem);
+    const int lane = w.lane, warp = w.warp;
+    w.prologue(W);
     k_pdl_wait();
     float acc[R][NB];
 #pragma unroll
@@ -378,19 +408,13 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, flo
 #pragma unroll
         for (int t = 0; t < NB; t++) acc[r][t] = 0.f;
     const int bl = lane / LPB, p = lane % LPB;
-    for (int s = 0; s < nsteps; s++) {
-        if (s + P - 1 < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s + P - 1, buf, lane);
-        tc_commit();
-        tc_wait<P - 1>();   /* step s's group has landed (this lane's copies) ... */
-        __syncwarp();       /* ... and every other lane's */
-        const int b = kb0 + s * SB + bl;
-        if (b < kb1) {
+    for (int s = 0; s < w.nsteps; s++) {
+        w.next(W, s);
+        const int b = w.kb0 + s * SB + bl;
+        if (b < w.kb1) {
             const uint8_t *blk[R];
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const size_t gs = (size_t)row[r] * row_bytes + (size_t)(kb0 + s * SB) * S;
-                blk[r] = (const uint8_t *)(buf + ((s % P) * R + r) * WORDS) + (gs & 15) + bl * S;
-            }
+            for (int r = 0; r < R; r++) blk[r] = w.staged(s, r, w.row[r]) + bl * S;
             gq_part<T, NB>(blk, p, X + (size_t)b * E, in, acc);
         }
         __syncwarp();       /* reads of this buffer done before the copy into it */
@@ -403,8 +427,8 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, flo
             if (lane == 0) red[warp][r * NB + t] = v;
         }
     __syncthreads();
-    if (live && ks == 0 && lane < R * NB) {   /* lane r NB + t writes row r, token t */
-        const int o = unit * R + lane / NB, t = lane % NB;
+    if (w.live && w.ks == 0 && lane < R * NB) {   /* lane r NB + t writes row r, token t */
+        const int o = w.unit * R + lane / NB, t = lane % NB;
         float v = 0.f;
         for (int j = 0; j < ks_n; j++) v += red[warp + j][lane];
         if (o < out) {
@@ -414,10 +438,11 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, flo
     }
 }
 
-/* Warps per unit: split K until about 32 warps per multiprocessor are busy, as long as
- * each keeps at least one full step. */
+/* Warps per unit: split K until about k_tuning.gemvq_split (32) warps per multiprocessor
+ * are busy, as long as each keeps at least one full step. */
 static int gemvq_ksplit(int units, int nb, int sb) {
-    const long want = (long)k_sm_count() * 32;
+    const int per_sm = k_tuning_get()->gemvq_split;
+    const long want = (long)k_sm_count() * (per_sm > 0 ? per_sm : 32);
     int ks = 1;
     while (ks < GEMVQ_WARPS && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
     return ks;
@@ -618,48 +643,28 @@ __device__ __forceinline__ void qtc_block_q6k(const uint8_t *bg, const uint8_t *
         }
 }
 
-/* Block: QTC_WARPS warps, ks_n of them per unit of QTC_ROWS rows, warp ks taking blocks
- * [nb ks / ks_n, nb (ks + 1) / ks_n) of each row (as gemv_q_kernel). BIG: n > 8. */
+/* Block: QTC_WARPS warps, each a gq_warp of QTC_ROWS rows. BIG: n > 8. */
 template <int T, bool BIG>
 __global__ void __launch_bounds__(QTC_WARPS * 32)
 gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in, int n,
                 int ks_n, int accumulate) {
-    constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, WORDS = gq_words<T>(), P = GEMVQ_STAGES, R = QTC_ROWS;
+    constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, R = QTC_ROWS;
     extern __shared__ uint4 gq_smem[];
     __shared__ float red[QTC_WARPS][16 * R];
     k_pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % ks_n;
-    const int unit = blockIdx.x * (QTC_WARPS / ks_n) + warp / ks_n;
-    const bool live = unit * R < out;
-    const int nb = in / E, kb0 = (int)((long)nb * ks / ks_n), kb1 = (int)((long)nb * (ks + 1) / ks_n);
-    const int nsteps = live ? (kb1 - kb0 + SB - 1) / SB : 0;
-    const size_t row_bytes = (size_t)nb * S, total = (size_t)out * row_bytes;
-    uint4 *buf = gq_smem + (size_t)warp * P * R * WORDS;
-    int row[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) row[r] = min(unit * R + r, out - 1);   /* past out: reread the last row */
-#pragma unroll
-    for (int s = 0; s < P - 1; s++) {
-        if (s < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s, buf, lane);
-        tc_commit();
-    }
+    gq_warp<T, R, QTC_WARPS> w(out, in, ks_n, gq_smem);
+    const int lane = w.lane, warp = w.warp;
+    w.prologue(W);
     k_pdl_wait();
-    const int g = lane >> 2, t = lane & 3;
-    const int rg = min(unit * R + g, out - 1), r0 = min(unit * R + 2 * t, out - 1), r1 = min(unit * R + 2 * t + 1, out - 1);
+    const int g = lane >> 2, t = lane & 3, u0 = w.unit * R;
+    const int rg = min(u0 + g, out - 1), r0 = min(u0 + 2 * t, out - 1), r1 = min(u0 + 2 * t + 1, out - 1);
     const bool gok = g < n, g8ok = BIG && g + 8 < n;
     const uint16_t *xg = X + (size_t)(gok ? g : 0) * in, *xg8 = X + (size_t)(g8ok ? g + 8 : 0) * in;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; s < nsteps; s++) {
-        if (s + P - 1 < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s + P - 1, buf, lane);
-        tc_commit();
-        tc_wait<P - 1>();
-        __syncwarp();
-        const int b0 = kb0 + s * SB, nbl = min(SB, kb1 - b0);
-        const uint8_t *stage = (const uint8_t *)(buf + (size_t)(s % P) * R * WORDS);
-        const size_t off = (size_t)b0 * S;
-        const uint8_t *pg = stage + (size_t)g * WORDS * 16 + (((size_t)rg * row_bytes + off) & 15);
-        const uint8_t *ph[2] = {stage + (size_t)(2 * t) * WORDS * 16 + (((size_t)r0 * row_bytes + off) & 15),
-                                stage + (size_t)(2 * t + 1) * WORDS * 16 + (((size_t)r1 * row_bytes + off) & 15)};
+    for (int s = 0; s < w.nsteps; s++) {
+        w.next(W, s);
+        const int b0 = w.kb0 + s * SB, nbl = min(SB, w.kb1 - b0);
+        const uint8_t *pg = w.staged(s, g, rg), *ph[2] = {w.staged(s, 2 * t, r0), w.staged(s, 2 * t + 1, r1)};
         for (int bl = 0; bl < nbl; bl++) {
             const uint8_t *bh[2] = {ph[0] + bl * S, ph[1] + bl * S};
             const size_t xo = (size_t)(b0 + bl) * E;
@@ -676,9 +681,9 @@ gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, f
         red[warp][(g + 8) * R + 2 * t + 1] = acc[3];
     }
     __syncthreads();
-    if (live && ks == 0) {
+    if (w.live && w.ks == 0) {
         for (int i = lane; i < (BIG ? 16 : 8) * R; i += 32) {
-            const int tok = i / R, o = unit * R + i % R;
+            const int tok = i / R, o = u0 + i % R;
             if (tok >= n || o >= out) continue;
             float v = 0.f;
             for (int j = 0; j < ks_n; j++) v += red[warp + j][i];
@@ -688,10 +693,13 @@ gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, f
     }
 }
 
-/* Warps per unit of 8 rows: split K until about 16 warps per multiprocessor are busy, as
- * long as each keeps at least one full step. */
+/* Warps per unit of 8 rows: split K until about k_tuning.gemvq_tc_split (32) warps per
+ * multiprocessor are busy, as long as each keeps at least one full step. (On an H100 the
+ * 8B gate shape took 42.5 / 55.6 us at 8 / 16 tokens with 32 against 43.8 / 59.5 with 16;
+ * the down and qkv shapes were the same within 1%.) */
 static int gemv_qtc_ksplit(int units, int nb, int sb) {
-    const long want = (long)k_sm_count() * 16;
+    const int per_sm = k_tuning_get()->gemvq_tc_split;
+    const long want = (long)k_sm_count() * (per_sm > 0 ? per_sm : 16);
     int ks = 1;
     while (ks < QTC_WARPS && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
     return ks;

@@ -38,6 +38,9 @@ typedef struct {
     int attn_dec;     /* SPECD_ATTN_DEC: decode attention over many (row, KV head) pairs, which form
                        * (attention.cu; 0 the default, 1 and 2 for A/B) */
     int gemvq_rows;   /* k_gemv_q's rows per warp: 4, or 2 for anything else (gemv_q.cu) */
+    int gemvq_split;  /* k_gemv_q splits K over warps until about this many warps per SM are
+                       * busy (default 32; test_gpu_gemv "*split_report*" sweeps 8..128) */
+    int gemvq_tc_split; /* the same for k_gemv_qtc (default 32) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

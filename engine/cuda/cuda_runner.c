@@ -713,6 +713,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->k.attn_tiled = env_flag("SPECD_ATTN_TILED", 0);
     t->k.attn_dec = env_flag("SPECD_ATTN_DEC", t->k.attn_dec);
     t->k.gemvq_rows = env_flag("SPECD_CUDA_GEMVQ_ROWS", t->k.gemvq_rows);
+    t->k.gemvq_split = env_flag("SPECD_CUDA_GEMVQ_SPLIT", t->k.gemvq_split);
+    t->k.gemvq_tc_split = env_flag("SPECD_CUDA_GEMVQ_TC_SPLIT", t->k.gemvq_tc_split);
     if (t->k.attn_dec < 0 || t->k.attn_dec > 2) t->k.attn_dec = k_tuning_default.attn_dec;
     if (t->k.attn_pdl < 0 || t->k.attn_pdl > 2) t->k.attn_pdl = k_tuning_default.attn_pdl;
 #ifdef SPECD_DEBUG

@@ -908,6 +908,55 @@ static void test_gemv_qtc_speed_report(void **state) {
     cublasDestroy(c.blas);
 }
 
+/* A printed sweep of the K-split targets (k_tuning.gemvq_split for k_gemv_q at 1 token,
+ * gemvq_tc_split for k_gemv_qtc at 8 and 16) on the 8B gate / down / qkv shapes, Q4_K and
+ * Q6_K; the defaults are 32 and 32. */
+static void test_gemv_q_split_report(void **state) {
+    (void)state;
+    const char *on = getenv("SPECD_GEMV_BENCH");
+    if (on && !strcmp(on, "0")) {
+        printf("  bench split: not timed (SPECD_GEMV_BENCH=0)\n");
+        return;
+    }
+    const int shapes[3][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}};
+    const int types[2] = {QB_Q4_K, QB_Q6_K}, splits[5] = {8, 16, 32, 64, 128};
+    enum { C = 8 };
+    gq_ctx c = {0};
+    for (int si = 0; si < 3; si++) {
+        c.out = shapes[si][0], c.in = shapes[si][1];
+        uint16_t *X = malloc((size_t)16 * c.in * 2);
+        fill_bf(X, (size_t)16 * c.in, -1.f, 1.f);
+        c.X = gu_upload(X, (size_t)16 * c.in * 2);
+        c.Y = gu_dev(sizeof(float) * 16 * (size_t)c.out);
+        for (int ti = 0; ti < 2; ti++) {
+            c.type = types[ti];
+            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
+            uint8_t *hq = malloc(qbytes), *Q[C];
+            random_blocks(c.type, hq, qbytes);
+            for (int k = 0; k < C; k++) Q[k] = gu_upload(hq, qbytes);
+            for (int sp = 0; sp < 5; sp++) {
+                k_tuning t = k_tuning_default;
+                t.gemvq_split = t.gemvq_tc_split = splits[sp];
+                k_set_tuning(&t);
+                c.n = 1;
+                const double g1 = time_copies(run_gemvq, &c, Q, C, 48);
+                c.n = 8;
+                const double t8 = time_copies(run_qtc, &c, Q, C, 48), g8 = time_copies(run_gemvq, &c, Q, C, 48);
+                c.n = 16;
+                const double t16 = time_copies(run_qtc, &c, Q, C, 48);
+                printf("  bench split %3d out %5d in %5d type %2d: gemv_q n 1 %7.2f us (%6.1f GB/s)  n 8 %7.2f us"
+                       "  qtc n 8 %7.2f us  n 16 %7.2f us\n", splits[sp], c.out, c.in, c.type, g1,
+                       (double)qbytes / (g1 * 1e3), g8, t8, t16);
+            }
+            k_set_tuning(&k_tuning_default);
+            for (int k = 0; k < C; k++) cudaFree(Q[k]);
+            free(hq);
+        }
+        cudaFree((void *)c.X), cudaFree(c.Y);
+        free(X);
+    }
+}
+
 /* ---- timing (read from the log; asserts only that the launches succeed) ---------------- */
 
 static void run_gemv1(void *p, const uint8_t *W) {   /* batch 1; type 0: k_gemv_bf16 */
@@ -1168,6 +1217,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemm_q_matches_host_decode),
         cmocka_unit_test(test_gemv_qtc_matches_host_decode),
         cmocka_unit_test(test_gemv_qtc_speed_report),
+        cmocka_unit_test(test_gemv_q_split_report),
         cmocka_unit_test(test_gemm_q_speed_report),
         cmocka_unit_test(test_fp8_gemv_matches_exact_values),
         cmocka_unit_test(test_fp8_quantizer_matches_host),

@@ -3,7 +3,8 @@
 # projections kept in their blocks (--dtype gguf) against the same file dequantized to
 # bf16 at load (--dtype bf16), and llama.cpp on the same file when its directory is given:
 # weights GiB, prefill and decode tok/s at batch 1 / 8 / 64 / 256 (128 prompt, 128
-# generated tokens), greedy tokens of the two specd forms and their top-5 logprobs.
+# generated tokens), greedy tokens of the two specd forms and their top-5 logprobs, and
+# batch-1 ms/token as a fraction of the copy roofline on the file's bytes.
 #   tests/gpu/quant_bench.sh MODEL.gguf [BIN] [LLAMA_CPP_DIR]
 # A file to run: tests/gpu/make_gguf.py --shape llama-3.2-1b, then llama-quantize ... Q4_K_M.
 # Run build/gpu/test_gpu_gemv first (k_gemv_q / k_dequant_q / k_gemm_q against the host decode).
@@ -51,6 +52,38 @@ for v in sys.argv[2].split():
     if la and lb:
         d = max(abs(x[j][1] - y[j][1]) for x, y in zip(la[:same + 1], lb[:same + 1]) for j in range(min(len(x), len(y))))
         print(f"{v}: top-5 logprobs up to the first difference: max |{v} - bf16| = {d:.3e}")
+PY
+# Batch-1 decode against the copy roofline on the file's quantized bytes: bytes a token
+# reads (every tensor but the token embedding table, unless the output reuses it; needs the
+# gguf package) over the measured device-to-device copy bandwidth (torch, read + write).
+python3 - "$M" "$R" "$VARIANTS" <<'PY' || echo "roofline: not computed (needs torch and gguf)"
+import re, sys
+import gguf, torch
+m, r, variants = sys.argv[1], sys.argv[2], sys.argv[3].split()
+rd = gguf.GGUFReader(m)
+names = {t.name for t in rd.tensors}
+read = sum(int(t.n_bytes) for t in rd.tensors
+           if not (t.name == "token_embd.weight" and "output.weight" in names))
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+y = torch.empty_like(x)
+for _ in range(3):
+    y.copy_(x)
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+a.record()
+for _ in range(20):
+    y.copy_(x)
+b.record()
+torch.cuda.synchronize()
+bw = 2 * 20 * x.numel() / (a.elapsed_time(b) / 1e3)
+roof_ms = read / bw * 1e3
+print(f"roofline: {read / 1e9:.3f} GB read per token, copy bandwidth {bw / 1e9:.0f} GB/s: {roof_ms:.3f} ms/token")
+for v in variants:
+    for line in open(f"{r}/bench_{v}.log"):
+        f = line.split()
+        if len(f) >= 4 and f[0] == "1" and re.match(r"^[0-9.]+$", f[3]):
+            ms = float(f[3])
+            print(f"roofline: {v} batch 1 {ms:.3f} ms/token = {roof_ms / ms:.1%} of the roofline")
+            break
 PY
 if [ -n "$Q" ]; then
     timeout 200 "$Q/llama-batched-bench" -m "$M" -c 70000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,64,256 \

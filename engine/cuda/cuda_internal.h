@@ -104,14 +104,14 @@ typedef struct {
                               * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
-    /* SPECD_CUDA_GEMM_Q_ROWS=N, SPECD_CUDA_GEMM_Q_MIN=M (default K_GEMV_MAX_N + 1): passes
+    /* SPECD_CUDA_GEMM_Q_ROWS=N, SPECD_CUDA_GEMM_Q_MIN=M (default K_GEMV_QTC_MAX_N + 1): passes
      * of M .. N token rows over GGUF quantized projections on the tensor-core GEMM that
-     * decodes the blocks in shared memory (k_gemm_q), the others on the quantized GEMV (up
-     * to K_GEMV_MAX_N) or through the bf16 scratch copy and cuBLAS; N 0, the default until
-     * tests/gpu/UNRUN.md's check has passed: none on it */
+     * decodes the blocks in shared memory (k_gemm_q); N -1, the default: 64 for K-quant
+     * matrices of both sides >= 4096, none for the others (gemm_q in cuda_step.c) */
     int gemm_q_rows, gemm_q_min;
-    int gemvq_tc, gemvq_tc_min, gemvq_tc_q6k;   /* K-quant passes of gemvq_tc_min..gemvq_tc tokens on
-                                                 * k_gemv_qtc (Q6_K too when gemvq_tc_q6k) */
+    /* SPECD_CUDA_GEMVQ_TC=N, _TC_MIN=M, _TC_Q6K=1 (defaults 16, 8, 0): Q4_K / Q5_K passes of
+     * M .. N tokens on the tensor-core GEMV k_gemv_qtc, Q6_K too with _TC_Q6K */
+    int gemvq_tc, gemvq_tc_min, gemvq_tc_q6k;
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */

@@ -690,6 +690,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * hidden) at 32 / 64 11,034 / 20,286 against 12,653 / 23,564 */
     t->gemm_q_rows = env_flag("SPECD_CUDA_GEMM_Q_ROWS", -1);
     t->gemm_q_min = env_flag("SPECD_CUDA_GEMM_Q_MIN", K_GEMV_QTC_MAX_N + 1);
+    if (t->gemm_q_min < 1) t->gemm_q_min = K_GEMV_QTC_MAX_N + 1;
     /* Q4_K / Q5_K projections of 8..16 tokens on the tensor-core GEMV (kernels/gemv_q.cu
      * k_gemv_qtc) instead of k_gemv_q (up to 8) or dequantize + cuBLAS. Measured on an H100
      * (test_gpu_gemv "*gemv_qtc*", 8B shapes, 2026-12-05): Q4_K gate at 8 tokens 50.8 us
@@ -700,7 +701,6 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     if (t->gemvq_tc > K_GEMV_QTC_MAX_N) t->gemvq_tc = K_GEMV_QTC_MAX_N;
     t->gemvq_tc_min = env_flag("SPECD_CUDA_GEMVQ_TC_MIN", K_GEMV_MAX_N);
     t->gemvq_tc_q6k = env_flag("SPECD_CUDA_GEMVQ_TC_Q6K", 0);
-    if (t->gemm_q_min < 1) t->gemm_q_min = K_GEMV_QTC_MAX_N + 1;
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

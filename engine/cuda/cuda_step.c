@@ -67,7 +67,7 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         K_CHECK(r, k_gemv_qtc(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
-    const int kquant = q->type == QB_Q4_K || q->type == QB_Q5_K || q->type == QB_Q6_K;
+    const int kquant = qb_elems(q->type) == 256;   /* Q4_K, Q5_K, Q6_K */
     const int gq_rows = r->tune.gemm_q_rows >= 0 ? r->tune.gemm_q_rows : kquant && out >= 4096 && in >= 4096 ? 64 : 0;
     if (n >= r->tune.gemm_q_min && n <= gq_rows) {
         K_CHECK(r, k_gemm_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, (float *)r->d_qscratch, r->qscratch_bytes,

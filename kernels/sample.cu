@@ -195,7 +195,7 @@ __device__ void top_n(const float *x, int vocab, int n, float xmax, float log_se
 
 __global__ void __launch_bounds__(SAMPLE_NT)
 sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *out_tok, float *out_logprob,
-              int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank) {
+              int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank, const uint32_t *mask, const int32_t *has) {
     __shared__ float hist[256];
     __shared__ float red[32];
     __shared__ float wv[32];
@@ -205,6 +205,25 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     float *x = logits + (size_t)row * vocab;
     const k_sample_params p = params[row];
     const bool adjusted = !p.force && has_adjust(p);
+    const int n_top = out_top_ids && out_top_lps ? min(min(p.n_top, K_MAX_TOP), vocab) : 0;
+
+    /* -1. a grammar mask (k_sample_masked): the row's log-sum-exp and top logprobs first,
+     * of its logits as they came, then every token its mask leaves out to -inf, in place */
+    const bool masked = mask && has[row];
+    float raw_max = 0.f, raw_lse = 0.f;
+    if (masked) {
+        raw_max = block_max<SAMPLE_NT>(x, vocab, red);
+        float se = 0.f;
+        for (int i = tid; i < vocab; i += SAMPLE_NT) se += __expf(x[i] - raw_max);
+        raw_lse = logf(k_block_sum(se, red));
+        if (n_top > 0)
+            top_n<SAMPLE_NT>(x, vocab, n_top, raw_max, raw_lse, hist, out_top_ids + (size_t)row * K_MAX_TOP,
+                             out_top_lps + (size_t)row * K_MAX_TOP);
+        const uint32_t *mr = mask + (size_t)row * (((size_t)vocab + 31) / 32);
+        for (int i = tid; i < vocab; i += SAMPLE_NT)
+            if (!((mr[i >> 5] >> (i & 31)) & 1u)) x[i] = -INFINITY;
+        __syncthreads();
+    }
 
     /* 0. the adjustments, in place */
     if (adjusted) adjust_row<SAMPLE_NT>(x, vocab, p);
@@ -226,8 +245,9 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
         restore_row<SAMPLE_NT>(x, vocab, p);
         xmax = block_max<SAMPLE_NT>(x, vocab, red);
     }
-    const int n_top = out_top_ids && out_top_lps ? min(min(p.n_top, K_MAX_TOP), vocab) : 0;
-    if (out_logprob || n_top > 0) {
+    if (masked) {   /* the chosen token is one the mask keeps: its logit is as it came */
+        if (out_logprob && tid == 0) out_logprob[row] = x[tok] - raw_max - raw_lse;
+    } else if (out_logprob || n_top > 0) {
         float se = 0.f;
         for (int i = tid; i < vocab; i += SAMPLE_NT) se += __expf(x[i] - xmax);
         se = k_block_sum(se, red);
@@ -247,13 +267,21 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     if (tid == 0) out_tok[row] = tok;
 }
 
+extern "C" int k_sample_masked(float *logits, int n, int vocab, const k_sample_params *p, const uint32_t *mask,
+                               const int32_t *has, int32_t *out_tok, float *out_logprob, int32_t *out_top_ids,
+                               float *out_top_lps, int32_t *out_rank, cudaStream_t s) {
+    if (n < 0 || vocab <= 0 || (mask && !has)) return -1;
+    if (n == 0) return 0;
+    sample_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, vocab, p, out_tok, out_logprob, out_top_ids, out_top_lps, out_rank,
+                                          mask, has);
+    return K_LAUNCH_RESULT();
+}
+
 extern "C" int k_sample(float *logits, int n, int vocab, const k_sample_params *p, int32_t *out_tok,
                         float *out_logprob, int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank,
                         cudaStream_t s) {
-    if (n < 0 || vocab <= 0) return -1;
-    if (n == 0) return 0;
-    sample_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, vocab, p, out_tok, out_logprob, out_top_ids, out_top_lps, out_rank);
-    return K_LAUNCH_RESULT();
+    return k_sample_masked(logits, n, vocab, p, NULL, NULL, out_tok, out_logprob, out_top_ids, out_top_lps, out_rank,
+                           s);
 }
 
 __global__ void __launch_bounds__(SAMPLE_NT)

@@ -338,6 +338,14 @@ typedef struct {
  * than the forced token's (other rows' entries are left as they are). */
 int k_sample(float *logits, int n, int vocab, const k_sample_params *p, int32_t *out_tok, float *out_logprob,
              int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank, cudaStream_t s);
+/* k_sample with grammar masks (k_mask_logits's layout, [n, (vocab + 31) / 32] words): a row
+ * with has[r] != 0 samples only among the tokens whose bit is set (the others are left at
+ * -inf in logits, as k_mask_logits leaves them), while its logprob and top logprobs are of
+ * its logits as given, before the mask and the adjustments, like every other row's
+ * (runner.masked_raw_logprobs). mask NULL: k_sample. */
+int k_sample_masked(float *logits, int n, int vocab, const k_sample_params *p, const uint32_t *mask,
+                    const int32_t *has, int32_t *out_tok, float *out_logprob, int32_t *out_top_ids,
+                    float *out_top_lps, int32_t *out_rank, cudaStream_t s);
 /* k_sample's first step alone, left applied (for tests): each row's adjustments in place;
  * their entries' v then hold the values they replaced. */
 int k_logit_adjust(float *logits, int n, int vocab, const k_sample_params *p, cudaStream_t s);

@@ -207,13 +207,17 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         for (int o = 0; o < n_out; o += r->LR) {
             int cnt = n_out - o < r->LR ? n_out - o : r->LR;
             if (cuda_enqueue_logits(r, which, dm + META_LOGIT_ROWS * T + o, cnt)) return SPECD_ECUDA;
-            if (masked)
+            /* masks inside k_sample where it reports masked rows' logprobs of the logits before
+             * the mask (runner.masked_raw_logprobs), else in place before it */
+            const int in_sample = masked && b->sp && base->masked_raw_logprobs;
+            if (masked && !in_sample)
                 K_CHECK(r, k_mask_logits(r->d_logits, cnt, vocab, r->d_fs_mask + (size_t)o * mw, r->d_fs_has + o, s));
             if (b->sp)
-                K_CHECK(r, k_sample(r->d_logits, cnt, vocab, (const k_sample_params *)r->d_fs_par + o,
-                                    r->d_fs_tok + o, r->d_fs_lp + o, r->d_top_ids + (size_t)o * K_MAX_TOP,
-                                    r->d_top_lps + (size_t)o * K_MAX_TOP, want_rank ? r->d_fs_rank + o : NULL,
-                                    s));
+                K_CHECK(r, k_sample_masked(r->d_logits, cnt, vocab, (const k_sample_params *)r->d_fs_par + o,
+                                           in_sample ? r->d_fs_mask + (size_t)o * mw : NULL, r->d_fs_has + o,
+                                           r->d_fs_tok + o, r->d_fs_lp + o, r->d_top_ids + (size_t)o * K_MAX_TOP,
+                                           r->d_top_lps + (size_t)o * K_MAX_TOP, want_rank ? r->d_fs_rank + o : NULL,
+                                           s));
             else
                 CU_CHECK(r, cudaMemcpyAsync(b->logits + (size_t)o * vocab, r->d_logits,
                                             (size_t)cnt * vocab * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -812,8 +816,10 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
      * (2026-12-05), and test_gpu_kernels test_sample_forced_rows_match_host once its reuse
      * of consumed adjustment entries was fixed */
     r->base.forced_tokens = r->base.forward_samples;
-    /* k_mask_logits masks the logits in place before k_sample: a masked row's logprobs would
-     * be of the masked distribution, so constrained rows that want logprobs sample on the host */
+    /* k_sample_masked reports a masked row's logprobs of its logits before the mask; until
+     * test_gpu_kernels test_sample_masked_rows_report_raw_logprobs has passed on a GPU
+     * (tests/gpu/UNRUN.md) the masks go in place before k_sample (k_mask_logits), and
+     * constrained rows that want logprobs sample on the host */
     r->base.masked_raw_logprobs = 0;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);

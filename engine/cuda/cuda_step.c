@@ -470,8 +470,12 @@ static int enqueue_decode_tail(cuda_runner *r, int B, int masked) {
     float *out_lp = (float *)(out_tok + MB);
     cudaStream_t s = r->stream;
 
-    if (masked) K_CHECK(r, k_mask_logits(r->d_logits, B, vocab, r->d_fs_mask, r->d_fs_has, s));
-    K_CHECK(r, k_sample(r->d_logits, B, vocab, sp, out_tok, out_lp, r->d_top_ids, r->d_top_lps, NULL, s));
+    /* masks inside k_sample where it reports masked rows' logprobs of the logits before the
+     * mask (runner.masked_raw_logprobs), else in place before it */
+    const int in_sample = masked && r->base.masked_raw_logprobs;
+    if (masked && !in_sample) K_CHECK(r, k_mask_logits(r->d_logits, B, vocab, r->d_fs_mask, r->d_fs_has, s));
+    K_CHECK(r, k_sample_masked(r->d_logits, B, vocab, sp, in_sample ? r->d_fs_mask : NULL, r->d_fs_has, out_tok, out_lp,
+                               r->d_top_ids, r->d_top_lps, NULL, s));
     K_CHECK(r, k_advance_lens(r->d_lens, slots, r->d_ones, B, RUNNER_TARGET, r->dummy, s));
     /* The captured store that resets the dummy slot after the advance: padding rows never
      * accumulate context, whatever a previous step or a bug left there. */

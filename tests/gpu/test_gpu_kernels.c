@@ -1438,6 +1438,86 @@ static void test_sample_forced_rows_match_host(void **state) {
     adj_case_free(&c);
 }
 
+/* k_sample_masked (grammar masks inside the sampling kernel) over the adjustment case's
+ * rows, every other row masked (about a third of the vocabulary kept; in every fourth row
+ * the raw argmax is left out): the tokens, and the logits left behind, equal the path it
+ * replaces (k_mask_logits in place, then k_sample); unmasked rows' logprobs equal that
+ * path's; a masked row's logprob and top logprobs are those of its logits before the mask
+ * and the adjustments (top ids equal to sample_top_logprobs', logprobs within 1e-4). */
+static void test_sample_masked_rows_report_raw_logprobs(void **state) {
+    (void)state;
+    adj_case c;
+    adj_case_make(&c, 40, 5003);
+    const int n = c.n, V = c.V, W = (V + 31) / 32;
+    uint32_t *mask = calloc((size_t)n * W, 4);
+    int32_t has[40];
+    for (int r = 0; r < n; r++) {
+        has[r] = r % 2;
+        if (!has[r]) continue;
+        const float *xr = c.x + (size_t)r * V;
+        for (int i = 0; i < V; i++)
+            if (gu_next(&g_rng) % 3 == 0) mask[(size_t)r * W + i / 32] |= 1u << (i % 32);
+        if (r % 4 == 1) {   /* the raw argmax left out */
+            const int am = sample_argmax(xr, V);
+            mask[(size_t)r * W + am / 32] &= ~(1u << (am % 32));
+        }
+    }
+    uint32_t *d_mask = gu_upload(mask, (size_t)n * W * 4);
+    int32_t *d_has = gu_upload(has, sizeof has);
+    int32_t tok[2][40], top[2][40][K_MAX_TOP];
+    float lp[2][40], tlp[2][40][K_MAX_TOP], *after[2];
+    for (int way = 0; way < 2; way++) {   /* 0: k_mask_logits + k_sample; 1: k_sample_masked */
+        float *d_x;
+        k_logit_adj *d_adj;
+        k_sample_params *d_sp;
+        adj_case_upload(&c, &d_x, &d_adj, &d_sp);
+        int32_t *d_tok = gu_dev(n * 4), *d_top = gu_dev((size_t)n * K_MAX_TOP * 4);
+        float *d_lp = gu_dev(n * 4), *d_tlp = gu_dev((size_t)n * K_MAX_TOP * 4);
+        if (way == 0) {
+            assert_int_equal(k_mask_logits(d_x, n, V, d_mask, d_has, 0), 0);
+            assert_int_equal(k_sample(d_x, n, V, d_sp, d_tok, d_lp, d_top, d_tlp, NULL, 0), 0);
+        } else {
+            assert_int_equal(k_sample_masked(d_x, n, V, d_sp, d_mask, d_has, d_tok, d_lp, d_top, d_tlp, NULL, 0), 0);
+        }
+        gu_download(tok[way], d_tok, sizeof tok[way]);
+        gu_download(lp[way], d_lp, sizeof lp[way]);
+        gu_download(top[way], d_top, sizeof top[way]);
+        gu_download(tlp[way], d_tlp, sizeof tlp[way]);
+        after[way] = malloc((size_t)n * V * 4);
+        gu_download(after[way], d_x, (size_t)n * V * 4);
+        cudaFree(d_x); cudaFree(d_adj); cudaFree(d_sp); cudaFree(d_tok); cudaFree(d_lp); cudaFree(d_top);
+        cudaFree(d_tlp);
+    }
+    assert_memory_equal(after[0], after[1], (size_t)n * V * 4);
+    int masked_off_argmax = 0;
+    double lp_err = 0;
+    for (int r = 0; r < n; r++) {
+        const float *xr = c.x + (size_t)r * V;
+        assert_int_equal(tok[1][r], tok[0][r]);
+        if (!has[r]) {
+            assert_memory_equal(&lp[1][r], &lp[0][r], sizeof(float));
+            continue;
+        }
+        assert_true((mask[(size_t)r * W + tok[1][r] / 32] >> (tok[1][r] % 32)) & 1u);   /* a kept token */
+        masked_off_argmax += tok[1][r] != sample_argmax(xr, V);
+        lp_err = fmax(lp_err, fabs(lp[1][r] - sample_logprob(xr, V, tok[1][r])));
+        int32_t ids[K_MAX_TOP];
+        float lps[K_MAX_TOP];
+        const int k = c.sp[r].n_top ? sample_top_logprobs(xr, V, c.sp[r].n_top, ids, lps) : 0;
+        for (int j = 0; j < k; j++) {
+            if (top[1][r][j] != ids[j]) fail_msg("masked row %d top %d: device id %d, host %d", r, j, top[1][r][j], ids[j]);
+            lp_err = fmax(lp_err, fabs(tlp[1][r][j] - lps[j]));
+        }
+    }
+    printf("    masked rows: 20 of %d (%d not on the raw argmax), tokens and logits as k_mask_logits + k_sample, "
+           "raw logprobs within %.2e\n", n, masked_off_argmax, lp_err);
+    assert_true(masked_off_argmax >= 5);
+    assert_true(lp_err < 1e-4);
+    cudaFree(d_mask); cudaFree(d_has);
+    free(mask); free(after[0]); free(after[1]);
+    adj_case_free(&c);
+}
+
 /* k_sample with adjustments: greedy rows pick the host's argmax of the adjusted logits,
  * sampled rows the reference draw over them (but within rounding of an interval's edge);
  * the logprob and the top logprobs are of the raw logits (top ids equal to
@@ -1662,6 +1742,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_logit_adjust_equals_host_penalties),
         cmocka_unit_test(test_sample_adjusted_matches_host_and_reports_raw_logprobs),
         cmocka_unit_test(test_sample_forced_rows_match_host),
+        cmocka_unit_test(test_sample_masked_rows_report_raw_logprobs),
         cmocka_unit_test(test_sample_counts_fed_token),
         cmocka_unit_test(test_advance_lens_skips_dummy_rows),
     };

@@ -438,13 +438,13 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, flo
     }
 }
 
-/* Warps per unit: split K until about k_tuning.gemvq_split (32) warps per multiprocessor
- * are busy, as long as each keeps at least one full step. */
-static int gemvq_ksplit(int units, int nb, int sb) {
-    const int per_sm = k_tuning_get()->gemvq_split;
+/* Warps per unit of rows (k_gemv_q's and k_gemv_qtc's): split K until about per_sm warps
+ * per multiprocessor are busy (k_tuning.gemvq_split / gemvq_tc_split; 32 where unset), up
+ * to max_ks warps and as long as each keeps at least one full step of sb blocks. */
+static int gq_ksplit(int units, int nb, int sb, int max_ks, int per_sm) {
     const long want = (long)k_sm_count() * (per_sm > 0 ? per_sm : 32);
     int ks = 1;
-    while (ks < GEMVQ_WARPS && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
+    while (ks < max_ks && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
     return ks;
 }
 
@@ -459,7 +459,8 @@ static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, float *Y, int ou
             return -1;
         smem_set = true;
     }
-    const int units = (out + R - 1) / R, ks = gemvq_ksplit(units, in / gq<T>::E, gq<T>::SB);
+    const int units = (out + R - 1) / R;
+    const int ks = gq_ksplit(units, in / gq<T>::E, gq<T>::SB, GEMVQ_WARPS, k_tuning_get()->gemvq_split);
     const int upb = GEMVQ_WARPS / ks;
     return k_launch(gemv_q_kernel<T, NB, R>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W, X, Y,
                     out, in, ks, accumulate);
@@ -693,18 +694,9 @@ gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, f
     }
 }
 
-/* Warps per unit of 8 rows: split K until about k_tuning.gemvq_tc_split (32) warps per
- * multiprocessor are busy, as long as each keeps at least one full step. (On an H100 the
- * 8B gate shape took 42.5 / 55.6 us at 8 / 16 tokens with 32 against 43.8 / 59.5 with 16;
- * the down and qkv shapes were the same within 1%.) */
-static int gemv_qtc_ksplit(int units, int nb, int sb) {
-    const int per_sm = k_tuning_get()->gemvq_tc_split;
-    const long want = (long)k_sm_count() * (per_sm > 0 ? per_sm : 16);
-    int ks = 1;
-    while (ks < QTC_WARPS && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
-    return ks;
-}
-
+/* k_gemv_qtc's K split aims at k_tuning.gemvq_tc_split (32) warps per multiprocessor (on an
+ * H100 the 8B gate shape took 42.5 / 55.6 us at 8 / 16 tokens with 32 against 43.8 / 59.5
+ * with 16; the down and qkv shapes were the same within 1%). */
 template <int T, bool BIG>
 static int gemv_qtc_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
                            cudaStream_t s) {
@@ -716,7 +708,8 @@ static int gemv_qtc_launch(const uint8_t *W, const uint16_t *X, float *Y, int ou
             return -1;
         smem_set = true;
     }
-    const int units = (out + QTC_ROWS - 1) / QTC_ROWS, ks = gemv_qtc_ksplit(units, in / gq<T>::E, gq<T>::SB);
+    const int units = (out + QTC_ROWS - 1) / QTC_ROWS;
+    const int ks = gq_ksplit(units, in / gq<T>::E, gq<T>::SB, QTC_WARPS, k_tuning_get()->gemvq_tc_split);
     const int upb = QTC_WARPS / ks;
     return k_launch(gemv_qtc_kernel<T, BIG>, dim3((units + upb - 1) / upb), dim3(QTC_WARPS * 32), smem, s, W, X, Y,
                     out, in, n, ks, accumulate);

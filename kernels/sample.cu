@@ -134,6 +134,14 @@ __device__ __forceinline__ float block_max(const float *x, int vocab, float *red
     return k_warp_max(m);
 }
 
+/* log sum_i exp(x_i - xmax) over the row (every thread gets it); red as block_max's. */
+template <int NT>
+__device__ __forceinline__ float row_log_se(const float *x, int vocab, float xmax, float *red) {
+    float se = 0.f;
+    for (int i = threadIdx.x; i < vocab; i += NT) se += __expf(x[i] - xmax);
+    return logf(k_block_sum(se, red));
+}
+
 /* The n (<= K_MAX_TOP, <= vocab) largest values of x, descending, ties to the lower id,
  * as ids and logprobs (x_i - xmax) - log_se. The key of the n-th largest value (counting
  * repeats) by radix select; then, in index order over contiguous chunks, every value
@@ -213,9 +221,7 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     float raw_max = 0.f, raw_lse = 0.f;
     if (masked) {
         raw_max = block_max<SAMPLE_NT>(x, vocab, red);
-        float se = 0.f;
-        for (int i = tid; i < vocab; i += SAMPLE_NT) se += __expf(x[i] - raw_max);
-        raw_lse = logf(k_block_sum(se, red));
+        raw_lse = row_log_se<SAMPLE_NT>(x, vocab, raw_max, red);
         if (n_top > 0)
             top_n<SAMPLE_NT>(x, vocab, n_top, raw_max, raw_lse, hist, out_top_ids + (size_t)row * K_MAX_TOP,
                              out_top_lps + (size_t)row * K_MAX_TOP);
@@ -248,10 +254,7 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     if (masked) {   /* the chosen token is one the mask keeps: its logit is as it came */
         if (out_logprob && tid == 0) out_logprob[row] = x[tok] - raw_max - raw_lse;
     } else if (out_logprob || n_top > 0) {
-        float se = 0.f;
-        for (int i = tid; i < vocab; i += SAMPLE_NT) se += __expf(x[i] - xmax);
-        se = k_block_sum(se, red);
-        const float log_se = logf(se);
+        const float log_se = row_log_se<SAMPLE_NT>(x, vocab, xmax, red);
         if (out_logprob && tid == 0) out_logprob[row] = x[tok] - xmax - log_se;
         if (n_top > 0)
             top_n<SAMPLE_NT>(x, vocab, n_top, xmax, log_se, hist, out_top_ids + (size_t)row * K_MAX_TOP,

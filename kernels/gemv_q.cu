@@ -767,3 +767,40 @@ extern "C" int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, 
     default: return -1;
     }
 }
+
+/* The token embedding kept in its blocks: out[t, :] = fp32(bf16(row tokens[t] decoded)), the
+ * values the bf16 table holds (the loader rounds the host decode to nearest even, as
+ * k_f2bf does), so both forms embed alike. One block per token, 8 elements a thread. */
+template <int T>
+__global__ void embed_q_kernel(const uint8_t *__restrict__ W, const int32_t *tokens, float *out, int hidden,
+                               int vocab) {
+    k_pdl_trigger();
+    k_pdl_wait();
+    int id = tokens[blockIdx.x];
+    if (id < 0 || id >= vocab) id = 0;
+    const int E = qb_elems(T), S = qb_bytes(T);
+    const uint8_t *row = W + (size_t)id * (size_t)(hidden / E) * S;
+    float *o = out + (size_t)blockIdx.x * hidden;
+    for (int k0 = threadIdx.x * 8; k0 < hidden; k0 += blockDim.x * 8) {
+        float w[8];
+        qb_decode8(T, row + (size_t)(k0 / E) * S, k0 % E, w);
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[k0 + i] = k_bf2f(k_f2bf(w[i]));
+    }
+}
+
+extern "C" int k_embed_q(int type, const uint8_t *W, const int32_t *tokens, float *out, int n, int hidden, int vocab,
+                         cudaStream_t s) {
+    if (n == 0) return 0;
+    if (!qb_bytes(type) || n < 0 || hidden <= 0 || vocab <= 0 || hidden % qb_elems(type)) return -1;
+    const dim3 grid((unsigned)n), block(128);
+    switch (type) {
+    case QB_Q8_0: return k_launch(embed_q_kernel<QB_Q8_0>, grid, block, 0, s, W, tokens, out, hidden, vocab);
+    case QB_Q4_0: return k_launch(embed_q_kernel<QB_Q4_0>, grid, block, 0, s, W, tokens, out, hidden, vocab);
+    case QB_Q4_1: return k_launch(embed_q_kernel<QB_Q4_1>, grid, block, 0, s, W, tokens, out, hidden, vocab);
+    case QB_Q5_K: return k_launch(embed_q_kernel<QB_Q5_K>, grid, block, 0, s, W, tokens, out, hidden, vocab);
+    case QB_Q4_K: return k_launch(embed_q_kernel<QB_Q4_K>, grid, block, 0, s, W, tokens, out, hidden, vocab);
+    case QB_Q6_K: return k_launch(embed_q_kernel<QB_Q6_K>, grid, block, 0, s, W, tokens, out, hidden, vocab);
+    default: return -1;
+    }
+}

@@ -229,6 +229,11 @@ int k_gemv_qtc(int type, const uint8_t *W, const uint16_t *X, float *Y, int out,
                cudaStream_t s);
 /* The same matrix dequantized to bf16 out [rows, in] (16-byte aligned): for cuBLAS. */
 int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, int in, cudaStream_t s);
+/* k_embed over a table kept in its blocks (W [vocab, hidden] of type `type`, hidden a
+ * multiple of the block's elements): each row decoded and rounded to bf16, so the
+ * result equals k_embed over the table dequantized to bf16 at load. */
+int k_embed_q(int type, const uint8_t *W, const int32_t *tokens, float *out, int n, int hidden, int vocab,
+              cudaStream_t s);
 /* The same product for any n on tensor cores, the weights decoded tile by tile into shared
  * memory (kernels/gemm_q.cu): Y [n, out] (+)= X [n, in] . W^T, in a multiple of the
  * block's elements, X 16-byte aligned, W 16-byte aligned for Q4_K / Q5_K and 2-byte

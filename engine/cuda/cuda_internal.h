@@ -57,8 +57,12 @@ typedef struct {
     model_config c;
     int H, KVH, D, ffn;  /* this rank's share of heads / intermediate */
     int pool_layer0;     /* first pool layer of this model */
-    uint16_t *embed;     /* vocab, hidden */
-    uint16_t *lm_head;   /* vocab_rows, hidden; == embed when tied and not split */
+    uint16_t *embed;     /* vocab, hidden; NULL when qembed holds the table */
+    uint16_t *lm_head;   /* vocab_rows, hidden; == embed when tied and not split; NULL when
+                          * qlm holds it */
+    /* --dtype gguf on one GPU: the token embedding and the output matrix in their blocks
+     * (qlm.w == qembed.w when tied); type 0: the bf16 pointers above */
+    cuda_qmat qembed, qlm;
     int vocab_parts;     /* set before loading: 1, or world to split lm_head by vocabulary */
     int vocab_rows, vocab_row0;   /* this rank's lm_head rows: [vocab_row0, + vocab_rows) */
     float *out_norm;     /* hidden */
@@ -109,6 +113,9 @@ typedef struct {
      * decodes the blocks in shared memory (k_gemm_q); N -1, the default: 64 for K-quant
      * matrices of both sides >= 4096, none for the others (gemm_q in cuda_step.c) */
     int gemm_q_rows, gemm_q_min;
+    /* SPECD_CUDA_LM_HEAD_BF16=1: a quantized output matrix goes to bf16 at load (as before
+     * 2026-12-05) instead of staying in its blocks; the embedding stays in its blocks */
+    int lm_head_bf16;
     /* SPECD_CUDA_GEMVQ_TC=N, _TC_MIN=M, _TC_Q6K=1 (defaults 16, 8, 0): Q4_K / Q5_K passes of
      * M .. N tokens on the tensor-core GEMV k_gemv_qtc, Q6_K too with _TC_Q6K */
     int gemvq_tc, gemvq_tc_min, gemvq_tc_q6k;

@@ -695,6 +695,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->gemm_q_rows = env_flag("SPECD_CUDA_GEMM_Q_ROWS", -1);
     t->gemm_q_min = env_flag("SPECD_CUDA_GEMM_Q_MIN", K_GEMV_QTC_MAX_N + 1);
     if (t->gemm_q_min < 1) t->gemm_q_min = K_GEMV_QTC_MAX_N + 1;
+    t->lm_head_bf16 = env_flag("SPECD_CUDA_LM_HEAD_BF16", 0);
     /* Q4_K / Q5_K projections of 8..16 tokens on the tensor-core GEMV (kernels/gemv_q.cu
      * k_gemv_qtc) instead of k_gemv_q (up to 8) or dequantize + cuBLAS. Measured on an H100
      * (test_gpu_gemv "*gemv_qtc*", 8B shapes, 2026-12-05): Q4_K gate at 8 tokens 50.8 us
@@ -816,11 +817,12 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
      * (2026-12-05), and test_gpu_kernels test_sample_forced_rows_match_host once its reuse
      * of consumed adjustment entries was fixed */
     r->base.forced_tokens = r->base.forward_samples;
-    /* k_sample_masked reports a masked row's logprobs of its logits before the mask; until
-     * test_gpu_kernels test_sample_masked_rows_report_raw_logprobs has passed on a GPU
-     * (tests/gpu/UNRUN.md) the masks go in place before k_sample (k_mask_logits), and
-     * constrained rows that want logprobs sample on the host */
-    r->base.masked_raw_logprobs = 0;
+    /* k_sample_masked: the grammar mask inside the sampling kernel, after the row's
+     * log-sum-exp and top logprobs of its logits as they came, so constrained rows that
+     * want logprobs stay on the device (test_gpu_kernels
+     * test_sample_masked_rows_report_raw_logprobs passed on an H100, 2026-12-05: tokens and
+     * logits as k_mask_logits + k_sample, raw logprobs exact) */
+    r->base.masked_raw_logprobs = r->base.forward_masks;
     if (c->max_batch > 1024) {
         specd_errf(err, errlen, SPECD_ERANGE, "cuda runner: max_batch %d > 1024", c->max_batch);
         goto fail_free;

@@ -44,12 +44,25 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* gemm() for a projection that may be kept in its GGUF blocks (q->type): Q4_K / Q5_K passes
- * of tune.gemvq_tc_min .. tune.gemvq_tc tokens on the tensor-core GEMV (k_gemv_qtc); tune.gemm_q_min
- * .. tune.gemm_q_rows token rows (-1: 64 for K-quant matrices of both sides >= 4096, else
- * none, as measured) on the tensor-core GEMM over the blocks (partial sums of
- * its split reduction in the scratch buffer), else up to K_GEMV_MAX_N on the quantized
- * GEMV, more through its bf16 copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row
+/* Which kernel reads a GGUF-block matrix [out, in] for n token rows in place: Q4_K / Q5_K
+ * passes of tune.gemvq_tc_min .. tune.gemvq_tc tokens the tensor-core GEMV (k_gemv_qtc);
+ * tune.gemm_q_min .. tune.gemm_q_rows token rows (-1: 64 for K-quant matrices of both
+ * sides >= 4096, else none, as measured) the tensor-core GEMM over the blocks; up to
+ * K_GEMV_MAX_N the quantized GEMV; else none (Q_COPY: a bf16 copy and cuBLAS). */
+enum { Q_COPY, Q_GEMV_TC, Q_GEMM, Q_GEMV };
+static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
+    if (n >= r->tune.gemvq_tc_min && n <= r->tune.gemvq_tc && k_gemv_qtc_takes(type) &&
+        (type != QB_Q6_K || r->tune.gemvq_tc_q6k))
+        return Q_GEMV_TC;
+    const int kquant = qb_elems(type) == 256;   /* Q4_K, Q5_K, Q6_K */
+    const int gq_rows = r->tune.gemm_q_rows >= 0 ? r->tune.gemm_q_rows : kquant && out >= 4096 && in >= 4096 ? 64 : 0;
+    if (n >= r->tune.gemm_q_min && n <= gq_rows) return Q_GEMM;
+    return n <= K_GEMV_MAX_N ? Q_GEMV : Q_COPY;
+}
+
+/* gemm() for a projection that may be kept in its GGUF blocks (q->type): on q_kernel's
+ * choice (k_gemm_q's split partial sums in the scratch buffer), else through its bf16
+ * copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row
  * scales, set: W holds E4M3 bytes): up to K_GEMV_MAX_N rows on the GEMV reading the bytes,
  * more on FP8 tensor cores. */
 static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const float *sw, int out, int in,
@@ -62,24 +75,43 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         return cuda_fp8_gemm(r, (const uint8_t *)W, sw, out, in, X, n, Y, beta);
     }
     if (!q->type) return gemm(r, W, out, in, X, n, Y, beta);
-    if (n >= r->tune.gemvq_tc_min && n <= r->tune.gemvq_tc && k_gemv_qtc_takes(q->type) &&
-        (q->type != QB_Q6_K || r->tune.gemvq_tc_q6k)) {
+    switch (q_kernel(r, q->type, out, in, n)) {
+    case Q_GEMV_TC:
         K_CHECK(r, k_gemv_qtc(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
-    }
-    const int kquant = qb_elems(q->type) == 256;   /* Q4_K, Q5_K, Q6_K */
-    const int gq_rows = r->tune.gemm_q_rows >= 0 ? r->tune.gemm_q_rows : kquant && out >= 4096 && in >= 4096 ? 64 : 0;
-    if (n >= r->tune.gemm_q_min && n <= gq_rows) {
+    case Q_GEMM:
         K_CHECK(r, k_gemm_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, (float *)r->d_qscratch, r->qscratch_bytes,
                             r->stream));
         return 0;
-    }
-    if (n <= K_GEMV_MAX_N) {
+    case Q_GEMV:
         K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
     K_CHECK(r, k_dequant_q(q->type, q->w, r->d_qscratch, out, in, r->stream));
     return gemm(r, r->d_qscratch, out, in, X, n, Y, beta);   /* n > 8: cuBLAS */
+fail:
+    return SPECD_ECUDA;
+}
+
+/* The output matrix in its blocks (cuda_model.qlm): Y [n, vocab] = X . W^T. Passes gemm_q
+ * sends to a GEMV or to k_gemm_q go there; the rest dequantize it in chunks of rows the
+ * scratch buffer holds, each chunk's columns of Y by cuBLAS (ldc = vocab), so the bf16
+ * copy of the whole matrix is never made. */
+static int lm_head_q(cuda_runner *r, const cuda_qmat *q, const uint16_t *X, int n, float *Y) {
+    const int vocab = q->rows, in = q->cols;
+    if (q_kernel(r, q->type, vocab, in, n) != Q_COPY) return gemm_q(r, NULL, q, NULL, vocab, in, X, n, Y, 0.f);
+    const size_t row_bytes = (size_t)(in / qb_elems(q->type)) * (size_t)qb_bytes(q->type);
+    const int chunk = (int)(r->qscratch_bytes / 2 / (size_t)in);
+    const float alpha = 1.f, beta = 0.f;
+    if (chunk < 1) return SPECD_EINVAL;
+    for (int r0 = 0; r0 < vocab; r0 += chunk) {
+        const int rows = vocab - r0 < chunk ? vocab - r0 : chunk;
+        K_CHECK(r, k_dequant_q(q->type, q->w + (size_t)r0 * row_bytes, r->d_qscratch, rows, in, r->stream));
+        BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, in, &alpha, r->d_qscratch,
+                                   CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, Y + r0, CUDA_R_32F, vocab,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    return 0;
 fail:
     return SPECD_ECUDA;
 }
@@ -147,7 +179,10 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     k_norm_in nin_attn = {0}, nin_ffn = {0};
     k_norm_out nout_ffn = {0}, nout_attn = {0};
 
-    K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
+    if (cm->qembed.type)
+        K_CHECK(r, k_embed_q(cm->qembed.type, cm->qembed.w, p->tokens, r->d_resid, n, hidden, c->vocab, s));
+    else
+        K_CHECK(r, k_embed(cm->embed, p->tokens, r->d_resid, n, hidden, c->vocab, s));
     if (c->embed_scale > 0) K_CHECK(r, k_scale_f32(r->d_resid, (size_t)n * hidden, c->embed_scale, s));
     if (fuse_norm)
         CU_CHECK(r, cudaMemsetAsync(r->d_ss, 0, (size_t)2 * c->n_layers * CUDA_GEMV_MAX_ROWS * sizeof *r->d_ss, s));
@@ -275,6 +310,7 @@ int cuda_enqueue_logits_out(cuda_runner *r, int which, const int32_t *rows, int 
     const model_config *c = &cm->c;
     K_CHECK(r, k_rmsnorm(r->d_resid, rows, cm->out_norm, r->d_xb, n, c->hidden, c->rms_eps,
                          r->stream));
+    if (cm->qlm.type) return lm_head_q(r, &cm->qlm, r->d_xb, n, out);
     if (cm->vocab_parts <= 1) return gemm(r, cm->lm_head, c->vocab, c->hidden, r->d_xb, n, out, 0.f);
     /* Vocabulary-split lm_head: this rank's [n, V/W] slice, an all-gather of the slices
      * ([W][n][V/W], rank order), then each slice into its columns of out [n, V]: every

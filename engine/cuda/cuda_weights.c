@@ -14,7 +14,12 @@
  * bytes and per-tensor / per-row scales are copied as they are; anything else (bf16,
  * GGUF, block-scaled FP8, random fills) goes to the device as bf16 through a staging
  * matrix and is quantized there per row (k_quant_fp8_rows: the bytes the CPU runner's
- * fp8_round_row rounds to). Embeddings, lm_head, norms, routers and experts stay bf16. */
+ * fp8_round_row rounds to). Embeddings, lm_head, norms, routers and experts stay bf16.
+ *
+ * GGUF blocks kept (--dtype gguf, one GPU): the projections, the token embedding (rows
+ * decoded by k_embed_q as they are gathered) and the output matrix (cuda_step.c lm_head_q;
+ * SPECD_CUDA_LM_HEAD_BF16=1 dequantizes it at load instead) stay in their Q8_0 / Q4_0 /
+ * Q4_1 / Q4_K / Q5_K / Q6_K blocks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +193,27 @@ static int quant_alloc(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tenso
     q->cols = (int)cols;
     if (!(q->w = dalloc(r, cm, (size_t)rows * (size_t)(cols / qb_elems(t)) * (size_t)qb_bytes(t)))) return SPECD_ENOMEM;
     if ((size_t)rows * (size_t)cols > cm->q_scratch) cm->q_scratch = (size_t)rows * (size_t)cols;
+    return 0;
+}
+
+/* The token embedding or the output matrix in its blocks: view v [rows, hidden] when
+ * quant_type takes it; its bf16 copy is never made (k_embed_q gathers decoded rows; the
+ * lm_head runs in vocabulary chunks through the scratch buffer past the GEMVs, so the
+ * scratch grows to at least LM_CHUNK_ROWS rows of it, not to the whole matrix). */
+#define LM_CHUNK_ROWS 16384
+static void lm_scratch(cuda_model *cm, int64_t rows, int64_t hidden) {
+    const size_t chunk = (size_t)(rows < LM_CHUNK_ROWS ? rows : LM_CHUNK_ROWS) * (size_t)hidden;
+    if (chunk > cm->q_scratch) cm->q_scratch = chunk;
+}
+static int quant_table(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tensor_view *v, int64_t rows,
+                       int64_t hidden, int lm) {
+    const tensor_view *vs[1] = {v};
+    int t = v && v->ndim == 2 && v->shape[0] == rows && v->shape[1] == hidden ? quant_type(r, vs, 1) : 0;
+    if (!t) return 0;
+    const size_t keep = cm->q_scratch;
+    if (quant_alloc(r, cm, q, vs, 1, t)) return SPECD_ENOMEM;
+    cm->q_scratch = keep;
+    if (lm) lm_scratch(cm, rows, hidden);
     return 0;
 }
 
@@ -405,14 +431,25 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
     cm->layers = calloc((size_t)c->n_layers, sizeof *cm->layers);
     if (!cm->layers) return specd_errf(err, errlen, SPECD_ENOMEM, "cuda runner: out of host memory");
 
-    if (!(cm->embed = dalloc(r, cm, (size_t)c->vocab * hidden * 2))) goto oom;
+    /* GGUF blocks kept (one GPU, quant_type): the embedding, and the output matrix unless
+     * SPECD_CUDA_LM_HEAD_BF16; a tied output shares the embedding's blocks */
+    const tensor_view *lm_view = r->opts.random_weights ? NULL : c->tied_embeddings ? &m->tok_embd : &m->lm_head;
+    if (!r->opts.random_weights && quant_table(r, cm, &cm->qembed, &m->tok_embd, c->vocab, c->hidden, 0)) goto oom;
+    if (!cm->qembed.type && !(cm->embed = dalloc(r, cm, (size_t)c->vocab * hidden * 2))) goto oom;
     /* lm_head: all rows, or this rank's 1/world of the vocabulary (tensor parallelism) */
     int parts = cm->vocab_parts > 1 && c->vocab % cm->vocab_parts == 0 ? cm->vocab_parts : 1;
     cm->vocab_parts = parts;
     cm->vocab_rows = c->vocab / parts;
     cm->vocab_row0 = parts > 1 ? rank * cm->vocab_rows : 0;
-    cm->lm_head = cm->embed;
-    if ((!c->tied_embeddings || parts > 1) && !(cm->lm_head = dalloc(r, cm, (size_t)cm->vocab_rows * hidden * 2)))
+    if (lm_view && parts == 1 && !r->tune.lm_head_bf16) {
+        if (c->tied_embeddings && cm->qembed.type) {
+            cm->qlm = cm->qembed;
+            lm_scratch(cm, c->vocab, c->hidden);
+        } else if (quant_table(r, cm, &cm->qlm, lm_view, c->vocab, c->hidden, 1))
+            goto oom;
+    }
+    cm->lm_head = c->tied_embeddings && parts == 1 ? cm->embed : NULL;
+    if (!cm->qlm.type && !cm->lm_head && !(cm->lm_head = dalloc(r, cm, (size_t)cm->vocab_rows * hidden * 2)))
         goto oom;
     if (!(cm->out_norm = dalloc(r, cm, hidden * 4))) goto oom;
     if (!(cm->inv_freq = dalloc(r, cm, D / 2 * 4))) goto oom;
@@ -483,11 +520,16 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         if ((rc = check_view(&m->tok_embd, c->vocab, c->hidden, "embed_tokens", -1, err, errlen)) ||
             (rc = check_view(&m->out_norm, c->hidden, 0, "norm", -1, err, errlen)))
             goto out;
-        if ((rc = upload_bf16(r, &s, &m->tok_embd, c->vocab, c->hidden, 0, c->vocab, 0, c->hidden,
-                              cm->embed)) ||
+        const tensor_view *ev[1] = {&m->tok_embd};
+        if ((rc = cm->qembed.type ? quant_upload(r, &cm->qembed, ev, 1)
+                                  : upload_bf16(r, &s, &m->tok_embd, c->vocab, c->hidden, 0, c->vocab, 0, c->hidden,
+                                                cm->embed)) ||
             (rc = upload_norm(r, &s, &m->out_norm, c->hidden, cm->out_norm, c->norm_plus_one)))
             goto cuda_err;
-        if (cm->lm_head != cm->embed) {
+        if (cm->qlm.type && cm->qlm.w != cm->qembed.w) {
+            const tensor_view *lv[1] = {lm_view};
+            if ((rc = quant_upload(r, &cm->qlm, lv, 1))) goto cuda_err;
+        } else if (cm->lm_head && cm->lm_head != cm->embed) {
             const tensor_view *lv = c->tied_embeddings ? &m->tok_embd : &m->lm_head;
             if ((rc = check_view(lv, c->vocab, c->hidden, "lm_head", -1, err, errlen))) goto out;
             if ((rc = upload_bf16(r, &s, lv, c->vocab, c->hidden, cm->vocab_row0, cm->vocab_rows, 0, c->hidden,
@@ -534,6 +576,8 @@ void cuda_model_free(cuda_model *cm) {
     }
     if (cm->lm_head != cm->embed) cudaFree(cm->lm_head);
     cudaFree(cm->embed);
+    if (cm->qlm.w != cm->qembed.w) cudaFree(cm->qlm.w);
+    cudaFree(cm->qembed.w);
     cudaFree(cm->out_norm);
     cudaFree(cm->inv_freq);
     cudaFree(cm->inv_freq_local);

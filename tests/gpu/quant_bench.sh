@@ -20,7 +20,9 @@ P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
 # (SPECD_CUDA_GEMVQ_TC=0: k_gemv_q up to 8 tokens, then dequantize + cuBLAS); gguf_qtc all
 # K-quant passes of 1..16 tokens on it, Q6_K too (SPECD_CUDA_GEMVQ_TC_MIN=1,
 # SPECD_CUDA_GEMVQ_TC_Q6K=1); gguf_tc passes of GEMM_Q_MIN..GEMM_Q_ROWS tokens (default
-# 9..256) on the tensor-core GEMM over the blocks (k_gemm_q).
+# 9..256) on the tensor-core GEMM over the blocks (k_gemm_q); gguf_lmbf16 with the output
+# matrix dequantized to bf16 at load (SPECD_CUDA_LM_HEAD_BF16=1; the embedding stays in
+# its blocks).
 VARIANTS=${VARIANTS:-bf16 gguf gguf_gemv}
 for v in $VARIANTS; do
     d=${v%%_*}
@@ -28,6 +30,7 @@ for v in $VARIANTS; do
     case $v in
         gguf_qtc) env=(SPECD_CUDA_GEMVQ_TC_MIN=1 SPECD_CUDA_GEMVQ_TC_Q6K=1) ;;
         gguf_gemv) env=(SPECD_CUDA_GEMVQ_TC=0) ;;
+        gguf_lmbf16) env=(SPECD_CUDA_LM_HEAD_BF16=1) ;;
         gguf_tc) env=(SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=${GEMM_Q_ROWS:-256}) ;;
     esac
     env "${env[@]}" timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \
@@ -36,22 +39,35 @@ for v in $VARIANTS; do
     tail -5 "$R/bench_$v.log"
     env "${env[@]}" "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json \
         --top-logprobs 5 > "$R/gen_$v.json" 2> "$R/gen_$v.log"
+    # 64 sequences at once: lm_head passes of 64 rows (k_gemm_q on the 8B shape, the
+    # chunked dequantize + cuBLAS on the 1B one) where the layers of a 1B pass of 64 take
+    # the same dequantize + cuBLAS path as bf16
+    env "${env[@]}" "$S" generate --model "$M" --device cuda --dtype $d $P --max-tokens 64 --json --n-seqs 64 \
+        --top-logprobs 5 > "$R/gen64_$v.json" 2> "$R/gen64_$v.log"
 done
 python3 - "$R" "$VARIANTS" <<'PY'
 import json, os, sys
 r = sys.argv[1]
-a = json.load(open(f"{r}/gen_bf16.json"))
-for v in sys.argv[2].split():
-    if v == "bf16" or not os.path.exists(f"{r}/gen_{v}.json"):
+for g in ("gen", "gen64"):
+    try:
+        a = json.load(open(f"{r}/{g}_bf16.json"))
+    except (OSError, ValueError):
         continue
-    b = json.load(open(f"{r}/gen_{v}.json"))
-    ta, tb = a["output_ids"], b["output_ids"]
-    same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-    print(f"{v}: greedy tokens equal to bf16's for the first {same} of {len(ta)}")
-    la, lb = a.get("top_logprobs"), b.get("top_logprobs")
-    if la and lb:
-        d = max(abs(x[j][1] - y[j][1]) for x, y in zip(la[:same + 1], lb[:same + 1]) for j in range(min(len(x), len(y))))
-        print(f"{v}: top-5 logprobs up to the first difference: max |{v} - bf16| = {d:.3e}")
+    for v in sys.argv[2].split():
+        try:
+            b = json.load(open(f"{r}/{g}_{v}.json"))
+        except (OSError, ValueError):
+            continue
+        if v == "bf16":
+            continue
+        ta, tb = a["output_ids"], b["output_ids"]
+        same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        tag = f"{v} ({'batch 1' if g == 'gen' else 'first of 64 sequences'})"
+        print(f"{tag}: greedy tokens equal to bf16's for the first {same} of {len(ta)}")
+        la, lb = a.get("top_logprobs"), b.get("top_logprobs")
+        if la and lb:
+            d = max(abs(x[j][1] - y[j][1]) for x, y in zip(la[:same + 1], lb[:same + 1]) for j in range(min(len(x), len(y))))
+            print(f"{tag}: top-5 logprobs up to the first difference: max |{v} - bf16| = {d:.3e}")
 PY
 # Batch-1 decode against the copy roofline on the file's quantized bytes: bytes a token
 # reads (every tensor but the token embedding table, unless the output reuses it; needs the
@@ -90,4 +106,5 @@ if [ -n "$Q" ]; then
         -fa on -ngl 99 > "$R/llama_cpp.log" 2>&1
     echo "== llama.cpp (rc $?)"
     grep -E "^\|" "$R/llama_cpp.log"
+    grep -E "CUDA0 model buffer size" "$R/llama_cpp.log" | head -1
 fi

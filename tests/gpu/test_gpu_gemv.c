@@ -15,6 +15,8 @@
  *   against the host decode, every type
  *   and token count, unaligned row starts; then a printed timing of k_gemv_q at batch 1
  *   (GB/s of weight bytes) next to k_gemv_bf16 on the same shapes.
+ * - k_embed_q (the token embedding in its blocks) element for element against the host
+ *   decode rounded to bf16.
  * - k_gemm_q (the same blocks on tensor cores, more token rows) against the host decode
  *   rounded to bf16, split and not; a printed timing next to dequantize + cuBLAS and
  *   cuBLAS on bf16 at 8B projection shapes.
@@ -620,6 +622,47 @@ static void test_gemv_q_matches_host_decode(void **state) {
     cudaFree(d), cudaFree(f);
 }
 
+/* k_embed_q: each token's row of a table kept in its blocks, decoded and rounded to bf16,
+ * element for element what k_embed gives over the table dequantized to bf16 at load (the
+ * host decode rounded to nearest even); ids outside the vocabulary read row 0; nothing
+ * written past the n rows. */
+static void check_embed_q(int t, int vocab, int hidden) {
+    qprob q = qprob_make(t, vocab, hidden, 1, 0);
+    const int E = qb_elems(t), S = qb_bytes(t), n = 7;
+    int32_t ids[7] = {vocab - 1, 0, vocab / 2, -3, vocab, vocab / 2, 1 % vocab};
+    int32_t *dids = gu_upload(ids, sizeof ids);
+    float *dO = gu_dev(sizeof(float) * ((size_t)n * hidden + GUARD)), *O = malloc(sizeof(float) * ((size_t)n * hidden + GUARD));
+    float *w = malloc(sizeof(float) * (size_t)hidden);
+    assert_int_equal(k_embed_q(t, q.dW, dids, dO, n, hidden, vocab, 0), 0);
+    gu_download(O, dO, sizeof(float) * ((size_t)n * hidden + GUARD));
+    long bad = 0;
+    for (int i = 0; i < n; i++) {
+        const int id = ids[i] < 0 || ids[i] >= vocab ? 0 : ids[i];
+        for (int k = 0; k < hidden; k += 8) qb_decode8(t, q.W + ((size_t)id * (hidden / E) + k / E) * S, k % E, w + k);
+        for (int k = 0; k < hidden; k++) bad += O[(size_t)i * hidden + k] != gu_bf2f(gu_f2bf(w[k]));
+    }
+    for (size_t i = (size_t)n * hidden; i < (size_t)n * hidden + GUARD; i++) assert_true(isnan(O[i]));
+    printf("  embed_q type %d vocab %d hidden %d: %ld of %d elements differ\n", t, vocab, hidden, bad, n * hidden);
+    assert_int_equal(bad, 0);
+    cudaFree(dids), cudaFree(dO), free(O), free(w);
+    qprob_free(&q);
+}
+
+static void test_embed_q_matches_host_decode(void **state) {
+    (void)state;
+    const int types[6] = {QB_Q8_0, QB_Q4_K, QB_Q6_K, QB_Q4_0, QB_Q4_1, QB_Q5_K};
+    for (int i = 0; i < 6; i++) check_embed_q(types[i], 1000, 2048);
+    check_embed_q(QB_Q4_1, 4099, 576);    /* SmolLM2's width: 18 blocks, rows at odd 20-byte offsets */
+    check_embed_q(QB_Q6_K, 517, 768);     /* 210-byte blocks: rows at every even offset mod 16 */
+    check_embed_q(QB_Q8_0, 333, 4096 + 32);
+    uint8_t *d = gu_dev(1 << 16);
+    float *f = gu_dev(1 << 16);
+    assert_int_equal(k_embed_q(QB_Q4_K, d, (int32_t *)d, f, 1, 200, 10, 0), -1);   /* not whole blocks */
+    assert_int_equal(k_embed_q(6, d, (int32_t *)d, f, 1, 256, 10, 0), -1);         /* Q5_0: not read */
+    assert_int_equal(k_embed_q(QB_Q4_K, d, (int32_t *)d, f, 0, 256, 10, 0), 0);    /* nothing to do */
+    cudaFree(d), cudaFree(f);
+}
+
 /* Every type at every token count (overwrite and accumulate inside check_gemv_q), on odd
  * row counts and rows that are not whole 1024-element steps; Q8_0 rows of 3 blocks (102
  * bytes) and Q6_K rows of 3 or 10 blocks (630, 2100 bytes) start at every even offset mod
@@ -1213,6 +1256,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_norm_fold_matches_rmsnorm_then_gemv),
         cmocka_unit_test(test_gemv_q_matches_host_decode),
         cmocka_unit_test(test_gemv_q_every_type_and_token_count),
+        cmocka_unit_test(test_embed_q_matches_host_decode),
         cmocka_unit_test(test_gemv_q_bandwidth_report),
         cmocka_unit_test(test_gemm_q_matches_host_decode),
         cmocka_unit_test(test_gemv_qtc_matches_host_decode),

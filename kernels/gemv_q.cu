@@ -503,7 +503,7 @@ extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y,
     }
 }
 
-/* ---- the same product on tensor cores for K-quant blocks (Q4_K, Q5_K, Q6_K), n <= 16 ---
+/* ---- the same product on tensor cores for K-quant and Q8_0 blocks, n <= 16 ---------------
  * k_gemv_qtc. k_gemv_q spends several instructions per weight turning codes into floats
  * and fp32 FMAs on every token; here a weight costs about half a mask and a byte_perm:
  *   - mma.sync m16n8k16 with the tokens as M (16; for n <= 8 its rows 8..15 are zero) and
@@ -515,7 +515,8 @@ extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y,
  *     matching activations of tokens g and g + 8 for A. Each mma covers 16 elements of one
  *     sub-block (one scale); their order along k is free as long as A and B agree: lane t
  *     takes elements 8t .. 8t + 7 of each 32-element Q4_K / Q5_K sub-block (two mmas) and
- *     4t .. 4t + 3 of each 16-element Q6_K sub-block (one).
+ *     4t .. 4t + 3 of each 16-element Q6_K sub-block (one). Q8_0's 32-code blocks go in as
+ *     two nibbles each (qtc_block_q8_0).
  *   - A code q goes in as the exact bf16 integer 128 + q (the byte under 0x43: 2^7 (1 +
  *     q 2^-7), q < 128), one byte_perm per two codes. A second mma with an all-ones B gives
  *     sum(x) per (token, sub-block), and per row and sub-block
@@ -644,6 +645,30 @@ __device__ __forceinline__ void qtc_block_q6k(const uint8_t *bg, const uint8_t *
         }
 }
 
+/* Q8_0 block (2-aligned): d at 0, 32 int8 codes q at 2. u = q + 128 (the byte with its top
+ * bit flipped) = 16 hi + lo, each nibble an exact bf16 128 + nibble, so a 16-code chunk
+ * takes two code mmas and the ones mma:
+ *     sum(q x) = 16 (c_hi - 128 sx) + (c_lo - 128 sx) - 128 sx = 16 c_hi + c_lo - 2304 sx.
+ * Lane t takes codes 8t .. 8t + 3 and 8t + 4 .. 8t + 7 (one chunk each). */
+template <bool BIG>
+__device__ __forceinline__ void qtc_block_q8_0(const uint8_t *bg, const uint8_t *const (&bh)[2], const uint16_t *xg,
+                                               const uint16_t *xg8, bool gok, bool g8ok, int t, float (&acc)[4]) {
+    const float ds[2] = {gq_h2f(*(const uint16_t *)bh[0]), gq_h2f(*(const uint16_t *)bh[1])};
+    const uint32_t u[2] = {qtc_lds4(bg + 2 + 8 * t) ^ 0x80808080u, qtc_lds4(bg + 6 + 8 * t) ^ 0x80808080u};
+    const uint4 xa = qtc_ldx<uint4>(xg + 8 * t, gok), xb = BIG ? qtc_ldx<uint4>(xg8 + 8 * t, g8ok) : make_uint4(0, 0, 0, 0);
+    const uint32_t a[2][4] = {{xa.x, xb.x, xa.y, xb.y}, {xa.z, xb.z, xa.w, xb.w}};
+    float cl[4] = {0.f, 0.f, 0.f, 0.f}, ch[4] = {0.f, 0.f, 0.f, 0.f}, sx[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint32_t lo = u[h] & 0x0f0f0f0fu, hi = (u[h] >> 4) & 0x0f0f0f0fu;
+        tc_mma(cl, a[h], qtc_pair(lo, 0x5150), qtc_pair(lo, 0x5352));
+        tc_mma(ch, a[h], qtc_pair(hi, 0x5150), qtc_pair(hi, 0x5352));
+        tc_mma(sx, a[h], QTC_ONES, QTC_ONES);
+    }
+#pragma unroll
+    for (int i = 0; i < (BIG ? 4 : 2); i++) acc[i] += ds[i & 1] * (16.f * ch[i] + cl[i] - 2304.f * sx[i]);
+}
+
 /* Block: QTC_WARPS warps, each a gq_warp of QTC_ROWS rows. BIG: n > 8. */
 template <int T, bool BIG>
 __global__ void __launch_bounds__(QTC_WARPS * 32)
@@ -670,6 +695,7 @@ gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, f
             const uint8_t *bh[2] = {ph[0] + bl * S, ph[1] + bl * S};
             const size_t xo = (size_t)(b0 + bl) * E;
             if (T == QB_Q6_K) qtc_block_q6k<BIG>(pg + bl * S, bh, xg + xo, xg8 + xo, gok, g8ok, t, acc);
+            else if (T == QB_Q8_0) qtc_block_q8_0<BIG>(pg + bl * S, bh, xg + xo, xg8 + xo, gok, g8ok, t, acc);
             else qtc_block_k45<T == QB_Q5_K, BIG>(pg + bl * S, bh, xg + xo, xg8 + xo, gok, g8ok, t, acc);
         }
         __syncwarp();
@@ -722,16 +748,19 @@ static int gemv_qtc_launch_t(const uint8_t *W, const uint16_t *X, float *Y, int 
                  : gemv_qtc_launch<T, false>(W, X, Y, out, in, n, accumulate, s);
 }
 
-extern "C" int k_gemv_qtc_takes(int type) { return type == QB_Q4_K || type == QB_Q5_K || type == QB_Q6_K; }
+extern "C" int k_gemv_qtc_takes(int type) {
+    return type == QB_Q4_K || type == QB_Q5_K || type == QB_Q6_K || type == QB_Q8_0;
+}
 
 extern "C" int k_gemv_qtc(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
                           int accumulate, cudaStream_t s) {
-    if (!k_gemv_qtc_takes(type) || out <= 0 || in <= 0 || in % 256 || n < 1 || n > K_GEMV_QTC_MAX_N ||
+    if (!k_gemv_qtc_takes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_QTC_MAX_N ||
         ((uintptr_t)X | (uintptr_t)W) % 16)
         return -1;
     switch (type) {
     case QB_Q4_K: return gemv_qtc_launch_t<QB_Q4_K>(W, X, Y, out, in, n, accumulate, s);
     case QB_Q5_K: return gemv_qtc_launch_t<QB_Q5_K>(W, X, Y, out, in, n, accumulate, s);
+    case QB_Q8_0: return gemv_qtc_launch_t<QB_Q8_0>(W, X, Y, out, in, n, accumulate, s);
     default: return gemv_qtc_launch_t<QB_Q6_K>(W, X, Y, out, in, n, accumulate, s);
     }
 }

@@ -220,9 +220,10 @@ int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const k_moe_route
  * n <= K_GEMV_MAX_N; -1 for anything else. */
 int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
              cudaStream_t s);
-/* The same product on tensor cores for the K-quant types (Q4_K, Q5_K, Q6_K:
+/* The same product on tensor cores for the K-quant types and Q8_0 (Q4_K, Q5_K, Q6_K, Q8_0:
  * k_gemv_qtc_takes) and n <= K_GEMV_QTC_MAX_N tokens (kernels/gemv_q.cu): one mma per 16
- * codes of a sub-block, the codes as exact bf16 integers; -1 for anything else. */
+ * codes of a sub-block (Q8_0: two, a nibble each), the codes as exact bf16 integers; -1 for
+ * anything else. */
 #define K_GEMV_QTC_MAX_N 16
 int k_gemv_qtc_takes(int type);
 int k_gemv_qtc(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,

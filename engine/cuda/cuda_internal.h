@@ -116,9 +116,10 @@ typedef struct {
     /* SPECD_CUDA_LM_HEAD_BF16=1: a quantized output matrix goes to bf16 at load (as before
      * 2026-12-05) instead of staying in its blocks; the embedding stays in its blocks */
     int lm_head_bf16;
-    /* SPECD_CUDA_GEMVQ_TC=N, _TC_MIN=M, _TC_Q6K=1 (defaults 16, 8, 0): Q4_K / Q5_K passes of
-     * M .. N tokens on the tensor-core GEMV k_gemv_qtc, Q6_K too with _TC_Q6K */
-    int gemvq_tc, gemvq_tc_min, gemvq_tc_q6k;
+    /* SPECD_CUDA_GEMVQ_TC=N, _TC_MIN=M, _TC_Q6K=1, _TC_Q8=1 (defaults 16, 8, 0, 0): Q4_K / Q5_K
+     * passes of M .. N tokens on the tensor-core GEMV k_gemv_qtc, Q6_K / Q8_0 too with
+     * _TC_Q6K / _TC_Q8 */
+    int gemvq_tc, gemvq_tc_min, gemvq_tc_q6k, gemvq_tc_q8;
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */

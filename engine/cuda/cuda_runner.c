@@ -706,6 +706,12 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     if (t->gemvq_tc > K_GEMV_QTC_MAX_N) t->gemvq_tc = K_GEMV_QTC_MAX_N;
     t->gemvq_tc_min = env_flag("SPECD_CUDA_GEMVQ_TC_MIN", K_GEMV_MAX_N);
     t->gemvq_tc_q6k = env_flag("SPECD_CUDA_GEMVQ_TC_Q6K", 0);
+    /* Q8_0 on k_gemv_qtc (two mmas per 16 codes, a nibble each) is correct but slower than
+     * k_gemv_q up to 8 tokens and no faster than dequantize + cuBLAS at 16 (H100,
+     * test_gpu_gemv "*gemv_qtc_speed*", 2026-12-05: 8B gate at 8 tokens 90.8 against 63.7 us,
+     * 8B down 119.1 against 79.8; at 16 108.6 / 141.3 against 112.2 / 111.6), so it is off
+     * unless SPECD_CUDA_GEMVQ_TC_Q8=1 */
+    t->gemvq_tc_q8 = env_flag("SPECD_CUDA_GEMVQ_TC_Q8", 0);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

@@ -716,27 +716,35 @@ static void check_gemv_qtc(int t, int out, int in, int n) {
     qprob_free(&q);
 }
 
-/* Every K-quant type at every token count 1..16 (a warp's 8 rows, tokens 8..15 in the
+/* Every K-quant type and Q8_0 at every token count 1..16 (a warp's 8 rows, tokens 8..15 in the
  * mma's upper half) on row counts that are not a multiple of 8; one block a row; rows of
  * Q6_K's 210-byte blocks starting at every even offset; split K over 2 and 4 warps with a
  * partial last step; a 1B down and an 8B-wide row. Then what it refuses. */
 static void test_gemv_qtc_matches_host_decode(void **state) {
     (void)state;
-    const int types[3] = {QB_Q4_K, QB_Q5_K, QB_Q6_K};
-    for (int i = 0; i < 3; i++) {
+    const int types[4] = {QB_Q4_K, QB_Q5_K, QB_Q6_K, QB_Q8_0};
+    for (int i = 0; i < 4; i++) {
         for (int n = 1; n <= K_GEMV_QTC_MAX_N; n++) check_gemv_qtc(types[i], 37 + 2 * n, 768, n);
         check_gemv_qtc(types[i], 1, 256, 1);       /* one row: seven of the warp's rows past out */
-        check_gemv_qtc(types[i], 333, 2560, 5);    /* 10 blocks: partial steps */
+        check_gemv_qtc(types[i], 333, 2560, 5);    /* 10 blocks (Q8_0: 80): partial steps */
         check_gemv_qtc(types[i], 129, 3328, 12);
     }
     check_gemv_qtc(QB_Q4_K, 2048, 8192, 1);   /* 1B down at batch 1 */
     check_gemv_qtc(QB_Q6_K, 2048, 8192, 8);
     check_gemv_qtc(QB_Q4_K, 4096, 14336, 16); /* 8B down */
-    assert_int_equal(k_gemv_qtc_takes(QB_Q8_0), 0);
+    /* Q8_0: rows of 3 and 130 blocks (102, 4420 bytes) start at every even offset mod 16;
+     * a row of one block; 8B down at 8 and 16 tokens */
+    for (int n = 1; n <= K_GEMV_QTC_MAX_N; n += 5) check_gemv_qtc(QB_Q8_0, 41 + n, 96, n);
+    check_gemv_qtc(QB_Q8_0, 257, 4160, 9);
+    check_gemv_qtc(QB_Q8_0, 19, 32, 16);
+    check_gemv_qtc(QB_Q8_0, 4096, 14336, 8);
+    check_gemv_qtc(QB_Q8_0, 4096, 14336, 16);
+    assert_int_equal(k_gemv_qtc_takes(QB_Q8_0), 1);
     assert_int_equal(k_gemv_qtc_takes(QB_Q4_K), 1);
+    assert_int_equal(k_gemv_qtc_takes(QB_Q4_0), 0);
     uint8_t *d = gu_dev(1 << 20);
     float *f = gu_dev(1 << 20);
-    assert_int_equal(k_gemv_qtc(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 1, 0, 0), -1);   /* not a K type */
+    assert_int_equal(k_gemv_qtc(QB_Q4_0, d, (uint16_t *)(d + 65536), f, 8, 256, 1, 0, 0), -1);   /* not taken */
     assert_int_equal(k_gemv_qtc(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 200, 1, 0, 0), -1);   /* not whole blocks */
     assert_int_equal(k_gemv_qtc(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 256, 17, 0, 0), -1);  /* too many tokens */
     assert_int_equal(k_gemv_qtc(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 256, 0, 0, 0), -1);
@@ -900,7 +908,7 @@ static void run_gemvq(void *p, const uint8_t *W) {
 }
 
 /* A printed timing of k_gemv_qtc at 1-16 tokens on Llama-3.1-8B / 3.2-1B projection shapes
- * for the K-quant types, beside k_gemv_q (n <= 8), dequantize + cuBLAS and cuBLAS on a bf16
+ * for the K-quant types and Q8_0, beside k_gemv_q (n <= 8), dequantize + cuBLAS and cuBLAS on a bf16
  * matrix of the same shape; bandwidth on the quantized bytes. 8 copies of each matrix
  * rotate, so the L2 holds none between uses. */
 static void test_gemv_qtc_speed_report(void **state) {
@@ -911,7 +919,7 @@ static void test_gemv_qtc_speed_report(void **state) {
         return;
     }
     const int shapes[4][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {2048, 8192}};
-    const int types[3] = {QB_Q4_K, QB_Q6_K, QB_Q5_K}, ns[5] = {1, 2, 4, 8, 16};
+    const int types[4] = {QB_Q4_K, QB_Q6_K, QB_Q5_K, QB_Q8_0}, ns[5] = {1, 2, 4, 8, 16};
     enum { C = 8 };
     gq_ctx c = {0};
     assert_int_equal(cublasCreate(&c.blas), CUBLAS_STATUS_SUCCESS);
@@ -926,7 +934,7 @@ static void test_gemv_qtc_speed_report(void **state) {
         uint8_t *hb = malloc(bbytes), *B[C];
         for (size_t i = 0; i < bbytes / 2; i++) ((uint16_t *)hb)[i] = gu_f2bf(gu_uniform(&g_seed, -0.05f, 0.05f));
         for (int k = 0; k < C; k++) B[k] = gu_upload(hb, bbytes);
-        for (int ti = 0; ti < 3; ti++) {
+        for (int ti = 0; ti < 4; ti++) {
             c.type = types[ti];
             const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
             uint8_t *hq = malloc(qbytes), *Q[C];

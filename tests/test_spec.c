@@ -633,11 +633,58 @@ static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
     assert_same_tokens(&g_plain, &g_tmp, p.np);
     engine_stats s;
     engine_get_stats(e, &s);
-    print_message("  draft model under the cost model: %llu of %llu decoding rows verified drafts, AL %.3f\n",
-                  (unsigned long long)s.spec_drafts, (unsigned long long)s.spec_rows_decoding, al(&g_tmp));
+    print_message("  draft model under the cost model: %llu of %llu decoding rows verified drafts in %llu of %llu "
+                  "steps (%llu queued in flight), AL %.3f\n",
+                  (unsigned long long)s.spec_drafts, (unsigned long long)s.spec_rows_decoding,
+                  (unsigned long long)s.spec_steps_speculated, (unsigned long long)s.spec_steps_decoding,
+                  (unsigned long long)s.steps_async, al(&g_tmp));
     assert_string_equal(s.spec_drafter, "draft_model");
     assert_true(s.spec_drafts > 0);                          /* probes */
     assert_true(4 * s.spec_drafts < s.spec_rows_decoding);   /* mostly plain decode */
+    /* a probe takes the rows whose draft is least behind while their catch-up stays within
+     * 64 tokens: one row, or two whose drafts lag 32 or less, never all eight */
+    assert_true(s.spec_drafts <= 2 * s.spec_steps_speculated);
+    assert_true(s.steps_async > 0);   /* declined steps go in flight (engine_spec_skip) */
+    engine_destroy(e);
+    free_prompts(&p);
+}
+
+/* A probe of a draft model that never pays takes one draft for the rows whose draft has
+ * least to catch up on, within 64 tokens of catch-up, not for every row: eight requests
+ * decode together and the hand-set table spaces the probes 60 declined steps apart, so
+ * every row's draft is far behind at a probe and a probe verifies a row or two. The
+ * declined steps go in flight, and the output is plain decoding's. */
+static void test_spec_draft_probe_takes_rows_least_behind(void **st) {
+    (void)st;
+    prompts p, q = {0};
+    load_prompts(&p, "llama-tiny");
+    q.np = MAXP;
+    for (int i = 0; i < MAXP; i++) q.ids[i] = p.ids[i % p.np], q.n[i] = p.n[i % p.np];
+    engine *e = make_engine(NULL, 0, 8, 0);
+    run_greedy(e, &q, MAXP, MAXP, 160, &g_plain);
+    engine_destroy(e);
+    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
+    snprintf(g_path[1], sizeof g_path[1], "%s/models/llama-draft", fixtures_dir());
+    engine_config c = {.model_path = g_path[0], .draft_path = g_path[1], .num_draft_tokens = 4,
+                       .max_seq_len = 512, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2};
+    char err[1024] = "";
+    e = engine_create(&c, err, sizeof err);
+    assert_non_null(e);
+    /* drafts never pay at acceptance 0 and cost 1.3 plain steps: probes 60 declines apart */
+    e->cost = (spec_cost){.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.3e-3}, {1e-3, 1.3e-3}}};
+    e->acc_s = 0;
+    e->acc_t = 1;
+    run_greedy(e, &q, MAXP, MAXP, 160, &g_tmp);
+    assert_same_tokens(&g_plain, &g_tmp, MAXP);
+    engine_stats s;
+    engine_get_stats(e, &s);
+    print_message("  probes of a failing draft model, 8 rows: %llu rows verified drafts in %llu steps (of %llu; "
+                  "%llu queued in flight)\n", (unsigned long long)s.spec_drafts,
+                  (unsigned long long)s.spec_steps_speculated, (unsigned long long)s.spec_steps_decoding,
+                  (unsigned long long)s.steps_async);
+    assert_true(s.spec_steps_speculated >= 1);
+    assert_true(s.spec_drafts <= 2 * s.spec_steps_speculated);   /* a row or two a probe, not eight */
+    assert_true(s.steps_async > 100);
     engine_destroy(e);
     free_prompts(&p);
 }
@@ -648,17 +695,18 @@ static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
  * draft stands, which it cannot if the catch-up skipped or repeated a token; the output
  * must equal plain decoding. The cost tables are set by hand (white box: measured CPU
  * timings are noise):
- *   1. k = 4 drafts cost 2.5 plain steps and the acceptance estimate starts at 0: steps
- *      decline until a probe (one draft per row) catches the draft up, then its
- *      acceptance turns speculation on, through the runner's speculative step;
+ *   1. k = 4 drafts cost 1.1 plain steps and the acceptance estimate starts at 0: steps
+ *      decline (queued in flight) until a probe (one draft for the rows least behind)
+ *      catches their draft up, then its acceptance turns speculation on, through the
+ *      runner's speculative step once every row's draft has caught up;
  *   2. drafts never pay at 6 rows but do at 1 (acceptance 1/2 as at start): the one long
  *      request left after five short ones speculates at once, k = 4, with a draft that is
  *      ~24 tokens behind, so that step must catch it up rather than take the runner's
  *      speculative step (which only re-feeds two tokens). */
-/* async: the cost table says the multi-row steps never pay, so they are queued in flight
- * (async scheduling) while the draft falls behind. */
+/* Either way declined steps are queued in flight (async scheduling) while the draft falls
+ * behind. */
 static void lagging_draft_case(const prompts *p, const int *max_tokens, const spec_cost *cost, float acc_s,
-                               float acc_t, int async) {
+                               float acc_t) {
     engine *e = make_engine(NULL, 0, 8, 0);
     run_greedy_n(e, p, p->np, 8, max_tokens, &g_plain);
     engine_destroy(e);
@@ -685,8 +733,7 @@ static void lagging_draft_case(const prompts *p, const int *max_tokens, const sp
     assert_true(s.steps_runner_spec > 0);      /* and was caught up */
     assert_true(g_tmp.drafted >= 16);
     assert_int_equal(g_tmp.accepted, g_tmp.drafted);   /* every draft stands */
-    if (async) assert_true(s.steps_async > 0);
-    else assert_int_equal(s.steps_async, 0);   /* probes: a plain step may still speculate */
+    assert_true(s.steps_async > 0);
     engine_destroy(e);
 }
 
@@ -697,12 +744,12 @@ static void test_spec_lagging_draft_catches_up(void **st) {
     assert_true(p.np >= 2);
     int mt[MAXP];
     for (int i = 0; i < MAXP; i++) mt[i] = 64;
-    spec_cost probe = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 2.5e-3}, {1e-3, 2.5e-3}}};
-    lagging_draft_case(&p, mt, &probe, 0, 1, 0);
+    spec_cost probe = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.1e-3}, {1e-3, 1.1e-3}}};
+    lagging_draft_case(&p, mt, &probe, 0, 1);
     for (int i = 0; i < p.np - 1; i++) mt[i] = 24;
     mt[p.np - 1] = 96;
     spec_cost alone = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.2e-3}, {1e-3, 10e-3}}};
-    lagging_draft_case(&p, mt, &alone, 1, 2, 1);
+    lagging_draft_case(&p, mt, &alone, 1, 2);
     free_prompts(&p);
 }
 
@@ -750,6 +797,7 @@ int main(void) {
         cmocka_unit_test(test_spec_point_mass_rejection_follows_target),
         cmocka_unit_test(test_spec_ngram_kv_returns_to_baseline),
         cmocka_unit_test(test_spec_cost_model_turns_a_failing_draft_model_off),
+        cmocka_unit_test(test_spec_draft_probe_takes_rows_least_behind),
         cmocka_unit_test(test_spec_lagging_draft_catches_up),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);

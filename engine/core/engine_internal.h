@@ -248,6 +248,12 @@ void engine_spec_observe(engine *e, req *r, int k, int accepted);
  * (engine_spec_plan then looks nothing up), or a draft model whose step would not pay at
  * this many rows even if every draft stood (the cost model). */
 int engine_spec_never(const engine *e, int n);
+/* A step of n rows, all decoding, in which a draft model would not speculate now (the cost
+ * model declines at the current acceptance and no probe is due): 1 after counting the
+ * decline as engine_spec_plan would, so the step can go in flight without a plan (async
+ * scheduling hides its host work, as for steps that never speculate); 0 where the plan
+ * must decide (then nothing is counted). */
+int engine_spec_skip(engine *e, int n);
 /* Measure the cost model (creation, before any request: it times passes on free slots). */
 int engine_spec_measure(engine *e, char *err, size_t errlen);
 

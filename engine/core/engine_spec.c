@@ -9,8 +9,9 @@
  * skips lookup for 1, 2, 4 .. 32 steps (reset by any accepted draft), so open chat, where
  * matches are rare and wrong, costs almost nothing. Drafts the cost model declines are
  * still tried now and then (SPEC_PROBE_EVERY; a draft model's probes back off up to
- * SPEC_PROBE_MAX and are spaced so that they cost at most 1% of the plain steps between
- * them), or an estimate that fell could never rise. A draft model only runs when
+ * SPEC_PROBE_MAX, are spaced so that they cost at most 0.5% of the plain steps between
+ * them by the cost table, leave out steps with prompt chunks, and take the rows whose
+ * draft has least to catch up on), or an estimate that fell could never rise. A draft model only runs when
  * its row speculates or feeds a prompt chunk; plain steps leave it behind and the next
  * speculating step catches it up (engine_step.c). */
 #include <stdio.h>
@@ -102,14 +103,84 @@ static void choose_uniform(engine *e, int nd) {
 }
 
 /* Declined steps before a draft model's next probe: the current back-off, and at least
- * so many that a probe's extra time (a verify of one draft per row over a plain step, from
- * the cost table) stays within SPEC_PROBE_SHARE of the plain steps between probes. */
-#define SPEC_PROBE_SHARE 0.01
+ * so many that a probe's extra time over a plain step stays within SPEC_PROBE_SHARE of the
+ * plain steps between probes. A probe is a composed step (the draft's catch-up pass and
+ * draft pass, an eager verify), so its time is taken as the table's first measured draft
+ * length for every row (k[1]; on the GPU k = 2), not a linear share of it: a share
+ * (one draft per row) put an 8B-shape probe at batch 1 ~86 steps apart on an H100, where
+ * the probe cost ~2% of a 128-token run (0.975-0.979x of plain). */
+#define SPEC_PROBE_SHARE 0.005
 static int probe_spacing(const engine *e, int nd, int extra) {
     const double plain = spec_cost_step(&e->cost, nd, extra);
-    const double floor = (spec_cost_step(&e->cost, nd, extra + nd) - plain) / (SPEC_PROBE_SHARE * plain);
+    const int k1 = e->cost.n_k > 1 ? e->cost.k[1] : 1;
+    const double floor = (spec_cost_step(&e->cost, nd, extra + nd * k1) - plain) / (SPEC_PROBE_SHARE * plain);
     if (floor >= SPEC_PROBE_MAX) return SPEC_PROBE_MAX;
     return floor > e->probe_every ? (int)floor + 1 : e->probe_every;
+}
+
+/* A draft-model probe's rows: one draft each for the rows whose draft is least behind,
+ * while the tokens it must catch up on (it skipped them in plain steps) stay within
+ * SPEC_PROBE_CATCHUP, and at least one row. The catch-up is a draft pass over those tokens:
+ * probing every row after a long run of plain steps cost about as much as the probe's
+ * verify (8B shape with a 1B-shape draft that is never right, batch 8, on an H100: 0.963x
+ * of plain with every row probing), while one row's acceptance is enough to tell whether
+ * to look again. */
+#define SPEC_PROBE_CATCHUP 64
+static void probe_rows(engine *e, int nd) {
+    runner *run = e->run;
+    int budget = SPEC_PROBE_CATCHUP, taken = 0;
+    for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
+    while (taken < nd) {
+        int best = -1, best_lag = 0;
+        for (int j = 0; j < nd; j++) {
+            if (e->cand_k[j]) continue;
+            const sched_seq *s = &e->plan[e->cand_row[j]].r->seq;
+            int lag = s->n_tokens - run->ops->slot_get_len(run, s->slot, RUNNER_DRAFT);
+            if (best < 0 || lag < best_lag) best = j, best_lag = lag;
+        }
+        if (taken > 0 && best_lag > budget) break;
+        e->cand_k[best] = 1;
+        budget -= best_lag;
+        taken++;
+    }
+}
+
+/* A draft model's choice for a step of nd decoding rows beside `extra` prompt tokens: one k
+ * for every row (the draft passes are shared), all or nothing, and only for a gain beyond
+ * SPEC_COST_MIN_GAIN (spec_cost_draft_pays); else decline, or probe where drafts that all
+ * stood would pay (never at batch sizes whose verify costs more than k plain steps: on a
+ * GPU, a large batch), no prompt chunk rides along (a probe would turn the ramp-up's mixed
+ * steps into composed ones) and probe_spacing declines have passed since the last probe,
+ * each probe coming twice as late unless speculation resumes. peek: a step about to go
+ * in flight without engine_spec_plan (engine_spec_skip) counts its decline, and a probe or
+ * speculation changes nothing (the plan will choose it). */
+enum { MODEL_SPEC, MODEL_DECLINE, MODEL_PROBE };
+static int model_choice(engine *e, int nd, int extra, int peek) {
+    const double a = e->acc_s / e->acc_t;
+    const double plain = nd / spec_cost_step(&e->cost, nd, extra);
+    const double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
+    if (spec_cost_draft_pays(&e->cost, nd, extra, e->k, a)) {
+        if (!peek) e->probe_every = SPEC_PROBE_EVERY;
+        return MODEL_SPEC;
+    }
+    if (best <= plain || extra > 0) return MODEL_DECLINE;
+    if (e->declined + 1 < probe_spacing(e, nd, extra)) {
+        e->declined++;
+        return MODEL_DECLINE;
+    }
+    if (!peek) {
+        e->declined = 0;
+        if (e->probe_every < SPEC_PROBE_MAX) e->probe_every *= 2;
+    }
+    return MODEL_PROBE;
+}
+
+int engine_spec_skip(engine *e, int n) {
+    if (e->drafter != ENGINE_DRAFTER_MODEL || e->cost.n_b == 0 || e->k == 0) return 0;
+    if (model_choice(e, n, 0, 1) != MODEL_DECLINE) return 0;
+    e->st.spec_rows_decoding += (uint64_t)n;
+    e->st.spec_steps_decoding++;
+    return 1;
 }
 
 /* How many of a constrained row's n drafts its grammar takes in a row (the matcher is
@@ -159,23 +230,11 @@ void engine_spec_plan(engine *e, int n) {
     e->st.spec_rows_decoding += (uint64_t)nd;
     e->st.spec_steps_decoding++;
     if (e->cost.n_b > 0 && e->drafter == ENGINE_DRAFTER_MODEL) {
-        /* one k for every row (the draft passes are shared): all or nothing, and only for a
-         * gain beyond SPEC_COST_MIN_GAIN (spec_cost_draft_pays) */
-        double a = e->acc_s / e->acc_t;
-        double plain = nd / spec_cost_step(&e->cost, nd, extra);
-        /* a probe only where drafts that all stand would pay: never at batch sizes whose
-         * verify costs more than k plain steps (on a GPU, a large batch) */
-        double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
-        if (spec_cost_draft_pays(&e->cost, nd, extra, e->k, a)) {
-            e->probe_every = SPEC_PROBE_EVERY;
-        } else if (best <= plain || ++e->declined < probe_spacing(e, nd, extra)) {
+        const int choice = model_choice(e, nd, extra, 0);
+        if (choice == MODEL_DECLINE)
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
-        } else {   /* a probe of one draft per row (the cheapest verify that still measures
-                    * acceptance); the next comes twice as late unless speculation resumes */
-            for (int j = 0; j < nd; j++) e->cand_k[j] = 1;
-            e->declined = 0;
-            if (e->probe_every < SPEC_PROBE_MAX) e->probe_every *= 2;
-        }
+        else if (choice == MODEL_PROBE)
+            probe_rows(e, nd);
     } else if (ngram_verifies(e)) {
         /* the cost model times the verify op: a step it cannot take drafts nothing */
         if (!e->step_verify)

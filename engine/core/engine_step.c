@@ -953,7 +953,7 @@ enum { ASYNC_NONE = 0, ASYNC_DECODE, ASYNC_FORWARD };
 /* Whether the step planned in e->plan can be queued in flight, and as which op: the
  * decode op when every row decodes, else a forward that samples on the device (prompt
  * chunks beside decode rows). */
-static int async_kind(const engine *e, int n) {
+static int async_kind(engine *e, int n) {
     const runner *run = e->run;
     /* (one call may commit the step in flight's token and then a speculative step's k + 1
      * tokens into one event) */
@@ -972,7 +972,10 @@ static int async_kind(const engine *e, int n) {
             return ASYNC_NONE;
         all_decode &= row_decodes(p);
     }
-    if (all_decode) return run->decode_async && engine_spec_never(e, n) ? ASYNC_DECODE : ASYNC_NONE;
+    /* (a step a draft model declines goes in flight too: engine_spec_skip counts the
+     * decline, so the probes come as they would; it is asked last, as its answer is used) */
+    if (all_decode)
+        return run->decode_async && (engine_spec_never(e, n) || engine_spec_skip(e, n)) ? ASYNC_DECODE : ASYNC_NONE;
     /* with prompt chunks: nothing speculates without a drafter, nor with prompt lookup
      * verified by the runner's verify op (which takes decoding rows only); a draft model
      * takes in the prompt chunks with the target (composed_step) */

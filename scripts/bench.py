@@ -9,7 +9,9 @@ carry tokens) at p50/p90/p99, and the speculative acceptance length (AL) when th
 reports usage.spec_decode (specd does). Results go to <out>/bench.json, <out>/bench.md
 and <out>/bench.png.
 
-One client process saturates at some tens of thousands of streamed tokens/s; --processes N
+`specd loadgen` is the same load in C (one thread drives a 256-stream level of a GPU
+server; no workload files or texts). One client process saturates at some tens of
+thousands of streamed tokens/s; --processes N
 splits every level's streams and requests over N processes and merges their results into
 one report (run the top level with N and 2N: when the figure does not move, the server is
 the limit, not the client). Against specd it also prints the server's host cost per

@@ -10,5 +10,6 @@ int cmd_tokenize(int argc, char **argv);    /* server/cmd_tokenize.c */
 int cmd_detokenize(int argc, char **argv);  /* server/cmd_tokenize.c */
 int cmd_render(int argc, char **argv);      /* server/cmd_render.c */
 int cmd_bench(int argc, char **argv);       /* server/cmd_bench.c */
+int cmd_loadgen(int argc, char **argv);     /* server/cmd_loadgen.c */
 
 #endif

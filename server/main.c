@@ -16,6 +16,7 @@ static const struct {
     {"detokenize", cmd_detokenize, "token ids -> text"},
     {"render", cmd_render, "render a chat template"},
     {"bench", cmd_bench, "measure engine throughput (prefill / decode / speculative)"},
+    {"loadgen", cmd_loadgen, "stream requests to an OpenAI-compatible server, report tok/s, TTFT, ITL"},
 };
 
 static void usage(FILE *f) {

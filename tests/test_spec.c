@@ -50,17 +50,23 @@ typedef struct {
 
 static char g_path[3][4096];
 
-static engine *make_engine(const char *draft, int draft_layers, int max_batch, size_t kv_bytes) {
+/* llama-tiny with `draft` (a fixture model, or NULL) drafting k = 4; spec_always: the
+ * machinery, not the cost model's choice. */
+static engine *make_engine_ex(const char *draft, int draft_layers, int max_batch, size_t kv_bytes, int spec_always) {
     snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
     if (draft) snprintf(g_path[1], sizeof g_path[1], "%s/models/%s", fixtures_dir(), draft);
     engine_config c = {.model_path = g_path[0], .draft_path = draft ? g_path[1] : NULL,
                        .draft_layers = draft_layers, .num_draft_tokens = 4, .max_seq_len = 512,
                        .max_batch = max_batch, .kv_bytes = kv_bytes ? kv_bytes : 64u << 20,
-                       .threads = 2, .spec_always = 1};   /* the machinery, not the cost model's choice */
+                       .threads = 2, .spec_always = spec_always};
     char err[1024] = "";
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fprintf(stderr, "engine_create: %s\n", err);
     return e;
+}
+
+static engine *make_engine(const char *draft, int draft_layers, int max_batch, size_t kv_bytes) {
+    return make_engine_ex(draft, draft_layers, max_batch, kv_bytes, 1);
 }
 
 /* Run prompts [0, n) with `concurrent` at a time, greedy, max_tokens[i] each. */
@@ -622,13 +628,11 @@ static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
     engine *e = make_engine(NULL, 0, 8, 0);
     run_greedy(e, &p, p.np, 2, 64, &g_plain);
     engine_destroy(e);
-    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
-    snprintf(g_path[1], sizeof g_path[1], "%s/models/llama-draft", fixtures_dir());
-    engine_config c = {.model_path = g_path[0], .draft_path = g_path[1], .num_draft_tokens = 4,
-                       .max_seq_len = 512, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2};
-    char err[1024] = "";
-    e = engine_create(&c, err, sizeof err);
+    e = make_engine_ex("llama-draft", 0, 8, 0, 0);   /* under the cost model */
     assert_non_null(e);
+    /* a hand-set table (the CPU's measured one is noise): k = 4 drafts cost 1.3 plain
+     * steps, so they pay at the starting estimate (1 of 2) and probes come 60 declines apart */
+    e->cost = (spec_cost){.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.3e-3}, {1e-3, 1.3e-3}}};
     run_greedy(e, &p, p.np, 2, 64, &g_tmp);
     assert_same_tokens(&g_plain, &g_tmp, p.np);
     engine_stats s;
@@ -639,7 +643,7 @@ static void test_spec_cost_model_turns_a_failing_draft_model_off(void **st) {
                   (unsigned long long)s.spec_steps_speculated, (unsigned long long)s.spec_steps_decoding,
                   (unsigned long long)s.steps_async, al(&g_tmp));
     assert_string_equal(s.spec_drafter, "draft_model");
-    assert_true(s.spec_drafts > 0);                          /* probes */
+    assert_true(s.spec_drafts > 0);                          /* at the start, then probes */
     assert_true(4 * s.spec_drafts < s.spec_rows_decoding);   /* mostly plain decode */
     /* a probe takes the rows whose draft is least behind while their catch-up stays within
      * 64 tokens: one row, or two whose drafts lag 32 or less, never all eight */
@@ -663,12 +667,7 @@ static void test_spec_draft_probe_takes_rows_least_behind(void **st) {
     engine *e = make_engine(NULL, 0, 8, 0);
     run_greedy(e, &q, MAXP, MAXP, 160, &g_plain);
     engine_destroy(e);
-    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
-    snprintf(g_path[1], sizeof g_path[1], "%s/models/llama-draft", fixtures_dir());
-    engine_config c = {.model_path = g_path[0], .draft_path = g_path[1], .num_draft_tokens = 4,
-                       .max_seq_len = 512, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2};
-    char err[1024] = "";
-    e = engine_create(&c, err, sizeof err);
+    e = make_engine_ex("llama-draft", 0, 8, 0, 0);   /* under the cost model */
     assert_non_null(e);
     /* drafts never pay at acceptance 0 and cost 1.3 plain steps: probes 60 declines apart */
     e->cost = (spec_cost){.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.3e-3}, {1e-3, 1.3e-3}}};
@@ -710,11 +709,7 @@ static void lagging_draft_case(const prompts *p, const int *max_tokens, const sp
     engine *e = make_engine(NULL, 0, 8, 0);
     run_greedy_n(e, p, p->np, 8, max_tokens, &g_plain);
     engine_destroy(e);
-    snprintf(g_path[0], sizeof g_path[0], "%s/models/llama-tiny", fixtures_dir());
-    engine_config c = {.model_path = g_path[0], .draft_path = g_path[0], .num_draft_tokens = 4,
-                       .max_seq_len = 512, .max_batch = 8, .kv_bytes = 64u << 20, .threads = 2};
-    char err[1024] = "";
-    e = engine_create(&c, err, sizeof err);
+    e = make_engine_ex("llama-tiny", 0, 8, 0, 0);   /* draft == target, under the cost model */
     assert_non_null(e);
     e->cost = *cost;
     e->acc_s = acc_s;

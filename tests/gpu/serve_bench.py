@@ -2,8 +2,9 @@
 """HTTP serving throughput against the engine's own decode rate, on one GPU.
 
 For each model: `specd bench` gives the engine's decode tok/s at each batch (128 prompt,
-128 generated tokens); then `specd serve` runs under scripts/bench.py (streaming, the
-same lengths, ignore_eos) at the same numbers of streams, for each server variant:
+128 generated tokens); then `specd serve` runs under `specd loadgen` (or scripts/bench.py
+with --client python; streaming, the same lengths, ignore_eos, a fresh seed per run) at
+the same numbers of streams, for each server variant:
   new      this build, default settings (overlapped steps, async scheduling, parallel
            output processing)
   sync     this build with --async-scheduling 0 (each step committed before the next is
@@ -18,7 +19,7 @@ same lengths, ignore_eos) at the same numbers of streams, for each server varian
            the same setting
 and prints HTTP out tok/s beside the engine figure, their ratio, ITL p99 against the
 step time, TTFT p50/p99 and the host cost per generated token. At the top level it also
-runs the client with twice the processes, to show the client is not the limit.
+runs the client with twice the threads (processes), to show the client is not the limit.
 
   python3 tests/gpu/serve_bench.py --bin build/specd --smol M.gguf [--base-bin B] --out DIR
 """
@@ -62,12 +63,28 @@ def serve(bin_, model_args, extra, port, log, env=None):
     return serverproc.start(cmd, port, log=log, env=env)
 
 
-def client(port, endpoint, kind, conc, n, procs, out):
-    cmd = [sys.executable, BENCH, "--base-url", f"http://127.0.0.1:{port}", "--endpoint", endpoint,
-           "--concurrency", str(conc), "--num-prompts", str(n), "--input-len", "128", "--output-len", "128",
-           "--processes", str(procs), "--no-plot", "--out", out]
-    if kind == "tokens":
-        cmd += ["--prompt-kind", "tokens", "--token-low", "100", "--token-high", "30000"]
+RUNS = [0]
+
+
+def client(how, bin_, port, endpoint, kind, conc, n, procs, out):
+    """One level: `specd loadgen` with `procs` threads, or scripts/bench.py with `procs`
+    processes. Every run gets its own seed: the same prompts again would find their prefill
+    in the server's prefix cache (until 2026-12-05 every bench.py run here had seed 0, so a
+    level's second run, with more client processes, was partly a cache hit)."""
+    RUNS[0] += 1
+    if how == "loadgen":
+        os.makedirs(out, exist_ok=True)
+        cmd = [bin_, "loadgen", "--url", f"http://127.0.0.1:{port}", "--endpoint", endpoint,
+               "--concurrency", str(conc), "--num-prompts", str(n), "--input-len", "128", "--output-len", "128",
+               "--threads", str(procs), "--seed", str(RUNS[0]), "--out", os.path.join(out, "bench.json")]
+        if kind == "tokens":
+            cmd += ["--prompt-kind", "tokens", "--token-range", "100,30000"]
+    else:
+        cmd = [sys.executable, BENCH, "--base-url", f"http://127.0.0.1:{port}", "--endpoint", endpoint,
+               "--concurrency", str(conc), "--num-prompts", str(n), "--input-len", "128", "--output-len", "128",
+               "--processes", str(procs), "--seed", str(RUNS[0]), "--no-plot", "--out", out]
+        if kind == "tokens":
+            cmd += ["--prompt-kind", "tokens", "--token-low", "100", "--token-high", "30000"]
     subprocess.run(cmd, capture_output=True, timeout=600)
     return json.load(open(os.path.join(out, "bench.json")))["results"][0]
 
@@ -126,7 +143,10 @@ def main():
     ap.add_argument("--smol")
     ap.add_argument("--models", default="smol,1b,8b")
     ap.add_argument("--variants", default="new,serial,base")
-    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--client", choices=["loadgen", "python"], default="loadgen",
+                    help="`specd loadgen` (threads) or scripts/bench.py (processes)")
+    ap.add_argument("--procs", type=int, default=8,
+                    help="client threads (loadgen) or processes (python) at the larger levels")
     ap.add_argument("--procs-from", type=int, default=64,
                     help="streams from which the client runs in --procs processes (fewer: one)")
     ap.add_argument("--out", default="serve-bench")
@@ -173,7 +193,7 @@ def main():
                     runs.append((levels[-1], 2 * a.procs))
                 for conc, procs in runs:
                     m0, t0 = scrape(port), time.time()
-                    r = client(port, endpoint, kind, conc, requests_for(conc), procs,
+                    r = client(a.client, a.bin, port, endpoint, kind, conc, requests_for(conc), procs,
                                os.path.join(a.out, f"b_{name}_{variant}_{conc}_{procs}"))
                     ev = engine_view(m0, scrape(port), time.time() - t0)
                     e = rates.get(conc, {})

@@ -11,9 +11,9 @@
  * still tried now and then (SPEC_PROBE_EVERY; a draft model's probes back off up to
  * SPEC_PROBE_MAX, are spaced so that they cost at most 0.5% of the plain steps between
  * them by the cost table, leave out steps with prompt chunks, and take the rows whose
- * draft has least to catch up on), or an estimate that fell could never rise. A draft model only runs when
- * its row speculates or feeds a prompt chunk; plain steps leave it behind and the next
- * speculating step catches it up (engine_step.c). */
+ * draft has least to catch up on), or an estimate that fell could never rise. A draft
+ * model only runs when its row speculates or feeds a prompt chunk; plain steps leave it
+ * behind and the next speculating step catches it up (engine_step.c). */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -118,9 +118,9 @@ static int probe_spacing(const engine *e, int nd, int extra) {
     return floor > e->probe_every ? (int)floor + 1 : e->probe_every;
 }
 
-/* A draft-model probe's rows: one draft each for the rows whose draft is least behind,
- * while the tokens it must catch up on (it skipped them in plain steps) stay within
- * SPEC_PROBE_CATCHUP, and at least one row. The catch-up is a draft pass over those tokens:
+/* A draft-model probe's rows: one draft each for the rows that may draft (cand_avail)
+ * whose draft is least behind, while the tokens it must catch up on (it skipped them in
+ * plain steps) stay within SPEC_PROBE_CATCHUP, and at least one row. The catch-up is a draft pass over those tokens:
  * probing every row after a long run of plain steps cost about as much as the probe's
  * verify (8B shape with a 1B-shape draft that is never right, batch 8, on an H100: 0.963x
  * of plain with every row probing), while one row's acceptance is enough to tell whether
@@ -133,12 +133,12 @@ static void probe_rows(engine *e, int nd) {
     while (taken < nd) {
         int best = -1, best_lag = 0;
         for (int j = 0; j < nd; j++) {
-            if (e->cand_k[j]) continue;
+            if (e->cand_k[j] || e->cand_avail[j] <= 0) continue;
             const sched_seq *s = &e->plan[e->cand_row[j]].r->seq;
             int lag = s->n_tokens - run->ops->slot_get_len(run, s->slot, RUNNER_DRAFT);
             if (best < 0 || lag < best_lag) best = j, best_lag = lag;
         }
-        if (taken > 0 && best_lag > budget) break;
+        if (best < 0 || (taken > 0 && best_lag > budget)) break;
         e->cand_k[best] = 1;
         budget -= best_lag;
         taken++;

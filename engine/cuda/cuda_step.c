@@ -45,10 +45,11 @@ fail:
 }
 
 /* Which kernel reads a GGUF-block matrix [out, in] for n token rows in place: Q4_K / Q5_K
- * (and Q6_K / Q8_0 where switched on) passes of tune.gemvq_tc_min .. tune.gemvq_tc tokens the tensor-core GEMV (k_gemv_qtc);
- * tune.gemm_q_min .. tune.gemm_q_rows token rows (-1: 64 for K-quant matrices of both
- * sides >= 4096, else none, as measured) the tensor-core GEMM over the blocks; up to
- * K_GEMV_MAX_N the quantized GEMV; else none (Q_COPY: a bf16 copy and cuBLAS). */
+ * (and Q6_K / Q8_0 where switched on) passes of tune.gemvq_tc_min .. tune.gemvq_tc tokens
+ * the tensor-core GEMV (k_gemv_qtc); tune.gemm_q_min .. tune.gemm_q_rows token rows (-1: 64
+ * for K-quant matrices of both sides >= 4096, else none, as measured) the tensor-core GEMM
+ * over the blocks; up to K_GEMV_MAX_N the quantized GEMV; else none (Q_COPY: a bf16 copy
+ * and cuBLAS). */
 enum { Q_COPY, Q_GEMV_TC, Q_GEMM, Q_GEMV };
 static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
     if (n >= r->tune.gemvq_tc_min && n <= r->tune.gemvq_tc && k_gemv_qtc_takes(type) &&

@@ -200,8 +200,8 @@ static int brings_token(const char *p, const char *e, int chat) {
 /* One server-sent event (its bytes without the blank line). */
 static void on_event(lg_conn *c, const char *p, size_t n) {
     const char *e = p + n;
-    if (n < 6 || memcmp(p, "data: ", 6)) return;   /* comments, other fields */
-    p += 6;
+    if (n < 5 || memcmp(p, "data:", 5)) return;   /* comments, other fields */
+    p += 5 + (n > 5 && p[5] == ' ');
     if (e - p >= 6 && !memcmp(p, "[DONE]", 6)) {
         c->done = 1;
         return;
@@ -220,13 +220,15 @@ static void on_event(lg_conn *c, const char *p, size_t n) {
     }
 }
 
+/* Body bytes: events end at a blank line; carriage returns are dropped, so servers that
+ * end lines with CRLF parse as those that use LF. */
 static void on_body(lg_conn *c, const char *p, size_t n) {
     if (grow(&c->ev, &c->ev_cap, c->ev_len + n + 1)) {
         c->error = 1;
         return;
     }
-    memcpy(c->ev + c->ev_len, p, n);
-    c->ev_len += n;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != '\r') c->ev[c->ev_len++] = p[i];
     size_t start = 0;
     for (size_t i = 0; i + 1 < c->ev_len; i++)
         if (c->ev[i] == '\n' && c->ev[i + 1] == '\n') {

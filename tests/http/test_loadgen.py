@@ -64,3 +64,72 @@ def test_loadgen_usage_errors(tmp_path):
     p = subprocess.run([BIN, "loadgen", "--help"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and "--concurrency" in p.stdout
     assert "loadgen" in subprocess.run([BIN, "--help"], capture_output=True, text=True).stdout
+
+
+class _OtherServer:
+    """A stand-in for another OpenAI-compatible server's framing: SSE lines ending in CRLF,
+    `data:` without a space, the body cut into 7-byte chunks (events and even the chunk
+    framing's lines split across reads), and every third response closing its connection."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        outer = self
+        self.requests = 0
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = b'{"object":"list","data":[{"id":"other-model","object":"model"}]}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests += 1
+                close = outer.requests % 3 == 0
+                n = req["max_tokens"]
+                events = []
+                for i in range(n):
+                    events.append({"choices": [{"index": 0, "text": f"w{i} ", "finish_reason": None}]})
+                events.append({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}})
+                body = b"".join(b"data:" + json.dumps(e).encode() + b"\r\n\r\n" for e in events) + b"data: [DONE]\r\n\r\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                if close:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                self.end_headers()
+                for i in range(0, len(body), 7):
+                    part = body[i:i + 7]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_loadgen_parses_other_servers_streams(tmp_path):
+    srv = _OtherServer()
+    try:
+        p, doc = loadgen(srv, tmp_path, "--concurrency", "3", "--num-prompts", "9", "--output-len", "5",
+                         "--threads", "2")
+    finally:
+        srv.httpd.shutdown()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert doc["model"] == "other-model"
+    r = doc["results"][0]
+    assert (r["requests"], r["failed"], r["output_tokens"]) == (9, 0, 45), r
+    assert srv.requests == 9
+    assert r["itl_p50_ms"] is not None and r["ttft_p50_ms"] > 0
+    assert "host_us_per_token" not in r   # not specd: no /metrics

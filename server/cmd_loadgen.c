@@ -4,7 +4,9 @@
  * output token) from a few threads, each one libuv loop driving its share of the streams.
  *
  * Each stream is one keep-alive HTTP/1.1 connection that sends its next request when the
- * previous response has ended. A response is parsed as it arrives: status line, headers,
+ * previous response has ended (closed loop), or, with --request-rate, takes the arrivals of
+ * a Poisson schedule as it is free (open loop: at most `concurrency` in flight, the rest
+ * wait in the client, their wait reported apart). A response is parsed as it arrives: status line, headers,
  * then the body (chunked or of a Content-Length) as server-sent events; an event that
  * brings a token (brings_token: as scripts/bench.py counts them) is a token arrival (TTFT
  * from the request's send, ITL between arrivals), the usage event gives the
@@ -41,6 +43,7 @@ typedef struct {
     int port;
     int chat, words;
     int in_len, out_len, threads, ignore_eos;
+    double rate;     /* --request-rate: Poisson arrivals per second, 0: closed loop */
     int tok_lo, tok_hi;
     uint64_t seed;
     uint64_t salt;   /* the level's: its prompts differ from every other level's */
@@ -51,6 +54,7 @@ typedef struct {
 typedef struct {   /* one finished request */
     int ok, tokens;
     double ttft, e2e, tpot;
+    double arrive, wait;   /* --request-rate: its arrival, and the time it waited for a stream */
 } lg_result;
 
 typedef struct {   /* a growable array of doubles */
@@ -104,6 +108,12 @@ typedef struct lg_worker {
     lg_result *res;         /* indexed by request */
     dvec gaps;              /* ITL of every request of this worker, seconds */
     char first_error[256];
+    /* --request-rate (open loop): this worker's share of the rate, the next arrival's time,
+     * the arrivals waiting for a free stream (request indices, FIFO) */
+    double rate, next_t;
+    uint64_t rng;
+    uv_timer_t timer;
+    int *queue, q_head, q_tail, arrivals_done;
 } lg_worker;
 
 static double now_s(void) {
@@ -391,12 +401,21 @@ static int take(lg_worker *w) {
     return i < w->n_req ? i : -1;
 }
 
+/* The next request for a stream that is free: the shared counter's (closed loop), or the
+ * oldest arrival waiting (open loop); -1 if none now. */
+static int next_index(lg_worker *w) {
+    if (w->rate <= 0) return take(w);
+    return w->q_head < w->q_tail ? w->queue[w->q_head++] : -1;
+}
+
 static void start_next(lg_conn *c) {
-    const int i = take(c->w);
-    if (i < 0) {
-        conn_close(c);
+    lg_worker *w = c->w;
+    const int i = next_index(w);
+    if (i < 0) {   /* done, or (open loop) idle until the next arrival */
+        if (w->rate <= 0 || w->arrivals_done) conn_close(c);
         return;
     }
+    if (w->rate > 0) w->res[i].wait = now_s() - w->res[i].arrive;
     free(c->req);
     c->idx = i;
     if (!(c->req = build_request(c->w->o, i, &c->req_len))) {
@@ -427,13 +446,51 @@ static void conn_close(lg_conn *c) {
     if (c->open && !uv_is_closing((uv_handle_t *)&c->tcp)) uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
+/* Open loop: every arrival due by now joins the queue and goes to a free stream (one not
+ * busy or closing; a closed one reconnects); then the timer waits for the next. Arrivals are
+ * kept on an absolute schedule (exponential gaps at this worker's rate), so gaps under the
+ * timer's millisecond are not lost. When the requests run out, free streams close. */
+static void on_arrival(uv_timer_t *t) {
+    lg_worker *w = t->data;
+    const double now = now_s();
+    while (!w->arrivals_done && w->next_t <= now) {
+        const int i = take(w);
+        if (i < 0) {
+            w->arrivals_done = 1;
+            break;
+        }
+        w->res[i].arrive = w->next_t;
+        w->queue[w->q_tail++] = i;
+        w->rng = mix(w->rng);
+        w->next_t += -log(((double)(w->rng >> 11) + 0.5) / 9007199254740992.0) / w->rate;
+    }
+    for (int k = 0; k < w->n_conns && w->q_head < w->q_tail; k++) {
+        lg_conn *c = &w->conns[k];
+        if (c->idx < 0 && !(c->open && uv_is_closing((uv_handle_t *)&c->tcp))) start_next(c);
+    }
+    if (w->arrivals_done) {
+        for (int k = 0; k < w->n_conns; k++)
+            if (w->conns[k].idx < 0) conn_close(&w->conns[k]);
+        uv_close((uv_handle_t *)&w->timer, NULL);
+        return;
+    }
+    const double ms = (w->next_t - now_s()) * 1e3;
+    uv_timer_start(&w->timer, on_arrival, ms > 0 ? (uint64_t)ms : 0, 0);
+}
+
 static void worker_main(void *arg) {
     lg_worker *w = arg;
     for (int i = 0; i < w->n_conns; i++) {
         lg_conn *c = &w->conns[i];
         c->w = w;
         c->idx = -1;
-        start_next(c);
+        if (w->rate <= 0) start_next(c);
+    }
+    if (w->rate > 0) {
+        uv_timer_init(&w->loop, &w->timer);
+        w->timer.data = w;
+        w->next_t = now_s();
+        on_arrival(&w->timer);
     }
     uv_run(&w->loop, UV_RUN_DEFAULT);
 }
@@ -538,13 +595,18 @@ static json_t *run_level(const lg_opts *o, const struct sockaddr_storage *addr, 
         w[t].o = o, w[t].next = &next, w[t].n_req = n_req, w[t].res = res, w[t].addr = *addr;
         w[t].n_conns = conc / T + (t < conc % T);
         w[t].conns = calloc((size_t)w[t].n_conns, sizeof(lg_conn));
+        if (o->rate > 0) {
+            w[t].rate = o->rate / T;
+            w[t].rng = mix(o->seed ^ o->salt ^ (uint64_t)(t + 1) << 48);
+            w[t].queue = calloc((size_t)n_req, sizeof(int));
+        }
         uv_loop_init(&w[t].loop);
         uv_thread_create(&th[t], worker_main, &w[t]);
     }
     for (int t = 0; t < T; t++) uv_thread_join(&th[t]);
     const double wall = now_s() - t0;
     host_output(o, addr, &s1, &k1);
-    dvec gaps = {0}, ttft = {0}, tpot = {0}, e2e = {0};
+    dvec gaps = {0}, ttft = {0}, tpot = {0}, e2e = {0}, wait = {0};
     long out_tok = 0;
     int ok = 0;
     char first_error[256] = "";
@@ -559,6 +621,7 @@ static json_t *run_level(const lg_opts *o, const struct sockaddr_storage *addr, 
         if (res[i].ttft >= 0) dvec_push(&ttft, res[i].ttft);
         if (res[i].tpot >= 0) dvec_push(&tpot, res[i].tpot);
         dvec_push(&e2e, res[i].e2e);
+        if (o->rate > 0) dvec_push(&wait, res[i].wait);
     }
     json_t *row = json_object();
     json_object_set_new(row, "concurrency", json_integer(conc));
@@ -569,9 +632,10 @@ static json_t *run_level(const lg_opts *o, const struct sockaddr_storage *addr, 
     json_object_set_new(row, "requests_per_s", json_real(ok / wall));
     json_object_set_new(row, "output_tokens", json_integer(out_tok));
     json_object_set_new(row, "output_tokens_per_s", json_real((double)out_tok / wall));
-    dvec *vs[4] = {&ttft, &gaps, &tpot, &e2e};
-    const char *names[4] = {"ttft", "itl", "tpot", "e2e"};
-    for (int k = 0; k < 4; k++) {
+    if (o->rate > 0) json_object_set_new(row, "request_rate", json_real(o->rate));
+    dvec *vs[5] = {&ttft, &gaps, &tpot, &e2e, &wait};
+    const char *names[5] = {"ttft", "itl", "tpot", "e2e", "queue_wait"};
+    for (int k = 0; k < (o->rate > 0 ? 5 : 4); k++) {
         qsort(vs[k]->v, vs[k]->n, sizeof(double), cmp_d);
         const int ps[3] = {50, 90, 99};
         for (int j = 0; j < 3; j++) {
@@ -587,9 +651,10 @@ static json_t *run_level(const lg_opts *o, const struct sockaddr_storage *addr, 
         for (int i = 0; i < w[t].n_conns; i++) free(w[t].conns[i].req), free(w[t].conns[i].in), free(w[t].conns[i].ev);
         free(w[t].conns);
         free(w[t].gaps.v);
+        free(w[t].queue);
         uv_loop_close(&w[t].loop);
     }
-    free(gaps.v), free(ttft.v), free(tpot.v), free(e2e.v);
+    free(gaps.v), free(ttft.v), free(tpot.v), free(e2e.v), free(wait.v);
     free(w), free(res), free(th);
     return row;
 }
@@ -605,13 +670,16 @@ static void usage(FILE *f) {
             "                     [--concurrency 1,16,64,256] [--num-prompts N] [--input-len 128]\n"
             "                     [--output-len 128] [--prompt-kind tokens|words] [--token-range 10,1000]\n"
             "                     [--threads 4] [--model ID] [--api-key KEY] [--seed 0] [--no-ignore-eos]\n"
-            "                     [--out FILE.json]\n"
+            "                     [--request-rate R] [--out FILE.json]\n"
             "Streams requests to an OpenAI-compatible server and reports, per level, requests/s,\n"
             "output tokens/s, TTFT / ITL / TPOT p50 p90 p99 and (specd) host us per output token.\n"
             "Each level keeps `concurrency` streams in flight until its requests have finished\n"
             "(--num-prompts, default four per stream and at least 64), spread over --threads\n"
             "event loops. Run a level at --threads N and 2N: when the figure does not move, the\n"
-            "server is the limit, not this client. Prompts are seeded by --seed, the level and the\n"
+            "server is the limit, not this client. --request-rate R: an open loop instead, requests\n"
+            "arriving at R per second (Poisson) onto at most `concurrency` streams, those that find\n"
+            "none free waiting in the client (queue_wait percentiles; TTFT counts from the send).\n"
+            "Prompts are seeded by --seed, the level and the\n"
             "request: runs to compare want different seeds (else the second finds the first's\n"
             "prompts in the server's prefix cache).\n");
 }
@@ -657,6 +725,11 @@ int cmd_loadgen(int argc, char **argv) {
         else if (!strcmp(a, "--input-len")) bad = cli_int(v, 1, 1 << 20, &o.in_len);
         else if (!strcmp(a, "--output-len")) bad = cli_int(v, 1, 1 << 20, &o.out_len);
         else if (!strcmp(a, "--threads")) bad = cli_int(v, 1, 256, &o.threads);
+        else if (!strcmp(a, "--request-rate")) {
+            float rr = 0;
+            bad = cli_float(v, 0, 1e6, &rr);
+            o.rate = rr;
+        }
         else if (!strcmp(a, "--prompt-kind")) {
             bad = strcmp(v, "tokens") && strcmp(v, "words");
             o.words = !strcmp(v, "words");

@@ -57,8 +57,28 @@ def test_loadgen_reports_failed_requests(tiny, tmp_path):
     assert p.returncode == 0 and doc["results"][0]["output_tokens"] == 6
 
 
+def test_loadgen_open_loop(tiny, tmp_path):
+    """--request-rate: arrivals on a Poisson schedule (20 at 50/s take ~0.4 s where the closed
+    loop needs a few tens of ms), onto at most `concurrency` streams; with one stream and
+    arrivals far faster than it serves, requests wait in the client."""
+    p, doc = loadgen(tiny, tmp_path, "--concurrency", "4", "--num-prompts", "20", "--input-len", "8",
+                     "--output-len", "6", "--token-range", "5,900", "--request-rate", "50", "--seed", "7")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = doc["results"][0]
+    assert (r["requests"], r["failed"], r["output_tokens"]) == (20, 0, 120), r
+    assert r["request_rate"] == 50 and r["wall_s"] > 0.15
+    assert r["queue_wait_p50_ms"] is not None
+    p, doc = loadgen(tiny, tmp_path, "--concurrency", "1", "--num-prompts", "20", "--input-len", "8",
+                     "--output-len", "6", "--token-range", "5,900", "--request-rate", "5000", "--seed", "8")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = doc["results"][0]
+    assert (r["requests"], r["failed"], r["output_tokens"]) == (20, 0, 120), r
+    assert r["queue_wait_p99_ms"] > 1
+
+
 def test_loadgen_usage_errors(tmp_path):
-    for bad in (["--concurrency", "0"], ["--url", "ftp://x"], ["--endpoint", "embeddings"], ["--threads", "0"]):
+    for bad in (["--concurrency", "0"], ["--url", "ftp://x"], ["--endpoint", "embeddings"], ["--threads", "0"],
+                ["--request-rate", "-1"]):
         p = subprocess.run([BIN, "loadgen", *bad], capture_output=True, text=True, timeout=30)
         assert p.returncode == 2, (bad, p.stdout, p.stderr)
     p = subprocess.run([BIN, "loadgen", "--help"], capture_output=True, text=True, timeout=30)

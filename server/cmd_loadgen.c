@@ -155,7 +155,7 @@ static char *build_request(const lg_opts *o, int idx, size_t *len) {
     if (o->chat) PUT("\"}]}");
     else PUT(o->words ? "\"}" : "]}");
 #undef PUT
-    size_t rcap = n + 512;
+    size_t rcap = n + 256 + strlen(o->host) + strlen(o->api_key);   /* the headers' fixed text is < 200 bytes */
     if ((req = malloc(rcap))) {
         int h = snprintf(req, rcap,
                          "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
@@ -163,8 +163,13 @@ static char *build_request(const lg_opts *o, int idx, size_t *len) {
                          o->chat ? "/v1/chat/completions" : "/v1/completions", o->host, o->port,
                          o->api_key[0] ? "Authorization: Bearer " : "", o->api_key,
                          o->api_key[0] ? "\r\n" : "", n);
-        memcpy(req + h, body, n);
-        *len = (size_t)h + n;
+        if (h < 0 || (size_t)h + n >= rcap) {
+            free(req);
+            req = NULL;
+        } else {
+            memcpy(req + h, body, n);
+            *len = (size_t)h + n;
+        }
     }
     free(body);
     return req;

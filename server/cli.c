@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/core/ngram.h"
@@ -69,6 +70,12 @@ int cli_u64(const char *s, uint64_t *out) {
     if (!*s || *end || errno || *s == '-') return -1;
     *out = v;
     return 0;
+}
+
+double cli_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 char *cli_read_file(const char *path, size_t *len) {

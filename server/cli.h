@@ -13,6 +13,8 @@ int cli_parse_ids(const char *s, int32_t **out);
 int cli_int(const char *s, long lo, long hi, int *out);
 int cli_float(const char *s, double lo, double hi, float *out);
 int cli_u64(const char *s, uint64_t *out);
+/* Seconds on the monotonic clock (for timing a subcommand's work). */
+double cli_now_s(void);
 /* Read a whole file (NUL-terminated, malloc'd); NULL on error. */
 char *cli_read_file(const char *path, size_t *len);
 

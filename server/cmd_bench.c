@@ -27,12 +27,6 @@ static void usage(FILE *f) {
             "measure it (serve's default of 512 trades that for shorter decode steps).\n");
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 typedef struct {
     int batch;
     double prefill_s, decode_s;
@@ -65,7 +59,7 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_r
         }
     }
     int firsts = 0, rc = 0;
-    double t0 = now_s(), t1 = t0;
+    double t0 = cli_now_s(), t1 = t0;
     engine_stats s0, s1;
     while (engine_has_work(e)) {
         engine_output o;
@@ -89,14 +83,14 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_r
         engine_get_stats(e, &st);
         if (st.kv_bytes_used > r->kv_peak) r->kv_peak = st.kv_bytes_used;
         if (firsts == B && t1 == t0) {
-            t1 = now_s();   /* every sequence has its first token: prefill is over */
+            t1 = cli_now_s();   /* every sequence has its first token: prefill is over */
             r->decode_tokens = 0;
             engine_get_stats(e, &s0);
         } else if (t1 != t0) {
             r->decode_steps++;
         }
     }
-    double t2 = now_s();
+    double t2 = cli_now_s();
     engine_get_stats(e, &s1);
     if (t1 != t0 && r->decode_steps)
         r->host_us_step = 1e6 * ((s1.step_seconds - s0.step_seconds) - (s1.run_seconds - s0.run_seconds)) /

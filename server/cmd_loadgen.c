@@ -116,12 +116,6 @@ typedef struct lg_worker {
     int *queue, q_head, q_tail, arrivals_done;
 } lg_worker;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static uint64_t mix(uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -228,7 +222,7 @@ static void on_event(lg_conn *c, const char *p, size_t n) {
     const char *u = memmem(p, (size_t)(e - p), "\"completion_tokens\"", 19);
     if (u) c->usage_tokens = atoi(u + 20 + (u[19] == ' '));
     if (brings_token(p, e, c->w->o->chat)) {
-        const double t = now_s();
+        const double t = cli_now_s();
         if (c->n_text++ == 0) c->t_first = t;
         else dvec_push(&c->w->gaps, t - c->t_last);
         c->t_last = t;
@@ -260,7 +254,7 @@ static void conn_close(lg_conn *c);
 
 static void finish(lg_conn *c) {
     lg_worker *w = c->w;
-    const double end = now_s();
+    const double end = cli_now_s();
     lg_result *r = &w->res[c->idx];
     r->ok = c->status == 200 && !c->error && (c->n_text > 0 || c->usage_tokens > 0);
     r->tokens = c->usage_tokens > 0 ? c->usage_tokens : c->n_text;
@@ -375,7 +369,7 @@ static void send_request(lg_conn *c) {
     c->left = 0;
     c->in_len = c->ev_len = 0;
     c->n_text = c->usage_tokens = c->done = c->error = 0;
-    c->t0 = now_s();
+    c->t0 = cli_now_s();
     uv_buf_t b = uv_buf_init(c->req, (unsigned)c->req_len);
     c->wreq.data = c;
     if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_written)) {
@@ -420,7 +414,7 @@ static void start_next(lg_conn *c) {
         if (w->rate <= 0 || w->arrivals_done) conn_close(c);
         return;
     }
-    if (w->rate > 0) w->res[i].wait = now_s() - w->res[i].arrive;
+    if (w->rate > 0) w->res[i].wait = cli_now_s() - w->res[i].arrive;
     free(c->req);
     c->idx = i;
     if (!(c->req = build_request(c->w->o, i, &c->req_len))) {
@@ -457,7 +451,7 @@ static void conn_close(lg_conn *c) {
  * timer's millisecond are not lost. When the requests run out, free streams close. */
 static void on_arrival(uv_timer_t *t) {
     lg_worker *w = t->data;
-    const double now = now_s();
+    const double now = cli_now_s();
     while (!w->arrivals_done && w->next_t <= now) {
         const int i = take(w);
         if (i < 0) {
@@ -479,7 +473,7 @@ static void on_arrival(uv_timer_t *t) {
         uv_close((uv_handle_t *)&w->timer, NULL);
         return;
     }
-    const double ms = (w->next_t - now_s()) * 1e3;
+    const double ms = (w->next_t - cli_now_s()) * 1e3;
     uv_timer_start(&w->timer, on_arrival, ms > 0 ? (uint64_t)ms : 0, 0);
 }
 
@@ -494,7 +488,7 @@ static void worker_main(void *arg) {
     if (w->rate > 0) {
         uv_timer_init(&w->loop, &w->timer);
         w->timer.data = w;
-        w->next_t = now_s();
+        w->next_t = cli_now_s();
         on_arrival(&w->timer);
     }
     uv_run(&w->loop, UV_RUN_DEFAULT);
@@ -595,7 +589,7 @@ static json_t *run_level(const lg_opts *o, const struct sockaddr_storage *addr, 
     atomic_int next = 0;
     double s0, k0, s1, k1;
     host_output(o, addr, &s0, &k0);
-    const double t0 = now_s();
+    const double t0 = cli_now_s();
     for (int t = 0; t < T; t++) {
         w[t].o = o, w[t].next = &next, w[t].n_req = n_req, w[t].res = res, w[t].addr = *addr;
         w[t].n_conns = conc / T + (t < conc % T);
@@ -609,7 +603,7 @@ static json_t *run_level(const lg_opts *o, const struct sockaddr_storage *addr, 
         uv_thread_create(&th[t], worker_main, &w[t]);
     }
     for (int t = 0; t < T; t++) uv_thread_join(&th[t]);
-    const double wall = now_s() - t0;
+    const double wall = cli_now_s() - t0;
     host_output(o, addr, &s1, &k1);
     dvec gaps = {0}, ttft = {0}, tpot = {0}, e2e = {0}, wait = {0};
     long out_tok = 0;

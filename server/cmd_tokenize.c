@@ -34,12 +34,6 @@ static const char DETOKENIZE_HELP[] =
     "  --skip-special     drop special tokens\n"
     "  --json             print {\"text\":\"...\"}\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Encodes `reps` times (at least once) and prints bytes, seconds, MB/s as JSON. With
  * chunk > 0 the text is encoded as separate documents of about `chunk` bytes (cut after a
  * newline), the size of real prompts; "hash" then lets a caller check the ids without
@@ -51,7 +45,7 @@ static int bench(const tok_tokenizer *t, const char *text, size_t len, int add_s
     long count = 0;
     uint64_t hash = 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = cli_now_s();
         count = 0;
         hash = 0;
         for (size_t pos = 0; pos < len || (len == 0 && pos == 0);) {
@@ -72,7 +66,7 @@ static int bench(const tok_tokenizer *t, const char *text, size_t len, int add_s
             if (end == pos) break;
             pos = end;
         }
-        double dt = now_s() - t0;
+        double dt = cli_now_s() - t0;
         if (dt < best) best = dt;
     }
     printf("{\"bytes\":%zu,\"count\":%ld,\"hash\":%llu,\"seconds\":%.6f,\"mb_per_s\":%.3f}\n",

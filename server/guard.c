@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "server/cli.h"
 #include "server/log.h"
 
 struct guard_conn {
@@ -26,12 +27,6 @@ struct guard {
     guard_conn *head;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Once a second (a deadline is met to within a second): shut down late receivers. */
 static void *watchdog(void *arg) {
     guard *g = arg;
@@ -41,7 +36,7 @@ static void *watchdog(void *arg) {
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 1;
         pthread_cond_timedwait(&g->cv, &g->mu, &until);
-        double t = now_s();
+        double t = cli_now_s();
         for (guard_conn *c = g->head; c && !g->stop; c = c->next) {
             if (!c->receiving || c->shut || t - c->since <= g->recv_timeout) continue;
             c->shut = 1;
@@ -92,7 +87,7 @@ guard_conn *guard_open(guard *g, int fd) {
     if (c) {
         c->fd = fd;
         c->receiving = 1;
-        c->since = now_s();
+        c->since = cli_now_s();
         c->next = g->head;
         if (g->head) g->head->prev = c;
         g->head = c;
@@ -124,7 +119,7 @@ void guard_replied(guard *g, guard_conn *c) {
     if (!c) return;
     pthread_mutex_lock(&g->mu);
     c->receiving = 1;
-    c->since = now_s();
+    c->since = cli_now_s();
     pthread_mutex_unlock(&g->mu);
 }
 

@@ -39,6 +39,7 @@
 #define GQ_LD (GQ_TK + 8) /* padded shared row (144 bytes): ldmatrix's 8 rows fall in 8 bank groups */
 #define GQ_NT 128         /* threads: 4 warps */
 #define GQ_MAX_SPLIT 16
+#define GI_LD (GQ_TK + 16) /* int8 shared row (80 bytes): 32-bit fragment loads of 8 rows x 4 words hit 32 banks */
 
 /* Eight decoded weights -> one 16-byte word of bf16 (round to nearest even, as k_dequant_q). */
 __device__ __forceinline__ uint4 gq_pack8(const float *w) {
@@ -262,6 +263,187 @@ static int gemm_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out,
     const dim3 grid((unsigned)mt, (unsigned)nt, (unsigned)splits);
     int rc = k_launch(gemm_q_kernel<T>, grid, dim3(GQ_NT), 0, s, W, X, n, out, in, per * GQ_TK, accumulate, Y,
                       splits > 1 ? ws : (float *)NULL);
+    if (rc || splits == 1) return rc;
+    const size_t total = (size_t)n * out;
+    return k_launch(gemm_q_reduce_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, (const float *)ws,
+                    splits, total, accumulate, Y);
+}
+
+/* ---- Q8_0 with int8 activations on int8 tensor cores (k_gemm_qi8) ---------------------------
+ * gemm_q_kernel's tiling (64 token rows x 64 columns per block of 4 warps, chunks of 64
+ * elements double-buffered, the same split of the reduction) with X rounded to int8 per 32
+ * elements by k_quant_x8 and the weights' codes stored as they are: a chunk is two Q8_0
+ * blocks, each one mma m16n8k32 (s8 x s8 -> s32, exact) per 16 x 8 tile, scaled once by
+ * the token's and the column's block scales into the fp32 accumulators. A column's chunk
+ * is 68 bytes starting 4-byte aligned (in % 64 == 0, W 4-aligned): its two threads take a
+ * block each with nine 32-bit loads (block 0's codes realigned by byte_perm), issued a
+ * chunk ahead into registers; X and its scales come by cp.async. The reduction is split
+ * until about k_tuning.gemm_qi8_bps blocks per multiprocessor are busy (decode batches:
+ * one tile row). */
+__global__ void __launch_bounds__(GQ_NT)
+gemm_qi8_kernel(const uint8_t *__restrict__ W, const int8_t *__restrict__ XQ, const float2 *__restrict__ XS, int n,
+                int out, int in, int kchunk, int accumulate, float *__restrict__ Y, float *__restrict__ part) {
+    __shared__ __align__(16) int8_t as[2][GQ_TM][GI_LD];
+    __shared__ __align__(16) int8_t bs[2][GQ_TN][GI_LD];
+    __shared__ __align__(16) float4 xsd[2][GQ_TM];   /* a row's (scale, sum) of the chunk's two blocks */
+    __shared__ float wsd[2][GQ_TN][2];
+    k_pdl_trigger();
+    k_pdl_wait();
+    const int m0 = blockIdx.x * GQ_TM, c0 = blockIdx.y * GQ_TN, kb = blockIdx.z * kchunk;
+    const int ke = min(in, kb + kchunk), nk = (ke - kb + GQ_TK - 1) / GQ_TK, nbk = in / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    const size_t row_bytes = (size_t)nbk * 34;
+    /* X by cp.async: 64 rows x 4 words of 16 codes per chunk, two per thread, and each row's
+     * two (scale, sum) pairs (one word: nbk and the chunk's first block are even); zeros
+     * past n */
+    auto load_x = [&](int st, int k0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int idx = tid + i * GQ_NT, r = idx >> 2, c = (idx & 3) * 16;
+            const bool ok = m0 + r < n;
+            tc_cp16(tc_smem_addr(&as[st][r][c]), ok ? XQ + (size_t)(m0 + r) * in + k0 + c : XQ, ok);
+        }
+        if (tid < GQ_TM) {
+            const bool ok = m0 + tid < n;
+            tc_cp16(tc_smem_addr(&xsd[st][tid]), ok ? XS + (size_t)(m0 + tid) * nbk + (k0 >> 5) : XS, ok);
+        }
+        tc_commit();
+    };
+    /* W: column r's two blocks, thread h block h, fetched into registers a chunk ahead of
+     * their store (so the loads are in flight while the chunk before is multiplied); zeros
+     * past out */
+    const int wr = tid >> 1, wh = tid & 1, wcol = c0 + wr;
+    uint32_t wq[9];
+    auto fetch_w = [&](int k0) {
+        if (wcol >= out) return;
+        const uint32_t *p = (const uint32_t *)(W + (size_t)wcol * row_bytes + (size_t)(k0 >> 5) * 34) + 8 * wh;
+#pragma unroll
+        for (int i = 0; i < 9; i++) wq[i] = __ldg(p + i);
+    };
+    auto store_w = [&](int st) {
+        uint4 *dst = (uint4 *)&bs[st][wr][32 * wh];
+        if (wcol >= out) {
+            dst[0] = dst[1] = make_uint4(0, 0, 0, 0);
+            wsd[st][wr][wh] = 0.f;
+            return;
+        }
+        uint32_t q[8];
+        if (wh == 0) {   /* words 0..8: d in word 0's low half, codes from byte 2 */
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] = __byte_perm(wq[i], wq[i + 1], 0x5432);
+            wsd[st][wr][0] = qb_half_bits((unsigned short)(wq[0] & 0xffff));
+        } else {         /* words 8..16: d in word 8's high half, codes from word 9 */
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] = wq[i + 1];
+            wsd[st][wr][1] = qb_half_bits((unsigned short)(wq[0] >> 16));
+        }
+        dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
+        dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
+    };
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[mi][j][0] = acc[mi][j][1] = acc[mi][j][2] = acc[mi][j][3] = 0.f;
+    const bool act0 = m0 + wm * 32 < n, act1 = m0 + wm * 32 + 16 < n;
+    const int g = lane >> 2, t4 = 4 * (lane & 3);
+    if (nk > 0) {
+        load_x(0, kb);
+        fetch_w(kb);
+        store_w(0);
+        if (nk > 1) fetch_w(kb + GQ_TK);
+    }
+    for (int it = 0; it < nk; it++) {
+        const int st = it & 1;
+        tc_wait<0>();
+        __syncthreads();   /* chunk it landed and stored; chunk it - 1's buffers are free */
+        if (it + 1 < nk) {
+            load_x(st ^ 1, kb + (it + 1) * GQ_TK);
+            store_w(st ^ 1);
+            if (it + 2 < nk) fetch_w(kb + (it + 2) * GQ_TK);
+        }
+        if (!act0) continue;
+#pragma unroll
+        for (int kp = 0; kp < 2; kp++) {   /* the chunk's two blocks */
+            uint32_t a[2][4];
+            float xd[2][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                const int r = wm * 32 + mi * 16 + g;
+                a[mi][0] = *(const uint32_t *)&as[st][r][kp * 32 + t4];
+                a[mi][1] = *(const uint32_t *)&as[st][r + 8][kp * 32 + t4];
+                a[mi][2] = *(const uint32_t *)&as[st][r][kp * 32 + 16 + t4];
+                a[mi][3] = *(const uint32_t *)&as[st][r + 8][kp * 32 + 16 + t4];
+                xd[mi][0] = kp ? xsd[st][r].z : xsd[st][r].x, xd[mi][1] = kp ? xsd[st][r + 8].z : xsd[st][r + 8].x;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = wn * 32 + 8 * j;
+                const uint32_t b0 = *(const uint32_t *)&bs[st][c + g][kp * 32 + t4];
+                const uint32_t b1 = *(const uint32_t *)&bs[st][c + g][kp * 32 + 16 + t4];
+                const float wd0 = wsd[st][c + t4 / 2][kp], wd1 = wsd[st][c + t4 / 2 + 1][kp];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    if (mi == 1 && !act1) continue;
+                    int ci[4] = {0, 0, 0, 0};
+                    tc_mma_s8(ci, a[mi], b0, b1);
+                    acc[mi][j][0] = fmaf(xd[mi][0] * wd0, (float)ci[0], acc[mi][j][0]);
+                    acc[mi][j][1] = fmaf(xd[mi][0] * wd1, (float)ci[1], acc[mi][j][1]);
+                    acc[mi][j][2] = fmaf(xd[mi][1] * wd0, (float)ci[2], acc[mi][j][2]);
+                    acc[mi][j][3] = fmaf(xd[mi][1] * wd1, (float)ci[3], acc[mi][j][3]);
+                }
+            }
+        }
+    }
+    const int tig = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = m0 + wm * 32 + mi * 16 + g + 8 * h;
+            if (row >= n) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const int col = c0 + wn * 32 + 8 * j + 2 * tig + q;
+                    if (col >= out) continue;
+                    const float v = acc[mi][j][2 * h + q];
+                    const size_t o = (size_t)row * out + col;
+                    if (part) part[(size_t)blockIdx.z * n * out + o] = v;
+                    else Y[o] = accumulate ? Y[o] + v : v;
+                }
+        }
+}
+
+extern "C" int k_gemm_qi8_takes(int type, int in) { return type == QB_Q8_0 && in > 0 && in % GQ_TK == 0; }
+
+extern "C" int k_gemm_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                          int accumulate, void *scratch, size_t scratch_bytes, cudaStream_t s) {
+    const size_t need = k_x8_codes_bytes(n, in) + (size_t)n * (size_t)(in / 32) * sizeof(float2);
+    if (!k_gemm_qi8_takes(type, in) || out <= 0 || n < 1 || ((uintptr_t)X % 16) || ((uintptr_t)W % 4) ||
+        !scratch || ((uintptr_t)scratch % 16) || scratch_bytes < need)
+        return -1;
+    int rc = k_quant_x8(X, n, in, scratch, s);
+    if (rc) return rc;
+    const size_t ws_off = (need + 15) / 16 * 16;
+    float *ws = scratch_bytes > ws_off ? (float *)((uint8_t *)scratch + ws_off) : NULL;
+    const size_t ws_bytes = ws ? scratch_bytes - ws_off : 0;
+    const int mt = (n + GQ_TM - 1) / GQ_TM, nt = (out + GQ_TN - 1) / GQ_TN, nk = in / GQ_TK;
+    /* about k_tuning.gemm_qi8_bps blocks per multiprocessor (a block has one 64 x 64 tile and
+     * 4 warps: too few bytes in flight per SM otherwise), each split at least four chunks */
+    const int bps = k_tuning_get()->gemm_qi8_bps > 0 ? k_tuning_get()->gemm_qi8_bps : 8;
+    int splits = (bps * k_sm_count() + mt * nt - 1) / (mt * nt);
+    if (splits > nk / 4) splits = nk / 4;
+    if (splits > GQ_MAX_SPLIT) splits = GQ_MAX_SPLIT;
+    if ((size_t)splits * (size_t)n * out * sizeof(float) > ws_bytes) splits = (int)(ws_bytes / ((size_t)n * out * sizeof(float)));
+    if (splits < 1) splits = 1;
+    const int per = (nk + splits - 1) / splits;
+    splits = (nk + per - 1) / per;
+    const dim3 grid((unsigned)mt, (unsigned)nt, (unsigned)splits);
+    rc = k_launch(gemm_qi8_kernel, grid, dim3(GQ_NT), 0, s, W, (const int8_t *)scratch,
+                  (const float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, in)), n, out, in, per * GQ_TK, accumulate,
+                  Y, splits > 1 ? ws : (float *)NULL);
     if (rc || splits == 1) return rc;
     const size_t total = (size_t)n * out;
     return k_launch(gemm_q_reduce_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, (const float *)ws,

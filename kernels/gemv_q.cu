@@ -318,6 +318,48 @@ __device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[R], int p, c
     else gq_part_q6_k<NB>(blk, p, x, in, acc);
 }
 
+/* ---- int8 activations (k_gemv_qi8): 32-element blocks against X quantized per 32 ---------
+ * The lane's whole block as eight words of codes, dotted with each token's 32 int8
+ * activations by eight dp4a (exact int32), then scaled once: acc += dw dx sum(q xq), with
+ * Q4_0's codes shifted by -8 and Q4_1's minimum through the activations' code sum. */
+template <int T, int NB, int R>
+__device__ __forceinline__ void gq_part_i8(const uint8_t *const (&blk)[R], const int8_t *xq, const float2 *xs,
+                                           int in, float (&acc)[R][NB]) {
+    uint32_t q[R][8];
+    float d[R], m[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        d[r] = gq_h2f(*(const uint16_t *)blk[r]);
+        m[r] = T == QB_Q4_1 ? gq_h2f(*(const uint16_t *)(blk[r] + 2)) : 0.f;
+        if (T == QB_Q8_0) {
+            const uint4 a = gq_lds16(blk[r] + 2), b = gq_lds16(blk[r] + 18);
+            q[r][0] = a.x, q[r][1] = a.y, q[r][2] = a.z, q[r][3] = a.w;
+            q[r][4] = b.x, q[r][5] = b.y, q[r][6] = b.z, q[r][7] = b.w;
+        } else {   /* low nibbles: elements 0..15, high: 16..31 */
+            const uint4 a = gq_lds16(blk[r] + (T == QB_Q4_1 ? 4 : 2));
+            const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) q[r][i] = w[i] & 0x0f0f0f0fu, q[r][4 + i] = (w[i] >> 4) & 0x0f0f0f0fu;
+        }
+    }
+    const int nb = in / 32;
+#pragma unroll
+    for (int t = 0; t < NB; t++) {
+        const uint4 a = __ldg((const uint4 *)(xq + (size_t)t * in)), b = __ldg((const uint4 *)(xq + (size_t)t * in + 16));
+        const float2 ds = __ldg(xs + (size_t)t * nb);   /* (scale, sum of the 32 codes) */
+        const int x[8] = {(int)a.x, (int)a.y, (int)a.z, (int)a.w, (int)b.x, (int)b.y, (int)b.z, (int)b.w};
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int s = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) s = __dp4a((int)q[r][i], x[i], s);
+            if (T == QB_Q8_0) acc[r][t] = fmaf(d[r] * ds.x, (float)s, acc[r][t]);
+            else if (T == QB_Q4_0) acc[r][t] = fmaf(d[r] * ds.x, (float)s - 8.f * ds.y, acc[r][t]);
+            else acc[r][t] = fmaf(ds.x, fmaf(d[r], (float)s, m[r] * ds.y), acc[r][t]);
+        }
+    }
+}
+
 /* Copy step s of this warp's rows into its stage buffer s % GEMVQ_STAGES. */
 template <int T, int R>
 __device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t row_bytes, const int (&row)[R],
@@ -389,11 +431,12 @@ struct gq_warp {
     }
 };
 
-/* Block: GEMVQ_WARPS warps, each a gq_warp of R rows. */
-template <int T, int NB, int R>
+/* Block: GEMVQ_WARPS warps, each a gq_warp of R rows. I8: X is int8 [n, in] with
+ * (scale, code sum) pairs XS [n, in / 32] (k_gemv_qi8), else bf16 and XS unused. */
+template <int T, int NB, int R, bool I8>
 __global__ void __launch_bounds__(GEMVQ_WARPS * 32)
-gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in, int ks_n,
-              int accumulate) {
+gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, const float2 *__restrict__ XS, float *Y,
+              int out, int in, int ks_n, int accumulate) {
     constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, LPB = 32 / SB;
     extern __shared__ uint4 gq_smem[];
     __shared__ float red[GEMVQ_WARPS][R * NB];
@@ -415,7 +458,10 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, flo
             const uint8_t *blk[R];
 #pragma unroll
             for (int r = 0; r < R; r++) blk[r] = w.staged(s, r, w.row[r]) + bl * S;
-            gq_part<T, NB>(blk, p, X + (size_t)b * E, in, acc);
+            if constexpr (I8)
+                gq_part_i8<T, NB>(blk, (const int8_t *)X + (size_t)b * E, XS + b, in, acc);
+            else
+                gq_part<T, NB>(blk, p, X + (size_t)b * E, in, acc);
         }
         __syncwarp();       /* reads of this buffer done before the copy into it */
     }
@@ -448,36 +494,36 @@ static int gq_ksplit(int units, int nb, int sb, int max_ks, int per_sm) {
     return ks;
 }
 
-template <int T, int NB, int R>
-static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int accumulate,
-                           cudaStream_t s) {
+template <int T, int NB, int R, bool I8>
+static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int out, int in,
+                           int accumulate, cudaStream_t s) {
     static bool smem_set = false;
     const size_t smem = gq_smem_bytes<T, R>();
     if (!smem_set) {
-        if (cudaFuncSetAttribute(gemv_q_kernel<T, NB, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess)
+        if (cudaFuncSetAttribute(gemv_q_kernel<T, NB, R, I8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess)
             return -1;
         smem_set = true;
     }
     const int units = (out + R - 1) / R;
     const int ks = gq_ksplit(units, in / gq<T>::E, gq<T>::SB, GEMVQ_WARPS, k_tuning_get()->gemvq_split);
     const int upb = GEMVQ_WARPS / ks;
-    return k_launch(gemv_q_kernel<T, NB, R>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W, X, Y,
-                    out, in, ks, accumulate);
+    return k_launch(gemv_q_kernel<T, NB, R, I8>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W,
+                    X, XS, Y, out, in, ks, accumulate);
 }
 
-template <int T, int NB>
-static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int accumulate,
-                           cudaStream_t s) {
-    if (k_tuning_get()->gemvq_rows == 4) return gemv_q_launch_r<T, NB, 4>(W, X, Y, out, in, accumulate, s);
-    return gemv_q_launch_r<T, NB, GEMVQ_ROWS>(W, X, Y, out, in, accumulate, s);
+template <int T, int NB, bool I8>
+static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int out, int in,
+                           int accumulate, cudaStream_t s) {
+    if (k_tuning_get()->gemvq_rows == 4) return gemv_q_launch_r<T, NB, 4, I8>(W, X, XS, Y, out, in, accumulate, s);
+    return gemv_q_launch_r<T, NB, GEMVQ_ROWS, I8>(W, X, XS, Y, out, in, accumulate, s);
 }
 
-template <int T>
+template <int T, bool I8 = false>
 static int gemv_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
-                         cudaStream_t s) {
+                         cudaStream_t s, const float2 *XS = nullptr) {
 #define GEMVQ_CASE(N) \
-    case N: return gemv_q_launch_n<T, N>(W, X, Y, out, in, accumulate, s)
+    case N: return gemv_q_launch_n<T, N, I8>(W, X, XS, Y, out, in, accumulate, s)
     switch (n) {
         GEMVQ_CASE(1); GEMVQ_CASE(2); GEMVQ_CASE(3); GEMVQ_CASE(4);
         GEMVQ_CASE(5); GEMVQ_CASE(6); GEMVQ_CASE(7); GEMVQ_CASE(8);
@@ -500,6 +546,66 @@ extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y,
     case QB_Q4_K: return gemv_q_launch<QB_Q4_K>(W, X, Y, out, in, n, accumulate, s);
     case QB_Q6_K: return gemv_q_launch<QB_Q6_K>(W, X, Y, out, in, n, accumulate, s);
     default: return -1;
+    }
+}
+
+/* X [n, in] bf16 -> int8 codes xq (same shape) and per 32 elements (d, sum of codes) in xs
+ * [n, in / 32]: d = max |x| / 127, code = x * (127 / max |x|) rounded to nearest even (0 for
+ * an all-zero group). A thread takes 8 elements; the 4 threads of a group are adjacent
+ * lanes. */
+__global__ void quant_x8_kernel(const uint16_t *__restrict__ X, int8_t *xq, float2 *xs, size_t n8) {
+    k_pdl_trigger();
+    k_pdl_wait();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (i < n8) k_bf16x8(__ldg((const uint4 *)X + i), v);
+    float a = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(v[e]));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    const float id = a > 0.f ? 127.f / a : 0.f;
+    int q[8], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) sum += q[e] = __float2int_rn(v[e] * id);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (i >= n8) return;
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        w[h] = (uint32_t)(q[4 * h] & 0xff) | (uint32_t)(q[4 * h + 1] & 0xff) << 8 | (uint32_t)(q[4 * h + 2] & 0xff) << 16 |
+               (uint32_t)(q[4 * h + 3] & 0xff) << 24;
+    *(uint2 *)(xq + 8 * i) = make_uint2(w[0], w[1]);
+    if ((i & 3) == 0) xs[i >> 2] = make_float2(a / 127.f, (float)sum);
+}
+
+extern "C" int k_gemv_qi8_takes(int type) { return type == QB_Q8_0 || type == QB_Q4_0 || type == QB_Q4_1; }
+
+extern "C" size_t k_gemv_qi8_scratch(int in, int n) {
+    return k_x8_codes_bytes(n, in) + (size_t)n * (size_t)(in / 32) * sizeof(float2);
+}
+
+int k_quant_x8(const uint16_t *X, int n, int in, void *scratch, cudaStream_t s) {
+    const size_t n8 = (size_t)n * (size_t)in / 8;
+    return k_launch(quant_x8_kernel, dim3((unsigned)((n8 + 255) / 256)), dim3(256), 0, s, X, (int8_t *)scratch,
+                    (float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, in)), n8);
+}
+
+extern "C" int k_gemv_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                          int accumulate, void *scratch, size_t scratch_bytes, cudaStream_t s) {
+    if (!k_gemv_qi8_takes(type) || out <= 0 || in <= 0 || in % 32 || n < 1 || n > K_GEMV_MAX_N ||
+        ((uintptr_t)X | (uintptr_t)W | (uintptr_t)scratch) % 16 || !scratch ||
+        scratch_bytes < k_gemv_qi8_scratch(in, n))
+        return -1;
+    int rc = k_quant_x8(X, n, in, scratch, s);
+    if (rc) return rc;
+    const uint16_t *xqp = (const uint16_t *)scratch;
+    const float2 *xs = (const float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, in));
+    switch (type) {
+    case QB_Q8_0: return gemv_q_launch<QB_Q8_0, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
+    case QB_Q4_0: return gemv_q_launch<QB_Q4_0, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
+    default: return gemv_q_launch<QB_Q4_1, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
     }
 }
 

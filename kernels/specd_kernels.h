@@ -41,6 +41,9 @@ typedef struct {
     int gemvq_split;  /* k_gemv_q splits K over warps until about this many warps per SM are
                        * busy (default 32; test_gpu_gemv "*split_report*" sweeps 8..128) */
     int gemvq_tc_split; /* the same for k_gemv_qtc (default 32) */
+    int gemm_qi8_bps;   /* k_gemm_qi8 splits its reduction until about this many blocks per SM
+                         * (default 8; test_gpu_gemv "*gemm_q_speed*" sweeps 2..16: on the 8B
+                         * shapes at 64 tokens 8 took 214 us over the three against 222 at 4) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);
@@ -220,6 +223,24 @@ int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const k_moe_route
  * n <= K_GEMV_MAX_N; -1 for anything else. */
 int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
              cudaStream_t s);
+/* k_gemv_q with the activations quantized to int8 as well, for the 32-element types Q8_0,
+ * Q4_0, Q4_1 (k_gemv_qi8_takes): X is first rounded per 32 elements to int8 codes and a
+ * scale (max |x| / 127) in scratch (at least k_gemv_qi8_scratch(in, n) bytes, 16-byte
+ * aligned), then each block's codes are dotted with them by integer dp4a and scaled once.
+ * Fewer instructions per weight than k_gemv_q's fp32 FMAs on every token, at the price of
+ * the activations' rounding (relative ~1e-3 per product, as llama.cpp's int8 GEMVs). */
+int k_gemv_qi8_takes(int type);
+size_t k_gemv_qi8_scratch(int in, int n);
+int k_gemv_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+               void *scratch, size_t scratch_bytes, cudaStream_t s);
+/* The same for more tokens on int8 tensor cores (kernels/gemm_q.cu; Q8_0, in % 64 == 0:
+ * k_gemm_qi8_takes): k_gemm_q's tiling, one mma m16n8k32 per block of 32 codes, scaled by
+ * the token's and the weight's block scales. scratch holds the rounded X (as k_gemv_qi8's:
+ * k_gemv_qi8_scratch(in, n) bytes at least); the rest of it, when there is some, holds
+ * partial sums for a split reduction (deterministic, like k_gemm_q's). */
+int k_gemm_qi8_takes(int type, int in);
+int k_gemm_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
+               void *scratch, size_t scratch_bytes, cudaStream_t s);
 /* The same product on tensor cores for the K-quant types and Q8_0 (Q4_K, Q5_K, Q6_K, Q8_0:
  * k_gemv_qtc_takes) and n <= K_GEMV_QTC_MAX_N tokens (kernels/gemv_q.cu): one mma per 16
  * codes of a sub-block (Q8_0: two, a nibble each), the codes as exact bf16 integers; -1 for

@@ -53,6 +53,16 @@ __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* c += a (16x32 int8, row) * b (32x8 int8, col), int32 accumulate: a0 / a1 rows g / g + 8,
+ * k 4t .. 4t + 3; a2 / a3 the same rows, k 16 + 4t ..; b0 k 4t .., b1 k 16 + 4t .., column g;
+ * c as tc_mma's (g = lane / 4, t = lane % 4). */
+__device__ __forceinline__ void tc_mma_s8(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float tc_exp2(float x) {   /* exp2(-inf) = +0 */
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

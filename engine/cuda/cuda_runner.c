@@ -712,6 +712,22 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * 8B down 119.1 against 79.8; at 16 108.6 / 141.3 against 112.2 / 111.6), so it is off
      * unless SPECD_CUDA_GEMVQ_TC_Q8=1 */
     t->gemvq_tc_q8 = env_flag("SPECD_CUDA_GEMVQ_TC_Q8", 0);
+    /* Q8_0 / Q4_0 / Q4_1 GEMV passes of SPECD_CUDA_GEMVQ_I8=N (default 1) or more tokens (up
+     * to 8) with the activations rounded to int8 per 32 elements and integer dot products
+     * (kernels/gemv_q.cu k_gemv_qi8), as llama.cpp's quantized GEMVs do; 0: k_gemv_q's bf16
+     * activations throughout. Measured on an H100 (test_gpu_gemv "*qi8_speed*", 8B shapes,
+     * 2026-12-05): Q8_0 at 8 tokens 1.58-1.92x k_gemv_q's speed, at 1 token 0.93-1.15x;
+     * Q4_0 / Q4_1 at 8 tokens 2.0-2.4x, at 1 0.97-1.10x; 8B Q8_0 decode (specd bench) at
+     * batch 8 785 -> 1,266 tok/s, at batch 1 224 -> 237 */
+    t->gemvq_i8 = env_flag("SPECD_CUDA_GEMVQ_I8", 1);
+    /* Q8_0 passes of 9 .. SPECD_CUDA_GEMM_QI8_ROWS (default 64) tokens over matrices of both
+     * sides >= 4096 on the int8 tensor-core GEMM (kernels/gemm_q.cu k_gemm_qi8; the
+     * activations rounded as k_gemv_qi8 rounds them); 0: dequantize + cuBLAS. H100,
+     * 2026-12-05 (test_gpu_gemv "*gemm_q_speed*"): 8B shapes at 16 / 64 tokens 1.0-1.5x
+     * dequantize + cuBLAS's speed, at 128 and 256 0.4-0.8x; 8B Q8_0 decode at batch 64
+     * 4,154 -> 5,026 tok/s; on the 1B shape (2048 wide) batch 64 lost (21,321 -> 19,893),
+     * hence the 4096 */
+    t->gemm_qi8_rows = env_flag("SPECD_CUDA_GEMM_QI8_ROWS", 64);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
@@ -726,6 +742,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->k.gemvq_rows = env_flag("SPECD_CUDA_GEMVQ_ROWS", t->k.gemvq_rows);
     t->k.gemvq_split = env_flag("SPECD_CUDA_GEMVQ_SPLIT", t->k.gemvq_split);
     t->k.gemvq_tc_split = env_flag("SPECD_CUDA_GEMVQ_TC_SPLIT", t->k.gemvq_tc_split);
+    t->k.gemm_qi8_bps = env_flag("SPECD_CUDA_GEMM_QI8_BPS", t->k.gemm_qi8_bps);
     if (t->k.attn_dec < 0 || t->k.attn_dec > 2) t->k.attn_dec = k_tuning_default.attn_dec;
     if (t->k.attn_pdl < 0 || t->k.attn_pdl > 2) t->k.attn_pdl = k_tuning_default.attn_pdl;
 #ifdef SPECD_DEBUG

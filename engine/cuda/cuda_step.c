@@ -48,10 +48,15 @@ fail:
  * (and Q6_K / Q8_0 where switched on) passes of tune.gemvq_tc_min .. tune.gemvq_tc tokens
  * the tensor-core GEMV (k_gemv_qtc); tune.gemm_q_min .. tune.gemm_q_rows token rows (-1: 64
  * for K-quant matrices of both sides >= 4096, else none, as measured) the tensor-core GEMM
- * over the blocks; up to K_GEMV_MAX_N the quantized GEMV; else none (Q_COPY: a bf16 copy
- * and cuBLAS). */
-enum { Q_COPY, Q_GEMV_TC, Q_GEMM, Q_GEMV };
+ * over the blocks; up to K_GEMV_MAX_N the quantized GEMV (k_gemv_qi8 from tune.gemvq_i8
+ * tokens for the 32-element types); Q8_0 matrices of both sides >= 4096, passes of
+ * K_GEMV_MAX_N + 1 .. tune.gemm_qi8_rows tokens, the int8 tensor-core GEMM (k_gemm_qi8);
+ * else none (Q_COPY: a bf16 copy and cuBLAS). */
+enum { Q_COPY, Q_GEMV_TC, Q_GEMM, Q_GEMV, Q_GEMM_I8 };
 static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
+    if (n > K_GEMV_MAX_N && n <= r->tune.gemm_qi8_rows && out >= 4096 && in >= 4096 && k_gemm_qi8_takes(type, in) &&
+        r->qscratch_bytes >= k_gemv_qi8_scratch(in, n))
+        return Q_GEMM_I8;
     if (n >= r->tune.gemvq_tc_min && n <= r->tune.gemvq_tc && k_gemv_qtc_takes(type) &&
         (type != QB_Q6_K || r->tune.gemvq_tc_q6k) && (type != QB_Q8_0 || r->tune.gemvq_tc_q8))
         return Q_GEMV_TC;
@@ -84,7 +89,17 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         K_CHECK(r, k_gemm_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, (float *)r->d_qscratch, r->qscratch_bytes,
                             r->stream));
         return 0;
+    case Q_GEMM_I8:
+        K_CHECK(r, k_gemm_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
+                              r->stream));
+        return 0;
     case Q_GEMV:
+        if (r->tune.gemvq_i8 > 0 && n >= r->tune.gemvq_i8 && k_gemv_qi8_takes(q->type) &&
+            r->qscratch_bytes >= k_gemv_qi8_scratch(in, n)) {
+            K_CHECK(r, k_gemv_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
+                                  r->stream));
+            return 0;
+        }
         K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }

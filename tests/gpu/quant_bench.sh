@@ -22,7 +22,11 @@ P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
 # SPECD_CUDA_GEMVQ_TC_Q6K=1); gguf_tc passes of GEMM_Q_MIN..GEMM_Q_ROWS tokens (default
 # 9..256) on the tensor-core GEMM over the blocks (k_gemm_q); gguf_lmbf16 with the output
 # matrix dequantized to bf16 at load (SPECD_CUDA_LM_HEAD_BF16=1; the embedding stays in
-# its blocks).
+# its blocks); gguf_noi8 with the activations of Q8_0 / Q4_0 / Q4_1 passes kept in bf16
+# (SPECD_CUDA_GEMVQ_I8=0 SPECD_CUDA_GEMM_QI8_ROWS=0: no k_gemv_qi8 / k_gemm_qi8, the
+# build before them); gguf_i8 with GEMV passes of GEMVQ_I8 (default 1) or more tokens on
+# int8 activations and Q8_0 passes of 9 .. GEMM_QI8_ROWS (default 64) tokens on the int8
+# tensor-core GEMM (SPECD_CUDA_GEMVQ_I8, SPECD_CUDA_GEMM_QI8_ROWS; the defaults).
 VARIANTS=${VARIANTS:-bf16 gguf gguf_gemv}
 for v in $VARIANTS; do
     d=${v%%_*}
@@ -31,6 +35,8 @@ for v in $VARIANTS; do
         gguf_qtc) env=(SPECD_CUDA_GEMVQ_TC_MIN=1 SPECD_CUDA_GEMVQ_TC_Q6K=1) ;;
         gguf_gemv) env=(SPECD_CUDA_GEMVQ_TC=0) ;;
         gguf_lmbf16) env=(SPECD_CUDA_LM_HEAD_BF16=1) ;;
+        gguf_i8) env=(SPECD_CUDA_GEMVQ_I8=${GEMVQ_I8:-1} SPECD_CUDA_GEMM_QI8_ROWS=${GEMM_QI8_ROWS:-64}) ;;
+        gguf_noi8) env=(SPECD_CUDA_GEMVQ_I8=0 SPECD_CUDA_GEMM_QI8_ROWS=0) ;;
         gguf_tc) env=(SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=${GEMM_Q_ROWS:-256}) ;;
     esac
     env "${env[@]}" timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \

@@ -753,6 +753,105 @@ static void test_gemv_qtc_matches_host_decode(void **state) {
     cudaFree(d), cudaFree(f);
 }
 
+/* k_gemv_qi8 (int8 activations): the reference rounds X as the kernel is specified to
+ * (per 32 elements d = max |x| / 127, codes x * (127 / max |x|) to nearest even) and
+ * dots the host decode with d * code in double, so the only difference left is fp32
+ * scaling and summation order: the same 1e-4 bound as k_gemv_q. Against the unrounded
+ * activations the error is the int8 rounding's: printed, and bounded by 2e-2 of the
+ * largest sum |w x| (a wrong scale or code would be of order 1). */
+/* mode 0: k_gemv_qi8; 1: k_gemm_qi8 with the least scratch (no split); 2: k_gemm_qi8 with
+ * room for split partial sums */
+static void check_qi8(int t, int out, int in, int n, int mode) {
+    qprob q = qprob_make(t, out, in, n, 0);
+    const int E = qb_elems(t), S = qb_bytes(t);
+    double *ref8 = malloc(sizeof(double) * q.outn), *sabs = malloc(sizeof(double) * q.outn);
+    float *xr = malloc(sizeof(float) * (size_t)n * in), *w = malloc(sizeof(float) * (size_t)in);
+    for (int b = 0; b < n; b++)
+        for (int k0 = 0; k0 < in; k0 += 32) {
+            const uint16_t *x = q.X + (size_t)b * in + k0;
+            float a = 0.f;
+            for (int e = 0; e < 32; e++) a = fmaxf(a, fabsf(gu_bf2f(x[e])));
+            const float id = a > 0.f ? 127.f / a : 0.f, d = a / 127.f;
+            for (int e = 0; e < 32; e++) xr[(size_t)b * in + k0 + e] = d * (float)lrintf(gu_bf2f(x[e]) * id);
+        }
+    for (int o = 0; o < out; o++) {
+        for (int k = 0; k < in; k += 8) qb_decode8(t, q.W + ((size_t)o * (in / E) + k / E) * S, k % E, w + k);
+        for (int b = 0; b < n; b++) {
+            double acc = 0, aa = 0;
+            for (int k = 0; k < in; k++) {
+                acc += (double)w[k] * xr[(size_t)b * in + k];
+                aa += fabs((double)w[k] * gu_bf2f(q.X[(size_t)b * in + k]));
+            }
+            ref8[(size_t)b * out + o] = acc, sabs[(size_t)b * out + o] = aa;
+        }
+    }
+    const size_t sb = k_gemv_qi8_scratch(in, n) + (mode == 2 ? 16 * q.outn * sizeof(float) + 16 : 0);
+    void *dS = gu_dev(sb);
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        float *dY = qprob_out(&q, accumulate);
+        if (mode) assert_int_equal(k_gemm_qi8(t, q.dW, q.dX, dY, out, in, n, accumulate, dS, sb, 0), 0);
+        else assert_int_equal(k_gemv_qi8(t, q.dW, q.dX, dY, out, in, n, accumulate, dS, sb, 0), 0);
+        gu_download(q.Y, dY, sizeof(float) * (q.outn + GUARD));
+        cudaFree(dY);
+        double me = 0, mr = 0, me0 = 0, mr0 = 0;
+        for (size_t i = 0; i < q.outn; i++) {
+            const double y0 = accumulate ? q.y0[i] : 0.0;
+            assert_false(isnan(q.Y[i]));
+            me = fmax(me, fabs(q.Y[i] - (ref8[i] + y0))), mr = fmax(mr, fabs(ref8[i] + y0));
+            me0 = fmax(me0, fabs(q.Y[i] - (q.ref[i] + y0))), mr0 = fmax(mr0, sabs[i]);
+        }
+        for (size_t i = q.outn; i < q.outn + GUARD; i++) assert_true(isnan(q.Y[i]));
+        printf("  %s type %d out %d in %d n %d acc %d: rel err %.2e against the int8-rounded X, %.2e against X\n",
+               mode == 2 ? "gemm_qi8 (split)" : mode ? "gemm_qi8" : "gemv_qi8", t, out, in, n, accumulate, me / mr,
+               me0 / mr0);
+        assert_true(me / mr < 1e-4);
+        assert_true(me0 / mr0 < 2e-2);
+    }
+    cudaFree(dS);
+    free(ref8), free(sabs), free(xr), free(w);
+    qprob_free(&q);
+}
+
+/* Q8_0, Q4_0, Q4_1 at every token count on rows that start at every even offset mod 16
+ * (34-, 18-, 20-byte blocks), split K over warps with partial steps, an all-zero token
+ * row (its scale 0), an 8B down; then what it refuses. */
+static void test_gemv_qi8_matches_host(void **state) {
+    (void)state;
+    const int types[3] = {QB_Q8_0, QB_Q4_0, QB_Q4_1};
+    for (int i = 0; i < 3; i++) {
+        for (int n = 1; n <= K_GEMV_MAX_N; n++) check_qi8(types[i], 37 + 2 * n, 96, n, 0);
+        check_qi8(types[i], 257, 4160, 3, 0);
+        check_qi8(types[i], 1, 32, 1, 0);
+    }
+    check_qi8(QB_Q8_0, 4096, 14336, 8, 0);
+    check_qi8(QB_Q4_1, 576, 1536, 5, 0);   /* SmolLM2 down */
+    {   /* a token row of zeros between two others */
+        qprob q = qprob_make(QB_Q8_0, 300, 512, 3, 0);
+        memset(q.X + 512, 0, 512 * 2);
+        GPU_CHECK(cudaMemcpy(q.dX, q.X, (size_t)3 * 512 * 2, cudaMemcpyHostToDevice));
+        const size_t sb = k_gemv_qi8_scratch(512, 3);
+        void *dS = gu_dev(sb);
+        float *dY = qprob_out(&q, 0);
+        assert_int_equal(k_gemv_qi8(QB_Q8_0, q.dW, q.dX, dY, 300, 512, 3, 0, dS, sb, 0), 0);
+        gu_download(q.Y, dY, sizeof(float) * q.outn);
+        for (int o = 0; o < 300; o++) assert_true(q.Y[300 + o] == 0.f);
+        for (int o = 0; o < 300; o++) assert_false(isnan(q.Y[o]) || isnan(q.Y[600 + o]));
+        cudaFree(dS), cudaFree(dY);
+        qprob_free(&q);
+    }
+    uint8_t *d = gu_dev(1 << 20);
+    float *f = gu_dev(1 << 20);
+    const size_t sb = k_gemv_qi8_scratch(256, 8);
+    assert_int_equal(k_gemv_qi8_takes(QB_Q4_K), 0);
+    assert_int_equal(k_gemv_qi8(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 256, 1, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 9, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 8, 0, d + 131072, sb - 1, 0), -1);
+    assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 8, 0, d + 131080, sb, 0), -1);
+    assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 8, 0, NULL, sb, 0), -1);
+    assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 200, 1, 0, d + 131072, sb, 0), -1);
+    cudaFree(d), cudaFree(f);
+}
+
 /* k_gemm_q (kernels/gemm_q.cu), overwrite and accumulate, with a workspace (the
  * reduction split where the tiles are few) and without, against the host decode rounded
  * to bf16 (as the kernel rounds each weight). Returns the worst relative error. */
@@ -839,6 +938,11 @@ static void blas_bf16(gq_ctx *c, const uint16_t *B) {
                      CUBLAS_STATUS_SUCCESS);
 }
 
+static void run_gemm_qi8(void *p, const uint8_t *W) {
+    gq_ctx *c = p;
+    assert_int_equal(k_gemm_qi8(c->type, W, c->X, c->Y, c->out, c->in, c->n, 0, c->ws, c->ws_bytes, 0), 0);
+}
+
 static void run_scratch(void *p, const uint8_t *W) {   /* the path k_gemm_q replaces */
     gq_ctx *c = p;
     assert_int_equal(k_dequant_q(c->type, W, c->scratch, c->out, c->in, 0), 0);
@@ -884,8 +988,17 @@ static void test_gemm_q_speed_report(void **state) {
                 const double bf = time_copies(run_bf16, &c, B, 4, 50);
                 const double flops = 2.0 * c.n * c.out * c.in;
                 printf("  bench gemm_q out %5d in %5d type %2d n %3d: tc %8.2f us (%5.1f TFLOP/s, %6.1f GB/s of blocks)"
-                       "  dequant+cublas %8.2f us  bf16 cublas %8.2f us  tc/bf16 %.2fx\n",
+                       "  dequant+cublas %8.2f us  bf16 cublas %8.2f us  tc/bf16 %.2fx",
                        c.out, c.in, c.type, c.n, tc, flops / (tc * 1e6), (double)qbytes / (tc * 1e3), sc, bf, tc / bf);
+                for (int bps = 2; c.type == QB_Q8_0 && bps <= 16; bps *= 2) {   /* k_tuning.gemm_qi8_bps */
+                    k_tuning kt = k_tuning_default;
+                    kt.gemm_qi8_bps = bps;
+                    k_set_tuning(&kt);
+                    const double i8 = time_copies(run_gemm_qi8, &c, Q, 4, 50);
+                    printf("  qi8 bps %2d %8.2f us (%6.1f GB/s, %.2fx)", bps, i8, (double)qbytes / (i8 * 1e3), sc / i8);
+                }
+                k_set_tuning(&k_tuning_default);
+                printf("\n");
             }
             for (int k = 0; k < 4; k++) cudaFree(Q[k]);
             free(hq);
@@ -957,6 +1070,83 @@ static void test_gemv_qtc_speed_report(void **state) {
         free(hb), free(X);
     }
     cublasDestroy(c.blas);
+}
+
+/* k_gemm_qi8 (Q8_0): token counts past the GEMV's, one and several 64-row tiles with a
+ * partial last one, column counts not a multiple of 64, one and several chunks, with and
+ * without the split reduction (2048 columns: 32 tiles), an 8B gate at 64 tokens; then
+ * what it refuses. */
+static void test_gemm_qi8_matches_host(void **state) {
+    (void)state;
+    const int ns[6] = {9, 16, 31, 64, 65, 130};
+    for (int i = 0; i < 6; i++) check_qi8(QB_Q8_0, 100 + 7 * i, 64 * (1 + i), ns[i], 1);
+    check_qi8(QB_Q8_0, 2048, 2048, 17, 1);
+    check_qi8(QB_Q8_0, 2048, 2048, 17, 2);
+    check_qi8(QB_Q8_0, 333, 4160, 40, 2);
+    check_qi8(QB_Q8_0, 14336, 4096, 64, 2);
+    check_qi8(QB_Q8_0, 4096, 14336, 33, 2);
+    uint8_t *d = gu_dev(1 << 20);
+    float *f = gu_dev(1 << 20);
+    const size_t sb = k_gemv_qi8_scratch(256, 16);
+    assert_int_equal(k_gemm_qi8_takes(QB_Q8_0, 256), 1);
+    assert_int_equal(k_gemm_qi8_takes(QB_Q8_0, 96), 0);    /* not whole 64-element chunks */
+    assert_int_equal(k_gemm_qi8_takes(QB_Q4_0, 256), 0);
+    assert_int_equal(k_gemm_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 96, 16, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemm_qi8(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 256, 16, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemm_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 16, 0, d + 131072, sb - 1, 0), -1);
+    assert_int_equal(k_gemm_qi8(QB_Q8_0, d + 2, (uint16_t *)(d + 65536), f, 8, 256, 16, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemm_qi8(QB_Q8_0, d, (uint16_t *)(d + 65538), f, 8, 256, 16, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemm_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 0, 0, d + 131072, sb, 0), -1);
+    cudaFree(d), cudaFree(f);
+}
+
+static void run_qi8(void *p, const uint8_t *W) {
+    gq_ctx *c = p;
+    assert_int_equal(k_gemv_qi8(c->type, W, c->X, c->Y, c->out, c->in, c->n, 0, c->ws, c->ws_bytes, 0), 0);
+}
+
+/* A printed timing of k_gemv_qi8 against k_gemv_q at 1-8 tokens on the 8B and 1B
+ * projection shapes (Q8_0, Q4_0, Q4_1), the activations' rounding included; 8 copies of
+ * each matrix rotate so the L2 holds none between uses. */
+static void test_gemv_qi8_speed_report(void **state) {
+    (void)state;
+    const char *on = getenv("SPECD_GEMV_BENCH");
+    if (on && !strcmp(on, "0")) {
+        printf("  bench gemv_qi8: not timed (SPECD_GEMV_BENCH=0)\n");
+        return;
+    }
+    const int shapes[4][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {2048, 8192}};
+    const int types[3] = {QB_Q8_0, QB_Q4_0, QB_Q4_1}, ns[5] = {1, 2, 3, 4, 8};
+    enum { C = 8 };
+    gq_ctx c = {0};
+    for (int si = 0; si < 4; si++) {
+        c.out = shapes[si][0], c.in = shapes[si][1];
+        uint16_t *X = malloc((size_t)8 * c.in * 2);
+        fill_bf(X, (size_t)8 * c.in, -1.f, 1.f);
+        c.X = gu_upload(X, (size_t)8 * c.in * 2);
+        c.Y = gu_dev(sizeof(float) * 8 * (size_t)c.out);
+        c.ws_bytes = k_gemv_qi8_scratch(c.in, 8);
+        c.ws = gu_dev(c.ws_bytes);
+        for (int ti = 0; ti < 3; ti++) {
+            c.type = types[ti];
+            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
+            uint8_t *hq = malloc(qbytes), *Q[C];
+            random_blocks(c.type, hq, qbytes);
+            for (int k = 0; k < C; k++) Q[k] = gu_upload(hq, qbytes);
+            for (int ni = 0; ni < 5; ni++) {
+                c.n = ns[ni];
+                const double i8 = time_copies(run_qi8, &c, Q, C, 200), gv = time_copies(run_gemvq, &c, Q, C, 200);
+                printf("  bench gemv_qi8 out %5d in %5d type %2d n %d: qi8 %7.2f us (%6.1f GB/s of blocks)  gemv_q %7.2f us"
+                       " (%6.1f GB/s)  %.2fx\n",
+                       c.out, c.in, c.type, c.n, i8, (double)qbytes / (i8 * 1e3), gv, (double)qbytes / (gv * 1e3),
+                       gv / i8);
+            }
+            for (int k = 0; k < C; k++) cudaFree(Q[k]);
+            free(hq);
+        }
+        cudaFree((void *)c.X), cudaFree(c.Y), cudaFree(c.ws);
+        free(X);
+    }
 }
 
 /* A printed sweep of the K-split targets (k_tuning.gemvq_split for k_gemv_q at 1 token,
@@ -1269,6 +1459,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemm_q_matches_host_decode),
         cmocka_unit_test(test_gemv_qtc_matches_host_decode),
         cmocka_unit_test(test_gemv_qtc_speed_report),
+        cmocka_unit_test(test_gemv_qi8_matches_host),
+        cmocka_unit_test(test_gemm_qi8_matches_host),
+        cmocka_unit_test(test_gemv_qi8_speed_report),
         cmocka_unit_test(test_gemv_q_split_report),
         cmocka_unit_test(test_gemm_q_speed_report),
         cmocka_unit_test(test_fp8_gemv_matches_exact_values),

@@ -318,13 +318,14 @@ __device__ __forceinline__ void gq_part(const uint8_t *const (&blk)[R], int p, c
     else gq_part_q6_k<NB>(blk, p, x, in, acc);
 }
 
-/* ---- int8 activations (k_gemv_qi8): 32-element blocks against X quantized per 32 ---------
- * The lane's whole block as eight words of codes, dotted with each token's 32 int8
- * activations by eight dp4a (exact int32), then scaled once: acc += dw dx sum(q xq), with
+/* ---- int8 activations (k_gemv_qi8): the blocks against X quantized per 32 elements --------
+ * A lane's 32 codes (a 32-element block, or a K-quant part: two runs of 16) as words of
+ * int8 / small unsigned codes, dotted with each token's int8 activations by eight dp4a
+ * (exact int32), then scaled once per run: 32-element types acc += dw dx sum(q xq), with
  * Q4_0's codes shifted by -8 and Q4_1's minimum through the activations' code sum. */
 template <int T, int NB, int R>
-__device__ __forceinline__ void gq_part_i8(const uint8_t *const (&blk)[R], const int8_t *xq, const float2 *xs,
-                                           int in, float (&acc)[R][NB]) {
+__device__ __forceinline__ void gq_part_i8_32(const uint8_t *const (&blk)[R], const int8_t *xq, const float2 *xs,
+                                              int in, float (&acc)[R][NB]) {
     uint32_t q[R][8];
     float d[R], m[R];
 #pragma unroll
@@ -358,6 +359,109 @@ __device__ __forceinline__ void gq_part_i8(const uint8_t *const (&blk)[R], const
             else acc[r][t] = fmaf(ds.x, fmaf(d[r], (float)s, m[r] * ds.y), acc[r][t]);
         }
     }
+}
+
+/* Q4_K / Q5_K part p (k_gemv_q's parts: 16 codes of sub-block 2j at l0 .. l0 + 15 in
+ * the low nibbles, 16 of sub-block 2j + 1 in the high ones; j = p / 2, l0 = 16 (p % 2)):
+ * two runs of four dp4a against the two groups' int8 activations. The minimum's term
+ * dmin m sum(x) takes the group's whole code sum, so only the even part of each pair
+ * adds it. Q5_K's fifth bit goes to bit 4 of each code byte. */
+template <int NB, bool Q5, int R>
+__device__ __forceinline__ void gq_part_i8_k45(const uint8_t *const (&blk)[R], int p, const int8_t *xq,
+                                               const float2 *xs, int in, float (&acc)[R][NB]) {
+    const int j = p >> 1, l0 = (p & 1) * 16, sh = 16 * (j & 1);
+    uint32_t lo[R][4], hi[R][4];
+    float ds[R][2], dm[R][2];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 h = *(const uint4 *)blk[r];
+        const uint4 q = *(const uint4 *)(blk[r] + (Q5 ? 48 : 16) + 16 * p);
+        const uint4 qh = Q5 ? *(const uint4 *)(blk[r] + 16 + l0) : make_uint4(0, 0, 0, 0);
+        const float d = gq_h2f(h.x & 0xffff), dmin = gq_h2f(h.x >> 16);
+        const uint32_t sc = j < 2 ? h.y & 0x3f3f3f3fu : (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+        const uint32_t mn = j < 2 ? h.z & 0x3f3f3f3fu : ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+        ds[r][0] = d * (float)((sc >> sh) & 0xff), dm[r][0] = dmin * (float)((mn >> sh) & 0xff);
+        ds[r][1] = d * (float)((sc >> (sh + 8)) & 0xff), dm[r][1] = dmin * (float)((mn >> (sh + 8)) & 0xff);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w}, u[4] = {qh.x, qh.y, qh.z, qh.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[r][i] = w[i] & 0x0f0f0f0fu;
+            hi[r][i] = (w[i] >> 4) & 0x0f0f0f0fu;
+            if (Q5) {
+                lo[r][i] |= ((u[i] >> (2 * j)) & 0x01010101u) << 4;
+                hi[r][i] |= ((u[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+            }
+        }
+    }
+    const int nb = in / 32;
+    const bool mins = (p & 1) == 0;
+#pragma unroll
+    for (int t = 0; t < NB; t++) {
+        const int8_t *x = xq + (size_t)t * in + 64 * j + l0;
+        const uint4 a = __ldg((const uint4 *)x), b = __ldg((const uint4 *)(x + 32));
+        const float2 s0 = __ldg(xs + (size_t)t * nb + 2 * j), s1 = __ldg(xs + (size_t)t * nb + 2 * j + 1);
+        const int xa[4] = {(int)a.x, (int)a.y, (int)a.z, (int)a.w}, xb[4] = {(int)b.x, (int)b.y, (int)b.z, (int)b.w};
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int c0 = 0, c1 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) c0 = __dp4a((int)lo[r][i], xa[i], c0), c1 = __dp4a((int)hi[r][i], xb[i], c1);
+            float v = fmaf(ds[r][0] * s0.x, (float)c0, ds[r][1] * s1.x * (float)c1);
+            if (mins) v -= fmaf(dm[r][0] * s0.x, s0.y, dm[r][1] * s1.x * s1.y);
+            acc[r][t] += v;
+        }
+    }
+}
+
+/* Q6_K part p = (h, a, c) (k_gemv_q's): 16 codes of sub-block 8h + c + 2u for u = a (low
+ * nibbles of ql, qh bits 2a..2a+1) and u = a + 2 (high nibbles, bits 2a+4..2a+5), elements
+ * 128h + 32u + 16c + i: group 4h + u of the activations at offset 16c. Codes - 32 as
+ * signed bytes, four dp4a per run. */
+template <int NB, int R>
+__device__ __forceinline__ void gq_part_i8_q6k(const uint8_t *const (&blk)[R], int p, const int8_t *xq,
+                                               const float2 *xs, int in, float (&acc)[R][NB]) {
+    const int h = p >> 2, a = (p >> 1) & 1, c = p & 1;
+    uint32_t c0w[R][4], c1w[R][4];
+    float dsc[R][2];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 ql = gq_lds16(blk[r] + 64 * h + 32 * a + 16 * c), qh = gq_lds16(blk[r] + 128 + 32 * h + 16 * c);
+        const float d = gq_h2f(*(const uint16_t *)(blk[r] + 208));
+        const int8_t *sc = (const int8_t *)(blk[r] + 192 + 8 * h + c + 2 * a);
+        dsc[r][0] = d * (float)sc[0];
+        dsc[r][1] = d * (float)sc[4];
+        const uint32_t l[4] = {ql.x, ql.y, ql.z, ql.w}, u[4] = {qh.x, qh.y, qh.z, qh.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            c0w[r][i] = __vsub4((l[i] & 0x0f0f0f0fu) | (((u[i] >> (2 * a)) & 0x03030303u) << 4), 0x20202020u);
+            c1w[r][i] = __vsub4(((l[i] >> 4) & 0x0f0f0f0fu) | (((u[i] >> (2 * a + 4)) & 0x03030303u) << 4), 0x20202020u);
+        }
+    }
+    const int nb = in / 32;
+#pragma unroll
+    for (int t = 0; t < NB; t++) {
+        const int8_t *x = xq + (size_t)t * in + 128 * h + 32 * a + 16 * c;
+        const uint4 xa = __ldg((const uint4 *)x), xb = __ldg((const uint4 *)(x + 64));
+        const float d0 = __ldg(xs + (size_t)t * nb + 4 * h + a).x, d1 = __ldg(xs + (size_t)t * nb + 4 * h + a + 2).x;
+        const int va[4] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w}, vb[4] = {(int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int s0 = 0, s1 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) s0 = __dp4a((int)c0w[r][i], va[i], s0), s1 = __dp4a((int)c1w[r][i], vb[i], s1);
+            acc[r][t] += fmaf(dsc[r][0] * d0, (float)s0, dsc[r][1] * d1 * (float)s1);
+        }
+    }
+}
+
+/* The part decoder for int8 activations: xq and xs at the block's first element / group. */
+template <int T, int NB, int R>
+__device__ __forceinline__ void gq_part_i8(const uint8_t *const (&blk)[R], int p, const int8_t *xq, const float2 *xs,
+                                           int in, float (&acc)[R][NB]) {
+    if constexpr (T == QB_Q4_K) gq_part_i8_k45<NB, false>(blk, p, xq, xs, in, acc);
+    else if constexpr (T == QB_Q5_K) gq_part_i8_k45<NB, true>(blk, p, xq, xs, in, acc);
+    else if constexpr (T == QB_Q6_K) gq_part_i8_q6k<NB>(blk, p, xq, xs, in, acc);
+    else gq_part_i8_32<T, NB>(blk, xq, xs, in, acc);
 }
 
 /* Copy step s of this warp's rows into its stage buffer s % GEMVQ_STAGES. */
@@ -459,7 +563,7 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, con
 #pragma unroll
             for (int r = 0; r < R; r++) blk[r] = w.staged(s, r, w.row[r]) + bl * S;
             if constexpr (I8)
-                gq_part_i8<T, NB>(blk, (const int8_t *)X + (size_t)b * E, XS + b, in, acc);
+                gq_part_i8<T, NB>(blk, p, (const int8_t *)X + (size_t)b * E, XS + (size_t)b * (E / 32), in, acc);
             else
                 gq_part<T, NB>(blk, p, X + (size_t)b * E, in, acc);
         }
@@ -580,7 +684,7 @@ __global__ void quant_x8_kernel(const uint16_t *__restrict__ X, int8_t *xq, floa
     if ((i & 3) == 0) xs[i >> 2] = make_float2(a / 127.f, (float)sum);
 }
 
-extern "C" int k_gemv_qi8_takes(int type) { return type == QB_Q8_0 || type == QB_Q4_0 || type == QB_Q4_1; }
+extern "C" int k_gemv_qi8_takes(int type) { return qb_bytes(type) != 0; }
 
 extern "C" size_t k_gemv_qi8_scratch(int in, int n) {
     return k_x8_codes_bytes(n, in) + (size_t)n * (size_t)(in / 32) * sizeof(float2);
@@ -594,7 +698,7 @@ int k_quant_x8(const uint16_t *X, int n, int in, void *scratch, cudaStream_t s) 
 
 extern "C" int k_gemv_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
                           int accumulate, void *scratch, size_t scratch_bytes, cudaStream_t s) {
-    if (!k_gemv_qi8_takes(type) || out <= 0 || in <= 0 || in % 32 || n < 1 || n > K_GEMV_MAX_N ||
+    if (!k_gemv_qi8_takes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_MAX_N ||
         ((uintptr_t)X | (uintptr_t)W | (uintptr_t)scratch) % 16 || !scratch ||
         scratch_bytes < k_gemv_qi8_scratch(in, n))
         return -1;
@@ -605,7 +709,10 @@ extern "C" int k_gemv_qi8(int type, const uint8_t *W, const uint16_t *X, float *
     switch (type) {
     case QB_Q8_0: return gemv_q_launch<QB_Q8_0, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
     case QB_Q4_0: return gemv_q_launch<QB_Q4_0, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
-    default: return gemv_q_launch<QB_Q4_1, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
+    case QB_Q4_1: return gemv_q_launch<QB_Q4_1, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
+    case QB_Q4_K: return gemv_q_launch<QB_Q4_K, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
+    case QB_Q5_K: return gemv_q_launch<QB_Q5_K, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
+    default: return gemv_q_launch<QB_Q6_K, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
     }
 }
 

@@ -223,8 +223,8 @@ int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const k_moe_route
  * n <= K_GEMV_MAX_N; -1 for anything else. */
 int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
              cudaStream_t s);
-/* k_gemv_q with the activations quantized to int8 as well, for the 32-element types Q8_0,
- * Q4_0, Q4_1 (k_gemv_qi8_takes): X is first rounded per 32 elements to int8 codes and a
+/* k_gemv_q with the activations quantized to int8 as well, for every type it reads
+ * (k_gemv_qi8_takes): X is first rounded per 32 elements to int8 codes and a
  * scale (max |x| / 127) in scratch (at least k_gemv_qi8_scratch(in, n) bytes, 16-byte
  * aligned), then each block's codes are dotted with them by integer dp4a and scaled once.
  * Fewer instructions per weight than k_gemv_q's fp32 FMAs on every token, at the price of

@@ -720,6 +720,13 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * Q4_0 / Q4_1 at 8 tokens 2.0-2.4x, at 1 0.97-1.10x; 8B Q8_0 decode (specd bench) at
      * batch 8 785 -> 1,266 tok/s, at batch 1 224 -> 237 */
     t->gemvq_i8 = env_flag("SPECD_CUDA_GEMVQ_I8", 1);
+    /* the same for the K-quants (SPECD_CUDA_GEMVQ_I8_K=N, default 1; 0: bf16 activations).
+     * H200, 2026-12-05: k_gemv_qi8 against k_gemv_q on the 8B shapes (test_gpu_gemv
+     * "*qi8_speed*") Q4_K 1.05-1.18x at 1 token, 1.35-1.69x at 2-8; Q5_K 1.15-1.30x / 1.3-1.9x;
+     * Q6_K 0.83-1.04x at 1 token (the 1B / QKV shapes lose), 1.14-1.74x at 2-8. Decode
+     * (specd bench, Q4_K_M files): 8B 309.5 -> 351.0 tok/s at batch 1, 1,127 -> 1,272 at 8;
+     * 1B 1,252 -> 1,296 and 5,141 -> 6,030; 64 and 256 unchanged */
+    t->gemvq_i8_k = env_flag("SPECD_CUDA_GEMVQ_I8_K", 1);
     /* Q8_0 passes of 9 .. SPECD_CUDA_GEMM_QI8_ROWS (default 64) tokens over matrices of both
      * sides >= 4096 on the int8 tensor-core GEMM (kernels/gemm_q.cu k_gemm_qi8; the
      * activations rounded as k_gemv_qi8 rounds them); 0: dequantize + cuBLAS. H100,

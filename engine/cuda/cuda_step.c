@@ -48,8 +48,8 @@ fail:
  * (and Q6_K / Q8_0 where switched on) passes of tune.gemvq_tc_min .. tune.gemvq_tc tokens
  * the tensor-core GEMV (k_gemv_qtc); tune.gemm_q_min .. tune.gemm_q_rows token rows (-1: 64
  * for K-quant matrices of both sides >= 4096, else none, as measured) the tensor-core GEMM
- * over the blocks; up to K_GEMV_MAX_N the quantized GEMV (k_gemv_qi8 from tune.gemvq_i8
- * tokens for the 32-element types); Q8_0 matrices of both sides >= 4096, passes of
+ * over the blocks; up to K_GEMV_MAX_N the quantized GEMV (with int8 activations, k_gemv_qi8,
+ * from tune.gemvq_i8 tokens for the 32-element types, tune.gemvq_i8_k for the K-quants); Q8_0 matrices of both sides >= 4096, passes of
  * K_GEMV_MAX_N + 1 .. tune.gemm_qi8_rows tokens, the int8 tensor-core GEMM (k_gemm_qi8);
  * else none (Q_COPY: a bf16 copy and cuBLAS). */
 enum { Q_COPY, Q_GEMV_TC, Q_GEMM, Q_GEMV, Q_GEMM_I8 };
@@ -94,7 +94,8 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
                               r->stream));
         return 0;
     case Q_GEMV:
-        if (r->tune.gemvq_i8 > 0 && n >= r->tune.gemvq_i8 && k_gemv_qi8_takes(q->type) &&
+        if ((qb_elems(q->type) == 256 ? r->tune.gemvq_i8_k : r->tune.gemvq_i8) > 0 &&
+            n >= (qb_elems(q->type) == 256 ? r->tune.gemvq_i8_k : r->tune.gemvq_i8) && k_gemv_qi8_takes(q->type) &&
             r->qscratch_bytes >= k_gemv_qi8_scratch(in, n)) {
             K_CHECK(r, k_gemv_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
                                   r->stream));

@@ -26,7 +26,9 @@ P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
 # (SPECD_CUDA_GEMVQ_I8=0 SPECD_CUDA_GEMM_QI8_ROWS=0: no k_gemv_qi8 / k_gemm_qi8, the
 # build before them); gguf_i8 with GEMV passes of GEMVQ_I8 (default 1) or more tokens on
 # int8 activations and Q8_0 passes of 9 .. GEMM_QI8_ROWS (default 64) tokens on the int8
-# tensor-core GEMM (SPECD_CUDA_GEMVQ_I8, SPECD_CUDA_GEMM_QI8_ROWS; the defaults).
+# tensor-core GEMM (SPECD_CUDA_GEMVQ_I8, SPECD_CUDA_GEMM_QI8_ROWS); gguf_i8k with the
+# K-quants' GEMV passes of GEMVQ_I8_K (default 1) or more tokens on int8 activations too
+# (SPECD_CUDA_GEMVQ_I8_K; all three are the defaults since 2026-12-05).
 VARIANTS=${VARIANTS:-bf16 gguf gguf_gemv}
 for v in $VARIANTS; do
     d=${v%%_*}
@@ -36,7 +38,8 @@ for v in $VARIANTS; do
         gguf_gemv) env=(SPECD_CUDA_GEMVQ_TC=0) ;;
         gguf_lmbf16) env=(SPECD_CUDA_LM_HEAD_BF16=1) ;;
         gguf_i8) env=(SPECD_CUDA_GEMVQ_I8=${GEMVQ_I8:-1} SPECD_CUDA_GEMM_QI8_ROWS=${GEMM_QI8_ROWS:-64}) ;;
-        gguf_noi8) env=(SPECD_CUDA_GEMVQ_I8=0 SPECD_CUDA_GEMM_QI8_ROWS=0) ;;
+        gguf_noi8) env=(SPECD_CUDA_GEMVQ_I8=0 SPECD_CUDA_GEMM_QI8_ROWS=0 SPECD_CUDA_GEMVQ_I8_K=0) ;;
+        gguf_i8k) env=(SPECD_CUDA_GEMVQ_I8_K=${GEMVQ_I8_K:-1}) ;;
         gguf_tc) env=(SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=${GEMM_Q_ROWS:-256}) ;;
     esac
     env "${env[@]}" timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \

@@ -812,19 +812,22 @@ static void check_qi8(int t, int out, int in, int n, int mode) {
     qprob_free(&q);
 }
 
-/* Q8_0, Q4_0, Q4_1 at every token count on rows that start at every even offset mod 16
- * (34-, 18-, 20-byte blocks), split K over warps with partial steps, an all-zero token
- * row (its scale 0), an 8B down; then what it refuses. */
+/* Every type at every token count, on rows that start at every even offset mod 16 (34-,
+ * 18-, 20-, 210-byte blocks), split K over warps with partial steps, an all-zero token row
+ * (its scale 0), 8B shapes; then what it refuses. */
 static void test_gemv_qi8_matches_host(void **state) {
     (void)state;
-    const int types[3] = {QB_Q8_0, QB_Q4_0, QB_Q4_1};
-    for (int i = 0; i < 3; i++) {
-        for (int n = 1; n <= K_GEMV_MAX_N; n++) check_qi8(types[i], 37 + 2 * n, 96, n, 0);
-        check_qi8(types[i], 257, 4160, 3, 0);
-        check_qi8(types[i], 1, 32, 1, 0);
+    const int types[6] = {QB_Q8_0, QB_Q4_0, QB_Q4_1, QB_Q4_K, QB_Q5_K, QB_Q6_K};
+    for (int i = 0; i < 6; i++) {
+        const int E = qb_elems(types[i]);
+        for (int n = 1; n <= K_GEMV_MAX_N; n++) check_qi8(types[i], 37 + 2 * n, E == 32 ? 96 : 768, n, 0);
+        check_qi8(types[i], 257, E == 32 ? 4160 : 2560, 3, 0);   /* split K, partial steps */
+        check_qi8(types[i], 1, E, 1, 0);
     }
     check_qi8(QB_Q8_0, 4096, 14336, 8, 0);
-    check_qi8(QB_Q4_1, 576, 1536, 5, 0);   /* SmolLM2 down */
+    check_qi8(QB_Q4_K, 14336, 4096, 2, 0);   /* 8B gate, down */
+    check_qi8(QB_Q6_K, 4096, 14336, 5, 0);
+    check_qi8(QB_Q4_1, 576, 1536, 5, 0);     /* SmolLM2 down */
     {   /* a token row of zeros between two others */
         qprob q = qprob_make(QB_Q8_0, 300, 512, 3, 0);
         memset(q.X + 512, 0, 512 * 2);
@@ -842,8 +845,10 @@ static void test_gemv_qi8_matches_host(void **state) {
     uint8_t *d = gu_dev(1 << 20);
     float *f = gu_dev(1 << 20);
     const size_t sb = k_gemv_qi8_scratch(256, 8);
-    assert_int_equal(k_gemv_qi8_takes(QB_Q4_K), 0);
-    assert_int_equal(k_gemv_qi8(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 256, 1, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemv_qi8_takes(QB_Q4_K), 1);
+    assert_int_equal(k_gemv_qi8_takes(6), 0);   /* Q5_0: not read in place */
+    assert_int_equal(k_gemv_qi8(6, d, (uint16_t *)(d + 65536), f, 8, 256, 1, 0, d + 131072, sb, 0), -1);
+    assert_int_equal(k_gemv_qi8(QB_Q4_K, d, (uint16_t *)(d + 65536), f, 8, 224, 1, 0, d + 131072, sb, 0), -1);
     assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 9, 0, d + 131072, sb, 0), -1);
     assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 8, 0, d + 131072, sb - 1, 0), -1);
     assert_int_equal(k_gemv_qi8(QB_Q8_0, d, (uint16_t *)(d + 65536), f, 8, 256, 8, 0, d + 131080, sb, 0), -1);
@@ -1106,7 +1111,7 @@ static void run_qi8(void *p, const uint8_t *W) {
 }
 
 /* A printed timing of k_gemv_qi8 against k_gemv_q at 1-8 tokens on the 8B and 1B
- * projection shapes (Q8_0, Q4_0, Q4_1), the activations' rounding included; 8 copies of
+ * projection shapes, every type, the activations' rounding included; 8 copies of
  * each matrix rotate so the L2 holds none between uses. */
 static void test_gemv_qi8_speed_report(void **state) {
     (void)state;
@@ -1116,7 +1121,7 @@ static void test_gemv_qi8_speed_report(void **state) {
         return;
     }
     const int shapes[4][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {2048, 8192}};
-    const int types[3] = {QB_Q8_0, QB_Q4_0, QB_Q4_1}, ns[5] = {1, 2, 3, 4, 8};
+    const int types[6] = {QB_Q8_0, QB_Q4_0, QB_Q4_1, QB_Q4_K, QB_Q5_K, QB_Q6_K}, ns[5] = {1, 2, 3, 4, 8};
     enum { C = 8 };
     gq_ctx c = {0};
     for (int si = 0; si < 4; si++) {
@@ -1127,7 +1132,7 @@ static void test_gemv_qi8_speed_report(void **state) {
         c.Y = gu_dev(sizeof(float) * 8 * (size_t)c.out);
         c.ws_bytes = k_gemv_qi8_scratch(c.in, 8);
         c.ws = gu_dev(c.ws_bytes);
-        for (int ti = 0; ti < 3; ti++) {
+        for (int ti = 0; ti < 6; ti++) {
             c.type = types[ti];
             const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
             uint8_t *hq = malloc(qbytes), *Q[C];

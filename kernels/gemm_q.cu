@@ -126,6 +126,31 @@ __device__ __forceinline__ void gq_decode_32(const uint8_t *__restrict__ row, in
     for (int i = 0; i < 4; i++) *(uint4 *)(dst + 32 * h + 8 * i) = gq_pack8(y + 8 * i);
 }
 
+/* A warp's 32 x 32 accumulator tile (rows r0.., columns c0..; tc_mma's layout) into Y
+ * (overwrite or add) or, with a split reduction, into this split's slice of part. */
+__device__ __forceinline__ void gq_store_tile(const float (&acc)[2][4][4], int r0, int c0, int lane, int n, int out,
+                                              int accumulate, float *Y, float *part) {
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = r0 + mi * 16 + gid + 8 * h;
+            if (row >= n) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const int col = c0 + 8 * j + 2 * tig + q;
+                    if (col >= out) continue;
+                    const float v = acc[mi][j][2 * h + q];
+                    const size_t o = (size_t)row * out + col;
+                    if (part) part[(size_t)blockIdx.z * n * out + o] = v;
+                    else Y[o] = accumulate ? Y[o] + v : v;
+                }
+        }
+}
+
 template <int T>
 __global__ void __launch_bounds__(GQ_NT)
 gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int n, int out, int in, int kchunk,
@@ -207,25 +232,7 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
             }
         }
     }
-    const int gid = lane >> 2, tig = lane & 3;
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = m0 + wm * 32 + mi * 16 + gid + 8 * h;
-            if (row >= n) continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const int col = c0 + wn * 32 + 8 * j + 2 * tig + q;
-                    if (col >= out) continue;
-                    const float v = acc[mi][j][2 * h + q];
-                    const size_t o = (size_t)row * out + col;
-                    if (part) part[(size_t)blockIdx.z * n * out + o] = v;
-                    else Y[o] = accumulate ? Y[o] + v : v;
-                }
-        }
+    gq_store_tile(acc, m0 + wm * 32, c0 + wn * 32, lane, n, out, accumulate, Y, part);
 }
 
 /* Y (+)= the splits' partial sums, added in split order. */
@@ -395,25 +402,7 @@ gemm_qi8_kernel(const uint8_t *__restrict__ W, const int8_t *__restrict__ XQ, co
             }
         }
     }
-    const int tig = lane & 3;
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = m0 + wm * 32 + mi * 16 + g + 8 * h;
-            if (row >= n) continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const int col = c0 + wn * 32 + 8 * j + 2 * tig + q;
-                    if (col >= out) continue;
-                    const float v = acc[mi][j][2 * h + q];
-                    const size_t o = (size_t)row * out + col;
-                    if (part) part[(size_t)blockIdx.z * n * out + o] = v;
-                    else Y[o] = accumulate ? Y[o] + v : v;
-                }
-        }
+    gq_store_tile(acc, m0 + wm * 32, c0 + wn * 32, lane, n, out, accumulate, Y, part);
 }
 
 extern "C" int k_gemm_qi8_takes(int type, int in) { return type == QB_Q8_0 && in > 0 && in % GQ_TK == 0; }

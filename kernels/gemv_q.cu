@@ -361,6 +361,14 @@ __device__ __forceinline__ void gq_part_i8_32(const uint8_t *const (&blk)[R], co
     }
 }
 
+/* Two runs of 16 int8 products (four words each): s0 = a . x, s1 = b . y. */
+__device__ __forceinline__ void gq_dp4a_2x16(const uint32_t (&a)[4], const uint32_t (&b)[4], const int (&x)[4],
+                                             const int (&y)[4], int &s0, int &s1) {
+    s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) s0 = __dp4a((int)a[i], x[i], s0), s1 = __dp4a((int)b[i], y[i], s1);
+}
+
 /* Q4_K / Q5_K part p (k_gemv_q's parts: 16 codes of sub-block 2j at l0 .. l0 + 15 in
  * the low nibbles, 16 of sub-block 2j + 1 in the high ones; j = p / 2, l0 = 16 (p % 2)):
  * two runs of four dp4a against the two groups' int8 activations. The minimum's term
@@ -403,9 +411,8 @@ __device__ __forceinline__ void gq_part_i8_k45(const uint8_t *const (&blk)[R], i
         const int xa[4] = {(int)a.x, (int)a.y, (int)a.z, (int)a.w}, xb[4] = {(int)b.x, (int)b.y, (int)b.z, (int)b.w};
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            int c0 = 0, c1 = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) c0 = __dp4a((int)lo[r][i], xa[i], c0), c1 = __dp4a((int)hi[r][i], xb[i], c1);
+            int c0, c1;
+            gq_dp4a_2x16(lo[r], hi[r], xa, xb, c0, c1);
             float v = fmaf(ds[r][0] * s0.x, (float)c0, ds[r][1] * s1.x * (float)c1);
             if (mins) v -= fmaf(dm[r][0] * s0.x, s0.y, dm[r][1] * s1.x * s1.y);
             acc[r][t] += v;
@@ -446,9 +453,8 @@ __device__ __forceinline__ void gq_part_i8_q6k(const uint8_t *const (&blk)[R], i
         const int va[4] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w}, vb[4] = {(int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) s0 = __dp4a((int)c0w[r][i], va[i], s0), s1 = __dp4a((int)c1w[r][i], vb[i], s1);
+            int s0, s1;
+            gq_dp4a_2x16(c0w[r], c1w[r], va, vb, s0, s1);
             acc[r][t] += fmaf(dsc[r][0] * d0, (float)s0, dsc[r][1] * d1 * (float)s1);
         }
     }

@@ -901,6 +901,24 @@ static void test_gemm_q_matches_host_decode(void **state) {
     cudaFree(d), cudaFree(f);
 }
 
+/* `copies` device copies of one matrix of random blocks of `type` (bytes long), to rotate
+ * so that the L2 holds none between timed uses. */
+static void random_copies(int type, size_t bytes, uint8_t **Q, int copies) {
+    uint8_t *h = malloc(bytes);
+    random_blocks(type, h, bytes);
+    for (int k = 0; k < copies; k++) Q[k] = gu_upload(h, bytes);
+    free(h);
+}
+
+/* SPECD_GEMV_BENCH=0 (under compute-sanitizer: timing is meaningless and slow) turns the
+ * printed timings off; says so for report `what`. */
+static int bench_off(const char *what) {
+    const char *on = getenv("SPECD_GEMV_BENCH");
+    if (!(on && !strcmp(on, "0"))) return 0;
+    printf("  %s: not timed (SPECD_GEMV_BENCH=0)\n", what);
+    return 1;
+}
+
 /* Mean microseconds of fn over rotating matrix copies, at least min_iters calls (two
  * passes, the first warms up). */
 typedef void (*gq_fn)(void *ctx, const uint8_t *W);
@@ -929,6 +947,15 @@ typedef struct {
     uint16_t *scratch;
     cublasHandle_t blas;
 } gq_ctx;
+
+/* c's inputs at its shape for up to `rows` token rows: X random bf16 in [-1, 1), Y an output. */
+static void gq_inputs(gq_ctx *c, int rows) {
+    uint16_t *X = malloc((size_t)rows * c->in * 2);
+    fill_bf(X, (size_t)rows * c->in, -1.f, 1.f);
+    c->X = gu_upload(X, (size_t)rows * c->in * 2);
+    c->Y = gu_dev(sizeof(float) * (size_t)rows * (size_t)c->out);
+    free(X);
+}
 
 static void run_tc(void *p, const uint8_t *W) {
     gq_ctx *c = p;
@@ -960,21 +987,14 @@ static void run_bf16(void *p, const uint8_t *W) { blas_bf16(p, (const uint16_t *
  * dequantize + cuBLAS path it replaces, and cuBLAS on a bf16 matrix of the same shape. */
 static void test_gemm_q_speed_report(void **state) {
     (void)state;
-    const char *on = getenv("SPECD_GEMV_BENCH");
-    if (on && !strcmp(on, "0")) {
-        printf("  bench gemm_q: not timed (SPECD_GEMV_BENCH=0)\n");
-        return;
-    }
+    if (bench_off("bench gemm_q")) return;
     const int shapes[3][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}};   /* gate, down, qkv (out, in) */
     const int types[3] = {QB_Q4_K, QB_Q6_K, QB_Q8_0}, ns[4] = {16, 64, 128, 256};
     gq_ctx c = {0};
     assert_int_equal(cublasCreate(&c.blas), CUBLAS_STATUS_SUCCESS);
     for (int si = 0; si < 3; si++) {
         c.out = shapes[si][0], c.in = shapes[si][1];
-        uint16_t *X = malloc((size_t)256 * c.in * 2);
-        fill_bf(X, (size_t)256 * c.in, -1.f, 1.f);
-        c.X = gu_upload(X, (size_t)256 * c.in * 2);
-        c.Y = gu_dev(sizeof(float) * 256 * (size_t)c.out);
+        gq_inputs(&c, 256);
         c.scratch = gu_dev((size_t)c.out * c.in * 2);
         c.ws = (float *)c.scratch, c.ws_bytes = (size_t)c.out * c.in * 2;
         const size_t bbytes = (size_t)c.out * c.in * 2;
@@ -984,9 +1004,8 @@ static void test_gemm_q_speed_report(void **state) {
         for (int ti = 0; ti < 3; ti++) {
             c.type = types[ti];
             const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
-            uint8_t *hq = malloc(qbytes), *Q[4];
-            random_blocks(c.type, hq, qbytes);
-            for (int k = 0; k < 4; k++) Q[k] = gu_upload(hq, qbytes);
+            uint8_t *Q[4];
+            random_copies(c.type, qbytes, Q, 4);
             for (int ni = 0; ni < 4; ni++) {
                 c.n = ns[ni];
                 const double tc = time_copies(run_tc, &c, Q, 4, 50), sc = time_copies(run_scratch, &c, Q, 4, 50);
@@ -1006,11 +1025,10 @@ static void test_gemm_q_speed_report(void **state) {
                 printf("\n");
             }
             for (int k = 0; k < 4; k++) cudaFree(Q[k]);
-            free(hq);
         }
         for (int k = 0; k < 4; k++) cudaFree(B[k]);
         cudaFree((void *)c.X), cudaFree(c.Y), cudaFree(c.scratch);
-        free(hb), free(X);
+        free(hb);
     }
     cublasDestroy(c.blas);
 }
@@ -1031,11 +1049,7 @@ static void run_gemvq(void *p, const uint8_t *W) {
  * rotate, so the L2 holds none between uses. */
 static void test_gemv_qtc_speed_report(void **state) {
     (void)state;
-    const char *on = getenv("SPECD_GEMV_BENCH");
-    if (on && !strcmp(on, "0")) {
-        printf("  bench gemv_qtc: not timed (SPECD_GEMV_BENCH=0)\n");
-        return;
-    }
+    if (bench_off("bench gemv_qtc")) return;
     const int shapes[4][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {2048, 8192}};
     const int types[4] = {QB_Q4_K, QB_Q6_K, QB_Q5_K, QB_Q8_0}, ns[5] = {1, 2, 4, 8, 16};
     enum { C = 8 };
@@ -1043,10 +1057,7 @@ static void test_gemv_qtc_speed_report(void **state) {
     assert_int_equal(cublasCreate(&c.blas), CUBLAS_STATUS_SUCCESS);
     for (int si = 0; si < 4; si++) {
         c.out = shapes[si][0], c.in = shapes[si][1];
-        uint16_t *X = malloc((size_t)16 * c.in * 2);
-        fill_bf(X, (size_t)16 * c.in, -1.f, 1.f);
-        c.X = gu_upload(X, (size_t)16 * c.in * 2);
-        c.Y = gu_dev(sizeof(float) * 16 * (size_t)c.out);
+        gq_inputs(&c, 16);
         c.scratch = gu_dev((size_t)c.out * c.in * 2);
         const size_t bbytes = (size_t)c.out * c.in * 2;
         uint8_t *hb = malloc(bbytes), *B[C];
@@ -1055,9 +1066,8 @@ static void test_gemv_qtc_speed_report(void **state) {
         for (int ti = 0; ti < 4; ti++) {
             c.type = types[ti];
             const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
-            uint8_t *hq = malloc(qbytes), *Q[C];
-            random_blocks(c.type, hq, qbytes);
-            for (int k = 0; k < C; k++) Q[k] = gu_upload(hq, qbytes);
+            uint8_t *Q[C];
+            random_copies(c.type, qbytes, Q, C);
             for (int ni = 0; ni < 5; ni++) {
                 c.n = ns[ni];
                 const double tc = time_copies(run_qtc, &c, Q, C, 200);
@@ -1068,11 +1078,10 @@ static void test_gemv_qtc_speed_report(void **state) {
                        c.out, c.in, c.type, c.n, tc, (double)qbytes / (tc * 1e3), gv, sc, bf);
             }
             for (int k = 0; k < C; k++) cudaFree(Q[k]);
-            free(hq);
         }
         for (int k = 0; k < C; k++) cudaFree(B[k]);
         cudaFree((void *)c.X), cudaFree(c.Y), cudaFree(c.scratch);
-        free(hb), free(X);
+        free(hb);
     }
     cublasDestroy(c.blas);
 }
@@ -1115,29 +1124,21 @@ static void run_qi8(void *p, const uint8_t *W) {
  * each matrix rotate so the L2 holds none between uses. */
 static void test_gemv_qi8_speed_report(void **state) {
     (void)state;
-    const char *on = getenv("SPECD_GEMV_BENCH");
-    if (on && !strcmp(on, "0")) {
-        printf("  bench gemv_qi8: not timed (SPECD_GEMV_BENCH=0)\n");
-        return;
-    }
+    if (bench_off("bench gemv_qi8")) return;
     const int shapes[4][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {2048, 8192}};
     const int types[6] = {QB_Q8_0, QB_Q4_0, QB_Q4_1, QB_Q4_K, QB_Q5_K, QB_Q6_K}, ns[5] = {1, 2, 3, 4, 8};
     enum { C = 8 };
     gq_ctx c = {0};
     for (int si = 0; si < 4; si++) {
         c.out = shapes[si][0], c.in = shapes[si][1];
-        uint16_t *X = malloc((size_t)8 * c.in * 2);
-        fill_bf(X, (size_t)8 * c.in, -1.f, 1.f);
-        c.X = gu_upload(X, (size_t)8 * c.in * 2);
-        c.Y = gu_dev(sizeof(float) * 8 * (size_t)c.out);
+        gq_inputs(&c, 8);
         c.ws_bytes = k_gemv_qi8_scratch(c.in, 8);
         c.ws = gu_dev(c.ws_bytes);
         for (int ti = 0; ti < 6; ti++) {
             c.type = types[ti];
             const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
-            uint8_t *hq = malloc(qbytes), *Q[C];
-            random_blocks(c.type, hq, qbytes);
-            for (int k = 0; k < C; k++) Q[k] = gu_upload(hq, qbytes);
+            uint8_t *Q[C];
+            random_copies(c.type, qbytes, Q, C);
             for (int ni = 0; ni < 5; ni++) {
                 c.n = ns[ni];
                 const double i8 = time_copies(run_qi8, &c, Q, C, 200), gv = time_copies(run_gemvq, &c, Q, C, 200);
@@ -1147,10 +1148,8 @@ static void test_gemv_qi8_speed_report(void **state) {
                        gv / i8);
             }
             for (int k = 0; k < C; k++) cudaFree(Q[k]);
-            free(hq);
         }
         cudaFree((void *)c.X), cudaFree(c.Y), cudaFree(c.ws);
-        free(X);
     }
 }
 
@@ -1159,27 +1158,19 @@ static void test_gemv_qi8_speed_report(void **state) {
  * Q6_K; the defaults are 32 and 32. */
 static void test_gemv_q_split_report(void **state) {
     (void)state;
-    const char *on = getenv("SPECD_GEMV_BENCH");
-    if (on && !strcmp(on, "0")) {
-        printf("  bench split: not timed (SPECD_GEMV_BENCH=0)\n");
-        return;
-    }
+    if (bench_off("bench split")) return;
     const int shapes[3][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}};
     const int types[2] = {QB_Q4_K, QB_Q6_K}, splits[5] = {8, 16, 32, 64, 128};
     enum { C = 8 };
     gq_ctx c = {0};
     for (int si = 0; si < 3; si++) {
         c.out = shapes[si][0], c.in = shapes[si][1];
-        uint16_t *X = malloc((size_t)16 * c.in * 2);
-        fill_bf(X, (size_t)16 * c.in, -1.f, 1.f);
-        c.X = gu_upload(X, (size_t)16 * c.in * 2);
-        c.Y = gu_dev(sizeof(float) * 16 * (size_t)c.out);
+        gq_inputs(&c, 16);
         for (int ti = 0; ti < 2; ti++) {
             c.type = types[ti];
             const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
-            uint8_t *hq = malloc(qbytes), *Q[C];
-            random_blocks(c.type, hq, qbytes);
-            for (int k = 0; k < C; k++) Q[k] = gu_upload(hq, qbytes);
+            uint8_t *Q[C];
+            random_copies(c.type, qbytes, Q, C);
             for (int sp = 0; sp < 5; sp++) {
                 k_tuning t = k_tuning_default;
                 t.gemvq_split = t.gemvq_tc_split = splits[sp];
@@ -1196,10 +1187,8 @@ static void test_gemv_q_split_report(void **state) {
             }
             k_set_tuning(&k_tuning_default);
             for (int k = 0; k < C; k++) cudaFree(Q[k]);
-            free(hq);
         }
         cudaFree((void *)c.X), cudaFree(c.Y);
-        free(X);
     }
 }
 
@@ -1249,11 +1238,7 @@ static double bench_one(int type, int out, int in, const uint16_t *dX, float *dY
 
 static void test_gemv_q_bandwidth_report(void **state) {
     (void)state;
-    const char *on = getenv("SPECD_GEMV_BENCH");
-    if (on && !strcmp(on, "0")) {   /* under compute-sanitizer: timing is meaningless and slow */
-        printf("  bench gemv: not timed (SPECD_GEMV_BENCH=0)\n");
-        return;
-    }
+    if (bench_off("bench gemv")) return;
     const int shapes[2][2] = {{2048, 8192}, {14336, 4096}};   /* 1B down, 8B gate (out, in) */
     for (int i = 0; i < 2; i++) {
         const int out = shapes[i][0], in = shapes[i][1];
@@ -1406,6 +1391,7 @@ static void test_fp8_quantizer_matches_host(void **state) {
 /* Batch-1 time of the FP8 GEMV next to bf16 on the 8B gate|up shape (printed, not asserted). */
 static void test_fp8_gemv_bandwidth_report(void **state) {
     (void)state;
+    if (bench_off("bench fp8 gemv")) return;
     const int out = 28672, in = 4096, copies = 8;
     const size_t nw = (size_t)out * in;
     void *w8[copies], *w16[copies], *ds = gu_dev(sizeof(float) * out);

@@ -48,14 +48,16 @@ fail:
  * (and Q6_K / Q8_0 where switched on) passes of tune.gemvq_tc_min .. tune.gemvq_tc tokens
  * the tensor-core GEMV (k_gemv_qtc); tune.gemm_q_min .. tune.gemm_q_rows token rows (-1: 64
  * for K-quant matrices of both sides >= 4096, else none, as measured) the tensor-core GEMM
- * over the blocks; up to K_GEMV_MAX_N the quantized GEMV (with int8 activations, k_gemv_qi8,
- * from tune.gemvq_i8 tokens for the 32-element types, tune.gemvq_i8_k for the K-quants); Q8_0 matrices of both sides >= 4096, passes of
- * K_GEMV_MAX_N + 1 .. tune.gemm_qi8_rows tokens, the int8 tensor-core GEMM (k_gemm_qi8);
- * else none (Q_COPY: a bf16 copy and cuBLAS). */
-enum { Q_COPY, Q_GEMV_TC, Q_GEMM, Q_GEMV, Q_GEMM_I8 };
+ * over the blocks; Q8_0 passes of K_GEMV_MAX_N + 1 .. tune.gemm_qi8_rows tokens over matrices
+ * of both sides >= 4096 the int8 tensor-core GEMM (k_gemm_qi8); up to K_GEMV_MAX_N the
+ * quantized GEMV, with int8 activations (k_gemv_qi8) from tune.gemvq_i8 tokens for the
+ * 32-element types and tune.gemvq_i8_k for the K-quants; else none (Q_COPY: a bf16 copy
+ * and cuBLAS). The int8 kernels keep the rounded activations in the scratch buffer. */
+enum { Q_COPY, Q_GEMV_TC, Q_GEMM, Q_GEMV, Q_GEMV_I8, Q_GEMM_I8 };
 static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
+    const int i8_room = r->qscratch_bytes >= k_gemv_qi8_scratch(in, n);
     if (n > K_GEMV_MAX_N && n <= r->tune.gemm_qi8_rows && out >= 4096 && in >= 4096 && k_gemm_qi8_takes(type, in) &&
-        r->qscratch_bytes >= k_gemv_qi8_scratch(in, n))
+        i8_room)
         return Q_GEMM_I8;
     if (n >= r->tune.gemvq_tc_min && n <= r->tune.gemvq_tc && k_gemv_qtc_takes(type) &&
         (type != QB_Q6_K || r->tune.gemvq_tc_q6k) && (type != QB_Q8_0 || r->tune.gemvq_tc_q8))
@@ -63,7 +65,9 @@ static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
     const int kquant = qb_elems(type) == 256;   /* Q4_K, Q5_K, Q6_K */
     const int gq_rows = r->tune.gemm_q_rows >= 0 ? r->tune.gemm_q_rows : kquant && out >= 4096 && in >= 4096 ? 64 : 0;
     if (n >= r->tune.gemm_q_min && n <= gq_rows) return Q_GEMM;
-    return n <= K_GEMV_MAX_N ? Q_GEMV : Q_COPY;
+    if (n > K_GEMV_MAX_N) return Q_COPY;
+    const int i8_from = kquant ? r->tune.gemvq_i8_k : r->tune.gemvq_i8;
+    return i8_from > 0 && n >= i8_from && k_gemv_qi8_takes(type) && i8_room ? Q_GEMV_I8 : Q_GEMV;
 }
 
 /* gemm() for a projection that may be kept in its GGUF blocks (q->type): on q_kernel's
@@ -93,14 +97,11 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         K_CHECK(r, k_gemm_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
                               r->stream));
         return 0;
+    case Q_GEMV_I8:
+        K_CHECK(r, k_gemv_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
+                              r->stream));
+        return 0;
     case Q_GEMV:
-        if ((qb_elems(q->type) == 256 ? r->tune.gemvq_i8_k : r->tune.gemvq_i8) > 0 &&
-            n >= (qb_elems(q->type) == 256 ? r->tune.gemvq_i8_k : r->tune.gemvq_i8) && k_gemv_qi8_takes(q->type) &&
-            r->qscratch_bytes >= k_gemv_qi8_scratch(in, n)) {
-            K_CHECK(r, k_gemv_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
-                                  r->stream));
-            return 0;
-        }
         K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }

@@ -26,7 +26,10 @@
  *     Q8_0 uses the exact 2^23 magic instead (its budget per weight is larger).
  * The result equals the host decode (qb_decode8, bit-exact vs ggml) dotted in a different
  * order and scaled per sub-block rather than per element, so it matches to fp32 rounding,
- * not bit for bit. */
+ * not bit for bit.
+ * k_gemv_qi8 (below, the runner's default for --dtype gguf) is the same kernel over X
+ * rounded to int8 per 32 elements (k_quant_x8): integer dp4a dots, scaled once per run of
+ * codes, equal to the host decode dotted with the rounded X to fp32 rounding. */
 #include <cuda_fp16.h>
 
 #include "kernels/specd_kernels.h"

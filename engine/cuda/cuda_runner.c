@@ -722,8 +722,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->gemvq_i8 = env_flag("SPECD_CUDA_GEMVQ_I8", 1);
     /* the same for the K-quants (SPECD_CUDA_GEMVQ_I8_K=N, default 1; 0: bf16 activations).
      * H200, 2026-12-05: k_gemv_qi8 against k_gemv_q on the 8B shapes (test_gpu_gemv
-     * "*qi8_speed*") Q4_K 1.05-1.18x at 1 token, 1.35-1.69x at 2-8; Q5_K 1.15-1.30x / 1.3-1.9x;
-     * Q6_K 0.83-1.04x at 1 token (the 1B / QKV shapes lose), 1.14-1.74x at 2-8. Decode
+     * "*qi8_speed*") Q4_K 1.05-1.18x at 1 token, 1.17-1.69x at 2-8; Q5_K 1.15-1.30x /
+     * 1.09-1.85x; Q6_K 0.92-1.04x at 1 token (0.83x on the 1B down), 1.01-1.74x at 2-8. Decode
      * (specd bench, Q4_K_M files): 8B 309.5 -> 351.0 tok/s at batch 1, 1,127 -> 1,272 at 8;
      * 1B 1,252 -> 1,296 and 5,141 -> 6,030; 64 and 256 unchanged */
     t->gemvq_i8_k = env_flag("SPECD_CUDA_GEMVQ_I8_K", 1);

@@ -901,13 +901,15 @@ static void test_gemm_q_matches_host_decode(void **state) {
     cudaFree(d), cudaFree(f);
 }
 
-/* `copies` device copies of one matrix of random blocks of `type` (bytes long), to rotate
- * so that the L2 holds none between timed uses. */
-static void random_copies(int type, size_t bytes, uint8_t **Q, int copies) {
+/* `copies` device copies of one [out, in] matrix of random blocks of `type`, to rotate so
+ * that the L2 holds none between timed uses; returns its bytes. */
+static size_t random_copies(int type, int out, int in, uint8_t **Q, int copies) {
+    const size_t bytes = (size_t)out * (size_t)(in / qb_elems(type)) * (size_t)qb_bytes(type);
     uint8_t *h = malloc(bytes);
     random_blocks(type, h, bytes);
     for (int k = 0; k < copies; k++) Q[k] = gu_upload(h, bytes);
     free(h);
+    return bytes;
 }
 
 /* SPECD_GEMV_BENCH=0 (under compute-sanitizer: timing is meaningless and slow) turns the
@@ -1003,9 +1005,8 @@ static void test_gemm_q_speed_report(void **state) {
         for (int k = 0; k < 4; k++) B[k] = gu_upload(hb, bbytes);
         for (int ti = 0; ti < 3; ti++) {
             c.type = types[ti];
-            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
             uint8_t *Q[4];
-            random_copies(c.type, qbytes, Q, 4);
+            const size_t qbytes = random_copies(c.type, c.out, c.in, Q, 4);
             for (int ni = 0; ni < 4; ni++) {
                 c.n = ns[ni];
                 const double tc = time_copies(run_tc, &c, Q, 4, 50), sc = time_copies(run_scratch, &c, Q, 4, 50);
@@ -1065,9 +1066,8 @@ static void test_gemv_qtc_speed_report(void **state) {
         for (int k = 0; k < C; k++) B[k] = gu_upload(hb, bbytes);
         for (int ti = 0; ti < 4; ti++) {
             c.type = types[ti];
-            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
             uint8_t *Q[C];
-            random_copies(c.type, qbytes, Q, C);
+            const size_t qbytes = random_copies(c.type, c.out, c.in, Q, C);
             for (int ni = 0; ni < 5; ni++) {
                 c.n = ns[ni];
                 const double tc = time_copies(run_qtc, &c, Q, C, 200);
@@ -1136,9 +1136,8 @@ static void test_gemv_qi8_speed_report(void **state) {
         c.ws = gu_dev(c.ws_bytes);
         for (int ti = 0; ti < 6; ti++) {
             c.type = types[ti];
-            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
             uint8_t *Q[C];
-            random_copies(c.type, qbytes, Q, C);
+            const size_t qbytes = random_copies(c.type, c.out, c.in, Q, C);
             for (int ni = 0; ni < 5; ni++) {
                 c.n = ns[ni];
                 const double i8 = time_copies(run_qi8, &c, Q, C, 200), gv = time_copies(run_gemvq, &c, Q, C, 200);
@@ -1168,9 +1167,8 @@ static void test_gemv_q_split_report(void **state) {
         gq_inputs(&c, 16);
         for (int ti = 0; ti < 2; ti++) {
             c.type = types[ti];
-            const size_t qbytes = (size_t)c.out * (c.in / qb_elems(c.type)) * qb_bytes(c.type);
             uint8_t *Q[C];
-            random_copies(c.type, qbytes, Q, C);
+            const size_t qbytes = random_copies(c.type, c.out, c.in, Q, C);
             for (int sp = 0; sp < 5; sp++) {
                 k_tuning t = k_tuning_default;
                 t.gemvq_split = t.gemvq_tc_split = splits[sp];

@@ -197,20 +197,14 @@ extern "C" int k_verify_prep(const int32_t *slots, int B, int K1, int32_t *tok_s
     return K_LAUNCH_RESULT();
 }
 
-/* The weights of a residual draw after a point-mass draft d is rejected: p without d. */
-struct verify_weight {
-    const float *p;
-    int excl;
-    __device__ __forceinline__ bool operator()(int v, float &w) const {
-        w = v == excl ? 0.f : p[v];
-        return w > 0.f;
-    }
-};
-
+/* Point-mass acceptance (engine/core/spec.h spec_accept_point): the target's own token x_j
+ * at every position j (its argmax, or a draw from p_j at philox(seed, counter + j), the
+ * uniform the decode sampler uses for that output position), draft j standing while
+ * x_j == d_j; the first x_j that differs, or x_nd, ends the row. */
 __global__ void __launch_bounds__(SPEC_NT)
 verify_accept_kernel(const float *tl, int vocab, int K1, const int32_t *tokens, const int32_t *n_drafts,
-                     const k_sample_params *params, const int32_t *slots, int dummy,
-                     uint64_t salt_accept, int32_t *lens, int32_t *out_tok, int32_t *out_n) {
+                     const k_sample_params *params, const int32_t *slots, int dummy, int32_t *lens,
+                     int32_t *out_tok, int32_t *out_n) {
     __shared__ float wv[32];
     __shared__ int wi[32];
     const int row = blockIdx.x;
@@ -218,42 +212,18 @@ verify_accept_kernel(const float *tl, int vocab, int K1, const int32_t *tokens, 
     const float *t0 = tl + (size_t)row * K1 * vocab;
     const int32_t *d = tokens + (size_t)row * K1 + 1;   /* drafts follow the fed token */
     int32_t *o = out_tok + (size_t)row * K1;
-    const int nd = min(max(n_drafts[row], 0), K1 - 1);
-    int m;
-    if (spec_greedy(p)) {
-        int j = 0;
-        for (;; j++) {
-            int t = block_argmax(t0 + (size_t)j * vocab, vocab, wv, wi);
-            if (threadIdx.x == 0) o[j] = t;
-            if (j == nd || t != d[j]) break;
-        }
-        m = j + 1;
-    } else {
-        /* tl holds probabilities (k_probs ran in place on sampled rows) */
-        const float u_res = k_philox_u01(p.seed, 2 * p.counter);
-        int j = 0;
-        for (; j < nd; j++) {
-            const float *pj = t0 + (size_t)j * vocab;
-            const int dj = d[j];
-            const float u = k_philox_u01(p.seed ^ salt_accept, p.counter + (uint64_t)j);
-            if (u < pj[dj]) {
-                if (threadIdx.x == 0) o[j] = dj;
-                continue;
-            }
-            float tot;
-            const verify_weight w = {pj, dj};
-            int t = sample_block_draw<SPEC_NT>(vocab, w, u_res, 0, &tot);
-            if (!(tot > 0.f)) t = dj;   /* p was a point mass on d up to rounding */
-            if (threadIdx.x == 0) o[j] = t;
-            break;
-        }
-        if (j == nd) {
-            float tot;
-            int t = block_draw(t0 + (size_t)nd * vocab, NULL, vocab, 0, u_res, &tot);
-            if (threadIdx.x == 0) o[nd] = t;
-        }
-        m = j + 1;
+    const int nd = min(max(n_drafts[row], 0), K1 - 1), greedy = spec_greedy(p);
+    int j = 0;
+    for (;; j++) {
+        /* sampled rows: tl holds probabilities (k_probs ran in place) */
+        const float *pj = t0 + (size_t)j * vocab;
+        float tot;
+        const int t = greedy ? block_argmax(pj, vocab, wv, wi)
+                             : block_draw(pj, NULL, vocab, 0, k_philox_u01(p.seed, p.counter + (uint64_t)j), &tot);
+        if (threadIdx.x == 0) o[j] = t;
+        if (j == nd || t != d[j]) break;
     }
+    const int m = j + 1;
     if (threadIdx.x == 0) {
         out_n[row] = m;
         int s = slots[row];
@@ -263,10 +233,10 @@ verify_accept_kernel(const float *tl, int vocab, int K1, const int32_t *tokens, 
 
 extern "C" int k_verify_accept(const float *tl, int B, int vocab, int K1, const int32_t *tokens,
                                const int32_t *n_drafts, const k_sample_params *params,
-                               const int32_t *slots, int dummy, uint64_t salt_accept, int32_t *lens,
-                               int32_t *out_tok, int32_t *out_n, cudaStream_t s) {
+                               const int32_t *slots, int dummy, int32_t *lens, int32_t *out_tok,
+                               int32_t *out_n, cudaStream_t s) {
     if (B <= 0 || vocab <= 0 || K1 < 2) return -1;
-    verify_accept_kernel<<<B, SPEC_NT, 0, s>>>(tl, vocab, K1, tokens, n_drafts, params, slots, dummy,
-                                               salt_accept, lens, out_tok, out_n);
+    verify_accept_kernel<<<B, SPEC_NT, 0, s>>>(tl, vocab, K1, tokens, n_drafts, params, slots, dummy, lens,
+                                               out_tok, out_n);
     return K_LAUNCH_RESULT();
 }

@@ -414,15 +414,15 @@ int k_spec_accept(const float *tl, const float *q, int B, int vocab, int k, int 
  * B rows of K1 = k + 1 tokens each. k_verify_prep: tok_slot [B*K1] = each row's slot.
  * k_verify_accept: tl [B*K1, vocab] target logits (greedy rows) or probabilities (sampled
  * rows, k_probs in place); tokens [B, K1] the fed token then the drafts; row i accepts
- * among its first n_drafts[i] drafts as point masses (draft j stands when philox(seed ^
- * salt_accept, counter + j) < p_j(d_j), else one draw at philox(seed, 2 * counter) from
- * p_j without d_j; after all stand that draw is from p_nd). out_tok [B, K1], out_n [B] =
- * accepted + 1; rows whose slot != dummy get target length += out_n. */
+ * among its first n_drafts[i] drafts as point masses (engine/core/spec.h
+ * spec_accept_point): x_j, the argmax of position j or its draw at philox(seed, counter +
+ * j) (the decode sampler's uniform for that output position), and draft j stands while
+ * x_j == d_j; the first x_j that differs, or x_nd, is the row's last token. out_tok [B, K1],
+ * out_n [B] = accepted + 1; rows whose slot != dummy get target length += out_n. */
 int k_verify_prep(const int32_t *slots, int B, int K1, int32_t *tok_slot, cudaStream_t s);
 int k_verify_accept(const float *tl, int B, int vocab, int K1, const int32_t *tokens,
                     const int32_t *n_drafts, const k_sample_params *params, const int32_t *slots,
-                    int dummy, uint64_t salt_accept, int32_t *lens, int32_t *out_tok, int32_t *out_n,
-                    cudaStream_t s);
+                    int dummy, int32_t *lens, int32_t *out_tok, int32_t *out_n, cudaStream_t s);
 
 /* Async decode steps: tokens[i] = prev_out[prev[i]] where prev[i] >= 0 (the token the
  * step before sampled in that row, without a trip through the host); others unchanged. */

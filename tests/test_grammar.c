@@ -851,11 +851,16 @@ static void test_engine_constrained_rows_logprobs_in_the_runner(void **state) {
  * each verified position is masked with the grammar's state after the drafts before it.
  * Greedy on SmolLM2, three requests asked to copy a line under a regex that allows only
  * the three lines: the tokens equal those of the same engine without speculation, the text
- * matches the regex, and drafts were proposed and accepted (the copy is in the prompt). */
-static void run_copy(int ngram, int32_t out[3][64], int nout[3], long *drafted, long *accepted) {
+ * matches the regex, and drafts were proposed and accepted (the copy is in the prompt).
+ * With max_batch 16 the verified positions (3 rows x 4) are masked and sampled in the
+ * runner's forward pass (their masks computed in parallel while it runs); with 4 they
+ * mostly exceed the mask rows of a step and are masked and accepted on the host. */
+static void run_copy(int ngram, int max_batch, int32_t out[3][64], int nout[3], long *drafted, long *accepted,
+                     engine_stats *st) {
     char err[512] = "";
-    engine_config c = {.model_path = SMOL, .max_seq_len = 256, .max_batch = 4, .kv_bytes = 64u << 20, .threads = 2,
-                       .spec_ngram = ngram, .spec_always = 1};
+    engine_config c = {.model_path = SMOL, .max_seq_len = 256, .max_batch = max_batch, .kv_bytes = 64u << 20,
+                       .threads = 2, .grammar_threads = 2, .spec_ngram = ngram, .spec_always = 1,
+                       .num_draft_tokens = 3};
     engine *e = engine_create(&c, err, sizeof err);
     if (!e) fail_msg("%s", err);
     static const char *lines[3] = {"the cat sat on the mat and the dog sat on the log",
@@ -887,6 +892,7 @@ static void run_copy(int ngram, int32_t out[3][64], int nout[3], long *drafted, 
         if (!full_match(g, txt)) fail_msg("request %d: %s does not match the regex", i, txt);
         free(txt);
     }
+    engine_get_stats(e, st);
     grammar_unref(g);
     engine_destroy(e);
 }
@@ -897,15 +903,23 @@ static void test_engine_prompt_lookup_on_constrained_rows(void **state) {
     static int32_t a[3][64], b[3][64];
     int na[3], nb[3];
     long d0, a0, d1, a1;
-    run_copy(0, a, na, &d0, &a0);
-    run_copy(1, b, nb, &d1, &a1);
-    print_message("  prompt lookup under a regex: %ld of %ld drafts accepted\n", a1, d1);
-    for (int i = 0; i < 3; i++) {
-        assert_int_equal(na[i], nb[i]);
-        assert_memory_equal(a[i], b[i], sizeof(int32_t) * (size_t)na[i]);
-    }
+    engine_stats st;
+    run_copy(0, 16, a, na, &d0, &a0, &st);
     assert_int_equal(d0, 0);
-    assert_true(a1 >= 10 && a1 <= d1);
+    for (int mb = 4; mb <= 16; mb += 12) {
+        run_copy(1, mb, b, nb, &d1, &a1, &st);
+        print_message("  prompt lookup under a regex, max_batch %d: %ld of %ld drafts accepted, %llu of %llu verified "
+                      "rows sampled in the runner\n", mb, a1, d1, (unsigned long long)st.spec_rows_forward_sampled,
+                      (unsigned long long)st.spec_drafts);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(na[i], nb[i]);
+            assert_memory_equal(a[i], b[i], sizeof(int32_t) * (size_t)na[i]);
+        }
+        assert_true(a1 >= 10 && a1 <= d1);
+        /* (with 4, a step where one row verifies fits the mask rows) */
+        if (mb == 4) assert_true(st.spec_rows_forward_sampled < st.spec_drafts);
+        else assert_true(st.spec_rows_forward_sampled == st.spec_drafts);
+    }
 }
 
 int main(void) {

@@ -514,14 +514,18 @@ static void test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted(void **st
     free_prompts(&p);
 }
 
+/* Seeded sampling with prompt lookup: the same tokens run after run, on the composed path
+ * and through the runner's verify op, and equal to those of the same requests without
+ * speculation; verify steps and accepted drafts are counted. */
 static void test_spec_ngram_sampled_output_is_seeded_and_counted(void **st) {
     (void)st;
     prompts p;
     load_ngram_prompts(&p);
-    int32_t out[4][6][48];
+    int32_t out[5][6][48];
     long verify = 0, accepted = 0, runner_verify = 0;
-    for (int run = 0; run < 4; run++) {   /* twice composed, twice through the runner's verify */
-        engine *e = make_ngram_engine(8, 0, 1, run >= 2);
+    /* twice composed, twice through the runner's verify, then without speculation */
+    for (int run = 0; run < 5; run++) {
+        engine *e = run < 4 ? make_ngram_engine(8, 0, 1, run >= 2) : make_engine(NULL, 0, 8, 0);
         assert_non_null(e);
         char err[256];
         for (int i = 0; i < 6; i++) {
@@ -563,6 +567,10 @@ static void test_spec_ngram_sampled_output_is_seeded_and_counted(void **st) {
                   "%ld runner verify steps\n", verify, accepted, runner_verify);
     assert_memory_equal(out[0], out[1], sizeof out[0]);
     assert_memory_equal(out[2], out[3], sizeof out[2]);
+    /* every position draws with its own output position's uniform (spec_accept_point), on
+     * either path: the tokens of no speculation */
+    assert_memory_equal(out[0], out[2], sizeof out[0]);
+    assert_memory_equal(out[0], out[4], sizeof out[0]);
     assert_true(runner_verify > 0);
     assert_true(verify > 0);
     assert_true(accepted > 0);
@@ -570,9 +578,10 @@ static void test_spec_ngram_sampled_output_is_seeded_and_counted(void **st) {
 }
 
 /* A deterministic proposal is a point mass: accepting d with probability p(d) and on
- * rejection drawing from p without d makes the emitted token follow p exactly. The same
- * draws with the residual left as p (d not removed) must fail the check: the test can
- * tell a wrong rule. */
+ * rejection drawing from p without d makes the emitted token follow p exactly;
+ * spec_accept_point does it by drawing the target's own token and comparing. A rule that
+ * accepts d with probability p(d) but then draws from p itself (d not removed) must fail
+ * the check: the test can tell a wrong rule. */
 static void test_spec_point_mass_rejection_follows_target(void **st) {
     (void)st;
     enum { V = 1024, K = 2, N = 20000 };
@@ -594,14 +603,16 @@ static void test_spec_point_mass_rejection_follows_target(void **st) {
             for (long s = 0; s < N; s++) {
                 for (int j = 0; j <= K; j++) memcpy(p + (size_t)j * V, base, sizeof(float) * V);
                 int32_t drafts[K] = {cases[c], cases[c]}, out[K + 1];
-                double ua[K];
-                for (int j = 0; j < K; j++) ua[j] = sample_uniform((uint64_t)s, 200 + (uint64_t)j);
-                double ur = sample_uniform((uint64_t)s, 300);
+                double u[K + 1];
+                spec_point_uniforms((uint64_t)s, 100, K, u);
                 if (!wrong) {
-                    int m = spec_accept_point(p, V, drafts, K, ua, ur, out);
+                    int m = spec_accept_point(p, V, drafts, K, u, out);
                     assert_true(m >= 1 && m <= K + 1);
+                    /* the emitted tokens are the target's own draws at those uniforms */
+                    for (int j = 0; j < m; j++) assert_int_equal(out[j], sample_from_probs(base, V, u[j]));
                 } else {
-                    out[0] = ua[0] < base[cases[c]] ? cases[c] : sample_from_probs(base, V, ur);
+                    const double ua = sample_uniform((uint64_t)s, 300);
+                    out[0] = ua < base[cases[c]] ? cases[c] : sample_from_probs(base, V, u[0]);
                 }
                 counts[out[0]]++;
             }

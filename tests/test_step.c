@@ -32,6 +32,7 @@ typedef struct {
     float top_lp[NREQ][MAXTOK][NTOP];
     int n[NREQ];
     engine_finish finish[NREQ];
+    int accepted[NREQ];   /* drafts that stood, per request */
     engine_stats st;
 } run;
 
@@ -41,6 +42,8 @@ static const float g_bias_vals[] = {6.0f, 2.5f, -100.0f, 1.0f, 3.0f};
 /* Request i: a sampling mode (greedy, or a seeded draw through one of the filters) and a
  * combination of the adjustments; every request reports the chosen token's logprob. */
 static int g_all_greedy;   /* the speculative test: every request greedy */
+static int g_cool;         /* ... or the seeded draws at low temperatures (they loop as
+                            * greedy requests do, so prompt lookup's drafts stand) */
 static int g_all_penalized;   /* every request with a presence penalty too */
 
 static void sampling_of(int i, engine_sampling *sp) {
@@ -51,9 +54,9 @@ static void sampling_of(int i, engine_sampling *sp) {
     if (i % 3 == 0 || g_all_greedy) {
         sp->temperature = 0;                       /* greedy */
     } else {
-        sp->temperature = 0.7f + 0.1f * (float)i;  /* seeded draws, each filter in turn */
+        sp->temperature = g_cool ? 0.1f + 0.05f * (float)i : 0.7f + 0.1f * (float)i;   /* seeded draws, */
         sp->seed = 100 + (uint64_t)i;
-        sp->has_seed = 1;
+        sp->has_seed = 1;                                /* each filter in turn */
         if (i % 3 == 1) sp->top_k = 20, sp->top_p = 0.9f;
         else sp->min_p = 0.05f;
     }
@@ -118,6 +121,7 @@ static void run_all(int host, int max_batch, int spec, run *r) {
                 }
             }
             if (ev->finish != ENGINE_RUNNING) r->finish[id] = ev->finish;
+            r->accepted[id] = ev->spec_accepted_tokens;
         }
     }
     engine_get_stats(e, &r->st);
@@ -183,53 +187,81 @@ static void test_penalised_rows_queue_in_flight(void **s) {
     g_all_penalized = 0;
 }
 
-/* Speculative rows: the same requests, all greedy, with drafts verified beside them must
- * keep their tokens, logprobs and top logprobs: penalties, bias and eos suppression apply
- * at every verified position with the drafts before it in the history. Prompt lookup's
- * drafts stand where a request loops (the rewarded and unpenalised ones); the model
- * drafting for itself proposes what the target would pick, so with every feature applied
- * alike on both sides nearly all stand, and a feature applied at the wrong position makes
- * the emitted tokens differ. */
+/* Speculative rows keep every sampling feature: penalties, bias and eos suppression apply
+ * at every verified position with the drafts before it in the history, and each position
+ * draws with the uniform of its output position, so the emitted tokens are the ones plain
+ * decoding emits. With prompt lookup (point-mass drafts) that holds for seeded draws too:
+ * every request, as it is (its verified positions sampled in the runner's forward pass)
+ * and recorded (sampled and accepted on the host), emits exactly the tokens of no
+ * speculation. The model drafting for itself runs greedy requests (its sampled drafts are
+ * accepted by rejection sampling, which is lossless in distribution only); it proposes
+ * what the target would pick, so nearly all drafts stand, and a feature applied at the
+ * wrong position makes the emitted tokens differ. Prompt lookup's drafts stand where a
+ * request loops (the rewarded and unpenalised ones). */
+static void check_same(const run *a, const run *b, double *worst) {
+    for (int i = 0; i < NREQ; i++) {
+        engine_sampling sp;
+        sampling_of(i, &sp);
+        if (sp.ignore_eos) assert_int_equal(a->n[i], MAXTOK);
+        else assert_true(a->n[i] > sp.min_tokens);
+        assert_int_equal(a->n[i], b->n[i]);
+        assert_int_equal(a->finish[i], b->finish[i]);
+        assert_memory_equal(a->out[i], b->out[i], sizeof(int32_t) * (size_t)b->n[i]);
+        for (int t = 0; t < b->n[i]; t++) {
+            double d = fabs((double)a->lp[i][t] - b->lp[i][t]);
+            *worst = d > *worst ? d : *worst;
+            assert_int_equal(a->n_top[i][t], b->n_top[i][t]);
+            for (int q = 0; q < b->n_top[i][t]; q++) {
+                assert_int_equal(a->top_ids[i][t][q], b->top_ids[i][t][q]);
+                d = fabs((double)a->top_lp[i][t][q] - b->top_lp[i][t][q]);
+                *worst = d > *worst ? d : *worst;
+            }
+        }
+    }
+}
+
 static void test_speculative_rows_keep_every_sampling_feature(void **s) {
     (void)s;
-    g_all_greedy = 1;
     for (int mode = 0; mode < 4; mode++) {
         int mb = mode % 2 ? NREQ : 1, drafter = 1 + mode / 2;
-        static run plain, spec;
+        g_all_greedy = drafter == 2;
+        g_cool = drafter == 1;
+        static run plain, spec, spec_host;
         run_all(0, mb, 0, &plain);
         run_all(0, mb, drafter, &spec);
         assert_true(spec.st.spec_drafts > 0);
         assert_true(spec.st.spec_accepted_tokens > 0);
-        double worst = 0;
-        int greedy_tokens = 0;
+        /* the speculating rows with these features sampled in the runner */
+        assert_true(spec.st.spec_rows_forward_sampled > 0);
+        /* drafts stood in seeded requests too: their verified positions past the first drew
+         * with their own output positions' uniforms */
+        int seeded_acc = 0;
         for (int i = 0; i < NREQ; i++) {
             engine_sampling sp;
             sampling_of(i, &sp);
-            if (sp.ignore_eos) assert_int_equal(spec.n[i], MAXTOK);
-            else assert_true(spec.n[i] > sp.min_tokens);
-            assert_int_equal(spec.n[i], plain.n[i]);
-            assert_int_equal(spec.finish[i], plain.finish[i]);
-            assert_memory_equal(spec.out[i], plain.out[i], sizeof(int32_t) * (size_t)plain.n[i]);
-            greedy_tokens += plain.n[i];
-            for (int t = 0; t < plain.n[i]; t++) {
-                double d = fabs((double)spec.lp[i][t] - plain.lp[i][t]);
-                worst = d > worst ? d : worst;
-                assert_int_equal(spec.n_top[i][t], plain.n_top[i][t]);
-                for (int q = 0; q < plain.n_top[i][t]; q++) {
-                    assert_int_equal(spec.top_ids[i][t][q], plain.top_ids[i][t][q]);
-                    d = fabs((double)spec.top_lp[i][t][q] - plain.top_lp[i][t][q]);
-                    worst = d > worst ? d : worst;
-                }
-            }
+            if (sp.temperature > 0) seeded_acc += spec.accepted[i];
+        }
+        assert_true(drafter == 2 || seeded_acc > 0);
+        double worst = 0;
+        check_same(&spec, &plain, &worst);
+        if (drafter == 1) {   /* the host's acceptance of the same drafts */
+            run_all(1, mb, drafter, &spec_host);
+            assert_true(spec_host.st.spec_accepted_tokens > 0);
+            assert_int_equal(spec_host.st.spec_rows_forward_sampled, 0);
+            check_same(&spec_host, &plain, &worst);
         }
         assert_true(worst <= 1e-4);
-        printf("  max_batch %d, %s: %llu verify rows, %llu of %llu drafts accepted; the greedy requests' "
-               "%d tokens equal to no speculation, logprobs within %.1e\n", mb,
-               drafter == 1 ? "prompt lookup" : "the model as its own draft",
-               (unsigned long long)spec.st.spec_drafts, (unsigned long long)spec.st.spec_accepted_tokens,
-               (unsigned long long)spec.st.spec_draft_tokens, greedy_tokens, worst);
+        int tokens = 0;
+        for (int i = 0; i < NREQ; i++) tokens += plain.n[i];
+        printf("  max_batch %d, %s: %llu verify rows (%llu sampled in the runner), %llu of %llu drafts accepted "
+               "(%d in seeded requests); the %s requests' %d tokens equal to no speculation%s, logprobs within "
+               "%.1e\n", mb, drafter == 1 ? "prompt lookup" : "the model as its own draft",
+               (unsigned long long)spec.st.spec_drafts, (unsigned long long)spec.st.spec_rows_forward_sampled,
+               (unsigned long long)spec.st.spec_accepted_tokens, (unsigned long long)spec.st.spec_draft_tokens, seeded_acc,
+               drafter == 1 ? "greedy and seeded" : "greedy", tokens,
+               drafter == 1 ? " (and with acceptance on the host)" : "", worst);
     }
-    g_all_greedy = 0;
+    g_all_greedy = g_cool = 0;
 }
 
 int main(void) {

@@ -300,9 +300,10 @@ static int alloc_buffers(engine *e) {
     e->dec_slots = malloc((size_t)B * sizeof(int));
     e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
     e->dec_prev = malloc((size_t)e->max_step_tokens * sizeof(int));
-    /* the composed step's sampling rows: one per row, or a prompt chunk's positions whose
-     * logprobs are wanted (ENGINE_PROMPT_LOGIT_ROWS beyond the rows at most) */
-    const int SR = B + ENGINE_PROMPT_LOGIT_ROWS;
+    /* the composed step's sampling rows: one per row or k + 1 per speculating row, and a
+     * prompt chunk's positions whose logprobs are wanted (ENGINE_PROMPT_LOGIT_ROWS beyond
+     * the rows at most) */
+    const int SR = B * (K + 1) + ENGINE_PROMPT_LOGIT_ROWS;
     int outs_ok = dec_outs_alloc(&e->dec, SR) == 0;
     for (int i = 0; i < 2; i++) {
         e->pend[i].plan = malloc((size_t)B * sizeof *e->pend[i].plan);
@@ -319,7 +320,7 @@ static int alloc_buffers(engine *e) {
     e->msave = matcher_saved_new();
     e->row_masks = malloc((size_t)B * vocab_mask_words(V) * sizeof *e->row_masks);
     e->mask_rows = malloc((size_t)B * sizeof(int));
-    e->mask_res = malloc((size_t)B * sizeof(int));
+    e->mask_res = malloc((size_t)SR * sizeof(int));
     if (!e->mask || !e->msave || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !outs_ok || !e->dec_prev || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
@@ -562,6 +563,7 @@ static void req_free(req *r) {
     free(r->first_logits);
     free(r->pl);
     matcher_free(r->m);
+    matcher_saved_free(r->msave);
     ngram_destroy(r->ng);
     free(r);
 }
@@ -620,6 +622,8 @@ void engine_destroy(engine *e) {
         dec_outs_free(&e->pend[i].o);
     }
     free(e->dec_sp);
+    free(e->pos_ids);
+    free(e->pos_counts);
     free(e->spec_out);
     free(e->spec_n);
     free(e->spec_nd);
@@ -718,7 +722,8 @@ static int prepare(const engine *e, uint64_t req_id, const int32_t *prompt, int 
             req_free(r);
             return specd_errf(err, errlen, SPECD_EINVAL, "constrained decoding needs the model's tokenizer");
         }
-        if (!(r->m = matcher_new(sp->grammar, e->vtrie))) {
+        if (!(r->m = matcher_new(sp->grammar, e->vtrie)) ||
+            (e->drafter == ENGINE_DRAFTER_NGRAM && !(r->msave = matcher_saved_new()))) {
             req_free(r);
             return specd_errf(err, errlen, SPECD_ENOMEM, "out of memory");
         }

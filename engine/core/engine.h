@@ -188,6 +188,9 @@ typedef struct {
      * composed from forward passes (mixed batches), runner on-device decode */
     uint64_t steps_runner_spec, steps_runner_verify, steps_composed, steps_device_decode;
     uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
+    uint64_t spec_rows_forward_sampled;  /* of their rows, speculating ones: every verified
+                                          * position sampled there, drafts accepted by
+                                          * comparison (spec_accept_draws) */
     uint64_t steps_async;            /* steps queued while the one before was in flight (async
                                       * scheduling; counted in steps_device_decode or, prompt
                                       * chunks with decode rows, in steps_composed) */

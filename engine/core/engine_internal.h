@@ -40,6 +40,8 @@ typedef struct req {
     int n_cached;                /* prompt tokens served from the prefix cache */
     int verify_steps, draft_tokens, accepted;
     matcher *m;                  /* constrained decoding state, or NULL */
+    matcher_saved *msave;        /* with prompt lookup: m's state while the masks of its
+                                  * verified positions are computed past its drafts */
     engine_token *pl;            /* prompt logprobs (n_prompt), until the event that
                                   * delivers them; NULL when not asked or delivered */
     /* speculation policy (engine_spec.c) */
@@ -99,8 +101,9 @@ typedef struct {
     int n;                       /* tokens to emit */
     int32_t tok[ENGINE_MAX_STEP_TOKENS];
     const float *raw;            /* host logits of token j at raw + j * vocab, or NULL */
-    int dev;                     /* >= 0: tok[0] was sampled by the runner; its logprob and top
-                                  * logprobs at this index of dec_lp / dec_top_* */
+    int dev;                     /* >= 0: the tokens were sampled by the runner; tok[j]'s
+                                  * logprob and top logprobs at index dev + j of the step's
+                                  * dec_outs */
     int drafted, accepted;       /* a verified row: drafts checked, drafts accepted */
     int kv_cap;                  /* KV committed at most up to here (what a draft model holds) */
     engine_finish forced;        /* an end the path decided (no token fits, max_tokens 0) */
@@ -163,9 +166,11 @@ struct engine {
                                   * tried ahead of it (prompt lookup) */
     uint32_t *row_masks;         /* (max_batch, vocab_mask_words) the step's grammar masks
                                   * for a forward that samples on the device */
-    int *mask_rows, *mask_res;   /* (max_batch) constrained rows of the step, their results */
-    int n_mask_rows, masks_done; /* the step's constrained rows (mask_rows); how many of their
-                                  * masks prepare_masks computed */
+    int *mask_rows;              /* (max_batch) constrained plan rows of the step */
+    int *mask_res;               /* (sampling rows) per sampling row of theirs, the mask's
+                                  * result: tokens allowed besides eos, -1 nothing fits */
+    int n_mask_rows, masks_done; /* the step's constrained rows (mask_rows); whether
+                                  * prepare_masks computed their masks */
     struct tp_pool *mask_pool;   /* computes those masks in parallel (each row's matcher is
                                   * its own; the trie and grammars are read only) */
 
@@ -187,9 +192,11 @@ struct engine {
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
     int *dec_slots;              /* on-device decode fast path: (max_batch) each */
     int32_t *dec_tokens;
-    dec_outs dec;                /* (max_batch + ENGINE_PROMPT_LOGIT_ROWS) the decode op's and
-                                  * a sampling forward's tokens, their logprobs, top
-                                  * logprobs (rows, RUNNER_MAX_TOP), prompt positions' ranks */
+    dec_outs dec;                /* (sampling rows: max_batch * (k + 1) +
+                                  * ENGINE_PROMPT_LOGIT_ROWS, a composed step's logits rows)
+                                  * the decode op's and a sampling forward's tokens, their
+                                  * logprobs, top logprobs (rows, RUNNER_MAX_TOP), prompt
+                                  * positions' ranks */
     int *dec_prev;               /* (max_step_tokens) runner_decode_batch.prev_row, or
                                   * runner_batch.prev_tok */
     pend_step pend[2];           /* async scheduling: the step in flight is pend[pend_cur]
@@ -202,7 +209,10 @@ struct engine {
     int32_t *spec_out;           /* (max_batch, k+1) tokens of a runner speculative step */
     int *spec_n;                 /* (max_batch) */
     int *spec_nd;                /* (max_batch) drafts per row of a runner verify step */
-    runner_sampling *dec_sp;     /* (max_batch + ENGINE_PROMPT_LOGIT_ROWS) per sampling row */
+    runner_sampling *dec_sp;     /* (sampling rows) per sampling row */
+    int32_t *pos_ids, *pos_counts;   /* a composed step's token statistics of speculating
+                                  * rows at their verified positions (drafts counted in) */
+    size_t pos_cap;
     engine_event *events[2];     /* double-buffered: step N's events stay valid while */
     int cap_events[2];           /* step N+1 runs (the server processes them meanwhile) */
     int ev_cur;                  /* the buffer this step writes */

@@ -97,19 +97,33 @@ static void commit_kv(engine *e, sched_seq *s, int c) {
     }
 }
 
-/* Forward sampling of constrained rows: the mask of e->mask_rows[i] into its row_masks
- * slot, its grammar_mask result into e->mask_res[i]. */
+/* Forward sampling of constrained rows: the masks of plan row e->mask_rows[i] into the
+ * row_masks rows of its sampling rows, their grammar_mask results into e->mask_res. A
+ * speculating row (prompt lookup) has one per verified position: its grammar's state after
+ * the drafts before it, walked ahead on the request's matcher and back (the drafts were
+ * checked against the grammar when they were made); after a position where nothing fits,
+ * none is computed (-1). */
 typedef struct {
     engine *e;
     size_t mw;
 } mask_job;
 
-static int grammar_mask(engine *e, req *r, uint32_t *mask);
+static int grammar_mask_ahead(engine *e, req *r, int ahead, uint32_t *mask);
 
 static void mask_task(void *ctx, int i) {
-    const mask_job *j = ctx;
-    const row_plan *p = &j->e->plan[j->e->mask_rows[i]];
-    j->e->mask_res[i] = grammar_mask(j->e, p->r, j->e->row_masks + (size_t)p->logits_off * j->mw);
+    const mask_job *mj = ctx;
+    engine *e = mj->e;
+    const row_plan *p = &e->plan[e->mask_rows[i]];
+    req *r = p->r;
+    const int off = p->logits_off, npos = p->spec + 1;
+    if (npos > 1) matcher_save(r->m, r->msave);
+    int j = 0;
+    for (; j < npos; j++) {
+        e->mask_res[off + j] = grammar_mask_ahead(e, r, j, e->row_masks + (size_t)(off + j) * mj->mw);
+        if (e->mask_res[off + j] < 0 || (j + 1 < npos && matcher_accept_token(r->m, p->drafts[j]))) break;
+    }
+    for (j++; j < npos; j++) e->mask_res[off + j] = -1;
+    if (npos > 1) matcher_restore(r->m, r->msave);
 }
 
 /* runner_batch.prepare_sp of a forward that samples constrained rows on the device: their
@@ -123,11 +137,14 @@ static int prepare_masks(void *ctx) {
     if (e->mask_pool) tp_run(e->mask_pool, mask_task, &mj, nm);
     else for (int i = 0; i < nm; i++) mask_task(&mj, i);
     for (int j = 0; j < nm; j++) {
-        runner_sampling *sp = &e->dec_sp[e->plan[e->mask_rows[j]].logits_off];
-        if (e->mask_res[j] == 0) sp->n_suppress = 0;
-        if (e->mask_res[j] < 0) sp->mask = NULL;
+        const row_plan *p = &e->plan[e->mask_rows[j]];
+        for (int o = p->logits_off; o <= p->logits_off + p->spec; o++) {
+            runner_sampling *sp = &e->dec_sp[o];
+            if (e->mask_res[o] == 0) sp->n_suppress = 0;
+            if (e->mask_res[o] < 0) sp->mask = NULL;
+        }
     }
-    e->masks_done = nm;
+    e->masks_done = 1;
     return 0;
 }
 
@@ -154,12 +171,12 @@ static int prepare_masks_async(void *ctx) {
     return prepare_masks(ctx);
 }
 
-/* The mask result of plan row i in this step's prepare_masks (-1: nothing fits). */
-static int mask_result(const engine *e, int i) {
-    for (int j = 0; j < e->masks_done; j++)
-        if (e->mask_rows[j] == i) return e->mask_res[j];
-    return -1;   /* not computed: treated as no fit (the runner did not call back) */
-}
+/* The mask result of sampling row o of a constrained row in this step's prepare_masks
+ * (-1: nothing fits, or not computed: the runner did not call back). */
+static int mask_result_at(const engine *e, int o) { return e->masks_done ? e->mask_res[o] : -1; }
+
+/* ... of plan row i's (first) sampling row. */
+static int mask_result(const engine *e, int i) { return mask_result_at(e, e->plan[i].logits_off); }
 
 /* The request's event in this call's output: a new one, or (async scheduling, where one
  * call commits the step in flight and then runs another) the one it already has, so a
@@ -235,10 +252,11 @@ static engine_finish emit_token(engine *e, req *r, engine_event *ev, int32_t t, 
  * way to the end by more than this in practice): the output stays valid at max_tokens. */
 #define GRAMMAR_BUDGET_SLACK 256
 
-/* A constrained row's mask for its next token into mask: the grammar's, narrowed near
- * max_tokens to tokens after which the document can still close. Returns the number of
- * tokens allowed besides eos, or -1 when nothing fits (a grammar needing bytes no token
- * spells). */
+/* A constrained row's mask for its next token into mask (ahead = 0), or for the token
+ * after `ahead` drafts its matcher has been walked through (prompt lookup): the grammar's,
+ * narrowed near max_tokens to tokens after which the document can still close. Returns
+ * the number of tokens allowed besides eos, or -1 when nothing fits (a grammar needing
+ * bytes no token spells). */
 static int grammar_mask_ahead(engine *e, req *r, int ahead, uint32_t *mask) {
     /* (a token the matcher took ahead of its commit, m_pre, is not in n_out yet; its
      * placeholder is in n_tokens) */
@@ -257,9 +275,6 @@ static int grammar_mask_ahead(engine *e, req *r, int ahead, uint32_t *mask) {
     return n_ok == 0 && !matcher_accepting(r->m) ? -1 : n_ok;
 }
 
-/* The mask for the row's next token (ahead = 0), or for the token after `ahead` drafts
- * the matcher has been walked through (prompt lookup, accept_row). */
-static int grammar_mask(engine *e, req *r, uint32_t *mask) { return grammar_mask_ahead(e, r, 0, mask); }
 
 /* Constrained decoding: tokens outside the grammar get -inf before any other processing.
  * Returns 0, or -1 when no token fits. */
@@ -370,6 +385,28 @@ static void grammar_dead_end(const req *r, row_result *o) {
     o->forced = ENGINE_FINISH_ERROR;
 }
 
+/* After a speculating row's acceptance (m tokens of k drafts; k < 0: nothing fits its
+ * grammar even now): both models' lengths rolled back to what stands, the row's result. KV
+ * holds the fed token and the accepted drafts; the emitted last token is not in it yet.
+ * The draft saw the fed tokens and drafts 1..k-1. */
+static void settle_verified(engine *e, const row_plan *p, row_result *o, int k, int m) {
+    const sched_seq *s = &p->r->seq;
+    const int new_len = s->n_computed + m;
+    o->event = 1;
+    e->run->ops->slot_set_len(e->run, s->slot, RUNNER_TARGET, new_len);
+    if (k < 0) {
+        grammar_dead_end(p->r, o);
+        return;
+    }
+    if (e->drafter == ENGINE_DRAFTER_MODEL) {
+        int dlen = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
+        e->run->ops->slot_set_len(e->run, s->slot, RUNNER_DRAFT, dlen < new_len ? dlen : new_len);
+    }
+    o->fed = o->n = m;
+    o->drafted = k;
+    o->accepted = m - 1;
+}
+
 /* A speculating row of a composed step: acceptance over the target's logits on the host,
  * then the rollback of both models' lengths; its tokens go to o (emitted by
  * commit_and_emit with their raw logits). */
@@ -378,7 +415,7 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
     sched_seq *s = &r->seq;
     int k = p->spec, V = e->vocab;
     float *L = e->logits + (size_t)p->logits_off * V;   /* (k+1, V) raw target logits */
-    int m;
+    int m = 0;
     /* processed target distributions at each position, history including earlier drafts */
     int nh = s->n_tokens;
     memcpy(e->hist, s->tokens, (size_t)nh * sizeof(int32_t));
@@ -401,37 +438,35 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
         if (r->m && j < k && matcher_accept_token(r->m, p->drafts[j])) k = j;   /* cannot happen: checked */
     }
     if (r->m) matcher_restore(r->m, e->msave);
-    if (k < 0) {   /* nothing fits the row's grammar even now */
-        e->run->ops->slot_set_len(e->run, s->slot, RUNNER_TARGET, s->n_computed);
-        grammar_dead_end(r, o);
-        o->event = 1;
-        return;
-    }
-    if (r->sp.temperature <= 0) {
+    if (k >= 0 && r->sp.temperature <= 0) {
         m = spec_accept_greedy(e->pprobs, V, p->drafts, k, o->tok);
-    } else {
+    } else if (k >= 0 && e->drafter == ENGINE_DRAFTER_NGRAM) {   /* a deterministic proposal: a point mass */
+        double u[ENGINE_MAX_STEP_TOKENS];
+        spec_point_uniforms(r->seed, (uint64_t)r->n_out, k, u);
+        m = spec_accept_point(e->pprobs, V, p->drafts, k, u, o->tok);
+    } else if (k >= 0) {
         double ua[ENGINE_MAX_STEP_TOKENS];
         for (int j = 0; j < k; j++) ua[j] = sample_uniform(r->seed ^ SPEC_SALT_ACCEPT, (uint64_t)r->n_out + j);
         int i = (int)(p - e->plan);
         double ur = sample_uniform(r->seed, 2 * (uint64_t)r->n_out);
-        if (e->drafter == ENGINE_DRAFTER_NGRAM)   /* a deterministic proposal: a point mass */
-            m = spec_accept_point(e->pprobs, V, p->drafts, k, ua, ur, o->tok);
-        else
-            m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua, ur, e->work, 0, o->tok);
+        m = spec_accept_sample(e->pprobs, e->dprobs + (size_t)i * k * V, V, p->drafts, k, ua, ur, e->work, 0, o->tok);
     }
-    /* KV now holds the fed token and the accepted drafts; the emitted last token is not in
-     * it yet. The draft saw the fed tokens and drafts 1..k-1. */
-    int new_len = s->n_computed + m;
-    e->run->ops->slot_set_len(e->run, s->slot, RUNNER_TARGET, new_len);
-    if (e->drafter == ENGINE_DRAFTER_MODEL) {
-        int dlen = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
-        e->run->ops->slot_set_len(e->run, s->slot, RUNNER_DRAFT, dlen < new_len ? dlen : new_len);
-    }
-    o->event = 1;
-    o->fed = o->n = m;
     o->raw = L;
-    o->drafted = k;
-    o->accepted = m - 1;
+    settle_verified(e, p, o, k, m);
+}
+
+/* A speculating row of a composed step whose every verified position the runner sampled
+ * (forward_sampling_ok; spec_rows_sampling): the drafts stand while they equal the
+ * runner's tokens (spec_accept_draws: the point-mass rule, or the greedy one), with the
+ * dead ends of a constrained row handled as accept_row does. */
+static void accept_sampled(engine *e, row_plan *p, row_result *o) {
+    const int off = p->logits_off;
+    int k = p->spec, m = 0;
+    for (int j = 0; p->r->m && j <= k; j++)
+        if (mask_result_at(e, off + j) < 0) k = j - 1;
+    if (k >= 0) m = spec_accept_draws(e->dec.tok + off, p->drafts, k, o->tok);
+    o->dev = off;
+    settle_verified(e, p, o, k, m);
 }
 
 /* The one list of sampling features each path lacks: a request that uses one is sampled
@@ -440,11 +475,13 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
  * runner.forced_tokens; each prompt position a row whose token is the next prompt token,
  * its logprob, rank and top logprobs computed where the logits are). The
  * chosen token's logprob is a device feature where the path returns it (decode and the
- * forward pass do; the speculative steps do not). Logit bias, min_tokens (eos suppression),
- * presence / frequency / repetition penalties and top logprobs are device features where
- * the path applies runner_sampling's adjustments (path.adjusts: decode and the forward pass
- * where runner.sample_adjusts; never the speculative steps, whose acceptance would need
- * them at every draft position). A grammar's mask is one where the path takes masks (the
+ * forward pass do; the runner's speculative ops do not). Logit bias, min_tokens (eos
+ * suppression), presence / frequency / repetition penalties and top logprobs are device
+ * features where the path applies runner_sampling's adjustments (path.adjusts: decode and
+ * the forward pass where runner.sample_adjusts; not the runner's speculative ops, spec_step
+ * and verify, whose acceptance would need them at every draft position: a speculating row
+ * that uses them is verified in a composed step's forward pass, every position a sampling
+ * row of its own, spec_rows_sampling). A grammar's mask is one where the path takes masks (the
  * forward pass, runner.forward_masks), with logprobs only where the runner reports them
  * of the logits before the mask (runner.masked_raw_logprobs): they are the model's own
  * distribution, as the host path computes them, where a sampler that masks first would
@@ -518,22 +555,84 @@ static int device_decode_ok(const engine *e, int n) {
     return 1;
 }
 
-/* Whether a composed step (prefill chunks and decode rows, no speculation) can sample on
- * the device inside its forward pass, so no logits travel to the host. */
-static int forward_sampling_ok(const engine *e, int n) {
-    if (!e->run->forward_samples || e->step_spec) return 0;
-    int prompt_rows = 0, masked = 0;
+/* Room in e->pos_ids / pos_counts for the statistics spec_rows_sampling writes for the
+ * step's speculating rows: position j of a row lists its statistics plus the j drafts
+ * before it (at most j new ids). 0, or -1 when out of memory (the step samples on the
+ * host then). */
+static int reserve_pos_stats(engine *e, int n) {
+    size_t need = 0;
     for (int i = 0; i < n; i++) {
-        const req *r = e->plan[i].r;
+        const row_plan *p = &e->plan[i];
+        const size_t ns = (size_t)p->r->stats.n, k = (size_t)p->spec;
+        if (k && p->r->stats.cap) need += k * ns + k * (k + 1) / 2;
+    }
+    if (need <= e->pos_cap) return 0;
+    int32_t *ids = realloc(e->pos_ids, need * sizeof *ids);
+    if (ids) e->pos_ids = ids;
+    int32_t *cnt = ids ? realloc(e->pos_counts, need * sizeof *cnt) : NULL;
+    if (!cnt) return -1;
+    e->pos_counts = cnt;
+    e->pos_cap = need;
+    return 0;
+}
+
+/* The runner's sampling rows of a speculating row (logits rows logits_off .. + spec):
+ * position j samples what plain decoding would sample there once the drafts before it
+ * stand -- its output position n_out + j (the counter, so the same uniform, and eos
+ * suppressed while that is below min_tokens), and its statistics with those drafts counted
+ * in (written at *used of e->pos_ids / pos_counts). */
+static void spec_rows_sampling(engine *e, const row_plan *p, size_t *used) {
+    const req *r = p->r;
+    const sample_stats *st = &r->stats;
+    for (int j = 0; j <= p->spec; j++) {
+        runner_sampling *sp = &e->dec_sp[p->logits_off + j];
+        *sp = device_sampling(r, j);
+        sp->stats_fed = 0;   /* (device_sampling's ahead counts a token in flight) */
+        if (j == 0 || !st->cap) continue;
+        /* position j - 1's list (the request's own at j = 1), then draft j - 1 */
+        int32_t *ids = e->pos_ids + *used, *cnt = e->pos_counts + *used;
+        int n = sp[-1].n_stats;
+        memcpy(ids, sp[-1].stat_ids, (size_t)n * sizeof *ids);
+        memcpy(cnt, sp[-1].stat_counts, (size_t)n * sizeof *cnt);
+        const int32_t d = p->drafts[j - 1];
+        int at = sample_stats_find(st, d);
+        for (int x = st->n; at < 0 && x < n; x++)   /* an id earlier drafts added */
+            if (ids[x] == d) at = x;
+        if (at < 0) {
+            ids[at = n++] = d;
+            cnt[at] = 0;
+        }
+        cnt[at]++;
+        sp->stat_ids = ids;
+        sp->stat_counts = cnt;
+        sp->n_stats = n;
+        *used += (size_t)n;
+    }
+}
+
+/* Whether a composed step (prefill chunks, decode rows, speculating rows) can sample on
+ * the device inside its forward pass, so no logits travel to the host. A speculating row
+ * then has every verified position sampled there (spec_rows_sampling) and its drafts stand
+ * while they equal those tokens (accept_sampled): the point-mass rule of prompt lookup's
+ * drafts, and a greedy row's rule whatever drafted; a draft model's sampled drafts need its
+ * distributions (spec_accept_sample), so such a step samples on the host. */
+static int forward_sampling_ok(engine *e, int n) {
+    if (!e->run->forward_samples) return 0;
+    int prompt_rows = 0, masked = 0, rows = 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
         if (needs_host_sampling(r, (sampling_path){.logprob = 1, .mask = e->run->forward_masks,
                                                    .adjusts = e->run->sample_adjusts, .forces = e->run->forced_tokens,
                                                    .raw_masked = e->run->masked_raw_logprobs})) return 0;
+        if (p->spec && e->drafter == ENGINE_DRAFTER_MODEL && r->sp.temperature > 0) return 0;
         prompt_rows |= r->pl != NULL;
         masked |= r->m != NULL;
+        rows += p->spec + 1;
     }
     /* grammar masks have room for max_batch sampling rows (row_masks; the CUDA runner's
-     * mask staging too), which prompt positions would push constrained rows past */
-    return !(prompt_rows && masked);
+     * mask staging too), which prompt positions or verified positions could exceed */
+    return !(masked && (prompt_rows || rows > e->cfg.max_batch)) && reserve_pos_stats(e, n) == 0;
 }
 
 /* Plan row i's token as the runner sampled it into e->dec.tok[j], unless its mask found
@@ -625,8 +724,9 @@ static int runner_spec(engine *e, int n) {
 }
 
 /* Whether the step may be one runner verify of prompt-lookup drafts (one graph on CUDA):
- * the runner has the op, every row decodes one token, none needs host sampling, the rows
- * fit the op, and every row has room for the deepest draft (padding positions are fed). */
+ * the runner has the op, every row decodes one token, none needs host sampling (nor
+ * samples, where the op takes greedy rows only), the rows fit the op, and every row has
+ * room for the deepest draft (padding positions are fed). */
 static int runner_verify_possible(const engine *e, int n) {
     const runner *run = e->run;
     if (!run->ops->verify || e->drafter != ENGINE_DRAFTER_NGRAM || n == 0 || n > run->verify_max_rows) return 0;
@@ -635,7 +735,7 @@ static int runner_verify_possible(const engine *e, int n) {
         const row_plan *p = &e->plan[i];
         const sched_seq *s = &p->r->seq;
         if (!row_decodes(p) || needs_host_sampling(p->r, SPEC_PATH) ||
-            s->n_computed + K + 1 > run->cfg.max_seq_len)
+            (p->r->sp.temperature > 0 && !run->verify_samples) || s->n_computed + K + 1 > run->cfg.max_seq_len)
             return 0;
     }
     return 1;
@@ -812,7 +912,7 @@ static int composed_step(engine *e, int n) {
     }
     runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
                        .n_tokens = nt, .logits = e->logits};
-    int on_device = forward_sampling_ok(e, n);   /* then no rows speculate */
+    int on_device = forward_sampling_ok(e, n);
     /* constrained rows send their masks along, computed in parallel while the runner's pass
      * runs (prepare_masks, called back by the runner) */
     int nm = 0;
@@ -821,12 +921,19 @@ static int composed_step(engine *e, int n) {
     e->n_mask_rows = nm;
     e->masks_done = 0;
     if (on_device) {
+        size_t used = 0;
         for (int i = 0; i < n; i++) {
             const row_plan *p = &e->plan[i];
             if (p->pl_rows) prompt_rows_sampling(e, p);
             if (!p->target_logits) continue;
-            e->dec_sp[p->logits_off] = device_sampling(p->r, 0);
-            if (p->r->m) e->dec_sp[p->logits_off].mask = e->row_masks + (size_t)p->logits_off * vocab_mask_words(V);
+            if (p->spec) {
+                spec_rows_sampling(e, p, &used);
+                e->st.spec_rows_forward_sampled++;
+            } else {
+                e->dec_sp[p->logits_off] = device_sampling(p->r, 0);
+            }
+            for (int o = p->logits_off; p->r->m && o <= p->logits_off + p->spec; o++)
+                e->dec_sp[o].mask = e->row_masks + (size_t)o * vocab_mask_words(V);
         }
         if (nm) {
             tb.prepare_sp = prepare_masks;
@@ -847,7 +954,9 @@ static int composed_step(engine *e, int n) {
         req *r = p->r;
         sched_seq *s = &r->seq;
         row_result *o = &e->res[i];
-        if (p->spec) {
+        if (p->spec && on_device) {
+            accept_sampled(e, p, o);
+        } else if (p->spec) {
             accept_row(e, p, o);
         } else {
             if (p->pl_rows) record_prompt_logprobs(e, r, p, on_device);
@@ -894,7 +1003,7 @@ static void commit_and_emit(engine *e, int n, const row_plan *plan, const row_re
         engine_event *ev = o->event ? new_event(e, out, r) : NULL;
         engine_finish f = o->forced;
         for (int j = 0; j < o->n && f == ENGINE_RUNNING; j++)
-            f = o->dev >= 0 ? emit_sampled(e, r, ev, d, o->dev)
+            f = o->dev >= 0 ? emit_sampled(e, r, ev, d, o->dev + j)
                             : emit_token(e, r, ev, o->tok[j], o->raw ? o->raw + (size_t)j * e->vocab : NULL, NULL);
         commit_kv(e, s, o->kv_cap < s->n_computed ? o->kv_cap : s->n_computed);
         if (ev) {
@@ -1028,6 +1137,7 @@ static int launch_decode(engine *e, int n, pend_step *q) {
         e->dec_tokens[i] = prev >= 0 ? 0 : s->tokens[s->n_computed];
         e->dec_sp[i] = device_sampling(r, r->pend_tok);
         e->plan[i].logits_off = i;
+        e->plan[i].spec = 0;   /* (sync_rows' "may speculate": nothing does in flight) */
         if (r->m) async_mask_row(e, i, i);
         q->plan[i] = (row_plan){.r = r, .n_new = 1, .target_logits = 1, .logits_off = i};
         r->decode_steps++;
@@ -1066,6 +1176,7 @@ static int launch_forward(engine *e, int n, pend_step *q) {
         }
         p->target_logits = samples;
         p->logits_off = no;
+        p->spec = 0;   /* (as in launch_decode) */
         if (samples) e->dec_sp[no] = device_sampling(r, r->pend_tok);
         if (samples && r->m) async_mask_row(e, i, no);
         if (row_decodes(p)) {

@@ -202,11 +202,11 @@ typedef struct {
  * rows whose target length L is the position of their last token (not yet in the KV):
  *   1. one target pass over [last, d1..dk] at positions L..L+k (row i's drafts past its
  *      n_drafts[i] are padding: computed, never accepted);
- *   2. acceptance of row i's first n_drafts[i] drafts as point masses (greedy: longest
- *      prefix where the target's argmax equals the draft, then the target's token;
- *      sampling: draft j stands when philox(seed ^ SPEC_SALT_ACCEPT, counter + j) < p_j(d_j),
- *      else one draw at philox(seed, 2 * counter) from p_j without d_j; after n_drafts
- *      standing drafts that draw is from p_n) -- engine/core/spec.h spec_accept_point;
+ *   2. acceptance of row i's first n_drafts[i] drafts as point masses (engine/core/spec.h
+ *      spec_accept_point): at each position j the target's own token x_j (greedy: its
+ *      argmax; sampling: its draw with the uniform the runner's decode sampler uses at that
+ *      output position, counter + j), draft j standing while x_j == d_j; the first x_j that
+ *      differs, or x_n after n_drafts standing drafts, ends the row;
  *   3. target length = L + accepted + 1.
  * Requires L + k + 1 <= max_seq_len for every row (padding positions are written too) and
  * n <= runner.verify_max_rows. On CUDA one graph per (padded batch size, k). */
@@ -311,6 +311,8 @@ struct runner {
     int sample_adjusts;      /* decode() and, where forward_samples, forward() honour
                               * runner_sampling's logit adjustments and n_top */
     int verify_max_k, verify_max_rows;   /* limits of ops.verify (set by the runner) */
+    int verify_samples;      /* ops.verify takes sampled rows (temperature > 0); else the
+                              * engine gives it greedy rows only */
     int decode_async;        /* decode() takes runner_decode_batch.async and prev_row */
     int async_stats;         /* decode() and sampling forward() honour runner_sampling.stats_fed,
                               * so rows with penalties can be queued in flight too */

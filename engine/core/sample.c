@@ -94,9 +94,19 @@ int sample_stats_init(sample_stats *s, int cap) {
     return 0;
 }
 
-int sample_stats_add(sample_stats *s, int32_t id, int generated) {
+/* The hash slot of id: where it is listed, else the empty slot where it would go. */
+static uint32_t stats_slot(const sample_stats *s, int32_t id) {
     uint32_t h = ((uint32_t)id * 2654435761u) & s->mask;
     while (s->slots[h] && s->ids[s->slots[h] - 1] != id) h = (h + 1) & s->mask;
+    return h;
+}
+
+int sample_stats_find(const sample_stats *s, int32_t id) {
+    return s->cap ? s->slots[stats_slot(s, id)] - 1 : -1;
+}
+
+int sample_stats_add(sample_stats *s, int32_t id, int generated) {
+    const uint32_t h = stats_slot(s, id);
     if (!s->slots[h]) {
         if (s->n == s->cap) return -1;
         s->ids[s->n] = id;

@@ -59,6 +59,8 @@ int sample_stats_init(sample_stats *s, int cap);
 /* Count one occurrence of id: generated != 0 adds to its count, 0 (a prompt token) only
  * lists it. Returns -1 when id is new and the list is full. */
 int sample_stats_add(sample_stats *s, int32_t id, int generated);
+/* The index of id in s->ids, or -1 when it is not listed. */
+int sample_stats_find(const sample_stats *s, int32_t id);
 void sample_stats_free(sample_stats *s);
 
 /* Turn processed logits into the sampling distribution in place (probabilities summing

@@ -45,27 +45,24 @@ int spec_accept_sample(const float *p, const float *q, int vocab, const int32_t 
     return k + 1;
 }
 
-int spec_accept_point(float *p, int vocab, const int32_t *drafts, int k, const double *u_accept,
-                      double u_resample, int32_t *out) {
-    for (int i = 0; i < k; i++) {
-        float *pi = p + (size_t)i * vocab;
-        int d = drafts[i];
-        if (u_accept[i] < (double)pi[d]) {
-            out[i] = d;
-            continue;
-        }
-        double rest = 0;   /* mass left once d is removed */
-        for (int v = 0; v < vocab; v++)
-            if (v != d) rest += pi[v];
-        if (rest <= 0) {   /* p was a point mass on d up to rounding: d is p's own draw */
-            out[i] = d;
-            return i + 1;
-        }
-        pi[d] = 0;
-        for (int v = 0; v < vocab; v++) pi[v] = (float)(pi[v] / rest);
-        out[i] = sample_from_probs(pi, vocab, u_resample);
-        return i + 1;
+int spec_accept_draws(const int32_t *x, const int32_t *drafts, int k, int32_t *out) {
+    int n = 0;
+    while (n < k && x[n] == drafts[n]) {
+        out[n] = x[n];
+        n++;
     }
-    out[k] = sample_from_probs(p + (size_t)k * vocab, vocab, u_resample);
-    return k + 1;
+    out[n] = x[n];
+    return n + 1;
+}
+
+void spec_point_uniforms(uint64_t seed, uint64_t counter, int k, double *u) {
+    for (int j = 0; j <= k; j++) u[j] = sample_uniform(seed, 2 * (counter + (uint64_t)j));
+}
+
+int spec_accept_point(const float *p, int vocab, const int32_t *drafts, int k, const double *u, int32_t *out) {
+    int n = 0;
+    for (;; n++) {
+        out[n] = sample_from_probs(p + (size_t)n * vocab, vocab, u[n]);
+        if (n == k || out[n] != drafts[n]) return n + 1;
+    }
 }

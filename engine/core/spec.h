@@ -18,7 +18,8 @@
  * implementation so that the same seed draws the same uniforms: drafts use
  * uniform(seed ^ SPEC_SALT_DRAFT, counter + j), accept tests uniform(seed ^
  * SPEC_SALT_ACCEPT, counter + j), and the final draw uniform(seed, 2 * counter), the
- * stream plain sampling uses for the same output position. */
+ * stream plain sampling uses for the same output position. (Point-mass drafts take no
+ * accept uniforms: spec_accept_point.) */
 #define SPEC_SALT_DRAFT 0x5bd1e9955bd1e995ULL
 #define SPEC_SALT_ACCEPT 0x2545f4914f6cdd1dULL
 
@@ -35,12 +36,23 @@ int spec_accept_sample(const float *p, const float *q, int vocab, const int32_t 
                        const double *u_accept, double u_resample, float *residual,
                        int skip_accept_test, int32_t *out);
 
-/* Sampling with a deterministic drafter (prompt lookup): the proposal is a point mass on
- * each draft token, so q_i(d) = 1 and the rule above becomes: accept d_i with probability
- * p_i(d_i); on the first rejection draw from p_i with d_i removed and renormalised (the
- * residual max(0, p_i - q_i)); after k acceptances draw the bonus from p_k. p: (k+1,
- * vocab) target probabilities, modified (a rejected draft's entry is zeroed). */
-int spec_accept_point(float *p, int vocab, const int32_t *drafts, int k, const double *u_accept,
-                      double u_resample, int32_t *out);
+/* Sampling with a deterministic drafter (prompt lookup): the target draws its own token
+ * x_j from p_j at every position j <= k with uniform u[j] (the uniform plain sampling
+ * draws that output position with: uniform(seed, 2 * (counter + j))); draft d_j stands
+ * while x_j == d_j, and the first x_j that differs (or x_k after k that stand) is emitted
+ * and ends the step. This is the rejection rule of a point-mass proposal (q_j(d_j) = 1) in
+ * one coupling: d_j stands with probability p_j(d_j), and a rejected position emits a draw
+ * from p_j conditioned on differing from d_j, which is the residual max(0, p_j - q_j)
+ * renormalised. Every emitted token is the target's own draw, so a seeded request emits
+ * the tokens it would emit without speculation (greedy rows: spec_accept_greedy, the same
+ * rule with x_j the argmax). p: (k+1, vocab) target probabilities; u: (k+1). */
+int spec_accept_point(const float *p, int vocab, const int32_t *drafts, int k, const double *u, int32_t *out);
+
+/* u[0..k] for spec_accept_point: uniform(seed, 2 * (counter + j)). */
+void spec_point_uniforms(uint64_t seed, uint64_t counter, int k, double *u);
+
+/* The same rule over draws already made (a runner that sampled every position): x (k+1)
+ * the target's tokens, drafts (k). out: (k+1). Returns accepted + 1. */
+int spec_accept_draws(const int32_t *x, const int32_t *drafts, int k, int32_t *out);
 
 #endif

@@ -999,10 +999,10 @@ static int cpu_verify(runner *base, const runner_verify_batch *vb) {
         } else {
             sample_params p = {.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
                                .min_p = sp->min_p};
-            double ua[16];
+            double u[16];   /* k <= 15 */
             for (int j = 0; j <= nd; j++) sample_probs(tl + (size_t)j * V, V, &p, r->sp_scratch);
-            for (int j = 0; j < nd; j++) ua[j] = sample_uniform(sp->seed ^ SPEC_SALT_ACCEPT, sp->counter + (uint64_t)j);
-            m = spec_accept_point(tl, V, drafts, nd, ua, sample_uniform(sp->seed, 2 * sp->counter), out);
+            spec_point_uniforms(sp->seed, sp->counter, nd, u);
+            m = spec_accept_point(tl, V, drafts, nd, u, out);
         }
         vb->out_n[i] = m;
         int s = vb->slots[i];
@@ -1343,6 +1343,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         r->ops.verify = cpu_verify;
         r->base.verify_max_k = (int)K;
         r->base.verify_max_rows = (int)B;
+        r->base.verify_samples = 1;
     }
     return &r->base;
 oom:

@@ -410,8 +410,7 @@ static int verify_enqueue(cuda_runner *r, int B, int k) {
     if ((rc = cuda_enqueue_pass(r, &p))) return rc;
     if ((rc = cuda_enqueue_logits_out(r, RUNNER_TARGET, NULL, B * K1, r->d_vf_tl))) return rc;
     K_CHECK(r, k_probs(r->d_vf_tl, r->d_vf_tl, B * K1, V, par, K1, s));
-    K_CHECK(r, k_verify_accept(r->d_vf_tl, B, V, K1, tokens, nd, par, slots, dummy, SPEC_SALT_ACCEPT,
-                               r->d_lens, out_tok, out_n, s));
+    K_CHECK(r, k_verify_accept(r->d_vf_tl, B, V, K1, tokens, nd, par, slots, dummy, r->d_lens, out_tok, out_n, s));
     if (!r->tune.skip_dummy_reset)
         CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * dummy, 0, 2 * sizeof(int32_t), s));
     CU_CHECK(r, cudaMemcpyAsync(r->h_vf_out, r->d_vf_out, vf_out_bytes(MB, r->vf_k), cudaMemcpyDeviceToHost, s));

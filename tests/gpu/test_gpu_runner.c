@@ -1568,13 +1568,12 @@ static void test_verify_graph_sampled_matches_host_acceptance(void **s) {
             if ((rc = runner_forward(r, &fb))) fail_msg("forward: %d %s", rc, cuda_runner_error(r));
             sample_params q = {.temperature = sp[i].temperature, .top_p = sp[i].top_p, .top_k = sp[i].top_k};
             for (int j = 0; j <= nd[i]; j++) sample_probs(lg + (size_t)j * V, V, &q, scratch);
-            /* the device's uniforms (Philox; the host sampler's own stream is another) */
-            double ua[SPK];
-            for (int j = 0; j < nd[i]; j++)
-                ua[j] = k_philox_uniform_host(sp[i].seed ^ SPEC_SALT_ACCEPT, sp[i].counter + (uint64_t)j);
+            /* the device's uniforms, the decode sampler's for each output position (Philox;
+             * the host sampler's own stream is another) */
+            double u[SPK + 1];
+            for (int j = 0; j <= nd[i]; j++) u[j] = k_philox_uniform_host(sp[i].seed, sp[i].counter + (uint64_t)j);
             int32_t ho[SPK + 1];
-            int m = spec_accept_point(lg, V, tok + i * K1 + 1, nd[i], ua,
-                                      k_philox_uniform_host(sp[i].seed, 2 * sp[i].counter), ho);
+            int m = spec_accept_point(lg, V, tok + i * K1 + 1, nd[i], u, ho);
             int eq = m == cnt[i] && !memcmp(ho, out + i * K1, sizeof(int32_t) * (size_t)m);
             if (!eq)
                 printf("    trial %d row %d: verify %d tokens (last %d), host %d (last %d)\n", trial, i, cnt[i],

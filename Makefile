@@ -84,7 +84,7 @@ $(BUILD)/specd: $(BUILD)/server/main.o $(SERVER_OBJ) $(ENGINE_OBJ) $(CUDA_OBJ)
 
 $(BUILD)/tests/%: tests/%.c $(SERVER_OBJ) $(ENGINE_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -MT $@ $^ -o $@ $(LDFLAGS) -lcmocka $(LIBS) $(CUDA_LIBS)
+	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -MT $@ $(filter %.c %.o,$^) -o $@ $(LDFLAGS) -lcmocka $(LIBS) $(CUDA_LIBS)
 
 setup:
 	bash scripts/setup.sh

@@ -909,7 +909,7 @@ static void test_engine_prompt_lookup_on_constrained_rows(void **state) {
     for (int mb = 4; mb <= 16; mb += 12) {
         run_copy(1, mb, b, nb, &d1, &a1, &st);
         print_message("  prompt lookup under a regex, max_batch %d: %ld of %ld drafts accepted, %llu of %llu verified "
-                      "rows sampled in the runner\n", mb, a1, d1, (unsigned long long)st.spec_rows_forward_sampled,
+                      "rows sampled in the runner\n", mb, a1, d1, (unsigned long long)st.spec_rows_runner_sampled,
                       (unsigned long long)st.spec_drafts);
         for (int i = 0; i < 3; i++) {
             assert_int_equal(na[i], nb[i]);
@@ -917,8 +917,8 @@ static void test_engine_prompt_lookup_on_constrained_rows(void **state) {
         }
         assert_true(a1 >= 10 && a1 <= d1);
         /* (with 4, a step where one row verifies fits the mask rows) */
-        if (mb == 4) assert_true(st.spec_rows_forward_sampled < st.spec_drafts);
-        else assert_true(st.spec_rows_forward_sampled == st.spec_drafts);
+        if (mb == 4) assert_true(st.spec_rows_runner_sampled < st.spec_drafts);
+        else assert_true(st.spec_rows_runner_sampled == st.spec_drafts);
     }
 }
 

@@ -1,5 +1,5 @@
-/* Sampling in the runner (the decode op and runner_batch.sp of engine_step's composed
- * steps) against the engine's host sampler: the same requests, once as they are (sampled
+/* Sampling in the runner (runner_step: the decode op and the forward pass of a step)
+ * against the engine's host sampler: the same requests, once as they are (sampled
  * by the runner) and once with recorded first-token logits, a feature that keeps a
  * request on the host path without changing its tokens, must give identical tokens,
  * logprobs and top logprobs. The requests use every feature the runner samples with:
@@ -7,7 +7,9 @@
  * penalties, logit bias, min_tokens (eos biased up, so suppressing it decides where the
  * request ends) and top logprobs; alone and batched, with prefill chunks sharing steps
  * with decode rows (requests admitted while others decode, a small token budget), so both
- * the decode op and forward sampling run. */
+ * the decode op and forward sampling run; then with speculating rows (prompt lookup and a
+ * draft model), against no speculation. Last, runner_step itself: which of the runner's
+ * ops it picks for a batch, and its verify op and forward pass standing the same drafts. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +19,8 @@
 #include <cmocka.h>
 
 #include "engine/core/engine.h"
+#include "engine/core/err.h"
+#include "engine/core/runner.h"
 #include "tests/fixtures.h"
 
 #define NREQ 8
@@ -232,7 +236,7 @@ static void test_speculative_rows_keep_every_sampling_feature(void **s) {
         assert_true(spec.st.spec_drafts > 0);
         assert_true(spec.st.spec_accepted_tokens > 0);
         /* the speculating rows with these features sampled in the runner */
-        assert_true(spec.st.spec_rows_forward_sampled > 0);
+        assert_true(spec.st.spec_rows_runner_sampled > 0);
         /* drafts stood in seeded requests too: their verified positions past the first drew
          * with their own output positions' uniforms */
         int seeded_acc = 0;
@@ -247,7 +251,7 @@ static void test_speculative_rows_keep_every_sampling_feature(void **s) {
         if (drafter == 1) {   /* the host's acceptance of the same drafts */
             run_all(1, mb, drafter, &spec_host);
             assert_true(spec_host.st.spec_accepted_tokens > 0);
-            assert_int_equal(spec_host.st.spec_rows_forward_sampled, 0);
+            assert_int_equal(spec_host.st.spec_rows_runner_sampled, 0);
             check_same(&spec_host, &plain, &worst);
         }
         assert_true(worst <= 1e-4);
@@ -256,7 +260,7 @@ static void test_speculative_rows_keep_every_sampling_feature(void **s) {
         printf("  max_batch %d, %s: %llu verify rows (%llu sampled in the runner), %llu of %llu drafts accepted "
                "(%d in seeded requests); the %s requests' %d tokens equal to no speculation%s, logprobs within "
                "%.1e\n", mb, drafter == 1 ? "prompt lookup" : "the model as its own draft",
-               (unsigned long long)spec.st.spec_drafts, (unsigned long long)spec.st.spec_rows_forward_sampled,
+               (unsigned long long)spec.st.spec_drafts, (unsigned long long)spec.st.spec_rows_runner_sampled,
                (unsigned long long)spec.st.spec_accepted_tokens, (unsigned long long)spec.st.spec_draft_tokens, seeded_acc,
                drafter == 1 ? "greedy and seeded" : "greedy", tokens,
                drafter == 1 ? " (and with acceptance on the host)" : "", worst);
@@ -264,11 +268,138 @@ static void test_speculative_rows_keep_every_sampling_feature(void **s) {
     g_all_greedy = g_cool = 0;
 }
 
+/* ---- runner_step: the op it picks, and the verify op against the forward pass ---- */
+
+enum { RS_SLOTS = 3, RS_PROMPT = 12, RS_K = 4 };
+
+static runner *rs_runner(model *m) {
+    char err[512];
+    runner_config rc = {.num_blocks = 16, .block_size = 16, .max_batch = 4, .max_seq_len = 64,
+                        .max_tokens_per_step = 64, .threads = 2, .num_draft_tokens = RS_K, .cpu_verify = 1};
+    runner *r = runner_cpu_create(m, NULL, &rc, err, sizeof err);
+    if (!r) fail_msg("runner_cpu_create: %s", err);
+    static float lg[64 * 1024];
+    for (int s = 0; s < RS_SLOTS; s++) {   /* each slot: its prompt but the last token */
+        int32_t blocks[2] = {1 + 2 * s, 2 + 2 * s}, p[RS_PROMPT];
+        for (int t = 0; t < RS_PROMPT; t++) p[t] = (int32_t)(3 + (17 * s + 5 * t) % 50);
+        assert_int_equal(r->ops->slot_write_blocks(r, s, 0, blocks, 2), 0);
+        runner_row row = {.slot = s, .n_new = RS_PROMPT - 1};
+        runner_batch b = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = p, .n_tokens = RS_PROMPT - 1,
+                          .logits = lg};
+        assert_int_equal(runner_forward(r, &b), 0);
+    }
+    return r;
+}
+
+static int32_t rs_last(int s) { return (int32_t)(3 + (17 * s + 5 * (RS_PROMPT - 1)) % 50); }
+
+/* A batch of RS_SLOTS rows, row s feeding its last token and nd[s] drafts, greedy, every
+ * position sampled; want_lp: the rows want the chosen tokens' logprobs (which the verify
+ * op does not report, so the forward pass runs it). */
+typedef struct {
+    runner_row rows[RS_SLOTS];
+    int32_t tokens[RS_SLOTS * (RS_K + 1)], out[RS_SLOTS * (RS_K + 1)];
+    float lp[RS_SLOTS * (RS_K + 1)];
+    float logits[RS_SLOTS * (RS_K + 1) * 1024];   /* (the CPU runner's scratch; llama-tiny's vocabulary) */
+    runner_sampling sp[RS_SLOTS * (RS_K + 1)];
+    int nd[RS_SLOTS], out_n[RS_SLOTS];
+    runner_step_batch sb;
+} rs_batch;
+
+static void rs_build(rs_batch *x, const int32_t drafts[RS_SLOTS][RS_K], const int nd[RS_SLOTS], int want_lp) {
+    int nt = 0;
+    memset(x, 0, sizeof *x);
+    for (int s = 0; s < RS_SLOTS; s++) {
+        x->nd[s] = nd[s];
+        x->rows[s] = (runner_row){.slot = s, .n_new = nd[s] + 1, .tok_off = nt, .n_logits = nd[s] + 1, .logits_off = nt};
+        x->tokens[nt] = rs_last(s);
+        memcpy(x->tokens + nt + 1, drafts[s], (size_t)nd[s] * sizeof(int32_t));
+        for (int j = 0; j <= nd[s]; j++) x->sp[nt + j] = (runner_sampling){.counter = (uint64_t)j, .logprob = want_lp};
+        nt += nd[s] + 1;
+    }
+    x->sb = (runner_step_batch){.b = {.which = RUNNER_TARGET, .n_rows = RS_SLOTS, .rows = x->rows, .tokens = x->tokens,
+                                      .n_tokens = nt, .logits = x->logits, .sp = x->sp, .out_tokens = x->out,
+                                      .out_logprobs = x->lp},
+                                .n_drafts = x->nd, .out_n = x->out_n};
+}
+
+static void test_runner_step_picks_the_op_and_verifies_alike(void **st) {
+    (void)st;
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s/models/llama-tiny", fixtures_dir());
+    model *m = model_load(path, err, sizeof err);
+    if (!m) fail_msg("model_load: %s", err);
+    assert_int_equal(m->cfg.vocab, 1024);
+    runner *a = rs_runner(m), *b = rs_runner(m);
+    /* slot 0's greedy continuation, by the decode op, one token at a time (then undone) */
+    int32_t g[RS_K], drafts[RS_SLOTS][RS_K] = {{0}, {7, 7, 7, 7}, {0}};
+    const int nd[RS_SLOTS] = {RS_K - 1, 2, 0}, none[RS_SLOTS] = {0, 0, 0};
+    static rs_batch x;
+    for (int j = 0; j < RS_K; j++) {
+        rs_build(&x, drafts, none, 0);
+        if (j) x.tokens[0] = g[j - 1];
+        assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_DECODE);
+        assert_int_equal(runner_step(a, &x.sb), 0);
+        assert_int_equal(x.sb.op, RUNNER_OP_DECODE);
+        g[j] = x.out[0];
+        for (int s = 0; s < RS_SLOTS; s++) assert_int_equal(x.out_n[s], 1);
+    }
+    for (int s = 0; s < RS_SLOTS; s++) assert_int_equal(a->ops->slot_set_len(a, s, RUNNER_TARGET, RS_PROMPT - 1), 0);
+    memcpy(drafts[0], g, sizeof(int32_t) * (RS_K - 1));
+    /* the same verify rows through the verify op (a) and the forward pass (b) */
+    static rs_batch va, vb;
+    rs_build(&va, drafts, nd, 0);
+    rs_build(&vb, drafts, nd, 1);
+    assert_int_equal(runner_step_plan(a, &va.sb), RUNNER_OP_VERIFY);
+    assert_int_equal(runner_step_plan(b, &vb.sb), RUNNER_OP_FORWARD);
+    assert_int_equal(runner_step(a, &va.sb), 0);
+    assert_int_equal(runner_step(b, &vb.sb), 0);
+    assert_int_equal(va.sb.op, RUNNER_OP_VERIFY);
+    assert_int_equal(vb.sb.op, RUNNER_OP_FORWARD);
+    assert_int_equal(va.out_n[0], RS_K);   /* the greedy continuation stands, then g[K-1] */
+    assert_memory_equal(va.out, g, sizeof g);
+    for (int s = 0; s < RS_SLOTS; s++) {
+        assert_int_equal(va.out_n[s], vb.out_n[s]);
+        assert_memory_equal(va.out + va.rows[s].logits_off, vb.out + vb.rows[s].logits_off,
+                            sizeof(int32_t) * (size_t)va.out_n[s]);
+        assert_true(vb.lp[vb.rows[s].logits_off] < 0);
+        /* KV holds the fed token and what stood; the last emitted token is fed next */
+        assert_int_equal(a->ops->slot_get_len(a, s, RUNNER_TARGET), RS_PROMPT - 1 + va.out_n[s]);
+        assert_int_equal(b->ops->slot_get_len(b, s, RUNNER_TARGET), RS_PROMPT - 1 + va.out_n[s]);
+    }
+    assert_int_equal(va.out_n[2], 1);
+    /* which op a batch goes to */
+    rs_build(&x, drafts, nd, 0);
+    x.sb.b.async = 1;   /* drafts are never queued in flight */
+    assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_NONE);
+    assert_int_equal(runner_step(a, &x.sb), SPECD_EINVAL);
+    rs_build(&x, drafts, nd, 0);
+    x.sp[0].presence_penalty = 0.5f;   /* the verify op applies no adjustments */
+    assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_FORWARD);
+    x.sp[0] = (runner_sampling){.temperature = 0.8f, .seed = 1};   /* it does take sampled rows */
+    assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_VERIFY);
+    rs_build(&x, drafts, none, 0);
+    x.sp[1].presence_penalty = 0.5f;   /* the decode op does */
+    assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_DECODE);
+    x.sp[1] = (runner_sampling){.force = 1, .force_token = 5};   /* a prompt position */
+    assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_FORWARD);
+    x.sb.b.async = 1;
+    assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_NONE);
+    x.sb.b.sp = NULL;   /* logits to the host */
+    assert_int_equal(runner_step_plan(a, &x.sb), RUNNER_OP_FORWARD);
+    print_message("  slot 0's %d greedy drafts stood (verify op and forward pass alike); rows of 2 junk drafts and "
+                  "of none emitted %d and %d\n", RS_K - 1, va.out_n[1], va.out_n[2]);
+    runner_destroy(a);
+    runner_destroy(b);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_runner_sampling_equals_host_sampling),
         cmocka_unit_test(test_penalised_rows_queue_in_flight),
         cmocka_unit_test(test_speculative_rows_keep_every_sampling_feature),
+        cmocka_unit_test(test_runner_step_picks_the_op_and_verifies_alike),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -184,13 +184,15 @@ typedef struct {
     uint64_t prompt_tokens, generation_tokens, preemptions, prefix_cache_hit_tokens;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_per_pos[ENGINE_MAX_STEP_TOKENS];
-    /* steps by path: whole-step runner speculation (one graph on CUDA), speculation
-     * composed from forward passes (mixed batches), runner on-device decode */
+    /* steps by the runner op that ran them: the speculative step of a draft model (one
+     * graph on CUDA), and runner_step's verify op, forward pass ("composed": mixed batches,
+     * sampled in the runner or on the host) and decode op */
     uint64_t steps_runner_spec, steps_runner_verify, steps_composed, steps_device_decode;
     uint64_t steps_forward_sampled;  /* composed steps that sampled inside the forward pass */
-    uint64_t spec_rows_forward_sampled;  /* of their rows, speculating ones: every verified
-                                          * position sampled there, drafts accepted by
-                                          * comparison (spec_accept_draws) */
+    uint64_t spec_rows_runner_sampled;   /* speculating rows whose drafts the runner's step
+                                          * checked (its verify op, or its forward pass
+                                          * sampling every verified position: drafts stand
+                                          * while they equal those tokens) */
     uint64_t steps_async;            /* steps queued while the one before was in flight (async
                                       * scheduling; counted in steps_device_decode or, prompt
                                       * chunks with decode rows, in steps_composed) */

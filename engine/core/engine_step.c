@@ -8,11 +8,13 @@
  *      the speculation policy (engine_spec.c) picks each decoding row's drafts: prompt
  *      lookup proposes them from the row's own tokens, and the cost model keeps only drafts
  *      expected to pay for their verify tokens;
- *   3. run: the one runner path that fits every row -- the verify op (prompt-lookup
- *      drafts), the decode op (every row decodes and samples in the runner), the
- *      speculative step (a draft model), or a composed step (the draft's passes, one
- *      target pass over prefill chunks, decode rows and drafts, sampling in the runner
- *      where every row can, else on the host); each fills the rows' results (row_result);
+ *   3. run: the speculative step op where a draft model's rows all fit it (draft and
+ *      target in one graph on CUDA), else the draft's passes (a draft model) and one
+ *      runner_step (runner.h) over every row -- prefill chunks, decode rows, verify rows of
+ *      drafts -- which picks the runner's op itself (its decode graph, its verify graph, or
+ *      the forward pass) and samples in the runner wherever one of them takes every row's
+ *      sampling, else returns logits for the host to sample; the rows' results go to
+ *      row_result;
  *   4. commit and emit, the same for every path: speculation counters, computed
  *      positions, tokens and their logprobs, prefix-cache commit, finish checks, events.
  * With async scheduling a decode step may instead be queued in flight and committed by
@@ -455,76 +457,52 @@ static void accept_row(engine *e, row_plan *p, row_result *o) {
     settle_verified(e, p, o, k, m);
 }
 
-/* A speculating row of a composed step whose every verified position the runner sampled
- * (forward_sampling_ok; spec_rows_sampling): the drafts stand while they equal the
- * runner's tokens (spec_accept_draws: the point-mass rule, or the greedy one), with the
- * dead ends of a constrained row handled as accept_row does. */
-static void accept_sampled(engine *e, row_plan *p, row_result *o) {
+/* A speculating row whose every verified position the runner sampled (runner_step): m
+ * tokens stand (spec_accept_draws: the drafts while they equal the sampled tokens, then
+ * the first that differs), cut where a constrained row's grammar found nothing after a
+ * draft (its position sampled unmasked), as accept_row does. */
+static void accept_sampled(engine *e, row_plan *p, row_result *o, int m) {
     const int off = p->logits_off;
-    int k = p->spec, m = 0;
+    int k = p->spec;
     for (int j = 0; p->r->m && j <= k; j++)
         if (mask_result_at(e, off + j) < 0) k = j - 1;
-    if (k >= 0) m = spec_accept_draws(e->dec.tok + off, p->drafts, k, o->tok);
+    if (m > k + 1) m = k + 1;
+    memcpy(o->tok, e->dec.tok + off, (size_t)m * sizeof(int32_t));
     o->dev = off;
     settle_verified(e, p, o, k, m);
 }
 
-/* The one list of sampling features each path lacks: a request that uses one is sampled
- * on the host. Host-only everywhere: recorded logits, max_tokens 0. Prompt logprobs are a
- * feature of the forward pass where the runner takes forced tokens (path.forces:
- * runner.forced_tokens; each prompt position a row whose token is the next prompt token,
- * its logprob, rank and top logprobs computed where the logits are). The
- * chosen token's logprob is a device feature where the path returns it (decode and the
- * forward pass do; the runner's speculative ops do not). Logit bias, min_tokens (eos
- * suppression), presence / frequency / repetition penalties and top logprobs are device
- * features where the path applies runner_sampling's adjustments (path.adjusts: decode and
- * the forward pass where runner.sample_adjusts; not the runner's speculative ops, spec_step
- * and verify, whose acceptance would need them at every draft position: a speculating row
- * that uses them is verified in a composed step's forward pass, every position a sampling
- * row of its own, spec_rows_sampling). A grammar's mask is one where the path takes masks (the
- * forward pass, runner.forward_masks), with logprobs only where the runner reports them
- * of the logits before the mask (runner.masked_raw_logprobs): they are the model's own
- * distribution, as the host path computes them, where a sampler that masks first would
- * report the masked one. */
-typedef struct {
-    int logprob;     /* returns the chosen token's logprob */
-    int mask;        /* takes grammar masks */
-    int adjusts;     /* applies runner_sampling's adjustments and top logprobs */
-    int forces;      /* takes forced rows (prompt positions) */
-    int raw_masked;  /* reports a masked row's logprobs of its logits before the mask */
-} sampling_path;
-
-static int needs_host_sampling(const req *r, sampling_path path) {
-    if (r->record || (r->pl && (!path.forces || r->sp.prompt_logprobs > RUNNER_MAX_TOP)) || r->max_new <= 0)
-        return 1;
-    if (r->m && (!path.mask || (r->sp.logprobs >= 0 && !path.raw_masked))) return 1;
-    if (r->sp.logprobs > (!path.logprob ? -1 : path.adjusts ? ENGINE_MAX_TOP_LOGPROBS : 0)) return 1;
-    return !path.adjusts && (r->sp.n_logit_bias || r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
-                             r->sp.repetition_penalty != 1.0f || r->n_out < r->sp.min_tokens);
+/* Features only the engine's host sampler has, whatever the runner: a request's
+ * first-token logits recorded (tests), max_tokens 0 (the prompt only), prompt logprobs or
+ * top logprobs beyond what a runner reports. Everything else the runner's step op decides
+ * from the rows' runner_sampling (runner_takes): a request samples there unless one of
+ * the step's rows uses a feature no op of this runner has. */
+static int host_only(const req *r) {
+    return r->record || r->max_new <= 0 || (r->pl && r->sp.prompt_logprobs > RUNNER_MAX_TOP) ||
+           r->sp.logprobs > ENGINE_MAX_TOP_LOGPROBS;
 }
-
-/* The speculative steps' path: no logprob, mask, adjustments or forced rows. */
-static const sampling_path SPEC_PATH = {0};
 
 _Static_assert(ENGINE_MAX_TOP_LOGPROBS <= RUNNER_MAX_TOP, "top logprobs the runners report");
 
 /* A row's runner_sampling: its filters and seed, and what the host sampler would apply
  * before them (logit bias, eos suppressed before min_tokens, penalties over its token
- * statistics), with the top logprobs it wants. Rows that reach the speculative paths have
- * none of the latter (needs_host_sampling). `ahead`: tokens the row will have emitted
- * before this one (async scheduling: the one the step in flight samples, which its
- * statistics lack and the runner counts, stats_fed). */
-static runner_sampling device_sampling(const req *r, int ahead) {
+ * statistics), with the logprobs it wants; a constrained row's mask goes to its sampling
+ * row's place in row_masks (set by step_sampling; here any non-NULL pointer, for what
+ * runner_takes asks). `ahead`: tokens the row will have emitted before this one (async
+ * scheduling: the one the step in flight samples, which its statistics lack and the
+ * runner counts, stats_fed). */
+static runner_sampling device_sampling(const engine *e, const req *r, int ahead) {
     const int n_out = r->n_out + ahead, suppress = n_out < r->sp.min_tokens;
     return (runner_sampling){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .min_p = r->sp.min_p,
                              .top_k = r->sp.top_k, .seed = r->seed, .counter = (uint64_t)n_out,
+                             .mask = r->m ? e->row_masks : NULL,
                              .n_logit_bias = r->sp.n_logit_bias, .logit_bias_ids = r->lb_ids,
                              .logit_bias_vals = r->lb_vals, .n_suppress = suppress ? r->spp.n_eos : 0,
                              .suppress_ids = suppress ? r->spp.eos_ids : NULL,
                              .presence_penalty = r->sp.presence_penalty, .frequency_penalty = r->sp.frequency_penalty,
                              .repetition_penalty = r->sp.repetition_penalty, .n_stats = r->stats.n,
                              .stat_ids = r->stats.ids, .stat_counts = r->stats.counts, .stats_fed = ahead > 0,
-                             .n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0};
+                             .logprob = r->sp.logprobs >= 0, .n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0};
 }
 
 /* emit_token for the token the runner sampled into d->tok[i], with its logprob and top
@@ -538,21 +516,6 @@ static engine_finish emit_sampled(engine *e, req *r, engine_event *ev, const dec
         memcpy(et->top_logprobs, d->top_lp + (size_t)i * RUNNER_MAX_TOP, (size_t)et->n_top * sizeof(float));
     }
     return f;
-}
-
-/* Whether this step can use the runner's on-device decode (a captured graph on CUDA):
- * every row decodes one token and samples on the device (a constrained row with its mask
- * where the decode op takes masks, runner.decode_masks). */
-static int device_decode_ok(const engine *e, int n) {
-    if (!e->run->ops->decode || e->step_spec || n == 0) return 0;
-    for (int i = 0; i < n; i++) {
-        const row_plan *p = &e->plan[i];
-        if (!row_decodes(p) || needs_host_sampling(p->r, (sampling_path){.logprob = 1, .mask = e->run->decode_masks,
-                                                                    .adjusts = e->run->sample_adjusts,
-                                                                    .raw_masked = e->run->masked_raw_logprobs}))
-            return 0;
-    }
-    return 1;
 }
 
 /* Room in e->pos_ids / pos_counts for the statistics spec_rows_sampling writes for the
@@ -586,7 +549,7 @@ static void spec_rows_sampling(engine *e, const row_plan *p, size_t *used) {
     const sample_stats *st = &r->stats;
     for (int j = 0; j <= p->spec; j++) {
         runner_sampling *sp = &e->dec_sp[p->logits_off + j];
-        *sp = device_sampling(r, j);
+        *sp = device_sampling(e, r, j);
         sp->stats_fed = 0;   /* (device_sampling's ahead counts a token in flight) */
         if (j == 0 || !st->cap) continue;
         /* position j - 1's list (the request's own at j = 1), then draft j - 1 */
@@ -610,31 +573,6 @@ static void spec_rows_sampling(engine *e, const row_plan *p, size_t *used) {
     }
 }
 
-/* Whether a composed step (prefill chunks, decode rows, speculating rows) can sample on
- * the device inside its forward pass, so no logits travel to the host. A speculating row
- * then has every verified position sampled there (spec_rows_sampling) and its drafts stand
- * while they equal those tokens (accept_sampled): the point-mass rule of prompt lookup's
- * drafts, and a greedy row's rule whatever drafted; a draft model's sampled drafts need its
- * distributions (spec_accept_sample), so such a step samples on the host. */
-static int forward_sampling_ok(engine *e, int n) {
-    if (!e->run->forward_samples) return 0;
-    int prompt_rows = 0, masked = 0, rows = 0;
-    for (int i = 0; i < n; i++) {
-        const row_plan *p = &e->plan[i];
-        const req *r = p->r;
-        if (needs_host_sampling(r, (sampling_path){.logprob = 1, .mask = e->run->forward_masks,
-                                                   .adjusts = e->run->sample_adjusts, .forces = e->run->forced_tokens,
-                                                   .raw_masked = e->run->masked_raw_logprobs})) return 0;
-        if (p->spec && e->drafter == ENGINE_DRAFTER_MODEL && r->sp.temperature > 0) return 0;
-        prompt_rows |= r->pl != NULL;
-        masked |= r->m != NULL;
-        rows += p->spec + 1;
-    }
-    /* grammar masks have room for max_batch sampling rows (row_masks; the CUDA runner's
-     * mask staging too), which prompt positions or verified positions could exceed */
-    return !(masked && (prompt_rows || rows > e->cfg.max_batch)) && reserve_pos_stats(e, n) == 0;
-}
-
 /* Plan row i's token as the runner sampled it into e->dec.tok[j], unless its mask found
  * nothing (mask_result): then its unconstrained draw is dropped. */
 static void take_sampled(engine *e, const req *r, row_result *o, int i, int j) {
@@ -647,50 +585,17 @@ static void take_sampled(engine *e, const req *r, row_result *o, int i, int j) {
     o->dev = j;
 }
 
-/* The decode op over the plan's rows; constrained rows' masks are computed while the pass
- * runs (prepare_masks, as in a composed step), row i's in row_masks row i. */
-static int device_decode(engine *e, int n) {
-    const size_t mw = vocab_mask_words(e->vocab);
-    int nm = 0;
-    for (int i = 0; i < n; i++) {
-        row_plan *p = &e->plan[i];
-        const req *r = p->r;
-        e->dec_slots[i] = r->seq.slot;
-        e->dec_tokens[i] = r->seq.tokens[r->seq.n_computed];
-        e->dec_sp[i] = device_sampling(r, 0);
-        p->logits_off = i;
-        if (r->m) {
-            e->dec_sp[i].mask = e->row_masks + (size_t)i * mw;
-            e->mask_rows[nm++] = i;
-        }
-    }
-    e->n_mask_rows = nm;
-    e->masks_done = 0;
-    runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
-                              .out_tokens = e->dec.tok, .out_logprobs = e->dec.lp, .out_top_ids = e->dec.top_ids,
-                              .out_top_logprobs = e->dec.top_lp, .prepare_sp = nm ? prepare_masks : NULL,
-                              .prepare_ctx = e};
-    int rc = e->run->ops->decode(e->run, &db);
-    for (int i = 0; rc == 0 && i < n; i++) {
-        row_result *o = &e->res[i];
-        o->event = o->fed = 1;
-        take_sampled(e, e->plan[i].r, o, i, i);
-        if (e->drafter == ENGINE_DRAFTER_MODEL)   /* the draft stays behind: commit what it holds */
-            o->kv_cap = e->run->ops->slot_get_len(e->run, e->plan[i].r->seq.slot, RUNNER_DRAFT);
-    }
-    return rc;
-}
-
 /* Whether the whole step can be one runner speculative step (one graph on CUDA): every
- * row speculates, has at least two tokens, needs no host-side sampling feature, and its
- * draft holds every token but the last two (the op re-feeds those; a draft further
- * behind catches up in a composed step first). */
+ * row speculates, has at least two tokens, samples as that op does (runner_spec_takes: no
+ * logprobs, adjustments or masks), and its draft holds every token but the last two (the
+ * op re-feeds those; a draft further behind catches up in a composed step first). */
 static int runner_spec_ok(const engine *e, int n) {
     if (!e->run->ops->spec_step || e->drafter != ENGINE_DRAFTER_MODEL || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        if (p->spec != e->k || r->seq.n_tokens < 2 || needs_host_sampling(r, SPEC_PATH) ||
+        const runner_sampling sp = device_sampling(e, r, 0);
+        if (p->spec != e->k || r->seq.n_tokens < 2 || host_only(r) || !runner_spec_takes(e->run, &sp) ||
             e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT) < r->seq.n_tokens - 2)
             return 0;
     }
@@ -705,7 +610,7 @@ static int runner_spec(engine *e, int n) {
         e->dec_slots[i] = s->slot;
         e->tokens[2 * i] = s->tokens[s->n_tokens - 2];
         e->tokens[2 * i + 1] = s->tokens[s->n_tokens - 1];
-        e->dec_sp[i] = device_sampling(r, 0);
+        e->dec_sp[i] = device_sampling(e, r, 0);
     }
     runner_spec_batch sb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
                             .out_tokens = e->spec_out, .out_n = e->spec_n};
@@ -723,54 +628,18 @@ static int runner_spec(engine *e, int n) {
     return rc;
 }
 
-/* Whether the step may be one runner verify of prompt-lookup drafts (one graph on CUDA):
- * the runner has the op, every row decodes one token, none needs host sampling (nor
- * samples, where the op takes greedy rows only), the rows fit the op, and every row has
- * room for the deepest draft (padding positions are fed). */
-static int runner_verify_possible(const engine *e, int n) {
-    const runner *run = e->run;
-    if (!run->ops->verify || e->drafter != ENGINE_DRAFTER_NGRAM || n == 0 || n > run->verify_max_rows) return 0;
-    int K = e->k < run->verify_max_k ? e->k : run->verify_max_k;
+/* Whether the step's prompt-lookup drafts could be checked by the runner's verify op (one
+ * graph on CUDA), which engine_spec_plan asks before drafting: every row decodes one
+ * token and samples as that op does (runner_step_verifies). */
+static int verify_possible(engine *e, int n) {
+    if (!e->run->ops->verify || e->drafter != ENGINE_DRAFTER_NGRAM || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
-        const sched_seq *s = &p->r->seq;
-        if (!row_decodes(p) || needs_host_sampling(p->r, SPEC_PATH) ||
-            (p->r->sp.temperature > 0 && !run->verify_samples) || s->n_computed + K + 1 > run->cfg.max_seq_len)
-            return 0;
+        if (!row_decodes(p) || host_only(p->r)) return 0;
+        e->dec_slots[i] = p->r->seq.slot;
+        e->dec_sp[i] = device_sampling(e, p->r, 0);
     }
-    return 1;
-}
-
-/* The step as one runner verify: row i feeds its last token and its drafts, padded to the
- * step's deepest draft; the runner accepts and advances the lengths. */
-static int runner_verify(engine *e, int n) {
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (e->plan[i].spec > k) k = e->plan[i].spec;
-    const int K1 = k + 1;
-    for (int i = 0; i < n; i++) {
-        const row_plan *p = &e->plan[i];
-        const sched_seq *s = &p->r->seq;
-        int32_t *t = e->tokens + (size_t)i * K1;
-        t[0] = s->tokens[s->n_computed];
-        for (int j = 0; j < k; j++) t[1 + j] = j < p->spec ? p->drafts[j] : t[j];   /* padding: never accepted */
-        e->dec_slots[i] = s->slot;
-        e->spec_nd[i] = p->spec;
-        e->dec_sp[i] = device_sampling(p->r, 0);
-    }
-    runner_verify_batch vb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .n_drafts = e->spec_nd,
-                              .sp = e->dec_sp, .out_tokens = e->spec_out, .out_n = e->spec_n};
-    int rc = e->run->ops->verify(e->run, &vb);
-    for (int i = 0; rc == 0 && i < n; i++) {
-        row_result *o = &e->res[i];
-        int m = e->spec_n[i];
-        o->event = 1;
-        o->fed = o->n = m;
-        memcpy(o->tok, e->spec_out + (size_t)i * K1, (size_t)m * sizeof(int32_t));
-        o->drafted = e->plan[i].spec;
-        o->accepted = o->drafted ? m - 1 : 0;
-    }
-    return rc;
+    return runner_step_verifies(e->run, n, e->dec_slots, e->dec_sp, e->k);
 }
 
 void engine_step_drain(engine *e) {
@@ -865,9 +734,6 @@ static void deliver_prompt_logprobs(engine *e, req *r, engine_event *ev) {
     r->seq.all_logits = 0;   /* a recompute after preemption may use the prefix cache */
 }
 
-/* A composed step: the draft's passes (a draft model), then one target pass over every row
- * (prefill chunks, decode rows, speculating rows' drafts) that samples in the runner where
- * every row can, else returns logits and the rows sample or accept on the host. */
 /* Runner row `row` for plan row p feeding its next n_new tokens (a prompt chunk or a
  * decode row) from token nt of the step, with one logits row at `no` when they end the
  * row's tokens. */
@@ -878,84 +744,131 @@ static void feed_row(engine *e, const row_plan *p, runner_row *row, int nt, int 
     memcpy(e->tokens + nt, s->tokens + s->n_computed, (size_t)p->n_new * sizeof(int32_t));
 }
 
-static int composed_step(engine *e, int n) {
-    const int V = e->vocab;
-    /* Phase 3: draft. */
-    int rc;
-    if (e->drafter == ENGINE_DRAFTER_MODEL && n > 0 && (rc = draft_phase(e, n))) return rc;
-
-    /* Phase 4: one target pass. */
-    int nt = 0, no = 0;
+/* The step's one runner_step batch of the target in e->rows / e->tokens: each plan row
+ * feeds its next tokens -- a prompt chunk (logits at every position where prompt logprobs
+ * are wanted), its one decoding token (async: the token the step in flight samples, fed on
+ * the device, prev_tok), or its last token and its drafts (a verify row) -- with its
+ * logits rows after the rows before it; each plan row's logits_off (its sampling row),
+ * target_logits and prompt-logprob rows set. Nothing is sampled yet (step_sampling). */
+static void build_step(engine *e, int n, int async, runner_step_batch *sb) {
+    int nt = 0, no = 0, any_prev = 0;
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
-        sched_seq *s = &p->r->seq;
+        req *r = p->r;
+        const sched_seq *s = &r->seq;
         runner_row *row = &e->rows[i];
+        p->pl_rows = 0;
         if (p->spec) {
-            *row = (runner_row){.slot = s->slot, .tok_off = nt};
+            *row = (runner_row){.slot = s->slot, .tok_off = nt, .n_new = p->spec + 1, .n_logits = p->spec + 1,
+                                .logits_off = no};
             e->tokens[nt] = s->tokens[s->n_computed];
             memcpy(e->tokens + nt + 1, p->drafts, (size_t)p->spec * sizeof(int32_t));
-            row->n_new = row->n_logits = p->spec + 1;
         } else {
             feed_row(e, p, row, nt, no);
-            if (p->r->pl && s->n_computed < s->n_prompt) {
+            if (r->pl && s->n_computed < s->n_prompt) {
                 /* prompt logprobs: logits at every position (the scheduler keeps these
                  * within e->pl_logit_rows); the last one samples when the prompt ends */
                 p->pl_rows = row->n_logits = p->n_new;
                 p->pl_off = no;
             }
         }
-        row->logits_off = no;
+        e->spec_nd[i] = p->spec;
+        for (int t = 0; t < row->n_new; t++) e->dec_prev[nt + t] = -1;
+        if (async && r->pend_tok) {   /* a decode row fed the token the step in flight samples */
+            e->dec_prev[nt] = r->pend_row;
+            e->tokens[nt] = 0;
+            any_prev = 1;
+        }
         p->logits_off = p->pl_rows ? no + p->pl_rows - 1 : no;
         p->target_logits = p->pl_rows ? s->n_computed + p->n_new == s->n_tokens : row->n_logits;
         no += row->n_logits;
         nt += row->n_new;
     }
-    runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
-                       .n_tokens = nt, .logits = e->logits};
-    int on_device = forward_sampling_ok(e, n);
-    /* constrained rows send their masks along, computed in parallel while the runner's pass
-     * runs (prepare_masks, called back by the runner) */
-    int nm = 0;
-    for (int i = 0; on_device && i < n; i++)
-        if (e->plan[i].target_logits && e->plan[i].r->m) e->mask_rows[nm++] = i;
+    *sb = (runner_step_batch){.b = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens,
+                                    .n_tokens = nt, .logits = e->logits, .async = async,
+                                    .prev_tok = any_prev ? e->dec_prev : NULL},
+                              .n_drafts = e->spec_nd, .out_n = e->spec_n};
+}
+
+/* The runner samples the step's rows (into d): each logits row's runner_sampling in
+ * e->dec_sp -- a row's next token (device_sampling; async: past the token in flight), a
+ * verify row's every position (spec_rows_sampling), prompt positions forced to the prompt's
+ * tokens -- and constrained rows' masks, which `prepare` computes while the pass runs.
+ * Returns 1 when the runner's step op samples them all (runner_step_plan), else 0: the
+ * batch returns logits and the host samples. */
+static int step_sampling(engine *e, int n, runner_step_batch *sb, const dec_outs *d, int (*prepare)(void *)) {
+    runner_batch *b = &sb->b;
+    const size_t mw = vocab_mask_words(e->vocab);
+    int n_out = 0, masked = 0, nm = 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        if (host_only(p->r)) return 0;
+        masked |= p->r->m != NULL;
+        n_out += e->rows[i].n_logits;
+    }
+    /* grammar masks have room for max_batch sampling rows (row_masks; the CUDA runner's
+     * mask staging too), which prompt positions or verified positions could exceed */
+    if ((masked && n_out > e->cfg.max_batch) || reserve_pos_stats(e, n)) return 0;
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        if (p->pl_rows) prompt_rows_sampling(e, p);
+        if (!p->target_logits) continue;
+        if (p->spec) spec_rows_sampling(e, p, &used);
+        else e->dec_sp[p->logits_off] = device_sampling(e, r, b->async ? r->pend_tok : 0);
+        if (!r->m) continue;
+        for (int o = p->logits_off; o <= p->logits_off + p->spec; o++) e->dec_sp[o].mask = e->row_masks + (size_t)o * mw;
+        e->mask_rows[nm++] = i;
+    }
     e->n_mask_rows = nm;
     e->masks_done = 0;
-    if (on_device) {
-        size_t used = 0;
-        for (int i = 0; i < n; i++) {
-            const row_plan *p = &e->plan[i];
-            if (p->pl_rows) prompt_rows_sampling(e, p);
-            if (!p->target_logits) continue;
-            if (p->spec) {
-                spec_rows_sampling(e, p, &used);
-                e->st.spec_rows_forward_sampled++;
-            } else {
-                e->dec_sp[p->logits_off] = device_sampling(p->r, 0);
-            }
-            for (int o = p->logits_off; p->r->m && o <= p->logits_off + p->spec; o++)
-                e->dec_sp[o].mask = e->row_masks + (size_t)o * vocab_mask_words(V);
-        }
-        if (nm) {
-            tb.prepare_sp = prepare_masks;
-            tb.prepare_ctx = e;
-        }
-        tb.sp = e->dec_sp;
-        tb.out_tokens = e->dec.tok;
-        tb.out_logprobs = e->dec.lp;
-        tb.out_top_ids = e->dec.top_ids;
-        tb.out_top_logprobs = e->dec.top_lp;
-        tb.out_ranks = e->dec.rank;
-        e->st.steps_forward_sampled++;
-    }
-    if (n && (rc = runner_forward(e->run, &tb))) return rc;
+    b->sp = e->dec_sp;
+    b->out_tokens = d->tok;
+    b->out_logprobs = d->lp;
+    b->out_top_ids = d->top_ids;
+    b->out_top_logprobs = d->top_lp;
+    b->out_ranks = d->rank;
+    b->prepare_sp = nm ? prepare : NULL;
+    b->prepare_ctx = e;
+    if (runner_step_plan(e->run, sb) != RUNNER_OP_NONE) return 1;
+    *b = (runner_batch){.which = b->which, .n_rows = b->n_rows, .rows = b->rows, .tokens = b->tokens,
+                        .n_tokens = b->n_tokens, .logits = b->logits};
+    e->n_mask_rows = 0;
+    return 0;
+}
 
+/* The step counters of one runner_step (on_device: it sampled). */
+static void count_op(engine *e, int op, int on_device) {
+    if (op == RUNNER_OP_DECODE) e->st.steps_device_decode++;
+    if (op == RUNNER_OP_VERIFY) e->st.steps_runner_verify++;
+    if (op != RUNNER_OP_FORWARD) return;
+    e->st.steps_composed++;
+    if (on_device) e->st.steps_forward_sampled++;
+}
+
+/* Phase 3 of a step that is not one speculative step op: the draft's passes (a draft
+ * model), then one runner_step over every row (prefill chunks, decode rows, verify rows),
+ * which samples in the runner where it can, else returns logits and the rows sample or
+ * accept on the host. */
+static int target_step(engine *e, int n) {
+    const int V = e->vocab;
+    int rc;
+    if (n == 0) return 0;
+    if (e->drafter == ENGINE_DRAFTER_MODEL && (rc = draft_phase(e, n))) return rc;
+    runner_step_batch sb;
+    build_step(e, n, 0, &sb);
+    const int on_device = step_sampling(e, n, &sb, &e->dec, prepare_masks);
+    if ((rc = runner_step(e->run, &sb))) return rc;
+    count_op(e, sb.op, on_device);
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
         req *r = p->r;
         sched_seq *s = &r->seq;
         row_result *o = &e->res[i];
         if (p->spec && on_device) {
-            accept_sampled(e, p, o);
+            accept_sampled(e, p, o, e->spec_n[i]);
+            e->st.spec_rows_runner_sampled++;
         } else if (p->spec) {
             accept_row(e, p, o);
         } else {
@@ -979,6 +892,7 @@ static int composed_step(engine *e, int n) {
                 }
             }
         }
+        /* (a draft model: KV is committed no further than the draft holds) */
         if (e->drafter == ENGINE_DRAFTER_MODEL) o->kv_cap = e->run->ops->slot_get_len(e->run, s->slot, RUNNER_DRAFT);
     }
     return 0;
@@ -1030,14 +944,14 @@ static double step_now(void) {
  * sampling, no speculation possible; penalties only where the runner counts the token in
  * flight itself, runner.async_stats; grammars only where the runner calls back once the
  * pass is queued, runner.async_masks, so that prepare_masks_async can wait for the step in
- * flight's tokens and advance the rows' matchers past them: async_kind) is queued without
- * waiting for it, as the decode op when every row decodes, else as one forward that
- * samples (prompt chunks beside decode rows): it is "in flight". The next engine_step
+ * flight's tokens and advance the rows' matchers past them: async_ok) is queued without
+ * waiting for it, as one runner_step (the decode op when every row decodes, else one
+ * forward that samples: prompt chunks beside decode rows): it is "in flight". The next engine_step
  * first assumes every row of it goes on: each row's fed positions count as computed and a
  * placeholder stands for the token it samples (pre_commit), unless max_tokens or the
  * context limit ends it with that token. Then the scheduler runs as always. If the next
  * step again qualifies, it is queued with those rows fed the tokens the step in flight
- * samples, on the device (runner_decode_batch.prev_row, runner_batch.prev_tok), and only then
+ * samples, on the device (runner_batch.prev_tok), and only then
  * does the host wait for the step in flight and commit it (finish_pending); otherwise the
  * host waits and commits first, drops the rows that ended from the new step, and runs it
  * the usual way. So the host's scheduling and commit of one step overlap the GPU's work
@@ -1057,39 +971,37 @@ void engine_step_forget(engine *e, const req *r) {
         if (e->plan[i].r == r) e->plan[i].r = NULL;
 }
 
-enum { ASYNC_NONE = 0, ASYNC_DECODE, ASYNC_FORWARD };
-
-/* Whether the step planned in e->plan can be queued in flight, and as which op: the
- * decode op when every row decodes, else a forward that samples on the device (prompt
- * chunks beside decode rows). */
-static int async_kind(engine *e, int n) {
+/* Whether the step planned in e->plan can be queued in flight: nothing speculates (a
+ * step a draft model or prompt lookup would speculate in is not queued) and the op
+ * runner_step will run it with -- the decode op when every row decodes, else a forward that
+ * samples -- takes every row's sampling queued (runner_takes, async: penalties only where
+ * the runner counts the token in flight, masks only where it calls back once the pass is
+ * queued). */
+static int async_ok(engine *e, int n) {
     const runner *run = e->run;
     /* (one call may commit the step in flight's token and then a speculative step's k + 1
      * tokens into one event) */
-    if (e->cfg.sync_scheduling || !run->ops->wait_queued || n == 0 || e->k + 2 > ENGINE_MAX_STEP_TOKENS)
-        return ASYNC_NONE;
-    int all_decode = 1;
+    if (e->cfg.sync_scheduling || !run->ops->wait_queued || n == 0 || e->k + 2 > ENGINE_MAX_STEP_TOKENS) return 0;
+    int all_decode = 1, decode = 1, forward = 1;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
-        /* penalties read the row's output counts, which lack the token the step in flight
-         * samples: the runner counts it (runner_sampling.stats_fed) where it can */
-        if (needs_host_sampling(r, (sampling_path){.logprob = 1, .mask = run->async_masks, .adjusts = run->sample_adjusts,
-                                                   .raw_masked = run->masked_raw_logprobs}) ||
-            (!run->async_stats && (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 ||
-                                   r->sp.repetition_penalty != 1.0f)))
-            return ASYNC_NONE;
+        const sched_seq *s = &r->seq;
+        if (host_only(r) || r->pl) return 0;   /* prompt logprobs: forced rows, never queued */
         all_decode &= row_decodes(p);
+        if (s->n_computed + p->n_new < s->n_tokens) continue;   /* a prompt chunk: no sampling */
+        const runner_sampling sp = device_sampling(e, r, r->pend_tok);
+        decode &= runner_takes(run, RUNNER_OP_DECODE, &sp, 1);
+        forward &= runner_takes(run, RUNNER_OP_FORWARD, &sp, 1);
     }
     /* (a step a draft model declines goes in flight too: engine_spec_skip counts the
      * decline, so the probes come as they would; it is asked last, as its answer is used) */
-    if (all_decode)
-        return run->decode_async && (engine_spec_never(e, n) || engine_spec_skip(e, n)) ? ASYNC_DECODE : ASYNC_NONE;
+    if (all_decode) return (decode || forward) && (engine_spec_never(e, n) || engine_spec_skip(e, n));
     /* with prompt chunks: nothing speculates without a drafter, nor with prompt lookup
      * verified by the runner's verify op (which takes decoding rows only); a draft model
-     * takes in the prompt chunks with the target (composed_step) */
+     * takes in the prompt chunks with the target (target_step) */
     const int no_spec = e->k == 0 || (e->drafter == ENGINE_DRAFTER_NGRAM && run->ops->verify);
-    return run->forward_async && run->forward_samples && no_spec ? ASYNC_FORWARD : ASYNC_NONE;
+    return forward && no_spec;
 }
 
 /* The step in flight is taken as done for the scheduler: its rows' fed positions
@@ -1110,106 +1022,41 @@ static void pre_commit(engine *e, const pend_step *q) {
     }
 }
 
-/* A constrained row of a step being queued in flight: its mask goes in row_masks row
- * `row` (sampling row), computed by prepare_masks_async once the pass is queued. */
-static void async_mask_row(engine *e, int i, int row) {
-    e->dec_sp[row].mask = e->row_masks + (size_t)row * vocab_mask_words(e->vocab);
-    e->mask_rows[e->n_mask_rows++] = i;
-}
-
 /* After a step with constrained rows was queued into q: which of them no token fitted. */
 static void keep_dead_rows(engine *e, int n, pend_step *q) {
     for (int i = 0; i < n; i++) q->dead[i] = 0;
     for (int j = 0; j < e->n_mask_rows; j++) q->dead[e->mask_rows[j]] = mask_result(e, e->mask_rows[j]) < 0;
 }
 
-/* Queue the planned decode step (slots synced) in flight into q. */
-static int launch_decode(engine *e, int n, pend_step *q) {
-    int any_prev = 0;
-    e->n_mask_rows = e->masks_done = 0;
-    for (int i = 0; i < n; i++) {
-        req *r = e->plan[i].r;
-        const sched_seq *s = &r->seq;
-        const int prev = r->pend_tok ? r->pend_row : -1;
-        any_prev |= prev >= 0;
-        e->dec_prev[i] = prev;
-        e->dec_slots[i] = s->slot;
-        e->dec_tokens[i] = prev >= 0 ? 0 : s->tokens[s->n_computed];
-        e->dec_sp[i] = device_sampling(r, r->pend_tok);
-        e->plan[i].logits_off = i;
-        e->plan[i].spec = 0;   /* (sync_rows' "may speculate": nothing does in flight) */
-        if (r->m) async_mask_row(e, i, i);
-        q->plan[i] = (row_plan){.r = r, .n_new = 1, .target_logits = 1, .logits_off = i};
-        r->decode_steps++;
-    }
-    e->st.spec_rows_decoding += (uint64_t)n;   /* as engine_spec_plan counts a plain step */
-    e->st.spec_steps_decoding++;
-    runner_decode_batch db = {.n = n, .slots = e->dec_slots, .tokens = e->dec_tokens, .sp = e->dec_sp,
-                              .out_tokens = q->o.tok, .out_logprobs = q->o.lp, .out_top_ids = q->o.top_ids,
-                              .out_top_logprobs = q->o.top_lp, .async = 1, .prev_row = any_prev ? e->dec_prev : NULL,
-                              .prepare_sp = e->n_mask_rows ? prepare_masks_async : NULL, .prepare_ctx = e};
-    const double t = step_now();
-    int rc = e->run->ops->decode(e->run, &db);
-    e->st.run_seconds += step_now() - t;
-    if (rc) return rc;
-    keep_dead_rows(e, n, q);
-    e->st.steps_device_decode++;
-    q->n = n;
-    return 0;
-}
-
-/* Queue the planned step of prompt chunks and decode rows (slots synced) in flight into
- * q: one forward that samples on the device, as composed_step runs it. */
-static int launch_forward(engine *e, int n, pend_step *q) {
-    int nt = 0, no = 0, nd = 0, any_prev = 0;
-    e->n_mask_rows = e->masks_done = 0;
+/* Queue the planned step (slots synced; async_ok) in flight into q: one runner_step that
+ * samples on the device, rows fed the tokens the step in flight samples on the device. */
+static int launch_async(engine *e, int n, pend_step *q) {
+    runner_step_batch sb;
+    int nd = 0;
+    for (int i = 0; i < n; i++) e->plan[i].spec = 0;   /* (sync_rows' "may speculate") */
+    build_step(e, n, 1, &sb);
+    if (!step_sampling(e, n, &sb, &q->o, prepare_masks_async)) return SPECD_ESTATE;   /* (async_ok said it would) */
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
-        req *r = p->r;
-        feed_row(e, p, &e->rows[i], nt, no);
-        const int samples = e->rows[i].n_logits;
-        for (int t = 0; t < p->n_new; t++) e->dec_prev[nt + t] = -1;
-        if (r->pend_tok) {   /* a decode row fed the token the step in flight samples */
-            e->dec_prev[nt] = r->pend_row;
-            e->tokens[nt] = 0;
-            any_prev = 1;
-        }
-        p->target_logits = samples;
-        p->logits_off = no;
-        p->spec = 0;   /* (as in launch_decode) */
-        if (samples) e->dec_sp[no] = device_sampling(r, r->pend_tok);
-        if (samples && r->m) async_mask_row(e, i, no);
+        q->plan[i] = *p;
         if (row_decodes(p)) {
-            r->decode_steps++;
+            p->r->decode_steps++;
             nd++;
         }
-        q->plan[i] = *p;
-        no += samples;
-        nt += p->n_new;
     }
     if (nd) {   /* as engine_spec_plan counts a step with decoding rows */
         e->st.spec_rows_decoding += (uint64_t)nd;
         e->st.spec_steps_decoding++;
     }
-    runner_batch tb = {.which = RUNNER_TARGET, .n_rows = n, .rows = e->rows, .tokens = e->tokens, .n_tokens = nt,
-                       .logits = e->logits, .sp = e->dec_sp, .out_tokens = q->o.tok, .out_logprobs = q->o.lp,
-                       .out_top_ids = q->o.top_ids, .out_top_logprobs = q->o.top_lp, .async = 1,
-                       .prev_tok = any_prev ? e->dec_prev : NULL,
-                       .prepare_sp = e->n_mask_rows ? prepare_masks_async : NULL, .prepare_ctx = e};
     const double t = step_now();
-    int rc = runner_forward(e->run, &tb);
+    int rc = runner_step(e->run, &sb);
     e->st.run_seconds += step_now() - t;
     if (rc) return rc;
     keep_dead_rows(e, n, q);
-    e->st.steps_composed++;
-    e->st.steps_forward_sampled++;
-    e->st.steps_async_composed++;
+    count_op(e, sb.op, 1);
+    if (sb.op == RUNNER_OP_FORWARD) e->st.steps_async_composed++;
     q->n = n;
     return 0;
-}
-
-static int launch_async(engine *e, int kind, int n, pend_step *q) {
-    return kind == ASYNC_DECODE ? launch_decode(e, n, q) : launch_forward(e, n, q);
 }
 
 /* Wait for the step in flight and commit it. */
@@ -1229,7 +1076,7 @@ static int finish_pending(engine *e, pend_step *q, engine_output *out) {
         q->res[i].tok[0] = q->o.tok[p->logits_off];
         if (r && q->dead[i]) grammar_dead_end(r, &q->res[i]);   /* its draw was unmasked */
         if (r && r->seq.slot >= 0 && e->drafter == ENGINE_DRAFTER_MODEL)   /* the draft stays behind,
-                                                                             * as in device_decode */
+                                                                             * as in target_step */
             q->res[i].kv_cap = e->run->ops->slot_get_len(e->run, r->seq.slot, RUNNER_DRAFT);
     }
     commit_and_emit(e, n, q->plan, q->res, &q->o, out);
@@ -1260,28 +1107,21 @@ static int sync_rows(engine *e, int n, engine_output *out) {
 static int run_step(engine *e, int n, engine_output *out) {
     int rc = sync_rows(e, n, out);
     if (rc) return rc;
-    const int kind = async_kind(e, n);
-    if (kind) return launch_async(e, kind, n, &e->pend[e->pend_cur]);
-    e->step_verify = runner_verify_possible(e, n);
+    if (async_ok(e, n)) return launch_async(e, n, &e->pend[e->pend_cur]);
+    e->step_verify = verify_possible(e, n);
     engine_spec_plan(e, n);
     for (int i = 0; i < n; i++)
         e->res[i] = (row_result){.dev = -1, .kv_cap = INT_MAX, .forced = ENGINE_RUNNING};
-    /* Run the step on the one path that fits every row, then commit and emit. Prompt-lookup
-     * steps that speculate are timed: the cost model learns what they cost. */
+    /* Run the step -- one speculative step op where a draft model's rows all fit it, else
+     * one runner_step -- then commit and emit. Prompt-lookup steps that speculate are timed:
+     * the cost model learns what they cost. */
     const double t_spec = e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b ? step_now() : 0;
     const double t_run = step_now();
-    if (e->step_verify && e->step_spec) {
-        rc = runner_verify(e, n);
-        e->st.steps_runner_verify++;
-    } else if (device_decode_ok(e, n)) {
-        rc = device_decode(e, n);
-        e->st.steps_device_decode++;
-    } else if (runner_spec_ok(e, n)) {
+    if (runner_spec_ok(e, n)) {
         rc = runner_spec(e, n);
         e->st.steps_runner_spec++;
     } else {
-        rc = composed_step(e, n);
-        if (n) e->st.steps_composed++;
+        rc = target_step(e, n);
     }
     e->st.run_seconds += step_now() - t_run;
     if (rc) return rc;
@@ -1335,10 +1175,9 @@ static int engine_step_timed(engine *e, engine_output *out) {
     }
     e->n_plan = n;
     if (fl) {
-        const int kind = async_kind(e, n);
-        if (kind) {   /* queue the next step, then commit the one in flight */
+        if (async_ok(e, n)) {   /* queue the next step, then commit the one in flight */
             e->mask_fl = fl;   /* constrained rows wait for its tokens (prepare_masks_async) */
-            if (!(rc = sync_rows(e, n, out))) rc = launch_async(e, kind, n, &e->pend[e->pend_cur ^ 1]);
+            if (!(rc = sync_rows(e, n, out))) rc = launch_async(e, n, &e->pend[e->pend_cur ^ 1]);
             e->mask_fl = NULL;
             if (rc) goto fail;
             e->st.steps_async++;

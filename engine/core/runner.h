@@ -132,6 +132,9 @@ typedef struct {
      * seen, so the stats above lack it) as one more occurrence: its count + 1, or a new id
      * of count 1, exactly as if the stats listed it. 0: the stats are complete. */
     int stats_fed;
+    /* The chosen token's logprob is wanted (runner_step: the verify op reports none, so a
+     * row that wants it is not given to that op; decode and forward report it anyway). */
+    int logprob;
     /* Top logprobs wanted (0..RUNNER_MAX_TOP), where runner.sample_adjusts: the n_top
      * largest log softmax values of the logits before the adjustments (as the chosen
      * token's logprob; a masked row's are of the logits before the mask only where
@@ -285,8 +288,8 @@ typedef struct {
     int (*slot_get_len)(runner *r, int slot, int which);
     /* Copy the K/V of pool block src to dst for every layer of the first pool. */
     int (*copy_block)(runner *r, int dst, int src);
-    /* Optional fast paths (NULL when not implemented; the engine then composes them
-     * from forward + host sampling). */
+    /* Optional fast paths (NULL when not implemented; runner_step then runs the step as
+     * a forward, and a draft model's step is composed by the engine). */
     int (*decode)(runner *r, const runner_decode_batch *b);
     /* Where runner.decode_async: complete the oldest pending async op (its outputs into
      * the arrays of its batch). 0 when it succeeded or none is pending. */
@@ -298,6 +301,8 @@ typedef struct {
     void (*abort_group)(runner *r);
     void (*destroy)(runner *r);
 } runner_ops;
+
+struct runner_step_scratch;
 
 struct runner {
     const runner_ops *ops;
@@ -325,10 +330,56 @@ struct runner {
     int masked_raw_logprobs; /* a masked row's logprob and top logprobs are of its logits
                               * before the mask, as the host reports them */
     size_t kv_block_bytes[2];/* bytes of one block of the first pool and of the window pool */
+    struct runner_step_scratch *step_scratch;   /* runner_step's (its own; NULL until used) */
 };
 
 static inline int runner_forward(runner *r, const runner_batch *b) { return r->ops->forward(r, b); }
-static inline void runner_destroy(runner *r) { if (r) r->ops->destroy(r); }
+void runner_destroy(runner *r);
+
+/* ---- the step operation (engine/core/runner_step.c) ------------------------------------
+ * One step of the target over mixed rows -- prompt chunks, decode rows and verify rows (a
+ * row's last token followed by drafts to check) -- that samples in the runner, whichever
+ * of the runner's ops fits: the decode op when every row decodes one token (a captured
+ * graph on CUDA), the verify op when every row decodes and some verify drafts (one graph
+ * per batch size and depth on CUDA), else the forward pass (eager on CUDA; the CPU
+ * runner's forward composes everything). What each op takes of runner_sampling is decided
+ * here, from the rows' sampling alone (runner_takes), so a sampling feature is added in one
+ * place: runner_sampling, the runners' samplers and runner_takes.
+ *
+ * The batch is a runner_batch of the target whose logits rows are laid out in row order
+ * (row i's logits_off is the sum of n_logits before it) with one sampling row sp[o] per
+ * logits row; sp NULL: the forward pass returns logits and nothing is sampled or accepted
+ * (out_n is not written; every row's length advances by its n_new).
+ * A verify row has n_drafts[i] > 0: its n_new = n_logits = n_drafts + 1 tokens are its last
+ * token and the drafts, every position sampled (position j's sampling as plain decoding's
+ * at that output position: its counter, its statistics with the drafts before it), and
+ * the drafts stand while they equal the sampled tokens (spec_accept_draws: the point-mass
+ * and the greedy rule); out_n[i] = accepted + 1, those tokens at out_tokens[logits_off ..],
+ * and the row's target length is advanced by that many. Other rows as runner_batch says.
+ * async / prev_tok / prepare_sp as runner_batch's (no verify rows when async). */
+enum { RUNNER_OP_NONE = 0, RUNNER_OP_DECODE, RUNNER_OP_VERIFY, RUNNER_OP_FORWARD };
+
+#define RUNNER_STEP_MAX_K 15   /* drafts of one verify row at most */
+
+typedef struct {
+    runner_batch b;
+    const int *n_drafts;     /* [n_rows] 0..RUNNER_STEP_MAX_K, or NULL: no verify rows */
+    int *out_n;              /* [n_rows], where sp (required with verify rows): tokens each row
+                              * emitted -- accepted + 1 for a verify row, 1 for a row whose
+                              * last logits row samples (is not forced), else 0 */
+    int op;                  /* out: the op that ran it (RUNNER_OP_*) */
+} runner_step_batch;
+
+/* Whether op (RUNNER_OP_*) samples a row with sampling sp (async: queued in flight). */
+int runner_takes(const runner *r, int op, const runner_sampling *sp, int async);
+/* The op runner_step would run b with, or RUNNER_OP_NONE when no op samples every row. */
+int runner_step_plan(const runner *r, const runner_step_batch *b);
+int runner_step(runner *r, runner_step_batch *b);
+/* Whether n decoding rows (slots, position-0 sampling sp) with up to k drafts each could be
+ * one verify op: what the engine's prompt-lookup planning asks before drafting. */
+int runner_step_verifies(const runner *r, int n, const int *slots, const runner_sampling *sp, int k);
+/* Whether the speculative step op (spec_step, a draft model) samples a row with sp. */
+int runner_spec_takes(const runner *r, const runner_sampling *sp);
 
 /* CPU reference runner. Converts all weights to fp32 at creation. */
 runner *runner_cpu_create(const model *target, const model *draft, const runner_config *cfg,

@@ -1,7 +1,9 @@
 """Prompt-lookup speculation (--speculative ngram) through the API with the official openai
 client on SmolLM2: a copy-heavy request gives the same greedy text as the plain server and
-reports its drafts in usage.spec_decode; a mixed batch (copy tasks and open chat at once)
-stays the same too; /metrics names the drafter and counts the speculating steps."""
+reports its drafts in usage.spec_decode; a seeded sampled request with a penalty and
+logprobs gives the same text and logprobs too (each verified position draws what plain
+decoding draws there); a mixed batch (copy tasks and open chat at once) stays the same too;
+/metrics names the drafter and counts the speculating steps."""
 import json
 import os
 
@@ -64,3 +66,24 @@ def test_ngram_mixed_batch_of_copy_and_chat_matches_plain(smol, server_factory):
     assert [g[0] for g in got] == want
     for g in got:
         assert g[1].model_extra["spec_decode"]["drafter"] == "ngram"
+
+
+def test_ngram_seeded_request_with_penalty_and_logprobs_matches_plain(smol, server_factory):
+    spec = server_factory(SMOL, "--speculative", "ngram", "--spec-cost-model", "false", name="smol-ngram")
+    prompt = workload("copy")[0]
+
+    def ask(srv):
+        r = client(srv).chat.completions.create(
+            model=model_id(srv), messages=[{"role": "user", "content": prompt}], max_tokens=96, temperature=0.4,
+            seed=1234, frequency_penalty=0.05, logprobs=True, top_logprobs=3)
+        c = r.choices[0]
+        return c.message.content, c.logprobs.content, r.usage
+
+    want_text, want_lp, _ = ask(smol)
+    got_text, got_lp, usage = ask(spec)
+    assert got_text == want_text
+    assert [t.token for t in got_lp] == [t.token for t in want_lp]
+    assert [[x.token for x in t.top_logprobs] for t in got_lp] == [[x.token for x in t.top_logprobs] for t in want_lp]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(got_lp, want_lp)) < 1e-3
+    sd = usage.model_extra["spec_decode"]
+    assert sd["verify_steps"] > 0 and sd["accepted_tokens"] > 0

@@ -991,8 +991,9 @@ static int async_ok(engine *e, int n) {
         all_decode &= row_decodes(p);
         if (s->n_computed + p->n_new < s->n_tokens) continue;   /* a prompt chunk: no sampling */
         const runner_sampling sp = device_sampling(e, r, r->pend_tok);
-        decode &= runner_takes(run, RUNNER_OP_DECODE, &sp, 1);
-        forward &= runner_takes(run, RUNNER_OP_FORWARD, &sp, 1);
+        const int ops = runner_ops_taking(run, &sp, 1);
+        decode &= ops >> RUNNER_OP_DECODE & 1;
+        forward &= ops >> RUNNER_OP_FORWARD & 1;
     }
     /* (a step a draft model declines goes in flight too: engine_spec_skip counts the
      * decline, so the probes come as they would; it is asked last, as its answer is used) */

@@ -370,8 +370,10 @@ typedef struct {
     int op;                  /* out: the op that ran it (RUNNER_OP_*) */
 } runner_step_batch;
 
-/* Whether op (RUNNER_OP_*) samples a row with sampling sp (async: queued in flight). */
+/* Whether op (RUNNER_OP_*) samples a row with sampling sp (async: queued in flight);
+ * runner_ops_taking: the ops that do, bit 1 << op each. */
 int runner_takes(const runner *r, int op, const runner_sampling *sp, int async);
+int runner_ops_taking(const runner *r, const runner_sampling *sp, int async);
 /* The op runner_step would run b with, or RUNNER_OP_NONE when no op samples every row. */
 int runner_step_plan(const runner *r, const runner_step_batch *b);
 int runner_step(runner *r, runner_step_batch *b);

@@ -59,22 +59,28 @@ static int adjusted(const runner_sampling *sp) {
            (sp->repetition_penalty != 0 && sp->repetition_penalty != 1.0f);
 }
 
-int runner_takes(const runner *r, int op, const runner_sampling *sp, int async) {
+int runner_ops_taking(const runner *r, const runner_sampling *sp, int async) {
     const int masked = sp->mask != NULL, adj = adjusted(sp);
-    if (op == RUNNER_OP_VERIFY)   /* acceptance of drafts with the filters and the seed only */
-        return r->ops->verify && !async && !adj && !masked && !sp->logprob && !sp->force &&
-               (sp->temperature <= 0 || r->verify_samples);
-    if (op == RUNNER_OP_DECODE && (!r->ops->decode || sp->force || (async && !r->decode_async) ||
-                                   (masked && !r->decode_masks)))
-        return 0;
-    if (op == RUNNER_OP_FORWARD && (!r->forward_samples || (sp->force && (async || !r->forced_tokens)) ||
-                                    (async && !r->forward_async) || (masked && !r->forward_masks)))
-        return 0;
-    if (op != RUNNER_OP_DECODE && op != RUNNER_OP_FORWARD) return 0;
-    if ((adj && !r->sample_adjusts) || (sp->stats_fed && !r->async_stats) || (masked && async && !r->async_masks))
-        return 0;
-    /* a masked row's logprobs are of its logits before the mask only where the runner says so */
-    return !(masked && (sp->logprob || sp->n_top) && !r->masked_raw_logprobs);
+    int ops = 0;
+    /* the verify op: acceptance of drafts with the filters and the seed only */
+    if (r->ops->verify && !async && !adj && !masked && !sp->logprob && !sp->force &&
+        (sp->temperature <= 0 || r->verify_samples))
+        ops |= 1 << RUNNER_OP_VERIFY;
+    /* the decode op and the forward pass sample alike, with what the runner applies */
+    if ((adj && !r->sample_adjusts) || (sp->stats_fed && !r->async_stats) || (masked && async && !r->async_masks) ||
+        /* a masked row's logprobs are of its logits before the mask only where the runner says so */
+        (masked && (sp->logprob || sp->n_top) && !r->masked_raw_logprobs))
+        return ops;
+    if (r->ops->decode && !sp->force && (!async || r->decode_async) && (!masked || r->decode_masks))
+        ops |= 1 << RUNNER_OP_DECODE;
+    if (r->forward_samples && (!sp->force || (!async && r->forced_tokens)) && (!async || r->forward_async) &&
+        (!masked || r->forward_masks))
+        ops |= 1 << RUNNER_OP_FORWARD;
+    return ops;
+}
+
+int runner_takes(const runner *r, int op, const runner_sampling *sp, int async) {
+    return op > RUNNER_OP_NONE && (runner_ops_taking(r, sp, async) >> op & 1);
 }
 
 int runner_spec_takes(const runner *r, const runner_sampling *sp) {
@@ -94,11 +100,18 @@ int runner_step_verifies(const runner *r, int n, const int *slots, const runner_
     return 1;
 }
 
+/* Whether op takes every sampling row of b. */
+static int takes_all(const runner *r, int op, const runner_batch *b, int n_out) {
+    for (int o = 0; o < n_out; o++)
+        if (!runner_takes(r, op, &b->sp[o], b->async)) return 0;
+    return 1;
+}
+
 int runner_step_plan(const runner *r, const runner_step_batch *sb) {
     const runner_batch *b = &sb->b;
     if (!b->sp) return RUNNER_OP_FORWARD;
-    int decode = 1, verify = !b->async, forward = 1, drafts = 0, kmax = 0;
-    for (int i = 0, o = 0; i < b->n_rows; i++) {
+    int decode = b->n_rows > 0, verify = !b->async, drafts = 0, kmax = 0, o = 0;
+    for (int i = 0; i < b->n_rows; i++) {
         const runner_row *row = &b->rows[i];
         const int nd = drafts_of(sb, i);
         if (row->logits_off != o || nd < 0 || (nd > 0 && (row->n_new != nd + 1 || row->n_logits != nd + 1)))
@@ -107,23 +120,20 @@ int runner_step_plan(const runner *r, const runner_step_batch *sb) {
         verify &= row->n_new == nd + 1 && row->n_logits == nd + 1;
         drafts |= nd > 0;
         kmax = nd > kmax ? nd : kmax;
-        for (int j = 0; j < row->n_logits; j++, o++) {
-            decode &= runner_takes(r, RUNNER_OP_DECODE, &b->sp[o], b->async);
-            forward &= runner_takes(r, RUNNER_OP_FORWARD, &b->sp[o], b->async);
-        }
-        /* (position 0's sampling stands for the row's: later ones differ in counter,
-         * statistics and eos suppression only, which the op derives or does not apply) */
-        if (verify && row->n_logits) verify &= runner_takes(r, RUNNER_OP_VERIFY, &b->sp[row->logits_off], 0);
+        o += row->n_logits;
     }
     if (drafts && b->async) return RUNNER_OP_NONE;
-    if (decode && !drafts && b->n_rows > 0) return RUNNER_OP_DECODE;
+    if (decode && !drafts && takes_all(r, RUNNER_OP_DECODE, b, o)) return RUNNER_OP_DECODE;
     if (verify && drafts && b->n_rows <= r->verify_max_rows && kmax <= r->verify_max_k) {
-        int room = 1;   /* every row is padded to the deepest draft, and the padding is fed */
-        for (int i = 0; i < b->n_rows && room; i++)
-            room = r->ops->slot_get_len((runner *)r, b->rows[i].slot, RUNNER_TARGET) + kmax + 1 <= r->cfg.max_seq_len;
-        if (room) return RUNNER_OP_VERIFY;
+        /* (position 0's sampling stands for the row's: later ones differ in counter,
+         * statistics and eos suppression only, which the op derives or does not apply;
+         * every row is padded to the deepest draft, and the padding is fed) */
+        for (int i = 0; i < b->n_rows && verify; i++)
+            verify = runner_takes(r, RUNNER_OP_VERIFY, &b->sp[b->rows[i].logits_off], 0) &&
+                     r->ops->slot_get_len((runner *)r, b->rows[i].slot, RUNNER_TARGET) + kmax + 1 <= r->cfg.max_seq_len;
+        if (verify) return RUNNER_OP_VERIFY;
     }
-    return forward ? RUNNER_OP_FORWARD : RUNNER_OP_NONE;
+    return takes_all(r, RUNNER_OP_FORWARD, b, o) ? RUNNER_OP_FORWARD : RUNNER_OP_NONE;
 }
 
 /* The decode op over rows of one token each (logits row i is row i). */

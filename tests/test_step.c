@@ -199,8 +199,9 @@ static void test_penalised_rows_queue_in_flight(void **s) {
  * and recorded (sampled and accepted on the host), emits exactly the tokens of no
  * speculation. The model drafting for itself runs greedy requests (its sampled drafts are
  * accepted by rejection sampling, which is lossless in distribution only); it proposes
- * what the target would pick, so nearly all drafts stand, and a feature applied at the
- * wrong position makes the emitted tokens differ. Prompt lookup's drafts stand where a
+ * what the target would pick (its picks sampled in the runner too), so every draft stands,
+ * and a feature applied at the wrong position makes a draft fail or the emitted tokens
+ * differ. Prompt lookup's drafts stand where a
  * request loops (the rewarded and unpenalised ones). */
 static void check_same(const run *a, const run *b, double *worst) {
     for (int i = 0; i < NREQ; i++) {
@@ -237,6 +238,12 @@ static void test_speculative_rows_keep_every_sampling_feature(void **s) {
         assert_true(spec.st.spec_accepted_tokens > 0);
         /* the speculating rows with these features sampled in the runner */
         assert_true(spec.st.spec_rows_runner_sampled > 0);
+        if (drafter == 2) {
+            /* the draft's picks too, adjusted as the target's at each position: the model
+             * drafting for itself proposes exactly what the target picks */
+            assert_true(spec.st.draft_passes_sampled > 0);
+            assert_int_equal(spec.st.spec_accepted_tokens, spec.st.spec_draft_tokens);
+        }
         /* drafts stood in seeded requests too: their verified positions past the first drew
          * with their own output positions' uniforms */
         int seeded_acc = 0;

@@ -193,6 +193,8 @@ typedef struct {
                                           * checked (its verify op, or its forward pass
                                           * sampling every verified position: drafts stand
                                           * while they equal those tokens) */
+    uint64_t draft_passes_sampled;   /* a draft model's passes in composed steps whose picks
+                                      * the runner sampled (greedy rows) */
     uint64_t steps_async;            /* steps queued while the one before was in flight (async
                                       * scheduling; counted in steps_device_decode or, prompt
                                       * chunks with decode rows, in steps_composed) */

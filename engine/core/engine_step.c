@@ -302,12 +302,48 @@ static int32_t sample_row(engine *e, req *r, float *logits, const int32_t *hist,
 }
 
 
+static runner_sampling device_sampling(const engine *e, const req *r, int ahead);
+static int host_only(const req *r);
+static int reserve_pos_stats(engine *e, int n);
+static void position_stats(engine *e, const row_plan *p, int j, runner_sampling *sp, size_t *used);
+
+/* The draft's pick at position j of a greedy speculating row, as a runner sampling row:
+ * the argmax of its logits adjusted as the target's are there (device_sampling at output
+ * position n_out + j, the drafts before it in its statistics). */
+static runner_sampling draft_sampling(engine *e, const row_plan *p, int j, size_t *used) {
+    runner_sampling sp = device_sampling(e, p->r, j);
+    sp.temperature = 0;
+    sp.stats_fed = sp.logprob = sp.n_top = 0;
+    sp.mask = NULL;   /* (a draft model drafts for no constrained row) */
+    position_stats(e, p, j, &sp, used);
+    return sp;
+}
+
+/* Whether the draft's picks are sampled in the runner's forward pass (only their tokens
+ * come back): the runner samples the draft's logits (runner.draft_samples), and every
+ * speculating row is greedy (a sampled draft's distribution is needed on the host, for
+ * rejection sampling) with a sampling the pass takes. */
+static int draft_on_device(engine *e, int n) {
+    if (!e->run->draft_samples || reserve_pos_stats(e, n)) return 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        if (!p->spec) continue;
+        size_t used = 0;
+        const runner_sampling sp = draft_sampling(e, p, 0, &used);
+        if (p->r->sp.temperature > 0 || host_only(p->r) || !runner_takes(e->run, RUNNER_OP_FORWARD, &sp, 0)) return 0;
+    }
+    return 1;
+}
+
 /* Phase 3: the draft takes in prompt chunks with the target and proposes k tokens for
  * speculating rows, first catching up on the tokens it has not seen. A decoding row that
  * does not speculate leaves the draft behind (its KV is written the next time the row
- * speculates), so a step where no row speculates costs what plain decoding costs. */
+ * speculates), so a step where no row speculates costs what plain decoding costs. Its
+ * picks are sampled in the runner where draft_on_device, else from its logits here. */
 static int draft_phase(engine *e, int n) {
     runner *run = e->run;
+    const int dev = draft_on_device(e, n);
+    size_t used = 0;
     int nr = 0, nt = 0, no = 0;
     for (int i = 0; i < n; i++) {
         row_plan *p = &e->plan[i];
@@ -321,49 +357,65 @@ static int draft_phase(engine *e, int n) {
                             .n_logits = p->spec ? 1 : 0, .logits_off = p->spec ? no : 0};
         memcpy(e->tokens + nt, s->tokens + dlen, (size_t)(upto - dlen) * sizeof(int32_t));
         nt += upto - dlen;
+        if (p->spec && dev) e->dec_sp[no] = draft_sampling(e, p, 0, &used);
         if (p->spec) p->logits_off = no++;   /* draft logits row of this plan row */
     }
     runner_batch b = {.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows, .tokens = e->tokens,
-                      .n_tokens = nt, .logits = e->dlogits};
+                      .n_tokens = nt, .logits = e->dlogits, .sp = dev ? e->dec_sp : NULL,
+                      .out_tokens = dev ? e->dec.tok : NULL};
     int rc = nr ? runner_forward(run, &b) : 0;
+    if (nr && dev) e->st.draft_passes_sampled++;
     int kmax = 0;   /* a probe drafts fewer than k */
     for (int i = 0; i < n; i++)
         if (e->plan[i].spec > kmax) kmax = e->plan[i].spec;
     for (int j = 0; rc == 0 && j < kmax; j++) {
         /* pick draft token j for each row drafting that far, then feed it (except its last) */
         nr = 0;
+        used = 0;
         for (int i = 0; i < n; i++) {
             row_plan *p = &e->plan[i];
             if (j >= p->spec) continue;
             req *r = p->r;
-            float *lg = e->dlogits + (size_t)p->logits_off * e->vocab;
             int32_t d;
-            /* the history the target will see at this position: tokens + earlier drafts */
-            int nh = r->seq.n_tokens;
-            memcpy(e->hist, r->seq.tokens, (size_t)nh * sizeof(int32_t));
-            memcpy(e->hist + nh, p->drafts, (size_t)j * sizeof(int32_t));
-            r->spp.suppress_eos = r->n_out + j < r->sp.min_tokens;
-            sample_apply_penalties(lg, e->vocab, &r->spp, e->hist, nh + j, r->seq.n_prompt, e->scratch);
-            if (r->sp.temperature <= 0) {
-                d = sample_argmax(lg, e->vocab);
+            if (dev) {
+                d = e->dec.tok[p->logits_off];
             } else {
-                float *q = e->dprobs + ((size_t)i * e->k + j) * e->vocab;
-                memcpy(q, lg, (size_t)e->vocab * sizeof(float));
-                sample_probs(q, e->vocab, &r->spp, e->scratch);
-                d = sample_from_probs(q, e->vocab, sample_uniform(r->seed ^ SPEC_SALT_DRAFT, (uint64_t)r->n_out + j));
+                float *lg = e->dlogits + (size_t)p->logits_off * e->vocab;
+                /* the history the target will see at this position: tokens + earlier drafts */
+                int nh = r->seq.n_tokens;
+                memcpy(e->hist, r->seq.tokens, (size_t)nh * sizeof(int32_t));
+                memcpy(e->hist + nh, p->drafts, (size_t)j * sizeof(int32_t));
+                r->spp.suppress_eos = r->n_out + j < r->sp.min_tokens;
+                sample_apply_penalties(lg, e->vocab, &r->spp, e->hist, nh + j, r->seq.n_prompt, e->scratch);
+                if (r->sp.temperature <= 0) {
+                    d = sample_argmax(lg, e->vocab);
+                } else {
+                    float *q = e->dprobs + ((size_t)i * e->k + j) * e->vocab;
+                    memcpy(q, lg, (size_t)e->vocab * sizeof(float));
+                    sample_probs(q, e->vocab, &r->spp, e->scratch);
+                    d = sample_from_probs(q, e->vocab,
+                                          sample_uniform(r->seed ^ SPEC_SALT_DRAFT, (uint64_t)r->n_out + j));
+                }
             }
             p->drafts[j] = d;
             if (j + 1 < p->spec) {
+                /* host picks: logits rows addressed by logits_off (the rows kept in plan
+                 * order); runner picks: a sampling row per row of this pass */
+                if (dev) {
+                    p->logits_off = nr;
+                    e->dec_sp[nr] = draft_sampling(e, p, j + 1, &used);
+                }
                 e->rows[nr] = (runner_row){.slot = r->seq.slot, .n_new = 1, .tok_off = nr,
                                            .n_logits = 1, .logits_off = p->logits_off};
                 e->tokens[nr++] = d;
             }
         }
         if (nr) {
-            /* logits rows are addressed by logits_off; keep the rows in plan order */
-            b = (runner_batch){.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows,
-                               .tokens = e->tokens, .n_tokens = nr, .logits = e->dlogits};
+            b = (runner_batch){.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows, .tokens = e->tokens,
+                               .n_tokens = nr, .logits = e->dlogits, .sp = dev ? e->dec_sp : NULL,
+                               .out_tokens = dev ? e->dec.tok : NULL};
             rc = runner_forward(run, &b);
+            if (dev) e->st.draft_passes_sampled++;
         }
     }
     return rc;
@@ -539,37 +591,44 @@ static int reserve_pos_stats(engine *e, int n) {
     return 0;
 }
 
-/* The runner's sampling rows of a speculating row (logits rows logits_off .. + spec):
- * position j samples what plain decoding would sample there once the drafts before it
- * stand -- its output position n_out + j (the counter, so the same uniform, and eos
- * suppressed while that is below min_tokens), and its statistics with those drafts counted
- * in (written at *used of e->pos_ids / pos_counts). */
-static void spec_rows_sampling(engine *e, const row_plan *p, size_t *used) {
-    const req *r = p->r;
-    const sample_stats *st = &r->stats;
-    for (int j = 0; j <= p->spec; j++) {
-        runner_sampling *sp = &e->dec_sp[p->logits_off + j];
-        *sp = device_sampling(e, r, j);
-        sp->stats_fed = 0;   /* (device_sampling's ahead counts a token in flight) */
-        if (j == 0 || !st->cap) continue;
-        /* position j - 1's list (the request's own at j = 1), then draft j - 1 */
-        int32_t *ids = e->pos_ids + *used, *cnt = e->pos_counts + *used;
-        int n = sp[-1].n_stats;
-        memcpy(ids, sp[-1].stat_ids, (size_t)n * sizeof *ids);
-        memcpy(cnt, sp[-1].stat_counts, (size_t)n * sizeof *cnt);
-        const int32_t d = p->drafts[j - 1];
+/* Position j's token statistics of speculating row p (its own, with its drafts before
+ * position j counted in as generated tokens), written at *used of e->pos_ids / pos_counts,
+ * into sp (which holds the row's own; unchanged at j = 0 or without a penalty). */
+static void position_stats(engine *e, const row_plan *p, int j, runner_sampling *sp, size_t *used) {
+    const sample_stats *st = &p->r->stats;
+    if (j == 0 || !st->cap) return;
+    int32_t *ids = e->pos_ids + *used, *cnt = e->pos_counts + *used;
+    int n = st->n;
+    memcpy(ids, st->ids, (size_t)n * sizeof *ids);
+    memcpy(cnt, st->counts, (size_t)n * sizeof *cnt);
+    for (int t = 0; t < j; t++) {
+        const int32_t d = p->drafts[t];
         int at = sample_stats_find(st, d);
-        for (int x = st->n; at < 0 && x < n; x++)   /* an id earlier drafts added */
+        for (int x = st->n; at < 0 && x < n; x++)   /* an id an earlier draft added */
             if (ids[x] == d) at = x;
         if (at < 0) {
             ids[at = n++] = d;
             cnt[at] = 0;
         }
         cnt[at]++;
-        sp->stat_ids = ids;
-        sp->stat_counts = cnt;
-        sp->n_stats = n;
-        *used += (size_t)n;
+    }
+    sp->stat_ids = ids;
+    sp->stat_counts = cnt;
+    sp->n_stats = n;
+    *used += (size_t)n;
+}
+
+/* The runner's sampling rows of a speculating row (logits rows logits_off .. + spec):
+ * position j samples what plain decoding would sample there once the drafts before it
+ * stand -- its output position n_out + j (the counter, so the same uniform, and eos
+ * suppressed while that is below min_tokens), and its statistics with those drafts counted
+ * in (position_stats). */
+static void spec_rows_sampling(engine *e, const row_plan *p, size_t *used) {
+    for (int j = 0; j <= p->spec; j++) {
+        runner_sampling *sp = &e->dec_sp[p->logits_off + j];
+        *sp = device_sampling(e, p->r, j);
+        sp->stats_fed = 0;   /* (device_sampling's ahead counts a token in flight) */
+        position_stats(e, p, j, sp, used);
     }
 }
 

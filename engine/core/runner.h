@@ -311,6 +311,7 @@ struct runner {
     const model *draft;      /* NULL without speculation */
     int vocab;
     int forward_samples;     /* forward() takes runner_batch.sp (set by the runner) */
+    int draft_samples;       /* ... for the draft model's passes too (which = RUNNER_DRAFT) */
     int forward_masks;       /* ... and honours runner_sampling.mask */
     int decode_masks;        /* decode() honours runner_sampling.mask and prepare_sp */
     int sample_adjusts;      /* decode() and, where forward_samples, forward() honour

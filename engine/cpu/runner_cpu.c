@@ -1296,6 +1296,7 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         !r->tok_pos || !r->tok_slot || !r->out_tok || !r->fs_scratch || !r->fs_raw)
         goto oom;
     r->base.forward_samples = cfg->tp_world <= 1;
+    r->base.draft_samples = r->base.forward_samples;   /* (cpu_forward samples either model) */
     r->base.forward_masks = r->base.forward_samples;
     r->base.decode_masks = r->base.forward_masks;   /* the decode op is a forward */
     r->base.decode_async = 1;

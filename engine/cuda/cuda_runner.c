@@ -828,6 +828,8 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* composed steps sample on the device (one GPU: ranks would each need the params) */
     r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
     r->base.forward_masks = r->base.forward_samples;
+    /* the draft model's forward passes sampling too: not run on a GPU yet (tests/gpu/UNRUN.md) */
+    r->base.draft_samples = 0;
     r->base.decode_masks = r->opts.world == 1;   /* split decode graphs (cuda_step.c) */
     r->base.decode_async = r->opts.world == 1;   /* ranks of a group step together: no queue */
     r->base.forward_async = r->opts.world == 1;

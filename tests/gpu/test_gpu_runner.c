@@ -1303,6 +1303,64 @@ static int spec_run(runner *r, const int *slots, int n, int32_t hist[][600], int
     return emitted;
 }
 
+/* The draft model's passes sampling in the runner (runner.draft_samples, off until this
+ * has run): every golden prompt fed to the draft with one logits row, greedy, with a logit
+ * bias and a presence penalty over a few ids, must give the argmax of the logits the same
+ * pass returns without sampling, adjusted on the host the same way. */
+static void test_forward_sampling_of_the_draft_matches_its_logits(void **s) {
+    (void)s;
+    spec_fixture f;
+    spec_open(&f, "llama-tiny", "llama-draft");
+    golden *g = &f.g;
+    const int V = f.t->cfg.vocab, n = g->n_prompts;
+    runner_row rows[8];
+    int32_t *tokens = malloc(sizeof(int32_t) * 512), out[8];
+    float *logits = malloc(sizeof(float) * (size_t)V * n);
+    int tok_total = 0;
+    for (int p = 0; p < n; p++) {
+        rows[p] = (runner_row){.slot = p, .n_new = g->len[p], .tok_off = tok_total, .n_logits = 1, .logits_off = p};
+        memcpy(tokens + tok_total, g->prompt[p], sizeof(int32_t) * (size_t)g->len[p]);
+        tok_total += g->len[p];
+    }
+    static const int32_t bias_ids[2] = {17, 300};
+    static const float bias_vals[2] = {4.0f, 2.5f};
+    static const int32_t stat_ids[3] = {17, 5, 300}, stat_counts[3] = {2, 1, 0};
+    runner_sampling sp[8];
+    for (int p = 0; p < n; p++)
+        sp[p] = (runner_sampling){.counter = 3, .n_logit_bias = 2, .logit_bias_ids = bias_ids,
+                                  .logit_bias_vals = bias_vals, .presence_penalty = 1.5f, .frequency_penalty = 0.5f,
+                                  .repetition_penalty = 1.0f, .n_stats = 3, .stat_ids = stat_ids,
+                                  .stat_counts = stat_counts};
+    for (int pass = 0; pass < 2; pass++) {
+        for (int p = 0; p < n; p++) {
+            slot_reset(f.r, p);
+            assert_int_equal(f.r->ops->slot_set_len(f.r, p, RUNNER_DRAFT, 0), 0);
+            out[p] = -1;
+        }
+        runner_batch b = {.which = RUNNER_DRAFT, .n_rows = n, .rows = rows, .tokens = tokens, .n_tokens = tok_total,
+                          .logits = logits, .sp = pass ? sp : NULL, .out_tokens = pass ? out : NULL};
+        int rc = runner_forward(f.r, &b);
+        if (rc) fail_msg("draft forward (pass %d): %d %s", pass, rc, cuda_runner_error(f.r));
+        for (int p = 0; p < n; p++) assert_int_equal(f.r->ops->slot_get_len(f.r, p, RUNNER_DRAFT), g->len[p]);
+    }
+    int moved = 0;
+    for (int p = 0; p < n; p++) {
+        float *lg = logits + (size_t)p * V;   /* pass 0's, adjusted as sp says */
+        const int raw = argmax(lg, V);
+        for (int j = 0; j < 2; j++) lg[bias_ids[j]] += bias_vals[j];
+        for (int j = 0; j < 3; j++)
+            if (stat_counts[j] > 0) lg[stat_ids[j]] -= 0.5f * (float)stat_counts[j] + 1.5f;
+        const int want = argmax(lg, V);
+        moved += want != raw;
+        if (out[p] != want) fail_msg("row %d: the draft sampled %d, adjusted argmax %d", p, out[p], want);
+    }
+    printf("    the draft's forward sampling: %d rows equal the adjusted argmax of its logits (%d moved by the "
+           "adjustments)\n", n, moved);
+    free(tokens);
+    free(logits);
+    spec_close(&f);
+}
+
 static void test_spec_graph_greedy_equals_decode_and_dummy_reset(void **s) {
     (void)s;
     spec_fixture f;
@@ -1924,6 +1982,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),
+        cmocka_unit_test(test_forward_sampling_of_the_draft_matches_its_logits),
         cmocka_unit_test(test_spec_graph_greedy_equals_decode_and_dummy_reset),
         cmocka_unit_test(test_spec_graph_self_draft_accepts_nearly_all),
         cmocka_unit_test(test_verify_graph_greedy_equals_decode),

@@ -275,6 +275,28 @@ static void test_speculative_rows_keep_every_sampling_feature(void **s) {
     g_all_greedy = g_cool = 0;
 }
 
+/* A draft model's sampled drafts stand by rejection sampling against the draft's own
+ * distributions, not by comparing with the target's draw: with the model drafting for
+ * itself (the same distributions at every position, features included) every draft
+ * stands, where drawing the target's token and comparing would reject many. */
+static void test_sampled_model_drafts_stand_by_rejection_sampling(void **s) {
+    (void)s;
+    g_cool = 0;
+    static run spec;
+    run_all(0, NREQ, 2, &spec);
+    int sampled = 0;
+    for (int i = 0; i < NREQ; i++) {
+        engine_sampling sp;
+        sampling_of(i, &sp);
+        if (sp.temperature > 0) sampled += spec.accepted[i];
+    }
+    print_message("  the model as its own draft, greedy and seeded requests: %llu of %llu drafts accepted (%d in seeded "
+                  "requests)\n", (unsigned long long)spec.st.spec_accepted_tokens,
+                  (unsigned long long)spec.st.spec_draft_tokens, sampled);
+    assert_true(sampled > 0);
+    assert_int_equal(spec.st.spec_accepted_tokens, spec.st.spec_draft_tokens);
+}
+
 /* ---- runner_step: the op it picks, and the verify op against the forward pass ---- */
 
 enum { RS_SLOTS = 3, RS_PROMPT = 12, RS_K = 4 };
@@ -406,6 +428,7 @@ int main(void) {
         cmocka_unit_test(test_runner_sampling_equals_host_sampling),
         cmocka_unit_test(test_penalised_rows_queue_in_flight),
         cmocka_unit_test(test_speculative_rows_keep_every_sampling_feature),
+        cmocka_unit_test(test_sampled_model_drafts_stand_by_rejection_sampling),
         cmocka_unit_test(test_runner_step_picks_the_op_and_verifies_alike),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -861,7 +861,9 @@ static int step_sampling(engine *e, int n, runner_step_batch *sb, const dec_outs
     int n_out = 0, masked = 0, nm = 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
-        if (host_only(p->r)) return 0;
+        /* a draft model's sampled drafts stand by rejection sampling against the draft's
+         * distributions (accept_row), which the runner does not see */
+        if (host_only(p->r) || (p->spec && e->drafter == ENGINE_DRAFTER_MODEL && p->r->sp.temperature > 0)) return 0;
         masked |= p->r->m != NULL;
         n_out += e->rows[i].n_logits;
     }

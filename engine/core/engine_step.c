@@ -892,9 +892,10 @@ static int step_sampling(engine *e, int n, runner_step_batch *sb, const dec_outs
     b->out_ranks = d->rank;
     b->prepare_sp = nm ? prepare : NULL;
     b->prepare_ctx = e;
-    if (runner_step_plan(e->run, sb) != RUNNER_OP_NONE) return 1;
+    if (runner_step_plan(e->run, sb) != RUNNER_OP_NONE) return 1;   /* (runner_step runs that op) */
     *b = (runner_batch){.which = b->which, .n_rows = b->n_rows, .rows = b->rows, .tokens = b->tokens,
                         .n_tokens = b->n_tokens, .logits = b->logits};
+    sb->op = 0;
     e->n_mask_rows = 0;
     return 0;
 }

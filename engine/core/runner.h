@@ -368,15 +368,17 @@ typedef struct {
     int *out_n;              /* [n_rows], where sp (required with verify rows): tokens each row
                               * emitted -- accepted + 1 for a verify row, 1 for a row whose
                               * last logits row samples (is not forced), else 0 */
-    int op;                  /* out: the op that ran it (RUNNER_OP_*) */
+    int op;                  /* the op that runs it (RUNNER_OP_*): set by runner_step_plan,
+                              * which runner_step calls first where it is still 0 */
 } runner_step_batch;
 
 /* Whether op (RUNNER_OP_*) samples a row with sampling sp (async: queued in flight);
  * runner_ops_taking: the ops that do, bit 1 << op each. */
 int runner_takes(const runner *r, int op, const runner_sampling *sp, int async);
 int runner_ops_taking(const runner *r, const runner_sampling *sp, int async);
-/* The op runner_step would run b with, or RUNNER_OP_NONE when no op samples every row. */
-int runner_step_plan(const runner *r, const runner_step_batch *b);
+/* The op runner_step will run b with (also into b->op), or RUNNER_OP_NONE when no op
+ * samples every row. Changing b afterwards needs b->op reset to 0. */
+int runner_step_plan(const runner *r, runner_step_batch *b);
 int runner_step(runner *r, runner_step_batch *b);
 /* Whether n decoding rows (slots, position-0 sampling sp) with up to k drafts each could be
  * one verify op: what the engine's prompt-lookup planning asks before drafting. */

@@ -107,7 +107,7 @@ static int takes_all(const runner *r, int op, const runner_batch *b, int n_out) 
     return 1;
 }
 
-int runner_step_plan(const runner *r, const runner_step_batch *sb) {
+static int plan(const runner *r, const runner_step_batch *sb) {
     const runner_batch *b = &sb->b;
     if (!b->sp) return RUNNER_OP_FORWARD;
     int decode = b->n_rows > 0, verify = !b->async, drafts = 0, kmax = 0, o = 0;
@@ -135,6 +135,8 @@ int runner_step_plan(const runner *r, const runner_step_batch *sb) {
     }
     return takes_all(r, RUNNER_OP_FORWARD, b, o) ? RUNNER_OP_FORWARD : RUNNER_OP_NONE;
 }
+
+int runner_step_plan(const runner *r, runner_step_batch *sb) { return sb->op = plan(r, sb); }
 
 /* The decode op over rows of one token each (logits row i is row i). */
 static int run_decode(runner *r, struct runner_step_scratch *s, const runner_batch *b) {
@@ -204,8 +206,7 @@ static int settle_forward(runner *r, runner_step_batch *sb) {
 
 int runner_step(runner *r, runner_step_batch *sb) {
     runner_batch *b = &sb->b;
-    const int op = runner_step_plan(r, sb);
-    sb->op = op;
+    const int op = sb->op ? sb->op : runner_step_plan(r, sb);
     if (op == RUNNER_OP_NONE || b->which != RUNNER_TARGET) return SPECD_EINVAL;
     for (int i = 0; sb->n_drafts && i < b->n_rows; i++)
         if (sb->n_drafts[i] > RUNNER_STEP_MAX_K) return SPECD_EINVAL;

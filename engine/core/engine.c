@@ -298,7 +298,6 @@ static int alloc_buffers(engine *e) {
     e->scratch = malloc((size_t)V * sizeof(int));
     e->hist = malloc((size_t)(e->cfg.max_seq_len + K + 1) * sizeof(int32_t));
     e->dec_slots = malloc((size_t)B * sizeof(int));
-    e->dec_tokens = malloc((size_t)B * sizeof(int32_t));
     e->dec_prev = malloc((size_t)e->max_step_tokens * sizeof(int));
     /* the composed step's sampling rows: one per row or k + 1 per speculating row, and a
      * prompt chunk's positions whose logprobs are wanted (ENGINE_PROMPT_LOGIT_ROWS beyond
@@ -321,7 +320,7 @@ static int alloc_buffers(engine *e) {
     e->row_masks = malloc((size_t)B * vocab_mask_words(V) * sizeof *e->row_masks);
     e->mask_rows = malloc((size_t)B * sizeof(int));
     e->mask_res = malloc((size_t)SR * sizeof(int));
-    if (!e->mask || !e->msave || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !e->dec_tokens || !outs_ok || !e->dec_prev || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
+    if (!e->mask || !e->msave || !e->row_masks || !e->mask_rows || !e->mask_res || !e->dec_slots || !outs_ok || !e->dec_prev || !e->dec_sp || !e->spec_out || !e->spec_n || !e->spec_nd)
         return SPECD_ENOMEM;
     for (int i = 0; i < 2; i++) {
         e->cap_events[i] = B * 3 + 8;
@@ -612,7 +611,6 @@ void engine_destroy(engine *e) {
     free(e->scratch);
     free(e->hist);
     free(e->dec_slots);
-    free(e->dec_tokens);
     free(e->dec_prev);
     dec_outs_free(&e->dec);
     for (int i = 0; i < 2; i++) {

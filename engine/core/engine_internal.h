@@ -190,8 +190,8 @@ struct engine {
     float *work;                 /* (vocab) */
     int *scratch;                /* (vocab) */
     int32_t *hist;               /* (max_seq_len + k) history with pending drafts */
-    int *dec_slots;              /* on-device decode fast path: (max_batch) each */
-    int32_t *dec_tokens;
+    int *dec_slots;              /* (max_batch) the rows' slots for a speculative step op or
+                                  * the verify question (verify_possible) */
     dec_outs dec;                /* (sampling rows: max_batch * (k + 1) +
                                   * ENGINE_PROMPT_LOGIT_ROWS, a composed step's logits rows)
                                   * the decode op's and a sampling forward's tokens, their

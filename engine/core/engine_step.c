@@ -335,6 +335,16 @@ static int draft_on_device(engine *e, int n) {
     return 1;
 }
 
+/* One pass of the draft over e->rows / e->tokens (nr rows, nt tokens), its logits rows
+ * into e->dlogits, or (dev) its picks sampled in the runner into e->dec.tok. */
+static int draft_pass(engine *e, int nr, int nt, int dev) {
+    if (nr == 0) return 0;
+    runner_batch b = {.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows, .tokens = e->tokens, .n_tokens = nt,
+                      .logits = e->dlogits, .sp = dev ? e->dec_sp : NULL, .out_tokens = dev ? e->dec.tok : NULL};
+    if (dev) e->st.draft_passes_sampled++;
+    return runner_forward(e->run, &b);
+}
+
 /* Phase 3: the draft takes in prompt chunks with the target and proposes k tokens for
  * speculating rows, first catching up on the tokens it has not seen. A decoding row that
  * does not speculate leaves the draft behind (its KV is written the next time the row
@@ -360,11 +370,7 @@ static int draft_phase(engine *e, int n) {
         if (p->spec && dev) e->dec_sp[no] = draft_sampling(e, p, 0, &used);
         if (p->spec) p->logits_off = no++;   /* draft logits row of this plan row */
     }
-    runner_batch b = {.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows, .tokens = e->tokens,
-                      .n_tokens = nt, .logits = e->dlogits, .sp = dev ? e->dec_sp : NULL,
-                      .out_tokens = dev ? e->dec.tok : NULL};
-    int rc = nr ? runner_forward(run, &b) : 0;
-    if (nr && dev) e->st.draft_passes_sampled++;
+    int rc = draft_pass(e, nr, nt, dev);
     int kmax = 0;   /* a probe drafts fewer than k */
     for (int i = 0; i < n; i++)
         if (e->plan[i].spec > kmax) kmax = e->plan[i].spec;
@@ -410,13 +416,7 @@ static int draft_phase(engine *e, int n) {
                 e->tokens[nr++] = d;
             }
         }
-        if (nr) {
-            b = (runner_batch){.which = RUNNER_DRAFT, .n_rows = nr, .rows = e->rows, .tokens = e->tokens,
-                               .n_tokens = nr, .logits = e->dlogits, .sp = dev ? e->dec_sp : NULL,
-                               .out_tokens = dev ? e->dec.tok : NULL};
-            rc = runner_forward(run, &b);
-            if (dev) e->st.draft_passes_sampled++;
-        }
+        rc = draft_pass(e, nr, nr, dev);
     }
     return rc;
 }

@@ -50,6 +50,7 @@ typedef struct req {
     int fails, skip;             /* prompt lookup: failed verifies in a row, steps to skip */
     int declined;                /* prompt lookup: steps the cost model declined its drafts */
     int decode_steps;            /* steps in which it decoded (speculating or not) */
+    int hit_step;                /* prompt lookup: decode_steps when a draft last stood */
     /* async scheduling (engine_step.c) */
     int pend_row;                /* its row in the last decode step queued */
     int pend_tok;                /* its last token is a placeholder for the token the step in
@@ -236,6 +237,16 @@ struct engine {
     tp_watchdog *tp_wd;
 };
 
+/* Whether decoding row p may speculate this step: room for k more tokens in its context,
+ * its blocks and its output (a constrained row: prompt lookup only, its drafts checked
+ * against the grammar). */
+static inline int row_may_speculate(const engine *e, const row_plan *p) {
+    const req *r = p->r;
+    const sched_seq *s = &r->seq;
+    return e->k > 0 && row_decodes(p) && s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
+           s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k && (!r->m || e->drafter == ENGINE_DRAFTER_NGRAM);
+}
+
 /* engine.c: take a request out of the scheduler and the table, and free it. */
 void engine_req_drop(engine *e, req *r);
 /* engine_step.c: clear r from the step in flight and the step being planned. */
@@ -264,6 +275,14 @@ int engine_spec_never(const engine *e, int n);
  * scheduling hides its host work, as for steps that never speculate); 0 where the plan
  * must decide (then nothing is counted). */
 int engine_spec_skip(engine *e, int n);
+/* Prompt lookup, a step of the n rows of e->plan about to be queued in flight (each row's
+ * last token may still be the placeholder of the step in flight: its lookup then uses the
+ * tokens before it). verify: 1 the runner's verify op would take the step, 0 it would not
+ * (such a step drafts nothing), -1 the runner has none (composed steps). 1 when
+ * engine_spec_plan would draft nothing and probe nothing, after counting what it would
+ * (back-off steps, declines toward the probes), so the step can go in flight as a plain
+ * one; 0 where the plan must decide (then nothing is counted). */
+int engine_spec_ngram_idle(engine *e, int n, int verify);
 /* Measure the cost model (creation, before any request: it times passes on free slots). */
 int engine_spec_measure(engine *e, char *err, size_t errlen);
 

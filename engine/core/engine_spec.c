@@ -24,6 +24,10 @@
 #define SPEC_DECAY 0.7f          /* weight of a request's past in its acceptance estimate */
 #define SPEC_GLOBAL_DECAY 0.95f  /* the same over all requests (draft-model decisions) */
 #define SPEC_BACKOFF_MAX 32      /* steps a failing prompt-lookup row skips at most */
+/* A prompt-lookup row whose drafts stood within this many of its decode steps is taken as
+ * copying still (engine_spec_ngram_idle): a step in flight hides its last token, and a
+ * copy that paused for a token usually resumes. */
+#define SPEC_RECENT 4
 /* A draft model's probes (whole speculative steps, and the draft's catch-up on the tokens
  * it skipped) back off: each declined probe doubles the interval, up to this many steps. */
 #define SPEC_PROBE_MAX 1024
@@ -35,6 +39,7 @@ const char *engine_spec_drafter_name(const engine *e) {
 int engine_spec_req_init(const engine *e, req *r, int capacity) {
     r->acc_s = 1;
     r->acc_t = 2;
+    r->hit_step = -SPEC_RECENT - 1;
     if (e->drafter != ENGINE_DRAFTER_NGRAM) return 0;
     r->ng = ngram_create(e->cfg.ngram_min, e->cfg.ngram_max, capacity);
     return r->ng ? 0 : SPECD_ENOMEM;
@@ -49,6 +54,7 @@ void engine_spec_observe(engine *e, req *r, int k, int accepted) {
     if (e->drafter != ENGINE_DRAFTER_NGRAM) return;
     if (accepted > 0) {
         r->fails = 0;
+        r->hit_step = r->decode_steps;
     } else {
         int skip = 1 << (r->fails < 5 ? r->fails : 5);
         r->skip = skip < SPEC_BACKOFF_MAX ? skip : SPEC_BACKOFF_MAX;
@@ -82,24 +88,47 @@ int engine_spec_never(const engine *e, int n) {
     return n * (1 + e->k) / spec_cost_step(&e->cost, n, n * e->k) <= plain;
 }
 
-/* Prompt lookup through the runner's verify op: every row is padded to the step's deepest
- * draft, so the choice is one depth cap k for the step (row j drafts min(avail, k)),
- * the one with the most expected tokens per second where that beats the plain step by
- * SPEC_COST_MIN_GAIN (spec_cost_uniform_k); a declined row still probes one draft now and
- * then where one that stands would pay. */
-static void choose_uniform(engine *e, int nd) {
+/* The prompt-lookup choice over the nd candidate rows in cand_* (drafts available and
+ * acceptance) beside `extra` prompt tokens, into cand_k; returns how many rows draft.
+ * verify 1: the runner's verify op takes the step, every row padded to the step's deepest
+ * draft, so the choice is one depth cap k for the step (row j drafts min(avail, k)), the
+ * one with the most expected tokens per second where that beats the plain step by
+ * SPEC_COST_MIN_GAIN (spec_cost_uniform_k); verify 0: the op would not take it, nothing
+ * drafts; verify -1 (no such op): each row's drafts by their expected gain
+ * (spec_cost_choose). Without a cost model every available draft goes. A declined row
+ * still probes one draft every SPEC_PROBE_EVERY declines where one that stands would pay;
+ * count 0 (a peek) leaves the decline counts as they are. */
+static int ngram_choose(engine *e, int nd, int extra, int verify, int count) {
     const spec_cost *c = &e->cost;
-    int K = 0;
-    for (int j = 0; j < nd; j++)
-        if (e->cand_avail[j] > K) K = e->cand_avail[j];
-    const int best_k = spec_cost_uniform_k(c, nd, e->cand_avail, e->cand_alpha);
-    const double plain = nd / spec_cost_step(c, nd, 0);
-    const int probe_pays = best_k == 0 && K > 0 && (nd + 1) / spec_cost_step(c, nd, nd) > plain;
+    int K = 0, best_k = 0, total = 0;
     for (int j = 0; j < nd; j++) {
-        int a = e->cand_avail[j];
-        e->cand_k[j] = a < best_k ? a : best_k;
-        if (probe_pays && a > 0 && ++e->plan[e->cand_row[j]].r->declined % SPEC_PROBE_EVERY == 0) e->cand_k[j] = 1;
+        e->cand_k[j] = verify == 0 ? 0 : e->cand_avail[j];
+        if (e->cand_avail[j] > K) K = e->cand_avail[j];
     }
+    if (verify == 0 || c->n_b == 0 || K == 0) {
+        for (int j = 0; j < nd; j++) total += e->cand_k[j] > 0;
+        return total;
+    }
+    int probe_pays;
+    if (verify > 0) {
+        best_k = spec_cost_uniform_k(c, nd, e->cand_avail, e->cand_alpha);
+        for (int j = 0; j < nd; j++) e->cand_k[j] = e->cand_avail[j] < best_k ? e->cand_avail[j] : best_k;
+        probe_pays = best_k == 0 && (nd + 1) / spec_cost_step(c, nd, nd) > nd / spec_cost_step(c, nd, 0);
+    } else {
+        spec_cost_choose(c, nd, extra, e->cand_avail, e->cand_alpha, e->cand_k, e->cands);
+        int any = 0;
+        for (int j = 0; j < nd; j++) any |= e->cand_k[j] > 0;
+        probe_pays = any || (nd + 1) / spec_cost_step(c, nd, extra + 1) > nd / spec_cost_step(c, nd, extra);
+    }
+    for (int j = 0; j < nd; j++) {
+        req *r = e->plan[e->cand_row[j]].r;
+        if (probe_pays && e->cand_k[j] == 0 && e->cand_avail[j] > 0) {
+            if ((r->declined + 1) % SPEC_PROBE_EVERY == 0) e->cand_k[j] = 1;
+            if (count) r->declined++;
+        }
+        total += e->cand_k[j] > 0;
+    }
+    return total;
 }
 
 /* Declined steps before a draft model's next probe: the current back-off, and at least
@@ -193,6 +222,48 @@ static int grammar_prefix(engine *e, req *r, const int32_t *drafts, int n) {
     return ok;
 }
 
+/* Row p's prompt-lookup drafts after its first `known` tokens, into p->drafts. */
+static int ngram_lookup(engine *e, row_plan *p, int known) {
+    req *r = p->r;
+    ngram_update(r->ng, r->seq.tokens, known);
+    return ngram_draft(r->ng, r->seq.tokens, known, ngram_room(e, r), p->drafts, NULL);
+}
+
+int engine_spec_ngram_idle(engine *e, int n, int verify) {
+    if (e->drafter != ENGINE_DRAFTER_NGRAM) return 0;
+    int nd = 0, extra = 0;
+    for (int i = 0; i < n; i++) {
+        row_plan *p = &e->plan[i];
+        req *r = p->r;
+        if (!row_decodes(p)) {
+            extra += p->n_new;
+            continue;
+        }
+        /* Its lookup on the tokens it knows; with a step in flight the last one is not
+         * known yet, so a row that copied within its last SPEC_RECENT decode steps counts
+         * as drafting all it may. (A constrained row's drafts are not walked through its
+         * grammar here: its matcher may still wait for the step in flight's token; more
+         * drafts only send the step to the plan.) */
+        int avail = 0;
+        if (verify != 0 && r->skip == 0 && row_may_speculate(e, p)) {
+            avail = ngram_lookup(e, p, r->seq.n_tokens - r->pend_tok);
+            if (r->pend_tok && r->decode_steps - r->hit_step <= SPEC_RECENT) avail = ngram_room(e, r);
+        }
+        e->cand_row[nd] = i;
+        e->cand_avail[nd] = avail;
+        e->cand_alpha[nd] = r->acc_s / r->acc_t;
+        nd++;
+    }
+    if (nd > 0 && ngram_choose(e, nd, extra, verify, 0) > 0) return 0;
+    /* the plan's bookkeeping of a step without drafts */
+    if (nd > 0) ngram_choose(e, nd, extra, verify, 1);
+    for (int j = 0; j < nd; j++) {
+        row_plan *p = &e->plan[e->cand_row[j]];
+        if (p->r->skip > 0 && row_may_speculate(e, p)) p->r->skip--;
+    }
+    return 1;
+}
+
 void engine_spec_plan(engine *e, int n) {
     int nd = 0, extra = 0, total = 0;
     for (int i = 0; i < n; i++) {
@@ -214,8 +285,7 @@ void engine_spec_plan(engine *e, int n) {
         } else if (p->spec && (!ngram_verifies(e) || e->step_verify)) {
             /* (a step the runner's verify op cannot take drafts nothing: no lookup; the
              * index catches up on the tokens the next time) */
-            ngram_update(r->ng, s->tokens, s->n_tokens);
-            avail = ngram_draft(r->ng, s->tokens, s->n_tokens, ngram_room(e, r), p->drafts, NULL);
+            avail = ngram_lookup(e, p, s->n_tokens);
             if (r->m) avail = grammar_prefix(e, r, p->drafts, avail);
         }
         e->cand_avail[nd] = avail;
@@ -235,24 +305,9 @@ void engine_spec_plan(engine *e, int n) {
             for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
         else if (choice == MODEL_PROBE)
             probe_rows(e, nd);
-    } else if (ngram_verifies(e)) {
-        /* the cost model times the verify op: a step it cannot take drafts nothing */
-        if (!e->step_verify)
-            for (int j = 0; j < nd; j++) e->cand_k[j] = 0;
-        else if (e->cost.n_b > 0)
-            choose_uniform(e, nd);
-    } else if (e->cost.n_b > 0) {
-        spec_cost_choose(&e->cost, nd, extra, e->cand_avail, e->cand_alpha, e->cand_k, e->cands);
-        /* a one-token probe only where a draft that stands would pay at this batch size */
-        int any = 0;
-        for (int j = 0; j < nd; j++) any |= e->cand_k[j] > 0;
-        const double plain = nd / spec_cost_step(&e->cost, nd, extra);
-        const int probe_pays = any || (nd + 1) / spec_cost_step(&e->cost, nd, extra + 1) > plain;
-        for (int j = 0; j < nd && probe_pays; j++) {
-            req *r = e->plan[e->cand_row[j]].r;
-            if (e->cand_k[j] == 0 && e->cand_avail[j] > 0 && ++r->declined % SPEC_PROBE_EVERY == 0)
-                e->cand_k[j] = 1;
-        }
+    } else if (e->drafter == ENGINE_DRAFTER_NGRAM) {
+        /* (the cost model times the verify op: a step it cannot take drafts nothing) */
+        ngram_choose(e, nd, extra, ngram_verifies(e) ? e->step_verify : -1, 1);
     }
     for (int j = 0; j < nd; j++) {
         e->plan[e->cand_row[j]].spec = e->cand_k[j];

@@ -1003,7 +1003,7 @@ static double step_now(void) {
 /* ---- async scheduling -------------------------------------------------------------------
  * Where the runner pipelines its ops (runner.decode_async, forward_async), a step whose
  * rows sample on the device with nothing the host must update between tokens (no host
- * sampling, no speculation possible; penalties only where the runner counts the token in
+ * sampling, no drafts this step; penalties only where the runner counts the token in
  * flight itself, runner.async_stats; grammars only where the runner calls back once the
  * pass is queued, runner.async_masks, so that prepare_masks_async can wait for the step in
  * flight's tokens and advance the rows' matchers past them: async_ok) is queued without
@@ -1020,7 +1020,13 @@ static double step_now(void) {
  * on the next. A row that ended (stop token, a client gone, an abort) is known one step
  * late: its token from the next step is never emitted (its plan row is cleared when the
  * request is dropped) and its KV goes back to the pool when it is dropped; the runner's
- * stream runs the queued step before any later op that could reuse its slot or blocks. */
+ * stream runs the queued step before any later op that could reuse its slot or blocks.
+ * Speculative steps are synchronous: a draft model's or prompt lookup's drafts follow
+ * from the token the step before sampled. A step a drafter would not speculate in is
+ * queued like any other (engine_spec_skip, engine_spec_ngram_idle); prompt lookup, with
+ * a step in flight, looks up on the tokens before its placeholder, and a row that
+ * copied within its last few steps counts as drafting (so a copy in progress stays
+ * synchronous, and chat, which rarely matches, goes in flight). */
 
 #define TOKEN_PENDING (-1)
 
@@ -1044,7 +1050,7 @@ static int async_ok(engine *e, int n) {
     /* (one call may commit the step in flight's token and then a speculative step's k + 1
      * tokens into one event) */
     if (e->cfg.sync_scheduling || !run->ops->wait_queued || n == 0 || e->k + 2 > ENGINE_MAX_STEP_TOKENS) return 0;
-    int all_decode = 1, decode = 1, forward = 1;
+    int all_decode = 1, decode = 1, forward = 1, verify = run->ops->verify ? 1 : -1;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
@@ -1056,15 +1062,23 @@ static int async_ok(engine *e, int n) {
         const int ops = runner_ops_taking(run, &sp, 1);
         decode &= ops >> RUNNER_OP_DECODE & 1;
         forward &= ops >> RUNNER_OP_FORWARD & 1;
+        /* (the rows the runner's verify op would take, synchronously, as verify_possible
+         * asks once the token in flight is in: no statistics fed) */
+        runner_sampling vsp = sp;
+        vsp.stats_fed = 0;
+        if (verify > 0 && !runner_takes(run, RUNNER_OP_VERIFY, &vsp, 0)) verify = 0;
     }
-    /* (a step a draft model declines goes in flight too: engine_spec_skip counts the
-     * decline, so the probes come as they would; it is asked last, as its answer is used) */
-    if (all_decode) return (decode || forward) && (engine_spec_never(e, n) || engine_spec_skip(e, n));
-    /* with prompt chunks: nothing speculates without a drafter, nor with prompt lookup
-     * verified by the runner's verify op (which takes decoding rows only); a draft model
-     * takes in the prompt chunks with the target (target_step) */
-    const int no_spec = e->k == 0 || (e->drafter == ENGINE_DRAFTER_NGRAM && run->ops->verify);
-    return forward && no_spec;
+    if (!all_decode && verify > 0) verify = 0;   /* (the verify op takes decoding rows only) */
+    /* A step a drafter would not speculate in goes in flight too: a draft model that
+     * declines (engine_spec_skip), or prompt lookup whose rows find no drafts that the cost
+     * model would take (engine_spec_ngram_idle). Both count what the plan would (declines,
+     * back-off), so the probes come as they would; they are asked last, as their answer is
+     * used. A draft model takes in prompt chunks with the target (target_step): such steps
+     * are not queued. */
+    if (!(all_decode ? decode || forward : forward)) return 0;
+    if (e->k == 0 || (all_decode && engine_spec_never(e, n))) return 1;
+    if (e->drafter == ENGINE_DRAFTER_MODEL) return all_decode && engine_spec_skip(e, n);
+    return engine_spec_ngram_idle(e, n, verify);
 }
 
 /* The step in flight is taken as done for the scheduler: its rows' fed positions
@@ -1154,12 +1168,7 @@ static int sync_rows(engine *e, int n, engine_output *out) {
         req *r = p->r;
         int rc = sync_slot(e, r);
         if (rc) return rc;
-        sched_seq *s = &r->seq;
-        p->spec = e->k > 0 && row_decodes(p) &&
-                  s->n_tokens + e->k <= e->cfg.max_seq_len && r->max_new - r->n_out > 1 &&
-                  s->kv.n_blocks * e->cfg.block_size >= s->n_tokens + e->k &&
-                  (!r->m || e->drafter == ENGINE_DRAFTER_NGRAM);   /* constrained rows: prompt
-                                            * lookup only, drafts checked against the grammar */
+        p->spec = row_may_speculate(e, p);
         out->n_scheduled_tokens += p->n_new;
     }
     return 0;

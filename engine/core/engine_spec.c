@@ -7,7 +7,8 @@
  * only when every earlier one stood): an exponentially decayed count of accepted over
  * tried drafts, starting from 1 of 2. With prompt lookup a row whose whole draft fails
  * skips lookup for 1, 2, 4 .. 32 steps (reset by any accepted draft), so open chat, where
- * matches are rare and wrong, costs almost nothing. Drafts the cost model declines are
+ * matches are rare and wrong, costs almost nothing; a step in which no row would draft
+ * is queued in flight like a plain one (engine_spec_ngram_idle). Drafts the cost model declines are
  * still tried now and then (SPEC_PROBE_EVERY; a draft model's probes back off up to
  * SPEC_PROBE_MAX, are spaced so that they cost at most 0.5% of the plain steps between
  * them by the cost table, leave out steps with prompt chunks, and take the rows whose

@@ -328,7 +328,7 @@ int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, 
  * shuffle, an online softmax per head runs over the warp, P.V from registers, then the
  * block's warps merge through shared memory. A context that fits one split is written
  * out directly; longer ones merge their splits as attention_kernel does. */
-template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB, bool F8, bool PF>
+template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB, bool F8>
 __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
                         k_kv_geom g, k_attn_work w, int trigger_early) {
@@ -382,32 +382,29 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     /* Keys c .. c + DEC_KPW - 1 of the chunk: the lane's key row (kp, NULL past ke), then
      * the K quarters and V values of the keys in [lo, hi) (the rest zero when lo == 0,
      * else left as they are). */
-    auto chunk_addr_of = [&](int c) -> const kv_t * {
+    auto chunk_addr = [&](int c) {
         const int key = c + kl;
-        return key < ke ? pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
-                              ((size_t)kvh * g.block_size + key % g.block_size) * D
-                        : NULL;
+        kp = key < ke ? pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
+                            ((size_t)kvh * g.block_size + key % g.block_size) * D
+                      : NULL;
     };
-    auto chunk_addr = [&](int c) { kp = chunk_addr_of(c); };
-    /* the K quarters and V values of chunk c's keys in [lo, hi) from key row P into K / V */
-    auto load_into = [&](int c, int lo, int hi, const kv_t *P, uint4 (&K)[KS8], vraw_t (&V)[DEC_KPW]) {
+    auto load_range = [&](int c, int lo, int hi) {
         const int key = c + kl;
-        if (P && key >= lo && key < hi) {
+        if (kp && key >= lo && key < hi) {
 #pragma unroll
-            for (int j = 0; j < KS8; j++) K[j] = ((const uint4 *)(P + sub * DS))[j];
+            for (int j = 0; j < KS8; j++) kr[j] = ((const uint4 *)(kp + sub * DS))[j];
         } else if (lo == 0) {
 #pragma unroll
-            for (int j = 0; j < KS8; j++) K[j] = make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < KS8; j++) kr[j] = make_uint4(0, 0, 0, 0);
         }
-        const unsigned long long vaddr = P ? (unsigned long long)(P + v_off) : 0ull;
+        const unsigned long long vaddr = kp ? (unsigned long long)(kp + v_off) : 0ull;
 #pragma unroll
         for (int j = 0; j < DEC_KPW; j++) {
             const unsigned long long va = __shfl_sync(0xffffffffu, vaddr, j * DEC_LPK);
-            if (va && c + j >= lo && c + j < hi) V[j] = *(const vraw_t *)((const kv_t *)va + lane * DL);
-            else if (lo == 0) V[j] = vraw_t{};
+            if (va && c + j >= lo && c + j < hi) vr[j] = *(const vraw_t *)((const kv_t *)va + lane * DL);
+            else if (lo == 0) vr[j] = vraw_t{};
         }
     };
-    auto load_range = [&](int c, int lo, int hi) { load_into(c, lo, hi, kp, kr, vr); };
     int c0 = ks0 + warp * DEC_KPW;
     const bool has_chunk = rows > 0 && c0 < ke;
     if (has_chunk) {
@@ -454,19 +451,8 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 #pragma unroll
         for (int e = 0; e < DL; e++) acc[r][e] = 0.f;
     }
-    /* PF (software pipelining): the next chunk's K and V are requested before this one's
-     * arithmetic, so a warp's loads stay in flight while it computes */
-    uint4 krn[KS8];
-    vraw_t vrn[DEC_KPW];
     for (int c = c0; c < ke; c += DEC_WARPS * DEC_KPW) {
-        const int cn = c + DEC_WARPS * DEC_KPW;
-        const kv_t *kpn = NULL;
-        if constexpr (PF) {
-            if (cn < ke) {
-                kpn = chunk_addr_of(cn);
-                load_into(cn, 0, INT_MAX, kpn, krn, vrn);
-            }
-        } else if (c != c0) {
+        if (c != c0) {
             chunk_addr(c);
             load_range(c, 0, INT_MAX);
         }
@@ -562,15 +548,6 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
                 for (int e = 0; e < DL; e++) acc[r][e] = fmaf(pj, v[e], acc[r][e]);
             }
         }
-        if constexpr (PF) {
-            if (cn < ke) {
-                kp = kpn;
-#pragma unroll
-                for (int j = 0; j < KS8; j++) kr[j] = krn[j];
-#pragma unroll
-                for (int j = 0; j < DEC_KPW; j++) vr[j] = vrn[j];
-            }
-        }
     }
     /* the O GEMV may launch now and start pulling its weights during the merge */
     if (trigger_early) k_pdl_trigger();
@@ -632,16 +609,13 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
      * no cap (attn_dec 1, the earlier form); 2 (a lane-quarter, 2 warps, 8 blocks) gave
      * 9,558 / 21,807 and 82,689. Forms with 2 or 8 lanes per key or 8 warps measured
      * between these. */
-#define DEC_LAUNCH(LPK, WARPS, MINB, PF)                                                                              \
-    k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8, PF>, grid, dim3(WARPS * 32), 0, s, q,  \
-                 out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2)
-    const int form = k_tuning_get()->attn_dec;
-    if ((long)w->n_items * KVH < sms) rc = DEC_LAUNCH(4, 8, 1, false);
-    else if (form == 1) rc = DEC_LAUNCH(1, 4, 1, false);
-    else if (form == 2) rc = DEC_LAUNCH(4, 2, 8, false);
-    else if (form == 3) rc = DEC_LAUNCH(4, 4, 4, true);   /* the default form, pipelined */
-    else if (form == 4) rc = DEC_LAUNCH(4, 4, 2, true);   /* ... with room for its registers */
-    else rc = DEC_LAUNCH(4, 4, 4, false);
+#define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
+    k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8>, grid, dim3(WARPS * 32), 0, s, q, out, \
+                 H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2)
+    if ((long)w->n_items * KVH < sms) rc = DEC_LAUNCH(4, 8, 1);
+    else if (k_tuning_get()->attn_dec == 1) rc = DEC_LAUNCH(1, 4, 1);
+    else if (k_tuning_get()->attn_dec == 2) rc = DEC_LAUNCH(4, 2, 8);
+    else rc = DEC_LAUNCH(4, 4, 4);
 #undef DEC_LAUNCH
     if (rc || w->n_splits == 1 || w->counters) return rc;
     return attention_combine_launch(out, H, D, w, s);

@@ -828,8 +828,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     /* composed steps sample on the device (one GPU: ranks would each need the params) */
     r->base.forward_samples = r->opts.world == 1 && !r->tune.no_forward_sampling;
     r->base.forward_masks = r->base.forward_samples;
-    /* the draft model's forward passes sampling too: not run on a GPU yet (tests/gpu/UNRUN.md) */
-    r->base.draft_samples = 0;
+    /* the draft model's forward passes sampling too (test_gpu_runner
+     * "*draft_matches_its_logits*", H100, 2026-12-06) */
+    r->base.draft_samples = r->base.forward_samples;
     r->base.decode_masks = r->opts.world == 1;   /* split decode graphs (cuda_step.c) */
     r->base.decode_async = r->opts.world == 1;   /* ranks of a group step together: no queue */
     r->base.forward_async = r->opts.world == 1;
@@ -982,9 +983,9 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         r->ops.verify = cuda_verify;
         r->base.verify_max_k = vf_k;
         r->base.verify_max_rows = r->vf_mb;
-        /* sampled rows: k_verify_accept's point-mass rule by the target's own draws has
-         * not run on a GPU yet (tests/gpu/UNRUN.md); until it has, their steps decode */
-        r->base.verify_samples = 0;
+        /* sampled rows: k_verify_accept's point-mass rule by the target's own draws
+         * (test_gpu_runner "*verify_graph_sampled*", H100, 2026-12-06) */
+        r->base.verify_samples = 1;
     }
 
     /* Graphs, against a one-block scratch pool (capture rows all use the dummy slot), which

@@ -1064,9 +1064,11 @@ static int async_ok(engine *e, int n) {
         forward &= ops >> RUNNER_OP_FORWARD & 1;
         /* (the rows the runner's verify op would take, synchronously, as verify_possible
          * asks once the token in flight is in: no statistics fed) */
-        runner_sampling vsp = sp;
-        vsp.stats_fed = 0;
-        if (verify > 0 && !runner_takes(run, RUNNER_OP_VERIFY, &vsp, 0)) verify = 0;
+        if (verify > 0) {
+            runner_sampling vsp = sp;
+            vsp.stats_fed = 0;
+            if (!runner_takes(run, RUNNER_OP_VERIFY, &vsp, 0)) verify = 0;
+        }
     }
     if (!all_decode && verify > 0) verify = 0;   /* (the verify op takes decoding rows only) */
     /* A step a drafter would not speculate in goes in flight too: a draft model that

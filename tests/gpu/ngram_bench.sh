@@ -33,8 +33,13 @@ for mode in plain ngram; do
         # more streams than requests would run fewer at once than it says
         for c in ${C//,/ }; do
             n=$((4 * c)); [ $n -lt 64 ] && n=64
-            timeout 200 $B --workload-set $set --concurrency "$c" --num-prompts $n --out "$R/b_${mode}_${set}_$c" \
+            # one Python client process parses about 30k streamed tokens/s: from 64
+            # streams the level runs in c/16 processes (8 at most), or the client is the limit
+            p=$((c / 16)); [ $p -lt 1 ] && p=1; [ $p -gt 8 ] && p=8
+            curl -s "127.0.0.1:$PORT/metrics" > "$R/m0_${mode}_${set}_$c.txt"
+            timeout 200 $B --workload-set $set --concurrency "$c" --num-prompts $n --processes $p --out "$R/b_${mode}_${set}_$c" \
                 > "$R/b_${mode}_${set}_$c.log" 2>&1
+            curl -s "127.0.0.1:$PORT/metrics" > "$R/m1_${mode}_${set}_$c.txt"
             echo "== $mode $set $c streams, $n requests (rc $?)"
             grep -E "^concurrency" "$R/b_${mode}_${set}_$c.log"
         done
@@ -50,6 +55,30 @@ def rate(mode, s, c):
         return json.load(open(f"{r}/b_{mode}_{s}_{c}/bench.json"))["results"][0]["output_tokens_per_s"]
     except (OSError, KeyError, IndexError, ValueError):
         return None
+def steps(mode, s, c):
+    """The engine's steps during a level (/metrics before and after): all, queued in
+    flight, verified by the runner, with drafts."""
+    def read(w):
+        m = {}
+        try:
+            for line in open(f"{r}/m{w}_{mode}_{s}_{c}.txt"):
+                if line.startswith("specd:") and " " in line:
+                    k, v = line.rsplit(" ", 1)
+                    m[k.split("{")[0] + ("{" + k.split("{")[1].split(",")[0] + "}" if "{path" in k else "")] = float(v)
+        except OSError:
+            pass
+        return m
+    a, b = read(0), read(1)
+    d = lambda k: b.get(k, 0) - a.get(k, 0)
+    total = sum(d(k) for k in b if k.startswith("specd:engine_steps_total"))
+    return total, d("specd:engine_async_steps_total"), d('specd:engine_steps_total{path="verify"}'), \
+        d("specd:spec_decode_num_speculated_steps_total")
+for s in ("copy", "chat"):
+    for c in levels:
+        for mode in ("plain", "ngram"):
+            t, a_, v, sp = steps(mode, s, c)
+            if t:
+                print(f"{s} {c} {mode}: {t:.0f} steps, {a_ / t:.2f} in flight, {v / t:.2f} verify, {sp / t:.2f} with drafts")
 for s in ("copy", "chat"):
     parts = []
     for c in levels:

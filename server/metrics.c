@@ -232,6 +232,10 @@ char *metrics_render(metrics *m) {
     counter(&b, mo, "spec_decode_num_decode_steps_total", "Engine steps with decoding rows.", st->spec_steps_decoding);
     counter(&b, mo, "spec_decode_num_speculated_steps_total", "Engine steps in which a row verified drafts.",
             st->spec_steps_speculated);
+    gauge(&b, mo, "spec_decode_host_seconds",
+          "The engine's host time per step at the latest step's batch size, as the speculation cost model "
+          "learned it where plain steps hide it in flight (added to every speculating step's time).",
+          st->spec_host_seconds);
     counter(&b, mo, "spec_decode_num_decode_rows_total", "Decoding rows over all steps (a verify is one).",
             st->spec_rows_decoding);
     head(&b, "spec_decode_drafter", "gauge", "The drafter in use (label kind), always 1.");

@@ -301,6 +301,56 @@ static void test_spec_cost_learns_what_speculating_steps_cost(void **st) {
     assert_true(c.scale[1] > 1 && c.scale[1] <= 0.7 + 0.3 * 50 + 1e-9);
 }
 
+/* Plain steps hide the engine's host work under the step in flight; a speculating step,
+ * synchronous, exposes it. With the host time learned per batch size and added to
+ * speculating steps only, a row whose drafts paid on device time alone (1.0 s plain,
+ * 1.225 s with 3 drafts at 0.5: 1.875 tokens) stops drafting once a host part of
+ * 0.7 s a step (1.4 s exposed) eats the gain (the table in tenths of those times, as an
+ * observation counts at most 0.1 s), drafts that nearly all stand still pay, the plain step's time is
+ * unchanged, and the other batch size keeps its own estimate. */
+static void test_spec_cost_counts_exposed_host_time_against_drafts(void **st) {
+    (void)st;
+    spec_cost c;
+    spec_cost_cand cand[16];
+    make_cost(&c, 1.0, 0.0, 0.075);   /* 4 drafts on one row: 1.3 s */
+    int avail[1] = {4}, k[1];
+    float alpha[1] = {0.5f};
+    assert_true(spec_cost_choose(&c, 1, 0, avail, alpha, k, cand) > 0);
+    assert_int_equal(spec_cost_uniform_k(&c, 1, avail, alpha), 3);   /* 1.875 in 1.225 s */
+    assert_true(spec_cost_draft_pays(&c, 1, 0, 4, 0.5));
+    /* host seconds over 0.1 count as 0.1 (a stall is not a step's work), so the same
+     * table in tenths of those times */
+    make_cost(&c, 0.1, 0.0, 0.0075);
+    for (int i = 0; i < 200; i++) spec_cost_observe_host(&c, 1, 0.07);
+    assert_float_equal(c.host[0], 0.07, 1e-6);
+    assert_true(c.host[1] == 0);   /* B 4 learned nothing */
+    const double h0 = c.host[0];
+    assert_float_equal(spec_cost_observe_host(&c, 1, 5.0), 0.9 * h0 + 0.1 * 0.1, 1e-12);
+    c.host[0] = h0;
+    assert_float_equal(spec_cost_step(&c, 1, 0), 0.1, 1e-12);   /* plain steps: as measured */
+    assert_float_equal(spec_cost_spec_step(&c, 1, 4), 0.13 + SPEC_COST_HOST_STEPS * c.host[0], 1e-12);
+    assert_int_equal(spec_cost_choose(&c, 1, 0, avail, alpha, k, cand), 0);
+    assert_int_equal(spec_cost_uniform_k(&c, 1, avail, alpha), 0);
+    assert_false(spec_cost_draft_pays(&c, 1, 0, 4, 0.5));
+    /* drafts that nearly all stand still pay it: 1 + 3.52 tokens in 0.27 s */
+    alpha[0] = 0.95f;
+    assert_int_equal(spec_cost_uniform_k(&c, 1, avail, alpha), 4);
+    /* B 2 takes B 1's estimate (nearest), B 4 has none */
+    assert_float_equal(spec_cost_spec_step(&c, 2, 8), spec_cost_step(&c, 2, 8) + SPEC_COST_HOST_STEPS * c.host[0],
+                       1e-12);
+    assert_float_equal(spec_cost_spec_step(&c, 4, 16), spec_cost_step(&c, 4, 16), 1e-12);
+    /* nonsense is ignored; the estimate follows what steps cost now */
+    const double h = c.host[0];
+    spec_cost_observe_host(&c, 1, -1.0);
+    spec_cost_observe_host(&c, 1, 0.0 / 0.0);
+    spec_cost_observe_host(&c, 0, 1.0);
+    assert_true(c.host[0] == h && c.host[1] == 0);
+    for (int i = 0; i < 200; i++) spec_cost_observe_host(&c, 1, 0.0);
+    assert_true(c.host[0] < 1e-9);
+    alpha[0] = 0.5f;
+    assert_int_equal(spec_cost_uniform_k(&c, 1, avail, alpha), 3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_proposes_what_followed_the_earlier_match),
@@ -317,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_spec_cost_needs_a_margin_to_speculate),
         cmocka_unit_test(test_spec_cost_drafts_only_where_they_pay),
         cmocka_unit_test(test_spec_cost_learns_what_speculating_steps_cost),
+        cmocka_unit_test(test_spec_cost_counts_exposed_host_time_against_drafts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

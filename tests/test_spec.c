@@ -547,6 +547,54 @@ static void test_spec_ngram_steps_without_drafts_go_in_flight(void **st) {
     free_prompts(&p);
 }
 
+/* The cost model's host time (spec_cost.host): learned from every step only where a queued
+ * step runs on a device while the host goes on (runner.async_device; the CPU runner
+ * computes when queued, so it learns nothing), and charged to speculating steps: with a
+ * hand-set table of 1 ms steps, the engine's own few microseconds a step leave prompt
+ * lookup drafting on prompts that loop; with the same table in microseconds, the host
+ * time outweighs what drafts save and speculation stops after the first steps. Output is
+ * the same in every case. */
+static void test_spec_ngram_host_time_is_charged_to_speculating_steps(void **st) {
+    (void)st;
+    prompts all, p = {.np = 4};
+    load_ngram_prompts(&all);
+    for (int i = 0; i < 4; i++) {   /* the two prompts that loop, twice each */
+        p.ids[i] = all.ids[all.np - 1 - i % 2];
+        p.n[i] = all.n[all.np - 1 - i % 2];
+    }
+    engine *e = make_engine(NULL, 0, 8, 0);
+    run_greedy(e, &p, p.np, 2, 64, &g_plain);
+    engine_destroy(e);
+    uint64_t speculated[3];
+    for (int mode = 0; mode < 3; mode++) {
+        e = make_ngram_engine(8, 0, 0, 1);
+        assert_non_null(e);
+        const double t = mode == 2 ? 1e-6 : 1e-3;
+        e->cost = (spec_cost){.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{t, 1.1 * t}, {t, 1.1 * t}}};
+        if (mode > 0) e->run->async_device = 1;
+        run_greedy(e, &p, p.np, 2, 64, &g_tmp);
+        engine_stats s;
+        engine_get_stats(e, &s);
+        const double h1 = e->cost.host[0], h8 = e->cost.host[1];
+        engine_destroy(e);
+        speculated[mode] = s.spec_steps_speculated;
+        print_message("  ngram%s: host %.1f / %.1f us a step at 1 / 8 rows, %llu of %llu steps speculated, AL %.2f\n",
+                      mode == 0 ? " (CPU runner)" : mode == 1 ? " (as if on a device), 1 ms steps" : " (as if on a device), 1 us steps",
+                      1e6 * h1, 1e6 * h8, (unsigned long long)s.spec_steps_speculated,
+                      (unsigned long long)s.spec_steps_decoding, al(&g_tmp));
+        assert_same_tokens(&g_plain, &g_tmp, p.np);
+        if (mode == 0) {
+            assert_true(h1 == 0 && h8 == 0 && s.spec_host_seconds == 0);
+        } else {
+            assert_true(h1 + h8 > 0 && s.spec_host_seconds > 0);
+            assert_true(s.spec_host_seconds == h1 || s.spec_host_seconds == h8);
+        }
+        if (mode < 2) assert_true(g_tmp.verify > 0);
+    }
+    assert_true(speculated[2] * 4 < speculated[1]);
+    free_prompts(&all);
+}
+
 /* Seeded sampling with prompt lookup: the same tokens run after run, on the composed path
  * and through the runner's verify op, and equal to those of the same requests without
  * speculation; verify steps and accepted drafts are counted. */
@@ -833,6 +881,7 @@ int main(void) {
         cmocka_unit_test(test_spec_kv_returns_to_baseline),
         cmocka_unit_test(test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted),
         cmocka_unit_test(test_spec_ngram_steps_without_drafts_go_in_flight),
+        cmocka_unit_test(test_spec_ngram_host_time_is_charged_to_speculating_steps),
         cmocka_unit_test(test_spec_ngram_sampled_output_is_seeded_and_counted),
         cmocka_unit_test(test_spec_point_mass_rejection_follows_target),
         cmocka_unit_test(test_spec_ngram_kv_returns_to_baseline),

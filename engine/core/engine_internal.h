@@ -283,6 +283,11 @@ int engine_spec_skip(engine *e, int n);
  * (back-off steps, declines toward the probes), so the step can go in flight as a plain
  * one; 0 where the plan must decide (then nothing is counted). */
 int engine_spec_ngram_idle(engine *e, int n, int verify);
+/* A step of `rows` rows ended that spent `host` seconds in the engine's own work (not in
+ * the runner). Where a queued op runs on a device while the host goes on, plain steps
+ * hide that work under the step in flight and a speculating step, synchronous, exposes
+ * it: the cost model learns it per batch size (spec_cost.host). */
+void engine_spec_host(engine *e, int rows, double host);
 /* Measure the cost model (creation, before any request: it times passes on free slots). */
 int engine_spec_measure(engine *e, char *err, size_t errlen);
 

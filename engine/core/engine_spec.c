@@ -86,7 +86,7 @@ int engine_spec_never(const engine *e, int n) {
     /* engine_spec_plan's test for a draft model: not even drafts that all stand would pay
      * at this many rows (then it neither speculates nor probes) */
     const double plain = n / spec_cost_step(&e->cost, n, 0);
-    return n * (1 + e->k) / spec_cost_step(&e->cost, n, n * e->k) <= plain;
+    return n * (1 + e->k) / spec_cost_spec_step(&e->cost, n, n * e->k) <= plain;
 }
 
 /* The prompt-lookup choice over the nd candidate rows in cand_* (drafts available and
@@ -114,12 +114,12 @@ static int ngram_choose(engine *e, int nd, int extra, int verify, int count) {
     if (verify > 0) {
         best_k = spec_cost_uniform_k(c, nd, e->cand_avail, e->cand_alpha);
         for (int j = 0; j < nd; j++) e->cand_k[j] = e->cand_avail[j] < best_k ? e->cand_avail[j] : best_k;
-        probe_pays = best_k == 0 && (nd + 1) / spec_cost_step(c, nd, nd) > nd / spec_cost_step(c, nd, 0);
+        probe_pays = best_k == 0 && (nd + 1) / spec_cost_spec_step(c, nd, nd) > nd / spec_cost_step(c, nd, 0);
     } else {
         spec_cost_choose(c, nd, extra, e->cand_avail, e->cand_alpha, e->cand_k, e->cands);
         int any = 0;
         for (int j = 0; j < nd; j++) any |= e->cand_k[j] > 0;
-        probe_pays = any || (nd + 1) / spec_cost_step(c, nd, extra + 1) > nd / spec_cost_step(c, nd, extra);
+        probe_pays = any || (nd + 1) / spec_cost_spec_step(c, nd, extra + 1) > nd / spec_cost_step(c, nd, extra);
     }
     for (int j = 0; j < nd; j++) {
         req *r = e->plan[e->cand_row[j]].r;
@@ -143,7 +143,7 @@ static int ngram_choose(engine *e, int nd, int extra, int verify, int count) {
 static int probe_spacing(const engine *e, int nd, int extra) {
     const double plain = spec_cost_step(&e->cost, nd, extra);
     const int k1 = e->cost.n_k > 1 ? e->cost.k[1] : 1;
-    const double floor = (spec_cost_step(&e->cost, nd, extra + nd * k1) - plain) / (SPEC_PROBE_SHARE * plain);
+    const double floor = (spec_cost_spec_step(&e->cost, nd, extra + nd * k1) - plain) / (SPEC_PROBE_SHARE * plain);
     if (floor >= SPEC_PROBE_MAX) return SPEC_PROBE_MAX;
     return floor > e->probe_every ? (int)floor + 1 : e->probe_every;
 }
@@ -188,7 +188,7 @@ enum { MODEL_SPEC, MODEL_DECLINE, MODEL_PROBE };
 static int model_choice(engine *e, int nd, int extra, int peek) {
     const double a = e->acc_s / e->acc_t;
     const double plain = nd / spec_cost_step(&e->cost, nd, extra);
-    const double best = nd * (1 + e->k) / spec_cost_step(&e->cost, nd, extra + nd * e->k);
+    const double best = nd * (1 + e->k) / spec_cost_spec_step(&e->cost, nd, extra + nd * e->k);
     if (spec_cost_draft_pays(&e->cost, nd, extra, e->k, a)) {
         if (!peek) e->probe_every = SPEC_PROBE_EVERY;
         return MODEL_SPEC;
@@ -324,6 +324,11 @@ void engine_spec_plan(engine *e, int n) {
     }
     if (e->step_verify) e->spec_extra = nd * kmax;   /* every row is padded to the deepest */
     if (total) e->st.spec_steps_speculated++;
+}
+
+void engine_spec_host(engine *e, int rows, double host) {
+    if (e->cost.n_b == 0 || e->k == 0 || !e->run->async_device || e->cfg.sync_scheduling) return;
+    e->st.spec_host_seconds = spec_cost_observe_host(&e->cost, rows, host);
 }
 
 /* ---- the cost model ------------------------------------------------------------------ */

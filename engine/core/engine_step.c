@@ -1188,8 +1188,8 @@ static int run_step(engine *e, int n, engine_output *out) {
         e->res[i] = (row_result){.dev = -1, .kv_cap = INT_MAX, .forced = ENGINE_RUNNING};
     /* Run the step -- one speculative step op where a draft model's rows all fit it, else
      * one runner_step -- then commit and emit. Prompt-lookup steps that speculate are timed:
-     * the cost model learns what they cost. */
-    const double t_spec = e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b ? step_now() : 0;
+     * the cost model learns what the runner's part cost (spec_cost_observe; the host's part
+     * is learned by engine_step, engine_spec_host). */
     const double t_run = step_now();
     if (runner_spec_ok(e, n)) {
         rc = runner_spec(e, n);
@@ -1197,20 +1197,28 @@ static int run_step(engine *e, int n, engine_output *out) {
     } else {
         rc = target_step(e, n);
     }
-    e->st.run_seconds += step_now() - t_run;
+    const double run = step_now() - t_run;
+    e->st.run_seconds += run;
     if (rc) return rc;
     commit_and_emit(e, n, e->plan, e->res, &e->dec, out);
-    if (t_spec > 0) spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra, step_now() - t_spec);
+    /* (where queued ops run on a device, the commit is part of the host time that
+     * engine_spec_host learns; where they are computed when queued, plain steps pay their
+     * commit too, and the scale takes the acceptance over host logits) */
+    if (e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b)
+        spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra,
+                          e->run->async_device ? run : step_now() - t_run);
     return 0;
 }
 
 static int engine_step_timed(engine *e, engine_output *out);
 
 int engine_step(engine *e, engine_output *out) {
-    const double t0 = step_now();
+    const double t0 = step_now(), run0 = e->st.run_seconds;
     int rc = engine_step_timed(e, out);
+    const double wall = step_now() - t0;
+    e->st.step_seconds += wall;
+    if (!rc && e->n_plan > 0) engine_spec_host(e, e->n_plan, wall - (e->st.run_seconds - run0));
     e->n_plan = 0;
-    e->st.step_seconds += step_now() - t0;
     return rc;
 }
 

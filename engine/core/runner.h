@@ -326,6 +326,9 @@ struct runner {
                               * let the callback wait for the op before): constrained rows
                               * can be queued in flight */
     int forward_async;       /* forward() takes runner_batch.async and prev_tok */
+    int async_device;        /* a queued op runs on a device while the host goes on (the
+                              * engine's work for the next step hides under it); 0 where
+                              * the op is computed when queued (the CPU runner) */
     int forced_tokens;       /* sampling forward() takes runner_sampling.force (prompt positions
                               * whose logprobs are wanted: no logits to the host for them) */
     int masked_raw_logprobs; /* a masked row's logprob and top logprobs are of its logits

@@ -53,6 +53,17 @@ void spec_cost_observe(spec_cost *c, int rows, int extra, double seconds) {
     c->scale[bi] = 0.7 * s + 0.3 * need;
 }
 
+double spec_cost_spec_step(const spec_cost *c, int rows, int extra) {
+    return spec_cost_step(c, rows, extra) + (c->n_b ? SPEC_COST_HOST_STEPS * c->host[nearest_b(c, rows)] : 0);
+}
+
+double spec_cost_observe_host(spec_cost *c, int rows, double seconds) {
+    if (c->n_b == 0 || rows < 1) return 0;
+    double *h = &c->host[nearest_b(c, rows)];
+    if (seconds >= 0) *h = 0.9 * *h + 0.1 * (seconds < 0.1 ? seconds : 0.1);
+    return *h;
+}
+
 static int cand_cmp(const void *a, const void *b) {
     const spec_cost_cand *x = a, *y = b;
     if (x->gain != y->gain) return x->gain < y->gain ? 1 : -1;
@@ -79,7 +90,7 @@ int spec_cost_choose(const spec_cost *c, int rows, int extra, const int *avail, 
     int best_m = 0;
     for (int m = 1; m <= nc; m++) {
         out += cand[m - 1].gain;
-        double v = out / spec_cost_step(c, rows, extra + m);
+        double v = out / spec_cost_spec_step(c, rows, extra + m);
         if (v > best * (1 + 1e-9)) {
             best = v;
             best_m = m;
@@ -103,7 +114,7 @@ int spec_cost_uniform_k(const spec_cost *c, int rows, const int *avail, const fl
     for (int k = 1; k <= K; k++) {
         double gain = 0;
         for (int j = 0; j < rows; j++) gain += spec_cost_expected(alpha[j], avail[j] < k ? avail[j] : k);
-        double v = (rows + gain) / spec_cost_step(c, rows, rows * k);
+        double v = (rows + gain) / spec_cost_spec_step(c, rows, rows * k);
         if (v > best) {
             best = v;
             best_k = k;
@@ -114,7 +125,7 @@ int spec_cost_uniform_k(const spec_cost *c, int rows, const int *avail, const fl
 
 int spec_cost_draft_pays(const spec_cost *c, int rows, int extra, int k, double a) {
     const double plain = rows / spec_cost_step(c, rows, extra);
-    return rows * (1 + spec_cost_expected(a, k)) / spec_cost_step(c, rows, extra + rows * k) >
+    return rows * (1 + spec_cost_expected(a, k)) / spec_cost_spec_step(c, rows, extra + rows * k) >
            plain * (1 + SPEC_COST_MIN_GAIN);
 }
 

@@ -27,6 +27,13 @@ typedef struct {
      * steps that did speculate (spec_cost_observe): what start-up timing misses (host
      * acceptance over full logits, mixed steps) scales the verify part. 0 = 1 (none yet). */
     double scale[SPEC_COST_MAX_B];
+    /* Seconds of the engine's own host work per step (schedule, commit, emit, launch) per
+     * measured batch size, learned from every step (spec_cost_observe_host) where plain
+     * steps run in flight and hide it; 0 where nothing is hidden. A speculating step runs
+     * synchronously (its drafts follow from the token before), so such work is exposed:
+     * SPEC_COST_HOST_STEPS times it is added to every speculating step's time, never to a
+     * plain one's. */
+    double host[SPEC_COST_MAX_B];
 } spec_cost;
 
 /* Seconds of a step of `rows` decoding rows feeding `extra` draft (or prefill) tokens:
@@ -37,6 +44,21 @@ double spec_cost_step(const spec_cost *c, int rows, int extra);
  * move the nearest batch size's scale toward what it would have needed (decayed; the
  * scale stays within [0.25, 50]). */
 void spec_cost_observe(spec_cost *c, int rows, int extra, double seconds);
+
+/* Host steps a speculating step exposes: the commit of the step in flight before it (its
+ * lookups need that step's tokens), its own schedule, lookups and commit, and the schedule
+ * and launch of the step after it, which has nothing in flight to hide under: about two
+ * steps' host work, where a plain step in flight exposes none. */
+#define SPEC_COST_HOST_STEPS 2.0
+
+/* Seconds of a speculating step: spec_cost_step plus SPEC_COST_HOST_STEPS times the host
+ * time of the nearest measured batch size (c->host). */
+double spec_cost_spec_step(const spec_cost *c, int rows, int extra);
+
+/* A step of `rows` rows took `seconds` of host work: move the nearest batch size's
+ * c->host toward it (decayed; an observation counts at most 0.1 s). Returns the new
+ * estimate. */
+double spec_cost_observe_host(spec_cost *c, int rows, double seconds);
 
 /* Scratch for spec_cost_choose: room for rows * max_k candidates. */
 typedef struct {

@@ -232,6 +232,10 @@ char *metrics_render(metrics *m) {
     counter(&b, mo, "spec_decode_num_decode_steps_total", "Engine steps with decoding rows.", st->spec_steps_decoding);
     counter(&b, mo, "spec_decode_num_speculated_steps_total", "Engine steps in which a row verified drafts.",
             st->spec_steps_speculated);
+    counter(&b, mo, "spec_decode_num_composed_steps_total",
+            "Prompt-lookup steps whose drafts went through the composed path (a forward pass sampling every "
+            "position) because the runner's verify op does not take them.",
+            st->spec_steps_fwd);
     gauge(&b, mo, "spec_decode_host_seconds",
           "The engine's host time per step at the latest step's batch size, as the speculation cost model "
           "learned it where plain steps hide it in flight (added to every speculating step's time).",

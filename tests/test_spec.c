@@ -505,9 +505,14 @@ static void test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted(void **st
         assert_true(s.spec_steps_speculated <= s.spec_steps_decoding);
         assert_true(s.spec_rows_decoding >= s.spec_drafts);
         if (always) assert_true(s.spec_steps_speculated > 0);
-        /* the runner's verify took the speculating steps, or never ran */
-        if (always && verify) assert_int_equal(s.steps_runner_verify, s.spec_steps_speculated);
-        if (!verify) assert_int_equal(s.steps_runner_verify, 0);
+        /* the runner's verify took the speculating steps, except those it does not take
+         * (prompt chunks beside the rows while requests arrive), which went through the
+         * composed path; without the op it never ran */
+        if (always && verify) {
+            assert_int_equal(s.steps_runner_verify + s.spec_steps_fwd, s.spec_steps_speculated);
+            assert_true(s.steps_runner_verify > s.spec_steps_fwd);
+        }
+        if (!verify) assert_int_equal(s.steps_runner_verify + s.spec_steps_fwd, 0);
         assert_int_equal(s.kv_blocks_used, 0);
         /* a draft model's path never ran: no runner speculative step, no draft passes */
         assert_int_equal(s.steps_runner_spec, 0);
@@ -593,6 +598,82 @@ static void test_spec_ngram_host_time_is_charged_to_speculating_steps(void **st)
     }
     assert_true(speculated[2] * 4 < speculated[1]);
     free_prompts(&all);
+}
+
+/* Rows the runner's verify op does not take -- logprobs with top logprobs, a frequency
+ * penalty, logit bias, min_tokens -- still speculate with prompt lookup: their steps go
+ * through the composed path (a forward pass sampling every position, spec_steps_fwd), with
+ * the cost model off and under it (hand-set tables where drafts pay), and their tokens and
+ * logprobs equal plain decoding's with the same sampling. Without the composed path's
+ * table (the cost model on, cost_fwd not measured) such steps draft nothing. */
+static void test_spec_ngram_rows_the_verify_op_skips_go_composed(void **st) {
+    (void)st;
+    prompts p;
+    load_ngram_prompts(&p);
+    static float lp[3][MAXP][64], top[3][MAXP][64];
+    static int32_t tok[3][MAXP][64];
+    int nout[3][MAXP];
+    const int32_t bias_ids[2] = {5, 17};
+    const float bias_vals[2] = {1.5f, -2.0f};
+    for (int mode = 0; mode < 4; mode++) {
+        engine *e = mode == 0 ? make_engine(NULL, 0, 8, 0) : make_ngram_engine(8, 0, mode == 1, 1);
+        assert_non_null(e);
+        const spec_cost t = {.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 1.1e-3}, {1e-3, 1.1e-3}}};
+        if (mode >= 2) e->cost = t;                 /* verify steps: drafts pay */
+        if (mode == 2) e->cost_fwd = t;             /* composed steps: drafts pay */
+        if (mode == 3) memset(&e->cost_fwd, 0, sizeof e->cost_fwd);   /* not measured */
+        const int m = mode < 3 ? mode : 2;
+        char err[256];
+        for (int i = 0; i < p.np; i++) {
+            engine_sampling sp;
+            engine_sampling_defaults(&sp);
+            sp.temperature = 0;
+            sp.ignore_eos = 1;
+            sp.max_tokens = 48;
+            sp.logprobs = 2;
+            sp.frequency_penalty = 0.05f;
+            sp.n_logit_bias = 2;
+            sp.logit_bias_ids = bias_ids;
+            sp.logit_bias_vals = bias_vals;
+            sp.min_tokens = 4;
+            assert_int_equal(engine_add(e, (uint64_t)i, p.ids[i], p.n[i], &sp, err, sizeof err), 0);
+            nout[m][i] = 0;
+        }
+        while (engine_has_work(e)) {
+            engine_output o;
+            assert_int_equal(engine_step(e, &o), 0);
+            for (int k = 0; k < o.n_events; k++) {
+                const engine_event *ev = &o.events[k];
+                const int i = (int)ev->req_id;
+                for (int j = 0; j < ev->n_tokens; j++) {
+                    assert_true(nout[m][i] < 64);
+                    tok[m][i][nout[m][i]] = ev->tokens[j].id;
+                    lp[m][i][nout[m][i]] = ev->tokens[j].logprob;
+                    top[m][i][nout[m][i]++] = ev->tokens[j].n_top > 1 ? ev->tokens[j].top_logprobs[1] : NAN;
+                }
+            }
+        }
+        engine_stats s;
+        engine_get_stats(e, &s);
+        print_message("  mode %d: %llu of %llu steps speculated, %llu through the composed path, %llu verify-op steps\n",
+                      mode, (unsigned long long)s.spec_steps_speculated, (unsigned long long)s.spec_steps_decoding,
+                      (unsigned long long)s.spec_steps_fwd, (unsigned long long)s.steps_runner_verify);
+        assert_int_equal(s.steps_runner_verify, 0);   /* the op takes none of these rows */
+        assert_int_equal(s.spec_steps_fwd, s.spec_steps_speculated);
+        if (mode == 1 || mode == 2) assert_true(s.spec_steps_fwd > 0);
+        if (mode == 3) assert_int_equal(s.spec_steps_speculated, 0);
+        assert_int_equal(s.kv_blocks_used, 0);
+        engine_destroy(e);
+        for (int i = 0; i < p.np && mode > 0; i++) {
+            assert_int_equal(nout[m][i], 48);
+            assert_memory_equal(tok[m][i], tok[0][i], 48 * sizeof(int32_t));
+            for (int j = 0; j < 48; j++) {
+                assert_float_equal(lp[m][i][j], lp[0][i][j], 1e-4);
+                assert_float_equal(top[m][i][j], top[0][i][j], 1e-4);
+            }
+        }
+    }
+    free_prompts(&p);
 }
 
 /* Seeded sampling with prompt lookup: the same tokens run after run, on the composed path
@@ -882,6 +963,7 @@ int main(void) {
         cmocka_unit_test(test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted),
         cmocka_unit_test(test_spec_ngram_steps_without_drafts_go_in_flight),
         cmocka_unit_test(test_spec_ngram_host_time_is_charged_to_speculating_steps),
+        cmocka_unit_test(test_spec_ngram_rows_the_verify_op_skips_go_composed),
         cmocka_unit_test(test_spec_ngram_sampled_output_is_seeded_and_counted),
         cmocka_unit_test(test_spec_point_mass_rejection_follows_target),
         cmocka_unit_test(test_spec_ngram_kv_returns_to_baseline),

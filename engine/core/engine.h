@@ -208,6 +208,9 @@ typedef struct {
     const char *spec_drafter;      /* "none", "draft_model" or "ngram" (static) */
     /* steps with decoding rows, those of them where a row speculated, decoding rows */
     uint64_t spec_steps_decoding, spec_steps_speculated, spec_rows_decoding;
+    uint64_t spec_steps_fwd;       /* prompt lookup: steps whose drafts went through the
+                                    * composed path where the runner's verify op would not
+                                    * take the step (cost_fwd) */
     double spec_host_seconds;      /* the cost model's host time of a step at the batch size
                                     * of the latest one (spec_cost.host; 0 where not learned) */
     int failed;                    /* engine hit a runner error; every request fails */

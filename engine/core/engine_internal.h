@@ -145,6 +145,12 @@ struct engine {
     int win_window, win_layers;  /* its window and how many target layers it holds */
     engine_drafter drafter;
     spec_cost cost;              /* measured step times (n_b == 0: always speculate) */
+    spec_cost cost_fwd;          /* prompt lookup on a runner with a verify op: its composed
+                                  * steps' times (a forward pass sampling every position),
+                                  * for steps the verify op does not take (rows with logprobs,
+                                  * logit adjustments, penalties, min_tokens or a grammar, or
+                                  * prompt chunks beside them); n_b == 0: such steps draft
+                                  * nothing */
     int spec_rows, spec_extra;   /* this step's decoding rows and draft + prefill tokens */
     float acc_s, acc_t;          /* decayed accepted / tried drafts over all requests */
     int declined;                /* draft model: steps declined since the last probe */
@@ -153,6 +159,8 @@ struct engine {
     int step_verify;             /* this step may be one runner verify (prompt lookup through
                                   * runner_ops.verify: every row decodes, none samples on the
                                   * host, all fit); engine_spec_plan then drafts a uniform depth */
+    int step_fwd;                /* else it may draft through the composed path (cost_fwd:
+                                  * every row the forward pass samples on the device) */
     int *cand_row, *cand_avail, *cand_k;   /* (max_batch) engine_spec_plan scratch */
     float *cand_alpha;
     spec_cost_cand *cands;       /* (max_batch * k) */
@@ -277,8 +285,9 @@ int engine_spec_never(const engine *e, int n);
 int engine_spec_skip(engine *e, int n);
 /* Prompt lookup, a step of the n rows of e->plan about to be queued in flight (each row's
  * last token may still be the placeholder of the step in flight: its lookup then uses the
- * tokens before it). verify: 1 the runner's verify op would take the step, 0 it would not
- * (such a step drafts nothing), -1 the runner has none (composed steps). 1 when
+ * tokens before it). verify (engine_spec_ngram_mode): 1 the runner's verify op would take
+ * the step, 0 neither it nor the composed path would (such a step drafts nothing), -1 the
+ * composed path would (no verify op, or one that does not take the step). 1 when
  * engine_spec_plan would draft nothing and probe nothing, after counting what it would
  * (back-off steps, declines toward the probes), so the step can go in flight as a plain
  * one; 0 where the plan must decide (then nothing is counted). */
@@ -288,6 +297,16 @@ int engine_spec_ngram_idle(engine *e, int n, int verify);
  * hide that work under the step in flight and a speculating step, synchronous, exposes
  * it: the cost model learns it per batch size (spec_cost.host). */
 void engine_spec_host(engine *e, int rows, double host);
+/* Prompt lookup on a runner with a verify op whose steps the op does not take can draft
+ * through the composed path (a forward pass sampling every position on the device), its
+ * cost measured (cost_fwd) unless the cost model is off. */
+int engine_spec_ngram_fwd(const engine *e);
+/* The mode engine_spec_ngram_idle takes for a step the verify op would take (verify) or
+ * else the composed path would (fwd): 1 the verify op, -1 the composed path, 0 neither. */
+int engine_spec_ngram_mode(const engine *e, int verify, int fwd);
+/* A prompt-lookup step that speculated took `seconds` in the runner: the table it was
+ * chosen by learns (spec_cost_observe). */
+void engine_spec_observe_step(engine *e, double seconds);
 /* Measure the cost model (creation, before any request: it times passes on free slots). */
 int engine_spec_measure(engine *e, char *err, size_t errlen);
 

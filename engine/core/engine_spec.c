@@ -8,7 +8,10 @@
  * tried drafts, starting from 1 of 2. With prompt lookup a row whose whole draft fails
  * skips lookup for 1, 2, 4 .. 32 steps (reset by any accepted draft), so open chat, where
  * matches are rare and wrong, costs almost nothing; a step in which no row would draft
- * is queued in flight like a plain one (engine_spec_ngram_idle). Drafts the cost model declines are
+ * is queued in flight like a plain one (engine_spec_ngram_idle). With a runner's verify op
+ * (the CUDA graphs), a step the op does not take (rows with logprobs, logit adjustments,
+ * penalties, min_tokens or grammars, or prompt chunks beside them) drafts through the
+ * composed path, priced by its own table (cost_fwd). Drafts the cost model declines are
  * still tried now and then (SPEC_PROBE_EVERY; a draft model's probes back off up to
  * SPEC_PROBE_MAX, are spaced so that they cost at most 0.5% of the plain steps between
  * them by the cost table, leave out steps with prompt chunks, and take the rows whose
@@ -80,6 +83,16 @@ static int ngram_verifies(const engine *e) {
     return e->drafter == ENGINE_DRAFTER_NGRAM && e->run->ops->verify;
 }
 
+int engine_spec_ngram_fwd(const engine *e) {
+    return ngram_verifies(e) && e->run->forward_samples && (e->cost.n_b == 0 || e->cost_fwd.n_b > 0);
+}
+
+/* The table a prompt-lookup choice uses: mode 1 (the verify op) the verify op's, mode -1
+ * (the composed path) cost_fwd where the runner has a verify op, else the one table. */
+static const spec_cost *ngram_table(const engine *e, int mode) {
+    return mode < 0 && ngram_verifies(e) ? &e->cost_fwd : &e->cost;
+}
+
 int engine_spec_never(const engine *e, int n) {
     if (e->k == 0 || (ngram_verifies(e) && n > e->run->verify_max_rows)) return 1;
     if (e->drafter != ENGINE_DRAFTER_MODEL || e->cost.n_b == 0) return 0;
@@ -94,13 +107,14 @@ int engine_spec_never(const engine *e, int n) {
  * verify 1: the runner's verify op takes the step, every row padded to the step's deepest
  * draft, so the choice is one depth cap k for the step (row j drafts min(avail, k)), the
  * one with the most expected tokens per second where that beats the plain step by
- * SPEC_COST_MIN_GAIN (spec_cost_uniform_k); verify 0: the op would not take it, nothing
- * drafts; verify -1 (no such op): each row's drafts by their expected gain
- * (spec_cost_choose). Without a cost model every available draft goes. A declined row
+ * SPEC_COST_MIN_GAIN (spec_cost_uniform_k); verify 0: nothing drafts (the op would not
+ * take the step, nor the composed path); verify -1: the composed path (no verify op, or
+ * one that does not take the step: its own table, cost_fwd), each row's drafts by their
+ * expected gain (spec_cost_choose). Without a cost model every available draft goes. A declined row
  * still probes one draft every SPEC_PROBE_EVERY declines where one that stands would pay;
  * count 0 (a peek) leaves the decline counts as they are. */
 static int ngram_choose(engine *e, int nd, int extra, int verify, int count) {
-    const spec_cost *c = &e->cost;
+    const spec_cost *c = ngram_table(e, verify);
     int K = 0, best_k = 0, total = 0;
     for (int j = 0; j < nd; j++) {
         e->cand_k[j] = verify == 0 ? 0 : e->cand_avail[j];
@@ -283,9 +297,9 @@ void engine_spec_plan(engine *e, int n) {
             avail = e->k;
         } else if (p->spec && r->skip > 0) {
             r->skip--;
-        } else if (p->spec && (!ngram_verifies(e) || e->step_verify)) {
-            /* (a step the runner's verify op cannot take drafts nothing: no lookup; the
-             * index catches up on the tokens the next time) */
+        } else if (p->spec && (!ngram_verifies(e) || e->step_verify || e->step_fwd)) {
+            /* (a step neither the runner's verify op nor the composed path takes drafts
+             * nothing: no lookup; the index catches up on the tokens the next time) */
             avail = ngram_lookup(e, p, s->n_tokens);
             if (r->m) avail = grammar_prefix(e, r, p->drafts, avail);
         }
@@ -307,8 +321,7 @@ void engine_spec_plan(engine *e, int n) {
         else if (choice == MODEL_PROBE)
             probe_rows(e, nd);
     } else if (e->drafter == ENGINE_DRAFTER_NGRAM) {
-        /* (the cost model times the verify op: a step it cannot take drafts nothing) */
-        ngram_choose(e, nd, extra, ngram_verifies(e) ? e->step_verify : -1, 1);
+        ngram_choose(e, nd, extra, engine_spec_ngram_mode(e, e->step_verify, e->step_fwd), 1);
     }
     for (int j = 0; j < nd; j++) {
         e->plan[e->cand_row[j]].spec = e->cand_k[j];
@@ -324,11 +337,22 @@ void engine_spec_plan(engine *e, int n) {
     }
     if (e->step_verify) e->spec_extra = nd * kmax;   /* every row is padded to the deepest */
     if (total) e->st.spec_steps_speculated++;
+    if (total && e->step_fwd) e->st.spec_steps_fwd++;
+}
+
+int engine_spec_ngram_mode(const engine *e, int verify, int fwd) {
+    if (!ngram_verifies(e)) return -1;
+    return verify ? 1 : fwd ? -1 : 0;
+}
+
+void engine_spec_observe_step(engine *e, double seconds) {
+    spec_cost_observe(e->step_fwd ? &e->cost_fwd : &e->cost, e->spec_rows, e->spec_extra, seconds);
 }
 
 void engine_spec_host(engine *e, int rows, double host) {
     if (e->cost.n_b == 0 || e->k == 0 || !e->run->async_device || e->cfg.sync_scheduling) return;
     e->st.spec_host_seconds = spec_cost_observe_host(&e->cost, rows, host);
+    if (e->cost_fwd.n_b) spec_cost_observe_host(&e->cost_fwd, rows, host);
 }
 
 /* ---- the cost model ------------------------------------------------------------------ */
@@ -348,8 +372,10 @@ static int verify_times(const engine *e, int B, int k) {
 /* Seconds of one pass of `which` over B rows (slots 0..B-1, free at creation, so their
  * block tables point at the null block and every write lands there) of k+1 tokens each
  * after ctx tokens of context, with k+1 logits rows each (a verify), or for k = 0 the
- * plain decode path: the runner's decode op, or a forward that samples where it can. */
-static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
+ * plain decode path: the runner's decode op, or a forward that samples where it can.
+ * fwd: a verify through the composed path even where the verify op would take it (a
+ * forward sampling every logits row on the device). */
+static int time_pass(engine *e, int which, int B, int k, int ctx, int fwd, double *sec) {
     runner *run = e->run;
     int rc = 0, plain = k == 0 && which == RUNNER_TARGET;
     for (int i = 0; i < B; i++) {
@@ -364,7 +390,7 @@ static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
     runner_batch b = {.which = which, .n_rows = B, .rows = e->rows, .tokens = e->tokens,
                       .n_tokens = B * (k + 1), .logits = which == RUNNER_DRAFT ? e->dlogits : e->logits};
     double t0 = now_s();
-    if (k > 0 && verify_times(e, B, k)) {
+    if (k > 0 && !fwd && verify_times(e, B, k)) {
         for (int i = 0; i < B; i++) e->spec_nd[i] = k;
         runner_verify_batch vb = {.n = B, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .n_drafts = e->spec_nd,
                                   .sp = e->dec_sp, .out_tokens = e->spec_out, .out_n = e->spec_n};
@@ -374,7 +400,8 @@ static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
                                   .out_tokens = e->dec.tok, .out_logprobs = e->dec.lp};
         rc = run->ops->decode(run, &db);
     } else {
-        if (plain && run->forward_samples) {
+        if ((plain || fwd) && run->forward_samples) {
+            for (int o = B; o < B * (k + 1); o++) e->dec_sp[o] = e->dec_sp[0];   /* (fwd: every row) */
             b.sp = e->dec_sp;
             b.out_tokens = e->dec.tok;
             b.out_logprobs = e->dec.lp;
@@ -387,12 +414,12 @@ static int time_pass(engine *e, int which, int B, int k, int ctx, double *sec) {
 }
 
 /* The fastest of a few passes (fewer for large ones: start-up time). */
-static int time_best(engine *e, int which, int B, int k, int ctx, double *best) {
+static int time_best(engine *e, int which, int B, int k, int ctx, int fwd, double *best) {
     int reps = B * (k + 1) <= 64 ? 3 : 1, rc;
     *best = 1e30;
     for (int i = 0; i < reps; i++) {
         double t;
-        if ((rc = time_pass(e, which, B, k, ctx, &t))) return rc;
+        if ((rc = time_pass(e, which, B, k, ctx, fwd, &t))) return rc;
         if (t < *best) *best = t;
     }
     return 0;
@@ -442,6 +469,20 @@ static void report(engine *e) {
         if (a > 1) fprintf(stderr, "%s  -> never speculates\n", line);
         else fprintf(stderr, "%s  -> speculates from acceptance %.2f\n", line, a);
     }
+    const spec_cost *f = &e->cost_fwd;
+    if (f->n_b == 0) return;
+    fprintf(stderr, "specd: composed steps (rows the verify op does not take: logprobs, logit adjustments, "
+                    "penalties, min_tokens, grammars, prompt chunks; ms, k drafts per row):\n");
+    for (int bi = 0; bi < f->n_b; bi++) {
+        char line[512];
+        int o = snprintf(line, sizeof line, "specd:   B %4d:", f->b[bi]);
+        for (int kj = 0; kj < f->n_k && o < (int)sizeof line - 48; kj++)
+            o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", f->k[kj],
+                          1e3 * spec_cost_step(f, f->b[bi], f->b[bi] * f->k[kj]));
+        double a = spec_cost_break_even(f, f->b[bi], e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
+        if (a > 1) fprintf(stderr, "%s  -> never speculates\n", line);
+        else fprintf(stderr, "%s  -> speculates from acceptance %.2f\n", line, a);
+    }
 }
 
 /* Seconds the start-up timing may take before larger batches are left to extrapolation
@@ -473,21 +514,39 @@ int engine_spec_measure(engine *e, char *err, size_t errlen) {
     int ctx = e->cfg.max_seq_len - K - 2 < 256 ? e->cfg.max_seq_len - K - 2 : 256;
     if (ctx < 0) ctx = 0;
     double warm, t_start = now_s();
-    if ((rc = time_pass(e, RUNNER_TARGET, 1, 0, ctx, &warm))) goto fail;
+    if ((rc = time_pass(e, RUNNER_TARGET, 1, 0, ctx, 0, &warm))) goto fail;
     for (int bi = 0; bi < n_sizes && (bi < 3 || now_s() - t_start < SPEC_MEASURE_BUDGET_S); bi++) {
         c->b[c->n_b++] = sizes[bi];
         double dpass = 0;
-        if (e->drafter == ENGINE_DRAFTER_MODEL && (rc = time_best(e, RUNNER_DRAFT, c->b[bi], 0, ctx, &dpass))) goto fail;
+        if (e->drafter == ENGINE_DRAFTER_MODEL && (rc = time_best(e, RUNNER_DRAFT, c->b[bi], 0, ctx, 0, &dpass)))
+            goto fail;
         for (int kj = 0; kj < c->n_k; kj++) {
             double t;
-            if ((rc = time_best(e, RUNNER_TARGET, c->b[bi], c->k[kj], ctx, &t))) goto fail;
+            if ((rc = time_best(e, RUNNER_TARGET, c->b[bi], c->k[kj], ctx, 0, &t))) goto fail;
             /* a draft model also pays its k proposing passes; a plain step leaves it behind */
             c->t[bi][kj] = t + dpass * c->k[kj];
         }
+    }
+    /* the composed path's verify steps (rows the verify op does not take): the same batch
+     * sizes, the plain step as measured, 0 / K/2 / K drafts (they are not padded) */
+    memset(&e->cost_fwd, 0, sizeof e->cost_fwd);
+    if (ngram_verifies(e) && e->run->forward_samples) {
+        spec_cost *f = &e->cost_fwd;
+        f->k[f->n_k++] = 0;
+        if (K / 2 >= 1 && K / 2 < K) f->k[f->n_k++] = K / 2;
+        f->k[f->n_k++] = K;
+        for (int bi = 0; bi < c->n_b; bi++) {
+            f->b[bi] = c->b[bi];
+            f->t[bi][0] = c->t[bi][0];
+            for (int kj = 1; kj < f->n_k; kj++)
+                if ((rc = time_best(e, RUNNER_TARGET, f->b[bi], f->k[kj], ctx, 1, &f->t[bi][kj]))) goto fail;
+        }
+        f->n_b = c->n_b;
     }
     if (e->cfg.verbose) report(e);
     return 0;
 fail:
     c->n_b = 0;
+    e->cost_fwd.n_b = 0;
     return specd_errf(err, errlen, rc, "speculation cost model: a timing pass failed: %s", specd_strerror(rc));
 }

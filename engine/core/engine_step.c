@@ -701,6 +701,20 @@ static int verify_possible(engine *e, int n) {
     return runner_step_verifies(e->run, n, e->dec_slots, e->dec_sp, e->k);
 }
 
+/* Else whether they could go through the composed path, the forward pass sampling every
+ * position on the device (engine_spec_ngram_fwd; its own cost table): no row sampled on
+ * the host, every sampling row one the forward pass takes. */
+static int fwd_possible(engine *e, int n) {
+    if (!engine_spec_ngram_fwd(e) || n == 0) return 0;
+    for (int i = 0; i < n; i++) {
+        const req *r = e->plan[i].r;
+        runner_sampling sp = device_sampling(e, r, 0);
+        sp.stats_fed = 0;
+        if (host_only(r) || !runner_takes(e->run, RUNNER_OP_FORWARD, &sp, 0)) return 0;
+    }
+    return 1;
+}
+
 void engine_step_drain(engine *e) {
     for (int q = 0; q < 2; q++)
         if (e->pend[q].n) {
@@ -1050,7 +1064,7 @@ static int async_ok(engine *e, int n) {
     /* (one call may commit the step in flight's token and then a speculative step's k + 1
      * tokens into one event) */
     if (e->cfg.sync_scheduling || !run->ops->wait_queued || n == 0 || e->k + 2 > ENGINE_MAX_STEP_TOKENS) return 0;
-    int all_decode = 1, decode = 1, forward = 1, verify = run->ops->verify ? 1 : -1;
+    int all_decode = 1, decode = 1, forward = 1, verify = run->ops->verify ? 1 : -1, fwd = 1;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
@@ -1062,15 +1076,18 @@ static int async_ok(engine *e, int n) {
         const int ops = runner_ops_taking(run, &sp, 1);
         decode &= ops >> RUNNER_OP_DECODE & 1;
         forward &= ops >> RUNNER_OP_FORWARD & 1;
-        /* (the rows the runner's verify op would take, synchronously, as verify_possible
-         * asks once the token in flight is in: no statistics fed) */
-        if (verify > 0) {
+        /* (the rows the runner's verify op, or else the composed path, would take,
+         * synchronously, as verify_possible / fwd_possible ask once the token in flight is
+         * in: no statistics fed) */
+        if (verify > 0 || fwd) {
             runner_sampling vsp = sp;
             vsp.stats_fed = 0;
-            if (!runner_takes(run, RUNNER_OP_VERIFY, &vsp, 0)) verify = 0;
+            if (verify > 0 && !runner_takes(run, RUNNER_OP_VERIFY, &vsp, 0)) verify = 0;
+            fwd &= runner_takes(run, RUNNER_OP_FORWARD, &vsp, 0);   /* (fwd_possible's question) */
         }
     }
     if (!all_decode && verify > 0) verify = 0;   /* (the verify op takes decoding rows only) */
+    if (verify >= 0) verify = engine_spec_ngram_mode(e, verify > 0, fwd && engine_spec_ngram_fwd(e));
     /* A step a drafter would not speculate in goes in flight too: a draft model that
      * declines (engine_spec_skip), or prompt lookup whose rows find no drafts that the cost
      * model would take (engine_spec_ngram_idle). Both count what the plan would (declines,
@@ -1183,6 +1200,7 @@ static int run_step(engine *e, int n, engine_output *out) {
     if (rc) return rc;
     if (async_ok(e, n)) return launch_async(e, n, &e->pend[e->pend_cur]);
     e->step_verify = verify_possible(e, n);
+    e->step_fwd = !e->step_verify && fwd_possible(e, n);
     engine_spec_plan(e, n);
     for (int i = 0; i < n; i++)
         e->res[i] = (row_result){.dev = -1, .kv_cap = INT_MAX, .forced = ENGINE_RUNNING};
@@ -1205,8 +1223,7 @@ static int run_step(engine *e, int n, engine_output *out) {
      * engine_spec_host learns; where they are computed when queued, plain steps pay their
      * commit too, and the scale takes the acceptance over host logits) */
     if (e->step_spec && e->drafter == ENGINE_DRAFTER_NGRAM && e->cost.n_b)
-        spec_cost_observe(&e->cost, e->spec_rows, e->spec_extra,
-                          e->run->async_device ? run : step_now() - t_run);
+        engine_spec_observe_step(e, e->run->async_device ? run : step_now() - t_run);
     return 0;
 }
 

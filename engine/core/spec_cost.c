@@ -47,9 +47,13 @@ void spec_cost_observe(spec_cost *c, int rows, int extra, double seconds) {
     double t0 = table_step(c, rows, 0), tp = table_step(c, rows, extra);
     if (!(tp > t0)) return;
     double need = (seconds - t0) / (tp - t0);
-    need = need < 0.25 ? 0.25 : need > 50 ? 50 : need;
     int bi = nearest_b(c, rows);
     double s = c->scale[bi] > 0 ? c->scale[bi] : 1.0;
+    /* one observation moves the scale by at most 1.3x either way: a single slow step (a
+     * first pass of a shape, a host hiccup) must not price speculation out for good, as
+     * then no step would speculate to correct it (the probes are priced by it too) */
+    need = need < 0.5 * s ? 0.5 * s : need > 2 * s ? 2 * s : need;
+    need = need < 0.25 ? 0.25 : need > 50 ? 50 : need;
     c->scale[bi] = 0.7 * s + 0.3 * need;
 }
 

@@ -4,7 +4,7 @@
 # scripts/workloads/copy-chat.jsonl (greedy, --no-ignore-eos), and the start-up cost model
 # (ms per plain / verify step) from the server log. Extra serve options (e.g. an
 # environment switch's A/B) go in SERVE_ARGS; the numbers in README.md came from this.
-#   tests/gpu/ngram_bench.sh MODEL.gguf [BIN] [CONCURRENCY]
+#   [EXTRA_BODY=JSON] tests/gpu/ngram_bench.sh MODEL.gguf [BIN] [CONCURRENCY]
 # Logs and bench.json files go to $OUT (or build/gpu/ngram_logs), one run per level with
 # four requests per stream (at least 64). Until 2026-12-02 every level had 64 requests, so
 # its 256-stream level ran 64 at once.
@@ -26,6 +26,10 @@ serve() {   # serve NAME ARGS...
 }
 stop() { kill "$PID"; wait "$PID" 2> /dev/null; }
 B="python3 scripts/bench.py --base-url http://127.0.0.1:$PORT --endpoint chat --workload scripts/workloads/copy-chat.jsonl --no-ignore-eos --save-text --no-plot"
+# EXTRA_BODY: request fields for every request, as JSON without spaces, e.g.
+# '{"logprobs":true,"top_logprobs":2}'
+# (rows the verify graphs do not take: they speculate through the composed path)
+[ -n "${EXTRA_BODY:-}" ] && B="$B --extra-body $EXTRA_BODY"
 for mode in plain ngram; do
     if [ $mode = ngram ]; then serve $mode --speculative ngram || exit 1; else serve $mode || exit 1; fi
     for set in copy chat; do
@@ -72,13 +76,14 @@ def steps(mode, s, c):
     d = lambda k: b.get(k, 0) - a.get(k, 0)
     total = sum(d(k) for k in b if k.startswith("specd:engine_steps_total"))
     return total, d("specd:engine_async_steps_total"), d('specd:engine_steps_total{path="verify"}'), \
-        d("specd:spec_decode_num_speculated_steps_total")
+        d("specd:spec_decode_num_speculated_steps_total"), d("specd:spec_decode_num_composed_steps_total")
 for s in ("copy", "chat"):
     for c in levels:
         for mode in ("plain", "ngram"):
-            t, a_, v, sp = steps(mode, s, c)
+            t, a_, v, sp, cp = steps(mode, s, c)
             if t:
-                print(f"{s} {c} {mode}: {t:.0f} steps, {a_ / t:.2f} in flight, {v / t:.2f} verify, {sp / t:.2f} with drafts")
+                print(f"{s} {c} {mode}: {t:.0f} steps, {a_ / t:.2f} in flight, {v / t:.2f} verify, {sp / t:.2f} with drafts"
+                      f" ({cp / t:.2f} composed)")
 for s in ("copy", "chat"):
     parts = []
     for c in levels:

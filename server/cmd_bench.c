@@ -20,7 +20,11 @@ static void usage(FILE *f) {
             "  --batch LIST            batch sizes, comma separated (default 1,16)\n"
             "  --prompt-len N          prompt tokens per sequence (default 64)\n"
             "  --gen N                 tokens generated per sequence (default 64)\n"
-            "  --seed S                prompt ids seed (default 0)\n"
+            "  --seed S                prompt ids seed (default 0; also the sampling seed)\n"
+            "  --temperature T         sample at temperature T (default 0: greedy)\n"
+            "  --top-p P, --top-k K    sampling filters (default 1, 0: none)\n"
+            "  --top-logprobs N        every token's logprob and its N most likely alternatives\n"
+            "                          (default: none; 0: the chosen token's logprob only)\n"
             "  --json                  one JSON object per batch size\n\n"
             "Here --max-prefill-decoding defaults to -1: the batch's prompts prefill as one burst\n"
             "under the step budget even after the first ones decode, as peers' batched benchmarks\n"
@@ -35,7 +39,13 @@ typedef struct {
     double kv_peak;        /* most KV bytes in use after any step (both pools) */
 } bench_row;
 
-static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_row *r) {
+/* The sampling every sequence of a run uses (greedy unless --temperature). */
+typedef struct {
+    float temperature, top_p;
+    int top_k, logprobs;
+} bench_sampling;
+
+static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, const bench_sampling *bsp, bench_row *r) {
     int V = engine_model_config(e)->vocab;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)plen);
     int *have_first = calloc((size_t)B, sizeof(int));
@@ -48,7 +58,12 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, bench_r
             ids[i] = (int32_t)(sample_uniform(seed + (uint64_t)b, (uint64_t)i) * V);
         engine_sampling sp;
         engine_sampling_defaults(&sp);
-        sp.temperature = 0;
+        sp.temperature = bsp->temperature;
+        sp.top_p = bsp->top_p;
+        sp.top_k = bsp->top_k;
+        sp.logprobs = bsp->logprobs;
+        sp.seed = seed + (uint64_t)b;
+        sp.has_seed = 1;
         sp.ignore_eos = 1;
         sp.max_tokens = gen;
         if (engine_add(e, (uint64_t)b, ids, plen, &sp, err, sizeof err)) {
@@ -108,6 +123,7 @@ int cmd_bench(int argc, char **argv) {
     const char *batches = "1,16";
     int plen = 64, gen = 64, json = 0;
     uint64_t seed = 0;
+    bench_sampling bsp = {.temperature = 0, .top_p = 1, .top_k = 0, .logprobs = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int m = cli_engine_opt(&ec, argc, argv, &i);
@@ -135,6 +151,10 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-len")) bad = cli_int(v, 1, 1 << 20, &plen);
         else if (!strcmp(a, "--gen")) bad = cli_int(v, 2, 1 << 20, &gen);
         else if (!strcmp(a, "--seed")) bad = cli_u64(v, &seed);
+        else if (!strcmp(a, "--temperature")) bad = cli_float(v, 0, 100, &bsp.temperature);
+        else if (!strcmp(a, "--top-p")) bad = cli_float(v, 1e-6, 1, &bsp.top_p);
+        else if (!strcmp(a, "--top-k")) bad = cli_int(v, 0, 1 << 30, &bsp.top_k);
+        else if (!strcmp(a, "--top-logprobs")) bad = cli_int(v, 0, ENGINE_MAX_TOP_LOGPROBS, &bsp.logprobs);
         else {
             fprintf(stderr, "specd bench: unknown option %s\n", a);
             return 2;
@@ -176,7 +196,7 @@ int cmd_bench(int argc, char **argv) {
     int rc = 0;
     for (int i = 0; i < nb && !rc; i++) {
         bench_row r;
-        if (bench_one(e, bs[i], plen, gen, seed, &r)) {
+        if (bench_one(e, bs[i], plen, gen, seed, &bsp, &r)) {
             rc = 1;
             break;
         }
@@ -184,10 +204,12 @@ int cmd_bench(int argc, char **argv) {
         double ms = r.decode_steps ? 1e3 * r.decode_s / r.decode_steps : 0;
         double al = r.verify ? 1.0 + (double)r.accepted / r.verify : 0;
         if (json)
-            printf("{\"device\":\"%s\",\"batch\":%d,\"prompt_len\":%d,\"gen\":%d,\"prefill_tok_s\":%.2f,"
+            printf("{\"device\":\"%s\",\"batch\":%d,\"prompt_len\":%d,\"gen\":%d,\"temperature\":%g,\"top_p\":%g,"
+                   "\"top_k\":%d,\"top_logprobs\":%d,\"prefill_tok_s\":%.2f,"
                    "\"decode_tok_s\":%.2f,\"ms_per_step\":%.3f,\"acceptance_length\":%.3f,\"host_us_per_step\":%.1f,"
                    "\"kv_peak_bytes\":%.0f}\n",
-                   engine_device_name(e), r.batch, plen, gen, pf, dt, ms, al, r.host_us_step, r.kv_peak);
+                   engine_device_name(e), r.batch, plen, gen, bsp.temperature, bsp.top_p, bsp.top_k, bsp.logprobs, pf,
+                   dt, ms, al, r.host_us_step, r.kv_peak);
         else
             printf("%6d %14.1f %14.1f %12.2f %8.2f %14.1f %10.1f\n", r.batch, pf, dt, ms, al, r.host_us_step,
                    r.kv_peak / (1 << 20));

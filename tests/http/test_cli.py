@@ -115,3 +115,21 @@ def test_served_model_name_and_body_limit_flags(server_factory):
     assert srv.post("/v1/completions", {"prompt": [1] * 300, "max_tokens": 1}).status_code == 200  # < 2 KiB
     assert srv.post("/v1/completions", {"prompt": [1] * 700, "max_tokens": 1}).status_code == 413  # > 2 KiB
     assert 'model_name="team/tiny-v1"' in requests.get(srv.url + "/metrics").text
+
+
+def test_bench_sampling_options():
+    # `specd bench` measures sampled decoding and logprobs too (greedy by default)
+    def bench(*a):
+        return subprocess.run([BIN, "bench", "--model", TINY, "--batch", "2", "--prompt-len", "8", "--gen", "8",
+                               "--json", *a], capture_output=True, text=True, timeout=120)
+    for args, want in (((), (0, 1, 0, -1)),
+                       (("--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--top-logprobs", "2"),
+                        (0.8, 0.9, 40, 2))):
+        r = bench(*args)
+        assert r.returncode == 0, r.stderr
+        row = json.loads(r.stdout.splitlines()[-1])
+        assert (row["temperature"], row["top_p"], row["top_k"], row["top_logprobs"]) == want
+        assert row["decode_tok_s"] > 0 and row["batch"] == 2
+    for bad in (("--top-p", "0"), ("--top-logprobs", "21"), ("--temperature", "-1")):
+        r = bench(*bad)
+        assert r.returncode == 2 and "bad value" in r.stderr

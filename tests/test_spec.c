@@ -584,7 +584,9 @@ static void test_spec_ngram_host_time_is_charged_to_speculating_steps(void **st)
         engine_destroy(e);
         speculated[mode] = s.spec_steps_speculated;
         print_message("  ngram%s: host %.1f / %.1f us a step at 1 / 8 rows, %llu of %llu steps speculated, AL %.2f\n",
-                      mode == 0 ? " (CPU runner)" : mode == 1 ? " (as if on a device), 1 ms steps" : " (as if on a device), 1 us steps",
+                      mode == 0   ? " (CPU runner)"
+                      : mode == 1 ? " (as if on a device), 1 ms steps"
+                                  : " (as if on a device), 1 us steps",
                       1e6 * h1, 1e6 * h8, (unsigned long long)s.spec_steps_speculated,
                       (unsigned long long)s.spec_steps_decoding, al(&g_tmp));
         assert_same_tokens(&g_plain, &g_tmp, p.np);
@@ -655,7 +657,7 @@ static void test_spec_ngram_rows_the_verify_op_skips_go_composed(void **st) {
         }
         engine_stats s;
         engine_get_stats(e, &s);
-        print_message("  mode %d: %llu of %llu steps speculated, %llu through the composed path, %llu verify-op steps\n",
+        print_message("  mode %d: %llu of %llu steps speculated, %llu through the composed path, %llu verify steps\n",
                       mode, (unsigned long long)s.spec_steps_speculated, (unsigned long long)s.spec_steps_decoding,
                       (unsigned long long)s.spec_steps_fwd, (unsigned long long)s.steps_runner_verify);
         assert_int_equal(s.steps_runner_verify, 0);   /* the op takes none of these rows */

@@ -447,42 +447,39 @@ static double break_even(engine *e, int B) {
     return 1.05;
 }
 
+/* One row of the start-up report: the table's step times at B rows for each measured k,
+ * a note, and the acceptance from which it speculates (a > 1: never). */
+static void report_row(const spec_cost *c, int B, const char *note, double a) {
+    char line[512];
+    int o = snprintf(line, sizeof line, "specd:   B %4d:", B);
+    for (int kj = 0; kj < c->n_k && o < (int)sizeof line - 48; kj++)
+        o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", c->k[kj],
+                      1e3 * spec_cost_step(c, B, B * c->k[kj]));
+    if (a > 1) fprintf(stderr, "%s%s  -> never speculates\n", line, note);
+    else fprintf(stderr, "%s%s  -> speculates from acceptance %.2f\n", line, note, a);
+}
+
 static void report(engine *e) {
-    spec_cost *c = &e->cost;
+    const spec_cost *c = &e->cost;
     fprintf(stderr, "specd: speculation cost model (%s drafts; ms per step of B rows, k drafts per row):\n",
             engine_spec_drafter_name(e));
     for (int bi = 0; bi <= c->n_b; bi++) {
-        char line[512];
-        int o, B = bi < c->n_b ? c->b[bi] : e->cfg.max_batch;
+        const int B = bi < c->n_b ? c->b[bi] : e->cfg.max_batch;
         if (bi == c->n_b && c->b[c->n_b - 1] == B) break;
         if (bi == c->n_b && ngram_verifies(e)) {
             fprintf(stderr, "specd:   B > %d: never speculates (the runner's verify takes %d rows)\n",
                     c->b[c->n_b - 1], e->run->verify_max_rows);
             break;
         }
-        o = snprintf(line, sizeof line, "specd:   B %4d:", B);
-        for (int kj = 0; kj < c->n_k && o < (int)sizeof line - 48; kj++)
-            o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", c->k[kj],
-                          1e3 * spec_cost_step(c, B, B * c->k[kj]));
-        if (bi == c->n_b) o += snprintf(line + o, sizeof line - (size_t)o, " (extrapolated)");
-        double a = break_even(e, B);
-        if (a > 1) fprintf(stderr, "%s  -> never speculates\n", line);
-        else fprintf(stderr, "%s  -> speculates from acceptance %.2f\n", line, a);
+        report_row(c, B, bi == c->n_b ? " (extrapolated)" : "", break_even(e, B));
     }
     const spec_cost *f = &e->cost_fwd;
     if (f->n_b == 0) return;
     fprintf(stderr, "specd: composed steps (rows the verify op does not take: logprobs, logit adjustments, "
                     "penalties, min_tokens, grammars, prompt chunks; ms, k drafts per row):\n");
-    for (int bi = 0; bi < f->n_b; bi++) {
-        char line[512];
-        int o = snprintf(line, sizeof line, "specd:   B %4d:", f->b[bi]);
-        for (int kj = 0; kj < f->n_k && o < (int)sizeof line - 48; kj++)
-            o += snprintf(line + o, sizeof line - (size_t)o, "  k%d %.2f", f->k[kj],
-                          1e3 * spec_cost_step(f, f->b[bi], f->b[bi] * f->k[kj]));
-        double a = spec_cost_break_even(f, f->b[bi], e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha);
-        if (a > 1) fprintf(stderr, "%s  -> never speculates\n", line);
-        else fprintf(stderr, "%s  -> speculates from acceptance %.2f\n", line, a);
-    }
+    for (int bi = 0; bi < f->n_b; bi++)
+        report_row(f, f->b[bi], "",
+                   spec_cost_break_even(f, f->b[bi], e->k, e->cands, e->cand_k, e->cand_avail, e->cand_alpha));
 }
 
 /* Seconds the start-up timing may take before larger batches are left to extrapolation

@@ -708,8 +708,7 @@ static int fwd_possible(engine *e, int n) {
     if (!engine_spec_ngram_fwd(e) || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const req *r = e->plan[i].r;
-        runner_sampling sp = device_sampling(e, r, 0);
-        sp.stats_fed = 0;
+        const runner_sampling sp = device_sampling(e, r, 0);
         if (host_only(r) || !runner_takes(e->run, RUNNER_OP_FORWARD, &sp, 0)) return 0;
     }
     return 1;

@@ -148,12 +148,12 @@ __device__ __forceinline__ float row_log_se(const float *x, int vocab, float xma
  * above that key and the first (n - those) equal to it. hist: 256 floats of shared memory. */
 template <int NT>
 __device__ void top_n(const float *x, int vocab, int n, float xmax, float log_se, float *hist,
-                      int32_t *out_ids, float *out_lps) {
+                      int32_t *out_ids, float *out_lps, bool agg) {
     typedef cub::BlockScan<int, NT> Scan;
     __shared__ typename Scan::TempStorage scan_tmp;
     __shared__ int32_t ids_s[K_MAX_TOP];
     __shared__ float val_s[K_MAX_TOP];
-    const uint32_t thr = radix_select(x, vocab, 0, (float)n, 0, 0.f, 0.f, hist);
+    const uint32_t thr = radix_select(x, vocab, 0, (float)n, 0, 0.f, 0.f, hist, agg);
     const int chunk = (vocab + NT - 1) / NT;
     const int i0 = min(vocab, (int)threadIdx.x * chunk), i1 = min(vocab, i0 + chunk);
     int gt = 0, eq = 0;
@@ -203,7 +203,8 @@ __device__ void top_n(const float *x, int vocab, int n, float xmax, float log_se
 
 __global__ void __launch_bounds__(SAMPLE_NT)
 sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *out_tok, float *out_logprob,
-              int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank, const uint32_t *mask, const int32_t *has) {
+              int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank, const uint32_t *mask, const int32_t *has,
+              int agg) {
     __shared__ float hist[256];
     __shared__ float red[32];
     __shared__ float wv[32];
@@ -224,7 +225,7 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
         raw_lse = row_log_se<SAMPLE_NT>(x, vocab, raw_max, red);
         if (n_top > 0)
             top_n<SAMPLE_NT>(x, vocab, n_top, raw_max, raw_lse, hist, out_top_ids + (size_t)row * K_MAX_TOP,
-                             out_top_lps + (size_t)row * K_MAX_TOP);
+                             out_top_lps + (size_t)row * K_MAX_TOP, agg);
         const uint32_t *mr = mask + (size_t)row * (((size_t)vocab + 31) / 32);
         for (int i = tid; i < vocab; i += SAMPLE_NT)
             if (!((mr[i >> 5] >> (i & 31)) & 1u)) x[i] = -INFINITY;
@@ -241,7 +242,7 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     int tok = p.force ? p.force_tok : argmax;
     const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
     if (!greedy && !p.force) {
-        const sample_keep keep = sample_kept_set<SAMPLE_NT>(x, vocab, p, xmax, hist, red);
+        const sample_keep keep = sample_kept_set<SAMPLE_NT>(x, vocab, p, xmax, hist, red, agg);
         float total;
         tok = sample_block_draw<SAMPLE_NT>(vocab, keep, k_philox_u01(p.seed, p.counter), argmax, &total);
     }
@@ -258,7 +259,7 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
         if (out_logprob && tid == 0) out_logprob[row] = x[tok] - xmax - log_se;
         if (n_top > 0)
             top_n<SAMPLE_NT>(x, vocab, n_top, xmax, log_se, hist, out_top_ids + (size_t)row * K_MAX_TOP,
-                             out_top_lps + (size_t)row * K_MAX_TOP);
+                             out_top_lps + (size_t)row * K_MAX_TOP, agg);
     }
     if (p.force && out_rank) {   /* (a count below 2^24: exact in a float sum) */
         const float xt = x[tok];
@@ -276,7 +277,7 @@ extern "C" int k_sample_masked(float *logits, int n, int vocab, const k_sample_p
     if (n < 0 || vocab <= 0 || (mask && !has)) return -1;
     if (n == 0) return 0;
     sample_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, vocab, p, out_tok, out_logprob, out_top_ids, out_top_lps, out_rank,
-                                          mask, has);
+                                          mask, has, k_tuning_get()->sample_hist);
     return K_LAUNCH_RESULT();
 }
 

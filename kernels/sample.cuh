@@ -21,9 +21,13 @@ __device__ __forceinline__ uint32_t f2key(float f) {
 
 /* Radix select over keys of x (restricted to keys >= floor_key): with by_mass == 0 the
  * key of the target-th largest element; with by_mass == 1 the largest key whose
- * descending cumulative mass exp((x - xmax) * invT) reaches target. */
+ * descending cumulative mass exp((x - xmax) * invT) reaches target.
+ * agg (count mode only; k_tuning.sample_hist): the lanes of a warp whose keys fall in one
+ * bucket add their count with one atomic (__match_any_sync) instead of one each, as most
+ * of a row's logits share a few top-byte buckets and their atomics serialise; counts are
+ * integers, so the histogram, and the key, are the same either way. */
 static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floor_key, float target,
-                                        int by_mass, float xmax, float invT, float *hist) {
+                                        int by_mass, float xmax, float invT, float *hist, bool agg = false) {
     uint32_t prefix = 0, mask = 0;
     __shared__ uint32_t digit_s;
     __shared__ float remain_s;
@@ -32,11 +36,25 @@ static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floo
         int shift = 24 - 8 * pass;
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0.f;
         __syncthreads();
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            uint32_t key = f2key(x[i]);
-            if (key < floor_key || (key & mask) != prefix) continue;
-            float v = by_mass ? __expf((x[i] - xmax) * invT) : 1.f;
-            atomicAdd(&hist[(key >> shift) & 255u], v);
+        if (agg && !by_mass) {   /* (blockDim.x a multiple of 32: whole warps loop together) */
+            const int lane = threadIdx.x & 31;
+            for (int i0 = threadIdx.x - lane; i0 < vocab; i0 += blockDim.x) {
+                const int i = i0 + lane;
+                uint32_t b = 0xffffffffu;
+                if (i < vocab) {
+                    const uint32_t key = f2key(x[i]);
+                    if (key >= floor_key && (key & mask) == prefix) b = (key >> shift) & 255u;
+                }
+                const unsigned peers = __match_any_sync(0xffffffffu, b);
+                if (b != 0xffffffffu && lane == __ffs(peers) - 1) atomicAdd(&hist[b], (float)__popc(peers));
+            }
+        } else {
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                uint32_t key = f2key(x[i]);
+                if (key < floor_key || (key & mask) != prefix) continue;
+                float v = by_mass ? __expf((x[i] - xmax) * invT) : 1.f;
+                atomicAdd(&hist[(key >> shift) & 255u], v);
+            }
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -103,10 +121,10 @@ __device__ __forceinline__ int sample_block_argmax(const float *x, int vocab, fl
  * shared memory. */
 template <int NT>
 __device__ __forceinline__ uint32_t sample_threshold(const float *x, int vocab, const k_sample_params &p,
-                                                     float xmax, float invT, float *hist, float *red) {
+                                                     float xmax, float invT, float *hist, float *red, bool agg) {
     uint32_t thr = 0;
     if (p.top_k > 0 && p.top_k < vocab)
-        thr = radix_select(x, vocab, 0, (float)p.top_k, 0, xmax, invT, hist);
+        thr = radix_select(x, vocab, 0, (float)p.top_k, 0, xmax, invT, hist, agg);
     if (p.top_p > 0.f && p.top_p < 1.f) {
         float zk = 0.f;
         for (int i = threadIdx.x; i < vocab; i += NT)
@@ -142,12 +160,12 @@ struct sample_keep {
 /* The kept set of row x (max xmax) under p, which samples (temperature > 0). */
 template <int NT>
 __device__ __forceinline__ sample_keep sample_kept_set(const float *x, int vocab, const k_sample_params &p,
-                                                       float xmax, float *hist, float *red) {
+                                                       float xmax, float *hist, float *red, bool agg = false) {
     sample_keep k;
     k.x = x;
     k.xmax = xmax;
     k.invT = 1.f / p.temperature;
-    k.thr = sample_threshold<NT>(x, vocab, p, xmax, k.invT, hist, red);
+    k.thr = sample_threshold<NT>(x, vocab, p, xmax, k.invT, hist, red, agg);
     /* min_p: p_i >= min_p * p_max  <=>  (x_i - xmax) / T >= log(min_p). */
     k.zmin = p.min_p > 0.f ? logf(p.min_p) : -INFINITY;
     return k;

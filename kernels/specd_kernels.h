@@ -44,6 +44,9 @@ typedef struct {
     int gemm_qi8_bps;   /* k_gemm_qi8 splits its reduction until about this many blocks per SM
                          * (default 8; test_gpu_gemv "*gemm_q_speed*" sweeps 2..16: on the 8B
                          * shapes at 64 tokens 8 took 214 us over the three against 222 at 4) */
+    int sample_hist;    /* 1: k_sample's radix selects of top-k and top logprobs add a warp's
+                         * equal buckets with one shared atomic (sample.cuh radix_select's agg;
+                         * the same keys); default 0 until its GPU test has run */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

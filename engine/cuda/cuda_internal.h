@@ -133,7 +133,7 @@ typedef struct {
      * Gemma 3 checks until they have passed on two GPUs, after which the switch goes) */
     int tp_unrun_layers;
     k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1,
-                              * SPECD_ATTN_DEC=0|1|2, SPECD_CUDA_GEMVQ_ROWS=2|4 */
+                              * SPECD_ATTN_DEC=0|1|2, SPECD_CUDA_GEMVQ_ROWS=2|4, SPECD_SAMPLE_HIST=1 */
     /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */
     int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down,moe: those stages left out */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: no all-reduces */

@@ -1198,6 +1198,76 @@ static void test_sample_matches_reference_draws(void **state) {
     free(x);
 }
 
+/* k_tuning.sample_hist: the radix selects of top-k and top logprobs count a warp's equal
+ * buckets with one atomic. Counts are integers, so every token, logprob and top logprob
+ * must equal the one-atomic-per-logit form's, bit for bit, on rows shaped like a real
+ * vocabulary's logits (most in a few top-byte buckets); and the two are timed (one
+ * SmolLM2-sized row, and 64 rows). */
+static void test_sample_hist_aggregated_same_results(void **state) {
+    (void)state;
+    const int V = 49152, n = 64, NT = 20;
+    float *x = malloc((size_t)n * V * 4);
+    for (size_t i = 0; i < (size_t)n * V; i++) x[i] = gu_uniform(&g_rng, -3, 9) + (i % 977 == 0 ? 6.f : 0.f);
+    k_sample_params sp[64];
+    for (int r = 0; r < n; r++) {
+        k_sample_params q = {0};
+        q.temperature = r % 4 == 0 ? 0.f : 0.8f;
+        q.top_k = r % 4 == 1 ? 40 : r % 4 == 2 ? 1000 : 0;
+        q.top_p = r % 4 == 3 ? 0.9f : 0.f;
+        q.n_top = 1 + r % NT;
+        q.seed = 77 + (uint64_t)r;
+        q.counter = (uint64_t)r;
+        sp[r] = q;
+    }
+    float *d_x = gu_upload(x, (size_t)n * V * 4);
+    float *d_w = gu_dev((size_t)n * V * 4);
+    k_sample_params *d_sp = gu_upload(sp, sizeof sp);
+    int32_t *d_tok = gu_dev(n * 4), *d_ids = gu_dev(n * K_MAX_TOP * 4);
+    float *d_lp = gu_dev(n * 4), *d_tlp = gu_dev(n * K_MAX_TOP * 4);
+    int32_t tok[2][64], ids[2][64 * K_MAX_TOP];
+    float lp[2][64], tlp[2][64 * K_MAX_TOP];
+    float ms[2][2];
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int agg = 0; agg < 2; agg++) {
+        k_tuning t = k_tuning_default;
+        t.sample_hist = agg;
+        k_set_tuning(&t);
+        cudaMemset(d_ids, 0xff, n * K_MAX_TOP * 4);
+        cudaMemcpy(d_w, d_x, (size_t)n * V * 4, cudaMemcpyDeviceToDevice);
+        assert_int_equal(k_sample(d_w, n, V, d_sp, d_tok, d_lp, d_ids, d_tlp, NULL, 0), 0);
+        gu_download(tok[agg], d_tok, sizeof tok[agg]);
+        gu_download(lp[agg], d_lp, sizeof lp[agg]);
+        gu_download(ids[agg], d_ids, sizeof ids[agg]);
+        gu_download(tlp[agg], d_tlp, sizeof tlp[agg]);
+        for (int rows = 1, j = 0; j < 2; j++, rows = n) {   /* timing: 1 row (row 1: top_k), then 64 */
+            for (int w = 0; w < 3; w++) k_sample(d_w + (rows == 1 ? V : 0), rows, V, d_sp + (rows == 1), d_tok, d_lp, d_ids,
+                                                 d_tlp, NULL, 0);
+            cudaEventRecord(e0, 0);
+            for (int it = 0; it < 20; it++)
+                k_sample(d_w + (rows == 1 ? V : 0), rows, V, d_sp + (rows == 1), d_tok, d_lp, d_ids, d_tlp, NULL, 0);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms[agg][j], e0, e1);
+        }
+    }
+    k_set_tuning(&k_tuning_default);
+    printf("    k_sample over %d logits with top logprobs: %.1f / %.1f us (1 / %d rows), aggregated %.1f / %.1f us\n", V,
+           1e3 * ms[0][0] / 20, 1e3 * ms[0][1] / 20, n, 1e3 * ms[1][0] / 20, 1e3 * ms[1][1] / 20);
+    assert_memory_equal(tok[0], tok[1], sizeof tok[0]);
+    assert_memory_equal(lp[0], lp[1], sizeof lp[0]);
+    for (int r = 0; r < n; r++) {
+        assert_memory_equal(ids[0] + r * K_MAX_TOP, ids[1] + r * K_MAX_TOP, (size_t)sp[r].n_top * 4);
+        assert_memory_equal(tlp[0] + r * K_MAX_TOP, tlp[1] + r * K_MAX_TOP, (size_t)sp[r].n_top * 4);
+        assert_true(ids[0][r * K_MAX_TOP] >= 0 && ids[0][r * K_MAX_TOP] < V);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(d_x); cudaFree(d_w); cudaFree(d_sp); cudaFree(d_tok); cudaFree(d_ids); cudaFree(d_lp); cudaFree(d_tlp);
+    free(x);
+}
+
 static void test_sample_same_seed_same_token_other_counter_varies(void **state) {
     (void)state;
     const int V = 2000, n = 48;
@@ -1738,6 +1808,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_moe_general_path_matches_reference),
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),
+        cmocka_unit_test(test_sample_hist_aggregated_same_results),
         cmocka_unit_test(test_sample_same_seed_same_token_other_counter_varies),
         cmocka_unit_test(test_logit_adjust_equals_host_penalties),
         cmocka_unit_test(test_sample_adjusted_matches_host_and_reports_raw_logprobs),

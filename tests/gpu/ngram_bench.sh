@@ -54,9 +54,9 @@ grep -E "speculation cost|B +[0-9]+:|never spec|verify k=" "$R/serve_ngram.log"
 python3 - "$R" "$C" <<'PY'
 import json, sys
 r, levels = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
-def rate(mode, s, c):
+def rate(mode, s, c, key="output_tokens_per_s"):
     try:
-        return json.load(open(f"{r}/b_{mode}_{s}_{c}/bench.json"))["results"][0]["output_tokens_per_s"]
+        return json.load(open(f"{r}/b_{mode}_{s}_{c}/bench.json"))["results"][0][key]
     except (OSError, KeyError, IndexError, ValueError):
         return None
 def steps(mode, s, c):
@@ -84,10 +84,14 @@ for s in ("copy", "chat"):
             if t:
                 print(f"{s} {c} {mode}: {t:.0f} steps, {a_ / t:.2f} in flight, {v / t:.2f} verify, {sp / t:.2f} with drafts"
                       f" ({cp / t:.2f} composed)")
+# out tok/s ratios, and TPOT p50 plain / ngram (open chat's outputs differ in length
+# between the servers, near-ties, so its token rates move with them; TPOT does not)
 for s in ("copy", "chat"):
     parts = []
     for c in levels:
         a, b = rate("plain", s, c), rate("ngram", s, c)
-        parts.append(f"{c}: {b / a:.2f}x" if a and b else f"{c}: -")
+        ta, tb = rate("plain", s, c, "tpot_p50_ms"), rate("ngram", s, c, "tpot_p50_ms")
+        tp = f" (TPOT {ta:.2f} / {tb:.2f} ms)" if ta and tb else ""
+        parts.append(f"{c}: {b / a:.2f}x{tp}" if a and b else f"{c}: -")
     print(s + ": " + ", ".join(parts))
 PY

@@ -6,9 +6,10 @@
  * The model: a step of B decoding rows that feeds X draft tokens in all (plus prefill
  * tokens, counted as draft tokens of the same cost) takes t(B, X / B) seconds, measured
  * at a few batch sizes and uniform draft lengths and interpolated linearly in both (and
- * extrapolated from the last two points past the largest). A row whose recent drafts were
- * accepted at rate a (per draft position tried) gains a^j expected tokens from its j-th
- * draft (all earlier ones must stand). The step's value is (decoding rows + expected
+ * extrapolated from the last two points past the largest); a step that speculates also
+ * pays the host work it exposes where plain steps run in flight (host[], below). A row
+ * whose recent drafts were accepted at rate a (per draft position tried) gains a^j
+ * expected tokens from its j-th draft (all earlier ones must stand). The step's value is (decoding rows + expected
  * accepted drafts) / t: drafts are taken best gain first while the value grows, so a row
  * whose drafts fail, or a batch where verify tokens cost as much as the rows they would
  * save, drafts nothing and runs as plain decode. */

@@ -835,7 +835,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->base.decode_masks = r->opts.world == 1;   /* split decode graphs (cuda_step.c) */
     r->base.decode_async = r->opts.world == 1;   /* ranks of a group step together: no queue */
     r->base.forward_async = r->opts.world == 1;
-    r->base.async_device = 1;
+    r->base.async_device = r->base.decode_async;   /* (queued ops run on the device while the host goes on) */
     /* logit adjustments and top logprobs in k_sample (one GPU: runner_sampling's lists are
      * pointers that a tensor-parallel group does not ship to its other ranks) */
     r->base.sample_adjusts = r->opts.world == 1;

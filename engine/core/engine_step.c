@@ -703,13 +703,17 @@ static int verify_possible(engine *e, int n) {
 
 /* Else whether they could go through the composed path, the forward pass sampling every
  * position on the device (engine_spec_ngram_fwd; its own cost table): no row sampled on
- * the host, every sampling row one the forward pass takes. */
+ * the host, every sampling row one the forward pass takes (a prompt chunk that does not
+ * end its prompt samples nothing: async_ok's peek asks the same). */
 static int fwd_possible(engine *e, int n) {
     if (!engine_spec_ngram_fwd(e) || n == 0) return 0;
     for (int i = 0; i < n; i++) {
-        const req *r = e->plan[i].r;
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        if (host_only(r)) return 0;
+        if (r->seq.n_computed + p->n_new < r->seq.n_tokens) continue;
         const runner_sampling sp = device_sampling(e, r, 0);
-        if (host_only(r) || !runner_takes(e->run, RUNNER_OP_FORWARD, &sp, 0)) return 0;
+        if (!runner_takes(e->run, RUNNER_OP_FORWARD, &sp, 0)) return 0;
     }
     return 1;
 }

@@ -39,13 +39,9 @@ typedef struct {
     double kv_peak;        /* most KV bytes in use after any step (both pools) */
 } bench_row;
 
-/* The sampling every sequence of a run uses (greedy unless --temperature). */
-typedef struct {
-    float temperature, top_p;
-    int top_k, logprobs;
-} bench_sampling;
-
-static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, const bench_sampling *bsp, bench_row *r) {
+/* tmpl: the sampling every sequence of a run uses (greedy unless --temperature); each
+ * sequence adds its seed, ignore_eos and max_tokens. */
+static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, const engine_sampling *tmpl, bench_row *r) {
     int V = engine_model_config(e)->vocab;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)plen);
     int *have_first = calloc((size_t)B, sizeof(int));
@@ -56,12 +52,7 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, const b
     for (int b = 0; b < B; b++) {
         for (int i = 0; i < plen; i++)
             ids[i] = (int32_t)(sample_uniform(seed + (uint64_t)b, (uint64_t)i) * V);
-        engine_sampling sp;
-        engine_sampling_defaults(&sp);
-        sp.temperature = bsp->temperature;
-        sp.top_p = bsp->top_p;
-        sp.top_k = bsp->top_k;
-        sp.logprobs = bsp->logprobs;
+        engine_sampling sp = *tmpl;
         sp.seed = seed + (uint64_t)b;
         sp.has_seed = 1;
         sp.ignore_eos = 1;
@@ -123,7 +114,9 @@ int cmd_bench(int argc, char **argv) {
     const char *batches = "1,16";
     int plen = 64, gen = 64, json = 0;
     uint64_t seed = 0;
-    bench_sampling bsp = {.temperature = 0, .top_p = 1, .top_k = 0, .logprobs = -1};
+    engine_sampling bsp;
+    engine_sampling_defaults(&bsp);
+    bsp.temperature = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int m = cli_engine_opt(&ec, argc, argv, &i);

@@ -307,7 +307,7 @@ extern "C" int k_logit_adjust(float *logits, int n, int vocab, const k_sample_pa
  * alias logits: each block reads its row fully before it writes. */
 __global__ void __launch_bounds__(SAMPLE_NT)
 probs_kernel(const float *logits, float *probs, int vocab, const k_sample_params *params,
-             int rows_per_param) {
+             int rows_per_param, int agg) {
     __shared__ float hist[256];
     __shared__ float red[32];
     const int row = blockIdx.x, tid = threadIdx.x;
@@ -324,7 +324,7 @@ probs_kernel(const float *logits, float *probs, int vocab, const k_sample_params
     m = (tid & 31) < SAMPLE_NT / 32 ? red[tid & 31] : -INFINITY;
     const float xmax = k_warp_max(m);
     __syncthreads();
-    const sample_keep keep = sample_kept_set<SAMPLE_NT>(x, vocab, p, xmax, hist, red);
+    const sample_keep keep = sample_kept_set<SAMPLE_NT>(x, vocab, p, xmax, hist, red, agg);
     float tot = 0.f;
     for (int i = tid; i < vocab; i += SAMPLE_NT) {
         float z = keep.z(x[i]);
@@ -343,6 +343,6 @@ extern "C" int k_probs(const float *logits, float *probs, int n, int vocab,
                        const k_sample_params *p, int rows_per_param, cudaStream_t s) {
     if (n < 0 || vocab <= 0 || rows_per_param < 1) return -1;
     if (n == 0) return 0;
-    probs_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, probs, vocab, p, rows_per_param);
+    probs_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, probs, vocab, p, rows_per_param, k_tuning_get()->sample_hist);
     return K_LAUNCH_RESULT();
 }

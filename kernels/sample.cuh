@@ -22,33 +22,89 @@ __device__ __forceinline__ uint32_t f2key(float f) {
 /* Radix select over keys of x (restricted to keys >= floor_key): with by_mass == 0 the
  * key of the target-th largest element; with by_mass == 1 the largest key whose
  * descending cumulative mass exp((x - xmax) * invT) reaches target.
- * agg (count mode only; k_tuning.sample_hist): the lanes of a warp whose keys fall in one
- * bucket add their count with one atomic (__match_any_sync) instead of one each, as most
- * of a row's logits share a few top-byte buckets and their atomics serialise; counts are
- * integers, so the histogram, and the key, are the same either way. */
+ * Most of a row's logits share a few top-byte buckets, so one shared histogram that every
+ * thread adds to serialises its atomics on those few addresses (an H100 with a 128k
+ * vocabulary: about 0.4 ms a select at one row). agg (k_tuning.sample_hist) gives each warp
+ * its own histogram (no contention between warps), RS_LOADS loads in flight per lane, and
+ * one atomic per bucket a warp's lanes share (their count; in mass mode their masses summed
+ * by shuffles, where they fall in at most RS_MASS_GROUPS buckets); the warps' histograms
+ * are summed in warp order, and in count mode the digit is found by a warp scan over lanes
+ * of 8 buckets. Counts are integers, so the key is the same as the one-histogram form's;
+ * in mass mode the sums' order differs, so a threshold that lands exactly on a bucket
+ * boundary may differ in the last bit of its mass. Needs blockDim.x a multiple of 32, at
+ * most RS_MAX_WARPS warps. */
+#define RS_MAX_WARPS 16
+#define RS_LOADS 8
+#define RS_MASS_GROUPS 4
 static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floor_key, float target,
                                         int by_mass, float xmax, float invT, float *hist, bool agg = false) {
     uint32_t prefix = 0, mask = 0;
     __shared__ uint32_t digit_s;
     __shared__ float remain_s;
+    __shared__ float wh[RS_MAX_WARPS][256];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (threadIdx.x == 0) remain_s = target;
     for (int pass = 0; pass < 4; pass++) {
-        int shift = 24 - 8 * pass;
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0.f;
-        __syncthreads();
-        if (agg && !by_mass) {   /* (blockDim.x a multiple of 32: whole warps loop together) */
-            const int lane = threadIdx.x & 31;
-            for (int i0 = threadIdx.x - lane; i0 < vocab; i0 += blockDim.x) {
-                const int i = i0 + lane;
-                uint32_t b = 0xffffffffu;
-                if (i < vocab) {
-                    const uint32_t key = f2key(x[i]);
-                    if (key >= floor_key && (key & mask) == prefix) b = (key >> shift) & 255u;
+        const int shift = 24 - 8 * pass;
+        if (agg) {
+            for (int i = threadIdx.x; i < nw * 256; i += blockDim.x) wh[i >> 8][i & 255] = 0.f;
+            __syncthreads();
+            float *h = wh[warp];
+            /* whole warps loop together; RS_LOADS loads in flight per lane before the
+             * atomics (one block walks the whole row: latency, not bandwidth, binds) */
+            for (int i0 = threadIdx.x - lane; i0 < vocab; i0 += blockDim.x * RS_LOADS) {
+                float xv[RS_LOADS];
+#pragma unroll
+                for (int u = 0; u < RS_LOADS; u++) {
+                    const int i = i0 + lane + u * (int)blockDim.x;
+                    xv[u] = i < vocab ? x[i] : 0.f;
                 }
-                const unsigned peers = __match_any_sync(0xffffffffu, b);
-                if (b != 0xffffffffu && lane == __ffs(peers) - 1) atomicAdd(&hist[b], (float)__popc(peers));
+#pragma unroll
+                for (int u = 0; u < RS_LOADS; u++) {
+                    const int i = i0 + lane + u * (int)blockDim.x;
+                    uint32_t b = 0xffffffffu;
+                    float v = 0.f;
+                    if (i < vocab) {
+                        const uint32_t key = f2key(xv[u]);
+                        if (key >= floor_key && (key & mask) == prefix) {
+                            b = (key >> shift) & 255u;
+                            v = by_mass ? __expf((xv[u] - xmax) * invT) : 1.f;
+                        }
+                    }
+                    const unsigned peers = __match_any_sync(0xffffffffu, b);
+                    const bool lead = b != 0xffffffffu && lane == __ffs(peers) - 1;
+                    if (!by_mass) {
+                        if (lead) atomicAdd(&h[b], (float)__popc(peers));
+                        continue;
+                    }
+                    /* mass: a few buckets (the common case: the top bytes): each one's
+                     * masses summed across the warp (a shuffle tree), one atomic each;
+                     * many: an atomic per lane */
+                    unsigned leads = __ballot_sync(0xffffffffu, lead);
+                    if (__popc(leads) > RS_MASS_GROUPS) {
+                        if (b != 0xffffffffu) atomicAdd(&h[b], v);
+                        continue;
+                    }
+                    while (leads) {
+                        const int l = __ffs(leads) - 1;
+                        const uint32_t bl = __shfl_sync(0xffffffffu, b, l);
+                        float m = b == bl ? v : 0.f;
+#pragma unroll
+                        for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+                        if (lane == l) atomicAdd(&h[bl], m);
+                        leads &= leads - 1;
+                    }
+                }
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+                float t = 0.f;
+                for (int w = 0; w < nw; w++) t += wh[w][i];
+                hist[i] = t;
             }
         } else {
+            for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0.f;
+            __syncthreads();
             for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
                 uint32_t key = f2key(x[i]);
                 if (key < floor_key || (key & mask) != prefix) continue;
@@ -57,7 +113,35 @@ static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floo
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (agg && !by_mass) {
+            /* warp 0: lane l holds buckets 255 - 8l down to 248 - 8l; integer counts, so
+             * the scan's sums are exact and the digit is the serial loop's */
+            if (warp == 0) {
+                float c[8], own = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) own += c[e] = hist[255 - 8 * lane - e];
+                float incl = own;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float t = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += t;
+                }
+                const float rem = remain_s, before = incl - own;
+                /* the first lane whose buckets reach rem (lane 31 at the latest: its last
+                 * bucket, 0, is where the serial loop stops too) */
+                const unsigned hit = __ballot_sync(0xffffffffu, incl >= rem) | 0x80000000u;
+                if (lane == __ffs(hit) - 1) {
+                    float cum = before;
+                    int e = 0;
+                    for (; e < 7; e++) {
+                        if (cum + c[e] >= rem) break;
+                        cum += c[e];
+                    }
+                    remain_s = rem - cum;
+                    digit_s = (uint32_t)(255 - 8 * lane - e);
+                }
+            }
+        } else if (threadIdx.x == 0) {
             float cum = 0.f, rem = remain_s;
             int d = 255;
             for (; d > 0; d--) {

@@ -132,8 +132,12 @@ typedef struct {
      * layers (built, run on the CPU runner; tests/gpu/tp_test.sh sets it for its MoE and
      * Gemma 3 checks until they have passed on two GPUs, after which the switch goes) */
     int tp_unrun_layers;
+    /* SPECD_CUDA_PROFILE_STEP=N: the N-th decode step (counted from 1 over this runner's
+     * decode steps, start-up ones included) runs between cudaProfilerStart and
+     * cudaProfilerStop, so `ncu --profile-from-start off` lists that one step's kernels */
+    int profile_step;
     k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1,
-                              * SPECD_ATTN_DEC=0|1|2, SPECD_CUDA_GEMVQ_ROWS=2|4, SPECD_SAMPLE_HIST=1 */
+                              * SPECD_ATTN_DEC=0|1|2, SPECD_CUDA_GEMVQ_ROWS=2|4, SPECD_SAMPLE_HIST=0 */
     /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */
     int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down,moe: those stages left out */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: no all-reduces */
@@ -269,6 +273,7 @@ typedef struct {
         int half, want_top;
     } dpend[2];
     int n_dpend, dpend_head, dec_half;
+    int n_decode_steps;      /* decode steps queued so far (tune.profile_step counts them) */
     cudaEvent_t ev_in[2], ev_out[2];
     void *d_fs_par, *h_fs_par;     /* eager forward sampling: k_sample_params [T] */
     int32_t *d_fs_tok, *h_fs_tok;  /* its tokens [T] */

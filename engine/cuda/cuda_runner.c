@@ -751,6 +751,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->k.gemvq_tc_split = env_flag("SPECD_CUDA_GEMVQ_TC_SPLIT", t->k.gemvq_tc_split);
     t->k.gemm_qi8_bps = env_flag("SPECD_CUDA_GEMM_QI8_BPS", t->k.gemm_qi8_bps);
     t->k.sample_hist = env_flag("SPECD_SAMPLE_HIST", t->k.sample_hist);
+    t->profile_step = env_flag("SPECD_CUDA_PROFILE_STEP", 0);
     if (t->k.attn_dec < 0 || t->k.attn_dec > 2) t->k.attn_dec = k_tuning_default.attn_dec;
     if (t->k.attn_pdl < 0 || t->k.attn_pdl > 2) t->k.attn_pdl = k_tuning_default.attn_pdl;
 #ifdef SPECD_DEBUG

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
+
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_tp.h"
 #include "engine/core/err.h"
@@ -744,6 +746,8 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     cudaStream_t s = r->stream;
     if ((rc = cuda_upload_slots(r))) return rc;   /* (after the last queued decode's inputs are in) */
     const int half = r->dec_half;
+    const int profiled = r->tune.profile_step > 0 && ++r->n_decode_steps == r->tune.profile_step;
+    if (profiled) CU_CHECK(r, cudaProfilerStart());
     if (masked) {
         if (!base->decode_masks || !b->sp) return SPECD_EINVAL;
         if ((rc = decode_masked(r, b, gi, B, half, &want_top))) return rc;
@@ -765,6 +769,7 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
         CU_CHECK(r, cudaMemcpyAsync(r->h_dec_top_lps + off, r->d_top_lps, tk * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
     CU_CHECK(r, cudaEventRecord(r->ev_out[half], s));
+    if (profiled) CU_CHECK(r, cudaProfilerStop());
     r->dec_half ^= 1;
     for (int i = 0; i < b->n; i++) r->h_len[b->slots[i] * 2] += 1;
     r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;   /* as the captured reset does */

@@ -1198,14 +1198,17 @@ static void test_sample_matches_reference_draws(void **state) {
     free(x);
 }
 
-/* k_tuning.sample_hist: the radix selects of top-k and top logprobs count a warp's equal
- * buckets with one atomic. Counts are integers, so every token, logprob and top logprob
- * must equal the one-atomic-per-logit form's, bit for bit, on rows shaped like a real
- * vocabulary's logits (most in a few top-byte buckets); and the two are timed (one
- * SmolLM2-sized row, and 64 rows). */
+/* k_tuning.sample_hist: the radix selects of top-k, top-p and top logprobs add into one
+ * histogram per warp (a warp's equal buckets with one atomic in count mode). Counts are
+ * integers, so every token, logprob and top logprob of the greedy, top-k and top-logprob
+ * rows must equal the one-histogram form's bit for bit, on rows shaped like a real
+ * vocabulary's logits (most in a few top-byte buckets; Llama 3's 128256 ids); top-p rows
+ * sum their masses in another order, which can move a threshold only where it lands on a
+ * bucket boundary to the last bit (not in these rows). Both forms are timed (one row, and
+ * 64 rows). */
 static void test_sample_hist_aggregated_same_results(void **state) {
     (void)state;
-    const int V = 49152, n = 64, NT = 20;
+    const int V = 128256, n = 64, NT = 20;
     float *x = malloc((size_t)n * V * 4);
     for (size_t i = 0; i < (size_t)n * V; i++) x[i] = gu_uniform(&g_rng, -3, 9) + (i % 977 == 0 ? 6.f : 0.f);
     k_sample_params sp[64];

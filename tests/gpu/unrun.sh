@@ -16,7 +16,6 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
-run sample_hist "$G/test_gpu_kernels" "*sample_hist*"
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

@@ -129,7 +129,7 @@ __device__ __forceinline__ void gq_decode_32(const uint8_t *__restrict__ row, in
 /* A warp's 32 x 32 accumulator tile (rows r0.., columns c0..; tc_mma's layout) into Y
  * (overwrite or add) or, with a split reduction, into this split's slice of part. */
 __device__ __forceinline__ void gq_store_tile(const float (&acc)[2][4][4], int r0, int c0, int lane, int n, int out,
-                                              int accumulate, float *Y, float *part) {
+                                              int accumulate, float *Y, float *part, int ldy) {
     const int gid = lane >> 2, tig = lane & 3;
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -144,9 +144,12 @@ __device__ __forceinline__ void gq_store_tile(const float (&acc)[2][4][4], int r
                     const int col = c0 + 8 * j + 2 * tig + q;
                     if (col >= out) continue;
                     const float v = acc[mi][j][2 * h + q];
-                    const size_t o = (size_t)row * out + col;
-                    if (part) part[(size_t)blockIdx.z * n * out + o] = v;
-                    else Y[o] = accumulate ? Y[o] + v : v;
+                    if (part) {
+                        part[(size_t)blockIdx.z * n * out + (size_t)row * out + col] = v;
+                    } else {
+                        float *y = Y + (size_t)row * ldy + col;
+                        *y = accumulate ? *y + v : v;
+                    }
                 }
         }
 }
@@ -154,7 +157,7 @@ __device__ __forceinline__ void gq_store_tile(const float (&acc)[2][4][4], int r
 template <int T>
 __global__ void __launch_bounds__(GQ_NT)
 gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int n, int out, int in, int kchunk,
-              int accumulate, float *__restrict__ Y, float *__restrict__ part) {
+              int accumulate, float *__restrict__ Y, float *__restrict__ part, int ldy) {
     __shared__ __align__(16) uint16_t as[2][GQ_TM][GQ_LD];
     __shared__ __align__(16) uint16_t bs[2][GQ_TN][GQ_LD];
     k_pdl_trigger();
@@ -232,19 +235,20 @@ gemm_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, int
             }
         }
     }
-    gq_store_tile(acc, m0 + wm * 32, c0 + wn * 32, lane, n, out, accumulate, Y, part);
+    gq_store_tile(acc, m0 + wm * 32, c0 + wn * 32, lane, n, out, accumulate, Y, part, ldy);
 }
 
-/* Y (+)= the splits' partial sums, added in split order. */
+/* Y (+)= the splits' partial sums ([n, out] each), added in split order; Y's rows ldy apart. */
 __global__ void gemm_q_reduce_kernel(const float *__restrict__ part, int splits, size_t total, int accumulate,
-                                     float *__restrict__ Y) {
+                                     float *__restrict__ Y, int out, int ldy) {
     k_pdl_trigger();
     k_pdl_wait();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    float s = accumulate ? Y[i] : 0.f;
+    float *y = Y + (i / (size_t)out) * (size_t)ldy + i % (size_t)out;
+    float s = accumulate ? *y : 0.f;
     for (int z = 0; z < splits; z++) s += part[(size_t)z * total + i];
-    Y[i] = s;
+    *y = s;
 }
 
 /* Splits of the reduction: enough blocks for two per multiprocessor, each split at least
@@ -261,19 +265,19 @@ static int gemm_q_splits(int tiles, int in, int n, int out, size_t ws_bytes) {
 }
 
 template <int T>
-static int gemm_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
-                         float *ws, size_t ws_bytes, cudaStream_t s) {
+static int gemm_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                         int accumulate, float *ws, size_t ws_bytes, cudaStream_t s) {
     const int mt = (n + GQ_TM - 1) / GQ_TM, nt = (out + GQ_TN - 1) / GQ_TN;
     int splits = gemm_q_splits(mt * nt, in, n, out, ws ? ws_bytes : 0);
     const int nk = (in + GQ_TK - 1) / GQ_TK, per = (nk + splits - 1) / splits;
     splits = (nk + per - 1) / per;   /* no empty split */
     const dim3 grid((unsigned)mt, (unsigned)nt, (unsigned)splits);
     int rc = k_launch(gemm_q_kernel<T>, grid, dim3(GQ_NT), 0, s, W, X, n, out, in, per * GQ_TK, accumulate, Y,
-                      splits > 1 ? ws : (float *)NULL);
+                      splits > 1 ? ws : (float *)NULL, ldy);
     if (rc || splits == 1) return rc;
     const size_t total = (size_t)n * out;
     return k_launch(gemm_q_reduce_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, (const float *)ws,
-                    splits, total, accumulate, Y);
+                    splits, total, accumulate, Y, out, ldy);
 }
 
 /* ---- Q8_0 with int8 activations on int8 tensor cores (k_gemm_qi8) ---------------------------
@@ -402,7 +406,7 @@ gemm_qi8_kernel(const uint8_t *__restrict__ W, const int8_t *__restrict__ XQ, co
             }
         }
     }
-    gq_store_tile(acc, m0 + wm * 32, c0 + wn * 32, lane, n, out, accumulate, Y, part);
+    gq_store_tile(acc, m0 + wm * 32, c0 + wn * 32, lane, n, out, accumulate, Y, part, out);
 }
 
 extern "C" int k_gemm_qi8_takes(int type, int in) { return type == QB_Q8_0 && in > 0 && in % GQ_TK == 0; }
@@ -436,22 +440,27 @@ extern "C" int k_gemm_qi8(int type, const uint8_t *W, const uint16_t *X, float *
     if (rc || splits == 1) return rc;
     const size_t total = (size_t)n * out;
     return k_launch(gemm_q_reduce_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, (const float *)ws,
-                    splits, total, accumulate, Y);
+                    splits, total, accumulate, Y, out, out);
 }
 
-extern "C" int k_gemm_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
-                        int accumulate, float *ws, size_t ws_bytes, cudaStream_t s) {
-    if (!qb_bytes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 ||
+extern "C" int k_gemm_q_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                           int accumulate, float *ws, size_t ws_bytes, cudaStream_t s) {
+    if (!qb_bytes(type) || out <= 0 || ldy < out || in <= 0 || in % qb_elems(type) || n < 1 ||
         ((uintptr_t)X % 16) || ((uintptr_t)ws % 16) ||
         (uintptr_t)W % ((type == QB_Q4_K || type == QB_Q5_K) ? 16 : 2))   /* (K4/K5 rows: whole 16-byte words) */
         return -1;
     switch (type) {
-    case QB_Q8_0: return gemm_q_launch<QB_Q8_0>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
-    case QB_Q4_0: return gemm_q_launch<QB_Q4_0>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
-    case QB_Q4_1: return gemm_q_launch<QB_Q4_1>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
-    case QB_Q5_K: return gemm_q_launch<QB_Q5_K>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
-    case QB_Q4_K: return gemm_q_launch<QB_Q4_K>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
-    case QB_Q6_K: return gemm_q_launch<QB_Q6_K>(W, X, Y, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q8_0: return gemm_q_launch<QB_Q8_0>(W, X, Y, ldy, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q4_0: return gemm_q_launch<QB_Q4_0>(W, X, Y, ldy, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q4_1: return gemm_q_launch<QB_Q4_1>(W, X, Y, ldy, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q5_K: return gemm_q_launch<QB_Q5_K>(W, X, Y, ldy, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q4_K: return gemm_q_launch<QB_Q4_K>(W, X, Y, ldy, out, in, n, accumulate, ws, ws_bytes, s);
+    case QB_Q6_K: return gemm_q_launch<QB_Q6_K>(W, X, Y, ldy, out, in, n, accumulate, ws, ws_bytes, s);
     default: return -1;
     }
+}
+
+extern "C" int k_gemm_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                        int accumulate, float *ws, size_t ws_bytes, cudaStream_t s) {
+    return k_gemm_q_ld(type, W, X, Y, out, out, in, n, accumulate, ws, ws_bytes, s);
 }

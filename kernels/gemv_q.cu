@@ -549,7 +549,7 @@ struct gq_warp {
 template <int T, int NB, int R, bool I8>
 __global__ void __launch_bounds__(GEMVQ_WARPS * 32)
 gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, const float2 *__restrict__ XS, float *Y,
-              int out, int in, int ks_n, int accumulate) {
+              int out, int in, int ks_n, int accumulate, int ldy) {
     constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, LPB = 32 / SB;
     extern __shared__ uint4 gq_smem[];
     __shared__ float red[GEMVQ_WARPS][R * NB];
@@ -591,7 +591,7 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, con
         float v = 0.f;
         for (int j = 0; j < ks_n; j++) v += red[warp + j][lane];
         if (o < out) {
-            float *y = Y + (size_t)t * out + o;
+            float *y = Y + (size_t)t * ldy + o;
             *y = accumulate ? *y + v : v;
         }
     }
@@ -608,7 +608,7 @@ static int gq_ksplit(int units, int nb, int sb, int max_ks, int per_sm) {
 }
 
 template <int T, int NB, int R, bool I8>
-static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int out, int in,
+static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int ldy, int out, int in,
                            int accumulate, cudaStream_t s) {
     static bool smem_set = false;
     const size_t smem = gq_smem_bytes<T, R>();
@@ -622,21 +622,21 @@ static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS
     const int ks = gq_ksplit(units, in / gq<T>::E, gq<T>::SB, GEMVQ_WARPS, k_tuning_get()->gemvq_split);
     const int upb = GEMVQ_WARPS / ks;
     return k_launch(gemv_q_kernel<T, NB, R, I8>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W,
-                    X, XS, Y, out, in, ks, accumulate);
+                    X, XS, Y, out, in, ks, accumulate, ldy);
 }
 
 template <int T, int NB, bool I8>
-static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int out, int in,
+static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int ldy, int out, int in,
                            int accumulate, cudaStream_t s) {
-    if (k_tuning_get()->gemvq_rows == 4) return gemv_q_launch_r<T, NB, 4, I8>(W, X, XS, Y, out, in, accumulate, s);
-    return gemv_q_launch_r<T, NB, GEMVQ_ROWS, I8>(W, X, XS, Y, out, in, accumulate, s);
+    if (k_tuning_get()->gemvq_rows == 4) return gemv_q_launch_r<T, NB, 4, I8>(W, X, XS, Y, ldy, out, in, accumulate, s);
+    return gemv_q_launch_r<T, NB, GEMVQ_ROWS, I8>(W, X, XS, Y, ldy, out, in, accumulate, s);
 }
 
 template <int T, bool I8 = false>
-static int gemv_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
-                         cudaStream_t s, const float2 *XS = nullptr) {
+static int gemv_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                         int accumulate, cudaStream_t s, const float2 *XS = nullptr) {
 #define GEMVQ_CASE(N) \
-    case N: return gemv_q_launch_n<T, N, I8>(W, X, XS, Y, out, in, accumulate, s)
+    case N: return gemv_q_launch_n<T, N, I8>(W, X, XS, Y, ldy, out, in, accumulate, s)
     switch (n) {
         GEMVQ_CASE(1); GEMVQ_CASE(2); GEMVQ_CASE(3); GEMVQ_CASE(4);
         GEMVQ_CASE(5); GEMVQ_CASE(6); GEMVQ_CASE(7); GEMVQ_CASE(8);
@@ -645,21 +645,26 @@ static int gemv_q_launch(const uint8_t *W, const uint16_t *X, float *Y, int out,
 #undef GEMVQ_CASE
 }
 
-extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
-                        int accumulate, cudaStream_t s) {
+extern "C" int k_gemv_q_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                           int accumulate, cudaStream_t s) {
     const int bytes = qb_bytes(type);
-    if (!bytes || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_MAX_N ||
+    if (!bytes || out <= 0 || ldy < out || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_MAX_N ||
         ((uintptr_t)X | (uintptr_t)W) % 16)
         return -1;
     switch (type) {
-    case QB_Q8_0: return gemv_q_launch<QB_Q8_0>(W, X, Y, out, in, n, accumulate, s);
-    case QB_Q4_0: return gemv_q_launch<QB_Q4_0>(W, X, Y, out, in, n, accumulate, s);
-    case QB_Q4_1: return gemv_q_launch<QB_Q4_1>(W, X, Y, out, in, n, accumulate, s);
-    case QB_Q5_K: return gemv_q_launch<QB_Q5_K>(W, X, Y, out, in, n, accumulate, s);
-    case QB_Q4_K: return gemv_q_launch<QB_Q4_K>(W, X, Y, out, in, n, accumulate, s);
-    case QB_Q6_K: return gemv_q_launch<QB_Q6_K>(W, X, Y, out, in, n, accumulate, s);
+    case QB_Q8_0: return gemv_q_launch<QB_Q8_0>(W, X, Y, ldy, out, in, n, accumulate, s);
+    case QB_Q4_0: return gemv_q_launch<QB_Q4_0>(W, X, Y, ldy, out, in, n, accumulate, s);
+    case QB_Q4_1: return gemv_q_launch<QB_Q4_1>(W, X, Y, ldy, out, in, n, accumulate, s);
+    case QB_Q5_K: return gemv_q_launch<QB_Q5_K>(W, X, Y, ldy, out, in, n, accumulate, s);
+    case QB_Q4_K: return gemv_q_launch<QB_Q4_K>(W, X, Y, ldy, out, in, n, accumulate, s);
+    case QB_Q6_K: return gemv_q_launch<QB_Q6_K>(W, X, Y, ldy, out, in, n, accumulate, s);
     default: return -1;
     }
+}
+
+extern "C" int k_gemv_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                        int accumulate, cudaStream_t s) {
+    return k_gemv_q_ld(type, W, X, Y, out, out, in, n, accumulate, s);
 }
 
 /* X [n, in] bf16 -> int8 codes xq (same shape) and per 32 elements (d, sum of codes) in xs
@@ -705,24 +710,29 @@ int k_quant_x8(const uint16_t *X, int n, int in, void *scratch, cudaStream_t s) 
                     (float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, in)), n8);
 }
 
-extern "C" int k_gemv_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
-                          int accumulate, void *scratch, size_t scratch_bytes, cudaStream_t s) {
-    if (!k_gemv_qi8_takes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_MAX_N ||
-        ((uintptr_t)X | (uintptr_t)W | (uintptr_t)scratch) % 16 || !scratch ||
+extern "C" int k_gemv_qi8_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in,
+                             int n, int accumulate, void *scratch, size_t scratch_bytes, int x_ready, cudaStream_t s) {
+    if (!k_gemv_qi8_takes(type) || out <= 0 || ldy < out || in <= 0 || in % qb_elems(type) || n < 1 ||
+        n > K_GEMV_MAX_N || ((uintptr_t)X | (uintptr_t)W | (uintptr_t)scratch) % 16 || !scratch ||
         scratch_bytes < k_gemv_qi8_scratch(in, n))
         return -1;
-    int rc = k_quant_x8(X, n, in, scratch, s);
+    int rc = x_ready ? 0 : k_quant_x8(X, n, in, scratch, s);
     if (rc) return rc;
     const uint16_t *xqp = (const uint16_t *)scratch;
     const float2 *xs = (const float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, in));
     switch (type) {
-    case QB_Q8_0: return gemv_q_launch<QB_Q8_0, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
-    case QB_Q4_0: return gemv_q_launch<QB_Q4_0, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
-    case QB_Q4_1: return gemv_q_launch<QB_Q4_1, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
-    case QB_Q4_K: return gemv_q_launch<QB_Q4_K, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
-    case QB_Q5_K: return gemv_q_launch<QB_Q5_K, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
-    default: return gemv_q_launch<QB_Q6_K, true>(W, xqp, Y, out, in, n, accumulate, s, xs);
+    case QB_Q8_0: return gemv_q_launch<QB_Q8_0, true>(W, xqp, Y, ldy, out, in, n, accumulate, s, xs);
+    case QB_Q4_0: return gemv_q_launch<QB_Q4_0, true>(W, xqp, Y, ldy, out, in, n, accumulate, s, xs);
+    case QB_Q4_1: return gemv_q_launch<QB_Q4_1, true>(W, xqp, Y, ldy, out, in, n, accumulate, s, xs);
+    case QB_Q4_K: return gemv_q_launch<QB_Q4_K, true>(W, xqp, Y, ldy, out, in, n, accumulate, s, xs);
+    case QB_Q5_K: return gemv_q_launch<QB_Q5_K, true>(W, xqp, Y, ldy, out, in, n, accumulate, s, xs);
+    default: return gemv_q_launch<QB_Q6_K, true>(W, xqp, Y, ldy, out, in, n, accumulate, s, xs);
     }
+}
+
+extern "C" int k_gemv_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                          int accumulate, void *scratch, size_t scratch_bytes, cudaStream_t s) {
+    return k_gemv_qi8_ld(type, W, X, Y, out, out, in, n, accumulate, scratch, scratch_bytes, 0, s);
 }
 
 /* ---- the same product on tensor cores for K-quant and Q8_0 blocks, n <= 16 ---------------
@@ -895,7 +905,7 @@ __device__ __forceinline__ void qtc_block_q8_0(const uint8_t *bg, const uint8_t 
 template <int T, bool BIG>
 __global__ void __launch_bounds__(QTC_WARPS * 32)
 gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, float *Y, int out, int in, int n,
-                int ks_n, int accumulate) {
+                int ks_n, int accumulate, int ldy) {
     constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, R = QTC_ROWS;
     extern __shared__ uint4 gq_smem[];
     __shared__ float red[QTC_WARPS][16 * R];
@@ -936,7 +946,7 @@ gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, f
             if (tok >= n || o >= out) continue;
             float v = 0.f;
             for (int j = 0; j < ks_n; j++) v += red[warp + j][i];
-            float *y = Y + (size_t)tok * out + o;
+            float *y = Y + (size_t)tok * ldy + o;
             *y = accumulate ? *y + v : v;
         }
     }
@@ -946,8 +956,8 @@ gemv_qtc_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, f
  * H100 the 8B gate shape took 42.5 / 55.6 us at 8 / 16 tokens with 32 against 43.8 / 59.5
  * with 16; the down and qkv shapes were the same within 1%). */
 template <int T, bool BIG>
-static int gemv_qtc_launch(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
-                           cudaStream_t s) {
+static int gemv_qtc_launch(const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                           int accumulate, cudaStream_t s) {
     static bool smem_set = false;
     const size_t smem = qtc_smem_bytes<T>();
     if (!smem_set) {
@@ -960,31 +970,36 @@ static int gemv_qtc_launch(const uint8_t *W, const uint16_t *X, float *Y, int ou
     const int ks = gq_ksplit(units, in / gq<T>::E, gq<T>::SB, QTC_WARPS, k_tuning_get()->gemvq_tc_split);
     const int upb = QTC_WARPS / ks;
     return k_launch(gemv_qtc_kernel<T, BIG>, dim3((units + upb - 1) / upb), dim3(QTC_WARPS * 32), smem, s, W, X, Y,
-                    out, in, n, ks, accumulate);
+                    out, in, n, ks, accumulate, ldy);
 }
 
 template <int T>
-static int gemv_qtc_launch_t(const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
-                             cudaStream_t s) {
-    return n > 8 ? gemv_qtc_launch<T, true>(W, X, Y, out, in, n, accumulate, s)
-                 : gemv_qtc_launch<T, false>(W, X, Y, out, in, n, accumulate, s);
+static int gemv_qtc_launch_t(const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                             int accumulate, cudaStream_t s) {
+    return n > 8 ? gemv_qtc_launch<T, true>(W, X, Y, ldy, out, in, n, accumulate, s)
+                 : gemv_qtc_launch<T, false>(W, X, Y, ldy, out, in, n, accumulate, s);
 }
 
 extern "C" int k_gemv_qtc_takes(int type) {
     return type == QB_Q4_K || type == QB_Q5_K || type == QB_Q6_K || type == QB_Q8_0;
 }
 
-extern "C" int k_gemv_qtc(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
-                          int accumulate, cudaStream_t s) {
-    if (!k_gemv_qtc_takes(type) || out <= 0 || in <= 0 || in % qb_elems(type) || n < 1 || n > K_GEMV_QTC_MAX_N ||
-        ((uintptr_t)X | (uintptr_t)W) % 16)
+extern "C" int k_gemv_qtc_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in,
+                             int n, int accumulate, cudaStream_t s) {
+    if (!k_gemv_qtc_takes(type) || out <= 0 || ldy < out || in <= 0 || in % qb_elems(type) || n < 1 ||
+        n > K_GEMV_QTC_MAX_N || ((uintptr_t)X | (uintptr_t)W) % 16)
         return -1;
     switch (type) {
-    case QB_Q4_K: return gemv_qtc_launch_t<QB_Q4_K>(W, X, Y, out, in, n, accumulate, s);
-    case QB_Q5_K: return gemv_qtc_launch_t<QB_Q5_K>(W, X, Y, out, in, n, accumulate, s);
-    case QB_Q8_0: return gemv_qtc_launch_t<QB_Q8_0>(W, X, Y, out, in, n, accumulate, s);
-    default: return gemv_qtc_launch_t<QB_Q6_K>(W, X, Y, out, in, n, accumulate, s);
+    case QB_Q4_K: return gemv_qtc_launch_t<QB_Q4_K>(W, X, Y, ldy, out, in, n, accumulate, s);
+    case QB_Q5_K: return gemv_qtc_launch_t<QB_Q5_K>(W, X, Y, ldy, out, in, n, accumulate, s);
+    case QB_Q8_0: return gemv_qtc_launch_t<QB_Q8_0>(W, X, Y, ldy, out, in, n, accumulate, s);
+    default: return gemv_qtc_launch_t<QB_Q6_K>(W, X, Y, ldy, out, in, n, accumulate, s);
     }
+}
+
+extern "C" int k_gemv_qtc(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n,
+                          int accumulate, cudaStream_t s) {
+    return k_gemv_qtc_ld(type, W, X, Y, out, out, in, n, accumulate, s);
 }
 
 /* A quantized matrix [rows, in] to bf16 [rows, in] (for GEMMs of more tokens than the

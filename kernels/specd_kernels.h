@@ -238,6 +238,14 @@ int k_gemv_qi8_takes(int type);
 size_t k_gemv_qi8_scratch(int in, int n);
 int k_gemv_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
                void *scratch, size_t scratch_bytes, cudaStream_t s);
+/* Both with Y[t, o] at Y + t * ldy + o (ldy >= out), so a matrix whose rows come in two
+ * types (a Q4_K_M file's Q|K in Q4_K and V in Q6_K) runs as two launches into one output;
+ * k_gemv_qi8_ld with x_ready reuses the int8 activations a call before it left in scratch
+ * (the same X, n and in). */
+int k_gemv_q_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                int accumulate, cudaStream_t s);
+int k_gemv_qi8_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                  int accumulate, void *scratch, size_t scratch_bytes, int x_ready, cudaStream_t s);
 /* The same for more tokens on int8 tensor cores (kernels/gemm_q.cu; Q8_0, in % 64 == 0:
  * k_gemm_qi8_takes): k_gemm_q's tiling, one mma m16n8k32 per block of 32 codes, scaled by
  * the token's and the weight's block scales. scratch holds the rounded X (as k_gemv_qi8's:
@@ -254,6 +262,8 @@ int k_gemm_qi8(int type, const uint8_t *W, const uint16_t *X, float *Y, int out,
 int k_gemv_qtc_takes(int type);
 int k_gemv_qtc(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
                cudaStream_t s);
+int k_gemv_qtc_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                  int accumulate, cudaStream_t s);   /* Y's rows ldy apart (k_gemv_q_ld) */
 /* The same matrix dequantized to bf16 out [rows, in] (16-byte aligned): for cuBLAS. */
 int k_dequant_q(int type, const uint8_t *W, uint16_t *out, int rows, int in, cudaStream_t s);
 /* k_embed over a table kept in its blocks (W [vocab, hidden] of type `type`, hidden a
@@ -269,6 +279,8 @@ int k_embed_q(int type, const uint8_t *W, const int32_t *tokens, float *out, int
  * split (few output tiles), added in a fixed order: the same bits on every run. */
 int k_gemm_q(int type, const uint8_t *W, const uint16_t *X, float *Y, int out, int in, int n, int accumulate,
              float *ws, size_t ws_bytes, cudaStream_t s);
+int k_gemm_q_ld(int type, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out, int in, int n,
+                int accumulate, float *ws, size_t ws_bytes, cudaStream_t s);   /* (k_gemv_q_ld) */
 
 /* Fused forms of the decode GEMV for n <= K_GEMV_FUSED_MAX_N rows (small decode batches and
  * verify steps: they take kernels off the per-token chain). Same shape rules as k_gemv_bf16

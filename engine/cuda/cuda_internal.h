@@ -26,6 +26,11 @@ typedef struct {
     uint8_t *w;          /* rows x row_bytes, logical row order */
     int type;            /* ggml type id (kernels/quant_blocks.h), 0: not quantized */
     int rows, cols;
+    /* Rows in two types (a Q4_K_M file's Q|K in Q4_K, V in Q6_K): rows [0, rows1) are of
+     * type at w, rows [rows1, rows) of type2 at w + off2 (16-byte aligned); type2 0: one
+     * type, rows1 == rows. */
+    int rows1, type2;
+    size_t off2;
 } cuda_qmat;
 
 typedef struct {

@@ -72,6 +72,48 @@ static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
     return i8_from > 0 && n >= i8_from && k_gemv_qi8_takes(type) && i8_room ? Q_GEMV_I8 : Q_GEMV;
 }
 
+/* A matrix whose rows come in two types (cuda_qmat.type2): each part on q_kernel's choice
+ * for its own rows, into its columns of Y (row stride out); the int8 activations of two
+ * GEMV parts rounded once. A part that no kernel reads in place (and Q8_0's int8 GEMM,
+ * which has no row stride) is dequantized into the scratch buffer for cuBLAS (ldc out). */
+static int gemm_q2(cuda_runner *r, const cuda_qmat *q, int out, int in, const uint16_t *X, int n, float *Y,
+                   float beta) {
+    const int rows[2] = {q->rows1, out - q->rows1}, types[2] = {q->type, q->type2};
+    const uint8_t *w[2] = {q->w, q->w + q->off2};
+    const float alpha = 1.f;
+    int x_ready = 0;
+    for (int i = 0; i < 2; i++) {
+        float *y = Y + (i ? q->rows1 : 0);
+        const int acc = beta != 0.f;
+        switch (q_kernel(r, types[i], rows[i], in, n)) {
+        case Q_GEMV:
+            K_CHECK(r, k_gemv_q_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, r->stream));
+            break;
+        case Q_GEMV_I8:
+            K_CHECK(r, k_gemv_qi8_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, r->d_qscratch, r->qscratch_bytes,
+                                     x_ready, r->stream));
+            x_ready = 1;
+            continue;
+        case Q_GEMV_TC:
+            K_CHECK(r, k_gemv_qtc_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, r->stream));
+            break;
+        case Q_GEMM:
+            K_CHECK(r, k_gemm_q_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, (float *)r->d_qscratch,
+                                   r->qscratch_bytes, r->stream));
+            break;
+        default:
+            K_CHECK(r, k_dequant_q(types[i], w[i], r->d_qscratch, rows[i], in, r->stream));
+            BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows[i], n, in, &alpha, r->d_qscratch,
+                                       CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+        x_ready = 0;   /* the scratch buffer may hold something else now */
+    }
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
 /* gemm() for a projection that may be kept in its GGUF blocks (q->type): on q_kernel's
  * choice (k_gemm_q's split partial sums in the scratch buffer), else through its bf16
  * copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row
@@ -87,6 +129,7 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         return cuda_fp8_gemm(r, (const uint8_t *)W, sw, out, in, X, n, Y, beta);
     }
     if (!q->type) return gemm(r, W, out, in, X, n, Y, beta);
+    if (q->type2) return gemm_q2(r, q, out, in, X, n, Y, beta);
     switch (q_kernel(r, q->type, out, in, n)) {
     case Q_GEMV_TC:
         K_CHECK(r, k_gemv_qtc(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));

@@ -183,17 +183,31 @@ static int quant_type(const cuda_runner *r, const tensor_view *const *v, int n) 
     return t;
 }
 
-/* Device storage for the concatenated rows of v[0..n) in type t (their logical rows, one
- * after another, as the bf16 form fuses Q|K|V and gate|up). */
-static int quant_alloc(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tensor_view *const *v, int n, int t) {
-    int64_t rows = 0, cols = v[0]->shape[1];
-    for (int i = 0; i < n; i++) rows += v[i]->shape[0];
+static size_t qrow_bytes(int t, int64_t cols) { return (size_t)(cols / qb_elems(t)) * (size_t)qb_bytes(t); }
+
+/* Device storage for the concatenated rows of v[0..n) (their logical rows, one after
+ * another, as the bf16 form fuses Q|K|V and gate|up): v[0..n1) in type t, v[n1..n) in t2
+ * (0: n1 == n, one type) from a 16-byte boundary on. */
+static int quant_alloc2(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tensor_view *const *v, int n, int t,
+                        int n1, int t2) {
+    int64_t rows = 0, rows1 = 0, cols = v[0]->shape[1];
+    for (int i = 0; i < n; i++) {
+        rows += v[i]->shape[0];
+        if (i < n1) rows1 += v[i]->shape[0];
+    }
     q->type = t;
     q->rows = (int)rows;
     q->cols = (int)cols;
-    if (!(q->w = dalloc(r, cm, (size_t)rows * (size_t)(cols / qb_elems(t)) * (size_t)qb_bytes(t)))) return SPECD_ENOMEM;
+    q->rows1 = t2 ? (int)rows1 : (int)rows;
+    q->type2 = t2;
+    q->off2 = t2 ? ((size_t)rows1 * qrow_bytes(t, cols) + 15) & ~(size_t)15 : 0;
+    const size_t bytes = t2 ? q->off2 + (size_t)(rows - rows1) * qrow_bytes(t2, cols) : (size_t)rows * qrow_bytes(t, cols);
+    if (!(q->w = dalloc(r, cm, bytes))) return SPECD_ENOMEM;
     if ((size_t)rows * (size_t)cols > cm->q_scratch) cm->q_scratch = (size_t)rows * (size_t)cols;
     return 0;
+}
+static int quant_alloc(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tensor_view *const *v, int n, int t) {
+    return quant_alloc2(r, cm, q, v, n, t, n, 0);
 }
 
 /* The token embedding or the output matrix in its blocks: view v [rows, hidden] when
@@ -218,16 +232,21 @@ static int quant_table(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tenso
 }
 
 static int quant_upload(cuda_runner *r, const cuda_qmat *q, const tensor_view *const *v, int n) {
-    const size_t row_bytes = (size_t)(q->cols / qb_elems(q->type)) * (size_t)qb_bytes(q->type);
-    uint8_t *h = malloc((size_t)q->rows * row_bytes), *p = h;
+    const size_t rb1 = qrow_bytes(q->type, q->cols), rb2 = q->type2 ? qrow_bytes(q->type2, q->cols) : rb1;
+    const size_t bytes = q->type2 ? q->off2 + (size_t)(q->rows - q->rows1) * rb2 : (size_t)q->rows * rb1;
+    uint8_t *h = calloc(1, bytes), *p = h;
     int rc = h ? 0 : SPECD_ENOMEM;
-    for (int i = 0; i < n && !rc; i++) {
+    for (int i = 0, row = 0; i < n && !rc; i++) {
+        const int second = row >= q->rows1;
+        const size_t want = second ? rb2 : rb1;
         size_t rb = 0;
+        if (second && p < h + q->off2) p = h + q->off2;
         rc = tensor_rows_raw(v[i], 0, v[i]->shape[0], p, &rb);
-        if (!rc && rb != row_bytes) rc = SPECD_EFORMAT;
-        p += (size_t)v[i]->shape[0] * row_bytes;
+        if (!rc && rb != want) rc = SPECD_EFORMAT;
+        p += (size_t)v[i]->shape[0] * want;
+        row += (int)v[i]->shape[0];
     }
-    if (!rc && cudaMemcpy(q->w, h, (size_t)q->rows * row_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+    if (!rc && cudaMemcpy(q->w, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
         cuda_fail(r, __FILE__, __LINE__, "cudaMemcpy(quantized weights)", "copy failed");
         rc = SPECD_ECUDA;
     }
@@ -472,9 +491,15 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
         const tensor_view *vo[1] = {ml ? &ml->wo : NULL}, *vgu[2] = {ml ? &ml->w_gate : NULL, ml ? &ml->w_up : NULL};
         const tensor_view *vdown[1] = {ml ? &ml->w_down : NULL};
         int tq = ml && !cm->fp8 ? quant_type(r, vqkv, 3) : 0, to = ml && !cm->fp8 ? quant_type(r, vo, 1) : 0;
+        /* Q|K in one type and V in another (Q4_K_M gives half the layers' V more bits):
+         * both kept in their blocks, run as two GEMVs into one output (cuda_step.c gemm_q) */
+        const int tqk = ml && !cm->fp8 && !tq ? quant_type(r, vqkv, 2) : 0;
+        const int tv = tqk ? quant_type(r, vqkv + 2, 1) : 0;
         int tgu = ml && !cm->fp8 && !c->n_experts ? quant_type(r, vgu, 2) : 0;
         int tdn = ml && !cm->fp8 && !c->n_experts ? quant_type(r, vdown, 1) : 0;
-        if ((tq ? quant_alloc(r, cm, &L->qqkv, vqkv, 3, tq) : !(L->wqkv = dalloc(r, cm, qkv * hidden * esz))) ||
+        if ((tq ? quant_alloc(r, cm, &L->qqkv, vqkv, 3, tq)
+                : tv ? quant_alloc2(r, cm, &L->qqkv, vqkv, 3, tqk, 2, tv)
+                     : !(L->wqkv = dalloc(r, cm, qkv * hidden * esz))) ||
             (to ? quant_alloc(r, cm, &L->qo, vo, 1, to) : !(L->wo = dalloc(r, cm, hidden * cm->H * D * esz))) ||
             !(L->attn_norm = dalloc(r, cm, hidden * 4)) || !(L->ffn_norm = dalloc(r, cm, hidden * 4)))
             goto oom;
@@ -482,7 +507,7 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
                         (!c->n_experts && (!(L->sgu = dalloc(r, cm, 2 * (size_t)cm->ffn * 4)) ||
                                            !(L->sdown = dalloc(r, cm, hidden * 4))))))
             goto oom;
-        if (tq || to || tgu || tdn) cm->plain = 1;   /* the fused GEMV forms read bf16 only */
+        if (tq || tv || to || tgu || tdn) cm->plain = 1;   /* the fused GEMV forms read bf16 only */
         if (c->n_experts) {
             size_t E = (size_t)c->n_experts, MF = (size_t)cm->ffn;
             if (!(L->router = dalloc(r, cm, E * hidden * 2)) || !(L->exp_gu = dalloc(r, cm, E * 2 * MF * hidden * 2)) ||

@@ -857,6 +857,94 @@ static void test_gemv_qi8_matches_host(void **state) {
     cudaFree(d), cudaFree(f);
 }
 
+/* A matrix in two types (Q4_K_M's Q|K in Q4_K, V in Q6_K): the _ld forms of k_gemv_q,
+ * k_gemv_qi8, k_gemv_qtc and k_gemm_q write each part's columns of one [n, rows1 + rows2]
+ * output (row stride ldy), bit for bit what the one-type call gives for that part alone,
+ * every element written, the guard past the output untouched; accumulating adds to what
+ * was there (as the one-type call adds to the same values); the int8 call with x_ready reuses the codes the first part's call left in
+ * scratch; k_gemm_q's split reduction (a workspace) writes through the stride too. */
+static const char *const two_type_kind[4] = {"gemv_q", "gemv_qi8", "gemv_qtc", "gemm_q"};
+
+static int two_type_call(int kind, int ld, int t, const uint8_t *W, const uint16_t *X, float *Y, int ldy, int out,
+                         int in, int n, int acc, void *dS, size_t sb, int x_ready) {
+    if (!ld) ldy = out;
+    switch (kind) {
+    case 0: return ld ? k_gemv_q_ld(t, W, X, Y, ldy, out, in, n, acc, 0) : k_gemv_q(t, W, X, Y, out, in, n, acc, 0);
+    case 1:
+        return ld ? k_gemv_qi8_ld(t, W, X, Y, ldy, out, in, n, acc, dS, sb, x_ready, 0)
+                  : k_gemv_qi8(t, W, X, Y, out, in, n, acc, dS, sb, 0);
+    case 2: return ld ? k_gemv_qtc_ld(t, W, X, Y, ldy, out, in, n, acc, 0) : k_gemv_qtc(t, W, X, Y, out, in, n, acc, 0);
+    default:
+        return ld ? k_gemm_q_ld(t, W, X, Y, ldy, out, in, n, acc, dS, sb, 0)
+                  : k_gemm_q(t, W, X, Y, out, in, n, acc, dS, sb, 0);
+    }
+}
+
+static void check_gemv_q_two_types(int t1, int rows1, int t2, int rows2, int in, int n) {
+    qprob a = qprob_make(t1, rows1, in, n, 0), b = qprob_make(t2, rows2, in, n, 0);
+    GPU_CHECK(cudaMemcpy(b.dX, a.dX, (size_t)n * in * 2, cudaMemcpyDeviceToDevice));   /* one X for both */
+    const int ldy = rows1 + rows2;
+    const size_t tot = (size_t)n * ldy;
+    size_t sb = k_gemv_qi8_scratch(in, n);
+    if (sb < 16 * tot * sizeof(float)) sb = 16 * tot * sizeof(float);   /* k_gemm_q's split partials */
+    void *dS = gu_dev(sb);
+    float *part[2] = {malloc(sizeof(float) * a.outn), malloc(sizeof(float) * b.outn)};
+    float *y0 = malloc(sizeof(float) * tot), *Y = malloc(sizeof(float) * (tot + GUARD));
+    fill(y0, tot, -1.f, 1.f);
+    for (int kind = 0; kind < 4; kind++) {
+        if (kind < 2 && n > K_GEMV_MAX_N) continue;
+        if (kind == 2 && (n > K_GEMV_QTC_MAX_N || !k_gemv_qtc_takes(t1) || !k_gemv_qtc_takes(t2))) continue;
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+            for (int p = 0; p < 2; p++) {   /* each part alone (accumulating onto its columns of y0) */
+                qprob *q = p ? &b : &a;
+                float *dP = qprob_out(q, 0);
+                if (accumulate) {
+                    for (int t = 0; t < n; t++)
+                        memcpy(part[p] + (size_t)t * q->out, y0 + (size_t)t * ldy + (p ? rows1 : 0),
+                               sizeof(float) * q->out);
+                    GPU_CHECK(cudaMemcpy(dP, part[p], sizeof(float) * q->outn, cudaMemcpyHostToDevice));
+                }
+                assert_int_equal(
+                    two_type_call(kind, 0, q->t, q->dW, a.dX, dP, 0, q->out, in, n, accumulate, dS, sb, 0), 0);
+                gu_download(part[p], dP, sizeof(float) * q->outn);
+                cudaFree(dP);
+            }
+            float *dY = gu_dev(sizeof(float) * (tot + GUARD));   /* NaN-poisoned */
+            if (accumulate) GPU_CHECK(cudaMemcpy(dY, y0, sizeof(float) * tot, cudaMemcpyHostToDevice));
+            assert_int_equal(two_type_call(kind, 1, t1, a.dW, a.dX, dY, ldy, rows1, in, n, accumulate, dS, sb, 0), 0);
+            assert_int_equal(two_type_call(kind, 1, t2, b.dW, a.dX, dY + rows1, ldy, rows2, in, n, accumulate, dS, sb, 1),
+                             0);
+            gu_download(Y, dY, sizeof(float) * (tot + GUARD));
+            cudaFree(dY);
+            long bad = 0;
+            for (int t = 0; t < n; t++)
+                for (int o = 0; o < ldy; o++) {
+                    const float want = o < rows1 ? part[0][(size_t)t * rows1 + o] : part[1][(size_t)t * rows2 + o - rows1];
+                    bad += !(Y[(size_t)t * ldy + o] == want);
+                }
+            for (size_t i = tot; i < tot + GUARD; i++) assert_true(isnan(Y[i]));
+            printf("  %s, types %d | %d, rows %d | %d, in %d, n %d, acc %d: %ld of %zu differ\n", two_type_kind[kind],
+                   t1, t2, rows1, rows2, in, n, accumulate, bad, tot);
+            assert_int_equal(bad, 0);
+        }
+        /* a row stride below the part's rows is refused */
+        assert_int_equal(two_type_call(kind, 1, t1, a.dW, a.dX, Y, rows1 - 1, rows1, in, n, 0, dS, sb, 0), -1);
+    }
+    cudaFree(dS);
+    free(part[0]), free(part[1]), free(y0), free(Y);
+    qprob_free(&a), qprob_free(&b);
+}
+
+static void test_gemv_q_two_types_one_output(void **state) {
+    (void)state;
+    check_gemv_q_two_types(QB_Q4_K, 5120, QB_Q6_K, 1024, 4096, 1);    /* the 8B shape's Q|K and V */
+    check_gemv_q_two_types(QB_Q4_K, 5120, QB_Q6_K, 1024, 4096, 8);
+    check_gemv_q_two_types(QB_Q4_K, 5120, QB_Q6_K, 1024, 4096, 16);
+    check_gemv_q_two_types(QB_Q4_K, 5120, QB_Q6_K, 1024, 4096, 64);   /* tensor-core GEMM tiles */
+    check_gemv_q_two_types(QB_Q4_K, 300, QB_Q6_K, 77, 512, 3);        /* rows not a multiple of a block's */
+    check_gemv_q_two_types(QB_Q4_0, 96, QB_Q8_0, 40, 256, 5);
+}
+
 /* k_gemm_q (kernels/gemm_q.cu), overwrite and accumulate, with a workspace (the
  * reduction split where the tiles are few) and without, against the host decode rounded
  * to bf16 (as the kernel rounds each weight). Returns the worst relative error. */
@@ -1449,6 +1537,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemv_qtc_matches_host_decode),
         cmocka_unit_test(test_gemv_qtc_speed_report),
         cmocka_unit_test(test_gemv_qi8_matches_host),
+        cmocka_unit_test(test_gemv_q_two_types_one_output),
         cmocka_unit_test(test_gemm_qi8_matches_host),
         cmocka_unit_test(test_gemv_qi8_speed_report),
         cmocka_unit_test(test_gemv_q_split_report),

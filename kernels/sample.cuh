@@ -214,7 +214,7 @@ __device__ __forceinline__ uint32_t sample_threshold(const float *x, int vocab, 
         for (int i = threadIdx.x; i < vocab; i += NT)
             if (f2key(x[i]) >= thr) zk += __expf((x[i] - xmax) * invT);
         zk = k_block_sum(zk, red);
-        uint32_t tp = radix_select(x, vocab, thr, p.top_p * zk, 1, xmax, invT, hist);
+        uint32_t tp = radix_select(x, vocab, thr, p.top_p * zk, 1, xmax, invT, hist, agg);
         if (tp > thr) thr = tp;
     }
     return thr;

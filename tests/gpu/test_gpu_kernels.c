@@ -1203,9 +1203,9 @@ static void test_sample_matches_reference_draws(void **state) {
  * integers, so every token, logprob and top logprob of the greedy, top-k and top-logprob
  * rows must equal the one-histogram form's bit for bit, on rows shaped like a real
  * vocabulary's logits (most in a few top-byte buckets; Llama 3's 128256 ids); top-p rows
- * sum their masses in another order, which can move a threshold only where it lands on a
- * bucket boundary to the last bit (not in these rows). Both forms are timed (one row, and
- * 64 rows). */
+ * sum their masses in another order, which can move a threshold only where one lands
+ * within the last bit of a bucket boundary (odds of the order of 1e-6 a row). Both forms
+ * are timed (a top-k row, a top-p row, 64 rows). */
 static void test_sample_hist_aggregated_same_results(void **state) {
     (void)state;
     const int V = 128256, n = 64, NT = 20;
@@ -1229,7 +1229,7 @@ static void test_sample_hist_aggregated_same_results(void **state) {
     float *d_lp = gu_dev(n * 4), *d_tlp = gu_dev(n * K_MAX_TOP * 4);
     int32_t tok[2][64], ids[2][64 * K_MAX_TOP];
     float lp[2][64], tlp[2][64 * K_MAX_TOP];
-    float ms[2][2];
+    float ms[2][3];
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -1244,20 +1244,22 @@ static void test_sample_hist_aggregated_same_results(void **state) {
         gu_download(lp[agg], d_lp, sizeof lp[agg]);
         gu_download(ids[agg], d_ids, sizeof ids[agg]);
         gu_download(tlp[agg], d_tlp, sizeof tlp[agg]);
-        for (int rows = 1, j = 0; j < 2; j++, rows = n) {   /* timing: 1 row (row 1: top_k), then 64 */
-            for (int w = 0; w < 3; w++) k_sample(d_w + (rows == 1 ? V : 0), rows, V, d_sp + (rows == 1), d_tok, d_lp, d_ids,
-                                                 d_tlp, NULL, 0);
+        for (int j = 0; j < 3; j++) {   /* timing: row 1 alone (top-k), row 3 alone (top-p), all 64 */
+            const int r0 = j == 0 ? 1 : j == 1 ? 3 : 0, rows = j == 2 ? n : 1;
+            for (int w = 0; w < 3; w++)
+                k_sample(d_w + (size_t)r0 * V, rows, V, d_sp + r0, d_tok, d_lp, d_ids, d_tlp, NULL, 0);
             cudaEventRecord(e0, 0);
             for (int it = 0; it < 20; it++)
-                k_sample(d_w + (rows == 1 ? V : 0), rows, V, d_sp + (rows == 1), d_tok, d_lp, d_ids, d_tlp, NULL, 0);
+                k_sample(d_w + (size_t)r0 * V, rows, V, d_sp + r0, d_tok, d_lp, d_ids, d_tlp, NULL, 0);
             cudaEventRecord(e1, 0);
             cudaEventSynchronize(e1);
             cudaEventElapsedTime(&ms[agg][j], e0, e1);
         }
     }
     k_set_tuning(&k_tuning_default);
-    printf("    k_sample over %d logits with top logprobs: %.1f / %.1f us (1 / %d rows), aggregated %.1f / %.1f us\n", V,
-           1e3 * ms[0][0] / 20, 1e3 * ms[0][1] / 20, n, 1e3 * ms[1][0] / 20, 1e3 * ms[1][1] / 20);
+    printf("    k_sample over %d logits with top logprobs, one histogram per block / per warp: top-k row %.1f / %.1f us, "
+           "top-p row %.1f / %.1f us, %d rows %.1f / %.1f us\n", V, 1e3 * ms[0][0] / 20, 1e3 * ms[1][0] / 20,
+           1e3 * ms[0][1] / 20, 1e3 * ms[1][1] / 20, n, 1e3 * ms[0][2] / 20, 1e3 * ms[1][2] / 20);
     assert_memory_equal(tok[0], tok[1], sizeof tok[0]);
     assert_memory_equal(lp[0], lp[1], sizeof lp[0]);
     for (int r = 0; r < n; r++) {

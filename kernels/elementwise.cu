@@ -75,12 +75,75 @@ extern "C" int k_rmsnorm(const float *x, const int32_t *rows, const float *w, ui
     return k_launch(rmsnorm_kernel, dim3(n), dim3(nt), 0, s, x, rows, w, out, hidden, eps);
 }
 
+/* k_rmsnorm (the 16-byte form) that also rounds its bf16 output to int8 per 32 elements
+ * into scratch exactly as k_quant_x8 would (the same max, scale, rounding and code sum), so
+ * the int8 GEMV after it needs no rounding launch of its own. All threads run every
+ * iteration (the 8 lanes of a 32-element group exchange their max and sum by shuffles). */
+__global__ void rmsnorm_q8_kernel(const float *x, const float *w, uint16_t *out, int hidden, float eps,
+                                  int8_t *xq, float2 *xs) {
+    __shared__ float red[32];
+    k_pdl_trigger();
+    k_pdl_wait();
+    const int i = blockIdx.x, n4 = hidden / 4;
+    const float4 *x4 = (const float4 *)(x + (size_t)i * hidden), *w4 = (const float4 *)w;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        float4 v = x4[j];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = k_block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)hidden + eps);
+    for (int base = 0; base < n4; base += blockDim.x) {
+        const int j = base + threadIdx.x;
+        const bool on = j < n4;
+        uint16_t b[4] = {0, 0, 0, 0};
+        if (on) {
+            const float4 v = x4[j], g = w4[j];
+            b[0] = k_f2bf(v.x * inv * g.x), b[1] = k_f2bf(v.y * inv * g.y);
+            b[2] = k_f2bf(v.z * inv * g.z), b[3] = k_f2bf(v.w * inv * g.w);
+            ((uint2 *)(out + (size_t)i * hidden))[j] =
+                make_uint2((uint32_t)b[0] | (uint32_t)b[1] << 16, (uint32_t)b[2] | (uint32_t)b[3] << 16);
+        }
+        float f[4], a = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) a = fmaxf(a, fabsf(f[e] = k_bf2f(b[e])));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+        const float id = a > 0.f ? 127.f / a : 0.f;
+        int q[4], sum = 0;
+#pragma unroll
+        for (int e = 0; e < 4; e++) sum += q[e] = __float2int_rn(f[e] * id);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        if (!on) continue;
+        const size_t e0 = (size_t)i * hidden + 4 * (size_t)j;
+        *(uint32_t *)(xq + e0) = (uint32_t)(q[0] & 0xff) | (uint32_t)(q[1] & 0xff) << 8 |
+                                 (uint32_t)(q[2] & 0xff) << 16 | (uint32_t)(q[3] & 0xff) << 24;
+        if ((j & 7) == 0) xs[e0 / 32] = make_float2(a / 127.f, (float)sum);
+    }
+}
+
+extern "C" int k_rmsnorm_q8(const float *x, const float *w, uint16_t *out, int n, int hidden, float eps,
+                            void *scratch, cudaStream_t s) {
+    if (n <= 0 || hidden <= 0 || hidden % 32 || !scratch || ((uintptr_t)x | (uintptr_t)w | (uintptr_t)scratch) % 16 ||
+        (uintptr_t)out % 8)
+        return -1;
+    const int nt = hidden >= 4096 ? 1024 : hidden >= 2048 ? 512 : 256;
+    return k_launch(rmsnorm_q8_kernel, dim3(n), dim3(nt), 0, s, x, w, out, hidden, eps, (int8_t *)scratch,
+                    (float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, hidden)));
+}
+
 /* out[t, j] = bf16(act(gate) * up) for gu [n, 2*ffn] (gate | up): SiLU, or GELU-tanh. A
  * block row per token (blockIdx.y, no divisions); with FP8 scales the products are an
  * unscaled FP8 GEMM's, scaled here by sw[row] * sx[t] (row j for gate, ffn + j for up). */
-template <bool GELU>
+/* Q8: the bf16 output also rounded to int8 per 32 elements into xq / xs exactly as
+ * k_quant_x8 would (a warp is one 32-element group: ffn % 32 == 0). */
+template <bool GELU, bool Q8 = false>
 __global__ void gated_mul_kernel(const float *__restrict__ gu, const float *__restrict__ sw,
-                                 const float *__restrict__ sx, uint16_t *__restrict__ out, int ffn, int t0) {
+                                 const float *__restrict__ sx, uint16_t *__restrict__ out, int ffn, int t0,
+                                 int8_t *xq = nullptr, float2 *xs = nullptr) {
     k_pdl_trigger();
     const int j = blockIdx.x * blockDim.x + threadIdx.x, t = t0 + blockIdx.y;
     float s1 = 1.f, s2 = 1.f;
@@ -89,27 +152,47 @@ __global__ void gated_mul_kernel(const float *__restrict__ gu, const float *__re
         s2 = sw[ffn + j];
     }
     k_pdl_wait();
-    if (j >= ffn) return;
+    if (j >= ffn) return;   /* (with Q8 a whole warp: ffn % 32 == 0) */
     if (sx) {
         s1 *= sx[t];
         s2 *= sx[t];
     }
     const float *row = gu + (size_t)t * 2 * ffn;
     const float g = row[j] * s1, u = row[ffn + j] * s2;
-    out[(size_t)t * ffn + j] = k_f2bf((GELU ? k_gelu_tanh(g) : k_silu(g)) * u);
+    const uint16_t b = k_f2bf((GELU ? k_gelu_tanh(g) : k_silu(g)) * u);
+    out[(size_t)t * ffn + j] = b;
+    if (Q8) {
+        const float f = k_bf2f(b), a = k_warp_max(fabsf(f));
+        const float id = a > 0.f ? 127.f / a : 0.f;
+        const int q = __float2int_rn(f * id);
+        int sum = q;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const size_t e = (size_t)t * ffn + j;
+        xq[e] = (int8_t)q;
+        if ((threadIdx.x & 31) == 0) xs[e / 32] = make_float2(a / 127.f, (float)sum);
+    }
 }
 
-template <bool GELU>
+template <bool GELU, bool Q8 = false>
 static int launch_gated_mul(const float *gu, const float *sw, const float *sx, uint16_t *out, int n, int ffn,
-                            cudaStream_t s) {
+                            cudaStream_t s, void *scratch = nullptr) {
     if (n < 0 || ffn <= 0 || (!sw != !sx)) return -1;
+    int8_t *xq = (int8_t *)scratch;
+    float2 *xs = Q8 ? (float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, ffn)) : nullptr;
     for (int t0 = 0; t0 < n; t0 += 65535) {   /* grid rows */
         const int nt = n - t0 < 65535 ? n - t0 : 65535;
-        int rc = k_launch(gated_mul_kernel<GELU>, dim3((unsigned)((ffn + 255) / 256), (unsigned)nt), dim3(256), 0, s,
-                          gu, sw, sx, out, ffn, t0);
+        int rc = k_launch(gated_mul_kernel<GELU, Q8>, dim3((unsigned)((ffn + 255) / 256), (unsigned)nt), dim3(256), 0,
+                          s, gu, sw, sx, out, ffn, t0, xq, xs);
         if (rc) return rc;
     }
     return 0;
+}
+
+extern "C" int k_gated_mul_q8(const float *gu, uint16_t *out, int n, int ffn, int gelu, void *scratch, cudaStream_t s) {
+    if (!scratch || ffn % 32 || (uintptr_t)scratch % 16) return -1;
+    return gelu ? launch_gated_mul<true, true>(gu, NULL, NULL, out, n, ffn, s, scratch)
+                : launch_gated_mul<false, true>(gu, NULL, NULL, out, n, ffn, s, scratch);
 }
 
 extern "C" int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s) {

@@ -704,7 +704,7 @@ extern "C" size_t k_gemv_qi8_scratch(int in, int n) {
     return k_x8_codes_bytes(n, in) + (size_t)n * (size_t)(in / 32) * sizeof(float2);
 }
 
-int k_quant_x8(const uint16_t *X, int n, int in, void *scratch, cudaStream_t s) {
+extern "C" int k_quant_x8(const uint16_t *X, int n, int in, void *scratch, cudaStream_t s) {
     const size_t n8 = (size_t)n * (size_t)in / 8;
     return k_launch(quant_x8_kernel, dim3((unsigned)((n8 + 255) / 256)), dim3(256), 0, s, X, (int8_t *)scratch,
                     (float2 *)((uint8_t *)scratch + k_x8_codes_bytes(n, in)), n8);

@@ -63,12 +63,9 @@ static inline int k_sm_count(void) {
     return sms;
 }
 
-/* Activations for the int8 kernels (gemv_q.cu k_gemv_qi8, gemm_q.cu k_gemm_qi8): X [n, in]
- * bf16 (16-byte aligned, in % 32 == 0) rounded per 32 elements into scratch: int8 codes
- * [n, in] first, then (scale, sum of the 32 codes) float2 [n, in / 32] at
- * k_x8_codes_bytes(n, in). Launched with PDL like the kernels it feeds. */
+/* The int8 activations' layout in scratch (k_quant_x8, specd_kernels.h): int8 codes [n, in]
+ * first, then (scale, sum of the 32 codes) float2 [n, in / 32] at k_x8_codes_bytes(n, in). */
 static inline size_t k_x8_codes_bytes(int n, int in) { return ((size_t)n * (size_t)in + 15) / 16 * 16; }
-int k_quant_x8(const uint16_t *X, int n, int in, void *scratch, cudaStream_t s);
 
 __device__ __forceinline__ float k_bf2f(uint16_t b) {
     return __uint_as_float(((uint32_t)b) << 16);

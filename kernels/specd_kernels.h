@@ -63,11 +63,26 @@ int k_embed(const uint16_t *table, const int32_t *tokens, float *out, int n, int
  * that produces x with beta = 1), w [hidden] fp32, out [n, hidden] bf16. */
 int k_rmsnorm(const float *x, const int32_t *rows, const float *w, uint16_t *out, int n,
               int hidden, float eps, cudaStream_t s);
+/* Activations for the int8 kernels (gemv_q.cu k_gemv_qi8, gemm_q.cu k_gemm_qi8): X [n, in]
+ * bf16 (16-byte aligned, in % 32 == 0) rounded per 32 elements into scratch: int8 codes
+ * [n, in] first (padded to 16 bytes), then (scale = max |x| / 127, sum of the 32 codes)
+ * float2 [n, in / 32]; at least k_gemv_qi8_scratch(in, n) bytes. Launched with PDL like the
+ * kernels it feeds. */
+int k_quant_x8(const uint16_t *X, int n, int in, void *scratch, cudaStream_t s);
+/* k_rmsnorm (rows NULL) that also leaves its output rounded to int8 in scratch as
+ * k_quant_x8 would (its layout, at least k_gemv_qi8_scratch(hidden, n) bytes), for
+ * the int8 GEMV after it (k_gemv_qi8_ld with x_ready). hidden % 32 == 0, x, w, scratch
+ * 16-byte aligned, out 8-byte aligned; else -1. */
+int k_rmsnorm_q8(const float *x, const float *w, uint16_t *out, int n, int hidden, float eps, void *scratch,
+                 cudaStream_t s);
 
 /* out[t, j] = bf16(silu(gu[t, j]) * gu[t, ffn + j]).  gu [n, 2*ffn] fp32 (gate | up). */
 int k_silu_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s);
 /* The same with GELU (tanh approximation, HF's gelu_pytorch_tanh) for the gate: Gemma. */
 int k_gelu_tanh_mul(const float *gu, uint16_t *out, int n, int ffn, cudaStream_t s);
+/* Either (gelu) that also leaves its output rounded to int8 in scratch as k_quant_x8
+ * would, for the int8 GEMV after it (ffn % 32 == 0, scratch 16-byte aligned). */
+int k_gated_mul_q8(const float *gu, uint16_t *out, int n, int ffn, int gelu, void *scratch, cudaStream_t s);
 /* Either (gelu) over the unscaled products of an FP8 gate|up GEMM: gate j and up j are
  * first multiplied by sw[j] * sx[t] and sw[ffn + j] * sx[t] (row scales [2 ffn], token
  * scales [n]). */

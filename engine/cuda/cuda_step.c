@@ -8,7 +8,9 @@
  * mixture-of-experts layer instead: router GEMM, top-k routing, grouped expert GEMMs that
  * read only the chosen experts, weighted combine; kernels/moe.cu; up to 8 tokens that is
  * three launches, see k_moe_route_gemv). At batch 1-2 the GEMVs absorb most of the small
- * kernels (see cuda_enqueue_pass), MoE models' included.
+ * kernels (see cuda_enqueue_pass), MoE models' included. With GGUF blocks on the int8 GEMV
+ * (k_gemv_qi8) the RMSNorm and the gated product before QKV, gate|up and down round the
+ * activations themselves (k_rmsnorm_q8, k_gated_mul_q8), so no rounding launch runs there.
  * Everything that changes per step (tokens, slots, sampling parameters, lengths) lives in
  * device buffers at fixed addresses, so a captured step replays with fresh inputs. */
 #include <math.h>
@@ -77,11 +79,10 @@ static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
  * GEMV parts rounded once. A part that no kernel reads in place (and Q8_0's int8 GEMM,
  * which has no row stride) is dequantized into the scratch buffer for cuBLAS (ldc out). */
 static int gemm_q2(cuda_runner *r, const cuda_qmat *q, int out, int in, const uint16_t *X, int n, float *Y,
-                   float beta) {
+                   float beta, int x_ready) {
     const int rows[2] = {q->rows1, out - q->rows1}, types[2] = {q->type, q->type2};
     const uint8_t *w[2] = {q->w, q->w + q->off2};
     const float alpha = 1.f;
-    int x_ready = 0;
     for (int i = 0; i < 2; i++) {
         float *y = Y + (i ? q->rows1 : 0);
         const int acc = beta != 0.f;
@@ -114,13 +115,22 @@ fail:
     return SPECD_ECUDA;
 }
 
+/* Whether every part of a quantized projection runs on the int8 GEMV (Q_GEMV_I8) for n
+ * tokens: then the RMSNorm before it may round its activations (k_rmsnorm_q8, x_ready). */
+static int q_takes_x8(const cuda_runner *r, const cuda_qmat *q, const float *sw, int out, int in, int n) {
+    if (!q->type || sw || r->tune.no_fuse || in % 32) return 0;
+    if (!q->type2) return q_kernel(r, q->type, out, in, n) == Q_GEMV_I8;
+    return q_kernel(r, q->type, q->rows1, in, n) == Q_GEMV_I8 && q_kernel(r, q->type2, out - q->rows1, in, n) == Q_GEMV_I8;
+}
+
 /* gemm() for a projection that may be kept in its GGUF blocks (q->type): on q_kernel's
  * choice (k_gemm_q's split partial sums in the scratch buffer), else through its bf16
  * copy in the scratch buffer and cuBLAS. Or FP8 (sw, the row
  * scales, set: W holds E4M3 bytes): up to K_GEMV_MAX_N rows on the GEMV reading the bytes,
- * more on FP8 tensor cores. */
-static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const float *sw, int out, int in,
-                  const uint16_t *X, int n, float *Y, float beta) {
+ * more on FP8 tensor cores. x_ready: X's int8 rounding is in the scratch buffer already
+ * (only where q_takes_x8). */
+static int gemm_qx(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const float *sw, int out, int in,
+                   const uint16_t *X, int n, float *Y, float beta, int x_ready) {
     if (sw) {
         if (n <= K_GEMV_MAX_N && !r->tune.no_gemv) {
             K_CHECK(r, k_gemv_w((k_wmat){W, sw}, X, Y, out, in, n, beta != 0.f, NULL, NULL, r->stream));
@@ -129,7 +139,7 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
         return cuda_fp8_gemm(r, (const uint8_t *)W, sw, out, in, X, n, Y, beta);
     }
     if (!q->type) return gemm(r, W, out, in, X, n, Y, beta);
-    if (q->type2) return gemm_q2(r, q, out, in, X, n, Y, beta);
+    if (q->type2) return gemm_q2(r, q, out, in, X, n, Y, beta, x_ready);
     switch (q_kernel(r, q->type, out, in, n)) {
     case Q_GEMV_TC:
         K_CHECK(r, k_gemv_qtc(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
@@ -143,8 +153,8 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
                               r->stream));
         return 0;
     case Q_GEMV_I8:
-        K_CHECK(r, k_gemv_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
-                              r->stream));
+        K_CHECK(r, k_gemv_qi8_ld(q->type, q->w, X, Y, out, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
+                                 x_ready, r->stream));
         return 0;
     case Q_GEMV:
         K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
@@ -154,6 +164,11 @@ static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const f
     return gemm(r, r->d_qscratch, out, in, X, n, Y, beta);   /* n > 8: cuBLAS */
 fail:
     return SPECD_ECUDA;
+}
+
+static int gemm_q(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const float *sw, int out, int in,
+                  const uint16_t *X, int n, float *Y, float beta) {
+    return gemm_qx(r, W, q, sw, out, in, X, n, Y, beta, 0);
 }
 
 /* The output matrix in its blocks (cuda_model.qlm): Y [n, vocab] = X . W^T. Passes gemm_q
@@ -271,7 +286,12 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                 nout_attn = (k_norm_out){.g = cm->layers[l + 1].attn_norm, .xg = r->d_xg,
                                          .ss = ss_l + 2 * CUDA_GEMV_MAX_ROWS};
         }
-        if (!(r->tune.dbg_skip & 1) && !qkv_nin)
+        /* where the QKV pass runs on the int8 GEMV, the norm rounds its activations too */
+        const int qkv_x8 = !(r->tune.dbg_skip & 1) && !qkv_nin && !fuse_rope &&
+                           q_takes_x8(r, &L->qqkv, L->sqkv, qkvd, hidden, n);
+        if (qkv_x8)
+            K_CHECK(r, k_rmsnorm_q8(r->d_resid, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, r->d_qscratch, s));
+        else if (!(r->tune.dbg_skip & 1) && !qkv_nin)
             K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         if (r->tune.dbg_skip & 2) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
@@ -283,7 +303,8 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         } else {
-            if ((rc = gemm_q(r, L->wqkv, &L->qqkv, L->sqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if ((rc = gemm_qx(r, L->wqkv, &L->qqkv, L->sqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f, qkv_x8)))
+                return rc;
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
@@ -299,7 +320,11 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                  (rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
             return rc;
         if (!L->post_attn_norm && (rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
-        if (!(r->tune.dbg_skip & 1) && !fuse_norm)
+        const int gu_x8 = !(r->tune.dbg_skip & 1) && !fuse_norm && !L->router && !fused &&
+                          q_takes_x8(r, &L->qgu, L->sgu, 2 * F, hidden, n);
+        if (gu_x8)
+            K_CHECK(r, k_rmsnorm_q8(r->d_resid, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, r->d_qscratch, s));
+        else if (!(r->tune.dbg_skip & 1) && !fuse_norm)
             K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->ffn_norm, r->d_xb, n, hidden, c->rms_eps, s));
         const uint16_t *act = r->d_xb;
         if (L->router && (r->tune.dbg_skip & 64)) continue;   /* SPECD_DEBUG_SKIP=moe (timing only) */
@@ -334,6 +359,8 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
             continue;
         }
+        /* where the down pass runs on the int8 GEMV, the gated product rounds its output too */
+        int down_x8 = 0;
         if (r->tune.dbg_skip & 16) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fused) {
@@ -345,13 +372,17 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             const int raw = L->sgu ? cuda_fp8_gemm_unscaled(r, (const uint8_t *)L->wgu, 2 * F, hidden, r->d_xb, n, r->d_f32)
                                    : 1;
             if (raw < 0) return raw;
-            if (raw && (rc = gemm_q(r, L->wgu, &L->qgu, L->sgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f))) return rc;
+            if (raw && (rc = gemm_qx(r, L->wgu, &L->qgu, L->sgu, 2 * F, hidden, r->d_xb, n, r->d_f32, 0.f, gu_x8)))
+                return rc;
+            down_x8 = raw && q_takes_x8(r, &L->qdown, L->sdown, hidden, F, n);
             if (!raw) K_CHECK(r, k_gated_mul_fp8(r->d_f32, L->sgu, r->d_xs, r->d_xb, n, F, c->act == ACT_GELU_TANH, s));
+            else if (down_x8)
+                K_CHECK(r, k_gated_mul_q8(r->d_f32, r->d_xb, n, F, c->act == ACT_GELU_TANH, r->d_qscratch, s));
             else if (c->act == ACT_GELU_TANH) K_CHECK(r, k_gelu_tanh_mul(r->d_f32, r->d_xb, n, F, s));
             else K_CHECK(r, k_silu_mul(r->d_f32, r->d_xb, n, F, s));
         }
         if (L->post_ffn_norm) {
-            if ((rc = gemm_q(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_f32, 0.f)) ||
+            if ((rc = gemm_qx(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_f32, 0.f, down_x8)) ||
                 (partial && (rc = cuda_tp_allreduce(r, p->which, r->d_f32, (size_t)n * hidden))))
                 return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_ffn_norm, r->d_resid, n, hidden, c->rms_eps, s));
@@ -359,7 +390,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         } else if (fuse_norm && l + 1 < c->n_layers)
             K_CHECK(r, k_gemv_w((k_wmat){L->wdown, L->sdown}, act, r->d_resid, hidden, F, n, 1, NULL, &nout_attn, s));
         else if (!(r->tune.dbg_skip & 32) &&
-                 (rc = gemm_q(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_resid, beta_res)))
+                 (rc = gemm_qx(r, L->wdown, &L->qdown, L->sdown, hidden, F, act, n, r->d_resid, beta_res, down_x8)))
             return rc;
         if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
     }

@@ -70,6 +70,27 @@ static void test_rmsnorm_gathered_rows_match_reference(void **state) {
     free(x); free(o); free(of); free(ref);
 }
 
+/* A producer that rounds as it writes (d_b, d_sb) against the plain producer followed by
+ * k_quant_x8 (d_a, d_sa): bf16 outputs [tot], then the int8 codes and the (scale, sum)
+ * pairs of the scratch layout (kernels/kutil.h k_x8_codes_bytes: codes padded to 16 bytes,
+ * then one 8-byte pair per 32 elements). Prints and returns how many differ. */
+static long x8_differences(const uint16_t *d_a, const uint16_t *d_b, const uint8_t *d_sa, const uint8_t *d_sb,
+                           size_t tot, size_t sb, const char *what) {
+    const size_t o = (tot + 15) / 16 * 16;
+    uint16_t *a = malloc(tot * 2), *b = malloc(tot * 2);
+    uint8_t *qa = malloc(sb), *qb = malloc(sb);
+    gu_download(a, d_a, tot * 2);
+    gu_download(b, d_b, tot * 2);
+    gu_download(qa, d_sa, sb);
+    gu_download(qb, d_sb, sb);
+    long bad_out = 0, bad_codes = 0, bad_scales = 0;
+    for (size_t i = 0; i < tot; i++) bad_out += a[i] != b[i], bad_codes += qa[i] != qb[i];
+    for (size_t g = 0; g < tot / 32; g++) bad_scales += memcmp(qa + o + 8 * g, qb + o + 8 * g, 8) != 0;
+    printf("    %s: %ld outputs, %ld codes, %ld group scales differ\n", what, bad_out, bad_codes, bad_scales);
+    free(a), free(b), free(qa), free(qb);
+    return bad_out + bad_codes + bad_scales;
+}
+
 /* k_rmsnorm_q8: its bf16 output equals k_rmsnorm's, and its int8 codes and (scale, code
  * sum) pairs equal what k_quant_x8 makes of that output, bit for bit (the GEMV after it
  * then computes exactly what it did with the rounding launch); hidden sizes with one and
@@ -80,8 +101,7 @@ static void test_rmsnorm_q8_equals_rmsnorm_then_quant_x8(void **state) {
     const int sizes[5] = {576, 2048, 3072, 4096, 5120}, n = 3;
     for (int si = 0; si < 5; si++) {
         const int hidden = sizes[si];
-        /* the scratch layout (kernels/kutil.h k_x8_codes_bytes): codes padded to 16 bytes, then the pairs */
-        const size_t tot = (size_t)n * hidden, o = (tot + 15) / 16 * 16, sb = k_gemv_qi8_scratch(hidden, n);
+        const size_t tot = (size_t)n * hidden, sb = k_gemv_qi8_scratch(hidden, n);
         float *x = malloc(tot * 4), *w = malloc((size_t)hidden * 4);
         for (size_t i = 0; i < tot; i++) x[i] = gu_uniform(&g_rng, -3, 3) * (i % 997 == 0 ? 40.f : 1.f);
         for (int k = 0; k < 32; k++) x[(size_t)hidden + 64 + k] = 0.f;   /* row 1: one all-zero group */
@@ -92,20 +112,11 @@ static void test_rmsnorm_q8_equals_rmsnorm_then_quant_x8(void **state) {
         assert_int_equal(k_rmsnorm(d_x, NULL, d_w, d_a, n, hidden, 1e-5f, 0), 0);
         assert_int_equal(k_quant_x8(d_a, n, hidden, d_sa, 0), 0);
         assert_int_equal(k_rmsnorm_q8(d_x, d_w, d_b, n, hidden, 1e-5f, d_sb, 0), 0);
-        uint16_t *a = malloc(tot * 2), *b = malloc(tot * 2);
-        uint8_t *qa = malloc(sb), *qb = malloc(sb);
-        gu_download(a, d_a, tot * 2);
-        gu_download(b, d_b, tot * 2);
-        gu_download(qa, d_sa, sb);
-        gu_download(qb, d_sb, sb);
-        long bad_out = 0, bad_codes = 0, bad_scales = 0;
-        for (size_t i = 0; i < tot; i++) bad_out += a[i] != b[i], bad_codes += qa[i] != qb[i];
-        for (size_t g = 0; g < tot / 32; g++) bad_scales += memcmp(qa + o + 8 * g, qb + o + 8 * g, 8) != 0;
-        printf("    rmsnorm_q8 hidden %d: %ld outputs, %ld codes, %ld group scales differ\n", hidden, bad_out, bad_codes,
-               bad_scales);
-        assert_int_equal(bad_out + bad_codes + bad_scales, 0);
+        char what[64];
+        snprintf(what, sizeof what, "rmsnorm_q8 hidden %d", hidden);
+        assert_int_equal(x8_differences(d_a, d_b, d_sa, d_sb, tot, sb, what), 0);
         cudaFree(d_x), cudaFree(d_w), cudaFree(d_a), cudaFree(d_b), cudaFree(d_sa), cudaFree(d_sb);
-        free(x), free(w), free(a), free(b), free(qa), free(qb);
+        free(x), free(w);
     }
     float *d = gu_dev(1 << 20);
     assert_int_equal(k_rmsnorm_q8(d, d, (uint16_t *)d, 1, 1000, 1e-5f, d, 0), -1);        /* not whole groups */
@@ -123,7 +134,7 @@ static void test_gated_mul_q8_equals_gated_mul_then_quant_x8(void **state) {
     for (int wi = 0; wi < 2; wi++)
         for (int gelu = 0; gelu < 2; gelu++) {
             const int ffn = widths[wi];
-            const size_t tot = (size_t)n * ffn, o = (tot + 15) / 16 * 16, sb = k_gemv_qi8_scratch(ffn, n);
+            const size_t tot = (size_t)n * ffn, sb = k_gemv_qi8_scratch(ffn, n);
             float *gu = malloc(tot * 2 * 4);
             for (size_t i = 0; i < tot * 2; i++) gu[i] = gu_uniform(&g_rng, -6, 6);
             for (int k = 0; k < 32; k++) gu[(size_t)2 * ffn + 32 + k] = 0.f;   /* row 1: a group of zeros */
@@ -133,20 +144,11 @@ static void test_gated_mul_q8_equals_gated_mul_then_quant_x8(void **state) {
             assert_int_equal(gelu ? k_gelu_tanh_mul(d_gu, d_a, n, ffn, 0) : k_silu_mul(d_gu, d_a, n, ffn, 0), 0);
             assert_int_equal(k_quant_x8(d_a, n, ffn, d_sa, 0), 0);
             assert_int_equal(k_gated_mul_q8(d_gu, d_b, n, ffn, gelu, d_sb, 0), 0);
-            uint16_t *a = malloc(tot * 2), *b = malloc(tot * 2);
-            uint8_t *qa = malloc(sb), *qb = malloc(sb);
-            gu_download(a, d_a, tot * 2);
-            gu_download(b, d_b, tot * 2);
-            gu_download(qa, d_sa, sb);
-            gu_download(qb, d_sb, sb);
-            long bad_out = 0, bad_codes = 0, bad_scales = 0;
-            for (size_t i = 0; i < tot; i++) bad_out += a[i] != b[i], bad_codes += qa[i] != qb[i];
-            for (size_t g = 0; g < tot / 32; g++) bad_scales += memcmp(qa + o + 8 * g, qb + o + 8 * g, 8) != 0;
-            printf("    gated_mul_q8 ffn %d %s: %ld outputs, %ld codes, %ld group scales differ\n", ffn,
-                   gelu ? "gelu" : "silu", bad_out, bad_codes, bad_scales);
-            assert_int_equal(bad_out + bad_codes + bad_scales, 0);
+            char what[64];
+            snprintf(what, sizeof what, "gated_mul_q8 ffn %d %s", ffn, gelu ? "gelu" : "silu");
+            assert_int_equal(x8_differences(d_a, d_b, d_sa, d_sb, tot, sb, what), 0);
             cudaFree(d_gu), cudaFree(d_a), cudaFree(d_b), cudaFree(d_sa), cudaFree(d_sb);
-            free(gu), free(a), free(b), free(qa), free(qb);
+            free(gu);
         }
     float *d = gu_dev(1 << 20);
     assert_int_equal(k_gated_mul_q8(d, (uint16_t *)d, 1, 1000, 0, d, 0), -1);

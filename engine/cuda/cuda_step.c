@@ -74,45 +74,58 @@ static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
     return i8_from > 0 && n >= i8_from && k_gemv_qi8_takes(type) && i8_room ? Q_GEMV_I8 : Q_GEMV;
 }
 
+/* Y[:, 0:rows] (+)= X . W^T (Y's rows ldy apart) for rows of W in GGUF type `type` on
+ * q_kernel's choice `kind`; Q_COPY, and Q8_0's int8 GEMM where Y has a stride (it takes
+ * none), dequantize W into the scratch buffer for cuBLAS (ldc ldy: more than K_GEMV_MAX_N
+ * rows). x_ready: X's int8 rounding is in the scratch buffer already (Q_GEMV_I8). */
+static int q_part(cuda_runner *r, int kind, int type, const uint8_t *w, int rows, int in, const uint16_t *X, int n,
+                  float *Y, int ldy, float beta, int x_ready) {
+    const int acc = beta != 0.f;
+    const float alpha = 1.f;
+    switch (kind) {
+    case Q_GEMV:
+        K_CHECK(r, k_gemv_q_ld(type, w, X, Y, ldy, rows, in, n, acc, r->stream));
+        return 0;
+    case Q_GEMV_I8:
+        K_CHECK(r, k_gemv_qi8_ld(type, w, X, Y, ldy, rows, in, n, acc, r->d_qscratch, r->qscratch_bytes, x_ready,
+                                 r->stream));
+        return 0;
+    case Q_GEMV_TC:
+        K_CHECK(r, k_gemv_qtc_ld(type, w, X, Y, ldy, rows, in, n, acc, r->stream));
+        return 0;
+    case Q_GEMM:
+        K_CHECK(r, k_gemm_q_ld(type, w, X, Y, ldy, rows, in, n, acc, (float *)r->d_qscratch, r->qscratch_bytes,
+                               r->stream));
+        return 0;
+    case Q_GEMM_I8:
+        if (ldy != rows) break;
+        K_CHECK(r, k_gemm_qi8(type, w, X, Y, rows, in, n, acc, r->d_qscratch, r->qscratch_bytes, r->stream));
+        return 0;
+    }
+    K_CHECK(r, k_dequant_q(type, w, r->d_qscratch, rows, in, r->stream));
+    /* Row-major Y[n, rows] = X[n, in] . W[rows, in]^T is column-major Y^T = W^T' X^T'. */
+    BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, in, &alpha, r->d_qscratch, CUDA_R_16BF,
+                               in, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
 /* A matrix whose rows come in two types (cuda_qmat.type2): each part on q_kernel's choice
  * for its own rows, into its columns of Y (row stride out); the int8 activations of two
- * GEMV parts rounded once. A part that no kernel reads in place (and Q8_0's int8 GEMM,
- * which has no row stride) is dequantized into the scratch buffer for cuBLAS (ldc out). */
+ * GEMV parts rounded once (or not at all: x_ready, k_rmsnorm_q8 left them in the scratch). */
 static int gemm_q2(cuda_runner *r, const cuda_qmat *q, int out, int in, const uint16_t *X, int n, float *Y,
                    float beta, int x_ready) {
     const int rows[2] = {q->rows1, out - q->rows1}, types[2] = {q->type, q->type2};
     const uint8_t *w[2] = {q->w, q->w + q->off2};
-    const float alpha = 1.f;
     for (int i = 0; i < 2; i++) {
-        float *y = Y + (i ? q->rows1 : 0);
-        const int acc = beta != 0.f;
-        switch (q_kernel(r, types[i], rows[i], in, n)) {
-        case Q_GEMV:
-            K_CHECK(r, k_gemv_q_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, r->stream));
-            break;
-        case Q_GEMV_I8:
-            K_CHECK(r, k_gemv_qi8_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, r->d_qscratch, r->qscratch_bytes,
-                                     x_ready, r->stream));
-            x_ready = 1;
-            continue;
-        case Q_GEMV_TC:
-            K_CHECK(r, k_gemv_qtc_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, r->stream));
-            break;
-        case Q_GEMM:
-            K_CHECK(r, k_gemm_q_ld(types[i], w[i], X, y, out, rows[i], in, n, acc, (float *)r->d_qscratch,
-                                   r->qscratch_bytes, r->stream));
-            break;
-        default:
-            K_CHECK(r, k_dequant_q(types[i], w[i], r->d_qscratch, rows[i], in, r->stream));
-            BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows[i], n, in, &alpha, r->d_qscratch,
-                                       CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        }
-        x_ready = 0;   /* the scratch buffer may hold something else now */
+        const int kind = q_kernel(r, types[i], rows[i], in, n);
+        const int rc = q_part(r, kind, types[i], w[i], rows[i], in, X, n, Y + (i ? q->rows1 : 0), out, beta, x_ready);
+        if (rc) return rc;
+        x_ready = kind == Q_GEMV_I8;   /* (any other kernel may have used the scratch buffer) */
     }
     return 0;
-fail:
-    return SPECD_ECUDA;
 }
 
 /* Whether every part of a quantized projection runs on the int8 GEMV (Q_GEMV_I8) for n
@@ -140,28 +153,7 @@ static int gemm_qx(cuda_runner *r, const uint16_t *W, const cuda_qmat *q, const 
     }
     if (!q->type) return gemm(r, W, out, in, X, n, Y, beta);
     if (q->type2) return gemm_q2(r, q, out, in, X, n, Y, beta, x_ready);
-    switch (q_kernel(r, q->type, out, in, n)) {
-    case Q_GEMV_TC:
-        K_CHECK(r, k_gemv_qtc(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
-        return 0;
-    case Q_GEMM:
-        K_CHECK(r, k_gemm_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, (float *)r->d_qscratch, r->qscratch_bytes,
-                            r->stream));
-        return 0;
-    case Q_GEMM_I8:
-        K_CHECK(r, k_gemm_qi8(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
-                              r->stream));
-        return 0;
-    case Q_GEMV_I8:
-        K_CHECK(r, k_gemv_qi8_ld(q->type, q->w, X, Y, out, out, in, n, beta != 0.f, r->d_qscratch, r->qscratch_bytes,
-                                 x_ready, r->stream));
-        return 0;
-    case Q_GEMV:
-        K_CHECK(r, k_gemv_q(q->type, q->w, X, Y, out, in, n, beta != 0.f, r->stream));
-        return 0;
-    }
-    K_CHECK(r, k_dequant_q(q->type, q->w, r->d_qscratch, out, in, r->stream));
-    return gemm(r, r->d_qscratch, out, in, X, n, Y, beta);   /* n > 8: cuBLAS */
+    return q_part(r, q_kernel(r, q->type, out, in, n), q->type, q->w, out, in, X, n, Y, out, beta, x_ready);
 fail:
     return SPECD_ECUDA;
 }
@@ -180,18 +172,13 @@ static int lm_head_q(cuda_runner *r, const cuda_qmat *q, const uint16_t *X, int 
     if (q_kernel(r, q->type, vocab, in, n) != Q_COPY) return gemm_q(r, NULL, q, NULL, vocab, in, X, n, Y, 0.f);
     const size_t row_bytes = (size_t)(in / qb_elems(q->type)) * (size_t)qb_bytes(q->type);
     const int chunk = (int)(r->qscratch_bytes / 2 / (size_t)in);
-    const float alpha = 1.f, beta = 0.f;
     if (chunk < 1) return SPECD_EINVAL;
-    for (int r0 = 0; r0 < vocab; r0 += chunk) {
+    for (int r0 = 0, rc; r0 < vocab; r0 += chunk) {
         const int rows = vocab - r0 < chunk ? vocab - r0 : chunk;
-        K_CHECK(r, k_dequant_q(q->type, q->w + (size_t)r0 * row_bytes, r->d_qscratch, rows, in, r->stream));
-        BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, in, &alpha, r->d_qscratch,
-                                   CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, Y + r0, CUDA_R_32F, vocab,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if ((rc = q_part(r, Q_COPY, q->type, q->w + (size_t)r0 * row_bytes, rows, in, X, n, Y + r0, vocab, 0.f, 0)))
+            return rc;
     }
     return 0;
-fail:
-    return SPECD_ECUDA;
 }
 
 int cuda_tp_allreduce(cuda_runner *r, int which, float *buf, size_t n) {

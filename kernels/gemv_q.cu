@@ -27,6 +27,8 @@
  * The result equals the host decode (qb_decode8, bit-exact vs ggml) dotted in a different
  * order and scaled per sub-block rather than per element, so it matches to fp32 rounding,
  * not bit for bit.
+ * At 1-2 tokens over the larger projections the launch takes the streaming form instead
+ * (gemv_qs_kernel below: a fixed grid whose warps each stream one run of steps).
  * k_gemv_qi8 (below, the runner's default for --dtype gguf) is the same kernel over X
  * rounded to int8 per 32 elements (k_quant_x8): integer dp4a dots, scaled once per run of
  * codes, equal to the host decode dotted with the rounded X to fp32 rounding. */
@@ -60,8 +62,12 @@ template <> struct gq<QB_Q4_K> { enum { E = 256, S = 144, SB = 4 }; };
 template <> struct gq<QB_Q6_K> { enum { E = 256, S = 210, SB = 4 }; };
 
 /* uint4 words of one staged (row, step): its bytes from any 2-aligned start, plus a word
- * of slack that gq_lds16's fifth read may touch. */
-template <int T> __host__ __device__ constexpr int gq_words() { return (gq<T>::SB * gq<T>::S + 15) / 16 + 2; }
+ * of slack that gq_lds16's fifth read may touch. Blocks of a whole number of words (Q4_K,
+ * Q5_K) start every step on a word and are never read with gq_lds16: no slack, which lets
+ * a fourth block of Q4_K rows onto a multiprocessor (55 KB of staging, not 58). */
+template <int T> __host__ __device__ constexpr int gq_words() {
+    return (gq<T>::SB * gq<T>::S + 15) / 16 + (gq<T>::S % 16 ? 2 : 0);
+}
 template <int T, int R> constexpr size_t gq_smem_bytes() {
     return (size_t)GEMVQ_WARPS * GEMVQ_STAGES * R * gq_words<T>() * 16;
 }
@@ -473,10 +479,10 @@ __device__ __forceinline__ void gq_part_i8(const uint8_t *const (&blk)[R], int p
     else gq_part_i8_32<T, NB>(blk, xq, xs, in, acc);
 }
 
-/* Copy step s of this warp's rows into its stage buffer s % GEMVQ_STAGES. */
+/* Copy step s of this warp's rows into its stage buffer `slot` (< GEMVQ_STAGES). */
 template <int T, int R>
 __device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t row_bytes, const int (&row)[R],
-                                         int kb0, int kb1, int s, uint4 *buf, int lane) {
+                                         int kb0, int kb1, int s, int slot, uint4 *buf, int lane) {
     constexpr int S = gq<T>::S, SB = gq<T>::SB, WORDS = gq_words<T>();
     const int b0 = kb0 + s * SB, b1 = min(kb1, b0 + SB);
 #pragma unroll
@@ -484,7 +490,7 @@ __device__ __forceinline__ void gq_stage(const uint8_t *W, size_t total, size_t 
         const size_t gs = (size_t)row[r] * row_bytes + (size_t)b0 * S, ge = (size_t)row[r] * row_bytes + (size_t)b1 * S;
         const size_t w0 = gs >> 4;
         const int nw = (int)(((ge + 15) >> 4) - w0);
-        uint4 *dst = buf + ((s % GEMVQ_STAGES) * R + r) * WORDS;
+        uint4 *dst = buf + (slot * R + r) * WORDS;
         for (int l = lane; l < nw; l += 32) {
             const size_t off = (w0 + (size_t)l) * 16;
             if (total - off >= 16) {
@@ -527,12 +533,12 @@ struct gq_warp {
     __device__ __forceinline__ void prologue(const uint8_t *W) {
 #pragma unroll
         for (int s = 0; s < P - 1; s++) {
-            if (s < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s, buf, lane);
+            if (s < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s, s % P, buf, lane);
             tc_commit();
         }
     }
     __device__ __forceinline__ void next(const uint8_t *W, int s) {
-        if (s + P - 1 < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s + P - 1, buf, lane);
+        if (s + P - 1 < nsteps) gq_stage<T>(W, total, row_bytes, row, kb0, kb1, s + P - 1, (s + P - 1) % P, buf, lane);
         tc_commit();
         tc_wait<P - 1>();   /* step s's group has landed (this lane's copies) ... */
         __syncwarp();       /* ... and every other lane's */
@@ -597,6 +603,134 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, con
     }
 }
 
+/* ---- the streaming form (k_tuning.gemvq_stream) -------------------------------------------
+ * gemv_q_kernel gives each warp one unit of R rows (or a K-slice of one) and lets the GPU
+ * schedule the blocks: a warp of an 8B gate|up GEMV walks 4 steps, so its cp.async pipeline
+ * is mostly ramp and drain, and 896 blocks over 3 resident per SM leave a partial last wave
+ * (ncu on an H100: 61% of DRAM bandwidth, 34% occupancy). Here the grid is a fixed number
+ * of blocks per SM and work is cut by steps, not units:
+ *   - block b takes units [U b / G, U (b + 1) / G) (G blocks), so blocks differ by at most
+ *     one unit; its warps split the block's units x steps evenly into contiguous runs that
+ *     may start and end inside a unit, and each warp keeps one pipeline across its run
+ *     (the next unit's first steps are in flight while it finishes the current one).
+ *   - A unit inside one warp's run is written by that warp. A unit cut between warps is
+ *     left by each as a warp-summed piece in shared memory (a warp has at most two: its
+ *     first and its last unit) and, after one barrier, added up by the warp that holds the
+ *     unit's first step, in warp order.
+ * The cut depends only on the matrix's shape, R and the SM count, never on the token
+ * count or on timing: results are the same from run to run and for 1..8 tokens, though
+ * not bit-equal to gemv_q_kernel's (other partial sums). */
+#define GEMVQ_STREAM_BPS 4   /* at most this many blocks per SM in the grid (Q4_K at R 4: 4 resident) */
+
+/* Blocks per SM of gemv_qs_kernel's grid: as many as the staging lets be resident (228 KB of
+ * shared memory an SM; 3 KB a block for its pieces and the driver), at most
+ * GEMVQ_STREAM_BPS: a grid of more would run a partial second wave. A function of T and R
+ * only, so the cut of the work never depends on the token count. */
+template <int T, int R> constexpr int gq_stream_bps() {
+    return (int)((233472 / (gq_smem_bytes<T, R>() + 3072)) < GEMVQ_STREAM_BPS ? 233472 / (gq_smem_bytes<T, R>() + 3072)
+                                                                              : GEMVQ_STREAM_BPS);
+}
+
+template <int T, int NB, int R, bool I8>
+__global__ void __launch_bounds__(GEMVQ_WARPS * 32, NB <= 2 ? GEMVQ_STREAM_BPS : 1)
+gemv_qs_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, const float2 *__restrict__ XS, float *Y,
+               int out, int in, int accumulate, int ldy) {
+    constexpr int E = gq<T>::E, S = gq<T>::S, SB = gq<T>::SB, LPB = 32 / SB, P = GEMVQ_STAGES, WORDS = gq_words<T>();
+    constexpr int V = R * NB;
+    extern __shared__ uint4 gq_smem[];
+    __shared__ float piece[GEMVQ_WARPS][2][V];
+    k_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int units = (out + R - 1) / R, nb = in / E, ns = (nb + SB - 1) / SB;
+    const int u0 = (int)((long)units * blockIdx.x / gridDim.x), nu = (int)((long)units * (blockIdx.x + 1) / gridDim.x) - u0;
+    const long steps = (long)nu * ns;
+    const int g0 = (int)(steps * warp / GEMVQ_WARPS), g1 = (int)(steps * (warp + 1) / GEMVQ_WARPS);
+    const size_t row_bytes = (size_t)nb * S, total = (size_t)out * row_bytes;
+    uint4 *buf = gq_smem + (size_t)warp * P * R * WORDS;
+    /* step g of the block (unit u0 + g / ns, step g % ns of it) into slot g % P */
+    auto stage = [&](int g) {
+        int row[R];
+        const int u = u0 + g / ns;
+#pragma unroll
+        for (int r = 0; r < R; r++) row[r] = min(u * R + r, out - 1);
+        gq_stage<T>(W, total, row_bytes, row, 0, nb, g % ns, g % P, buf, lane);
+    };
+#pragma unroll
+    for (int i = 0; i < P - 1; i++) {
+        if (g0 + i < g1) stage(g0 + i);
+        tc_commit();
+    }
+    k_pdl_wait();
+    float acc[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) acc[r][t] = 0.f;
+    const int bl = lane / LPB, p = lane % LPB;
+    for (int g = g0; g < g1; g++) {
+        if (g + P - 1 < g1) stage(g + P - 1);
+        tc_commit();
+        tc_wait<P - 1>();
+        __syncwarp();
+        const int ul = g / ns, st = g % ns, u = u0 + ul;
+        const int b = st * SB + bl;
+        if (b < nb) {
+            const uint8_t *blk[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int rr = min(u * R + r, out - 1);
+                blk[r] = (const uint8_t *)(buf + ((g % P) * R + r) * WORDS) +
+                         (((size_t)rr * row_bytes + (size_t)st * SB * S) & 15) + bl * S;
+            }
+            if constexpr (I8)
+                gq_part_i8<T, NB>(blk, p, (const int8_t *)X + (size_t)b * E, XS + (size_t)b * (E / 32), in, acc);
+            else
+                gq_part<T, NB>(blk, p, X + (size_t)b * E, in, acc);
+        }
+        __syncwarp();   /* reads of this slot done before the copy into it */
+        if (st == ns - 1 || g == g1 - 1) {   /* this warp's piece of unit u ends here */
+            float mine = 0.f;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NB; t++) {
+                    const float v = k_warp_sum(acc[r][t]);
+                    if (lane == r * NB + t) mine = v;
+                    acc[r][t] = 0.f;
+                }
+            const int first = max(g0, ul * ns);
+            if (first == ul * ns && st == ns - 1) {   /* the whole unit */
+                const int o = u * R + lane / NB;
+                if (lane < V && o < out) {
+                    float *y = Y + (size_t)(lane % NB) * ldy + o;
+                    *y = accumulate ? *y + mine : mine;
+                }
+            } else if (lane < V) {
+                piece[warp][first == g0 ? 0 : 1][lane] = mine;
+            }
+        }
+    }
+    __syncthreads();
+    /* The unit whose first step this warp holds and which runs past its run: add its
+     * pieces, this warp's then the following warps' (each has it as its first piece). */
+    if (g1 > g0) {
+        const int ul = (g1 - 1) / ns;
+        if (ul * ns >= g0 && (ul + 1) * ns > g1 && lane < V) {
+            float v = piece[warp][ul * ns == g0 ? 0 : 1][lane];
+            for (int w = warp + 1; w < GEMVQ_WARPS; w++) {
+                const int a = (int)(steps * w / GEMVQ_WARPS), b = (int)(steps * (w + 1) / GEMVQ_WARPS);
+                if (a >= (ul + 1) * ns) break;
+                if (b > a) v += piece[w][0][lane];   /* a warp with no steps left no piece */
+            }
+            const int o = (u0 + ul) * R + lane / NB;
+            if (o < out) {
+                float *y = Y + (size_t)(lane % NB) * ldy + o;
+                *y = accumulate ? *y + v : v;
+            }
+        }
+    }
+}
+
 /* Warps per unit of rows (k_gemv_q's and k_gemv_qtc's): split K until about per_sm warps
  * per multiprocessor are busy (k_tuning.gemvq_split / gemvq_tc_split; 32 where unset), up
  * to max_ks warps and as long as each keeps at least one full step of sb blocks. */
@@ -605,6 +739,27 @@ static int gq_ksplit(int units, int nb, int sb, int max_ks, int per_sm) {
     int ks = 1;
     while (ks < max_ks && (long)units * ks < want && nb / (2 * ks) >= sb) ks *= 2;
     return ks;
+}
+
+/* Where the streaming form goes (k_tuning.gemvq_stream), from test_gpu_gemv "*gemv_qs_speed*"
+ * on an H100 (2026-12-06):
+ *   - 1-2 tokens: at 4-8 it was slower than a unit per warp on every 8B shape;
+ *   - rows of at least 4 steps (4096 elements): a unit's end costs its warp R x NB warp sums,
+ *     which 2-step rows pay twice as often (the 1B's Q4_1 gate|up streamed: 16384 x 2048,
+ *     batch-1 decode of the 1B Q4_1 file 1,341-1,343 tok/s against 1,366-1,368);
+ *   - at least two steps for each warp of its grid: the 4096-row O and QKV and the 1024-row
+ *     V have about one, and half of each block's warps would idle;
+ *   - at most 4 units of rows for each warp of its grid: past that the unit-per-warp grid runs
+ *     many waves and its partial last one costs little, while the cut adds work to every
+ *     step (the 128256-row output matrices streamed: 0.87x for the 8B's Q6_K, 0.95x and 0.98x
+ *     for the 1B's Q6_K and Q4_1).
+ * Where it went at 1 token: the 8B gate|up 1.03x, down 1.12x (Q4_K) and 1.16x (Q6_K, at 2 rows
+ * a warp). */
+static bool gq_stream_pays(int nb_tokens, int units, int nb, int sb, int bps) {
+    const long full = (long)k_sm_count() * bps, grid = units < full ? units : full;
+    const int steps = (nb + sb - 1) / sb;
+    return nb_tokens <= 2 && steps >= 4 && (long)units * steps >= 2L * grid * GEMVQ_WARPS &&
+           (long)units <= 4L * full * GEMVQ_WARPS;
 }
 
 template <int T, int NB, int R, bool I8>
@@ -619,6 +774,20 @@ static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS
         smem_set = true;
     }
     const int units = (out + R - 1) / R;
+    const int stream = k_tuning_get()->gemvq_stream;
+    constexpr int bps = gq_stream_bps<T, R>();
+    if (stream == 2 || (stream == 1 && gq_stream_pays(NB, units, in / gq<T>::E, gq<T>::SB, bps))) {
+        static bool qs_set = false;
+        if (!qs_set) {
+            if (cudaFuncSetAttribute(gemv_qs_kernel<T, NB, R, I8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem) != cudaSuccess)
+                return -1;
+            qs_set = true;
+        }
+        const int grid = min(units, k_sm_count() * bps);
+        return k_launch(gemv_qs_kernel<T, NB, R, I8>, dim3(grid), dim3(GEMVQ_WARPS * 32), smem, s, W, X, XS, Y, out,
+                        in, accumulate, ldy);
+    }
     const int ks = gq_ksplit(units, in / gq<T>::E, gq<T>::SB, GEMVQ_WARPS, k_tuning_get()->gemvq_split);
     const int upb = GEMVQ_WARPS / ks;
     return k_launch(gemv_q_kernel<T, NB, R, I8>, dim3((units + upb - 1) / upb), dim3(GEMVQ_WARPS * 32), smem, s, W,
@@ -628,7 +797,15 @@ static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS
 template <int T, int NB, bool I8>
 static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int ldy, int out, int in,
                            int accumulate, cudaStream_t s) {
-    if (k_tuning_get()->gemvq_rows == 4) return gemv_q_launch_r<T, NB, 4, I8>(W, X, XS, Y, ldy, out, in, accumulate, s);
+    const k_tuning *kt = k_tuning_get();
+    int rows = kt->gemvq_rows == 4 ? 4 : GEMVQ_ROWS;
+    if (T == QB_Q6_K && (kt->gemvq_rows_q6k == 2 || kt->gemvq_rows_q6k == 4)) {   /* where it streams */
+        const int r = kt->gemvq_rows_q6k, bps = r == 4 ? gq_stream_bps<T, 4>() : gq_stream_bps<T, 2>();
+        if (kt->gemvq_stream == 2 ||
+            (kt->gemvq_stream == 1 && gq_stream_pays(NB, (out + r - 1) / r, in / gq<T>::E, gq<T>::SB, bps)))
+            rows = r;
+    }
+    if (rows == 4) return gemv_q_launch_r<T, NB, 4, I8>(W, X, XS, Y, ldy, out, in, accumulate, s);
     return gemv_q_launch_r<T, NB, GEMVQ_ROWS, I8>(W, X, XS, Y, ldy, out, in, accumulate, s);
 }
 

@@ -40,6 +40,14 @@ typedef struct {
     int gemvq_rows;   /* k_gemv_q's rows per warp: 4, or 2 for anything else (gemv_q.cu) */
     int gemvq_split;  /* k_gemv_q splits K over warps until about this many warps per SM are
                        * busy (default 32; test_gpu_gemv "*split_report*" sweeps 8..128) */
+    int gemvq_rows_q6k; /* rows per warp of Q6_K blocks where they take the streaming form
+                         * (default 2: 4 rows stage 84 KB a block, two blocks an SM; 0:
+                         * gemvq_rows) */
+    int gemvq_stream;   /* 1 (default): k_gemv_q / k_gemv_qi8 at 1-2 tokens over matrices with
+                         * at least two steps a warp as gemv_qs_kernel, a fixed grid of blocks
+                         * per SM whose warps each stream one run of steps, units cut between
+                         * warps (gemv_q.cu); 0: one unit of rows per warp everywhere; 2:
+                         * the streaming form for every shape and token count (tests) */
     int gemvq_tc_split; /* the same for k_gemv_qtc (default 32) */
     int gemm_qi8_bps;   /* k_gemm_qi8 splits its reduction until about this many blocks per SM
                          * (default 8; test_gpu_gemv "*gemm_q_speed*" sweeps 2..16: on the 8B

@@ -748,6 +748,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->k.attn_dec = env_flag("SPECD_ATTN_DEC", t->k.attn_dec);
     t->k.gemvq_rows = env_flag("SPECD_CUDA_GEMVQ_ROWS", t->k.gemvq_rows);
     t->k.gemvq_split = env_flag("SPECD_CUDA_GEMVQ_SPLIT", t->k.gemvq_split);
+    t->k.gemvq_rows_q6k = env_flag("SPECD_CUDA_GEMVQ_ROWS_Q6K", t->k.gemvq_rows_q6k);
+    t->k.gemvq_stream = env_flag("SPECD_CUDA_GEMVQ_STREAM", t->k.gemvq_stream);
     t->k.gemvq_tc_split = env_flag("SPECD_CUDA_GEMVQ_TC_SPLIT", t->k.gemvq_tc_split);
     t->k.gemm_qi8_bps = env_flag("SPECD_CUDA_GEMM_QI8_BPS", t->k.gemm_qi8_bps);
     t->k.sample_hist = env_flag("SPECD_SAMPLE_HIST", t->k.sample_hist);

@@ -857,6 +857,75 @@ static void test_gemv_qi8_matches_host(void **state) {
     cudaFree(d), cudaFree(f);
 }
 
+/* k_tuning.gemvq_stream (2: the streaming form gemv_qs_kernel for every shape and token
+ * count, 1: where it pays, 0: never) and gemvq_rows_q6k, the other switches at their
+ * defaults. */
+static void set_stream(int on, int rows_q6k) {
+    k_tuning t = k_tuning_default;
+    t.gemvq_stream = on;
+    t.gemvq_rows_q6k = rows_q6k;
+    k_set_tuning(&t);
+}
+
+/* Row 0 of k_gemv_qi8's output for n = 1..8 tokens (X's row 0 the same each time) is bit
+ * for bit the same, and a second call gives the same bits: the cut of the work between
+ * warps depends on the shape only. Returns how many outputs differed. */
+static long stream_invariance(int t, int out, int in) {
+    qprob q = qprob_make(t, out, in, K_GEMV_MAX_N, 0);
+    const size_t sb = k_gemv_qi8_scratch(in, K_GEMV_MAX_N);
+    void *dS = gu_dev(sb);
+    float *dY = gu_dev(sizeof(float) * q.outn), *y1 = malloc(sizeof(float) * out), *y = malloc(sizeof(float) * out);
+    long bad = 0;
+    for (int n = 1; n <= K_GEMV_MAX_N + 1; n++) {   /* the last pass: n = 1 again */
+        const int nn = n > K_GEMV_MAX_N ? 1 : n;
+        assert_int_equal(k_gemv_qi8(t, q.dW, q.dX, dY, out, in, nn, 0, dS, sb, 0), 0);
+        gu_download(n == 1 ? y1 : y, dY, sizeof(float) * out);
+        if (n > 1)
+            for (int o = 0; o < out; o++) bad += memcmp(&y[o], &y1[o], sizeof(float)) != 0;
+    }
+    printf("  gemv_qs type %d out %d in %d: row 0 at 2..8 tokens and again at 1: %ld of %d outputs differ\n", t, out,
+           in, bad, out * K_GEMV_MAX_N);
+    cudaFree(dS), cudaFree(dY), free(y1), free(y);
+    qprob_free(&q);
+    return bad;
+}
+
+/* The streaming form against the host, as the unit-per-warp form is checked above: every
+ * type and token count with bf16 and int8 activations; units cut between the warps of a
+ * block (8B gate|up and down: 13-14 units of 4-14 steps per block), a block of one unit
+ * whose steps are spread over all eight warps (8 and 5 rows of 14336), a grid smaller than
+ * the blocks per SM; Q6_K at 2 rows per warp; then the same bits at every token count. */
+static void test_gemv_q_stream_matches_host(void **state) {
+    (void)state;
+    set_stream(2, 0);
+    every_type_and_token_count();
+    const int types[6] = {QB_Q8_0, QB_Q4_0, QB_Q4_1, QB_Q4_K, QB_Q5_K, QB_Q6_K};
+    for (int i = 0; i < 6; i++) {
+        const int E = qb_elems(types[i]);
+        for (int n = 1; n <= K_GEMV_MAX_N; n++) check_qi8(types[i], 37 + 2 * n, E == 32 ? 96 : 768, n, 0);
+        check_qi8(types[i], 257, E == 32 ? 4160 : 2560, 3, 0);
+        check_qi8(types[i], 1, E, 1, 0);
+        check_qi8(types[i], 8, 14336, 2, 0);
+    }
+    check_qi8(QB_Q6_K, 5, 14336, 1, 0);
+    check_qi8(QB_Q4_K, 28672, 4096, 1, 0);   /* 8B gate|up, down */
+    check_qi8(QB_Q4_K, 4096, 14336, 3, 0);
+    check_qi8(QB_Q6_K, 4096, 14336, 8, 0);
+    check_qi8(QB_Q4_1, 576, 1536, 5, 0);     /* SmolLM2 down */
+    set_stream(2, 2);
+    printf("  -- Q6_K at 2 rows per warp\n");
+    check_qi8(QB_Q6_K, 4096, 14336, 1, 0);
+    check_qi8(QB_Q6_K, 333, 2560, 7, 0);
+    check_qi8(QB_Q6_K, 5, 14336, 4, 0);
+    check_gemv_q(QB_Q6_K, 333, 2560, 5);
+    long bad = stream_invariance(QB_Q6_K, 4096, 14336);
+    set_stream(2, 0);
+    bad += stream_invariance(QB_Q4_K, 14336, 4096) + stream_invariance(QB_Q6_K, 1024, 4096) +
+           stream_invariance(QB_Q8_0, 8, 14336) + stream_invariance(QB_Q4_1, 576, 1536);
+    k_set_tuning(&k_tuning_default);
+    assert_int_equal(bad, 0);
+}
+
 /* A matrix in two types (Q4_K_M's Q|K in Q4_K, V in Q6_K): the _ld forms of k_gemv_q,
  * k_gemv_qi8, k_gemv_qtc and k_gemm_q write each part's columns of one [n, rows1 + rows2]
  * output (row stride ldy), bit for bit what the one-type call gives for that part alone,
@@ -1240,6 +1309,45 @@ static void test_gemv_qi8_speed_report(void **state) {
     }
 }
 
+/* A printed timing of k_gemv_qi8 on the 8B shape's projections and the 8B / 1B output
+ * matrices at 1-8 tokens: a unit of rows per warp, the streaming form everywhere (Q6_K at 4
+ * rows a warp), and the default (the streaming form where gq_stream_pays, Q6_K at 2 rows);
+ * 8 rotating copies of each matrix. */
+static void test_gemv_qs_speed_report(void **state) {
+    (void)state;
+    if (bench_off("bench gemv_qs")) return;
+    const int shapes[9][3] = {{28672, 4096, QB_Q4_K}, {4096, 14336, QB_Q4_K}, {4096, 14336, QB_Q6_K},
+                              {4096, 4096, QB_Q4_K},  {6144, 4096, QB_Q4_K},  {1024, 4096, QB_Q6_K},
+                              {128256, 4096, QB_Q6_K}, {128256, 2048, QB_Q6_K}, {128256, 2048, QB_Q4_1}};
+    const int ns[4] = {1, 2, 4, 8};
+    enum { C = 8 };
+    gq_ctx c = {0};
+    for (int si = 0; si < 9; si++) {
+        c.out = shapes[si][0], c.in = shapes[si][1], c.type = shapes[si][2];
+        gq_inputs(&c, 8);
+        c.ws_bytes = k_gemv_qi8_scratch(c.in, 8);
+        c.ws = gu_dev(c.ws_bytes);
+        uint8_t *Q[C];
+        const size_t qbytes = random_copies(c.type, c.out, c.in, Q, C);
+        for (int ni = 0; ni < 4; ni++) {
+            c.n = ns[ni];
+            double us[3];
+            for (int v = 0; v < 3; v++) {   /* unit per warp; streaming everywhere; the default */
+                if (v < 2) set_stream(2 * v, 0);
+                else k_set_tuning(&k_tuning_default);
+                us[v] = time_copies(run_qi8, &c, Q, C, 200);
+            }
+            printf("  bench gemv_qs out %5d in %5d type %2d n %d: unit per warp %7.2f us (%6.1f GB/s)  stream %7.2f us"
+                   " (%6.1f GB/s)  default %7.2f us (%6.1f GB/s)  %.2fx\n",
+                   c.out, c.in, c.type, c.n, us[0], (double)qbytes / (us[0] * 1e3), us[1],
+                   (double)qbytes / (us[1] * 1e3), us[2], (double)qbytes / (us[2] * 1e3), us[0] / us[2]);
+        }
+        k_set_tuning(&k_tuning_default);
+        for (int k = 0; k < C; k++) cudaFree(Q[k]);
+        cudaFree((void *)c.X), cudaFree(c.Y), cudaFree(c.ws);
+    }
+}
+
 /* A printed sweep of the K-split targets (k_tuning.gemvq_split for k_gemv_q at 1 token,
  * gemvq_tc_split for k_gemv_qtc at 8 and 16) on the 8B gate / down / qkv shapes, Q4_K and
  * Q6_K; the defaults are 32 and 32. */
@@ -1538,6 +1646,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemv_qtc_speed_report),
         cmocka_unit_test(test_gemv_qi8_matches_host),
         cmocka_unit_test(test_gemv_q_two_types_one_output),
+        cmocka_unit_test(test_gemv_q_stream_matches_host),
+        cmocka_unit_test(test_gemv_qs_speed_report),
         cmocka_unit_test(test_gemm_qi8_matches_host),
         cmocka_unit_test(test_gemv_qi8_speed_report),
         cmocka_unit_test(test_gemv_q_split_report),

@@ -115,15 +115,21 @@ __device__ __forceinline__ void gq_fma8(const float (&f)[R][8], const uint16_t *
     }
 }
 
+/* A warp's sums per (row, token), zeroed. */
+template <int NB, int R>
+__device__ __forceinline__ void gq_zero(float (&acc)[R][NB]) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) acc[r][t] = 0.f;
+}
+
 /* A part decoder's partial sums: s[r][t] of f . x, sx[t] of x. */
 template <int NB, int R>
 __device__ __forceinline__ void gq_clear(float (&s)[R][NB], float (&sx)[NB]) {
 #pragma unroll
-    for (int t = 0; t < NB; t++) {
-        sx[t] = 0.f;
-#pragma unroll
-        for (int r = 0; r < R; r++) s[r][t] = 0.f;
-    }
+    for (int t = 0; t < NB; t++) sx[t] = 0.f;
+    gq_zero(s);
 }
 
 /* ---- per-type part decoders: acc[r][t] += part p of blk[r] . X[t, k0 + ...] ------------ */
@@ -565,10 +571,7 @@ gemv_q_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, con
     w.prologue(W);
     k_pdl_wait();
     float acc[R][NB];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NB; t++) acc[r][t] = 0.f;
+    gq_zero(acc);
     const int bl = lane / LPB, p = lane % LPB;
     for (int s = 0; s < w.nsteps; s++) {
         w.next(W, s);
@@ -662,10 +665,7 @@ gemv_qs_kernel(const uint8_t *__restrict__ W, const uint16_t *__restrict__ X, co
     }
     k_pdl_wait();
     float acc[R][NB];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NB; t++) acc[r][t] = 0.f;
+    gq_zero(acc);
     const int bl = lane / LPB, p = lane % LPB;
     for (int g = g0; g < g1; g++) {
         if (g + P - 1 < g1) stage(g + P - 1);

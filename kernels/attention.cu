@@ -10,6 +10,11 @@
  * Causality: query j of a row sits at position len + q0 + j and sees keys <= that
  * position; len is read from device memory (lens) so graphs replay correctly.
  *
+ * For an int8 GEMV after it (k_attn_work.x8) the decode kernel and its merges also write
+ * the output's int8 rounding per 32 elements as they store it (att_store: a warp is one
+ * group), so no rounding launch runs before the O projection; the other kernels are
+ * followed by k_quant_x8.
+ *
  * FP8 cache (k_kv_geom.kv_fp8, a template flag of every kernel): keys and values are E4M3
  * codes, read at half the bytes and converted exactly (to bf16 in the tiled kernels'
  * shared memory, to fp32 in the decode kernel's registers); K's scale is folded into the
@@ -47,6 +52,23 @@ struct att_smem {
     static constexpr size_t p_bytes = (size_t)R * ATT_TILE * 4;
     static constexpr size_t total = q_bytes + k_bytes + v_bytes + p_bytes + 3 * R * 4;
 };
+
+/* Stores output element e = th * D + d: bf16, and with w.x8 its int8 code and its group's
+ * (scale, sum) pair as k_quant_x8 would make them. The callers' loops run over rows * D
+ * elements in warp-sized steps (D % 32 == 0), so a warp holds exactly one 32-element
+ * group here and every lane calls this together. */
+__device__ __forceinline__ void att_store(uint16_t *out, const k_attn_work &w, int H, int D, size_t e, float v) {
+    const uint16_t b = k_f2bf(v);
+    out[e] = b;
+    if (!w.x8) return;
+    const float f[1] = {k_bf2f(b)};
+    float a;
+    int q[1], sum;
+    k_x8_round<1>(f, q, a, sum);
+    ((int8_t *)w.x8)[e] = (int8_t)q[0];
+    if ((threadIdx.x & 31) == 0)
+        ((float2 *)((uint8_t *)w.x8 + k_x8_codes_bytes(w.n_tok, H * D)))[e / 32] = k_x8_pair(a, sum);
+}
 
 /* Output element d of (token, head) th merged from the first ns partials by their
  * (max, sum) pairs; the partials are read through L2 (written by other blocks). */
@@ -87,7 +109,7 @@ __device__ __noinline__ void combine_if_last(uint16_t *out, int H, int D, const 
         for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
             const int r = i / D, d = i % D;
             const size_t th = (size_t)(tok0 + r / G) * H + head0 + r % G;
-            out[th * D + d] = k_f2bf(combine_one(w, H, D, th, d, ns));
+            att_store(out, w, H, D, th * D + d, combine_one(w, H, D, th, d, ns));
         }
     } else {
         for (int i = threadIdx.x; i < rows * ns; i += blockDim.x) {   /* (max, sum) of every split */
@@ -117,7 +139,7 @@ __device__ __noinline__ void combine_if_last(uint16_t *out, int H, int D, const 
             float num = 0.f;
 #pragma unroll 8
             for (int sp = 0; sp < ns; sp++) num += ps[r * 64 + sp] * __ldcg(o + (size_t)sp * stride * D);
-            out[th * D + d] = k_f2bf(den_s[r] > 0.f ? num / den_s[r] : 0.f);
+            att_store(out, w, H, D, th * D + d, den_s[r] > 0.f ? num / den_s[r] : 0.f);
         }
     }
     if (threadIdx.x == 0) w.counters[ctr] = 0u;
@@ -308,7 +330,7 @@ attention_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H,
 /* One block per (token, head); thread d merges the splits' partials. */
 __global__ void attention_combine_kernel(uint16_t *out, int H, int D, k_attn_work w) {
     const size_t th = blockIdx.x;
-    out[th * D + threadIdx.x] = k_f2bf(combine_one(w, H, D, th, threadIdx.x, w.n_splits));
+    att_store(out, w, H, D, th * D + threadIdx.x, combine_one(w, H, D, th, threadIdx.x, w.n_splits));
 }
 
 /* Shared with the tensor-core path (attention_tc.cu): merge the n_splits partials. */
@@ -578,7 +600,7 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         }
         const size_t th = (size_t)tok0 * H + kvh * G + r;
         if (direct) {
-            out[th * D + d] = k_f2bf(den > 0.f ? num / den : 0.f);
+            att_store(out, w, H, D, th * D + d, den > 0.f ? num / den : 0.f);
         } else {
             const size_t base = (size_t)split * w.n_tok * H + th;
             w.ws_o[base * D + d] = num;
@@ -666,26 +688,13 @@ static int dispatch_rows(int rows, const float *q, uint16_t *out, int H, int KVH
 static bool attention_force_simt(void) { return k_tuning_get()->attn_simt != 0; }
 static bool attention_force_tiled(void) { return k_tuning_get()->attn_tiled != 0; }
 
-extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
-                           float scale, const k_kv_geom *g, const k_attn_work *w,
-                           cudaStream_t s) {
-    if (H <= 0 || KVH <= 0 || H % KVH || w->qt <= 0 || w->n_splits <= 0 || w->split_len < 0)
-        return -1;
-    int rows = w->qt * (H / KVH);
-    if (rows > 64) return -1;
-    if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
-    if (w->split_len % ATT_TILE) return -1;
-    if (w->n_items == 0) return 0;
+/* The kernels other than the decode kernel, which do not round for an int8 GEMV (w.x8
+ * unset here). */
+static int attention_general(const float *q, uint16_t *out, int H, int KVH, int D, float scale, const k_kv_geom *g,
+                             const k_attn_work *w, int rows, cudaStream_t s) {
     /* Enough rows for 16-row mma tiles (prefill chunks, verify): tensor cores. */
     if ((D == 64 || D == 128) && rows >= 16 && !attention_force_simt())
         return k_attention_tc(q, out, H, KVH, D, scale, g, w, s);
-    /* one query token per item and at most 8 query heads per KV head: the decode kernel */
-    if (w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && !attention_force_tiled()) {
-        if (D == 128) return rows <= 4 ? launch_attention_decode<128, 4>(q, out, H, KVH, scale, g, w, s)
-                                       : launch_attention_decode<128, 8>(q, out, H, KVH, scale, g, w, s);
-        return rows <= 4 ? launch_attention_decode<64, 4>(q, out, H, KVH, scale, g, w, s)
-                         : launch_attention_decode<64, 8>(q, out, H, KVH, scale, g, w, s);
-    }
     if (D == 32) return dispatch_rows<32>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 64) return dispatch_rows<64>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 128) return dispatch_rows<128>(rows, q, out, H, KVH, scale, g, w, s);
@@ -695,4 +704,31 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
         if (rows <= 32) return launch_attention<256, 32>(q, out, H, KVH, scale, g, w, s);
     }
     return -1;
+}
+
+extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
+                           float scale, const k_kv_geom *g, const k_attn_work *w,
+                           cudaStream_t s) {
+    if (H <= 0 || KVH <= 0 || H % KVH || w->qt <= 0 || w->n_splits <= 0 || w->split_len < 0)
+        return -1;
+    int rows = w->qt * (H / KVH);
+    if (rows > 64) return -1;
+    if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
+    if (w->split_len % ATT_TILE) return -1;
+    if (w->x8 && ((uintptr_t)w->x8 % 16 || (H * D) % 32)) return -1;
+    if (w->n_items == 0) return 0;
+    /* one query token per item and at most 8 query heads per KV head (and too few rows for
+     * the tensor cores): the decode kernel, which rounds for w.x8 itself */
+    const bool tc = (D == 64 || D == 128) && rows >= 16 && !attention_force_simt();
+    if (!tc && w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && !attention_force_tiled()) {
+        if (D == 128) return rows <= 4 ? launch_attention_decode<128, 4>(q, out, H, KVH, scale, g, w, s)
+                                       : launch_attention_decode<128, 8>(q, out, H, KVH, scale, g, w, s);
+        return rows <= 4 ? launch_attention_decode<64, 4>(q, out, H, KVH, scale, g, w, s)
+                         : launch_attention_decode<64, 8>(q, out, H, KVH, scale, g, w, s);
+    }
+    if (!w->x8) return attention_general(q, out, H, KVH, D, scale, g, w, rows, s);
+    k_attn_work plain = *w;
+    plain.x8 = NULL;
+    const int rc = attention_general(q, out, H, KVH, D, scale, g, &plain, rows, s);
+    return rc ? rc : k_quant_x8(out, w->n_tok, H * D, w->x8, s);
 }

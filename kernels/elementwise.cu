@@ -104,24 +104,15 @@ __global__ void rmsnorm_q8_kernel(const float *x, const float *w, uint16_t *out,
             ((uint2 *)(out + (size_t)i * hidden))[j] =
                 make_uint2((uint32_t)b[0] | (uint32_t)b[1] << 16, (uint32_t)b[2] | (uint32_t)b[3] << 16);
         }
-        float f[4], a = 0.f;
+        float f[4], a;
+        int q[4], sum;
 #pragma unroll
-        for (int e = 0; e < 4; e++) a = fmaxf(a, fabsf(f[e] = k_bf2f(b[e])));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-        const float id = a > 0.f ? 127.f / a : 0.f;
-        int q[4], sum = 0;
-#pragma unroll
-        for (int e = 0; e < 4; e++) sum += q[e] = __float2int_rn(f[e] * id);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        for (int e = 0; e < 4; e++) f[e] = k_bf2f(b[e]);
+        k_x8_round<4>(f, q, a, sum);
         if (!on) continue;
         const size_t e0 = (size_t)i * hidden + 4 * (size_t)j;
-        *(uint32_t *)(xq + e0) = (uint32_t)(q[0] & 0xff) | (uint32_t)(q[1] & 0xff) << 8 |
-                                 (uint32_t)(q[2] & 0xff) << 16 | (uint32_t)(q[3] & 0xff) << 24;
-        if ((j & 7) == 0) xs[e0 / 32] = make_float2(a / 127.f, (float)sum);
+        *(uint32_t *)(xq + e0) = k_x8_pack4(q);
+        if ((j & 7) == 0) xs[e0 / 32] = k_x8_pair(a, sum);
     }
 }
 
@@ -162,15 +153,13 @@ __global__ void gated_mul_kernel(const float *__restrict__ gu, const float *__re
     const uint16_t b = k_f2bf((GELU ? k_gelu_tanh(g) : k_silu(g)) * u);
     out[(size_t)t * ffn + j] = b;
     if (Q8) {
-        const float f = k_bf2f(b), a = k_warp_max(fabsf(f));
-        const float id = a > 0.f ? 127.f / a : 0.f;
-        const int q = __float2int_rn(f * id);
-        int sum = q;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const float f[1] = {k_bf2f(b)};
+        float a;
+        int q[1], sum;
+        k_x8_round<1>(f, q, a, sum);
         const size_t e = (size_t)t * ffn + j;
-        xq[e] = (int8_t)q;
-        if ((threadIdx.x & 31) == 0) xs[e / 32] = make_float2(a / 127.f, (float)sum);
+        xq[e] = (int8_t)q[0];
+        if ((threadIdx.x & 31) == 0) xs[e / 32] = k_x8_pair(a, sum);
     }
 }
 

@@ -762,9 +762,18 @@ static bool gq_stream_pays(int nb_tokens, int units, int nb, int sb, int bps) {
            (long)units <= 4L * full * GEMVQ_WARPS;
 }
 
+/* Whether a pass of NB tokens over out rows streams (gemv_qs_kernel) at R rows a warp:
+ * k_tuning.gemvq_stream 2 always, 1 where gq_stream_pays. */
+template <int T, int R>
+static bool gq_streams(int nb_tokens, int out, int in) {
+    const int stream = k_tuning_get()->gemvq_stream;
+    return stream == 2 || (stream == 1 && gq_stream_pays(nb_tokens, (out + R - 1) / R, in / gq<T>::E, gq<T>::SB,
+                                                         gq_stream_bps<T, R>()));
+}
+
 template <int T, int NB, int R, bool I8>
 static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int ldy, int out, int in,
-                           int accumulate, cudaStream_t s) {
+                           int accumulate, bool stream, cudaStream_t s) {
     static bool smem_set = false;
     const size_t smem = gq_smem_bytes<T, R>();
     if (!smem_set) {
@@ -774,9 +783,7 @@ static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS
         smem_set = true;
     }
     const int units = (out + R - 1) / R;
-    const int stream = k_tuning_get()->gemvq_stream;
-    constexpr int bps = gq_stream_bps<T, R>();
-    if (stream == 2 || (stream == 1 && gq_stream_pays(NB, units, in / gq<T>::E, gq<T>::SB, bps))) {
+    if (stream) {
         static bool qs_set = false;
         if (!qs_set) {
             if (cudaFuncSetAttribute(gemv_qs_kernel<T, NB, R, I8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -784,7 +791,7 @@ static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS
                 return -1;
             qs_set = true;
         }
-        const int grid = min(units, k_sm_count() * bps);
+        const int grid = min(units, k_sm_count() * gq_stream_bps<T, R>());
         return k_launch(gemv_qs_kernel<T, NB, R, I8>, dim3(grid), dim3(GEMVQ_WARPS * 32), smem, s, W, X, XS, Y, out,
                         in, accumulate, ldy);
     }
@@ -794,19 +801,22 @@ static int gemv_q_launch_r(const uint8_t *W, const uint16_t *X, const float2 *XS
                     X, XS, Y, out, in, ks, accumulate, ldy);
 }
 
+/* Rows a warp: k_tuning.gemvq_rows (4 or GEMVQ_ROWS), or for Q6_K where it streams
+ * k_tuning.gemvq_rows_q6k (2 or 4: its 210-byte blocks take more staging); the streaming
+ * decision is made once, here. */
 template <int T, int NB, bool I8>
 static int gemv_q_launch_n(const uint8_t *W, const uint16_t *X, const float2 *XS, float *Y, int ldy, int out, int in,
                            int accumulate, cudaStream_t s) {
     const k_tuning *kt = k_tuning_get();
     int rows = kt->gemvq_rows == 4 ? 4 : GEMVQ_ROWS;
-    if (T == QB_Q6_K && (kt->gemvq_rows_q6k == 2 || kt->gemvq_rows_q6k == 4)) {   /* where it streams */
-        const int r = kt->gemvq_rows_q6k, bps = r == 4 ? gq_stream_bps<T, 4>() : gq_stream_bps<T, 2>();
-        if (kt->gemvq_stream == 2 ||
-            (kt->gemvq_stream == 1 && gq_stream_pays(NB, (out + r - 1) / r, in / gq<T>::E, gq<T>::SB, bps)))
-            rows = r;
-    }
-    if (rows == 4) return gemv_q_launch_r<T, NB, 4, I8>(W, X, XS, Y, ldy, out, in, accumulate, s);
-    return gemv_q_launch_r<T, NB, GEMVQ_ROWS, I8>(W, X, XS, Y, ldy, out, in, accumulate, s);
+    const int q6 = kt->gemvq_rows_q6k;
+    bool stream;
+    if (T == QB_Q6_K && (q6 == 2 || q6 == 4) && (q6 == 4 ? gq_streams<T, 4>(NB, out, in) : gq_streams<T, 2>(NB, out, in)))
+        rows = q6, stream = true;
+    else
+        stream = rows == 4 ? gq_streams<T, 4>(NB, out, in) : gq_streams<T, GEMVQ_ROWS>(NB, out, in);
+    if (rows == 4) return gemv_q_launch_r<T, NB, 4, I8>(W, X, XS, Y, ldy, out, in, accumulate, stream, s);
+    return gemv_q_launch_r<T, NB, GEMVQ_ROWS, I8>(W, X, XS, Y, ldy, out, in, accumulate, stream, s);
 }
 
 template <int T, bool I8 = false>
@@ -854,25 +864,12 @@ __global__ void quant_x8_kernel(const uint16_t *__restrict__ X, int8_t *xq, floa
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (i < n8) k_bf16x8(__ldg((const uint4 *)X + i), v);
-    float a = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(v[e]));
-    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
-    const float id = a > 0.f ? 127.f / a : 0.f;
-    int q[8], sum = 0;
-#pragma unroll
-    for (int e = 0; e < 8; e++) sum += q[e] = __float2int_rn(v[e] * id);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float a;
+    int q[8], sum;
+    k_x8_round<8>(v, q, a, sum);
     if (i >= n8) return;
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-        w[h] = (uint32_t)(q[4 * h] & 0xff) | (uint32_t)(q[4 * h + 1] & 0xff) << 8 | (uint32_t)(q[4 * h + 2] & 0xff) << 16 |
-               (uint32_t)(q[4 * h + 3] & 0xff) << 24;
-    *(uint2 *)(xq + 8 * i) = make_uint2(w[0], w[1]);
-    if ((i & 3) == 0) xs[i >> 2] = make_float2(a / 127.f, (float)sum);
+    *(uint2 *)(xq + 8 * i) = make_uint2(k_x8_pack4(q), k_x8_pack4(q + 4));
+    if ((i & 3) == 0) xs[i >> 2] = k_x8_pair(a, sum);
 }
 
 extern "C" int k_gemv_qi8_takes(int type) { return qb_bytes(type) != 0; }

@@ -65,7 +65,34 @@ static inline int k_sm_count(void) {
 
 /* The int8 activations' layout in scratch (k_quant_x8, specd_kernels.h): int8 codes [n, in]
  * first, then (scale, sum of the 32 codes) float2 [n, in / 32] at k_x8_codes_bytes(n, in). */
-static inline size_t k_x8_codes_bytes(int n, int in) { return ((size_t)n * (size_t)in + 15) / 16 * 16; }
+__host__ __device__ static inline size_t k_x8_codes_bytes(int n, int in) { return ((size_t)n * (size_t)in + 15) / 16 * 16; }
+
+/* The int8 rounding of one 32-element group held by 32 / E adjacent lanes, E values each
+ * (every lane of the warp calls it): a = max |v| over the group, codes q = v * (127 / a)
+ * rounded to nearest even (0 for an all-zero group), sum = the group's code sum. The max
+ * and the integer sum are exact in any order, so every kernel that rounds this way
+ * (k_quant_x8 and the producers that round as they write) makes the same bits. The
+ * group's pair in scratch is k_x8_pair(a, sum). */
+template <int E>
+__device__ __forceinline__ void k_x8_round(const float (&v)[E], int (&q)[E], float &a, int &sum) {
+    a = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; e++) a = fmaxf(a, fabsf(v[e]));
+#pragma unroll
+    for (int o = 1; o < 32 / E; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float id = a > 0.f ? 127.f / a : 0.f;
+    sum = 0;
+#pragma unroll
+    for (int e = 0; e < E; e++) sum += q[e] = __float2int_rn(v[e] * id);
+#pragma unroll
+    for (int o = 1; o < 32 / E; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+}
+__device__ __forceinline__ float2 k_x8_pair(float a, int sum) { return make_float2(a / 127.f, (float)sum); }
+/* four codes as the bytes of one word, the first lowest */
+__device__ __forceinline__ uint32_t k_x8_pack4(const int *q) {
+    return (uint32_t)(q[0] & 0xff) | (uint32_t)(q[1] & 0xff) << 8 | (uint32_t)(q[2] & 0xff) << 16 |
+           (uint32_t)(q[3] & 0xff) << 24;
+}
 
 __device__ __forceinline__ float k_bf2f(uint16_t b) {
     return __uint_as_float(((uint32_t)b) << 16);

@@ -172,6 +172,11 @@ typedef struct {
      * merges the splits itself (the last split block of an item and KV head to finish
      * does the combine and re-zeroes its counter), so no combine kernel runs. */
     unsigned *counters;
+    /* Optional (may be NULL): out's int8 rounding as well, in k_quant_x8's scratch layout
+     * for [n_tok, H * D] (for an int8 GEMV after it: k_gemv_qi8_ld with x_ready). The
+     * decode kernel and both of its merges round as they write; other kernels are followed
+     * by a k_quant_x8 launch. Bit-equal to k_quant_x8 of out either way. */
+    void *x8;
 } k_attn_work;
 int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
                 const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);

@@ -128,6 +128,7 @@ typedef struct {
     int gemvq_i8;   /* Q8_0 / Q4_0 / Q4_1 GEMV passes of at least this many tokens on k_gemv_qi8 (0: none) */
     int gemvq_i8_k; /* the same for Q4_K / Q5_K / Q6_K */
     int gemm_qi8_rows; /* Q8_0 passes of 9 .. this many tokens on k_gemm_qi8 (0: none) */
+    int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */

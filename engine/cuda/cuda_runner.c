@@ -735,6 +735,9 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * 4,154 -> 5,026 tok/s; on the 1B shape (2048 wide) batch 64 lost (21,321 -> 19,893),
      * hence the 4096 */
     t->gemm_qi8_rows = env_flag("SPECD_CUDA_GEMM_QI8_ROWS", 64);
+    /* attention writes its output's int8 rounding where the O projection runs on k_gemv_qi8
+     * (k_attn_work.x8: no k_quant_x8 launch between them); 0: the separate launch */
+    t->attn_x8 = env_flag("SPECD_CUDA_ATTN_X8", 1);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

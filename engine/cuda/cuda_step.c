@@ -9,8 +9,9 @@
  * read only the chosen experts, weighted combine; kernels/moe.cu; up to 8 tokens that is
  * three launches, see k_moe_route_gemv). At batch 1-2 the GEMVs absorb most of the small
  * kernels (see cuda_enqueue_pass), MoE models' included. With GGUF blocks on the int8 GEMV
- * (k_gemv_qi8) the RMSNorm and the gated product before QKV, gate|up and down round the
- * activations themselves (k_rmsnorm_q8, k_gated_mul_q8), so no rounding launch runs there.
+ * (k_gemv_qi8) the RMSNorm and the gated product before QKV, gate|up and down, and the
+ * attention before O, round the activations themselves (k_rmsnorm_q8, k_gated_mul_q8,
+ * k_attn_work.x8), so no rounding launch runs there.
  * Everything that changes per step (tokens, slots, sampling parameters, lengths) lives in
  * device buffers at fixed addresses, so a captured step replays with fresh inputs. */
 #include <math.h>
@@ -295,16 +296,20 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
                                      c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
         }
+        /* where O runs on the int8 GEMV, attention rounds its output for it (w.x8) */
+        const int o_x8 = r->tune.attn_x8 && !(r->tune.dbg_skip & 12) && !fuse_norm &&
+                         q_takes_x8(r, &L->qo, L->so, hidden, qd, n);
+        w.x8 = o_x8 ? r->d_qscratch : NULL;
         if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if (L->post_attn_norm) {   /* Gemma 3: the output (all-reduced first) normed, then added */
-            if ((rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_f32, 0.f)) ||
+            if ((rc = gemm_qx(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_f32, 0.f, o_x8)) ||
                 (partial && (rc = cuda_tp_allreduce(r, p->which, r->d_f32, (size_t)n * hidden))))
                 return rc;
             K_CHECK(r, k_rmsnorm_add(r->d_f32, L->post_attn_norm, r->d_resid, n, hidden, c->rms_eps, s));
         } else if (fuse_norm)
             K_CHECK(r, k_gemv_w((k_wmat){L->wo, L->so}, r->d_xb, r->d_resid, hidden, qd, n, 1, NULL, &nout_ffn, s));
         else if (!(r->tune.dbg_skip & 8) &&
-                 (rc = gemm_q(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_resid, beta_res)))
+                 (rc = gemm_qx(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_resid, beta_res, o_x8)))
             return rc;
         if (!L->post_attn_norm && (rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;
         const int gu_x8 = !(r->tune.dbg_skip & 1) && !fuse_norm && !L->router && !fused &&

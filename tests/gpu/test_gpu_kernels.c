@@ -405,6 +405,27 @@ static void test_qkv_rope_writes_q_and_paged_kv(void **state) {
     run_rope_case(4, 2, 32, 0, 0, 1);
 }
 
+/* With g_attn_x8 set the attention cases also pass w.x8 (the int8 rounding for an O
+ * GEMV after attention) and check it against k_quant_x8 of their own bf16 output, bit for
+ * bit (x8_check); x8_poisoned is that buffer filled with 0xff, so a code or pair left
+ * unwritten shows. */
+static int g_attn_x8;
+
+static void *x8_poisoned(int n, int in) {
+    const size_t sb = k_gemv_qi8_scratch(in, n);
+    void *d = gu_dev(sb);
+    GPU_CHECK(cudaMemset(d, 0xff, sb));
+    return d;
+}
+
+static void x8_check(const uint16_t *d_out, const void *d_x8, int n, int in, const char *what) {
+    const size_t sb = k_gemv_qi8_scratch(in, n);
+    uint8_t *d_ref = gu_dev(sb);
+    assert_int_equal(k_quant_x8(d_out, n, in, d_ref, 0), 0);
+    assert_int_equal(x8_differences(d_out, d_out, d_ref, d_x8, (size_t)n * in, sb, what), 0);
+    cudaFree(d_ref);
+}
+
 /* Attention over rows with n_new queries each; compares all of out with a reference. */
 /* Sliding window of the next run_attention_case calls (0: full causal attention). */
 static int g_attn_window;
@@ -442,7 +463,19 @@ static void run_attention_case(int H, int KVH, int D, const int *n_new, int nrow
                      .item_q0 = d_iq, .n_items = ni, .qt = qt, .n_tok = n, .n_splits = n_splits,
                      .split_len = split_len, .ws_o = d_wo, .ws_ml = d_wml, .window = g_attn_window};
     float scale = 1.f / sqrtf((float)D);
+    void *d_x8 = g_attn_x8 ? x8_poisoned(n, H * D) : NULL;
+    if (d_x8) {
+        w.x8 = (uint8_t *)d_x8 + 8;   /* refused: not 16-byte aligned */
+        assert_int_equal(k_attention(d_q, d_out, H, KVH, D, scale, &g, &w, 0), -1);
+        w.x8 = d_x8;
+    }
     assert_int_equal(k_attention(d_q, d_out, H, KVH, D, scale, &g, &w, 0), 0);
+    if (d_x8) {
+        char what[96];
+        snprintf(what, sizeof what, "attention x8 H%d KVH%d D%d rows%d splits%d", H, KVH, D, nrow, n_splits);
+        x8_check(d_out, d_x8, n, H * D, what);
+        cudaFree(d_x8);
+    }
     uint16_t *o = malloc((size_t)n * H * D * 2);
     gu_download(o, d_out, (size_t)n * H * D * 2);
 
@@ -612,7 +645,14 @@ static void run_attention_counters_case(int H, int KVH, int D, const int *lens, 
     for (int run = 0; run < 4; run++) {
         w.counters = run ? d_cnt : NULL;
         GPU_CHECK(cudaMemset(d_out, 0xff, (nel + ATTN_GUARD) * 2));   /* re-poison */
+        w.x8 = g_attn_x8 ? x8_poisoned(n, H * D) : NULL;
         assert_int_equal(k_attention(d_q, d_out, H, KVH, D, scale, &g, &w, 0), 0);
+        if (w.x8) {
+            char what[96];
+            snprintf(what, sizeof what, "attn x8 H%d KVH%d D%d splits%d counters%d", H, KVH, D, n_splits, run > 0);
+            x8_check(d_out, w.x8, n, H * D, what);
+            cudaFree(w.x8);
+        }
         gu_download(o, d_out, (nel + ATTN_GUARD) * 2);
         size_t guard_hit = 0, diff = 0, far = 0, cnt_bad = 0, cnt_guard = 0;
         for (size_t i = nel; i < nel + ATTN_GUARD; i++) guard_hit += o[i] != 0xffff;
@@ -668,6 +708,27 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
         run_attention_counters_case(384, 48, 128, c, 3, 3, 0);   /* 8 query heads per KV head */
     }
     k_set_tuning(&k_tuning_default);
+}
+
+/* k_attention with w.x8 (the rounding an int8 O GEMV reads): codes and (scale, sum) pairs
+ * equal k_quant_x8 of its own bf16 output, bit for bit, on every path -- the decode kernel
+ * writing directly, its splits merged by the combine kernel and in-kernel (counters; the
+ * many-pairs forms too), head dims 64 and 128 -- and where a k_quant_x8 launch follows
+ * (tensor cores for verify and prefill rows, the SIMT kernel at head dim 32). */
+static void test_attention_x8_equals_attention_then_quant_x8(void **state) {
+    (void)state;
+    int dec[4] = {1, 1, 1, 1}, ver[3] = {5, 5, 5}, pre[3] = {37, 3, 70};
+    const int a[4] = {0, 700, 3, -1};
+    g_attn_x8 = 1;
+    run_attention_case(8, 2, 128, dec, 4, 1, 384);   /* one split: written directly */
+    run_attention_case(8, 2, 128, dec, 4, 3, 128);   /* splits, the combine kernel */
+    run_attention_case(12, 2, 64, dec, 3, 5, 64);    /* D 64, G 6 */
+    run_attention_case(4, 2, 32, dec, 4, 2, 128);    /* D 32: SIMT, then k_quant_x8 */
+    run_attention_case(8, 2, 128, ver, 3, 1, 384);   /* verify rows: tensor cores */
+    run_attention_case(8, 2, 64, pre, 3, 4, 128);    /* prefill chunks, splits */
+    run_attention_counters_case(32, 8, 128, a, 4, 8, 0);   /* 8B: merged in-kernel */
+    run_attention_counters_case(160, 40, 64, a, 4, 4, 0);  /* many pairs */
+    g_attn_x8 = 0;
 }
 
 /* ---- tensor-core attention (k_attention_tc) ---------------------------------------- */
@@ -1888,6 +1949,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_attention_sliding_window_matches_reference),
         cmocka_unit_test(test_mask_logits_keeps_exactly_the_masked_ids),
         cmocka_unit_test(test_attention_decode_split_counters_merge_in_kernel),
+        cmocka_unit_test(test_attention_x8_equals_attention_then_quant_x8),
         cmocka_unit_test(test_attention_tc_prefill_from_empty_context_matches_reference),
         cmocka_unit_test(test_attention_tc_chunk_on_existing_context_matches_reference),
         cmocka_unit_test(test_attention_tc_rows_of_different_lengths_match_reference),

@@ -163,6 +163,17 @@ __device__ __forceinline__ float k_block_sum(float v, float *red) {
     return k_warp_sum(v);
 }
 
+/* Block-wide max, as k_block_sum (every thread gets it). */
+__device__ __forceinline__ float k_block_max(float v, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = k_warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    return k_warp_max(v);
+}
+
 /* Fixed-point sums of squares for the norm fold (specd_kernels.h, K_SS_FRAC_BITS). */
 __device__ __forceinline__ unsigned long long k_ss_units(float v) {
     return __double2ull_rn((double)v * (double)(1ull << K_SS_FRAC_BITS));

@@ -146,6 +146,11 @@ typedef struct {
 int k_qkv_rope_kv(const float *qkv, const float *bias, const float *q_norm,
                   const float *k_norm, const float *inv_freq, float eps, float *q_out,
                   int n, int H, int KVH, int D, const k_kv_geom *g, cudaStream_t s);
+/* The same over an unscaled FP8 GEMM's output: element (t, o) first multiplied by
+ * sw[o] * sx[t] as k_fp8_scale_rows would (both NULL: k_qkv_rope_kv). */
+int k_qkv_rope_kv_fp8(const float *qkv, const float *sw, const float *sx, const float *bias, const float *q_norm,
+                      const float *k_norm, const float *inv_freq, float eps, float *q_out, int n, int H, int KVH,
+                      int D, const k_kv_geom *g, cudaStream_t s);
 
 /* Paged attention for rows of n_new query tokens attending causally over the row's
  * context: query token j of row r sits at position len + j and sees keys 0..len + j
@@ -355,6 +360,23 @@ int k_gemv_qkv_rope_w(k_wmat W, const uint16_t *X, const float *bias, const floa
 int k_quant_fp8_rows(const uint16_t *X, int rows, int cols, uint8_t *Q, float *scale, cudaStream_t s);
 int k_fp8_scale_rows(const float *T, const float *sw, const float *sx, float *Y, int n, int out, int accumulate,
                      cudaStream_t s);
+/* The producers that quantize as they write (bytes and scales equal to the separate
+ * kernels followed by k_quant_fp8_rows), so the FP8 GEMMs of a layer follow each other
+ * with no quantize or rescale launch between them:
+ * k_rmsnorm_fp8: with T (an unscaled FP8 GEMM's output [n, hidden]; NULL: none) first
+ *   resid += T * sw[o] * sx[t] as k_fp8_scale_rows adds it, then k_rmsnorm(resid, w)'s
+ *   bf16 values to E4M3 Q [n, hidden] and scale [n]. hidden % 4 == 0; T, sw, resid, w
+ *   16-byte aligned, Q 4-byte aligned.
+ * k_gated_mul_fp8q: k_gated_mul_fp8's bf16 products of gu [n, 2 ffn] (scales sw [2 ffn],
+ *   sx [n]) to E4M3 Q [n, ffn] and scale [n]; 2 ffn bytes of shared memory a row, at
+ *   most K_GATED_FP8Q_MAX_SMEM.
+ * sx may be the same buffer as scale (each row reads its token scale before writing its
+ * new one). -1 on bad arguments. */
+#define K_GATED_FP8Q_MAX_SMEM (96 * 1024)
+int k_rmsnorm_fp8(const float *T, const float *sw, const float *sx, float *resid, const float *w, int n, int hidden,
+                  float eps, uint8_t *Q, float *scale, cudaStream_t s);
+int k_gated_mul_fp8q(const float *gu, const float *sw, const float *sx, int n, int ffn, int gelu, uint8_t *Q,
+                     float *scale, cudaStream_t s);
 
 /* One sparse logit adjustment of k_sample_params.adj: a logit_bias entry (v = the bias),
  * a suppressed id (v unused) or a token statistic (v = its count among generated tokens,

@@ -212,10 +212,24 @@ fail:
     return SPECD_ECUDA;
 }
 
-int cuda_fp8_gemm_unscaled(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y) {
-    if (r->lt_outer || n <= K_GEMV_MAX_N || r->tune.no_gemv || !lt_shape(out, in)) return 1;
-    K_CHECK(r, k_quant_fp8_rows(X, n, in, r->d_xq, r->d_xs, r->stream));
-    return lt_matmul(r, W, r->d_xq, out, in, n, Y, 0.f);
+int cuda_fp8_chain_ok(const cuda_runner *r, int n, int out, int in) {
+    return !r->lt_outer && n > K_GEMV_MAX_N && !r->tune.no_gemv && lt_shape(out, in);
+}
+
+int cuda_fp8_gemm_raw(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y,
+                      int chunked) {
+    if (X) K_CHECK(r, k_quant_fp8_rows(X, n, in, r->d_xq, r->d_xs, r->stream));
+    const int step = chunked ? CUDA_FP8_CHUNK : n;
+    for (int t0 = 0; t0 < n; t0 += step) {
+        const int nc = n - t0 < step ? n - t0 : step, rc =
+            lt_matmul(r, W, r->d_xq + (size_t)t0 * in, out, in, nc, Y + (size_t)t0 * out, 0.f);
+        if (rc) return rc;
+    }
+    return 0;
 fail:
     return SPECD_ECUDA;
+}
+
+int cuda_fp8_gemm_unscaled(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y) {
+    return cuda_fp8_chain_ok(r, n, out, in) ? cuda_fp8_gemm_raw(r, W, out, in, X, n, Y, 0) : 1;
 }

@@ -128,6 +128,7 @@ typedef struct {
     int gemvq_i8;   /* Q8_0 / Q4_0 / Q4_1 GEMV passes of at least this many tokens on k_gemv_qi8 (0: none) */
     int gemvq_i8_k; /* the same for Q4_K / Q5_K / Q6_K */
     int gemm_qi8_rows; /* Q8_0 passes of 9 .. this many tokens on k_gemm_qi8 (0: none) */
+    int fp8_chain;  /* FP8 GEMM passes of at least this many tokens chained (cuda_step.c fp8_chain; 0: none) */
     int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
@@ -383,6 +384,14 @@ int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, in
  * tokens, widths off cuBLASLt's grid, or cuBLASLt scales by itself: use cuda_fp8_gemm),
  * or an error. */
 int cuda_fp8_gemm_unscaled(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y);
+/* Whether the unscaled form runs for n tokens over [out, in] (cuda_fp8_gemm_unscaled's test),
+ * and the unscaled products Y [n, out] of d_xq's E4M3 rows (X NULL: left there with their
+ * token scales in d_xs by k_rmsnorm_fp8 / k_gated_mul_fp8q; else X quantized into them
+ * first) and W, CUDA_FP8_CHUNK tokens a call where chunked (as cuda_fp8_gemm splits them,
+ * so the products are the same bits as its own before its rescale). */
+int cuda_fp8_chain_ok(const cuda_runner *r, int n, int out, int in);
+int cuda_fp8_gemm_raw(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y,
+                      int chunked);
 
 /* engine/cuda/cuda_step.c */
 int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p);

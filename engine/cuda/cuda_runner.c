@@ -738,6 +738,11 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     /* attention writes its output's int8 rounding where the O projection runs on k_gemv_qi8
      * (k_attn_work.x8: no k_quant_x8 launch between them); 0: the separate launch */
     t->attn_x8 = env_flag("SPECD_CUDA_ATTN_X8", 1);
+    /* FP8 GEMM passes of at least N tokens (SPECD_CUDA_FP8_CHAIN=N, default 64; 0: none)
+     * chained without quantize / rescale launches between them (cuda_step.c fp8_chain; the
+     * same bits). H100, 8B shape, specd bench, 2026-12-06: decode at 256 rows +5.0%, at 64
+     * +0.2%, at 16 -1% (its per-row kernels are 16 blocks); prefill +9-10% */
+    t->fp8_chain = env_flag("SPECD_CUDA_FP8_CHAIN", 64);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);

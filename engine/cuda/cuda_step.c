@@ -218,6 +218,61 @@ static k_kv_geom kv_geom(const cuda_runner *r, int which, const int32_t *tok_slo
     return g;
 }
 
+/* A pass of FP8 projections past the GEMV sizes where cuBLASLt cannot scale by vectors
+ * (Hopper): instead of quantizing before and rescaling after each GEMM, the layer's GEMMs
+ * run unscaled (cuda_fp8_gemm_raw) and their neighbours do that work as they pass the
+ * data on -- the norms add the O / down products into the residual and quantize what they
+ * write (k_rmsnorm_fp8), rotary applies the QKV scales (k_qkv_rope_kv_fp8), the gated
+ * product quantizes for down (k_gated_mul_fp8q). Only the attention output is quantized
+ * by a launch of its own. Every value is computed by the same expressions in the same
+ * order as the separate kernels', so the pass gives the same bits (SPECD_CUDA_FP8_CHAIN=0
+ * runs those). From tune.fp8_chain tokens (per-row kernels: fewer rows than that were
+ * slower), one GPU, dense layers without sandwich norms. */
+static int fp8_chain(const cuda_runner *r, const cuda_model *cm, int n, int partial) {
+    const model_config *c = &cm->c;
+    const int hidden = c->hidden, qd = cm->H * cm->D, qkvd = (cm->H + 2 * cm->KVH) * cm->D, F = cm->ffn;
+    if (r->tune.fp8_chain <= 0 || n < r->tune.fp8_chain || r->tune.no_fuse || r->tune.dbg_skip || partial ||
+        !cm->fp8 || hidden % 4 || (size_t)F * 2 > K_GATED_FP8Q_MAX_SMEM || !cuda_fp8_chain_ok(r, n, qkvd, hidden) ||
+        !cuda_fp8_chain_ok(r, n, hidden, qd) || !cuda_fp8_chain_ok(r, n, 2 * F, hidden) ||
+        !cuda_fp8_chain_ok(r, n, hidden, F))
+        return 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const cuda_layer *L = &cm->layers[l];
+        if (!L->sqkv || !L->so || !L->sgu || !L->sdown || L->router || L->post_attn_norm || L->post_ffn_norm)
+            return 0;
+    }
+    return 1;
+}
+
+/* Layer l of an fp8_chain pass. The residual holds the previous layer's output but its
+ * down products, which are in d_f32 (unscaled, token scales in d_xs) until this layer's
+ * norm adds them; the last layer adds its own. */
+static int fp8_chain_layer(cuda_runner *r, const cuda_model *cm, int l, int n, const k_kv_geom *g,
+                           const k_attn_work *w, float scale) {
+    const model_config *c = &cm->c;
+    const cuda_layer *L = &cm->layers[l], *P = l ? &cm->layers[l - 1] : NULL;
+    const int hidden = c->hidden, H = cm->H, KVH = cm->KVH, D = cm->D, F = cm->ffn;
+    cudaStream_t s = r->stream;
+    int rc;
+    K_CHECK(r, k_rmsnorm_fp8(P ? r->d_f32 : NULL, P ? P->sdown : NULL, r->d_xs, r->d_resid, L->attn_norm, n, hidden,
+                             c->rms_eps, r->d_xq, r->d_xs, s));
+    if ((rc = cuda_fp8_gemm_raw(r, (const uint8_t *)L->wqkv, (H + 2 * KVH) * D, hidden, NULL, n, r->d_f32, 1)))
+        return rc;
+    K_CHECK(r, k_qkv_rope_kv_fp8(r->d_f32, L->sqkv, r->d_xs, L->bqkv, L->q_norm, L->k_norm, L->inv_freq, c->rms_eps,
+                                 r->d_q, n, H, KVH, D, g, s));
+    K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, g, w, s));
+    if ((rc = cuda_fp8_gemm_raw(r, (const uint8_t *)L->wo, hidden, H * D, r->d_xb, n, r->d_f32, 1))) return rc;
+    K_CHECK(r, k_rmsnorm_fp8(r->d_f32, L->so, r->d_xs, r->d_resid, L->ffn_norm, n, hidden, c->rms_eps, r->d_xq,
+                             r->d_xs, s));
+    if ((rc = cuda_fp8_gemm_raw(r, (const uint8_t *)L->wgu, 2 * F, hidden, NULL, n, r->d_f32, 0))) return rc;
+    K_CHECK(r, k_gated_mul_fp8q(r->d_f32, L->sgu, r->d_xs, n, F, c->act == ACT_GELU_TANH, r->d_xq, r->d_xs, s));
+    if ((rc = cuda_fp8_gemm_raw(r, (const uint8_t *)L->wdown, hidden, F, NULL, n, r->d_f32, 1))) return rc;
+    if (l + 1 == c->n_layers) K_CHECK(r, k_fp8_scale_rows(r->d_f32, L->sdown, r->d_xs, r->d_resid, n, hidden, 1, s));
+    return 0;
+fail:
+    return SPECD_ECUDA;
+}
+
 int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     cuda_model *cm = &r->m[p->which];
     const model_config *c = &cm->c;
@@ -252,6 +307,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     if (c->embed_scale > 0) K_CHECK(r, k_scale_f32(r->d_resid, (size_t)n * hidden, c->embed_scale, s));
     if (fuse_norm)
         CU_CHECK(r, cudaMemsetAsync(r->d_ss, 0, (size_t)2 * c->n_layers * CUDA_GEMV_MAX_ROWS * sizeof *r->d_ss, s));
+    const int chain = !fused && fp8_chain(r, cm, n, partial);
     for (int l = 0; l < c->n_layers; l++) {
         const cuda_layer *L = &cm->layers[l];
         k_kv_geom g = kv_geom(r, p->which, p->tok_slot, p->tok_j, cm->pool_layer0 + l);
@@ -261,6 +317,10 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             .n_tok = n, .n_splits = p->n_splits, .split_len = L->window ? 0 : p->split_len, .window = L->window,
             .ws_o = r->d_ws_o, .ws_ml = r->d_ws_ml, .counters = r->tune.no_fuse ? NULL : r->d_counts,
         };
+        if (chain) {
+            if ((rc = fp8_chain_layer(r, cm, l, n, &g, &w, scale))) return rc;
+            continue;
+        }
         /* the norms folded into this layer's GEMVs: sums of squares [l][0] (attention input,
          * written by the previous layer's down GEMV) and [l][1] (MLP input, by O) */
         unsigned long long *ss_l = r->d_ss + (size_t)l * 2 * CUDA_GEMV_MAX_ROWS;

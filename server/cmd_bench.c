@@ -1,7 +1,10 @@
 /* `specd bench`: engine throughput without HTTP. For each batch size, B sequences of
  * random prompt ids (seeded) are prefilled together and decoded for --gen tokens with
  * EOS ignored; prints prefill tokens/s, decode tokens/s, ms per decode step and, with a
- * draft, the acceptance length. Numbers are wall-clock on this machine. */
+ * draft, the acceptance length. Numbers are wall-clock on this machine. Every run has
+ * prompts of its own (no run finds an earlier one's in the prefix cache), and each batch
+ * size is first run untimed (--warmup), so a shape's first-use costs (kernels loaded on
+ * first launch, GEMM heuristics) stay out of the figures. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,8 @@ static void usage(FILE *f) {
             "  --prompt-len N          prompt tokens per sequence (default 64)\n"
             "  --gen N                 tokens generated per sequence (default 64)\n"
             "  --seed S                prompt ids seed (default 0; also the sampling seed)\n"
+            "  --warmup N              untimed runs of each batch size before its timed one, on\n"
+            "                          prompts of their own, --gen at most 4 (default 1; 0: none)\n"
             "  --temperature T         sample at temperature T (default 0: greedy)\n"
             "  --top-p P, --top-k K    sampling filters (default 1, 0: none)\n"
             "  --top-logprobs N        every token's logprob and its N most likely alternatives\n"
@@ -37,11 +42,13 @@ typedef struct {
     long prefill_tokens, decode_tokens, decode_steps, verify, accepted;
     double host_us_step;   /* decode phase: engine_step time outside its run phase, per step */
     double kv_peak;        /* most KV bytes in use after any step (both pools) */
+    uint64_t prefix_hits;  /* prompt tokens the prefix cache served (0: the run's prompts are its own) */
 } bench_row;
 
 /* tmpl: the sampling every sequence of a run uses (greedy unless --temperature); each
  * sequence adds its seed, ignore_eos and max_tokens. */
-static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, const engine_sampling *tmpl, bench_row *r) {
+static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, int run, const engine_sampling *tmpl,
+                     bench_row *r) {
     int V = engine_model_config(e)->vocab;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)plen);
     int *have_first = calloc((size_t)B, sizeof(int));
@@ -49,9 +56,11 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, const e
     if (!ids || !have_first) return -1;
     memset(r, 0, sizeof *r);
     r->batch = B;
+    engine_stats sb;
+    engine_get_stats(e, &sb);
     for (int b = 0; b < B; b++) {
         for (int i = 0; i < plen; i++)
-            ids[i] = (int32_t)(sample_uniform(seed + (uint64_t)b, (uint64_t)i) * V);
+            ids[i] = (int32_t)(sample_uniform(seed + (uint64_t)b + ((uint64_t)run << 32), (uint64_t)i) * V);
         engine_sampling sp = *tmpl;
         sp.seed = seed + (uint64_t)b;
         sp.has_seed = 1;
@@ -98,6 +107,7 @@ static int bench_one(engine *e, int B, int plen, int gen, uint64_t seed, const e
     }
     double t2 = cli_now_s();
     engine_get_stats(e, &s1);
+    r->prefix_hits = s1.prefix_cache_hit_tokens - sb.prefix_cache_hit_tokens;
     if (t1 != t0 && r->decode_steps)
         r->host_us_step = 1e6 * ((s1.step_seconds - s0.step_seconds) - (s1.run_seconds - s0.run_seconds)) /
                           (double)r->decode_steps;
@@ -114,6 +124,7 @@ int cmd_bench(int argc, char **argv) {
     const char *batches = "1,16";
     int plen = 64, gen = 64, json = 0;
     uint64_t seed = 0;
+    int warmup = 1;
     engine_sampling bsp;
     engine_sampling_defaults(&bsp);
     bsp.temperature = 0;
@@ -144,6 +155,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-len")) bad = cli_int(v, 1, 1 << 20, &plen);
         else if (!strcmp(a, "--gen")) bad = cli_int(v, 2, 1 << 20, &gen);
         else if (!strcmp(a, "--seed")) bad = cli_u64(v, &seed);
+        else if (!strcmp(a, "--warmup")) bad = cli_int(v, 0, 100, &warmup);
         else if (!strcmp(a, "--temperature")) bad = cli_float(v, 0, 100, &bsp.temperature);
         else if (!strcmp(a, "--top-p")) bad = cli_float(v, 1e-6, 1, &bsp.top_p);
         else if (!strcmp(a, "--top-k")) bad = cli_int(v, 0, 1 << 30, &bsp.top_k);
@@ -186,10 +198,11 @@ int cmd_bench(int argc, char **argv) {
                "KV MiB: most KV in use after a step)\n"
                "%6s %14s %14s %12s %8s %14s %10s\n", engine_device_name(e), plen, gen,
                "batch", "prefill tok/s", "decode tok/s", "ms/step", "AL", "host us/step", "KV MiB");
-    int rc = 0;
+    int rc = 0, run = 0;
     for (int i = 0; i < nb && !rc; i++) {
         bench_row r;
-        if (bench_one(e, bs[i], plen, gen, seed, &bsp, &r)) {
+        for (int w = 0; w < warmup && !rc; w++) rc = bench_one(e, bs[i], plen, gen < 4 ? gen : 4, seed, ++run, &bsp, &r);
+        if (rc || bench_one(e, bs[i], plen, gen, seed, ++run, &bsp, &r)) {
             rc = 1;
             break;
         }
@@ -200,9 +213,9 @@ int cmd_bench(int argc, char **argv) {
             printf("{\"device\":\"%s\",\"batch\":%d,\"prompt_len\":%d,\"gen\":%d,\"temperature\":%g,\"top_p\":%g,"
                    "\"top_k\":%d,\"top_logprobs\":%d,\"prefill_tok_s\":%.2f,"
                    "\"decode_tok_s\":%.2f,\"ms_per_step\":%.3f,\"acceptance_length\":%.3f,\"host_us_per_step\":%.1f,"
-                   "\"kv_peak_bytes\":%.0f}\n",
+                   "\"kv_peak_bytes\":%.0f,\"prefix_cache_hit_tokens\":%llu}\n",
                    engine_device_name(e), r.batch, plen, gen, bsp.temperature, bsp.top_p, bsp.top_k, bsp.logprobs, pf,
-                   dt, ms, al, r.host_us_step, r.kv_peak);
+                   dt, ms, al, r.host_us_step, r.kv_peak, (unsigned long long)r.prefix_hits);
         else
             printf("%6d %14.1f %14.1f %12.2f %8.2f %14.1f %10.1f\n", r.batch, pf, dt, ms, al, r.host_us_step,
                    r.kv_peak / (1 << 20));

@@ -130,6 +130,18 @@ def test_bench_sampling_options():
         row = json.loads(r.stdout.splitlines()[-1])
         assert (row["temperature"], row["top_p"], row["top_k"], row["top_logprobs"]) == want
         assert row["decode_tok_s"] > 0 and row["batch"] == 2
-    for bad in (("--top-p", "0"), ("--top-logprobs", "21"), ("--temperature", "-1")):
+    for bad in (("--top-p", "0"), ("--top-logprobs", "21"), ("--temperature", "-1"), ("--warmup", "-1")):
         r = bench(*bad)
         assert r.returncode == 2 and "bad value" in r.stderr
+
+
+def test_bench_runs_do_not_share_prompts():
+    # every run (the warm-ups included) has prompts of its own: none is served from the
+    # prefix cache an earlier run filled, which would inflate its prefill figure
+    for warm in ("0", "1"):
+        r = subprocess.run([BIN, "bench", "--model", TINY, "--batch", "1,2,2", "--prompt-len", "40", "--gen", "4",
+                            "--warmup", warm, "--json"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+        assert [row["batch"] for row in rows] == [1, 2, 2]
+        assert [row["prefix_cache_hit_tokens"] for row in rows] == [0, 0, 0]

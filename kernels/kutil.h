@@ -152,26 +152,22 @@ __device__ __forceinline__ float k_warp_max(float v) {
     return v;
 }
 
-/* Block-wide sum; `red` holds >= 32 floats of shared memory; every thread gets the sum. */
-__device__ __forceinline__ float k_block_sum(float v, float *red) {
+/* A block-wide reduction: each warp's WARP result through `red` (>= 32 floats of shared
+ * memory; lanes past the block's warps bring `none`), then WARP over those; every thread
+ * gets the result. */
+template <float (*WARP)(float)>
+__device__ __forceinline__ float k_block_reduce(float v, float *red, float none) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = k_warp_sum(v);
+    v = WARP(v);
     __syncthreads();
     if (lane == 0) red[w] = v;
     __syncthreads();
-    v = lane < nw ? red[lane] : 0.f;
-    return k_warp_sum(v);
+    v = lane < nw ? red[lane] : none;
+    return WARP(v);
 }
-
-/* Block-wide max, as k_block_sum (every thread gets it). */
+__device__ __forceinline__ float k_block_sum(float v, float *red) { return k_block_reduce<k_warp_sum>(v, red, 0.f); }
 __device__ __forceinline__ float k_block_max(float v, float *red) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = k_warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    v = lane < nw ? red[lane] : -INFINITY;
-    return k_warp_max(v);
+    return k_block_reduce<k_warp_max>(v, red, -INFINITY);
 }
 
 /* Fixed-point sums of squares for the norm fold (specd_kernels.h, K_SS_FRAC_BITS). */

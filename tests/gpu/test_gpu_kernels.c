@@ -1498,9 +1498,9 @@ static void test_sample_matches_reference_draws(void **state) {
  * select by mass, which both forms add with float atomics (in no fixed order, so not
  * even one form repeats itself bit for bit): the kept set can gain or lose the token at
  * its edge when the 0.9 crossing lies within rounding of it, and the draw over a total
- * that moved by that token's mass can land on a neighbour. A run on other random rows
- * (2026-12-06) drew another token in one top-p row: their tokens may differ, in at most
- * 2 of the 16; their top logprobs (count mode) may not. Both forms
+ * that moved by that token's mass can land on a neighbour. On the same rows (2026-12-06,
+ * H100) one run drew another token in one top-p row and the next run in none: their
+ * tokens may differ, in at most 2 of the 16; their top logprobs (count mode) may not. Both forms
  * are timed (a top-k row, a top-p row, 64 rows). */
 static void test_sample_hist_aggregated_same_results(void **state) {
     (void)state;

@@ -22,7 +22,8 @@ static void usage(FILE *f) {
             "options:\n" CLI_ENGINE_HELP
             "  --batch LIST            batch sizes, comma separated (default 1,16)\n"
             "  --prompt-len N          prompt tokens per sequence (default 64)\n"
-            "  --gen N                 tokens generated per sequence (default 64)\n"
+            "  --gen N                 tokens generated per sequence (default 64, at least 3: the\n"
+            "                          second token's step runs while the prompts finish)\n"
             "  --seed S                prompt ids seed (default 0; also the sampling seed)\n"
             "  --warmup N              untimed runs of each batch size before its timed one, on\n"
             "                          prompts of their own, --gen at most 4 (default 1; 0: none)\n"
@@ -153,7 +154,7 @@ int cmd_bench(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "--batch")) batches = v;
         else if (!strcmp(a, "--prompt-len")) bad = cli_int(v, 1, 1 << 20, &plen);
-        else if (!strcmp(a, "--gen")) bad = cli_int(v, 2, 1 << 20, &gen);
+        else if (!strcmp(a, "--gen")) bad = cli_int(v, 3, 1 << 20, &gen);
         else if (!strcmp(a, "--seed")) bad = cli_u64(v, &seed);
         else if (!strcmp(a, "--warmup")) bad = cli_int(v, 0, 100, &warmup);
         else if (!strcmp(a, "--temperature")) bad = cli_float(v, 0, 100, &bsp.temperature);

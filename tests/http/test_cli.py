@@ -130,7 +130,8 @@ def test_bench_sampling_options():
         row = json.loads(r.stdout.splitlines()[-1])
         assert (row["temperature"], row["top_p"], row["top_k"], row["top_logprobs"]) == want
         assert row["decode_tok_s"] > 0 and row["batch"] == 2
-    for bad in (("--top-p", "0"), ("--top-logprobs", "21"), ("--temperature", "-1"), ("--warmup", "-1")):
+    for bad in (("--top-p", "0"), ("--top-logprobs", "21"), ("--temperature", "-1"), ("--warmup", "-1"),
+                ("--gen", "2")):
         r = bench(*bad)
         assert r.returncode == 2 and "bad value" in r.stderr
 

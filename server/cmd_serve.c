@@ -212,6 +212,21 @@ int cmd_serve(int argc, char **argv) {
             mc->n_layers, mc->vocab, engine_device_name(eng), es.kv_blocks_total, es.max_seq_len,
             es.max_batch, engine_tokenizer(eng) ? "yes" : "no", engine_template(eng) ? "yes" : "no",
             es.num_draft_tokens ? ", speculative decoding on" : "");
+    /* Warm-up before /ready turns 200 (the loop does not run yet: this thread owns the
+     * engine). A failed warm-up is a failed start: the same passes would fail traffic. */
+    if (!strcmp(cfg.warmup, "on") || (!strcmp(cfg.warmup, "auto") && ec.device == ENGINE_DEVICE_CUDA)) {
+        engine_warmup_info wi;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        err[0] = 0;
+        if (engine_warmup(eng, &wi, err, sizeof err)) {
+            log_msg(LOG_ERROR, "warm-up failed: %s", err);
+            goto out;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        log_msg(LOG_INFO, "warm-up: %d passes (prompts of 1-%d tokens, up to %d decoding together, sampled rows) in %.2fs",
+                wi.passes, wi.max_prompt, wi.max_batch,
+                (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    }
     http_set_engine(http, eng);
     loop_set_engine(lp, eng);
 

@@ -82,6 +82,7 @@ static const cfg_key keys[] = {
     {"output_threads", K_INT, OFF(output_threads), 0, 0, 256, "threads turning tokens into text and SSE chunks (0 = half the cores, at most 8)"},
     {"tool_call_parser", STR(tool_call_parser), 0, 0, "how tool calls are read from chat output: auto (from the chat template), hermes, llama3_json, mistral or none"},
     {"reasoning_parser", STR(reasoning_parser), 0, 0, "split <think>...</think> into reasoning_content: none, deepseek_r1 or qwen3"},
+    {"warmup", STR(warmup), 0, 0, "run synthetic prompts of every size up to the step budget, batches up to max_batch and sampled rows before /ready turns 200, so the first real requests do not pay the GPU's first-use costs (kernel loading, GEMM heuristics): auto (default; on with cuda, off with cpu), on or off"},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -117,6 +118,7 @@ void srv_config_defaults(srv_config *c) {
     c->stall_timeout = 60;
     snprintf(c->tool_call_parser, sizeof c->tool_call_parser, "auto");
     snprintf(c->reasoning_parser, sizeof c->reasoning_parser, "none");
+    snprintf(c->warmup, sizeof c->warmup, "auto");
 }
 
 static const cfg_key *find_key(const char *name) {
@@ -178,6 +180,8 @@ static int check_enums(const srv_config *c, const char *what, char *err, size_t 
         return specd_errf(err, errlen, SPECD_EINVAL,
                           "%s: tool_call_parser must be auto, none, hermes, llama3_json or mistral, got '%s'", what,
                           c->tool_call_parser);
+    if (strcmp(c->warmup, "auto") && strcmp(c->warmup, "on") && strcmp(c->warmup, "off"))
+        return specd_errf(err, errlen, SPECD_EINVAL, "%s: warmup must be auto, on or off, got '%s'", what, c->warmup);
     if (strcmp(c->reasoning_parser, "none") && strcmp(c->reasoning_parser, "deepseek_r1") &&
         strcmp(c->reasoning_parser, "qwen3"))
         return specd_errf(err, errlen, SPECD_EINVAL, "%s: reasoning_parser must be none, deepseek_r1 or qwen3, got '%s'",

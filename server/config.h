@@ -70,6 +70,7 @@ typedef struct {
     double stall_timeout;               /* seconds paused before a stream is ended */
     char tool_call_parser[16];          /* auto | none | hermes | llama3_json | mistral */
     char reasoning_parser[16];          /* none | deepseek_r1 | qwen3 */
+    char warmup[16];                    /* auto | on | off */
 } srv_config;
 
 void srv_config_defaults(srv_config *c);

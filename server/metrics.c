@@ -179,7 +179,10 @@ char *metrics_render(metrics *m) {
           (double)sse_total_unread());
     gauge(&b, mo, "kv_cache_usage_perc", "KV cache usage (1 = full).",
           st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
-    gauge(&b, mo, "kv_blocks_used", "KV blocks held by requests or the prefix cache.", st->kv_blocks_used);
+    gauge(&b, mo, "kv_blocks_used", "KV blocks held by requests (blocks only the prefix cache keeps count as free).",
+          st->kv_blocks_used);
+    gauge(&b, mo, "kv_blocks_cached", "KV blocks the prefix cache can serve (held by requests or evictable).",
+          st->kv_blocks_cached);
     gauge(&b, mo, "kv_blocks_total", "KV blocks in the pool.", st->kv_blocks_total);
     gauge(&b, mo, "kv_window_blocks_used",
           "Blocks held in the window layers' pool (models that mix sliding-window and full layers).",

@@ -150,6 +150,42 @@ static void test_kv_match_never_covers_whole_prompt(void **state) {
     kv_pool_destroy(p);
 }
 
+/* kv_prefix_forget: evictable cached blocks leave the hash table and stay free in place;
+ * blocks a live sequence holds keep their hashes. */
+static void test_kv_prefix_forget_only_evictable(void **state) {
+    (void)state;
+    kv_pool *p = make_pool(16, 4, 1);
+    kv_seq a, b;
+    seq(&a, 8);
+    seq(&b, 8);
+    int32_t ta[9], tb[9];
+    fill(ta, 9, 40);
+    fill(tb, 9, 90);
+    assert_int_equal(kv_seq_reserve(p, &a, 9), 0);
+    kv_seq_commit(p, &a, ta, 9);
+    assert_int_equal(kv_seq_reserve(p, &b, 9), 0);
+    kv_seq_commit(p, &b, tb, 9);
+    kv_seq_release(p, &a);
+    assert_int_equal(kv_num_cached(p), 4);
+    const int free_before = kv_num_free(p);
+    assert_int_equal(kv_prefix_forget(p), 2);       /* a's two full blocks */
+    assert_int_equal(kv_num_cached(p), 2);
+    assert_int_equal(kv_num_free(p), free_before);
+    assert_int_equal(kv_prefix_lookup(p, ta, 9, 8, NULL), 0);
+    assert_int_equal(kv_prefix_lookup(p, tb, 9, 8, NULL), 8);   /* b still holds its blocks */
+    const kv_seq *tbl[] = {&b};
+    check_ok(p, tbl, 1);
+    assert_int_equal(kv_prefix_forget(p), 0);
+    kv_seq_release(p, &b);
+    assert_int_equal(kv_prefix_forget(p), 2);
+    assert_int_equal(kv_num_cached(p), 0);
+    assert_int_equal(kv_num_free(p), 15);
+    check_ok(p, NULL, 0);
+    kv_seq_destroy(&a);
+    kv_seq_destroy(&b);
+    kv_pool_destroy(p);
+}
+
 static void test_kv_cached_free_block_revived_by_hit(void **state) {
     (void)state;
     kv_pool *p = make_pool(8, 4, 1);
@@ -725,6 +761,7 @@ int main(void) {
         cmocka_unit_test(test_kv_random_walk_keeps_invariants),
         cmocka_unit_test(test_kv_drop_front_releases_committed_leading_blocks),
         cmocka_unit_test(test_kv_window_lookup_needs_only_the_window),
+        cmocka_unit_test(test_kv_prefix_forget_only_evictable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -858,6 +858,7 @@ void engine_get_stats(const engine *e, engine_stats *st) {
     st->kv_blocks_total = kv_num_blocks(e->kv) - 1;
     st->kv_blocks_used = kv_num_used(e->kv);
     st->kv_blocks_free = kv_num_free(e->kv);
+    st->kv_blocks_cached = kv_num_cached(e->kv);
     st->kv_win_layers = e->win_layers;
     st->kv_layers = e->target->cfg.n_layers + (e->draft_used ? e->draft_used->cfg.n_layers : 0) - e->win_layers;
     if (e->win_kv) {

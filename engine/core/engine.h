@@ -174,6 +174,7 @@ typedef struct {
 typedef struct {
     int running, waiting, paused;
     int kv_blocks_total, kv_blocks_used, kv_blocks_free;
+    int kv_blocks_cached;          /* blocks the prefix cache knows (held or evictable) */
     /* A model of window and full layers (Gemma 3) keeps its window layers' KV in a pool
      * of its own whose blocks go back behind the window: kv_layers (target + draft) live
      * in the blocks above, kv_win_layers in these (all 0 without a window pool). */
@@ -267,6 +268,19 @@ int engine_has_work(const engine *e);
 int engine_step(engine *e, engine_output *out);
 
 void engine_get_stats(const engine *e, engine_stats *st);
+
+/* Start-up warm-up (engine_warmup.c): synthetic greedy prompts of every size of a ladder
+ * up to the step's token budget, one at a time, then batches of short prompts decoding
+ * together up to max_batch, then sampled rows, so a runner's first-use costs (kernels
+ * loaded at first launch, GEMM heuristics) are paid before real traffic. The engine must
+ * be idle; afterwards its prefix cache forgets the passes' blocks and its counters and
+ * acceptance state are as before. A failure leaves the engine as engine_step left it. */
+typedef struct {
+    int passes;        /* engine runs to idle */
+    int max_prompt;    /* longest prompt fed */
+    int max_batch;     /* most prompts decoding together */
+} engine_warmup_info;
+int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen);
 
 /* Debug / golden tests: logits (vocab floats) that chose the first output token of the
  * given request are recorded if the request was added with engine_add_ex(record=1). */

@@ -184,6 +184,16 @@ int kv_num_free(const kv_pool *p) { return p->n_free; }
 int kv_num_used(const kv_pool *p) { return p->num_blocks - 1 - p->n_free; }
 int kv_num_cached(const kv_pool *p) { return p->n_cached; }
 
+int kv_prefix_forget(kv_pool *p) {
+    int n = 0;
+    for (int32_t b = p->free_head; b >= 0; b = p->blk[b].next)
+        if (p->blk[b].hashed) {
+            hash_remove(p, b);
+            n++;
+        }
+    return n;
+}
+
 int kv_ref(const kv_pool *p, int32_t block) {
     if (block < 0 || block >= p->num_blocks) return SPECD_EINVAL;
     return p->blk[block].ref;

@@ -55,6 +55,9 @@ int kv_ref(const kv_pool *p, int32_t block);
 /* Number of blocks needed to hold `tokens` tokens: ceil(tokens / bs); 0 for tokens <= 0. */
 int kv_blocks_for(const kv_pool *p, int tokens);
 int kv_num_cached(const kv_pool *p);     /* blocks whose hash is registered (any ref) */
+/* Unregister the hashes of every evictable block (ref 0): the prefix cache forgets them,
+ * they stay free in their LRU order. Returns how many. */
+int kv_prefix_forget(kv_pool *p);
 
 /* max_blocks: capacity of the table: ceil((max_seq_len + lookahead) / block_size), so a
  * speculative step at the end of the context still has room for its draft tokens (with

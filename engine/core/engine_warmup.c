@@ -61,8 +61,12 @@ int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen)
         snprintf(err, errlen, "warm-up needs an idle engine");
         return SPECD_ESTATE;
     }
-    const int max_len = e->cfg.max_tokens_per_step < e->cfg.max_seq_len - 4 ? e->cfg.max_tokens_per_step
-                                                                             : e->cfg.max_seq_len - 4;
+    /* at most the step budget, the context and half the KV pool (a small pool must not
+     * turn the warm-up into a wait) */
+    const long pool_half = (long)(kv_num_blocks(e->kv) - 1) * kv_block_size(e->kv) / 2;
+    int max_len = e->cfg.max_tokens_per_step < e->cfg.max_seq_len - 4 ? e->cfg.max_tokens_per_step
+                                                                       : e->cfg.max_seq_len - 4;
+    if (max_len > pool_half) max_len = (int)pool_half;
     const int short_len = max_len < 16 ? max_len : 16;
     if (max_len < 1) return 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)max_len);
@@ -96,14 +100,15 @@ int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen)
     }
     /* batches of prompts that then decode together for a few steps */
     greedy.max_tokens = 4;
-    for (int n = 2; n <= e->cfg.max_batch && !rc; n = n * 4 > e->cfg.max_batch && n < e->cfg.max_batch
-                                                          ? e->cfg.max_batch : n * 4) {
+    const int batch_cap = (long)e->cfg.max_batch * (short_len + 8) > pool_half ? (int)(pool_half / (short_len + 8))
+                                                                                : e->cfg.max_batch;
+    for (int n = 2; n <= batch_cap && !rc; n = n * 4 > batch_cap && n < batch_cap ? batch_cap : n * 4) {
         if ((rc = add_prompts(e, &id, n, short_len, &greedy, ids, err, errlen)) || (rc = drain(e))) break;
         info->passes++;
         info->max_batch = n;
     }
     /* sampled rows: top-k / top-p, penalties, logprobs */
-    if (!rc) {
+    if (!rc && batch_cap >= 1) {
         engine_sampling s;
         engine_sampling_defaults(&s);
         s.temperature = 0.8f;
@@ -115,7 +120,7 @@ int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen)
         s.has_seed = 1;
         s.ignore_eos = 1;
         s.max_tokens = 4;
-        const int n = e->cfg.max_batch < 4 ? e->cfg.max_batch : 4;
+        const int n = batch_cap < 4 ? batch_cap : 4;
         if (!(rc = add_prompts(e, &id, n, short_len, &s, ids, err, errlen)) && !(rc = drain(e))) info->passes++;
     }
     free(ids);

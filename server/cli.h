@@ -90,7 +90,8 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --tensor-parallel-size N  split the model over N processes, one per GPU with --device\n" \
     "                          cuda (NCCL); this one is rank 0 and starts the others\n" \
     "  --shape NAME            random weights of a real shape instead of --model:\n" \
-    "                          llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b\n" \
+    "                          llama-3.1-8b, llama-3.2-1b, smollm2-135m, qwen2.5-1.5b, qwen3-1.7b,\n" \
+    "                          qwen3-30b-a3b, gemma3-4b\n" \
     "                          (seeded; with --device cuda made on the GPU, a TP shard is its\n" \
     "                          slice; the MoE shape is CUDA only)\n" \
     "  --draft-shape NAME      a random draft of a real shape (same vocabulary as the target)\n" \

@@ -30,7 +30,7 @@ typedef struct {
 
 static const cfg_key keys[] = {
     {"model", STR(model), 0, 0, "model checkpoint: HF directory or .gguf file (required)"},
-    {"shape", STR(shape), 0, 0, "instead of model: random weights of a named real shape (llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b, gemma3-4b) for benchmarks; token-id prompts only"},
+    {"shape", STR(shape), 0, 0, "instead of model: random weights of a named real shape (llama-3.1-8b, llama-3.2-1b, smollm2-135m, qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b, gemma3-4b) for benchmarks; token-id prompts only"},
     {"tokenizer", STR(tokenizer), 0, 0, "tokenizer.json / directory / .gguf (default: from the model)"},
     {"chat_template", STR(chat_template), 0, 0, "Jinja chat template file replacing the model's (for models that ship none, such as many GGUF files)"},
     {"draft_model", STR(draft_model), 0, 0, "draft model for speculative decoding"},

@@ -68,7 +68,7 @@ static model *shape_model(const engine_config *c, const char *name, uint64_t see
     model_config mc;
     if (model_shape_preset(name, &mc)) {
         specd_errf(err, errlen, SPECD_ENOTFOUND, "unknown shape '%s' (llama-3.1-8b, llama-3.2-1b, "
-                   "qwen2.5-1.5b, qwen3-1.7b)", name);
+                   "smollm2-135m, qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b, gemma3-4b)", name);
         return NULL;
     }
     return c->device == ENGINE_DEVICE_CUDA ? model_shape(&mc, err, errlen) : model_random(&mc, seed, err, errlen);

@@ -1551,6 +1551,15 @@ int model_shape_preset(const char *name, model_config *c) {
         c->n_eos = 3;
         return 0;
     }
+    if (!strcmp(name, "smollm2-135m")) {   /* SmolLM2-135M(-Instruct): the default model's shape */
+        *c = (model_config){
+            .arch = MODEL_ARCH_LLAMA, .arch_name = "LlamaForCausalLM", .n_layers = 30, .hidden = 576,
+            .n_heads = 9, .n_kv_heads = 3, .head_dim = 64, .ffn = 1536, .vocab = 49152, .rms_eps = 1e-5f,
+            .rope_theta = 100000.0f, .rope_type = ROPE_DEFAULT, .tied_embeddings = 1, .max_pos = 8192,
+            .bos_id = 1, .eos_ids = {2}, .n_eos = 1,
+        };
+        return 0;
+    }
     if (!strcmp(name, "qwen2.5-1.5b") || !strcmp(name, "qwen3-1.7b")) {
         int q3 = name[4] == '3';
         c->arch = q3 ? MODEL_ARCH_QWEN3 : MODEL_ARCH_QWEN2;

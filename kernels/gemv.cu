@@ -470,7 +470,7 @@ static int gemv_launch_t(const WV *w, const uint16_t *X, int n_units, int in, in
                          cudaStream_t s) {
     const uint4 *x = (const uint4 *)X;
     const int in8 = in / 8;
-    if (n >= 3 && in8 % 4 == 0) return gemv_tc_launch<MODE, WV>(w, x, n, n_units, in8, e, s);
+    if (n >= k_tuning_get()->gemv_tc_min && in8 % 4 == 0) return gemv_tc_launch<MODE, WV>(w, x, n, n_units, in8, e, s);
     switch (n) {   /* each row count its own kernel: the activations stay in registers */
     case 1: return gemv_launch_ks<1, MODE, WV>(w, x, n_units, in8, e, s);
     case 2: return gemv_launch_ks<2, MODE, WV>(w, x, n_units, in8, e, s);

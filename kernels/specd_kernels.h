@@ -57,6 +57,12 @@ typedef struct {
                          * radix_select's agg; the same keys in count mode); 0: one histogram
                          * per block, an atomic per logit (8B Q4_K_M at batch 1 on an H100:
                          * top logprobs 4.12 ms a token against 3.29, greedy 3.02) */
+    int gemv_tc_min;    /* k_gemv_bf16 / k_gemv_w and their fused forms: passes of this many
+                         * tokens or more (up to 8) on the tensor-core form, fewer on the FMA
+                         * form (default 3; on an H100 the tensor-core form at 1-2 tokens
+                         * decoded 13-33% slower). Each form sums a token's dot in an order
+                         * that does not depend on the pass's other tokens; above 8 the FMA
+                         * form everywhere (a verify pass that must equal decode steps) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

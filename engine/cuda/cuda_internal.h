@@ -94,6 +94,8 @@ typedef struct {
     const int32_t *row_slot, *row_tok_off, *row_n_new;
     const int32_t *item_row, *item_q0;
     int n_items, qt, n_splits, split_len;
+    int gemv_rows;   /* passes of up to this many tokens on the GEMV (0: tune.gemv_rows); the
+                      * logits that follow the pass use it too (cuda_runner.gemv_rows_now) */
 } cuda_pass;
 
 /* Offsets (in int32 units) of the per-pass metadata inside meta buffers of T entries. */
@@ -113,6 +115,16 @@ typedef struct {
                               * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
+    int verify_gemv;         /* SPECD_CUDA_VERIFY_GEMV: a verify pass of B rows whose decode step
+                              * runs on the GEMV (B <= gemv_rows), all its tokens fitting it (at
+                              * most CUDA_GEMV_MAX_ROWS), may run as that decode step would, token
+                              * by token: the GEMV's FMA form (each token's dot in the same order
+                              * as at one token), one attention item per token, the decode step's
+                              * key splits; its tokens then get the decode step's bits (greedy
+                              * speculation emits what plain decoding would). 1: where the
+                              * captured step timed at most 3% slower than the cuBLAS form at
+                              * start-up; 2: always; 0 (default until it has run on a GPU,
+                              * tests/gpu/UNRUN.md): never */
     /* SPECD_CUDA_GEMM_Q_ROWS=N, SPECD_CUDA_GEMM_Q_MIN=M (default K_GEMV_QTC_MAX_N + 1): passes
      * of M .. N token rows over GGUF quantized projections on the tensor-core GEMM that
      * decodes the blocks in shared memory (k_gemm_q); N -1, the default: 64 for K-quant
@@ -131,6 +143,10 @@ typedef struct {
     int fp8_chain;  /* FP8 GEMM passes of at least this many tokens chained (cuda_step.c fp8_chain; 0: none) */
     int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
+    int verify_item_splits;  /* SPECD_CUDA_VERIFY_ITEM_SPLITS=1: a verify pass run as a decode step
+                              * (verify_gemv) splits its keys for its items, as other verify
+                              * passes do, not as a decode step of its rows does (to show the
+                              * split matters: the exactness test then fails) */
     int no_forward_sampling; /* SPECD_CUDA_NO_FORWARD_SAMPLING=1: composed steps copy logits to the
                               * host and sample there (A/B of runner_batch.sp) */
     int tp_vocab_split;      /* SPECD_TP_VOCAB_SPLIT=0 turns it off: lm_head replicated under TP */
@@ -264,6 +280,7 @@ typedef struct {
 
     /* decode step: static inputs/outputs for max_batch rows */
     int dec_splits, dec_split_len;
+    int gemv_rows_now;           /* the latest pass's GEMV bound (cuda_pass.gemv_rows) */
     void *d_dec_in, *h_dec_in;     /* tokens[MB] int32 | slots[MB] int32 | prev[MB] int32 | sp[MB]
                                     * (prev: runner_decode_batch.prev_row, -1 for none) */
     void *d_dec_out, *h_dec_out;   /* tok[MB] int32 | logprob[MB] float (host: two of them) */
@@ -325,6 +342,10 @@ typedef struct {
     int vf_n_graphs;
     int vf_graph_b[256], vf_graph_k[256];
     cudaGraphExec_t vf_graphs[256];
+    /* [B][k]: the verify step of B rows of k drafts runs as a decode step would
+     * (verify_as_decode, exact greedy), chosen at capture where it timed no slower */
+    unsigned char vf_vd[CUDA_GEMV_MAX_ROWS + 1][CUDA_GEMV_MAX_ROWS];
+    float vf_vd_ms[CUDA_GEMV_MAX_ROWS + 1][CUDA_GEMV_MAX_ROWS][2];   /* [..][0] cuBLAS form, [1] decode form */
 
     int failed;
     char errmsg[512];

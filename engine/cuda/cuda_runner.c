@@ -744,6 +744,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * +0.2%, at 16 -1% (its per-row kernels are 16 blocks); prefill +9-10% */
     t->fp8_chain = env_flag("SPECD_CUDA_FP8_CHAIN", 64);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
+    t->verify_item_splits = env_flag("SPECD_CUDA_VERIFY_ITEM_SPLITS", 0);
+    t->verify_gemv = env_flag("SPECD_CUDA_VERIFY_GEMV", 0);   /* 1 once run on a GPU: tests/gpu/UNRUN.md */
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
     t->tp_shard_draft = env_flag("SPECD_TP_SHARD_DRAFT", 0);
@@ -761,6 +763,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->k.gemvq_tc_split = env_flag("SPECD_CUDA_GEMVQ_TC_SPLIT", t->k.gemvq_tc_split);
     t->k.gemm_qi8_bps = env_flag("SPECD_CUDA_GEMM_QI8_BPS", t->k.gemm_qi8_bps);
     t->k.sample_hist = env_flag("SPECD_SAMPLE_HIST", t->k.sample_hist);
+    t->k.gemv_tc_min = env_flag("SPECD_CUDA_GEMV_TC_MIN", t->k.gemv_tc_min);
+    if (t->k.gemv_tc_min < 1) t->k.gemv_tc_min = 1;
     t->profile_step = env_flag("SPECD_CUDA_PROFILE_STEP", 0);
     if (t->k.attn_dec < 0 || t->k.attn_dec > 2) t->k.attn_dec = k_tuning_default.attn_dec;
     if (t->k.attn_pdl < 0 || t->k.attn_pdl > 2) t->k.attn_pdl = k_tuning_default.attn_pdl;
@@ -980,6 +984,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->dec_split_len = DEC_SPLIT_LEN;
     r->dec_splits = (c->max_seq_len + DEC_SPLIT_LEN - 1) / DEC_SPLIT_LEN;
     if (r->dec_splits > 32) r->dec_splits = 32;   /* the attention's in-kernel merge stages <= 32 */
+    r->gemv_rows_now = r->tune.gemv_rows;
     /* Decode uses about B + 2*SMs/KVH (token, split) pairs; eager passes fit under this. */
     r->ws_tok_splits = (size_t)4 * (c->max_batch > 64 ? c->max_batch : 64) + 2 * (size_t)r->n_sm;
     if (alloc_work(r)) goto cuda_err;
@@ -1087,6 +1092,16 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
                 c->block_size, (long long)c->num_blocks * c->block_size,
                 (double)c->num_blocks * block_bytes / (1 << 30), wdesc, c->max_batch, c->max_seq_len,
                 r->n_graphs ? gs : "none (eager)");
+        if (r->vf_k && r->vf_vd_ms[1][1][0] > 0.f) {   /* verify_as_decode at one row, as timed */
+            char vs[256];
+            size_t m = 0;
+            for (int k = 1; k <= r->vf_k && k < CUDA_GEMV_MAX_ROWS && m + 48 < sizeof vs; k++)
+                if (r->vf_vd_ms[1][k][0] > 0.f)
+                    m += (size_t)snprintf(vs + m, sizeof vs - m, "%s k%d %.2f/%.2f%s", k > 1 ? "," : "", k,
+                                          (double)r->vf_vd_ms[1][k][1], (double)r->vf_vd_ms[1][k][0],
+                                          r->vf_vd[1][k] ? " exact" : "");
+            fprintf(stderr, "cuda runner: verify step of 1 row, ms as decode steps / on cuBLAS:%s\n", vs);
+        }
     }
     return &r->base;
 

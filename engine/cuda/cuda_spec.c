@@ -28,6 +28,7 @@
 typedef struct {
     int32_t *tok_slot2, *tok_j2, *row_off2, *twos, *lrows2, *item2_row, *item2_q0;
     int32_t *tok_slotv, *tok_jv, *row_offv, *kp1, *itemv_row, *itemv_q0, *vtok, *drafts;
+    int32_t *itemt_row, *itemt_q0;   /* the verify pass's items one per token (verify_as_decode) */
     size_t n;   /* total entries */
 } sp_layout;
 
@@ -40,6 +41,7 @@ static sp_layout layout(int32_t *base, int MB, int k) {
     TAKE(twos, MB); TAKE(lrows2, MB); TAKE(item2_row, 2 * (size_t)MB); TAKE(item2_q0, 2 * (size_t)MB);
     TAKE(tok_slotv, MB * K1); TAKE(tok_jv, MB * K1); TAKE(row_offv, MB); TAKE(kp1, MB);
     TAKE(itemv_row, MB * K1); TAKE(itemv_q0, MB * K1); TAKE(vtok, MB * K1); TAKE(drafts, (size_t)k * MB);
+    TAKE(itemt_row, MB * K1); TAKE(itemt_q0, MB * K1);
 #undef TAKE
     l.n = o;
     return l;
@@ -56,11 +58,33 @@ static size_t out_bytes(int MB, int k) { return (size_t)MB * (size_t)(k + 2) * 4
  * one row (ms, k = 1..4 drafts), 0.83 / 1.33 / 1.40 / 1.49 of which attention 0.35 /
  * 0.57 / 0.64 / 0.73 on the tiled kernel (SPECD_DEBUG_SKIP=attn), against 0.58 for a
  * plain decode step with attention 0.13. */
-static int attn_qt(const cuda_model *cm, int n_new) {
+static int attn_qt(const cuda_model *cm, int n_new, int as_decode) {
     int G = cm->H / cm->KVH, cap_rows = cm->D > 128 ? 32 : 64;
-    if (G <= 8 && G * n_new < 16 && (cm->D == 64 || cm->D == 128)) return 1;
+    if (G <= 8 && (G * n_new < 16 || as_decode) && (cm->D == 64 || cm->D == 128)) return 1;
     int qt = cap_rows / G < 1 ? 1 : cap_rows / G;
     return qt > n_new ? n_new : qt;
+}
+
+/* Whether a verify pass of B rows of K1 tokens may run as a decode step of B rows would,
+ * token by token (cuda_tuning.verify_gemv): the GEMV on its FMA form (gemv_fma_only), which
+ * sums each token's dot in the order it does at one token, one attention item per token on
+ * the decode kernel, and the decode step's key splits (verify_splits). Then a greedy verify
+ * emits exactly the plain decode's tokens. Larger passes run on cuBLAS and the tensor-core
+ * attention; so do these where that timed faster at capture (r->vf_vd). */
+static int verify_as_decode(const cuda_runner *r, int B, int K1) {
+    const cuda_model *cm = &r->m[0];
+    return r->tune.verify_gemv && !r->tune.no_gemv && B <= r->tune.gemv_rows && B * K1 <= CUDA_GEMV_MAX_ROWS &&
+           attn_qt(cm, K1, 1) == 1;   /* (the decode kernel takes the model's heads) */
+}
+
+/* The kernels' tuning with the bf16 GEMV held on its FMA form at every token count (on), or
+ * as configured: the FMA form sums each token's dot in the same order whatever the pass's
+ * token count, where the tensor-core form (3..8 tokens by default) sums it otherwise. The
+ * choice is made on the host at launch, so a captured graph keeps it. */
+static void gemv_fma_only(const cuda_runner *r, int on) {
+    k_tuning t = r->tune.k;
+    if (on) t.gemv_tc_min = CUDA_GEMV_MAX_ROWS + 1;
+    k_set_tuning(&t);
 }
 
 /* Key splits so that items x KV heads x splits is about two waves; the kernel divides each
@@ -73,20 +97,59 @@ static int splits_for(const cuda_runner *r, int which, int n_items, int n_tok) {
     return n < 1 ? 1 : (int)n;
 }
 
+/* Key splits of a verify pass of B rows, K1 tokens each, in ni items of qt query tokens.
+ * Run as a decode step (vd, each token an item of its own on the decode kernel), its keys
+ * split as a decode step of B rows splits them, so a token's attention is the same
+ * partition of the same keys, merged in the same order, as when plain decoding reaches it;
+ * otherwise enough splits for its items. */
+static int verify_splits(const cuda_runner *r, int which, int qt, int B, int ni, int K1, int vd) {
+    if (vd && qt == 1 && !r->tune.verify_item_splits) return splits_for(r, which, B, B * K1);
+    return splits_for(r, which, ni, B * K1);
+}
+
+/* The target's pass over B rows of K1 tokens (row i's at i * K1) and the logits of every
+ * position into `logits`; vd: as a decode step would run it (verify_as_decode). */
+typedef struct {
+    const int32_t *tokens, *tok_slot, *tok_j, *row_off, *kp1, *slots;
+    const int32_t *item_row, *item_q0;     /* items of attn_qt(K1) tokens */
+    const int32_t *itemt_row, *itemt_q0;   /* items of one token */
+} verify_in;
+
+static int verify_pass(cuda_runner *r, int B, int K1, int vd, const verify_in *v, float *logits) {
+    const int qt = attn_qt(&r->m[0], K1, vd), ni = B * ((K1 + qt - 1) / qt);
+    cuda_pass p = {
+        .which = RUNNER_TARGET, .n_tok = B * K1, .n_rows = B, .tokens = v->tokens, .tok_slot = v->tok_slot,
+        .tok_j = v->tok_j, .row_slot = v->slots, .row_tok_off = v->row_off, .row_n_new = v->kp1,
+        .item_row = qt == 1 ? v->itemt_row : v->item_row, .item_q0 = qt == 1 ? v->itemt_q0 : v->item_q0,
+        .n_items = ni, .qt = qt, .n_splits = verify_splits(r, RUNNER_TARGET, qt, B, ni, K1, vd), .split_len = 0,
+        .gemv_rows = vd ? B * K1 : 0,
+    };
+    if (vd) gemv_fma_only(r, 1);
+    int rc = cuda_enqueue_pass(r, &p);
+    if (!rc) rc = cuda_enqueue_logits_out(r, RUNNER_TARGET, NULL, B * K1, logits);
+    if (vd) gemv_fma_only(r, 0);
+    return rc;
+}
+
 /* The fixed layout of a pass of MB rows feeding K1 tokens each, qt query tokens per
  * attention item: token j of row i at i * K1, row offsets, lengths, and the items. */
-static void fill_rows_layout(int MB, int K1, int qt, int32_t *tok_j, int32_t *row_off, int32_t *n_new,
-                             int32_t *item_row, int32_t *item_q0) {
+static void fill_items(int MB, int K1, int qt, int32_t *item_row, int32_t *item_q0) {
     const int ipr = (K1 + qt - 1) / qt;
-    for (int i = 0; i < MB; i++) {
-        for (int j = 0; j < K1; j++) tok_j[i * K1 + j] = j;
-        row_off[i] = i * K1;
-        n_new[i] = K1;
+    for (int i = 0; i < MB; i++)
         for (int c = 0; c < ipr; c++) {
             item_row[i * ipr + c] = i;
             item_q0[i * ipr + c] = c * qt;
         }
+}
+
+static void fill_rows_layout(int MB, int K1, int qt, int32_t *tok_j, int32_t *row_off, int32_t *n_new,
+                             int32_t *item_row, int32_t *item_q0) {
+    for (int i = 0; i < MB; i++) {
+        for (int j = 0; j < K1; j++) tok_j[i * K1 + j] = j;
+        row_off[i] = i * K1;
+        n_new[i] = K1;
     }
+    fill_items(MB, K1, qt, item_row, item_q0);
 }
 
 static void cuda_verify_free(cuda_runner *r);
@@ -97,9 +160,10 @@ int cuda_spec_alloc(cuda_runner *r, int k) {
     int32_t *h = calloc(l.n, sizeof(int32_t));
     if (!h) return SPECD_ENOMEM;
     sp_layout hl = layout(h, MB, k);
-    fill_rows_layout(MB, 2, attn_qt(&r->m[1], 2), hl.tok_j2, hl.row_off2, hl.twos, hl.item2_row, hl.item2_q0);
+    fill_rows_layout(MB, 2, attn_qt(&r->m[1], 2, 0), hl.tok_j2, hl.row_off2, hl.twos, hl.item2_row, hl.item2_q0);
     for (int i = 0; i < MB; i++) hl.lrows2[i] = 2 * i + 1;
-    fill_rows_layout(MB, K1, attn_qt(&r->m[0], K1), hl.tok_jv, hl.row_offv, hl.kp1, hl.itemv_row, hl.itemv_q0);
+    fill_rows_layout(MB, K1, attn_qt(&r->m[0], K1, 0), hl.tok_jv, hl.row_offv, hl.kp1, hl.itemv_row, hl.itemv_q0);
+    fill_items(MB, K1, 1, hl.itemt_row, hl.itemt_q0);
     size_t tl = (size_t)MB * K1 * V * sizeof(float), q = (size_t)k * MB * V * sizeof(float);
     CU_CHECK(r, cudaMalloc((void **)&r->d_sp_i32, l.n * sizeof(int32_t)));
     CU_CHECK(r, cudaMemcpy(r->d_sp_i32, h, l.n * sizeof(int32_t), cudaMemcpyHostToDevice));
@@ -150,7 +214,7 @@ static int spec_enqueue(cuda_runner *r, int B) {
     K_CHECK(r, k_spec_prep(r->d_lens, slots, B, k, dummy, l.tok_slot2, l.tok_slotv, s));
 
     /* 1. draft over [second-to-last, last] at L-1, L; logits of the last -> d1 */
-    int qt2 = attn_qt(&r->m[1], 2), ni2 = B * ((2 + qt2 - 1) / qt2);
+    int qt2 = attn_qt(&r->m[1], 2, 0), ni2 = B * ((2 + qt2 - 1) / qt2);
     cuda_pass p = {
         .which = RUNNER_DRAFT, .n_tok = 2 * B, .n_rows = B, .tokens = tokens,
         .tok_slot = l.tok_slot2, .tok_j = l.tok_j2, .row_slot = slots, .row_tok_off = l.row_off2,
@@ -182,15 +246,12 @@ static int spec_enqueue(cuda_runner *r, int B) {
 
     /* 3. target verify over [last, d1..dk] at L..L+k, logits at every position */
     K_CHECK(r, k_spec_verify_tokens(tokens, l.drafts, B, k, MB, l.vtok, s));
-    int qtv = attn_qt(&r->m[0], K1), niv = B * ((K1 + qtv - 1) / qtv);
-    p = (cuda_pass){
-        .which = RUNNER_TARGET, .n_tok = B * K1, .n_rows = B, .tokens = l.vtok,
-        .tok_slot = l.tok_slotv, .tok_j = l.tok_jv, .row_slot = slots, .row_tok_off = l.row_offv,
-        .row_n_new = l.kp1, .item_row = l.itemv_row, .item_q0 = l.itemv_q0, .n_items = niv,
-        .qt = qtv, .n_splits = splits_for(r, RUNNER_TARGET, niv, B * K1), .split_len = 0,
-    };
-    if ((rc = cuda_enqueue_pass(r, &p))) return rc;
-    if ((rc = cuda_enqueue_logits_out(r, RUNNER_TARGET, NULL, B * K1, r->d_sp_tl))) return rc;
+    const verify_in vin = {.tokens = l.vtok, .tok_slot = l.tok_slotv, .tok_j = l.tok_jv, .row_off = l.row_offv,
+                           .kp1 = l.kp1, .slots = slots, .item_row = l.itemv_row, .item_q0 = l.itemv_q0,
+                           .itemt_row = l.itemt_row, .itemt_q0 = l.itemt_q0};
+    /* (as a decode step only where forced: this step's forms are not timed) */
+    if ((rc = verify_pass(r, B, K1, r->tune.verify_gemv == 2 && verify_as_decode(r, B, K1), &vin, r->d_sp_tl)))
+        return rc;
     K_CHECK(r, k_probs(r->d_sp_tl, r->d_sp_tl, B * K1, V, par, K1, s));
 
     /* 4-5. acceptance and the length advance, then the dummy reset */
@@ -313,13 +374,15 @@ fail:
  *
  * d_vf_i32: for each k, the pass's fixed layout over vf_mb rows of K1 = k + 1 tokens
  *   tok_j[vf_mb*K1] row_off[vf_mb] kp1[vf_mb] item_row[vf_mb*K1] item_q0[vf_mb*K1]
+ *   itemt_row[vf_mb*K1] itemt_q0[vf_mb*K1] (one item per token)
  * then tok_slot[vf_mb*(vf_k+1)] (written on the device every step). */
 
 typedef struct {
     int32_t *tok_j, *row_off, *kp1, *item_row, *item_q0;
+    int32_t *itemt_row, *itemt_q0;   /* items one per token (verify_as_decode) */
 } vf_layout;
 
-static size_t vf_layout_n(int MB, int K1) { return (size_t)MB * K1 * 3 + 2 * (size_t)MB; }
+static size_t vf_layout_n(int MB, int K1) { return (size_t)MB * K1 * 5 + 2 * (size_t)MB; }
 
 /* Layout of k (1..vf_k) inside base (NULL: offsets only); *end: entries through it. */
 static vf_layout vf_lay(int32_t *base, int MB, int k, size_t *end) {
@@ -329,6 +392,7 @@ static vf_layout vf_lay(int32_t *base, int MB, int k, size_t *end) {
     vf_layout l;
 #define TAKE(f, cnt) (l.f = base ? base + o : NULL, o += (cnt))
     TAKE(tok_j, MB * K1); TAKE(row_off, MB); TAKE(kp1, MB); TAKE(item_row, MB * K1); TAKE(item_q0, MB * K1);
+    TAKE(itemt_row, MB * K1); TAKE(itemt_q0, MB * K1);
 #undef TAKE
     if (end) *end = o;
     return l;
@@ -349,7 +413,8 @@ int cuda_verify_alloc(cuda_runner *r, int kmax) {
     if (!h) return SPECD_ENOMEM;
     for (int k = 1; k <= kmax; k++) {
         vf_layout l = vf_lay(h, MB, k, NULL);
-        fill_rows_layout(MB, k + 1, attn_qt(&r->m[0], k + 1), l.tok_j, l.row_off, l.kp1, l.item_row, l.item_q0);
+        fill_rows_layout(MB, k + 1, attn_qt(&r->m[0], k + 1, 0), l.tok_j, l.row_off, l.kp1, l.item_row, l.item_q0);
+        fill_items(MB, k + 1, 1, l.itemt_row, l.itemt_q0);
     }
     size_t tl = (size_t)MB * (kmax + 1) * V * sizeof(float);
     CU_CHECK(r, cudaMalloc((void **)&r->d_vf_i32, n * sizeof(int32_t)));
@@ -385,8 +450,9 @@ static void cuda_verify_free(cuda_runner *r) {
     r->vf_k = 0;
 }
 
-/* The verify step for B rows (live then padding) of k drafts each, enqueued on the stream. */
-static int verify_enqueue(cuda_runner *r, int B, int k) {
+/* The verify step for B rows (live then padding) of k drafts each, enqueued on the stream;
+ * vd: as a decode step would run it (verify_as_decode, which must hold). */
+static int verify_enqueue(cuda_runner *r, int B, int k, int vd) {
     const int MB = r->vf_mb, K1 = k + 1, V = r->m[0].c.vocab, dummy = r->dummy;
     size_t n_lay = 0;
     vf_layout l = vf_lay(r->d_vf_i32, MB, k, NULL);
@@ -400,15 +466,10 @@ static int verify_enqueue(cuda_runner *r, int B, int k) {
 
     CU_CHECK(r, cudaMemcpyAsync(r->d_vf_in, r->h_vf_in, vf_in_bytes(MB, r->vf_k), cudaMemcpyHostToDevice, s));
     K_CHECK(r, k_verify_prep(slots, B, K1, tok_slot, s));
-    int qt = attn_qt(&r->m[0], K1), ni = B * ((K1 + qt - 1) / qt);
-    cuda_pass p = {
-        .which = RUNNER_TARGET, .n_tok = B * K1, .n_rows = B, .tokens = tokens,
-        .tok_slot = tok_slot, .tok_j = l.tok_j, .row_slot = slots, .row_tok_off = l.row_off,
-        .row_n_new = l.kp1, .item_row = l.item_row, .item_q0 = l.item_q0, .n_items = ni,
-        .qt = qt, .n_splits = splits_for(r, RUNNER_TARGET, ni, B * K1), .split_len = 0,
-    };
-    if ((rc = cuda_enqueue_pass(r, &p))) return rc;
-    if ((rc = cuda_enqueue_logits_out(r, RUNNER_TARGET, NULL, B * K1, r->d_vf_tl))) return rc;
+    const verify_in vin = {.tokens = tokens, .tok_slot = tok_slot, .tok_j = l.tok_j, .row_off = l.row_off,
+                           .kp1 = l.kp1, .slots = slots, .item_row = l.item_row, .item_q0 = l.item_q0,
+                           .itemt_row = l.itemt_row, .itemt_q0 = l.itemt_q0};
+    if ((rc = verify_pass(r, B, K1, vd, &vin, r->d_vf_tl))) return rc;
     K_CHECK(r, k_probs(r->d_vf_tl, r->d_vf_tl, B * K1, V, par, K1, s));
     K_CHECK(r, k_verify_accept(r->d_vf_tl, B, V, K1, tokens, nd, par, slots, dummy, r->d_lens, out_tok, out_n, s));
     if (!r->tune.skip_dummy_reset)
@@ -442,35 +503,91 @@ static void verify_fill_in(cuda_runner *r, const runner_verify_batch *b, int B, 
     }
 }
 
+/* Whether the verify step of B rows of k drafts runs as a decode step (r->vf_vd). */
+static int verify_vd(const cuda_runner *r, int B, int k) {
+    return verify_as_decode(r, B, k + 1) && (r->tune.verify_gemv == 2 || r->vf_vd[B][k]);
+}
+
+/* ms of a captured graph of the step (the mean of 5 launches after one). */
+static int graph_ms(cuda_runner *r, cudaGraphExec_t ge, float *ms) {
+    cudaEvent_t a = NULL, b = NULL;
+    int rc = SPECD_ECUDA;
+    if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) goto out;
+    if (cudaGraphLaunch(ge, r->stream) != cudaSuccess || cudaEventRecord(a, r->stream) != cudaSuccess) goto out;
+    for (int i = 0; i < 5; i++)
+        if (cudaGraphLaunch(ge, r->stream) != cudaSuccess) goto out;
+    if (cudaEventRecord(b, r->stream) != cudaSuccess || cudaEventSynchronize(b) != cudaSuccess ||
+        cudaEventElapsedTime(ms, a, b) != cudaSuccess)
+        goto out;
+    *ms /= 5.f;
+    rc = 0;
+out:
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    return rc;
+}
+
+/* One verify step captured: eager first (outside capture), then the graph, run once. */
+static int verify_graph(cuda_runner *r, int B, int k, int vd, cudaGraphExec_t *out) {
+    cudaGraph_t g = NULL;
+    int rc;
+    verify_fill_in(r, NULL, B, k);
+    if ((rc = verify_enqueue(r, B, k, vd)) || (rc = cuda_step_sync(r))) return rc;
+    CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+    rc = verify_enqueue(r, B, k, vd);
+    cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+    if (rc) return rc;
+    CU_CHECK(r, e);
+    e = cudaGraphInstantiate(out, g, 0);
+    cudaGraphDestroy(g);
+    CU_CHECK(r, e);
+    CU_CHECK(r, cudaGraphLaunch(*out, r->stream));
+    return cuda_step_sync(r);
+fail:
+    return SPECD_ECUDA;
+}
+
 int cuda_verify_capture(cuda_runner *r, char *err, size_t errlen) {
     int sizes[64], n = 0;
     cuda_graph_size_list(r->vf_mb, sizes, &n);
+    memset(r->vf_vd, 0, sizeof r->vf_vd);
     for (int k = 1; k <= r->vf_k; k++) {
         for (int i = 0; i < n && r->vf_n_graphs < 256; i++) {
             int B = sizes[i], rc;
-            cudaGraph_t g = NULL;
-            verify_fill_in(r, NULL, B, k);
-            if ((rc = verify_enqueue(r, B, k))) goto fail;   /* eager first, outside capture */
-            if ((rc = cuda_step_sync(r))) goto fail;
-            CU_CHECK(r, cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
-            rc = verify_enqueue(r, B, k);
-            cudaError_t e = cudaStreamEndCapture(r->stream, &g);
-            if (rc) goto fail;
-            CU_CHECK(r, e);
-            e = cudaGraphInstantiate(&r->vf_graphs[r->vf_n_graphs], g, 0);
-            cudaGraphDestroy(g);
-            CU_CHECK(r, e);
+            cudaGraphExec_t *slot = &r->vf_graphs[r->vf_n_graphs];
+            int vd = verify_as_decode(r, B, k + 1);
+            if (vd && r->tune.verify_gemv == 1) {   /* both forms captured and timed; the faster kept */
+                cudaGraphExec_t alt = NULL;
+                float ms[2];
+                if ((rc = verify_graph(r, B, k, 0, slot)) || (rc = verify_graph(r, B, k, 1, &alt))) {
+                    if (alt) cudaGraphExecDestroy(alt);
+                    goto fail;
+                }
+                if (graph_ms(r, *slot, &ms[0]) || graph_ms(r, alt, &ms[1])) {
+                    cudaGraphExecDestroy(alt);
+                    goto fail;
+                }
+                r->vf_vd_ms[B][k][0] = ms[0];
+                r->vf_vd_ms[B][k][1] = ms[1];
+                vd = ms[1] <= 1.03f * ms[0];
+                if (vd) {
+                    cudaGraphExecDestroy(*slot);
+                    *slot = alt;
+                } else {
+                    cudaGraphExecDestroy(alt);
+                }
+            } else if ((rc = verify_graph(r, B, k, vd, slot))) {
+                goto fail;
+            }
+            if (B <= CUDA_GEMV_MAX_ROWS && k < CUDA_GEMV_MAX_ROWS) r->vf_vd[B][k] = (unsigned char)vd;
             r->vf_graph_b[r->vf_n_graphs] = B;
             r->vf_graph_k[r->vf_n_graphs++] = k;
-            CU_CHECK(r, cudaGraphLaunch(r->vf_graphs[r->vf_n_graphs - 1], r->stream));
-            if ((rc = cuda_step_sync(r))) goto fail;
         }
     }
     return 0;
 fail:
     return specd_errf(err, errlen, SPECD_ECUDA, "cuda runner: capturing verify graphs: %s", r->errmsg);
 }
-
 int cuda_verify(runner *base, const runner_verify_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     const runner_config *cfg = &base->cfg;
@@ -496,7 +613,7 @@ int cuda_verify(runner *base, const runner_verify_batch *b) {
     if (cuda_upload_slots(r)) goto fail;
     if (gi >= 0) {
         CU_CHECK(r, cudaGraphLaunch(r->vf_graphs[gi], r->stream));
-    } else if (verify_enqueue(r, B, k)) {
+    } else if (verify_enqueue(r, B, k, verify_vd(r, B, k))) {
         goto fail;
     }
     int rc = cuda_step_sync(r);

@@ -36,7 +36,7 @@ static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16
      * and SmolLM2-135M no longer gains either (captured step of 4 rows, 2026-12-02: GEMV
      * 0.873 vs cuBLAS 0.832 ms; an earlier build measured 0.82 vs 0.99), so the default
      * stays 2 rows and SPECD_CUDA_GEMV_ROWS raises it (tests/gpu/BENCH.md). */
-    if (n <= r->tune.gemv_rows && in % 8 == 0 && !r->tune.no_gemv) {
+    if (n <= r->gemv_rows_now && in % 8 == 0 && !r->tune.no_gemv) {
         K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
@@ -284,11 +284,13 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     const float scale = c->attn_scale > 0 ? c->attn_scale : 1.f / sqrtf((float)D);
     cudaStream_t s = r->stream;
     int rc;
-    /* Up to tune.gemv_rows tokens (batch 1-2 by default) on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
+    /* Up to tune.gemv_rows tokens (batch 1-2 by default; a verify pass may ask for more:
+     * cuda_pass.gemv_rows) on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
      * without q/k norm, rotary + KV write into the QKV GEMV (kernels/gemv.cu). Decode
      * attention merges its splits itself (no combine kernel). SPECD_CUDA_NO_FUSE=1 runs
      * the separate kernels. */
-    const int fused = !cm->plain && n <= K_GEMV_FUSED_MAX_N && n <= r->tune.gemv_rows && !r->tune.no_gemv && !r->tune.no_fuse &&
+    r->gemv_rows_now = p->gemv_rows > 0 ? p->gemv_rows : r->tune.gemv_rows;
+    const int fused = !cm->plain && n <= K_GEMV_FUSED_MAX_N && n <= r->gemv_rows_now && !r->tune.no_gemv && !r->tune.no_fuse &&
                       hidden % 8 == 0 && F % 8 == 0;
     const int fuse_rope = fused && !cm->layers[0].q_norm;
     /* ... and, on one GPU, every RMSNorm but the first folds into the GEMVs around it: O

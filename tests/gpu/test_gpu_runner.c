@@ -1574,6 +1574,89 @@ static void test_verify_graph_greedy_equals_decode(void **s) {
     run_verify_greedy("qwen3-tiny");
 }
 
+/* A verify pass that runs as a decode step (cuda_spec.c verify_as_decode: the GEMV on its
+ * FMA form at every token count, one attention item per token, the decode step's key
+ * splits) gives each of its tokens the decode step's logits bit for bit: a greedy verify
+ * then emits exactly what plain decoding would, and so does speculation. SmolLM2's shape
+ * (random weights: hidden 576, 9 query heads on 3 KV heads, head dim 64) after a
+ * 3,000-token prompt, where the decode step splits the keys 32 ways and a split per item of
+ * the verify pass would have split them otherwise. The form is forced here
+ * (SPECD_CUDA_VERIFY_GEMV=2; by default it is taken where it times no slower); with
+ * SPECD_CUDA_VERIFY_ITEM_SPLITS=1 or SPECD_CUDA_VERIFY_GEMV=0 set before the test (the
+ * forms before) it fails. */
+static void test_verify_logits_equal_decode_bits(void **s) {
+    (void)s;
+    const int force = getenv("SPECD_CUDA_VERIFY_GEMV") == NULL;   /* (read at runner creation) */
+    if (force) setenv("SPECD_CUDA_VERIFY_GEMV", "2", 1);
+    model_config mc;
+    char err[512];
+    assert_int_equal(model_shape_preset("smollm2-135m", &mc), 0);
+    model *t = model_random(&mc, 7, err, sizeof err);
+    if (!t) fail_msg("model_random: %s", err);
+    enum { L = 3000, SEQL = 4096, K = 4, K1 = K + 1 };
+    runner_config cfg = {.num_blocks = 1 + 2 * (SEQL / BS), .block_size = BS, .max_batch = 2, .max_seq_len = SEQL,
+                         .max_tokens_per_step = 1024, .mem_fraction = 0.9, .num_draft_tokens = K};
+    cuda_runner_opts o = {.world = 1, .quiet = 1};
+    runner *r = runner_cuda_create_ex(t, NULL, &cfg, &o, err, sizeof err);
+    if (force) unsetenv("SPECD_CUDA_VERIFY_GEMV");
+    if (!r) fail_msg("runner_cuda_create: %s", err);
+    assert_non_null(r->ops->verify);
+    const cuda_runner *cr = (const cuda_runner *)r;
+    const int V = mc.vocab;
+    int32_t *prompt = malloc(sizeof(int32_t) * L);
+    for (int i = 0; i < L; i++) prompt[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
+    for (int sl = 0; sl < 2; sl++) {   /* both slots hold the prompt but its last token */
+        int32_t b[SEQL / BS];
+        for (int i = 0; i < SEQL / BS; i++) b[i] = 1 + sl * (SEQL / BS) + i;
+        assert_int_equal(r->ops->slot_write_blocks(r, sl, 0, b, SEQL / BS), 0);
+        assert_int_equal(r->ops->slot_set_len(r, sl, RUNNER_TARGET, 0), 0);
+        for (int o0 = 0; o0 < L - 1; o0 += 1000) {
+            const int n = L - 1 - o0 < 1000 ? L - 1 - o0 : 1000;
+            runner_row row = {.slot = sl, .n_new = n};
+            runner_batch bt = {.which = RUNNER_TARGET, .n_rows = 1, .rows = &row, .tokens = prompt + o0, .n_tokens = n};
+            if (runner_forward(r, &bt)) fail_msg("forward: %s", cuda_runner_error(r));
+        }
+    }
+    float *dec = malloc(sizeof(float) * (size_t)V * K1), *ver = malloc(sizeof(float) * (size_t)V * K1);
+    int32_t seq[K1 + 1];
+    seq[0] = prompt[L - 1];
+    runner_sampling sp = {0};
+    for (int j = 0; j < K1; j++) {   /* slot 0: five plain decode steps, their logits */
+        int slot = 0;
+        int32_t out;
+        runner_decode_batch d = {.n = 1, .slots = &slot, .tokens = &seq[j], .sp = &sp, .out_tokens = &out};
+        assert_int_equal(r->ops->decode(r, &d), 0);
+        assert_int_equal(cudaMemcpy(dec + (size_t)j * V, cr->d_logits, sizeof(float) * (size_t)V,
+                                    cudaMemcpyDeviceToHost), cudaSuccess);
+        seq[j + 1] = out;
+    }
+    /* slot 1: one verify pass over the same tokens (the decode's own picks as drafts) */
+    int slot = 1, nd = K, cnt = 0;
+    int32_t out[K1];
+    runner_verify_batch vb = {.n = 1, .k = K, .slots = &slot, .tokens = seq, .n_drafts = &nd, .sp = &sp,
+                              .out_tokens = out, .out_n = &cnt};
+    if (r->ops->verify(r, &vb)) fail_msg("verify: %s", cuda_runner_error(r));
+    assert_int_equal(cudaMemcpy(ver, cr->d_vf_tl, sizeof(float) * (size_t)V * K1, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    int differ = 0;
+    float worst = 0.f;
+    for (size_t i = 0; i < (size_t)V * K1; i++)
+        if (memcmp(&dec[i], &ver[i], sizeof(float))) {
+            differ++;
+            if (fabsf(dec[i] - ver[i]) > worst) worst = fabsf(dec[i] - ver[i]);
+        }
+    printf("    smollm2-135m shape, context %d, verify of %d drafts against %d decode steps: %d of %d logits "
+           "differ (largest %.3g); %d tokens emitted\n", L, K, K1, differ, V * K1, (double)worst, cnt);
+    assert_int_equal(differ, 0);
+    assert_int_equal(cnt, K1);
+    for (int j = 0; j < K1; j++) assert_int_equal(out[j], seq[j + 1]);
+    free(dec);
+    free(ver);
+    free(prompt);
+    runner_destroy(r);
+    model_free(t);
+}
+
 /* Sampled: one verify step from fresh prefixes against the host's point-mass acceptance
  * (engine/core/spec.c, given the device's uniforms) over the same runner's logits of the
  * same tokens on a twin slot: the same tokens in all but rounding cases (at most 1 in 48). */
@@ -1986,6 +2069,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_spec_graph_greedy_equals_decode_and_dummy_reset),
         cmocka_unit_test(test_spec_graph_self_draft_accepts_nearly_all),
         cmocka_unit_test(test_verify_graph_greedy_equals_decode),
+        cmocka_unit_test(test_verify_logits_equal_decode_bits),
         cmocka_unit_test(test_verify_graph_sampled_matches_host_acceptance),
         cmocka_unit_test(test_fp8_gemm_matches_exact_values),
         cmocka_unit_test(test_fp8_model_close_to_reference),

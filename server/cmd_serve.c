@@ -218,7 +218,10 @@ int cmd_serve(int argc, char **argv) {
         engine_warmup_info wi;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         err[0] = 0;
-        if (engine_warmup(eng, &wi, err, sizeof err)) {
+        http_set_warming(http, 1);
+        const int wrc = engine_warmup(eng, &wi, err, sizeof err);
+        http_set_warming(http, 0);
+        if (wrc) {
             log_msg(LOG_ERROR, "warm-up failed: %s", err);
             goto out;
         }

@@ -75,6 +75,7 @@ struct http_server {
     MHD_socket listen_fd;      /* after http_quiesce: ours to close */
     guard *guard;              /* receive deadlines, connection cap */
     _Atomic int lame_duck;     /* drain grace: /ready is 503, requests are still served */
+    _Atomic int warming;       /* the start-up warm-up runs: /ready and /health say so */
 };
 
 typedef struct {
@@ -176,7 +177,8 @@ static enum MHD_Result handle_health(conn_ctx *x) {
     http_server *s = x->srv;
     if (loop_engine_failed(s->lp))
         return reply_json(x, 503, json_pack("{s:s}", "status", "engine failed"));
-    return reply_json(x, 200, json_pack("{s:s}", "status", eng_of(s) ? "ok" : "loading"));
+    const char *st = eng_of(s) ? "ok" : atomic_load(&s->warming) ? "warming up" : "loading";
+    return reply_json(x, 200, json_pack("{s:s}", "status", st));
 }
 
 static enum MHD_Result handle_ready(conn_ctx *x) {
@@ -184,7 +186,8 @@ static enum MHD_Result handle_ready(conn_ctx *x) {
     int lame = atomic_load(&x->srv->lame_duck);
     if (st == LOOP_READY && !lame && !loop_engine_failed(x->srv->lp))
         return reply_json(x, 200, json_pack("{s:s}", "status", "ready"));
-    const char *why = st == LOOP_LOADING ? "loading" : lame || st != LOOP_READY ? "draining" : "engine failed";
+    const char *why = st == LOOP_LOADING ? (atomic_load(&x->srv->warming) ? "warming up" : "loading")
+                      : lame || st != LOOP_READY ? "draining" : "engine failed";
     return reply_json(x, 503, json_pack("{s:s}", "status", why));
 }
 
@@ -847,6 +850,8 @@ fail:
     free(s);
     return NULL;
 }
+
+void http_set_warming(http_server *h, int on) { atomic_store(&h->warming, on); }
 
 void http_set_engine(http_server *h, const engine *e) {
     h->tok = engine_tokenizer(e);

@@ -30,6 +30,9 @@ http_server *http_start(const srv_config *cfg, const char *model_name, loop *l, 
 /* Publish the loaded engine's immutable parts (tokenizer, template, model config) to the
  * MHD threads. The engine itself is only touched by the loop. */
 void http_set_engine(http_server *h, const engine *e);
+/* The start-up warm-up runs (1) or is over (0): meanwhile /ready (503) and /health (200)
+ * say "warming up" instead of "loading". */
+void http_set_warming(http_server *h, int on);
 /* The port actually bound (useful with port 0). */
 int http_port(const http_server *h);
 /* Replies still being written (requests handed to the loop whose connection has not

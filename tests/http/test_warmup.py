@@ -3,6 +3,7 @@ ran, and leave no trace a client could see (counters at zero, no cached KV block
 first request served without a prefix-cache hit); a bad value is refused at start."""
 import re
 import subprocess
+import time
 
 from conftest import BIN, TINY
 
@@ -37,3 +38,37 @@ def test_warmup_bad_value_refused():
                        timeout=60)
     assert p.returncode != 0
     assert "warmup must be auto, on or off" in p.stderr + p.stdout
+
+
+def test_ready_says_warming_up_meanwhile():
+    """While the passes run, /ready is 503 and /health 200, both saying "warming up"; then
+    /ready turns 200. (A context of 4,096 and the default step budget make the ladder run
+    up to 2,048-token prompts: about two seconds on the CPU runner.)"""
+    import requests
+    from conftest import free_port
+    port = free_port()
+    log = open(f"/tmp/specd-http-warming-{port}.log", "wb")
+    p = subprocess.Popen([BIN, "serve", "--model", TINY, "--port", str(port), "--warmup", "on", "--threads", "2",
+                          "--max-seq-len", "4096"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    seen, health = set(), set()
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                r = requests.get(url + "/ready", timeout=1)
+                seen.add((r.status_code, r.json()["status"]))
+                if r.status_code == 200:
+                    break
+                h = requests.get(url + "/health", timeout=1)
+                health.add((h.status_code, h.json()["status"]))
+            except requests.RequestException:
+                pass
+            time.sleep(0.02)
+        assert (503, "warming up") in seen, seen
+        assert (200, "ready") in seen, seen
+        assert (200, "warming up") in health, health
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+        log.close()

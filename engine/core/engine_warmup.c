@@ -37,8 +37,10 @@ static int drain(engine *e) {
     return 0;
 }
 
-static int add_prompts(engine *e, uint64_t *next_id, int n, int len, const engine_sampling *sp,
-                       int32_t *ids, char *err, size_t errlen) {
+/* One pass: n prompts of len tokens (sampled as sp) added, then run until the engine is
+ * idle. */
+static int run_pass(engine *e, uint64_t *next_id, int n, int len, const engine_sampling *sp, int32_t *ids,
+                    char *err, size_t errlen) {
     for (int b = 0; b < n; b++) {
         /* token ids spread over the vocabulary, distinct per prompt (no prefix-cache hits
          * between the passes) */
@@ -52,7 +54,7 @@ static int add_prompts(engine *e, uint64_t *next_id, int n, int len, const engin
         int rc = engine_add(e, (*next_id)++, ids, len, sp, err, errlen);
         if (rc) return rc;
     }
-    return 0;
+    return drain(e);
 }
 
 int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen) {
@@ -88,12 +90,12 @@ int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen)
     int rc = 0;
     /* one prompt at a time: each length selects its own kernels */
     for (int len = 1; len <= max_len && !rc; len = len < 8 ? len + 1 : len * 3 / 2) {
-        if ((rc = add_prompts(e, &id, 1, len, &greedy, ids, err, errlen)) || (rc = drain(e))) break;
+        if ((rc = run_pass(e, &id, 1, len, &greedy, ids, err, errlen))) break;
         info->passes++;
         info->max_prompt = len;
     }
     if (!rc && info->max_prompt < max_len) {   /* the budget itself (a full prefill chunk) */
-        if (!(rc = add_prompts(e, &id, 1, max_len, &greedy, ids, err, errlen)) && !(rc = drain(e))) {
+        if (!(rc = run_pass(e, &id, 1, max_len, &greedy, ids, err, errlen))) {
             info->passes++;
             info->max_prompt = max_len;
         }
@@ -103,7 +105,7 @@ int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen)
     const int batch_cap = (long)e->cfg.max_batch * (short_len + 8) > pool_half ? (int)(pool_half / (short_len + 8))
                                                                                 : e->cfg.max_batch;
     for (int n = 2; n <= batch_cap && !rc; n = n * 4 > batch_cap && n < batch_cap ? batch_cap : n * 4) {
-        if ((rc = add_prompts(e, &id, n, short_len, &greedy, ids, err, errlen)) || (rc = drain(e))) break;
+        if ((rc = run_pass(e, &id, n, short_len, &greedy, ids, err, errlen))) break;
         info->passes++;
         info->max_batch = n;
     }
@@ -121,7 +123,7 @@ int engine_warmup(engine *e, engine_warmup_info *info, char *err, size_t errlen)
         s.ignore_eos = 1;
         s.max_tokens = 4;
         const int n = batch_cap < 4 ? batch_cap : 4;
-        if (!(rc = add_prompts(e, &id, n, short_len, &s, ids, err, errlen)) && !(rc = drain(e))) info->passes++;
+        if (!(rc = run_pass(e, &id, n, short_len, &s, ids, err, errlen))) info->passes++;
     }
     free(ids);
     if (rc) {

@@ -588,6 +588,7 @@ int cuda_verify_capture(cuda_runner *r, char *err, size_t errlen) {
 fail:
     return specd_errf(err, errlen, SPECD_ECUDA, "cuda runner: capturing verify graphs: %s", r->errmsg);
 }
+
 int cuda_verify(runner *base, const runner_verify_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     const runner_config *cfg = &base->cfg;

@@ -688,13 +688,16 @@ static int dispatch_rows(int rows, const float *q, uint16_t *out, int H, int KVH
 static bool attention_force_simt(void) { return k_tuning_get()->attn_simt != 0; }
 static bool attention_force_tiled(void) { return k_tuning_get()->attn_tiled != 0; }
 
+/* Enough rows for 16-row mma tiles (prefill chunks, verify): tensor cores. */
+static bool attention_tc_takes(int D, int rows) {
+    return (D == 64 || D == 128) && rows >= 16 && !attention_force_simt();
+}
+
 /* The kernels other than the decode kernel, which do not round for an int8 GEMV (w.x8
- * unset here). */
+ * unset here); tc: the tensor cores take the pass (attention_tc_takes). */
 static int attention_general(const float *q, uint16_t *out, int H, int KVH, int D, float scale, const k_kv_geom *g,
-                             const k_attn_work *w, int rows, cudaStream_t s) {
-    /* Enough rows for 16-row mma tiles (prefill chunks, verify): tensor cores. */
-    if ((D == 64 || D == 128) && rows >= 16 && !attention_force_simt())
-        return k_attention_tc(q, out, H, KVH, D, scale, g, w, s);
+                             const k_attn_work *w, int rows, bool tc, cudaStream_t s) {
+    if (tc) return k_attention_tc(q, out, H, KVH, D, scale, g, w, s);
     if (D == 32) return dispatch_rows<32>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 64) return dispatch_rows<64>(rows, q, out, H, KVH, scale, g, w, s);
     if (D == 128) return dispatch_rows<128>(rows, q, out, H, KVH, scale, g, w, s);
@@ -719,16 +722,16 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
     if (w->n_items == 0) return 0;
     /* one query token per item and at most 8 query heads per KV head (and too few rows for
      * the tensor cores): the decode kernel, which rounds for w.x8 itself */
-    const bool tc = (D == 64 || D == 128) && rows >= 16 && !attention_force_simt();
+    const bool tc = attention_tc_takes(D, rows);
     if (!tc && w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && !attention_force_tiled()) {
         if (D == 128) return rows <= 4 ? launch_attention_decode<128, 4>(q, out, H, KVH, scale, g, w, s)
                                        : launch_attention_decode<128, 8>(q, out, H, KVH, scale, g, w, s);
         return rows <= 4 ? launch_attention_decode<64, 4>(q, out, H, KVH, scale, g, w, s)
                          : launch_attention_decode<64, 8>(q, out, H, KVH, scale, g, w, s);
     }
-    if (!w->x8) return attention_general(q, out, H, KVH, D, scale, g, w, rows, s);
+    if (!w->x8) return attention_general(q, out, H, KVH, D, scale, g, w, rows, tc, s);
     k_attn_work plain = *w;
     plain.x8 = NULL;
-    const int rc = attention_general(q, out, H, KVH, D, scale, g, &plain, rows, s);
+    const int rc = attention_general(q, out, H, KVH, D, scale, g, &plain, rows, tc, s);
     return rc ? rc : k_quant_x8(out, w->n_tok, H * D, w->x8, s);
 }

@@ -17,6 +17,10 @@
 
 #define QF8_THREADS 256
 
+/* The row's E4M3 scale and its multiplier from max |x| (fp8_quantize_row's expressions). */
+__device__ __forceinline__ float qf8_inv(float amax) { return amax > 0.f ? 448.f / amax : 1.f; }
+__device__ __forceinline__ float qf8_scale(float amax) { return amax > 0.f ? amax / 448.f : 1.f; }
+
 /* One block per row: the row's max |x| (block reduction), then its bytes, 8 per thread and
  * step (16-byte loads, 8-byte stores). */
 __global__ void __launch_bounds__(QF8_THREADS)
@@ -32,15 +36,10 @@ quant_fp8_rows_kernel(const uint4 *__restrict__ X, int cols8, uint2 *__restrict_
 #pragma unroll
         for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(f[e]));
     }
-    __shared__ float red[QF8_THREADS / 32];
-    amax = k_warp_max(amax);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = 0.f;
-#pragma unroll
-    for (int w = 0; w < QF8_THREADS / 32; w++) amax = fmaxf(amax, red[w]);
-    const float inv = amax > 0.f ? 448.f / amax : 1.f;
-    if (threadIdx.x == 0) scale[row] = amax > 0.f ? amax / 448.f : 1.f;
+    __shared__ float red[32];
+    amax = k_block_max(amax, red);   /* (a max: the same in any order) */
+    const float inv = qf8_inv(amax);
+    if (threadIdx.x == 0) scale[row] = qf8_scale(amax);
     uint2 *q = Q + row * cols8;
     for (int k = threadIdx.x; k < cols8; k += QF8_THREADS) {
         float f[8];
@@ -90,10 +89,6 @@ extern "C" int k_fp8_scale_rows(const float *T, const float *sw, const float *sx
     return k_launch(fp8_scale_rows_kernel, dim3((out4 + 255) / 256, n), dim3(256), 0, s, (const float4 *)T,
                     (const float4 *)sw, sx, (float4 *)Y, out4, accumulate);
 }
-
-/* The row's E4M3 scale and its multiplier from max |x| (k_quant_fp8_rows' expressions). */
-__device__ __forceinline__ float qf8_inv(float amax) { return amax > 0.f ? 448.f / amax : 1.f; }
-__device__ __forceinline__ float qf8_scale(float amax) { return amax > 0.f ? amax / 448.f : 1.f; }
 
 /* One block per row (k_rmsnorm's block size for the width): with T, first resid[row] =
  * fma(T[row], sw * sx[row], resid[row]) (k_fp8_scale_rows' arithmetic: the residual add of

@@ -123,8 +123,9 @@ typedef struct {
                               * key splits; its tokens then get the decode step's bits (greedy
                               * speculation emits what plain decoding would). 1: where the
                               * captured step timed at most 3% slower than the cuBLAS form at
-                              * start-up; 2: always; 0 (default until it has run on a GPU,
-                              * tests/gpu/UNRUN.md): never */
+                              * start-up (default; on an H100 the decode form timed faster at
+                              * k 1-4 for SmolLM2-135M, at k 1-2 for the 8B shape); 2:
+                              * always; 0: never */
     /* SPECD_CUDA_GEMM_Q_ROWS=N, SPECD_CUDA_GEMM_Q_MIN=M (default K_GEMV_QTC_MAX_N + 1): passes
      * of M .. N token rows over GGUF quantized projections on the tensor-core GEMM that
      * decodes the blocks in shared memory (k_gemm_q); N -1, the default: 64 for K-quant

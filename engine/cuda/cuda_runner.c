@@ -745,7 +745,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->fp8_chain = env_flag("SPECD_CUDA_FP8_CHAIN", 64);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->verify_item_splits = env_flag("SPECD_CUDA_VERIFY_ITEM_SPLITS", 0);
-    t->verify_gemv = env_flag("SPECD_CUDA_VERIFY_GEMV", 0);   /* 1 once run on a GPU: tests/gpu/UNRUN.md */
+    t->verify_gemv = env_flag("SPECD_CUDA_VERIFY_GEMV", 1);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
     t->tp_shard_draft = env_flag("SPECD_TP_SHARD_DRAFT", 0);

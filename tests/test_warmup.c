@@ -91,11 +91,11 @@ static void check_warmup(int ngram) {
     engine_warmup_info wi;
     char err[256] = "";
     if (engine_warmup(e, &wi, err, sizeof err)) fail_msg("engine_warmup: %s", err);
-    /* 1-8, then x1.5: 12 18 27 40 60 90 135 202, then the budget 256; batches 2 and 8;
-     * the sampled rows */
+    /* 1-8, then x1.5: 12 18 27 40 60, then multiples of 64 up to the budget 256; batches
+     * 2 and 8; the sampled rows */
     assert_int_equal(wi.max_prompt, 256);
     assert_int_equal(wi.max_batch, 8);
-    assert_int_equal(wi.passes, 8 + 8 + 1 + 2 + 1);
+    assert_int_equal(wi.passes, 8 + 5 + 4 + 2 + 1);
     engine_get_stats(e, &after);
     same_counters(&before, &after);
     assert_int_equal(after.kv_blocks_cached, 0);

@@ -13,9 +13,9 @@ def test_warmup_runs_and_leaves_nothing(server_factory):
     log = srv.log_text()
     m = re.search(r"warm-up: (\d+) passes \(prompts of 1-(\d+) tokens, up to (\d+) decoding together", log)
     assert m, log
-    # --max-seq-len 1024 (conftest): prompts 1-8, 12 ... 681 (x1.5), then 1020; batches 2, 8,
-    # 32, 64; one of sampled rows
-    assert (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (8 + 11 + 1 + 4 + 1, 1020, 64)
+    # --max-seq-len 1024 (conftest): prompts 1-8, 12 ... 60 (x1.5), 64 ... 960 (every 64),
+    # then 1020; batches 2, 8, 32, 64; one of sampled rows
+    assert (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (8 + 5 + 15 + 1 + 4 + 1, 1020, 64)
     assert log.index("warm-up:") < log.index(" ready")
     for name in ("prompt_tokens_total", "generation_tokens_total", "prefix_cache_hit_tokens_total",
                  "kv_blocks_used", "kv_blocks_cached"):

@@ -82,7 +82,7 @@ static const cfg_key keys[] = {
     {"output_threads", K_INT, OFF(output_threads), 0, 0, 256, "threads turning tokens into text and SSE chunks (0 = half the cores, at most 8)"},
     {"tool_call_parser", STR(tool_call_parser), 0, 0, "how tool calls are read from chat output: auto (from the chat template), hermes, llama3_json, mistral or none"},
     {"reasoning_parser", STR(reasoning_parser), 0, 0, "split <think>...</think> into reasoning_content: none, deepseek_r1 or qwen3"},
-    {"warmup", STR(warmup), 0, 0, "run synthetic prompts of every size up to the step budget, batches up to max_batch and sampled rows before /ready turns 200, so the first real requests do not pay the GPU's first-use costs (kernel loading, GEMM heuristics): auto (default; on with cuda, off with cpu), on or off"},
+    {"warmup", STR(warmup), 0, 0, "run synthetic prompts (1-8 tokens, then every multiple of 64 up to the step budget), batches up to max_batch and sampled rows before /ready turns 200, so the first real requests pay less of the GPU's first-use costs (kernel loading, GEMM heuristics): auto (default; on with cuda, off with cpu), on or off"},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

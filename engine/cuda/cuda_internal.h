@@ -143,6 +143,9 @@ typedef struct {
     int gemm_qi8_rows; /* Q8_0 passes of 9 .. this many tokens on k_gemm_qi8 (0: none) */
     int fp8_chain;  /* FP8 GEMM passes of at least this many tokens chained (cuda_step.c fp8_chain; 0: none) */
     int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
+    int gemm_band;           /* SPECD_CUDA_GEMM_BAND=B (1..64; 0 off, the default until run on a
+                              * GPU): bf16 GEMMs of more than B tokens on cuBLASLt with one
+                              * algorithm per band of B token counts (engine/cuda/cuda_gemm.c) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int verify_item_splits;  /* SPECD_CUDA_VERIFY_ITEM_SPLITS=1: a verify pass run as a decode step
                               * (verify_gemv) splits its keys for its items, as other verify
@@ -275,6 +278,11 @@ typedef struct {
     cublasLtMatmulDesc_t lt_desc;
     int lt_outer;
     struct cuda_fp8_plan *fp8_plans;
+    /* bf16 GEMMs by bands of token counts (engine/cuda/cuda_gemm.c; tune.gemm_band) */
+    cublasLtHandle_t gemm_lt;
+    cublasLtMatmulDesc_t gemm_desc;
+    struct cuda_gemm_plan *gemm_plans;
+    long gemm_lt_plans, gemm_lt_calls;   /* plans made, cuBLASLt GEMMs run (for tests) */
     int32_t *d_meta, *h_meta;  /* META_N * T int32, pinned host copy */
     int32_t *d_iota, *d_zeros, *d_ones;  /* T each: static graph inputs */
     size_t work_bytes;
@@ -397,6 +405,12 @@ void cuda_model_free(cuda_model *cm);
  * Y [n, out] = beta * Y + X [n, in] . W^T for FP8 W [out, in] with row scales sw: the
  * activations quantized per token, an E4M3 GEMM with fp32 accumulation. */
 #define CUDA_FP8_CHUNK 1024
+/* bf16 GEMM past the GEMV (engine/cuda/cuda_gemm.c): Y [n, out] (row stride ldy) = X [n, in]
+ * . W [out, in]^T (+ Y where beta is 1), on cuBLAS, or cuBLASLt by bands (tune.gemm_band). */
+int cuda_gemm_init(cuda_runner *r);
+void cuda_gemm_free(cuda_runner *r);
+int cuda_gemm_bf16(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n, float *Y, int ldy,
+                   float beta);
 int cuda_fp8_init(cuda_runner *r, size_t xbw, size_t outw, int T);
 void cuda_fp8_free(cuda_runner *r);
 int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, int in, const uint16_t *X, int n,

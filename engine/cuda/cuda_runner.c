@@ -459,6 +459,7 @@ static void cuda_destroy(runner *base) {
     cuda_model_free(&r->m[0]);
     cuda_model_free(&r->m[1]);
     cuda_fp8_free(r);
+    cuda_gemm_free(r);
     void *dev[] = {r->d_bt, r->d_bt_win, r->d_win_pool, r->d_win_pp, r->d_lens, r->d_pool, r->d_pool_pp, r->d_resid, r->d_xb, r->d_f32,
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
@@ -744,6 +745,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * +0.2%, at 16 -1% (its per-row kernels are 16 blocks); prefill +9-10% */
     t->fp8_chain = env_flag("SPECD_CUDA_FP8_CHAIN", 64);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
+    t->gemm_band = env_flag("SPECD_CUDA_GEMM_BAND", 0);   /* 64 once run on a GPU: tests/gpu/UNRUN.md */
     t->verify_item_splits = env_flag("SPECD_CUDA_VERIFY_ITEM_SPLITS", 0);
     t->verify_gemv = env_flag("SPECD_CUDA_VERIFY_GEMV", 1);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
@@ -920,6 +922,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     r->blas_ws_bytes = (size_t)32 << 20;
     CU_CHECK(r, cudaMalloc(&r->blas_ws, r->blas_ws_bytes));
     BLAS_CHECK(r, cublasSetWorkspace(r->blas, r->blas_ws, r->blas_ws_bytes));
+    if (cuda_gemm_init(r)) goto fail;
 
     r->m[0].pool_layer0 = 0;
     /* lm_head split by vocabulary across the ranks unless tune.tp_vocab_split is off (then

@@ -28,7 +28,6 @@
 
 static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n,
                 float *Y, float beta) {
-    const float alpha = 1.f;
     /* Batch 1-2 decode streams the weights through our GEMV (8B shape, batch 1: 7.13 ->
      * 5.75 ms/token together with device-sized attention splits). Above two rows its fp32
      * FMAs, not memory, bound it: H200 start-up timings (decode step at batch 4 / 8, ms,
@@ -40,11 +39,7 @@ static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16
         K_CHECK(r, k_gemv_bf16(W, X, Y, out, in, n, beta != 0.f, r->stream));
         return 0;
     }
-    /* Row-major Y[n, out] = X[n, in] . W[out, in]^T is column-major Y^T = W^T' X^T'. */
-    BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W,
-                               CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, out,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return 0;
+    return cuda_gemm_bf16(r, W, out, in, X, n, Y, out, beta);
 fail:
     return SPECD_ECUDA;
 }
@@ -82,7 +77,6 @@ static int q_kernel(const cuda_runner *r, int type, int out, int in, int n) {
 static int q_part(cuda_runner *r, int kind, int type, const uint8_t *w, int rows, int in, const uint16_t *X, int n,
                   float *Y, int ldy, float beta, int x_ready) {
     const int acc = beta != 0.f;
-    const float alpha = 1.f;
     switch (kind) {
     case Q_GEMV:
         K_CHECK(r, k_gemv_q_ld(type, w, X, Y, ldy, rows, in, n, acc, r->stream));
@@ -104,11 +98,7 @@ static int q_part(cuda_runner *r, int kind, int type, const uint8_t *w, int rows
         return 0;
     }
     K_CHECK(r, k_dequant_q(type, w, r->d_qscratch, rows, in, r->stream));
-    /* Row-major Y[n, rows] = X[n, in] . W[rows, in]^T is column-major Y^T = W^T' X^T'. */
-    BLAS_CHECK(r, cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, in, &alpha, r->d_qscratch, CUDA_R_16BF,
-                               in, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT));
-    return 0;
+    return cuda_gemm_bf16(r, r->d_qscratch, rows, in, X, n, Y, ldy, beta);
 fail:
     return SPECD_ECUDA;
 }

@@ -1124,6 +1124,40 @@ static void test_chunked_prefill_matches_whole_prompt(void **s) {
     fixture_close(&f);
 }
 
+/* SPECD_CUDA_GEMM_BAND (engine/cuda/cuda_gemm.c): bf16 GEMMs past the band run on
+ * cuBLASLt with one plan per shape and band, whatever the token count within it. The
+ * 250-token prompt gives the golden logits; prompts of 200 and 230 tokens (the same band
+ * of 64, 193-256) make no new plan. Forced on unless the environment sets it. */
+static void test_gemm_band_one_plan_per_band(void **s) {
+    (void)s;
+    const int force = getenv("SPECD_CUDA_GEMM_BAND") == NULL;   /* (read at runner creation) */
+    if (force) setenv("SPECD_CUDA_GEMM_BAND", "64", 1);
+    fixture f;
+    fixture_open(&f, "qwen2-tiny", 0);
+    if (force) unsetenv("SPECD_CUDA_GEMM_BAND");
+    const cuda_runner *cr = (const cuda_runner *)f.r;
+    golden *g = &f.g;
+    const int p = g->n_prompts - 1;   /* the longest prompt (250) */
+    assert_int_equal(g->len[p], 250);
+    float *logits = malloc(sizeof(float) * (size_t)f.vocab);
+    slot_reset(f.r, 3);
+    prefill(&f, 3, g->prompt[p], g->len[p], 1, logits);
+    const double e = rel_err(logits, g->last[p], f.vocab);
+    const long plans = cr->gemm_lt_plans, calls = cr->gemm_lt_calls;
+    for (int len = 200; len <= 230; len += 30) {
+        slot_reset(f.r, 3);
+        prefill(&f, 3, g->prompt[p], len, 1, logits);
+    }
+    printf("    band 64: rel err %.3e at 250 tokens; %ld plans, %ld cuBLASLt GEMMs, then %ld plans, %ld GEMMs "
+           "after 200 and 230 tokens\n", e, plans, calls, cr->gemm_lt_plans, cr->gemm_lt_calls);
+    assert_true(e < REL_TOL);
+    assert_true(plans > 0 && calls >= plans);
+    assert_int_equal(cr->gemm_lt_plans, plans);
+    assert_true(cr->gemm_lt_calls >= 3 * calls);
+    free(logits);
+    fixture_close(&f);
+}
+
 static uint64_t fnv(const void *p, size_t n) {
     const unsigned char *c = p;
     uint64_t h = 1469598103934665603ull;
@@ -2063,6 +2097,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_async_masked_decode_waits_in_callback),
         cmocka_unit_test(test_async_rows_count_the_fed_token),
         cmocka_unit_test(test_chunked_prefill_matches_whole_prompt),
+        cmocka_unit_test(test_gemm_band_one_plan_per_band),
         cmocka_unit_test(test_dummy_slot_reset_in_graph_and_live_blocks_untouched),
         cmocka_unit_test(test_seeded_sampling_repeats_after_rollback),
         cmocka_unit_test(test_forward_sampling_of_the_draft_matches_its_logits),

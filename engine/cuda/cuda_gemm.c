@@ -66,15 +66,20 @@ out:
     return rc;
 }
 
-/* The plan of (out, in, ldy, top), made on first use; NULL: none (table full or no
- * algorithm). */
+/* The plan of (out, in, ldy, top), made on first use (without an algorithm it refuses
+ * every count); NULL: the table is full there. */
 static cuda_gemm_plan *plan_get(cuda_runner *r, int out, int in, int ldy, int top) {
     unsigned h = ((unsigned)out * 2654435761u) ^ ((unsigned)in * 40503u) ^ ((unsigned)ldy * 97u) ^
                  ((unsigned)top * 2246822519u);
     for (int i = 0; i < 16; i++) {
         cuda_gemm_plan *p = &r->gemm_plans[(h + (unsigned)i) & (GEMM_PLANS - 1)];
         if (p->out == out && p->in == in && p->ldy == ldy && p->top == top) return p;
-        if (!p->out) return plan_make(r, p, out, in, ldy, top) ? NULL : p;
+        if (p->out) continue;
+        if (plan_make(r, p, out, in, ldy, top)) {   /* kept as refusing every count, so the
+                                                     * heuristic is not asked again each call */
+            *p = (cuda_gemm_plan){.out = out, .in = in, .ldy = ldy, .top = top, .checked = ~0ull};
+        }
+        return p;
     }
     return NULL;
 }
@@ -109,8 +114,8 @@ void cuda_gemm_free(cuda_runner *r) {
 static cuda_gemm_plan *band_plan(cuda_runner *r, int out, int in, int n, int ldy) {
     const int band = r->tune.gemm_band, top = (n + band - 1) / band * band;
     cuda_gemm_plan *p = plan_get(r, out, in, ldy, top);
-    if (!p) return NULL;
     const uint64_t cols = (uint64_t)n, bit = 1ull << (top - n);
+    if (!p || (p->checked & ~p->ok & bit)) return NULL;   /* (no plan, or a count it refused) */
     if (cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols) ||
         cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols))
         return NULL;

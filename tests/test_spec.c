@@ -552,6 +552,44 @@ static void test_spec_ngram_steps_without_drafts_go_in_flight(void **st) {
     free_prompts(&p);
 }
 
+/* A step in flight hides its last token, so prompt lookup peeks on the tokens before it
+ * (engine_spec_ngram_idle) and a match there must also predict that token: its drafts are
+ * priced at the square of the row's acceptance. Prompts that repeat a pair of tokens
+ * (a b a b ...) match on every peek before the first output token is in, and a random
+ * model's output does not go on with them. With a hand-set table where one draft a row
+ * pays from an acceptance of 0.44 (1 ms plain, 1.4 ms with one draft), a new row (1 of 2)
+ * beside a step in flight stays in flight (0.25 does not pay) rather than going
+ * synchronous to find, once the token is in, that nothing matches any more (one request
+ * at a time: priced at 1 of 2, 12 of 53 steps went synchronous without a draft). Output
+ * is plain decoding's. */
+static void test_spec_ngram_peek_prices_the_token_in_flight(void **st) {
+    (void)st;
+    prompts p = {.np = MAXP};
+    for (int i = 0; i < p.np; i++) {
+        p.n[i] = 24;
+        p.ids[i] = malloc(sizeof(int32_t) * 24);
+        for (int t = 0; t < 24; t++) p.ids[i][t] = (int32_t)(t % 2 ? 40 + 3 * i : 7 + 5 * i);
+    }
+    engine *e = make_engine(NULL, 0, 8, 0);
+    run_greedy(e, &p, p.np, 1, 8, &g_plain);
+    engine_destroy(e);
+    e = make_ngram_engine(8, 0, 0, 1);
+    assert_non_null(e);
+    e->cost = (spec_cost){.n_b = 2, .n_k = 2, .b = {1, 8}, .k = {0, 4}, .t = {{1e-3, 2.6e-3}, {1e-3, 2.6e-3}}};
+    run_greedy(e, &p, p.np, 1, 8, &g_tmp);
+    engine_stats s;
+    engine_get_stats(e, &s);
+    engine_destroy(e);
+    const unsigned long long idle = s.spec_steps_decoding - s.steps_async - s.spec_steps_speculated;
+    print_message("  ngram under the cost model: %llu decoding steps, %llu in flight, %llu speculated, %llu synchronous "
+                  "without drafts\n", (unsigned long long)s.spec_steps_decoding, (unsigned long long)s.steps_async,
+                  (unsigned long long)s.spec_steps_speculated, idle);
+    assert_same_tokens(&g_plain, &g_tmp, p.np);
+    assert_true(s.steps_async > 40);
+    assert_true(idle <= 1);
+    free_prompts(&p);
+}
+
 /* The cost model's host time (spec_cost.host): learned from every step only where a queued
  * step runs on a device while the host goes on (runner.async_device; the CPU runner
  * computes when queued, so it learns nothing), and charged to speculating steps: with a
@@ -964,6 +1002,7 @@ int main(void) {
         cmocka_unit_test(test_spec_kv_returns_to_baseline),
         cmocka_unit_test(test_spec_ngram_greedy_is_lossless_and_drafts_are_accepted),
         cmocka_unit_test(test_spec_ngram_steps_without_drafts_go_in_flight),
+        cmocka_unit_test(test_spec_ngram_peek_prices_the_token_in_flight),
         cmocka_unit_test(test_spec_ngram_host_time_is_charged_to_speculating_steps),
         cmocka_unit_test(test_spec_ngram_rows_the_verify_op_skips_go_composed),
         cmocka_unit_test(test_spec_ngram_sampled_output_is_seeded_and_counted),

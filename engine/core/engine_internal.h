@@ -50,7 +50,6 @@ typedef struct req {
     int fails, skip;             /* prompt lookup: failed verifies in a row, steps to skip */
     int declined;                /* prompt lookup: steps the cost model declined its drafts */
     int decode_steps;            /* steps in which it decoded (speculating or not) */
-    int hit_step;                /* prompt lookup: decode_steps when a draft last stood */
     /* async scheduling (engine_step.c) */
     int pend_row;                /* its row in the last decode step queued */
     int pend_tok;                /* its last token is a placeholder for the token the step in

@@ -28,10 +28,6 @@
 #define SPEC_DECAY 0.7f          /* weight of a request's past in its acceptance estimate */
 #define SPEC_GLOBAL_DECAY 0.95f  /* the same over all requests (draft-model decisions) */
 #define SPEC_BACKOFF_MAX 32      /* steps a failing prompt-lookup row skips at most */
-/* A prompt-lookup row whose drafts stood within this many of its decode steps is taken as
- * copying still (engine_spec_ngram_idle): a step in flight hides its last token, and a
- * copy that paused for a token usually resumes. */
-#define SPEC_RECENT 4
 /* A draft model's probes (whole speculative steps, and the draft's catch-up on the tokens
  * it skipped) back off: each declined probe doubles the interval, up to this many steps. */
 #define SPEC_PROBE_MAX 1024
@@ -43,7 +39,6 @@ const char *engine_spec_drafter_name(const engine *e) {
 int engine_spec_req_init(const engine *e, req *r, int capacity) {
     r->acc_s = 1;
     r->acc_t = 2;
-    r->hit_step = -SPEC_RECENT - 1;
     if (e->drafter != ENGINE_DRAFTER_NGRAM) return 0;
     r->ng = ngram_create(e->cfg.ngram_min, e->cfg.ngram_max, capacity);
     return r->ng ? 0 : SPECD_ENOMEM;
@@ -58,7 +53,6 @@ void engine_spec_observe(engine *e, req *r, int k, int accepted) {
     if (e->drafter != ENGINE_DRAFTER_NGRAM) return;
     if (accepted > 0) {
         r->fails = 0;
-        r->hit_step = r->decode_steps;
     } else {
         int skip = 1 << (r->fails < 5 ? r->fails : 5);
         r->skip = skip < SPEC_BACKOFF_MAX ? skip : SPEC_BACKOFF_MAX;
@@ -254,19 +248,24 @@ int engine_spec_ngram_idle(engine *e, int n, int verify) {
             extra += p->n_new;
             continue;
         }
-        /* Its lookup on the tokens it knows; with a step in flight the last one is not
-         * known yet, so a row that copied within its last SPEC_RECENT decode steps counts
-         * as drafting all it may. (A constrained row's drafts are not walked through its
-         * grammar here: its matcher may still wait for the step in flight's token; more
-         * drafts only send the step to the plan.) */
+        /* Its lookup on the tokens it knows. With a step in flight the last one is not
+         * known yet: a match on the tokens before it also predicts that token, which
+         * stands about as often as a draft does, so its drafts are priced at the square of
+         * the row's acceptance (and a row whose lookup finds nothing counts as drafting
+         * nothing, even one that copied a step ago: on open chat at 64 streams, taking
+         * such rows as drafting sent 12-15% of all steps to the plan synchronously only to
+         * find no drafts there; H100, tests/gpu/BENCH.md). (A constrained row's drafts are
+         * not walked through its grammar here: its matcher may still wait for the step in
+         * flight's token; more drafts only send the step to the plan.) */
+        float a = r->acc_s / r->acc_t;
         int avail = 0;
         if (verify != 0 && r->skip == 0 && row_may_speculate(e, p)) {
             avail = ngram_lookup(e, p, r->seq.n_tokens - r->pend_tok);
-            if (r->pend_tok && r->decode_steps - r->hit_step <= SPEC_RECENT) avail = ngram_room(e, r);
+            if (r->pend_tok) a *= a;
         }
         e->cand_row[nd] = i;
         e->cand_avail[nd] = avail;
-        e->cand_alpha[nd] = r->acc_s / r->acc_t;
+        e->cand_alpha[nd] = a;
         nd++;
     }
     if (nd > 0 && ngram_choose(e, nd, extra, verify, 0) > 0) return 0;

@@ -1041,9 +1041,9 @@ static double step_now(void) {
  * Speculative steps are synchronous: a draft model's or prompt lookup's drafts follow
  * from the token the step before sampled. A step a drafter would not speculate in is
  * queued like any other (engine_spec_skip, engine_spec_ngram_idle); prompt lookup, with
- * a step in flight, looks up on the tokens before its placeholder, and a row that
- * copied within its last few steps counts as drafting (so a copy in progress stays
- * synchronous, and chat, which rarely matches, goes in flight). */
+ * a step in flight, looks up on the tokens before its placeholder and prices what it
+ * finds lower (the match must also predict the token in flight), so a copy in progress
+ * stays synchronous and chat, which rarely matches, goes in flight. */
 
 #define TOKEN_PENDING (-1)
 

@@ -5,8 +5,10 @@
  * first use. On an H100 a first prompt of a length not seen before cost 10-15 ms more than
  * the next one of that length, with module loading eager or lazy (tests/gpu/BENCH.md,
  * twenty-third session); prompt chunks beside decode rows give every step a new n. With
- * tune.gemm_band = B (SPECD_CUDA_GEMM_BAND; 0 = off, the default until it has run on a
- * GPU: tests/gpu/UNRUN.md) passes of more than B tokens go through cuBLASLt instead, with
+ * tune.gemm_band = B (SPECD_CUDA_GEMM_BAND; 0 = off, the default: on an H100 the bands
+ * took a first 1,100-token request on the 1B shape from 17.1 to 6.8 ms, but left warm
+ * requests 3-11% slower at some lengths, tests/gpu/BENCH.md twenty-fourth session) passes
+ * of more than B tokens go through cuBLASLt instead, with
  * the algorithm chosen once per band of B token counts, for the band's largest count, and
  * used for every count of the band that cuBLASLt accepts it for (checked once per count;
  * a count it refuses falls back to cublasGemmEx). So a shape meets at most one algorithm

@@ -745,7 +745,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * +0.2%, at 16 -1% (its per-row kernels are 16 blocks); prefill +9-10% */
     t->fp8_chain = env_flag("SPECD_CUDA_FP8_CHAIN", 64);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
-    t->gemm_band = env_flag("SPECD_CUDA_GEMM_BAND", 0);   /* 64 once run on a GPU: tests/gpu/UNRUN.md */
+    t->gemm_band = env_flag("SPECD_CUDA_GEMM_BAND", 0);   /* (off: tests/gpu/BENCH.md, twenty-fourth session) */
     t->verify_item_splits = env_flag("SPECD_CUDA_VERIFY_ITEM_SPLITS", 0);
     t->verify_gemv = env_flag("SPECD_CUDA_VERIFY_GEMV", 1);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);

@@ -6,8 +6,9 @@
 # environment switch's A/B) go in SERVE_ARGS; the numbers in README.md came from this.
 #   [EXTRA_BODY=JSON] tests/gpu/ngram_bench.sh MODEL.gguf [BIN] [CONCURRENCY]
 # Logs and bench.json files go to $OUT (or build/gpu/ngram_logs), one run per level with
-# four requests per stream (at least 64). Until 2026-12-02 every level had 64 requests, so
-# its 256-stream level ran 64 at once.
+# 16 requests per stream up to 1,024 (at least 4 per stream and 64 in all; until
+# 2026-12-06 four per stream, until 2026-12-02 64 in all, so its 256-stream level ran 64
+# at once).
 set -u
 cd "$(dirname "$0")/../.."
 M=${1:?model file}
@@ -30,13 +31,18 @@ B="python3 scripts/bench.py --base-url http://127.0.0.1:$PORT --endpoint chat --
 # '{"logprobs":true,"top_logprobs":2}'
 # (rows the verify graphs do not take: they speculate through the composed path)
 [ -n "${EXTRA_BODY:-}" ] && B="$B --extra-body $EXTRA_BODY"
-for mode in plain ngram; do
+# PLAIN_TWICE=1: a second plain server after the first (plain2), whose texts against the
+# first's say how repeatable plain decoding itself is at each level
+MODES="plain ngram"; [ "${PLAIN_TWICE:-0}" = 1 ] && MODES="plain plain2 ngram"
+for mode in $MODES; do
     if [ $mode = ngram ]; then serve $mode --speculative ngram || exit 1; else serve $mode || exit 1; fi
     for set in copy chat; do
-        # each level on its own, with four requests per stream (at least 64): a level of
-        # more streams than requests would run fewer at once than it says
+        # each level on its own, with at least four requests per stream and 64 in all (a
+        # level of more streams than requests would run fewer at once than it says), and
+        # up to 16 per stream below 1,024 (a 64-stream level of 256 requests lasts about a
+        # second: plain against plain moved 6% between such runs, on an H100)
         for c in ${C//,/ }; do
-            n=$((4 * c)); [ $n -lt 64 ] && n=64
+            n=$((16 * c)); [ $n -gt 1024 ] && n=1024; [ $n -lt $((4 * c)) ] && n=$((4 * c)); [ $n -lt 64 ] && n=64
             # one Python client process parses about 30k streamed tokens/s: from 64
             # streams the level runs in c/16 processes (8 at most), or the client is the limit
             p=$((c / 16)); [ $p -lt 1 ] && p=1; [ $p -gt 8 ] && p=8
@@ -94,4 +100,25 @@ for s in ("copy", "chat"):
         tp = f" (TPOT {ta:.2f} / {tb:.2f} ms)" if ta and tb else ""
         parts.append(f"{c}: {b / a:.2f}x{tp}" if a and b else f"{c}: -")
     print(s + ": " + ", ".join(parts))
+# acceptance length and the share of a request's decode steps that verified drafts (the
+# ngram runs' usage.spec_decode), and greedy texts equal to plain's
+for s in ("copy", "chat"):
+    parts = []
+    for c in levels:
+        try:
+            a = json.load(open(f"{r}/b_plain_{s}_{c}/bench.json"))["results"][0]
+            b = json.load(open(f"{r}/b_ngram_{s}_{c}/bench.json"))["results"][0]
+        except (OSError, KeyError, IndexError, ValueError):
+            parts.append(f"{c}: -")
+            continue
+        same = sum(1 for x, y in zip(a.get("texts") or [], b.get("texts") or []) if x == y)
+        try:
+            p2 = json.load(open(f"{r}/b_plain2_{s}_{c}/bench.json"))["results"][0].get("texts") or []
+            same2 = f" (plain against plain {sum(1 for x, y in zip(a.get('texts') or [], p2) if x == y)})"
+        except (OSError, KeyError, IndexError, ValueError):
+            same2 = ""
+        al, sh = b.get("acceptance_length"), b.get("speculated_share")
+        parts.append(f"{c}: AL {al:.2f}, {100 * sh:.0f}% of steps verified, {same} of {len(b.get('texts') or [])} texts equal{same2}"
+                     if al and sh is not None else f"{c}: {same} of {len(b.get('texts') or [])} texts equal{same2}")
+    print(s + ": " + "; ".join(parts))
 PY

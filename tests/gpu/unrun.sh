@@ -17,9 +17,6 @@ run() {   # name, command...
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
-run gemm_band "$G/test_gpu_runner" "*band*"
-run gemm_band_golden env SPECD_CUDA_GEMM_BAND=64 "$G/test_gpu_runner" "*golden*"
-run gemm_band_chunked env SPECD_CUDA_GEMM_BAND=64 "$G/test_gpu_runner" "*chunked*"
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"
 else echo "skip tp_test (needs 2 GPUs, found ${n_gpu:-0})"; fi

@@ -253,7 +253,7 @@ int engine_spec_ngram_idle(engine *e, int n, int verify) {
          * stands about as often as a draft does, so its drafts are priced at the square of
          * the row's acceptance (and a row whose lookup finds nothing counts as drafting
          * nothing, even one that copied a step ago: on open chat at 64 streams, taking
-         * such rows as drafting sent 12-15% of all steps to the plan synchronously only to
+         * such rows as drafting sent 12-18% of all steps to the plan synchronously only to
          * find no drafts there; H100, tests/gpu/BENCH.md). (A constrained row's drafts are
          * not walked through its grammar here: its matcher may still wait for the step in
          * flight's token; more drafts only send the step to the plan.) */

@@ -60,11 +60,14 @@ grep -E "speculation cost|B +[0-9]+:|never spec|verify k=" "$R/serve_ngram.log"
 python3 - "$R" "$C" <<'PY'
 import json, sys
 r, levels = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
-def rate(mode, s, c, key="output_tokens_per_s"):
+def res(mode, s, c):
+    """A level's result row from its bench.json, {} if it did not run."""
     try:
-        return json.load(open(f"{r}/b_{mode}_{s}_{c}/bench.json"))["results"][0][key]
+        return json.load(open(f"{r}/b_{mode}_{s}_{c}/bench.json"))["results"][0]
     except (OSError, KeyError, IndexError, ValueError):
-        return None
+        return {}
+def rate(mode, s, c, key="output_tokens_per_s"):
+    return res(mode, s, c).get(key)
 def steps(mode, s, c):
     """The engine's steps during a level (/metrics before and after): all, queued in
     flight, verified by the runner, with drafts."""
@@ -105,20 +108,15 @@ for s in ("copy", "chat"):
 for s in ("copy", "chat"):
     parts = []
     for c in levels:
-        try:
-            a = json.load(open(f"{r}/b_plain_{s}_{c}/bench.json"))["results"][0]
-            b = json.load(open(f"{r}/b_ngram_{s}_{c}/bench.json"))["results"][0]
-        except (OSError, KeyError, IndexError, ValueError):
+        a, b = res("plain", s, c), res("ngram", s, c)
+        if not a or not b:
             parts.append(f"{c}: -")
             continue
-        same = sum(1 for x, y in zip(a.get("texts") or [], b.get("texts") or []) if x == y)
-        try:
-            p2 = json.load(open(f"{r}/b_plain2_{s}_{c}/bench.json"))["results"][0].get("texts") or []
-            same2 = f" (plain against plain {sum(1 for x, y in zip(a.get('texts') or [], p2) if x == y)})"
-        except (OSError, KeyError, IndexError, ValueError):
-            same2 = ""
+        ta, tb, t2 = a.get("texts") or [], b.get("texts") or [], res("plain2", s, c).get("texts")
+        same = sum(1 for x, y in zip(ta, tb) if x == y)
+        same2 = f" (plain against plain {sum(1 for x, y in zip(ta, t2) if x == y)})" if t2 else ""
         al, sh = b.get("acceptance_length"), b.get("speculated_share")
-        parts.append(f"{c}: AL {al:.2f}, {100 * sh:.0f}% of steps verified, {same} of {len(b.get('texts') or [])} texts equal{same2}"
-                     if al and sh is not None else f"{c}: {same} of {len(b.get('texts') or [])} texts equal{same2}")
+        parts.append(f"{c}: AL {al:.2f}, {100 * sh:.0f}% of steps verified, {same} of {len(tb)} texts equal{same2}"
+                     if al and sh is not None else f"{c}: {same} of {len(tb)} texts equal{same2}")
     print(s + ": " + "; ".join(parts))
 PY

@@ -144,7 +144,8 @@ typedef struct {
     int fp8_chain;  /* FP8 GEMM passes of at least this many tokens chained (cuda_step.c fp8_chain; 0: none) */
     int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
     int gemm_band;           /* SPECD_CUDA_GEMM_BAND=B (1..64; 0 off, the default: first
-                              * requests of new lengths faster, some warm ones slower): bf16 GEMMs of more than B tokens on cuBLASLt with one
+                              * requests of new lengths faster, some warm ones slower):
+                              * bf16 GEMMs of more than B tokens on cuBLASLt with one
                               * algorithm per band of B token counts (engine/cuda/cuda_gemm.c) */
     int fixed_splits;        /* SPECD_CUDA_FIXED_SPLITS=1: decode attention splits sized on the host */
     int verify_item_splits;  /* SPECD_CUDA_VERIFY_ITEM_SPLITS=1: a verify pass run as a decode step

@@ -29,8 +29,7 @@
 
 typedef struct cuda_fp8_plan {
     int out, in, n;      /* out == 0: empty */
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
+    cuda_lt_plan lt;
 } cuda_fp8_plan;
 
 static int lt_fail(cuda_runner *r, int line, const char *what, cublasStatus_t s) {
@@ -66,39 +65,15 @@ static int make_desc(cuda_runner *r, int outer) {
     return 0;
 }
 
-static void plan_release(cuda_fp8_plan *p) {
-    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
-    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
-    memset(p, 0, sizeof *p);
-}
-
 /* Layouts and the heuristic's first algorithm for (out, in, n) into p. Returns 0, or
  * SPECD_EUNSUPPORTED when cuBLASLt has no algorithm (quiet: the probe asks this). */
 static int plan_make(cuda_runner *r, cuda_fp8_plan *p, int out, int in, int n) {
     memset(p, 0, sizeof *p);
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t res;
-    int nres = 0, rc = SPECD_EUNSUPPORTED;
-    size_t ws = r->blas_ws_bytes;
-    if (cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, (uint64_t)in, (uint64_t)out, in) ||
-        cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, (uint64_t)in, (uint64_t)n, in) ||
-        cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)out, (uint64_t)n, out) ||
-        cublasLtMatmulPreferenceCreate(&pref) ||
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws))
-        goto out;
-    if (cublasLtMatmulAlgoGetHeuristic(r->lt, r->lt_desc, p->a, p->b, p->c, p->c, pref, 1, &res, &nres) ==
-            CUBLAS_STATUS_SUCCESS && nres > 0) {
-        p->algo = res.algo;
-        p->out = out;
-        p->in = in;
-        p->n = n;
-        rc = 0;
-    }
-out:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (rc) plan_release(p);
-    return rc;
+    if (cuda_lt_plan_make(r, r->lt, r->lt_desc, CUDA_R_8F_E4M3, out, in, n, out, &p->lt)) return SPECD_EUNSUPPORTED;
+    p->out = out;
+    p->in = in;
+    p->n = n;
+    return 0;
 }
 
 /* The plan of (out, in, n): from the table, or made (and kept when there is room). tmp
@@ -130,7 +105,7 @@ int cuda_fp8_init(cuda_runner *r, size_t xbw, size_t outw, int T) {
     if (rc) return rc;
     cuda_fp8_plan probe;
     r->lt_outer = plan_make(r, &probe, 256, 256, 16) == 0;
-    if (r->lt_outer) plan_release(&probe);
+    if (r->lt_outer) cuda_lt_plan_release(&probe.lt);
     else if ((rc = make_desc(r, 0))) return rc;
     size_t b = (size_t)T * xbw;
     if (cudaMalloc((void **)&r->d_xq, b) != cudaSuccess || cudaMalloc((void **)&r->d_xs, (size_t)T * 4) != cudaSuccess ||
@@ -147,7 +122,7 @@ int cuda_fp8_init(cuda_runner *r, size_t xbw, size_t outw, int T) {
 
 void cuda_fp8_free(cuda_runner *r) {
     if (r->fp8_plans)
-        for (int i = 0; i < FP8_PLANS; i++) plan_release(&r->fp8_plans[i]);
+        for (int i = 0; i < FP8_PLANS; i++) cuda_lt_plan_release(&r->fp8_plans[i].lt);
     free(r->fp8_plans);
     r->fp8_plans = NULL;
     if (r->lt_desc) cublasLtMatmulDescDestroy(r->lt_desc);
@@ -172,9 +147,10 @@ static int lt_matmul(cuda_runner *r, const uint8_t *W, const uint8_t *X8, int ou
         return SPECD_ECUDA;
     }
     const float alpha = 1.f;
-    cublasStatus_t s = cublasLtMatmul(r->lt, r->lt_desc, &alpha, W, p->a, X8, p->b, &beta, Y, p->c, Y, p->c, &p->algo,
+    const cuda_lt_plan *l = &p->lt;
+    cublasStatus_t s = cublasLtMatmul(r->lt, r->lt_desc, &alpha, W, l->a, X8, l->b, &beta, Y, l->c, Y, l->c, &l->algo,
                                       r->blas_ws, r->blas_ws_bytes, r->stream);
-    plan_release(&tmp);
+    cuda_lt_plan_release(&tmp.lt);
     return s == CUBLAS_STATUS_SUCCESS ? 0 : lt_fail(r, __LINE__, "cublasLtMatmul", s);
 }
 

@@ -26,46 +26,52 @@
 
 typedef struct cuda_gemm_plan {
     int out, in, ldy, top;   /* top: the band's largest token count; out == 0: empty */
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
+    cuda_lt_plan lt;
     uint64_t checked, ok;    /* per count of the band (bit top - n): asked, and accepted */
 } cuda_gemm_plan;
 
-static void plan_release(cuda_gemm_plan *p) {
+void cuda_lt_plan_release(cuda_lt_plan *p) {
     if (p->a) cublasLtMatrixLayoutDestroy(p->a);
     if (p->b) cublasLtMatrixLayoutDestroy(p->b);
     if (p->c) cublasLtMatrixLayoutDestroy(p->c);
     memset(p, 0, sizeof *p);
 }
 
-/* Layouts for top tokens and the heuristic's first algorithm. Returns 0 or -1 (no plan:
- * the caller uses cublasGemmEx). */
-static int plan_make(cuda_runner *r, cuda_gemm_plan *p, int out, int in, int ldy, int top) {
+int cuda_lt_plan_make(const cuda_runner *r, cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cudaDataType_t ab,
+                      int out, int in, int n, int ldc, cuda_lt_plan *p) {
     memset(p, 0, sizeof *p);
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0, rc = -1;
     size_t ws = r->blas_ws_bytes;
-    if (cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)in, (uint64_t)out, in) ||
-        cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)in, (uint64_t)top, in) ||
-        cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)out, (uint64_t)top, ldy) ||
+    if (cublasLtMatrixLayoutCreate(&p->a, ab, (uint64_t)in, (uint64_t)out, in) ||
+        cublasLtMatrixLayoutCreate(&p->b, ab, (uint64_t)in, (uint64_t)n, in) ||
+        cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)out, (uint64_t)n, ldc) ||
         cublasLtMatmulPreferenceCreate(&pref) ||
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws))
         goto out;
-    if (cublasLtMatmulAlgoGetHeuristic(r->gemm_lt, r->gemm_desc, p->a, p->b, p->c, p->c, pref, 1, &res, &nres) ==
+    if (cublasLtMatmulAlgoGetHeuristic(lt, desc, p->a, p->b, p->c, p->c, pref, 1, &res, &nres) ==
             CUBLAS_STATUS_SUCCESS && nres > 0) {
         p->algo = res.algo;
-        p->out = out;
-        p->in = in;
-        p->ldy = ldy;
-        p->top = top;
-        r->gemm_lt_plans++;
         rc = 0;
     }
 out:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (rc) plan_release(p);
+    if (rc) cuda_lt_plan_release(p);
     return rc;
+}
+
+/* A band's plan: layouts for top tokens. Returns 0 or -1 (no plan: the caller uses
+ * cublasGemmEx). */
+static int plan_make(cuda_runner *r, cuda_gemm_plan *p, int out, int in, int ldy, int top) {
+    memset(p, 0, sizeof *p);
+    if (cuda_lt_plan_make(r, r->gemm_lt, r->gemm_desc, CUDA_R_16BF, out, in, top, ldy, &p->lt)) return -1;
+    p->out = out;
+    p->in = in;
+    p->ldy = ldy;
+    p->top = top;
+    r->gemm_lt_plans++;
+    return 0;
 }
 
 /* The plan of (out, in, ldy, top), made on first use (without an algorithm it refuses
@@ -103,7 +109,7 @@ int cuda_gemm_init(cuda_runner *r) {
 
 void cuda_gemm_free(cuda_runner *r) {
     if (r->gemm_plans)
-        for (int i = 0; i < GEMM_PLANS; i++) plan_release(&r->gemm_plans[i]);
+        for (int i = 0; i < GEMM_PLANS; i++) cuda_lt_plan_release(&r->gemm_plans[i].lt);
     free(r->gemm_plans);
     r->gemm_plans = NULL;
     if (r->gemm_desc) cublasLtMatmulDescDestroy(r->gemm_desc);
@@ -118,13 +124,13 @@ static cuda_gemm_plan *band_plan(cuda_runner *r, int out, int in, int n, int ldy
     cuda_gemm_plan *p = plan_get(r, out, in, ldy, top);
     const uint64_t cols = (uint64_t)n, bit = 1ull << (top - n);
     if (!p || (p->checked & ~p->ok & bit)) return NULL;   /* (no plan, or a count it refused) */
-    if (cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols) ||
-        cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols))
+    if (cublasLtMatrixLayoutSetAttribute(p->lt.b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols) ||
+        cublasLtMatrixLayoutSetAttribute(p->lt.c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols))
         return NULL;
     if (!(p->checked & bit)) {
         cublasLtMatmulHeuristicResult_t res;
         p->checked |= bit;
-        if (cublasLtMatmulAlgoCheck(r->gemm_lt, r->gemm_desc, p->a, p->b, p->c, p->c, &p->algo, &res) ==
+        if (cublasLtMatmulAlgoCheck(r->gemm_lt, r->gemm_desc, p->lt.a, p->lt.b, p->lt.c, p->lt.c, &p->lt.algo, &res) ==
                 CUBLAS_STATUS_SUCCESS && res.workspaceSize <= r->blas_ws_bytes)
             p->ok |= bit;
     }
@@ -136,8 +142,9 @@ int cuda_gemm_bf16(cuda_runner *r, const uint16_t *W, int out, int in, const uin
     const float alpha = 1.f;
     cuda_gemm_plan *p = r->gemm_plans && n > r->tune.gemm_band ? band_plan(r, out, in, n, ldy) : NULL;
     if (p) {
-        cublasStatus_t s = cublasLtMatmul(r->gemm_lt, r->gemm_desc, &alpha, W, p->a, X, p->b, &beta, Y, p->c, Y, p->c,
-                                          &p->algo, r->blas_ws, r->blas_ws_bytes, r->stream);
+        const cuda_lt_plan *l = &p->lt;
+        cublasStatus_t s = cublasLtMatmul(r->gemm_lt, r->gemm_desc, &alpha, W, l->a, X, l->b, &beta, Y, l->c, Y, l->c,
+                                          &l->algo, r->blas_ws, r->blas_ws_bytes, r->stream);
         r->gemm_lt_calls++;
         if (s == CUBLAS_STATUS_SUCCESS) return 0;
         cuda_fail(r, __FILE__, __LINE__, "cublasLtMatmul", cublasGetStatusString(s));

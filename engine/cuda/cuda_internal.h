@@ -401,17 +401,30 @@ int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, in
                     char *err, size_t errlen);
 void cuda_model_free(cuda_model *cm);
 
-/* engine/cuda/cuda_fp8.c: cuBLASLt and the FP8 buffers (after the models are loaded:
- * xbw = the widest GEMM input, outw = the widest output, T tokens), release, and
- * Y [n, out] = beta * Y + X [n, in] . W^T for FP8 W [out, in] with row scales sw: the
- * activations quantized per token, an E4M3 GEMM with fp32 accumulation. */
-#define CUDA_FP8_CHUNK 1024
+/* One cuBLASLt plan: the layouts of D = A^T B (A [in, out]: the weights as stored, of type
+ * ab; B [in, n]: the activations, of type ab; C = D [out, n] fp32, column stride ldc) and
+ * the heuristic's first algorithm for them under desc. cuda_lt_plan_make returns 0, or -1
+ * (no algorithm, or a cuBLASLt error) with nothing held; release frees the layouts. The
+ * banded bf16 GEMM (cuda_gemm.c) and the FP8 GEMM (cuda_fp8.c) keep tables of them. */
+typedef struct {
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} cuda_lt_plan;
+int cuda_lt_plan_make(const cuda_runner *r, cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cudaDataType_t ab,
+                      int out, int in, int n, int ldc, cuda_lt_plan *p);
+void cuda_lt_plan_release(cuda_lt_plan *p);
 /* bf16 GEMM past the GEMV (engine/cuda/cuda_gemm.c): Y [n, out] (row stride ldy) = X [n, in]
  * . W [out, in]^T (+ Y where beta is 1), on cuBLAS, or cuBLASLt by bands (tune.gemm_band). */
 int cuda_gemm_init(cuda_runner *r);
 void cuda_gemm_free(cuda_runner *r);
 int cuda_gemm_bf16(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n, float *Y, int ldy,
                    float beta);
+
+/* engine/cuda/cuda_fp8.c: cuBLASLt and the FP8 buffers (after the models are loaded:
+ * xbw = the widest GEMM input, outw = the widest output, T tokens), release, and
+ * Y [n, out] = beta * Y + X [n, in] . W^T for FP8 W [out, in] with row scales sw: the
+ * activations quantized per token, an E4M3 GEMM with fp32 accumulation. */
+#define CUDA_FP8_CHUNK 1024
 int cuda_fp8_init(cuda_runner *r, size_t xbw, size_t outw, int T);
 void cuda_fp8_free(cuda_runner *r);
 int cuda_fp8_gemm(cuda_runner *r, const uint8_t *W, const float *sw, int out, int in, const uint16_t *X, int n,

@@ -21,15 +21,17 @@
  * softmax scale by the launchers and V's multiplies the output (or the partials).
  *
  * k_attention picks the kernel: one query token per item with G <= 8 and D = 64 or 128
- * (decode) goes to attention_decode_kernel below, built for latency rather than tiles
- * (SPECD_ATTN_TILED=1 keeps it on the tiled kernel); at least 16 rows per block (qt * G
- * >= 16, prefill and verify) with D = 64 or 128 to the tensor-core kernel
- * (attention_tc.cu; SPECD_ATTN_SIMT=1 keeps them here); the rest to attention_kernel.
- * Only the decode kernel is a programmatic-dependent launch: it computes its geometry and
- * requests its first K/V chunk while the QKV GEMV before it still runs, and lets the O
- * GEMV launch once its key loop is done (SPECD_ATTN_PDL=0/1 to compare). Letting the O
- * GEMV in at the start of attention made the 8B batch-1 step slower on an H200 (4.77 vs
- * 4.64 ms): its weight prefetch competes with attention's dependent loads. */
+ * (decode) goes to attention_decode_kernel below, built for latency rather than tiles, or
+ * with SPECD_ATTN_DEC=3|4 over many (item, KV head) pairs to the tensor-core decode form
+ * (attention_tc.cu; launch_attention_decode_kv says where; SPECD_ATTN_TILED=1 keeps decode
+ * on the tiled kernel); at least 16 rows per block (qt * G >= 16, prefill and verify) with
+ * D = 64 or 128 to the tensor-core kernel (attention_tc.cu; SPECD_ATTN_SIMT=1 keeps them
+ * here); the rest to attention_kernel. Only the decode kernels are programmatic-dependent
+ * launches: the SIMT one computes its geometry and requests its first K/V chunk while the
+ * QKV GEMV before it still runs, and both let the O GEMV launch once their key loop is
+ * done (SPECD_ATTN_PDL=0/1 to compare). Letting the O GEMV in at the start of attention
+ * made the 8B batch-1 step slower on an H200 (4.77 vs 4.64 ms): its weight prefetch
+ * competes with attention's dependent loads. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -52,23 +54,6 @@ struct att_smem {
     static constexpr size_t p_bytes = (size_t)R * ATT_TILE * 4;
     static constexpr size_t total = q_bytes + k_bytes + v_bytes + p_bytes + 3 * R * 4;
 };
-
-/* Stores output element e = th * D + d: bf16, and with w.x8 its int8 code and its group's
- * (scale, sum) pair as k_quant_x8 would make them. The callers' loops run over rows * D
- * elements in warp-sized steps (D % 32 == 0), so a warp holds exactly one 32-element
- * group here and every lane calls this together. */
-__device__ __forceinline__ void att_store(uint16_t *out, const k_attn_work &w, int H, int D, size_t e, float v) {
-    const uint16_t b = k_f2bf(v);
-    out[e] = b;
-    if (!w.x8) return;
-    const float f[1] = {k_bf2f(b)};
-    float a;
-    int q[1], sum;
-    k_x8_round<1>(f, q, a, sum);
-    ((int8_t *)w.x8)[e] = (int8_t)q[0];
-    if ((threadIdx.x & 31) == 0)
-        ((float2 *)((uint8_t *)w.x8 + k_x8_codes_bytes(w.n_tok, H * D)))[e / 32] = k_x8_pair(a, sum);
-}
 
 /* Output element d of (token, head) th merged from the first ns partials by their
  * (max, sum) pairs; the partials are read through L2 (written by other blocks). */
@@ -613,6 +598,9 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     if (!direct && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, den_s);
 }
 
+int attention_dec_tc_launch(const float *q, uint16_t *out, int H, int KVH, int D, float scale, const k_kv_geom *g,
+                            const k_attn_work *w, int pdl, cudaStream_t s);
+
 /* Few (row, KV head) pairs (batch 1-2): 4 lanes per key, 8 keys per warp, so a short
  * context still spreads over many warps. Enough pairs to fill the GPU: see below. */
 template <int D, int GM, bool F8>
@@ -630,13 +618,26 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
      * and 1B at 256 81,676, against 9,800 / 19,156 and 77,211 for a lane per key, 4 warps,
      * no cap (attn_dec 1, the earlier form); 2 (a lane-quarter, 2 warps, 8 blocks) gave
      * 9,558 / 21,807 and 82,689. Forms with 2 or 8 lanes per key or 8 warps measured
-     * between these. */
+     * between these.
+     * The tensor-core form (attention_tc.cu): attn_dec 3 wherever it applies; 4 where it
+     * measured faster than form 0, head dim 64 at any count of pairs and head dim 128 from
+     * 12 pairs per SM (4 waves of its 3 blocks per SM). H100, `specd bench --batch 64,256
+     * --prompt-len 128 | 512`, decode tok/s with attn_dec 3 against 0 (tests/gpu/BENCH.md,
+     * twenty-fifth session): 1B at 64 / 256 rows +5% / +13% (FP8 cache +8% / +16%), 8B at
+     * 256 rows +4-6% (FP8 cache +6-12%), but 8B at 64 rows -1% to -5% (512 pairs: 1.3 waves
+     * of 168-register blocks). Form 4 has not run as such (tests/gpu/UNRUN.md), so the
+     * default stays 0. */
 #define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
     k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8>, grid, dim3(WARPS * 32), 0, s, q, out, \
                  H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2)
-    if ((long)w->n_items * KVH < sms) rc = DEC_LAUNCH(4, 8, 1);
-    else if (k_tuning_get()->attn_dec == 1) rc = DEC_LAUNCH(1, 4, 1);
-    else if (k_tuning_get()->attn_dec == 2) rc = DEC_LAUNCH(4, 2, 8);
+    const long pairs = (long)w->n_items * KVH;
+    const int form = k_tuning_get()->attn_dec;
+    const bool tc = form == 3 || (form == 4 && (D == 64 || pairs >= 12L * sms));
+    if (pairs < sms) rc = DEC_LAUNCH(4, 8, 1);
+    else if (tc && (rc = attention_dec_tc_launch(q, out, H, KVH, D, scale, g, w, pdl, s)) != -1)
+        return rc;   /* splits merged by the combine kernel */
+    else if (form == 1) rc = DEC_LAUNCH(1, 4, 1);
+    else if (form == 2) rc = DEC_LAUNCH(4, 2, 8);
     else rc = DEC_LAUNCH(4, 4, 4);
 #undef DEC_LAUNCH
     if (rc || w->n_splits == 1 || w->counters) return rc;

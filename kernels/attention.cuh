@@ -1,14 +1,15 @@
-/* What the tiled attention kernels (attention_kernel in attention.cu, attention_tc_kernel
- * in attention_tc.cu) share so that k_attention can pick either per call: the keys one
- * block covers (work item, split) and the empty partials of a split without keys. The
- * decode kernel keeps its own copy of the geometry: it computes it twice around its
- * programmatic-launch wait, with its own chunk size. */
+/* What the attention kernels of attention.cu and attention_tc.cu share so that k_attention
+ * can pick any per call: the keys one block covers (work item, split), the empty partials
+ * of a split without keys, and the store of an output element (with its int8 rounding for
+ * an int8 O GEMV). The SIMT decode kernel keeps its own copy of the geometry: it computes
+ * it twice around its programmatic-launch wait, with its own chunk size. */
 #ifndef SPECD_ATTENTION_CUH
 #define SPECD_ATTENTION_CUH
 
 #include <math.h>
 
 #include "kernels/specd_kernels.h"
+#include "kernels/kutil.h"
 
 /* One block's share of the work: query tokens tok0 .. tok0 + nq - 1 of row `row` (q0 ..
  * of its new tokens, rows = nq * G query rows), whose keys lie in [kbeg, kend) (kbeg > 0
@@ -58,6 +59,23 @@ __device__ __forceinline__ void att_mark_empty(const k_attn_work &w, int H, int 
         ml[0] = -INFINITY;
         ml[1] = 0.f;
     }
+}
+
+/* Stores output element e = th * D + d: bf16, and with w.x8 its int8 code and its group's
+ * (scale, sum) pair as k_quant_x8 would make them. The callers' loops run over rows * D
+ * elements in warp-sized steps (D % 32 == 0), so a warp holds exactly one 32-element
+ * group here and every lane calls this together. */
+__device__ __forceinline__ void att_store(uint16_t *out, const k_attn_work &w, int H, int D, size_t e, float v) {
+    const uint16_t b = k_f2bf(v);
+    out[e] = b;
+    if (!w.x8) return;
+    const float f[1] = {k_bf2f(b)};
+    float a;
+    int q[1], sum;
+    k_x8_round<1>(f, q, a, sum);
+    ((int8_t *)w.x8)[e] = (int8_t)q[0];
+    if ((threadIdx.x & 31) == 0)
+        ((float2 *)((uint8_t *)w.x8 + k_x8_codes_bytes(w.n_tok, H * D)))[e / 32] = k_x8_pair(a, sum);
 }
 
 #endif

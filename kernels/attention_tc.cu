@@ -337,3 +337,271 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
     return g->kv_fp8 ? launch_attention_tc_kv<128, true>(q, out, H, KVH, scale, g, w, s)
                      : launch_attention_tc_kv<128, false>(q, out, H, KVH, scale, g, w, s);
 }
+
+/* ---- decode rows on tensor cores ------------------------------------------------------
+ * One query token per item (decode, or a verify pass run token by token) with G = H / KVH
+ * <= 8 query heads per KV head, over many (item, KV head) pairs: the SIMT decode kernel
+ * (attention.cu) spends fp32 FMAs and, with an FP8 cache, three conversions per pair of
+ * codes on every key, so at 256 rows it costs well above its bytes. Here a block of
+ * DTC_WARPS warps takes one (item, KV head, split); warp w takes the chunks of 16 keys w,
+ * w + DTC_WARPS, ... with its own online softmax, and the warps merge through shared
+ * memory at the end. Nothing is staged in shared memory: each lane loads the K and V bytes
+ * its mma fragments need straight into registers, 16 bytes at a time, the loads of one
+ * instruction covering whole 32-byte sectors.
+ *
+ * Per chunk (keys c .. c + 15), with m16n8k16 (lane = 4 gid + tig):
+ *   S = Q K^T, two n-tiles of 8 keys. A = Q: row gid is query head gid (rows >= G and
+ *   gid + 8 are zero). The sum over head dims may run in any order as long as Q and K
+ *   agree: B of n-tile t is key c + 8 t + gid, and lane tig loads the 16-byte pieces tig,
+ *   tig + 4, ... of that key's row; k-step kc takes 4 consecutive dims of them
+ *   (dtc_kdim), and Q's A registers hold the same dims.
+ *   P = softmax(S) straight from S's C fragments (row gid, keys c + 2 tig, + 1 and
+ *   c + 8 + 2 tig, + 1) into the A fragment of O += P V.
+ *   V: B of n-tile nt takes column n from dim dtc_vdim(nt, n), so lane gid loads the
+ *   pieces gid, gid + 8, ... of the four keys c + 2 tig, + 1, + 8, + 9 (its k-slots); a
+ *   byte_perm pairs two keys' values per register. The C fragment holds dims
+ *   dtc_vdim(nt, 2 tig) and dtc_vdim(nt, 2 tig + 1) of head gid.
+ * bf16 cache: bf16 mma, q rounded to bf16 (as the prefill kernel does). FP8 cache: fp16
+ * mma; codes become fp16 pairs with one cvt each (exact), q is scaled by a power of two
+ * so that the warp's largest |q| is about 2^12 (fp16 keeps its full precision; the scores
+ * take the power back), K's scale is in `scale` and V's multiplies the output. Splits
+ * write partials in the combine kernel's format (the launcher runs it). */
+#define DTC_WARPS 4
+
+/* Dims per 16-byte piece of a row: 8 bf16 values, 16 E4M3 codes. */
+template <bool F8> __device__ __forceinline__ constexpr int dtc_unit() { return F8 ? 16 : 8; }
+
+/* The first of the 4 dims k-step kc of lane tig covers in S = Q K^T. */
+template <bool F8> __device__ __forceinline__ int dtc_kdim(int kc, int tig) {
+    constexpr int U = dtc_unit<F8>(), PER = U / 4;   /* k-steps per piece */
+    return (4 * (kc / PER) + tig) * U + 4 * (kc % PER);
+}
+
+/* BYTES (8 or a multiple of 16) of a row into words w[]: piece i (16 bytes, or the 8) from
+ * byte (stride i + first) * 16 (* 8), so that the lanes of one load instruction read whole
+ * sectors; zero when p is NULL. */
+template <int BYTES>
+__device__ __forceinline__ void dtc_load(const void *p, int first, int stride, uint32_t (&w)[BYTES / 4]) {
+    if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < BYTES / 16; i++) {
+            const uint4 v = p ? __ldg((const uint4 *)p + stride * i + first) : make_uint4(0, 0, 0, 0);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else {
+        static_assert(BYTES == 8, "a lane's share of a row is 8 bytes or whole 16-byte pieces");
+        const uint2 v = p ? __ldg((const uint2 *)p + first) : make_uint2(0, 0);
+        w[0] = v.x, w[1] = v.y;
+    }
+}
+
+/* The dim column n of n-tile nt is in O += P V (VU dims per lane's piece: a row of D / 8
+ * values per lane). */
+template <int VU> __device__ __forceinline__ int dtc_vdim(int nt, int n) { return (8 * (nt / VU) + n) * VU + nt % VU; }
+
+/* Two E4M3 codes (bits 0..15 of x, the first in the low byte) as an fp16 pair, exactly. */
+__device__ __forceinline__ uint32_t dtc_f8x2(uint32_t x) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | (uint32_t)h.y << 16;
+}
+
+template <int D, bool F8>
+__global__ void __launch_bounds__(DTC_WARPS * 32, 3)
+attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
+                        k_kv_geom g, k_attn_work w, int trigger_early) {
+    constexpr int KC = D / 16, NT = D / 8, ES = F8 ? 1 : 2;
+    constexpr int KB = D / 4 * ES, VB = D / 8 * ES;   /* a lane's bytes of one K / V row */
+    constexpr int VU = (VB < 16 ? VB : 16) / ES;      /* dims per piece of its V share */
+    typedef typename std::conditional<F8, uint8_t, uint16_t>::type kv_t;
+    /* a warp's output per head, column n of n-tile nt at nt * 8 + n: a lane's two columns
+     * are one 8-byte store, and the padded rows keep a half-warp's stores on distinct banks */
+    __shared__ __align__(16) float so[DTC_WARPS][8][D + 8];
+    __shared__ float sm[DTC_WARPS][8], sl[DTC_WARPS][8];
+
+    k_pdl_wait();   /* q and this pass's keys come from the kernel before */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+    const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
+    const int G = H / KVH;
+    const att_split sp = att_split_geom<16>(g, w, G, split, item);
+    const int rows = sp.rows, ks0 = sp.ks0, ke = sp.ke, bs = g.block_size;
+    if (ks0 >= ke || rows <= 0) {
+        if (w.n_splits > 1) att_mark_empty(w, H, G, kvh, split, sp.tok0, rows, DTC_WARPS * 32);
+        return;
+    }
+    const int *bt = g.bt + (size_t)sp.slot * g.max_blocks;
+    const kv_t *pool = (const kv_t *)*g.pool_pp + g.layer_off + (size_t)kvh * bs * D;
+    const size_t v_off = (size_t)KVH * bs * D;
+    /* Key c + j (j < 16) of the chunk at c = cb bs + co, NULL past ke: no division per key */
+    auto key_row = [&](int c, int cb, int co, int j) -> const kv_t * {
+        if (c + j >= ke) return NULL;
+        int b = cb, o = co + j;
+        if (bs >= 16) {
+            const int over = o >= bs;
+            b += over, o -= over ? bs : 0;
+        } else {
+            b += o / bs, o %= bs;
+        }
+        return pool + (size_t)bt[b] * g.block_elems + (size_t)o * D;
+    };
+
+    /* Q: head gid, k-step kc's dims as this lane's K pieces hold them */
+    uint32_t qa[KC][2];
+    float qsh = 1.f;   /* F8: the scores' factor back from q's power-of-two scaling */
+    {
+        float qv[D / 4];
+        const float *qp = q + ((size_t)sp.tok0 * H + kvh * G + gid) * D;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+            const float4 v = gid < G ? *(const float4 *)(qp + dtc_kdim<F8>(kc, tig)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            qv[4 * kc] = v.x, qv[4 * kc + 1] = v.y, qv[4 * kc + 2] = v.z, qv[4 * kc + 3] = v.w;
+        }
+        if constexpr (F8) {
+            float mx = 0.f;
+#pragma unroll
+            for (int i = 0; i < D / 4; i++) mx = fmaxf(mx, fabsf(qv[i]));
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            int ex = 0;
+            frexpf(mx, &ex);   /* mx < 2^ex (0 for mx = 0); inf / NaN leave ex 0 and pass through */
+            const int sh = mx > 0.f && isfinite(mx) ? ex - 12 : 0;
+            qsh = ldexpf(1.f, sh);
+#pragma unroll
+            for (int i = 0; i < D / 4; i++) qv[i] = ldexpf(qv[i], -sh);
+        }
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+            qa[kc][0] = F8 ? tc_pack_f16(qv[4 * kc], qv[4 * kc + 1]) : tc_pack(qv[4 * kc], qv[4 * kc + 1]);
+            qa[kc][1] = F8 ? tc_pack_f16(qv[4 * kc + 2], qv[4 * kc + 3]) : tc_pack(qv[4 * kc + 2], qv[4 * kc + 3]);
+        }
+    }
+    const float sl2 = scale * qsh * 1.4426950408889634f;   /* scores in log2 units */
+
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m = -INFINITY, l = 0.f;   /* head gid's running max (log2 units) and this lane's sum */
+
+    for (int c = ks0 + 16 * warp; c < ke; c += 16 * DTC_WARPS) {
+        const int cb = c / bs, co = c - cb * bs;
+        uint32_t kw[2][KB / 4], vw[4][VB / 4];
+#pragma unroll
+        for (int t = 0; t < 2; t++) dtc_load<KB>(key_row(c, cb, co, 8 * t + gid), tig, 4, kw[t]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {   /* keys c + 2 tig, + 1, + 8, + 9 */
+            const kv_t *r = key_row(c, cb, co, 2 * tig + (j & 1) + 8 * (j >> 1));
+            dtc_load<VB>(r ? r + v_off : NULL, gid, 8, vw[j]);
+        }
+        float s[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++) {
+                const uint32_t a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
+                if constexpr (F8) {
+                    const uint32_t x = kw[t][kc];   /* codes of k-step kc's 4 dims */
+                    tc_mma_f16(s[t], a, dtc_f8x2(x), dtc_f8x2(x >> 16));
+                } else {
+                    tc_mma(s[t], a, kw[t][2 * kc], kw[t][2 * kc + 1]);
+                }
+            }
+        }
+        /* this lane's four keys of head gid: c + 2 tig + {0, 1} (tile 0), + 8 (tile 1) */
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int key = c + 8 * (i >> 1) + 2 * tig + (i & 1);
+            p[i] = key < ke ? s[i >> 1][i & 1] * sl2 : -INFINITY;
+        }
+        float mx = fmaxf(fmaxf(p[0], p[1]), fmaxf(p[2], p[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m, mx), mu = mn == -INFINITY ? 0.f : mn;
+        const float corr = tc_exp2(m - mu);
+        m = mn;
+        float ps = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            p[i] = tc_exp2(p[i] - mu);
+            ps += p[i];
+        }
+        l = l * corr + ps;
+#pragma unroll
+        for (int n = 0; n < NT; n++) o[n][0] *= corr, o[n][1] *= corr;
+        const uint32_t pa[4] = {F8 ? tc_pack_f16(p[0], p[1]) : tc_pack(p[0], p[1]), 0u,
+                                F8 ? tc_pack_f16(p[2], p[3]) : tc_pack(p[2], p[3]), 0u};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            uint32_t b[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {   /* keys (c + 2 tig, + 1), then (+ 8, + 9) */
+                const uint32_t *va = vw[2 * h], *vb = vw[2 * h + 1];
+                if constexpr (F8) {
+                    const uint32_t x = __byte_perm(va[nt >> 2], vb[nt >> 2], (nt & 2) ? 0x7362u : 0x5140u);
+                    b[h] = dtc_f8x2((nt & 1) ? x >> 16 : x);
+                } else {
+                    b[h] = __byte_perm(va[nt >> 1], vb[nt >> 1], (nt & 1) ? 0x7632u : 0x5410u);
+                }
+            }
+            if constexpr (F8) tc_mma_f16(o[nt], pa, b[0], b[1]);
+            else tc_mma(o[nt], pa, b[0], b[1]);
+        }
+    }
+    if (trigger_early) k_pdl_trigger();   /* the O GEMV may launch and fetch weights now */
+
+    /* merge the warps: head gid's (max, sum) and dims through shared memory */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (tig == 0) sm[warp][gid] = m, sl[warp][gid] = l;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) *(float2 *)&so[warp][gid][nt * 8 + 2 * tig] = make_float2(o[nt][0], o[nt][1]);
+    __syncthreads();
+    const float vsc = F8 ? g.v_scale : 1.f;
+    for (int i = tid; i < rows * D; i += DTC_WARPS * 32) {   /* rows * D: whole warps */
+        const int r = i / D, d = i % D, u = d / VU, at = ((u / 8) * VU + d % VU) * 8 + u % 8;   /* dtc_vdim^-1 */
+        float M = -INFINITY;
+#pragma unroll
+        for (int v = 0; v < DTC_WARPS; v++)
+            if (sl[v][r] > 0.f) M = fmaxf(M, sm[v][r]);
+        float num = 0.f, den = 0.f;
+#pragma unroll
+        for (int v = 0; v < DTC_WARPS; v++) {
+            if (!(sl[v][r] > 0.f)) continue;
+            const float f = tc_exp2(sm[v][r] - M);
+            num += f * so[v][r][at];
+            den += f * sl[v][r];
+        }
+        const size_t th = (size_t)sp.tok0 * H + kvh * G + r;
+        if (w.n_splits == 1) {
+            att_store(out, w, H, D, th * D + d, den > 0.f ? num * vsc / den : 0.f);
+        } else {
+            const size_t base = (size_t)split * w.n_tok * H + th;
+            w.ws_o[base * D + d] = num * vsc;
+            if (d == 0) {   /* the combine works in natural-log units */
+                w.ws_ml[base * 2] = M * 0.6931471805599453f;
+                w.ws_ml[base * 2 + 1] = den;
+            }
+        }
+    }
+}
+
+template <int D, bool F8>
+static int launch_attention_dec_tc(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
+                                   const k_attn_work *w, int pdl, cudaStream_t s) {
+    dim3 grid(w->n_splits, KVH, w->n_items);
+    int rc = k_launch_pdl(pdl > 0, attention_dec_tc_kernel<D, F8>, grid, dim3(DTC_WARPS * 32), 0, s, q, out, H, KVH,
+                          F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2);
+    if (rc || w->n_splits == 1) return rc;
+    return attention_combine_launch(out, H, D, w, s);
+}
+
+/* Called by attention.cu's decode launcher for decode items of G <= 8 query heads per KV
+ * head; pdl as k_tuning.attn_pdl; -1 where it does not apply. */
+int attention_dec_tc_launch(const float *q, uint16_t *out, int H, int KVH, int D, float scale, const k_kv_geom *g,
+                            const k_attn_work *w, int pdl, cudaStream_t s) {
+    if ((D != 64 && D != 128) || H % KVH || H / KVH > 8 || w->qt != 1) return -1;
+    if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
+    if (D == 64) return g->kv_fp8 ? launch_attention_dec_tc<64, true>(q, out, H, KVH, scale, g, w, pdl, s)
+                                  : launch_attention_dec_tc<64, false>(q, out, H, KVH, scale, g, w, pdl, s);
+    return g->kv_fp8 ? launch_attention_dec_tc<128, true>(q, out, H, KVH, scale, g, w, pdl, s)
+                     : launch_attention_dec_tc<128, false>(q, out, H, KVH, scale, g, w, pdl, s);
+}

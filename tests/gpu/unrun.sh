@@ -16,6 +16,14 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
+run attn_dec_tc "$G/test_gpu_kernels" "*decode*"
+run attn_dec_tc_fp8 "$G/test_gpu_kernels" "*kv_fp8*"
+for d in 0 4; do   # the tensor-core decode form where it measured faster, against the default
+    for s in llama-3.1-8b llama-3.2-1b; do
+        echo "SPECD_ATTN_DEC=$d $s: $(SPECD_ATTN_DEC=$d "$B/specd" bench --device cuda --shape $s --batch 64,256 \
+            --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"
+    done
+done
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

@@ -357,10 +357,10 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
  *   (dtc_kdim), and Q's A registers hold the same dims.
  *   P = softmax(S) straight from S's C fragments (row gid, keys c + 2 tig, + 1 and
  *   c + 8 + 2 tig, + 1) into the A fragment of O += P V.
- *   V: B of n-tile nt takes column n from dim dtc_vdim(nt, n), so lane gid loads the
- *   pieces gid, gid + 8, ... of the four keys c + 2 tig, + 1, + 8, + 9 (its k-slots); a
- *   byte_perm pairs two keys' values per register. The C fragment holds dims
- *   dtc_vdim(nt, 2 tig) and dtc_vdim(nt, 2 tig + 1) of head gid.
+ *   V: B of n-tile nt takes column n from dim (8 (nt / VU) + n) VU + nt % VU (VU dims
+ *   per piece), so lane gid loads the pieces gid, gid + 8, ... of the four keys c + 2
+ *   tig, + 1, + 8, + 9 (its k-slots); a byte_perm pairs two keys' values per register.
+ *   The C fragment holds that dim for columns 2 tig and 2 tig + 1 of head gid.
  * bf16 cache: bf16 mma, q rounded to bf16 (as the prefill kernel does). FP8 cache: fp16
  * mma; codes become fp16 pairs with one cvt each (exact), q is scaled by a power of two
  * so that the warp's largest |q| is about 2^12 (fp16 keeps its full precision; the scores
@@ -368,12 +368,9 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
  * write partials in the combine kernel's format (the launcher runs it). */
 #define DTC_WARPS 4
 
-/* Dims per 16-byte piece of a row: 8 bf16 values, 16 E4M3 codes. */
-template <bool F8> __device__ __forceinline__ constexpr int dtc_unit() { return F8 ? 16 : 8; }
-
 /* The first of the 4 dims k-step kc of lane tig covers in S = Q K^T. */
 template <bool F8> __device__ __forceinline__ int dtc_kdim(int kc, int tig) {
-    constexpr int U = dtc_unit<F8>(), PER = U / 4;   /* k-steps per piece */
+    constexpr int U = F8 ? 16 : 8, PER = U / 4;   /* dims (8 bf16, 16 E4M3) and k-steps per 16-byte piece */
     return (4 * (kc / PER) + tig) * U + 4 * (kc % PER);
 }
 
@@ -394,10 +391,6 @@ __device__ __forceinline__ void dtc_load(const void *p, int first, int stride, u
         w[0] = v.x, w[1] = v.y;
     }
 }
-
-/* The dim column n of n-tile nt is in O += P V (VU dims per lane's piece: a row of D / 8
- * values per lane). */
-template <int VU> __device__ __forceinline__ int dtc_vdim(int nt, int n) { return (8 * (nt / VU) + n) * VU + nt % VU; }
 
 /* Two E4M3 codes (bits 0..15 of x, the first in the low byte) as an fp16 pair, exactly. */
 __device__ __forceinline__ uint32_t dtc_f8x2(uint32_t x) {
@@ -557,7 +550,7 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     __syncthreads();
     const float vsc = F8 ? g.v_scale : 1.f;
     for (int i = tid; i < rows * D; i += DTC_WARPS * 32) {   /* rows * D: whole warps */
-        const int r = i / D, d = i % D, u = d / VU, at = ((u / 8) * VU + d % VU) * 8 + u % 8;   /* dtc_vdim^-1 */
+        const int r = i / D, d = i % D, u = d / VU, at = ((u / 8) * VU + d % VU) * 8 + u % 8;   /* d's n-tile, column */
         float M = -INFINITY;
 #pragma unroll
         for (int v = 0; v < DTC_WARPS; v++)

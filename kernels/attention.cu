@@ -626,13 +626,14 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
      * twenty-fifth session): 1B at 64 / 256 rows +5% / +13% (FP8 cache +8% / +16%), 8B at
      * 256 rows +4-6% (FP8 cache +6-12%), but 8B at 64 rows -1% to -5% (512 pairs: 1.3 waves
      * of 168-register blocks). Form 4 has not run as such (tests/gpu/UNRUN.md), so the
-     * default stays 0. */
+     * default stays 0. Forms 5 and 6: the tensor-core form's O^T = V^T P^T variant
+     * (attention_tc.cu) wherever it applies, for A/B; not yet run either. */
 #define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
     k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8>, grid, dim3(WARPS * 32), 0, s, q, out, \
                  H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2)
     const long pairs = (long)w->n_items * KVH;
     const int form = k_tuning_get()->attn_dec;
-    const bool tc = form == 3 || (form == 4 && (D == 64 || pairs >= 12L * sms));
+    const bool tc = form == 3 || form >= 5 || (form == 4 && (D == 64 || pairs >= 12L * sms));
     if (pairs < sms) rc = DEC_LAUNCH(4, 8, 1);
     else if (tc && (rc = attention_dec_tc_launch(q, out, H, KVH, D, scale, g, w, pdl, s)) != -1)
         return rc;   /* splits merged by the combine kernel */

@@ -365,7 +365,17 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
  * mma; codes become fp16 pairs with one cvt each (exact), q is scaled by a power of two
  * so that the warp's largest |q| is about 2^12 (fp16 keeps its full precision; the scores
  * take the power back), K's scale is in `scale` and V's multiplies the output. Splits
- * write partials in the combine kernel's format (the launcher runs it). */
+ * write partials in the combine kernel's format (the launcher runs it).
+ * TP (k_tuning.attn_dec 5, and 6 with registers capped for 4 blocks per SM; not yet run on
+ * a GPU, tests/gpu/UNRUN.md): O^T += V^T P^T instead. P = O's A operand pads the G <= 8
+ * heads to 16 rows, so half of O's D / 8 n-tiles of accumulators hold nothing; as the
+ * product's B operand P^T needs only 8 columns, and the same C fragment of S gives it
+ * (lane (gid, tig): head gid, keys 2 tig, + 1 and + 8, + 9). A = V^T: m-tile mt's rows gid
+ * and gid + 8 are elements mt and mt + D / 16 of the lane's V share (dtc_vdim), its k-slots
+ * the same four keys as before. D / 16 tiles of accumulators: 134 registers instead of 162
+ * at head dim 128 on an FP8 cache, 156 instead of 168 (and a 16-byte spill) on bf16. A
+ * lane's columns are heads 2 tig and 2 tig + 1, so their rescaling comes from those heads'
+ * lanes, and so holds the dims in order. */
 #define DTC_WARPS 4
 
 /* The first of the 4 dims k-step kc of lane tig covers in S = Q K^T. */
@@ -392,14 +402,20 @@ __device__ __forceinline__ void dtc_load(const void *p, int first, int stride, u
     }
 }
 
+/* The head dim of element e of lane group gid's V share (its pieces gid, gid + 8, ... of
+ * VU dims each, in load order). */
+template <int VU> __device__ __forceinline__ int dtc_vdim(int e, int gid) {
+    return ((e / VU) * 8 + gid) * VU + e % VU;
+}
+
 /* Two E4M3 codes (bits 0..15 of x, the first in the low byte) as an fp16 pair, exactly. */
 __device__ __forceinline__ uint32_t dtc_f8x2(uint32_t x) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x & 0xffffu), __NV_E4M3);
     return (uint32_t)h.x | (uint32_t)h.y << 16;
 }
 
-template <int D, bool F8>
-__global__ void __launch_bounds__(DTC_WARPS * 32, 3)
+template <int D, bool F8, bool TP, int MINB>
+__global__ void __launch_bounds__(DTC_WARPS * 32, MINB)
 attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
                         k_kv_geom g, k_attn_work w, int trigger_early) {
     constexpr int KC = D / 16, NT = D / 8, ES = F8 ? 1 : 2;
@@ -468,9 +484,10 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     }
     const float sl2 = scale * qsh * 1.4426950408889634f;   /* scores in log2 units */
 
-    float o[NT][4];
+    constexpr int NO = TP ? D / 16 : NT;   /* accumulator tiles */
+    float o[NO][4];
 #pragma unroll
-    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m = -INFINITY, l = 0.f;   /* head gid's running max (log2 units) and this lane's sum */
 
     for (int c = ks0 + 16 * warp; c < ke; c += 16 * DTC_WARPS) {
@@ -518,25 +535,59 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
             ps += p[i];
         }
         l = l * corr + ps;
-#pragma unroll
-        for (int n = 0; n < NT; n++) o[n][0] *= corr, o[n][1] *= corr;
         const uint32_t pa[4] = {F8 ? tc_pack_f16(p[0], p[1]) : tc_pack(p[0], p[1]), 0u,
                                 F8 ? tc_pack_f16(p[2], p[3]) : tc_pack(p[2], p[3]), 0u};
+        if constexpr (TP) {
+            /* O^T += V^T P^T: m-tile mt's rows gid / gid + 8 are elements mt / mt + D/16 of
+             * this lane's V share (dtc_vdim), its columns 2 tig, + 1 heads, whose
+             * corrections come from the lanes of those heads */
+            const float c0 = __shfl_sync(0xffffffffu, corr, 8 * tig), c1 = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            uint32_t b[2];
+            for (int mt = 0; mt < NO; mt++) o[mt][0] *= c0, o[mt][1] *= c1, o[mt][2] *= c0, o[mt][3] *= c1;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {   /* keys (c + 2 tig, + 1), then (+ 8, + 9) */
-                const uint32_t *va = vw[2 * h], *vb = vw[2 * h + 1];
+            for (int mt = 0; mt < NO; mt += F8 ? 2 : 1) {
+                uint32_t a[2][4];   /* (F8: m-tiles mt and mt + 1) */
+#pragma unroll
+                for (int h = 0; h < 2; h++) {   /* keys (c + 2 tig, + 1), then (+ 8, + 9) */
+                    const uint32_t *va = vw[2 * h], *vb = vw[2 * h + 1];
+#pragma unroll
+                    for (int hi = 0; hi < 2; hi++) {   /* row gid, then gid + 8 */
+                        const int e = mt + hi * (D / 16);
+                        if constexpr (F8) {
+                            const uint32_t x = __byte_perm(va[e >> 2], vb[e >> 2], (e & 2) ? 0x7362u : 0x5140u);
+                            a[0][2 * h + hi] = dtc_f8x2(x);
+                            a[1][2 * h + hi] = dtc_f8x2(x >> 16);
+                        } else {
+                            a[0][2 * h + hi] = __byte_perm(va[e >> 1], vb[e >> 1], (e & 1) ? 0x7632u : 0x5410u);
+                        }
+                    }
+                }
                 if constexpr (F8) {
-                    const uint32_t x = __byte_perm(va[nt >> 2], vb[nt >> 2], (nt & 2) ? 0x7362u : 0x5140u);
-                    b[h] = dtc_f8x2((nt & 1) ? x >> 16 : x);
+                    tc_mma_f16(o[mt], a[0], pa[0], pa[2]);
+                    tc_mma_f16(o[mt + 1], a[1], pa[0], pa[2]);
                 } else {
-                    b[h] = __byte_perm(va[nt >> 1], vb[nt >> 1], (nt & 1) ? 0x7632u : 0x5410u);
+                    tc_mma(o[mt], a[0], pa[0], pa[2]);
                 }
             }
-            if constexpr (F8) tc_mma_f16(o[nt], pa, b[0], b[1]);
-            else tc_mma(o[nt], pa, b[0], b[1]);
+        } else {
+#pragma unroll
+            for (int n = 0; n < NT; n++) o[n][0] *= corr, o[n][1] *= corr;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {   /* keys (c + 2 tig, + 1), then (+ 8, + 9) */
+                    const uint32_t *va = vw[2 * h], *vb = vw[2 * h + 1];
+                    if constexpr (F8) {
+                        const uint32_t x = __byte_perm(va[nt >> 2], vb[nt >> 2], (nt & 2) ? 0x7362u : 0x5140u);
+                        b[h] = dtc_f8x2((nt & 1) ? x >> 16 : x);
+                    } else {
+                        b[h] = __byte_perm(va[nt >> 1], vb[nt >> 1], (nt & 1) ? 0x7632u : 0x5410u);
+                    }
+                }
+                if constexpr (F8) tc_mma_f16(o[nt], pa, b[0], b[1]);
+                else tc_mma(o[nt], pa, b[0], b[1]);
+            }
         }
     }
     if (trigger_early) k_pdl_trigger();   /* the O GEMV may launch and fetch weights now */
@@ -545,12 +596,22 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (tig == 0) sm[warp][gid] = m, sl[warp][gid] = l;
+    if constexpr (TP) {   /* so holds dims in order */
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) *(float2 *)&so[warp][gid][nt * 8 + 2 * tig] = make_float2(o[nt][0], o[nt][1]);
+        for (int mt = 0; mt < NO; mt++) {
+            const int d0 = dtc_vdim<VU>(mt, gid), d1 = dtc_vdim<VU>(mt + D / 16, gid);
+            so[warp][2 * tig][d0] = o[mt][0], so[warp][2 * tig + 1][d0] = o[mt][1];
+            so[warp][2 * tig][d1] = o[mt][2], so[warp][2 * tig + 1][d1] = o[mt][3];
+        }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) *(float2 *)&so[warp][gid][nt * 8 + 2 * tig] = make_float2(o[nt][0], o[nt][1]);
+    }
     __syncthreads();
     const float vsc = F8 ? g.v_scale : 1.f;
     for (int i = tid; i < rows * D; i += DTC_WARPS * 32) {   /* rows * D: whole warps */
-        const int r = i / D, d = i % D, u = d / VU, at = ((u / 8) * VU + d % VU) * 8 + u % 8;   /* d's n-tile, column */
+        const int r = i / D, d = i % D, u = d / VU;
+        const int at = TP ? d : ((u / 8) * VU + d % VU) * 8 + u % 8;   /* d in so: in order, or its n-tile, column */
         float M = -INFINITY;
 #pragma unroll
         for (int v = 0; v < DTC_WARPS; v++)
@@ -581,7 +642,11 @@ template <int D, bool F8>
 static int launch_attention_dec_tc(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
                                    const k_attn_work *w, int pdl, cudaStream_t s) {
     dim3 grid(w->n_splits, KVH, w->n_items);
-    int rc = k_launch_pdl(pdl > 0, attention_dec_tc_kernel<D, F8>, grid, dim3(DTC_WARPS * 32), 0, s, q, out, H, KVH,
+    const int v = k_tuning_get()->attn_dec;
+    int rc = k_launch_pdl(pdl > 0, v == 5 ? attention_dec_tc_kernel<D, F8, true, 3>
+                                   : v == 6 ? attention_dec_tc_kernel<D, F8, true, 4>
+                                            : attention_dec_tc_kernel<D, F8, false, 3>,
+                          grid, dim3(DTC_WARPS * 32), 0, s, q, out, H, KVH,
                           F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2);
     if (rc || w->n_splits == 1) return rc;
     return attention_combine_launch(out, H, D, w, s);

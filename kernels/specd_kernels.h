@@ -37,7 +37,9 @@ typedef struct {
     int attn_tiled;   /* 1: decode rows on the tiled kernel, not the decode kernel */
     int attn_dec;     /* SPECD_ATTN_DEC: decode attention over many (row, KV head) pairs, which form
                        * (attention.cu; 0 the default, 1 and 2 SIMT forms for A/B; 3 the
-                       * tensor-core form wherever it applies, 4 where it measured faster) */
+                       * tensor-core form wherever it applies, 4 where it measured faster;
+                       * 5 and 6 the tensor-core form as O^T = V^T P^T with 3 / 4 blocks
+                       * per SM, wherever it applies: not yet run, tests/gpu/UNRUN.md) */
     int gemvq_rows;   /* k_gemv_q's rows per warp: 4, or 2 for anything else (gemv_q.cu) */
     int gemvq_split;  /* k_gemv_q splits K over warps until about this many warps per SM are
                        * busy (default 32; test_gpu_gemv "*split_report*" sweeps 8..128) */

@@ -844,7 +844,7 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
     run_attention_counters_case(4, 2, 32, a, 4, 3, 0);     /* the tiny fixtures' shape */
     /* enough (row, KV head) pairs to fill an H200 (>= 132): the decode kernel's many-pairs
      * forms instead of its 4-lanes-per-key one, every one k_tuning.attn_dec can pick */
-    for (int v = 0; v <= 4; v++) {
+    for (int v = 0; v <= 6; v++) {
         k_tuning t = k_tuning_default;
         t.attn_dec = v;
         k_set_tuning(&t);
@@ -855,9 +855,9 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
     k_set_tuning(&k_tuning_default);
 }
 
-/* The tensor-core decode form (k_tuning.attn_dec 3, attention_tc.cu) over many (row, KV
- * head) pairs: one split written directly (with and without the int8 rounding for an O
- * GEMV), splits merged by the combine kernel (sized on the device and by the host), head
+/* The tensor-core decode form (k_tuning.attn_dec 3, attention_tc.cu; and 5, 6: as O^T =
+ * V^T P^T, its two register caps) over many (row, KV head) pairs: one split written
+ * directly (with and without the int8 rounding for an O GEMV), splits merged by the combine kernel (sized on the device and by the host), head
  * dims 64 and 128, 2 / 4 / 8 query heads per KV head, sliding windows. Its lanes load K
  * and V in a permuted order that Q and the output must undo: a wrong pairing of dims or
  * keys is an O(1) error against the double reference. */
@@ -865,21 +865,23 @@ static void test_attention_decode_tc_matches_reference(void **state) {
     (void)state;
     const int a[4] = {0, 700, 3, -1}, b[4] = {700, 1, -1, 0}, c[3] = {650, -1, 2};
     int dec[4] = {1, 1, 1, 1};
-    k_tuning t = k_tuning_default;
-    t.attn_dec = 3;
-    k_set_tuning(&t);
-    run_attention_counters_case(160, 40, 64, a, 4, 1, 0);    /* G 4, D 64, one split */
-    run_attention_counters_case(384, 48, 128, c, 3, 1, 0);   /* G 8 */
-    run_attention_counters_case(128, 64, 128, b, 4, 1, 0);   /* G 2 */
-    run_attention_counters_case(256, 32, 128, a, 4, 5, 128); /* host splits, the last takes the rest */
-    g_attn_x8 = 1;
-    run_attention_counters_case(160, 40, 128, a, 4, 1, 0);
-    run_attention_counters_case(160, 40, 64, b, 4, 3, 0);
-    g_attn_x8 = 0;
-    g_attn_window = 48;
-    run_attention_case(160, 40, 128, dec, 4, 1, 0);
-    run_attention_case(160, 40, 64, dec, 4, 3, 0);
-    g_attn_window = 0;
+    for (int v = 3; v <= 6; v += v == 3 ? 2 : 1) {   /* 3, then 5 and 6 */
+        k_tuning t = k_tuning_default;
+        t.attn_dec = v;
+        k_set_tuning(&t);
+        run_attention_counters_case(160, 40, 64, a, 4, 1, 0);    /* G 4, D 64, one split */
+        run_attention_counters_case(384, 48, 128, c, 3, 1, 0);   /* G 8 */
+        run_attention_counters_case(128, 64, 128, b, 4, 1, 0);   /* G 2 */
+        run_attention_counters_case(256, 32, 128, a, 4, 5, 128); /* host splits, the last takes the rest */
+        g_attn_x8 = 1;
+        run_attention_counters_case(160, 40, 128, a, 4, 1, 0);
+        run_attention_counters_case(160, 40, 64, b, 4, 3, 0);
+        g_attn_x8 = 0;
+        g_attn_window = 48;
+        run_attention_case(160, 40, 128, dec, 4, 1, 0);
+        run_attention_case(160, 40, 64, dec, 4, 3, 0);
+        g_attn_window = 0;
+    }
     k_set_tuning(&k_tuning_default);
 }
 

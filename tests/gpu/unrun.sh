@@ -18,8 +18,10 @@ run() {   # name, command...
 }
 run attn_dec_tc "$G/test_gpu_kernels" "*decode*"
 run attn_dec_tc_fp8 "$G/test_gpu_kernels" "*kv_fp8*"
-for d in 0 4; do   # the tensor-core decode form where it measured faster, against the default
-    for s in llama-3.1-8b llama-3.2-1b; do
+# decode attention: 0 (the default), 4 (tensor cores where they measured faster), 3 (tensor
+# cores wherever they apply), 5 / 6 (3 as O^T = V^T P^T, 3 / 4 blocks per SM)
+for d in 0 4 3 5 6; do
+    for s in "llama-3.1-8b" "llama-3.2-1b" "llama-3.1-8b --kv-cache-dtype fp8"; do
         echo "SPECD_ATTN_DEC=$d $s: $(SPECD_ATTN_DEC=$d "$B/specd" bench --device cuda --shape $s --batch 64,256 \
             --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"
     done

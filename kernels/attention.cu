@@ -569,32 +569,8 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         for (int e = 0; e < DL; e++) wacc[warp][r][lane * DL + e] = F8 ? acc[r][e] * g.v_scale : acc[r][e];
     }
     __syncthreads();
-    for (int i = tid; i < rows * D; i += blockDim.x) {
-        const int r = i / D, d = i % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int v = 0; v < DEC_WARPS; v++)
-            if (wl[v][r] > 0.f) M = fmaxf(M, wm[v][r]);
-        float num = 0.f, den = 0.f;
-#pragma unroll
-        for (int v = 0; v < DEC_WARPS; v++) {
-            if (!(wl[v][r] > 0.f)) continue;
-            const float f = __expf(wm[v][r] - M);
-            num += f * wacc[v][r][d];
-            den += f * wl[v][r];
-        }
-        const size_t th = (size_t)tok0 * H + kvh * G + r;
-        if (direct) {
-            att_store(out, w, H, D, th * D + d, den > 0.f ? num / den : 0.f);
-        } else {
-            const size_t base = (size_t)split * w.n_tok * H + th;
-            w.ws_o[base * D + d] = num;
-            if (d == 0) {
-                w.ws_ml[base * 2] = M;
-                w.ws_ml[base * 2 + 1] = den;
-            }
-        }
-    }
+    att_merge_warps<false, 0>(wm, wl, wacc, [](int d) { return d; }, 1.f, direct, out, w, H, D, tok0, kvh, G,
+                              split, rows, tid);
     if (!direct && w.counters) combine_if_last(out, H, D, w, item * KVH + kvh, tok0, kvh * G, G, rows, ns_keys, ps, den_s);
 }
 

@@ -1,8 +1,9 @@
 /* What the attention kernels of attention.cu and attention_tc.cu share so that k_attention
  * can pick any per call: the keys one block covers (work item, split), the empty partials
- * of a split without keys, and the store of an output element (with its int8 rounding for
- * an int8 O GEMV). The SIMT decode kernel keeps its own copy of the geometry: it computes
- * it twice around its programmatic-launch wait, with its own chunk size. */
+ * of a split without keys, the store of an output element (with its int8 rounding for
+ * an int8 O GEMV), and the merge of a decode block's warps. The SIMT decode kernel keeps
+ * its own copy of the geometry: it computes it twice around its programmatic-launch wait,
+ * with its own chunk size. */
 #ifndef SPECD_ATTENTION_CUH
 #define SPECD_ATTENTION_CUH
 
@@ -10,6 +11,7 @@
 
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
+#include "kernels/tc.cuh"
 
 /* One block's share of the work: query tokens tok0 .. tok0 + nq - 1 of row `row` (q0 ..
  * of its new tokens, rows = nq * G query rows), whose keys lie in [kbeg, kend) (kbeg > 0
@@ -76,6 +78,47 @@ __device__ __forceinline__ void att_store(uint16_t *out, const k_attn_work &w, i
     ((int8_t *)w.x8)[e] = (int8_t)q[0];
     if ((threadIdx.x & 31) == 0)
         ((float2 *)((uint8_t *)w.x8 + k_x8_codes_bytes(w.n_tok, H * D)))[e / 32] = k_x8_pair(a, sum);
+}
+
+/* The end of a decode block whose NW warps each ran an online softmax over their share of
+ * the keys: for query row r (token tok0, head kvh G + r), warp v's running max wm[v][r], sum
+ * wl[v][r] and unnormalised output wacc[v][r][col(d)] (shared memory, after a barrier)
+ * merge at the largest max among the warps that saw a key. direct: the output (times vsc)
+ * is stored; else this split's partials go to the workspace for the combine, its max in
+ * natural-log units. LOG2: the warps' maxima are in base-2 units. tid: the thread's index
+ * in the block; NT: threads per block where the kernel fixes them, else 0 (blockDim.x).
+ * The loop runs over rows * D elements in whole warps, as att_store needs. */
+template <bool LOG2, int NT, int NW, int R, int DC, class Col>
+__device__ __forceinline__ void att_merge_warps(const float (&wm)[NW][R], const float (&wl)[NW][R],
+                                                const float (&wacc)[NW][R][DC], Col col, float vsc, bool direct,
+                                                uint16_t *out, const k_attn_work &w, int H, int D, int tok0, int kvh,
+                                                int G, int split, int rows, int tid) {
+    for (int i = tid; i < rows * D; i += NT ? NT : blockDim.x) {
+        const int r = i / D, d = i % D, at = col(d);
+        float M = -INFINITY;
+#pragma unroll
+        for (int v = 0; v < NW; v++)
+            if (wl[v][r] > 0.f) M = fmaxf(M, wm[v][r]);
+        float num = 0.f, den = 0.f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) {
+            if (!(wl[v][r] > 0.f)) continue;
+            const float f = LOG2 ? tc_exp2(wm[v][r] - M) : __expf(wm[v][r] - M);
+            num += f * wacc[v][r][at];
+            den += f * wl[v][r];
+        }
+        const size_t th = (size_t)tok0 * H + kvh * G + r;
+        if (direct) {
+            att_store(out, w, H, D, th * D + d, den > 0.f ? num * vsc / den : 0.f);
+        } else {
+            const size_t base = (size_t)split * w.n_tok * H + th;
+            w.ws_o[base * D + d] = num * vsc;
+            if (d == 0) {
+                w.ws_ml[base * 2] = LOG2 ? M * 0.6931471805599453f : M;
+                w.ws_ml[base * 2 + 1] = den;
+            }
+        }
+    }
 }
 
 #endif

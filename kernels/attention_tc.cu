@@ -608,34 +608,13 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         for (int nt = 0; nt < NT; nt++) *(float2 *)&so[warp][gid][nt * 8 + 2 * tig] = make_float2(o[nt][0], o[nt][1]);
     }
     __syncthreads();
-    const float vsc = F8 ? g.v_scale : 1.f;
-    for (int i = tid; i < rows * D; i += DTC_WARPS * 32) {   /* rows * D: whole warps */
-        const int r = i / D, d = i % D, u = d / VU;
-        const int at = TP ? d : ((u / 8) * VU + d % VU) * 8 + u % 8;   /* d in so: in order, or its n-tile, column */
-        float M = -INFINITY;
-#pragma unroll
-        for (int v = 0; v < DTC_WARPS; v++)
-            if (sl[v][r] > 0.f) M = fmaxf(M, sm[v][r]);
-        float num = 0.f, den = 0.f;
-#pragma unroll
-        for (int v = 0; v < DTC_WARPS; v++) {
-            if (!(sl[v][r] > 0.f)) continue;
-            const float f = tc_exp2(sm[v][r] - M);
-            num += f * so[v][r][at];
-            den += f * sl[v][r];
-        }
-        const size_t th = (size_t)sp.tok0 * H + kvh * G + r;
-        if (w.n_splits == 1) {
-            att_store(out, w, H, D, th * D + d, den > 0.f ? num * vsc / den : 0.f);
-        } else {
-            const size_t base = (size_t)split * w.n_tok * H + th;
-            w.ws_o[base * D + d] = num * vsc;
-            if (d == 0) {   /* the combine works in natural-log units */
-                w.ws_ml[base * 2] = M * 0.6931471805599453f;
-                w.ws_ml[base * 2 + 1] = den;
-            }
-        }
-    }
+    /* d's place in so: in order (TP), else its n-tile and column */
+    const auto col = [](int d) {
+        const int u = d / VU;
+        return TP ? d : ((u / 8) * VU + d % VU) * 8 + u % 8;
+    };
+    att_merge_warps<true, DTC_WARPS * 32>(sm, sl, so, col, F8 ? g.v_scale : 1.f, w.n_splits == 1, out, w, H, D,
+                                          sp.tok0, kvh, G, split, rows, tid);
 }
 
 template <int D, bool F8>

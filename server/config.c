@@ -74,7 +74,7 @@ static const cfg_key keys[] = {
     {"http_threads", K_INT, OFF(http_threads), 0, 1, 256, "HTTP worker threads"},
     {"allowed_origins", STR(allowed_origins), 0, 0, "CORS: browser origins allowed to call the API, comma separated, or * (default: none)"},
     {"max_n", K_INT, OFF(max_n), 0, 1, 128, "largest n (choices per prompt) accepted"},
-    {"async_scheduling", K_BOOL, OFF(async_scheduling), 0, 0, 1, "queue the next decode step on the GPU before the engine commits the running one (its tokens fed on the device; an end is known a step late and the extra token dropped)"},
+    {"async_scheduling", K_BOOL, OFF(async_scheduling), 0, 0, 1, "queue the next step (decode, prompt chunks beside decode rows, a draft model's speculative step) on the GPU before the engine commits the running one (its tokens fed on the device; an end is known a step late and the extra tokens dropped)"},
     {"overlap", K_BOOL, OFF(overlap), 0, 0, 1, "queue the next engine step before processing the last one's outputs"},
     {"stream_buffer_bytes", K_I64, OFF(stream_buffer_bytes), 0, 4096, 1.0e12, "unread bytes a stream may hold before its sequence pauses (resumes at half)"},
     {"total_buffer_bytes", K_I64, OFF(total_buffer_bytes), 0, 65536, 1.0e13, "unread bytes over all streams before streams with a backlog pause"},

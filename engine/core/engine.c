@@ -308,8 +308,10 @@ static int alloc_buffers(engine *e) {
         e->pend[i].plan = malloc((size_t)B * sizeof *e->pend[i].plan);
         e->pend[i].res = malloc((size_t)B * sizeof *e->pend[i].res);
         e->pend[i].dead = calloc((size_t)B, sizeof *e->pend[i].dead);
-        outs_ok = outs_ok && e->pend[i].plan && e->pend[i].res && e->pend[i].dead &&
-                  dec_outs_alloc(&e->pend[i].o, B) == 0;
+        e->pend[i].spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
+        e->pend[i].spec_n = malloc((size_t)B * sizeof(int));
+        outs_ok = outs_ok && e->pend[i].plan && e->pend[i].res && e->pend[i].dead && e->pend[i].spec_out &&
+                  e->pend[i].spec_n && dec_outs_alloc(&e->pend[i].o, B) == 0;
     }
     e->dec_sp = malloc((size_t)SR * sizeof(runner_sampling));
     e->spec_out = malloc((size_t)B * (K + 1) * sizeof(int32_t));
@@ -617,6 +619,8 @@ void engine_destroy(engine *e) {
         free(e->pend[i].plan);
         free(e->pend[i].res);
         free(e->pend[i].dead);
+        free(e->pend[i].spec_out);
+        free(e->pend[i].spec_n);
         dec_outs_free(&e->pend[i].o);
     }
     free(e->dec_sp);

@@ -201,6 +201,9 @@ typedef struct {
                                       * chunks with decode rows, in steps_composed) */
     uint64_t steps_async_composed;   /* steps of prompt chunks queued in flight (a forward
                                       * sampling on the device) */
+    uint64_t steps_async_spec;       /* a draft model's speculative steps queued while the
+                                      * one before was in flight (in steps_async and
+                                      * steps_runner_spec too) */
     /* seconds engine_step spent running its steps (the runner's op; on the composed path
      * also the draft's picks and host sampling / acceptance) and in all of engine_step:
      * the difference is the engine's own host work (scheduling, planning, commit, emit) */

@@ -52,8 +52,10 @@ typedef struct req {
     int decode_steps;            /* steps in which it decoded (speculating or not) */
     /* async scheduling (engine_step.c) */
     int pend_row;                /* its row in the last decode step queued */
-    int pend_tok;                /* its last token is a placeholder for the token the step in
-                                  * flight samples (fed to the next step on the device) */
+    int pend_tok;                /* its last tokens are this many placeholders for the tokens
+                                  * the step in flight samples (fed to the next step on the
+                                  * device): 1, or k + 1 for a speculative step, which emits
+                                  * 1..k+1 (the scheduler sees the most it can emit) */
     int m_pre, m_pre_rc;         /* the matcher already took that token (to mask the next
                                   * step's row while it ran), with this result: emit_token
                                   * uses it instead of taking the token again */
@@ -107,14 +109,19 @@ typedef struct {
     int drafted, accepted;       /* a verified row: drafts checked, drafts accepted */
     int kv_cap;                  /* KV committed at most up to here (what a draft model holds) */
     engine_finish forced;        /* an end the path decided (no token fits, max_tokens 0) */
-    int placed;                  /* tok[0] replaces the placeholder at the end of its tokens
-                                  * (async scheduling: n_computed already advanced) */
+    int placed;                  /* placeholders at the end of its tokens that tok[0..n)
+                                  * replace (async scheduling: pre_commit advanced
+                                  * n_computed as if the step emitted one each) */
 } row_result;
 
 /* A decode step queued without waiting for it (async scheduling): its rows (r NULL once
  * the request is dropped) and where the runner leaves its outputs. */
 typedef struct {
     int n;                       /* 0: none in flight */
+    int spec;                    /* k of a draft model's speculative step op; 0: a decode
+                                  * op or a forward */
+    int32_t *spec_out;           /* (max_batch, k + 1) its tokens */
+    int *spec_n;                 /* (max_batch) tokens per row */
     row_plan *plan;              /* (max_batch) */
     row_result *res;             /* (max_batch) */
     dec_outs o;
@@ -271,6 +278,10 @@ int engine_spec_req_init(const engine *e, req *r, int capacity);
 void engine_spec_plan(engine *e, int n);
 /* A verify of k drafts of r accepted `accepted`. */
 void engine_spec_observe(engine *e, req *r, int k, int accepted);
+/* Whether a draft model would have every one of n decoding rows speculate in a step now
+ * (no cost model, or one that finds k drafts pay at the current acceptance); counts
+ * nothing. A speculative step can then be queued behind the one in flight. */
+int engine_spec_chain(const engine *e, int n);
 /* Whether a step of n decoding rows drafts nothing, whatever its rows hold: no drafter,
  * prompt lookup through the runner's verify op with more rows than that op takes
  * (engine_spec_plan then looks nothing up), or a draft model whose step would not pay at

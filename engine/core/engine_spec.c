@@ -213,6 +213,11 @@ static int model_choice(engine *e, int nd, int extra, int peek) {
     return MODEL_PROBE;
 }
 
+int engine_spec_chain(const engine *e, int n) {
+    if (e->drafter != ENGINE_DRAFTER_MODEL || e->k == 0) return 0;
+    return e->cost.n_b == 0 || spec_cost_draft_pays(&e->cost, n, 0, e->k, e->acc_s / e->acc_t);
+}
+
 int engine_spec_skip(engine *e, int n) {
     if (e->drafter != ENGINE_DRAFTER_MODEL || e->cost.n_b == 0 || e->k == 0) return 0;
     if (model_choice(e, n, 0, 1) != MODEL_DECLINE) return 0;

@@ -989,8 +989,8 @@ static void commit_and_emit(engine *e, int n, const row_plan *plan, const row_re
         const row_result *o = &res[i];
         if (o->drafted) count_verify(e, r, o->drafted, o->accepted);
         s->n_computed += o->fed;
-        if (o->placed) {   /* the placeholder pre_commit appended makes way for the token */
-            s->n_tokens--;
+        if (o->placed) {   /* the placeholders pre_commit appended make way for the tokens */
+            s->n_tokens -= o->placed;
             r->pend_tok = 0;
         }
         engine_event *ev = o->event ? new_event(e, out, r) : NULL;
@@ -1038,12 +1038,21 @@ static double step_now(void) {
  * late: its token from the next step is never emitted (its plan row is cleared when the
  * request is dropped) and its KV goes back to the pool when it is dropped; the runner's
  * stream runs the queued step before any later op that could reuse its slot or blocks.
- * Speculative steps are synchronous: a draft model's or prompt lookup's drafts follow
- * from the token the step before sampled. A step a drafter would not speculate in is
- * queued like any other (engine_spec_skip, engine_spec_ngram_idle); prompt lookup, with
- * a step in flight, looks up on the tokens before its placeholder and prices what it
- * finds lower (the match must also predict the token in flight), so a copy in progress
- * stays synchronous and chat, which rarely matches, goes in flight. */
+ * A draft model's speculative step op (runner.spec_step, one graph on CUDA) goes in flight
+ * the same way where the runner queues it (runner.spec_async; spec_async_ok): it emits 1..k+1
+ * tokens per row, so pre_commit counts the most (k + 1 placeholders, positions to match),
+ * which can only over-reserve KV, and a row whose most could end it (max_tokens, context)
+ * takes no placeholders and sits the next step out. The next step is queued behind it only
+ * as another such op over rows that all continue its rows and would speculate whatever it
+ * emits (spec_chain_ok): the runner feeds them their last two tokens and advances their
+ * lengths and sampling counters on the device (runner_spec_batch.prev_row), and the commit
+ * (finish_spec) puts the tokens in the placeholders' place and corrects the positions.
+ * Otherwise the op is committed first. Prompt lookup stays synchronous when it speculates:
+ * its drafts are looked up on the tokens the step before emitted. A step a drafter would
+ * not speculate in is queued like any other (engine_spec_skip, engine_spec_ngram_idle);
+ * prompt lookup, with a step in flight, looks up on the tokens before its placeholder and
+ * prices what it finds lower (the match must also predict the token in flight), so a copy
+ * in progress stays synchronous and chat, which rarely matches, goes in flight. */
 
 #define TOKEN_PENDING (-1)
 
@@ -1113,6 +1122,16 @@ static void pre_commit(engine *e, const pend_step *q) {
         if (!r) continue;
         sched_seq *s = &r->seq;
         s->n_computed += p->n_new;
+        if (q->spec) {   /* 1..k+1 tokens: the most, unless the most could end the row */
+            const int k1 = q->spec + 1;
+            if (r->n_out + k1 < r->max_new && s->n_tokens + k1 < e->cfg.max_seq_len) {
+                s->n_computed += k1 - 1;
+                for (int j = 0; j < k1; j++) s->tokens[s->n_tokens++] = TOKEN_PENDING;
+                r->pend_tok = k1;
+                r->pend_row = i;
+            }
+            continue;
+        }
         if (p->target_logits && r->n_out + 1 < r->max_new && s->n_tokens + 1 < e->cfg.max_seq_len) {
             s->tokens[s->n_tokens++] = TOKEN_PENDING;
             r->pend_tok = 1;
@@ -1158,6 +1177,89 @@ static int launch_async(engine *e, int n, pend_step *q) {
     return 0;
 }
 
+/* Whether a draft model's speculative step ops may go in flight: async scheduling, a
+ * runner whose op can be queued (runner.spec_async), and room in one event for the tokens
+ * of the op in flight and of a synchronous speculative step after it. */
+static int spec_async_ok(const engine *e) {
+    return !e->cfg.sync_scheduling && e->run->spec_async && e->run->ops->wait_queued &&
+           e->drafter == ENGINE_DRAFTER_MODEL && 2 * (e->k + 1) <= ENGINE_MAX_STEP_TOKENS;
+}
+
+/* Whether the planned rows (the scheduler's, with a speculative step op in flight) can be
+ * the next speculative step op, queued behind that one before it is committed: every row
+ * continues one of its rows (pre_commit's placeholders stand for the 1..k+1 tokens it
+ * emits) and would speculate however many that turns out to be (row_may_speculate over
+ * the most, output room past it), samples as the op does, and the draft model would have
+ * every row speculate now (engine_spec_chain). So the step is the one the engine would
+ * run after the commit. */
+static int spec_chain_ok(engine *e, int n) {
+    if (!spec_async_ok(e) || n == 0) return 0;
+    for (int i = 0; i < n; i++) {
+        const row_plan *p = &e->plan[i];
+        const req *r = p->r;
+        if (r->pend_tok != e->k + 1 || !row_may_speculate(e, p) || r->n_out + e->k + 2 >= r->max_new || host_only(r))
+            return 0;
+        const runner_sampling sp = device_sampling(e, r, 0);
+        if (!runner_spec_takes(e->run, &sp)) return 0;
+    }
+    return engine_spec_chain(e, n);
+}
+
+/* Queue the planned step (slots synced; every row speculates k: runner_spec_ok or
+ * spec_chain_ok) as one speculative step op in flight into q. A row that continues a row
+ * of the op in flight is fed its last two tokens on the device (prev_row), and its
+ * sampling counter, one step behind here, is advanced there by that row's tokens. */
+static int launch_spec(engine *e, int n, pend_step *q) {
+    for (int i = 0; i < n; i++) {
+        const req *r = e->plan[i].r;
+        const sched_seq *s = &r->seq;
+        e->dec_slots[i] = s->slot;
+        e->dec_prev[i] = r->pend_tok ? r->pend_row : -1;
+        e->tokens[2 * i] = r->pend_tok ? 0 : s->tokens[s->n_tokens - 2];
+        e->tokens[2 * i + 1] = r->pend_tok ? 0 : s->tokens[s->n_tokens - 1];
+        e->dec_sp[i] = device_sampling(e, r, 0);
+        q->plan[i] = e->plan[i];
+    }
+    runner_spec_batch sb = {.n = n, .k = e->k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
+                            .out_tokens = q->spec_out, .out_n = q->spec_n, .async = 1, .prev_row = e->dec_prev};
+    const double t = step_now();
+    int rc = e->run->ops->spec_step(e->run, &sb);
+    e->st.run_seconds += step_now() - t;
+    if (rc) return rc;
+    e->st.steps_runner_spec++;
+    q->n = n;
+    q->spec = e->k;
+    return 0;
+}
+
+/* Commit a speculative step op that was in flight: each row's m tokens in place of its
+ * placeholders, the positions pre_commit counted corrected to what stands (the fed token
+ * and m - 1 drafts), KV committed no further than the draft holds. A row preempted
+ * meanwhile (no slot) keeps its tokens and recomputes its KV. */
+static int finish_spec(engine *e, int n, pend_step *q, engine_output *out) {
+    const int k = q->spec;
+    q->spec = 0;
+    for (int i = 0; i < n; i++) {
+        req *r = q->plan[i].r;
+        row_result *o = &q->res[i];
+        const int m = q->spec_n[i];
+        if (m < 1 || m > k + 1) return SPECD_ESTATE;
+        *o = (row_result){.event = 1, .n = m, .dev = -1, .drafted = k, .accepted = m - 1, .kv_cap = 0,
+                          .forced = ENGINE_RUNNING};
+        memcpy(o->tok, q->spec_out + (size_t)i * (k + 1), (size_t)m * sizeof(int32_t));
+        if (!r) continue;
+        const sched_seq *s = &r->seq;
+        o->placed = r->pend_tok;
+        if (s->slot >= 0) {
+            const int L = s->n_computed - (r->pend_tok ? k + 1 : 1);   /* the fed token's position */
+            o->fed = L + m - s->n_computed;
+            o->kv_cap = L + (k < m ? k : m);
+        }
+    }
+    commit_and_emit(e, n, q->plan, q->res, &q->o, out);
+    return 0;
+}
+
 /* Wait for the step in flight and commit it. */
 static int finish_pending(engine *e, pend_step *q, engine_output *out) {
     const double t = step_now();
@@ -1167,6 +1269,7 @@ static int finish_pending(engine *e, pend_step *q, engine_output *out) {
     q->n = 0;
     q->waited = 0;
     if (rc) return rc;
+    if (q->spec) return finish_spec(e, n, q, out);
     for (int i = 0; i < n; i++) {
         const row_plan *p = &q->plan[i];
         const req *r = p->r;
@@ -1196,15 +1299,39 @@ static int sync_rows(engine *e, int n, engine_output *out) {
     return 0;
 }
 
+/* Phase 1b: what the step may draft through (verify_possible, fwd_possible) and the
+ * speculation plan. */
+static void plan_spec(engine *e, int n) {
+    e->step_verify = verify_possible(e, n);
+    e->step_fwd = !e->step_verify && fwd_possible(e, n);
+    engine_spec_plan(e, n);
+}
+
+static int run_planned(engine *e, int n, engine_output *out);
+
+/* Whether the plan has every row verify k drafts (a draft model's step: all or none). */
+static int plan_all_speculate(const engine *e, int n) {
+    for (int i = 0; i < n; i++)
+        if (e->plan[i].spec != e->k) return 0;
+    return 1;
+}
+
 /* Phases 2-4 for a step with no step in flight: queued in flight when it can be, else run
  * on the one path that fits every row, then committed. */
 static int run_step(engine *e, int n, engine_output *out) {
     int rc = sync_rows(e, n, out);
     if (rc) return rc;
     if (async_ok(e, n)) return launch_async(e, n, &e->pend[e->pend_cur]);
-    e->step_verify = verify_possible(e, n);
-    e->step_fwd = !e->step_verify && fwd_possible(e, n);
-    engine_spec_plan(e, n);
+    plan_spec(e, n);
+    return run_planned(e, n, out);
+}
+
+/* Phases 3-4 of a planned step: one speculative step op where a draft model's rows all
+ * fit it (queued in flight where spec_async_ok: the next step may follow it there), else
+ * one runner_step; then the commit. */
+static int run_planned(engine *e, int n, engine_output *out) {
+    int rc;
+    if (spec_async_ok(e) && runner_spec_ok(e, n)) return launch_spec(e, n, &e->pend[e->pend_cur]);
     for (int i = 0; i < n; i++)
         e->res[i] = (row_result){.dev = -1, .kv_cap = INT_MAX, .forced = ENGINE_RUNNING};
     /* Run the step -- one speculative step op where a draft model's rows all fit it, else
@@ -1276,24 +1403,39 @@ static int engine_step_timed(engine *e, engine_output *out) {
         p->n_new = sb.n_new[i];
     }
     e->n_plan = n;
-    if (fl) {
-        if (async_ok(e, n)) {   /* queue the next step, then commit the one in flight */
-            e->mask_fl = fl;   /* constrained rows wait for its tokens (prepare_masks_async) */
-            if (!(rc = sync_rows(e, n, out))) rc = launch_async(e, n, &e->pend[e->pend_cur ^ 1]);
-            e->mask_fl = NULL;
-            if (rc) goto fail;
+    int planned = 0;
+    if (fl && fl->spec && spec_chain_ok(e, n)) {
+        /* a speculative step behind the one in flight: planned as the engine would after
+         * the commit (spec_chain_ok), then queued unless the plan is not one op after all */
+        if ((rc = sync_rows(e, n, out))) goto fail;
+        plan_spec(e, n);
+        planned = 1;
+        if (plan_all_speculate(e, n)) {
+            if ((rc = launch_spec(e, n, &e->pend[e->pend_cur ^ 1]))) goto fail;
             e->st.steps_async++;
+            e->st.steps_async_spec++;
             e->pend_cur ^= 1;
             if ((rc = finish_pending(e, fl, out))) goto fail;
             return 0;
         }
+    } else if (fl && !fl->spec && async_ok(e, n)) {   /* queue the next step, then commit the one in flight */
+        e->mask_fl = fl;   /* constrained rows wait for its tokens (prepare_masks_async) */
+        if (!(rc = sync_rows(e, n, out))) rc = launch_async(e, n, &e->pend[e->pend_cur ^ 1]);
+        e->mask_fl = NULL;
+        if (rc) goto fail;
+        e->st.steps_async++;
+        e->pend_cur ^= 1;
+        if ((rc = finish_pending(e, fl, out))) goto fail;
+        return 0;
+    }
+    if (fl) {
         if ((rc = finish_pending(e, fl, out))) goto fail;
         int m = 0;   /* rows whose request ended with the step in flight are gone */
         for (int i = 0; i < n; i++)
             if (e->plan[i].r) e->plan[m++] = e->plan[i];
         n = e->n_plan = m;
     }
-    if ((rc = run_step(e, n, out))) goto fail;
+    if ((rc = planned ? run_planned(e, n, out) : run_step(e, n, out))) goto fail;
     return 0;
 fail:
     fprintf(stderr, "specd: engine step failed: %s\n", specd_strerror(rc));

@@ -199,6 +199,18 @@ typedef struct {
     const runner_sampling *sp;    /* [n] (counter: output index of the first new token) */
     int32_t *out_tokens;          /* [n, k+1]: accepted drafts then the target's token */
     int *out_n;                   /* [n] tokens emitted per row: accepted + 1 */
+    /* Pipelining, where runner.spec_async (as runner_decode_batch's async; the two pending
+     * ops at most may be speculative steps or decode / forward ops):
+     * async: the op returns once the step is queued; out_tokens and out_n (which must stay
+     *   valid until then) are written at a later wait_queued.
+     * prev_row (may be NULL): prev_row[i] >= 0 continues row prev_row[i] of the speculative
+     *   step op queued just before this one (which may still be pending, and must have
+     *   been one of the same k): row i's two tokens are that row's last two (of its fed
+     *   last token and the m tokens it emitted), and sp[i].counter is advanced by its m;
+     *   tokens[2i], tokens[2i+1] are not read. Its lengths are the ones that op left (the
+     *   runner advanced them), so nothing of the row travels through the host. */
+    int async;
+    const int *prev_row;
 } runner_spec_batch;
 
 /* One verify step of drafts proposed outside the runner (optional op; prompt lookup), for
@@ -326,6 +338,7 @@ struct runner {
                               * let the callback wait for the op before): constrained rows
                               * can be queued in flight */
     int forward_async;       /* forward() takes runner_batch.async and prev_tok */
+    int spec_async;          /* spec_step() takes runner_spec_batch.async and prev_row */
     int async_device;        /* a queued op runs on a device while the host goes on (the
                               * engine's work for the next step hides under it); 0 where
                               * the op is computed when queued (the CPU runner) */

@@ -111,6 +111,12 @@ typedef struct {
     float *sp_p;            /* ((k+1), vocab) */
     float *sp_res;          /* (vocab) */
     int *sp_scratch;        /* (vocab) */
+    int32_t *sp_in;         /* (max_batch * 2) a speculative step's two tokens per row
+                             * (prev_row resolved) */
+    runner_sampling *sp_sp; /* (max_batch) its sampling rows, counters advanced (prev_row) */
+    int32_t *sp_last;       /* (max_batch * 3) the latest speculative step's rows: their
+                             * last two tokens and m (what a next step's prev_row reads) */
+    int sp_last_rows;       /* its rows; 0 once another sampling op ran after it */
     int *fs_scratch;        /* (vocab) forward sampling */
     float *fs_raw;          /* (vocab) its raw logits, for the chosen token's logprob */
     runner_row *dec_rows;   /* (max_batch) decode op, allocated on its first call */
@@ -125,6 +131,11 @@ typedef struct {
         runner_decode_batch b;   /* the caller's arrays */
         int32_t *tok, *top_ids;
         float *lp, *top_lp;
+        int spec_n, spec_k;      /* a speculative step's rows and k */
+        int32_t *spec_tok;       /* (max_batch * (k+1)), with a draft model */
+        int *spec_m;             /* (max_batch) */
+        int32_t *spec_dst_tok;
+        int *spec_dst_m;
     } pend[2];
     int n_pend, pend_head;
     runner_ops ops;         /* base.ops points here: cpu_ops, plus verify with cfg.cpu_verify */
@@ -746,7 +757,8 @@ static void free_decode_bufs(cpu_runner *r) {
         free(r->pend[q].lp);
         free(r->pend[q].top_ids);
         free(r->pend[q].top_lp);
-        r->pend[q] = (struct cpu_pending){0};
+        r->pend[q].tok = r->pend[q].top_ids = NULL;
+        r->pend[q].lp = r->pend[q].top_lp = NULL;
     }
     r->dec_rows = NULL;
     r->dec_logits = NULL;
@@ -777,6 +789,14 @@ static int cpu_wait_queued(runner *base) {
     cpu_runner *r = (cpu_runner *)base;
     if (r->n_pend == 0) return 0;
     struct cpu_pending *p = &r->pend[r->pend_head];
+    if (p->spec_dst_tok) {   /* a speculative step */
+        memcpy(p->spec_dst_tok, p->spec_tok, (size_t)p->spec_n * (size_t)(p->spec_k + 1) * sizeof(int32_t));
+        memcpy(p->spec_dst_m, p->spec_m, (size_t)p->spec_n * sizeof(int));
+        p->spec_dst_tok = NULL;
+        r->pend_head ^= 1;
+        r->n_pend--;
+        return 0;
+    }
     const runner_decode_batch *b = &p->b;
     const size_t n = (size_t)b->n;
     memcpy(b->out_tokens, p->tok, n * sizeof(int32_t));
@@ -820,6 +840,7 @@ static int cpu_decode(runner *base, const runner_decode_batch *db) {
     int rc = cpu_forward(base, &b);
     if (rc) return rc;
     memcpy(r->dec_last, b.out_tokens, (size_t)db->n * sizeof(int32_t));
+    r->sp_last_rows = 0;
     if (p) {
         p->b = *db;
         r->n_pend++;
@@ -844,6 +865,7 @@ static int cpu_forward_op(runner *base, const runner_batch *b) {
         if (rc == 0 && b->sp && b->out_tokens) {   /* what a next op's prev_tok / prev_row reads */
             if (!r->dec_rows && alloc_decode_bufs(r)) return SPECD_ENOMEM;
             memcpy(r->dec_last, b->out_tokens, (size_t)(n_out < MB ? n_out : MB) * sizeof(int32_t));
+            r->sp_last_rows = 0;
         }
         return rc;
     }
@@ -873,6 +895,7 @@ static int cpu_forward_op(runner *base, const runner_batch *b) {
     int rc = cpu_forward(base, &fb);
     if (rc) return rc;
     memcpy(r->dec_last, fb.out_tokens, (size_t)n_out * sizeof(int32_t));
+    r->sp_last_rows = 0;
     if (p) {
         p->b = (runner_decode_batch){.n = n_out, .out_tokens = b->out_tokens, .out_logprobs = b->out_logprobs,
                                      .out_top_ids = b->out_top_ids, .out_top_logprobs = b->out_top_logprobs};
@@ -893,24 +916,44 @@ static int32_t pick_draft(cpu_runner *r, float *logits, const runner_sampling *s
     return sample_from_probs(q, V, sample_uniform(sp->seed ^ SPEC_SALT_DRAFT, sp->counter + (uint64_t)j));
 }
 
+/* The speculative step op (runner.h). An async one is computed at once and its outputs
+ * handed over at wait_queued; prev_row reads the rows of the speculative step just before
+ * (sp_last), which any other sampling op clears. */
 static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
     cpu_runner *r = (cpu_runner *)base;
     const runner_config *cfg = &base->cfg;
     int n = sb->n, k = sb->k, V = base->vocab, rc;
     if (!r->sp_rows || n < 1 || n > cfg->max_batch || k < 1 || k > cfg->num_draft_tokens) return SPECD_EINVAL;
+    if (sb->async && (!base->spec_async || r->n_pend == 2)) return SPECD_EINVAL;
+    if (!sb->async && r->n_pend) return SPECD_ESTATE;
     for (int i = 0; i < n; i++) {
         int s = sb->slots[i], L = s >= 0 && s < cfg->max_batch ? r->len[0][s] : -1;
+        const int pr = sb->prev_row ? sb->prev_row[i] : -1;
+        if (pr >= r->sp_last_rows) return SPECD_EINVAL;
         if (L < 1 || L + k + 1 > cfg->max_seq_len) return SPECD_ERANGE;
         for (int j = 0; j < i; j++)
             if (sb->slots[j] == s) return SPECD_EINVAL;
+        r->sp_sp[i] = sb->sp[i];
+        if (pr >= 0) {
+            r->sp_in[2 * i] = r->sp_last[3 * pr];
+            r->sp_in[2 * i + 1] = r->sp_last[3 * pr + 1];
+            r->sp_sp[i].counter += (uint64_t)r->sp_last[3 * pr + 2];
+        } else {
+            r->sp_in[2 * i] = sb->tokens[2 * i];
+            r->sp_in[2 * i + 1] = sb->tokens[2 * i + 1];
+        }
     }
+    struct cpu_pending *pq = sb->async ? &r->pend[(r->pend_head + r->n_pend) & 1] : NULL;
+    int32_t *outs = pq ? pq->spec_tok : sb->out_tokens;
+    int *out_n = pq ? pq->spec_m : sb->out_n;
+    const runner_sampling *sps = r->sp_sp;
     /* 1. draft: [second-to-last, last] at L-1, L */
     for (int i = 0; i < n; i++) {
         int s = sb->slots[i];
         r->len[1][s] = r->len[0][s] - 1;
         r->sp_rows[i] = (runner_row){.slot = s, .n_new = 2, .tok_off = 2 * i, .n_logits = 1, .logits_off = i};
-        r->sp_tokens[2 * i] = sb->tokens[2 * i];
-        r->sp_tokens[2 * i + 1] = sb->tokens[2 * i + 1];
+        r->sp_tokens[2 * i] = r->sp_in[2 * i];
+        r->sp_tokens[2 * i + 1] = r->sp_in[2 * i + 1];
     }
     runner_batch b = {.which = RUNNER_DRAFT, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
                       .n_tokens = 2 * n, .logits = r->sp_dlogits};
@@ -918,7 +961,7 @@ static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
     /* 2. k-1 more draft passes */
     for (int j = 0; j < k; j++) {
         for (int i = 0; i < n; i++) {
-            int32_t d = pick_draft(r, r->sp_dlogits + (size_t)i * V, &sb->sp[i], j,
+            int32_t d = pick_draft(r, r->sp_dlogits + (size_t)i * V, &sps[i], j,
                                    r->sp_q + ((size_t)i * k + j) * V);
             r->sp_drafts[i * k + j] = d;
             r->sp_rows[i] = (runner_row){.slot = sb->slots[i], .n_new = 1, .tok_off = i, .n_logits = 1, .logits_off = i};
@@ -933,7 +976,7 @@ static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
     for (int i = 0; i < n; i++) {
         r->sp_rows[i] = (runner_row){.slot = sb->slots[i], .n_new = k + 1, .tok_off = i * (k + 1),
                                      .n_logits = k + 1, .logits_off = i * (k + 1)};
-        r->sp_tokens[i * (k + 1)] = sb->tokens[2 * i + 1];
+        r->sp_tokens[i * (k + 1)] = r->sp_in[2 * i + 1];
         memcpy(r->sp_tokens + i * (k + 1) + 1, r->sp_drafts + i * k, sizeof(int32_t) * (size_t)k);
     }
     b = (runner_batch){.which = RUNNER_TARGET, .n_rows = n, .rows = r->sp_rows, .tokens = r->sp_tokens,
@@ -941,9 +984,9 @@ static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
     if ((rc = cpu_forward(base, &b))) return rc;
     /* 4-5. acceptance, lengths */
     for (int i = 0; i < n; i++) {
-        const runner_sampling *sp = &sb->sp[i];
+        const runner_sampling *sp = &sps[i];
         float *tl = r->sp_tlogits + (size_t)i * (k + 1) * V;
-        int32_t *out = sb->out_tokens + (size_t)i * (k + 1);
+        int32_t *out = outs + (size_t)i * (k + 1);
         int m;
         if (sp->temperature <= 0) {
             m = spec_accept_greedy(tl, V, r->sp_drafts + i * k, k, out);
@@ -959,10 +1002,21 @@ static int cpu_spec_step(runner *base, const runner_spec_batch *sb) {
             m = spec_accept_sample(r->sp_p, r->sp_q + (size_t)i * k * V, V, r->sp_drafts + i * k, k, ua,
                                    sample_uniform(sp->seed, 2 * sp->counter), r->sp_res, 0, out);
         }
-        sb->out_n[i] = m;
+        out_n[i] = m;
         int s = sb->slots[i], L = r->len[0][s] - (k + 1);
         r->len[0][s] = L + m;
         r->len[1][s] = L + k < L + m ? L + k : L + m;
+        r->sp_last[3 * i] = m >= 2 ? out[m - 2] : r->sp_in[2 * i + 1];
+        r->sp_last[3 * i + 1] = out[m - 1];
+        r->sp_last[3 * i + 2] = m;
+    }
+    r->sp_last_rows = n;
+    if (pq) {
+        pq->spec_n = n;
+        pq->spec_k = k;
+        pq->spec_dst_tok = sb->out_tokens;
+        pq->spec_dst_m = sb->out_n;
+        r->n_pend++;
     }
     return 0;
 }
@@ -1114,6 +1168,13 @@ static void cpu_destroy(runner *base) {
     free(r->sp_p);
     free(r->sp_res);
     free(r->sp_scratch);
+    free(r->sp_in);
+    free(r->sp_sp);
+    free(r->sp_last);
+    for (int q = 0; q < 2; q++) {
+        free(r->pend[q].spec_tok);
+        free(r->pend[q].spec_m);
+    }
     free(r->fs_scratch);
     free(r->fs_raw);
     free_decode_bufs(r);
@@ -1325,9 +1386,19 @@ runner *runner_cpu_create(const model *target, const model *draft, const runner_
         r->sp_p = malloc((K + 1) * V * sizeof(float));
         r->sp_res = malloc(V * sizeof(float));
         r->sp_scratch = malloc(V * sizeof(int));
-        if (!r->sp_rows || !r->sp_tokens || !r->sp_drafts || !r->sp_dlogits || !r->sp_tlogits ||
+        r->sp_in = malloc(B * 2 * sizeof(int32_t));
+        r->sp_sp = malloc(B * sizeof *r->sp_sp);
+        r->sp_last = malloc(B * 3 * sizeof(int32_t));
+        int ok = r->sp_in && r->sp_sp && r->sp_last;
+        for (int q = 0; q < 2; q++) {
+            r->pend[q].spec_tok = malloc(B * (K + 1) * sizeof(int32_t));
+            r->pend[q].spec_m = malloc(B * sizeof(int));
+            ok = ok && r->pend[q].spec_tok && r->pend[q].spec_m;
+        }
+        if (!ok || !r->sp_rows || !r->sp_tokens || !r->sp_drafts || !r->sp_dlogits || !r->sp_tlogits ||
             !r->sp_q || !r->sp_p || !r->sp_res || !r->sp_scratch)
             goto oom;
+        r->base.spec_async = cfg->tp_world <= 1;   /* (as the queued ops of a group: none) */
     }
     if (!draft && cfg->num_draft_tokens > 0 && cfg->cpu_verify) {
         size_t B = (size_t)(cfg->max_batch < RUNNER_VERIFY_MAX_ROWS ? cfg->max_batch : RUNNER_VERIFY_MAX_ROWS),

@@ -32,6 +32,31 @@ __global__ void spec_prep_kernel(int32_t *lens, const int32_t *slots, int B, int
     for (int j = 0; j <= k; j++) tok_slotv[i * (k + 1) + j] = s;
 }
 
+/* One thread per row: a row that continues row pr of the speculative step before takes
+ * that row's last two tokens (of its fed last token, vtok's first, and the m it emitted)
+ * and its sampling counter moves on by m. */
+__global__ void spec_feed_prev_kernel(int32_t *tokens, k_sample_params *par, const int32_t *prev,
+                                      const int32_t *prev_out, const int32_t *prev_n, const int32_t *prev_vtok,
+                                      int K1, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || prev[i] < 0) return;
+    const int pr = prev[i];
+    int m = prev_n[pr];
+    m = m < 1 ? 1 : m > K1 ? K1 : m;   /* (the host checks it when the step is waited for) */
+    const int32_t *o = prev_out + (size_t)pr * K1;
+    tokens[2 * i] = m >= 2 ? o[m - 2] : prev_vtok[(size_t)pr * K1];
+    tokens[2 * i + 1] = o[m - 1];
+    par[i].counter += (uint64_t)m;
+}
+
+extern "C" int k_spec_feed_prev(int32_t *tokens, k_sample_params *par, const int32_t *prev, const int32_t *prev_out,
+                                const int32_t *prev_n, const int32_t *prev_vtok, int K1, int n, cudaStream_t s) {
+    if (n < 0 || K1 < 2) return -1;
+    if (n == 0) return 0;
+    spec_feed_prev_kernel<<<(n + 127) / 128, 128, 0, s>>>(tokens, par, prev, prev_out, prev_n, prev_vtok, K1, n);
+    return K_LAUNCH_RESULT();
+}
+
 extern "C" int k_spec_prep(int32_t *lens, const int32_t *slots, int B, int k, int dummy,
                            int32_t *tok_slot2, int32_t *tok_slotv, cudaStream_t s) {
     if (B <= 0 || k < 1) return -1;

@@ -466,6 +466,12 @@ int k_probs(const float *logits, float *probs, int n, int vocab, const k_sample_
  * draft's 2-token pass and the verify pass). */
 int k_spec_prep(int32_t *lens, const int32_t *slots, int B, int k, int dummy,
                 int32_t *tok_slot2, int32_t *tok_slotv, cudaStream_t s);
+/* A speculative step queued behind the one before (runner_spec_batch.prev_row): for rows
+ * with prev[i] >= 0, tokens[2i], tokens[2i+1] = the last two tokens of row prev[i] of that
+ * step (its outputs prev_out [*, K1] and prev_n, and its fed last token, prev_vtok[pr * K1])
+ * and par[i].counter += its m. Other rows unchanged. */
+int k_spec_feed_prev(int32_t *tokens, k_sample_params *par, const int32_t *prev, const int32_t *prev_out,
+                     const int32_t *prev_n, const int32_t *prev_vtok, int K1, int n, cudaStream_t s);
 /* vtok [B(k+1)]: row i is in_tokens[2i+1] then drafts[j*ld + i] for j < k. */
 int k_spec_verify_tokens(const int32_t *in_tokens, const int32_t *drafts, int B, int k, int ld,
                          int32_t *vtok, cudaStream_t s);

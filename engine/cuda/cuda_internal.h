@@ -115,6 +115,9 @@ typedef struct {
                               * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
+    int spec_async;          /* SPECD_CUDA_SPEC_ASYNC=1: runner.spec_async, the speculative
+                              * step queued in flight (off until it has run on a GPU:
+                              * tests/gpu/UNRUN.md) */
     int verify_gemv;         /* SPECD_CUDA_VERIFY_GEMV: a verify pass of B rows whose decode step
                               * runs on the GEMV (B <= gemv_rows), all its tokens fitting it (at
                               * most CUDA_GEMV_MAX_ROWS), may run as that decode step would, token
@@ -305,6 +308,8 @@ typedef struct {
     struct cuda_dec_pending {
         runner_decode_batch b;   /* the caller's out_* arrays and n */
         int half, want_top;
+        int *spec_n;             /* a speculative step's out_n (its tokens: b.out_tokens; its
+                                  * slots: sp_pslots' half; cuda_spec_wait): non-NULL */
     } dpend[2];
     int n_dpend, dpend_head, dec_half;
     int n_decode_steps;      /* decode steps queued so far (tune.profile_step counts them) */
@@ -334,7 +339,11 @@ typedef struct {
     /* speculative step (engine/cuda/cuda_spec.c), allocated when a draft and k > 0 are given */
     int sp_k;                      /* k the spec graphs were captured for (0: none) */
     void *d_sp_in, *h_sp_in;       /* tokens[2MB] | slots[MB] | params[MB] */
-    void *d_sp_out, *h_sp_out;     /* tok[MB(k+1)] | n[MB] */
+    void *d_sp_out, *h_sp_out;     /* tok[MB(k+1)] | n[MB] (host: one per dec_half) */
+    int *sp_pslots;                /* [2][MB] the slots of the step in each half */
+    int sp_last_rows;              /* rows of the latest speculative step, whose outputs stay
+                                    * in d_sp_out for a next one's prev_row; 0 once another
+                                    * sampling op (decode, forward) has run */
     int32_t *d_sp_i32;             /* per-step and layout int arrays, see cuda_spec.c */
     float *d_sp_tl;                /* MB(k+1), vocab: target logits / probabilities */
     float *d_sp_q;                 /* k, MB, vocab: draft probabilities (sampled rows) */
@@ -467,6 +476,9 @@ void cuda_graph_size_list(int max_batch, int *sizes, int *n);
 int cuda_spec_alloc(cuda_runner *r, int k);
 int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen);
 int cuda_spec_step(runner *base, const runner_spec_batch *b);
+/* The outputs of pending speculative step p (cuda_wait_queued): tokens and counts to the
+ * batch's arrays, the length mirror advanced. */
+int cuda_spec_wait(cuda_runner *r, const struct cuda_dec_pending *p);
 void cuda_spec_free(cuda_runner *r);
 /* The verify op over outside drafts (same file): buffers for up to k drafts, capture, the op. */
 int cuda_verify_alloc(cuda_runner *r, int k);
@@ -485,5 +497,8 @@ int cuda_upload_slots(cuda_runner *r);
 /* The latest queued decode's inputs are on the device (0 at once when none is pending). */
 int cuda_dec_inputs_done(cuda_runner *r);
 int cuda_wait_queued(runner *base);
+/* Op p queued (its outputs on their way to its half, ev_out recorded): pending until
+ * cuda_wait_queued; not async: waited for here (a group's collectives first). */
+int cuda_push_pending(cuda_runner *r, const struct cuda_dec_pending *p, int async);
 
 #endif

@@ -80,6 +80,7 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         return b->async || b->prev_tok ? SPECD_EINVAL : SPECD_ESTATE;
     int rc = check_batch(r, b);
     if (rc || (rc = cuda_upload_slots(r))) return rc;
+    r->sp_last_rows = 0;   /* (d_sp_out no longer the latest sampling op's outputs) */
     const int T = r->T, which = b->which, vocab = r->m[which].c.vocab;
     const cuda_model *cm = &r->m[which];
     int32_t *hm = r->h_meta;
@@ -256,12 +257,12 @@ static int cuda_forward(runner *base, const runner_batch *b) {
         for (int i = 0; i < nr; i++)
             if (row_slot[i] != r->dummy) r->h_len[row_slot[i] * 2 + which] += row_n[i];
         r->h_len[r->dummy * 2] = r->h_len[r->dummy * 2 + 1] = 0;
-        r->dpend[(r->dpend_head + r->n_dpend) & 1] = (struct cuda_dec_pending){
-            .b = {.n = nr > 0 ? n_out : 0, .out_tokens = b->out_tokens, .out_logprobs = b->out_logprobs,
-                  .out_top_ids = b->out_top_ids, .out_top_logprobs = b->out_top_logprobs},
-            .half = half, .want_top = want_top};
-        r->n_dpend++;
-        return 0;
+        return cuda_push_pending(
+            r, &(struct cuda_dec_pending){.b = {.n = nr > 0 ? n_out : 0, .out_tokens = b->out_tokens,
+                                                .out_logprobs = b->out_logprobs, .out_top_ids = b->out_top_ids,
+                                                .out_top_logprobs = b->out_top_logprobs},
+                                          .half = half, .want_top = want_top},
+            1);
     }
     int rc_sync = cuda_step_sync(r);
     if (rc_sync) return rc_sync;
@@ -748,6 +749,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->gemm_band = env_flag("SPECD_CUDA_GEMM_BAND", 0);   /* (off: tests/gpu/BENCH.md, twenty-fourth session) */
     t->verify_item_splits = env_flag("SPECD_CUDA_VERIFY_ITEM_SPLITS", 0);
     t->verify_gemv = env_flag("SPECD_CUDA_VERIFY_GEMV", 1);
+    t->spec_async = env_flag("SPECD_CUDA_SPEC_ASYNC", 0);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
     t->tp_shard_draft = env_flag("SPECD_TP_SHARD_DRAFT", 0);
@@ -996,6 +998,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
         if (rc == SPECD_ENOMEM) goto oom;
         if (rc) goto cuda_err;
         r->ops.spec_step = cuda_spec_step;
+        r->base.spec_async = r->opts.world == 1 && r->tune.spec_async;   /* (one GPU, as decode_async) */
     }
     if (vf_k) {
         int rc = cuda_verify_alloc(r, vf_k);

@@ -5,11 +5,14 @@
  *   -> k-1 one-token draft passes (d2..dk) -> target pass over [last, d1..dk] with logits at
  *   all k+1 positions -> acceptance (greedy prefix or rejection sampling) -> target length
  *   += accepted + 1, draft length = min(L + k, new target length) -> the dummy slot's
- *   lengths zeroed by a captured store -> outputs copied to pinned host memory.
+ *   lengths zeroed by a captured store.
  * Positions and lengths are read from the device lengths table, so a graph replays for any
- * context; per-step inputs (tokens, slots, sampling parameters) are copied by the graph
- * itself from a pinned buffer at a fixed address. Padding rows use the dummy slot, whose
- * block table points only at block 0.
+ * context. Around the graph, on the stream: the per-step inputs (tokens, slots, prev rows,
+ * sampling parameters) from pinned memory to d_sp_in, then for rows that continue a row of
+ * the speculative step before (runner_spec_batch.prev_row, async scheduling) their tokens
+ * and counters from that step's outputs, still in d_sp_out (k_spec_feed_prev); after it,
+ * the outputs to their half of h_sp_out, as a decode step's (cuda_wait_queued). Padding
+ * rows use the dummy slot, whose block table points only at block 0.
  *
  * Layout of d_sp_i32 (MB = max_batch, K1 = k + 1), in int32 entries:
  *   tok_slot2[2MB] tok_j2[2MB] row_off2[MB] twos[MB] lrows2[MB] item2_row[2MB] item2_q0[2MB]
@@ -47,9 +50,9 @@ static sp_layout layout(int32_t *base, int MB, int k) {
     return l;
 }
 
-/* Inputs: tokens[2MB] int32 | slots[MB] int32 | pad to 16 | params[MB]. */
-static size_t in_par_off(int MB) { return cuda_par_off((size_t)MB * 12); }
-static size_t in_bytes(int MB) { return cuda_par_block_bytes((size_t)MB * 12, MB); }
+/* Inputs: tokens[2MB] int32 | slots[MB] int32 | prev[MB] int32 | pad to 16 | params[MB]. */
+static size_t in_par_off(int MB) { return cuda_par_off((size_t)MB * 16); }
+static size_t in_bytes(int MB) { return cuda_par_block_bytes((size_t)MB * 16, MB); }
 static size_t out_bytes(int MB, int k) { return (size_t)MB * (size_t)(k + 2) * 4; }
 
 /* Query tokens per attention item, as cuda_forward chooses them; but a row of a few
@@ -173,8 +176,13 @@ int cuda_spec_alloc(cuda_runner *r, int k) {
     CU_CHECK(r, cudaMalloc(&r->d_sp_in, in_bytes(MB)));
     CU_CHECK(r, cudaMalloc(&r->d_sp_out, out_bytes(MB, k)));
     CU_CHECK(r, cudaMallocHost(&r->h_sp_in, in_bytes(MB)));
-    CU_CHECK(r, cudaMallocHost(&r->h_sp_out, out_bytes(MB, k)));
+    CU_CHECK(r, cudaMallocHost(&r->h_sp_out, 2 * out_bytes(MB, k)));
     memset(r->h_sp_in, 0, in_bytes(MB));
+    r->sp_pslots = malloc(2 * (size_t)MB * sizeof(int));
+    if (!r->sp_pslots) {
+        free(h);
+        return SPECD_ENOMEM;
+    }
     r->work_bytes += l.n * sizeof(int32_t) + tl + q + in_bytes(MB) + out_bytes(MB, k);
     r->sp_k = k;
     free(h);
@@ -192,6 +200,9 @@ void cuda_spec_free(cuda_runner *r) {
         if (dev[i]) cudaFree(dev[i]);
     if (r->h_sp_in) cudaFreeHost(r->h_sp_in);
     if (r->h_sp_out) cudaFreeHost(r->h_sp_out);
+    free(r->sp_pslots);
+    r->sp_pslots = NULL;
+    r->sp_last_rows = 0;
     r->d_sp_i32 = NULL;
     r->d_sp_tl = r->d_sp_q = NULL;
     r->d_sp_in = r->d_sp_out = r->h_sp_in = r->h_sp_out = NULL;
@@ -210,7 +221,6 @@ static int spec_enqueue(cuda_runner *r, int B) {
     cudaStream_t s = r->stream;
     int rc;
 
-    CU_CHECK(r, cudaMemcpyAsync(r->d_sp_in, r->h_sp_in, in_bytes(MB), cudaMemcpyHostToDevice, s));
     K_CHECK(r, k_spec_prep(r->d_lens, slots, B, k, dummy, l.tok_slot2, l.tok_slotv, s));
 
     /* 1. draft over [second-to-last, last] at L-1, L; logits of the last -> d1 */
@@ -259,7 +269,6 @@ static int spec_enqueue(cuda_runner *r, int B) {
                              SPEC_SALT_ACCEPT, r->d_lens, out_tok, out_n, s));
     if (!r->tune.skip_dummy_reset)
         CU_CHECK(r, cudaMemsetAsync(r->d_lens + 2 * dummy, 0, 2 * sizeof(int32_t), s));
-    CU_CHECK(r, cudaMemcpyAsync(r->h_sp_out, r->d_sp_out, out_bytes(MB, k), cudaMemcpyDeviceToHost, s));
     return 0;
 fail:
     return SPECD_ECUDA;
@@ -268,22 +277,40 @@ fail:
 /* Pinned inputs: n live rows, then padding rows on the dummy slot. */
 static void fill_in(cuda_runner *r, const runner_spec_batch *b, int B) {
     const int MB = r->base.cfg.max_batch;
-    int32_t *tokens = r->h_sp_in, *slots = tokens + 2 * MB;
+    int32_t *tokens = r->h_sp_in, *slots = tokens + 2 * MB, *prev = tokens + 3 * MB;
     k_sample_params *par = (k_sample_params *)((char *)r->h_sp_in + in_par_off(MB));
     int n = b ? b->n : 0;
     for (int i = 0; i < B; i++) {
         k_sample_params q = {0};
         if (i < n) {
-            tokens[2 * i] = b->tokens[2 * i];
-            tokens[2 * i + 1] = b->tokens[2 * i + 1];
+            prev[i] = b->prev_row ? b->prev_row[i] : -1;
+            tokens[2 * i] = prev[i] >= 0 ? 0 : b->tokens[2 * i];
+            tokens[2 * i + 1] = prev[i] >= 0 ? 0 : b->tokens[2 * i + 1];
             slots[i] = b->slots[i];
             if (b->sp) q = cuda_sample_params(&b->sp[i]);
         } else {
             tokens[2 * i] = tokens[2 * i + 1] = 0;
+            prev[i] = -1;
             slots[i] = r->dummy;
         }
         par[i] = q;
     }
+}
+
+/* The inputs to the device, then the tokens and counters of rows that continue the step
+ * before (any: its outputs and fed tokens are still in d_sp_out and vtok). */
+static int put_in(cuda_runner *r, int B, int any_prev) {
+    const int MB = r->base.cfg.max_batch, K1 = r->sp_k + 1;
+    int32_t *tokens = r->d_sp_in, *prev = tokens + 3 * MB;
+    k_sample_params *par = (k_sample_params *)((char *)r->d_sp_in + in_par_off(MB));
+    const int32_t *out_tok = r->d_sp_out, *out_n = out_tok + (size_t)MB * K1;
+    CU_CHECK(r, cudaMemcpyAsync(r->d_sp_in, r->h_sp_in, in_bytes(MB), cudaMemcpyHostToDevice, r->stream));
+    if (any_prev)
+        K_CHECK(r, k_spec_feed_prev(tokens, par, prev, out_tok, out_n, layout(r->d_sp_i32, MB, r->sp_k).vtok, K1, B,
+                                    r->stream));
+    return 0;
+fail:
+    return SPECD_ECUDA;
 }
 
 int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen) {
@@ -294,6 +321,7 @@ int cuda_spec_capture(cuda_runner *r, char *err, size_t errlen) {
         cudaGraph_t g = NULL;
         if (B * (r->sp_k + 1) > r->T) continue;
         fill_in(r, NULL, B);
+        if ((rc = put_in(r, B, 0))) goto fail;
         /* One eager run first: module loading and cuBLAS heuristics happen outside capture. */
         if ((rc = spec_enqueue(r, B))) goto fail;
         if ((rc = cuda_step_sync(r))) goto fail;
@@ -315,6 +343,12 @@ fail:
                       r->errmsg);
 }
 
+/* The op (runner.h): inputs, the graph of the smallest captured size that holds the rows
+ * (or the eager step), outputs to this step's half of h_sp_out; queued like a decode step
+ * (cuda_dec_pending, at most two), completed by cuda_wait_queued (cuda_spec_wait), which
+ * advances the length mirror then: a row that continues the step before (prev_row) has its
+ * mirror one step behind until then, so its context is checked at the most that step can
+ * have added. */
 int cuda_spec_step(runner *base, const runner_spec_batch *b) {
     cuda_runner *r = (cuda_runner *)base;
     const runner_config *cfg = &base->cfg;
@@ -322,41 +356,66 @@ int cuda_spec_step(runner *base, const runner_spec_batch *b) {
     if (!r->sp_k || !b || b->n < 1 || b->n > cfg->max_batch || b->k != r->sp_k || !b->slots ||
         !b->tokens || !b->out_tokens || !b->out_n)
         return SPECD_EINVAL;
+    if (b->async ? !base->spec_async || r->n_dpend == 2 : r->n_dpend != 0) return SPECD_ESTATE;
     const int k = r->sp_k, K1 = k + 1, MB = cfg->max_batch, V = r->m[0].c.vocab;
+    int any_prev = 0, spec_pending = 0;
+    for (int q = 0; q < r->n_dpend; q++) spec_pending += r->dpend[(r->dpend_head + q) & 1].spec_n != NULL;
     for (int i = 0; i < b->n; i++) {
         int s = b->slots[i];
-        if (s < 0 || s >= MB) return SPECD_EINVAL;
-        for (int j = 0; j < 2; j++)
+        const int pr = b->prev_row ? b->prev_row[i] : -1;
+        if (s < 0 || s >= MB || pr >= r->sp_last_rows) return SPECD_EINVAL;
+        for (int j = 0; j < 2 && pr < 0; j++)
             if (b->tokens[2 * i + j] < 0 || b->tokens[2 * i + j] >= V) return SPECD_EINVAL;
-        int L = r->h_len[s * 2];
-        if (L < 1 || L + k + 1 > cfg->max_seq_len) return SPECD_ERANGE;
+        int L = r->h_len[s * 2] + (pr >= 0 ? spec_pending * K1 : 0);
+        if ((pr < 0 && L < 1) || L + k + 1 > cfg->max_seq_len) return SPECD_ERANGE;
         for (int j = 0; j < i; j++)
             if (b->slots[j] == s) return SPECD_EINVAL;
+        any_prev |= pr >= 0;
     }
     int gi = -1;   /* smallest captured size >= n (sizes are largest first) */
     for (int i = 0; i < r->sp_n_graphs; i++)
         if (r->sp_graph_sizes[i] >= b->n) gi = i;
-    int B = gi >= 0 ? r->sp_graph_sizes[gi] : b->n;
+    int B = gi >= 0 ? r->sp_graph_sizes[gi] : b->n, rc;
+    cudaStream_t s = r->stream;
+    if ((rc = cuda_upload_slots(r))) return rc;   /* (after the last queued op's inputs are in) */
+    const int half = r->dec_half;
     fill_in(r, b, B);
-    if (cuda_upload_slots(r)) goto fail;
+    if ((rc = put_in(r, B, any_prev))) return rc;
+    CU_CHECK(r, cudaEventRecord(r->ev_in[half], s));
     if (gi >= 0) {
-        CU_CHECK(r, cudaGraphLaunch(r->sp_graphs[gi], r->stream));
+        CU_CHECK(r, cudaGraphLaunch(r->sp_graphs[gi], s));
     } else if (spec_enqueue(r, B)) {
         goto fail;
     }
-    int rc = cuda_step_sync(r);
-    if (rc) return rc;
-    const int32_t *tok = r->h_sp_out, *cnt = tok + (size_t)MB * K1;
-    for (int i = 0; i < b->n; i++) {
-        int m = cnt[i], s = b->slots[i], L = r->h_len[s * 2];
+    CU_CHECK(r, cudaMemcpyAsync((char *)r->h_sp_out + (size_t)half * out_bytes(MB, k), r->d_sp_out, out_bytes(MB, k),
+                                cudaMemcpyDeviceToHost, s));
+    CU_CHECK(r, cudaEventRecord(r->ev_out[half], s));
+    r->dec_half ^= 1;
+    r->sp_last_rows = b->n;
+    memcpy(r->sp_pslots + (size_t)half * MB, b->slots, (size_t)b->n * sizeof(int));
+    return cuda_push_pending(
+        r, &(struct cuda_dec_pending){.b = {.n = b->n, .out_tokens = b->out_tokens}, .half = half, .spec_n = b->out_n},
+        b->async);
+fail:
+    return SPECD_ECUDA;
+}
+
+int cuda_spec_wait(cuda_runner *r, const struct cuda_dec_pending *p) {
+    const int k = r->sp_k, K1 = k + 1, MB = r->base.cfg.max_batch;
+    CU_CHECK(r, cudaEventSynchronize(r->ev_out[p->half]));
+    const int32_t *tok = (const int32_t *)((const char *)r->h_sp_out + (size_t)p->half * out_bytes(MB, k));
+    const int32_t *cnt = tok + (size_t)MB * K1;
+    const int *slots = r->sp_pslots + (size_t)p->half * MB;
+    for (int i = 0; i < p->b.n; i++) {
+        int m = cnt[i], s = slots[i], L = r->h_len[s * 2];
         if (m < 1 || m > K1) {
             char msg[64];
             snprintf(msg, sizeof msg, "row %d emitted %d tokens (k = %d)", i, m, k);
             cuda_fail(r, __FILE__, __LINE__, "speculative acceptance", msg);
             return SPECD_ECUDA;
         }
-        memcpy(b->out_tokens + (size_t)i * K1, tok + (size_t)i * K1, sizeof(int32_t) * (size_t)K1);
-        b->out_n[i] = m;
+        memcpy(p->b.out_tokens + (size_t)i * K1, tok + (size_t)i * K1, sizeof(int32_t) * (size_t)K1);
+        p->spec_n[i] = m;
         r->h_len[s * 2] = L + m;
         r->h_len[s * 2 + 1] = L + k < L + m ? L + k : L + m;
     }

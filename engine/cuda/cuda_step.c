@@ -809,8 +809,8 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* The oldest queued op's outputs (a decode's, or an async forward's) into its batch's
- * arrays. */
+/* The oldest queued op's outputs (a decode's, an async forward's, or a speculative
+ * step's: cuda_spec_wait) into its batch's arrays. */
 int cuda_wait_queued(runner *base) {
     cuda_runner *r = (cuda_runner *)base;
     if (r->n_dpend == 0) return 0;
@@ -818,6 +818,7 @@ int cuda_wait_queued(runner *base) {
     r->dpend_head ^= 1;
     r->n_dpend--;
     if (r->failed) return SPECD_ECUDA;
+    if (p.spec_n) return cuda_spec_wait(r, &p);
     CU_CHECK(r, cudaEventSynchronize(r->ev_out[p.half]));
     const int MB = base->cfg.max_batch, n = p.b.n;
     const int32_t *tok = (const int32_t *)r->h_dec_out + (size_t)p.half * 2 * MB;
@@ -863,6 +864,7 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     int B = gi >= 0 ? r->graph_sizes[gi] : b->n, want_top, rc;
     cudaStream_t s = r->stream;
     if ((rc = cuda_upload_slots(r))) return rc;   /* (after the last queued decode's inputs are in) */
+    r->sp_last_rows = 0;   /* (a speculative step after this one has no rows to continue) */
     const int half = r->dec_half;
     const int profiled = r->tune.profile_step > 0 && ++r->n_decode_steps == r->tune.profile_step;
     if (profiled) CU_CHECK(r, cudaProfilerStart());
@@ -891,14 +893,21 @@ int cuda_decode(runner *base, const runner_decode_batch *b) {
     r->dec_half ^= 1;
     for (int i = 0; i < b->n; i++) r->h_len[b->slots[i] * 2] += 1;
     r->h_len[2 * r->dummy] = r->h_len[2 * r->dummy + 1] = 0;   /* as the captured reset does */
-    r->dpend[(r->dpend_head + r->n_dpend) & 1] = (struct cuda_dec_pending){.b = *b, .half = half, .want_top = want_top};
-    r->n_dpend++;
-    if (b->async) return 0;
-    if (r->opts.world > 1 && (rc = cuda_step_sync(r))) {   /* the group's collectives, watched */
-        r->n_dpend = 0;
-        return rc;
-    }
-    return cuda_wait_queued(base);
+    return cuda_push_pending(r, &(struct cuda_dec_pending){.b = *b, .half = half, .want_top = want_top}, b->async);
 fail:
     return SPECD_ECUDA;
+}
+
+int cuda_push_pending(cuda_runner *r, const struct cuda_dec_pending *p, int async) {
+    r->dpend[(r->dpend_head + r->n_dpend) & 1] = *p;
+    r->n_dpend++;
+    if (async) return 0;
+    if (r->opts.world > 1) {   /* the group's collectives, watched */
+        int rc = cuda_step_sync(r);
+        if (rc) {
+            r->n_dpend = 0;
+            return rc;
+        }
+    }
+    return cuda_wait_queued(&r->base);
 }

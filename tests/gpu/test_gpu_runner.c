@@ -1504,6 +1504,94 @@ static void test_spec_graph_self_draft_accepts_nearly_all(void **s) {
     spec_close(&f);
 }
 
+/* Speculative steps queued one behind the other (runner.spec_async, SPECD_CUDA_SPEC_ASYNC=1;
+ * the engine's async scheduling): each step after the first continues the rows of the one
+ * before on the device (prev_row: its last two tokens from that step's outputs, the
+ * sampling counter advanced by its m) while that one is still pending. The tokens, counts
+ * and lengths must be those of the same steps run one at a time with the tokens and
+ * counters passed from the host: llama-draft (mostly one token a step) and llama-tiny as
+ * its own draft (k + 1), greedy and seeded. */
+static void test_spec_graph_chained_equals_one_at_a_time(void **s) {
+    (void)s;
+    const char *drafts[2] = {"llama-draft", "llama-tiny"};
+    setenv("SPECD_CUDA_SPEC_ASYNC", "1", 1);
+    for (int di = 0; di < 2; di++)
+        for (int pass = 0; pass < 2; pass++) {
+            spec_fixture f;
+            spec_open(&f, "llama-tiny", drafts[di]);
+            runner *r = f.r;
+            assert_true(r->spec_async);
+            const int32_t *p = f.g.prompt[5];
+            int live[3] = {0, 1, 2}, twin[3] = {4, 5, 6}, plen[3] = {30, 23, 17};
+            static int32_t hist[2][3][600];
+            int hl[2][3], steps[2] = {0, 0};
+            runner_sampling sp[2][3];
+            for (int i = 0; i < 3; i++) {
+                spec_prefill(r, live[i], p, plen[i] - 1, 1);
+                spec_prefill(r, twin[i], p, plen[i] - 1, 1);
+                for (int w = 0; w < 2; w++) {
+                    memcpy(hist[w][i], p, sizeof(int32_t) * (size_t)plen[i]);
+                    hl[w][i] = plen[i];
+                    sp[w][i] = pass ? (runner_sampling){.temperature = 0.8f, .top_p = 0.95f, .seed = 11 + (uint64_t)i}
+                                    : (runner_sampling){0};
+                }
+            }
+            /* one at a time on the twins: tokens and counters from the host */
+            int32_t tok[6], out[2][3 * (SPK + 1)];
+            int cnt[2][3];
+            while (hl[1][0] - plen[0] < SPN || hl[1][1] - plen[1] < SPN || hl[1][2] - plen[2] < SPN) {
+                for (int i = 0; i < 3; i++) {
+                    tok[2 * i] = hist[1][i][hl[1][i] - 2];
+                    tok[2 * i + 1] = hist[1][i][hl[1][i] - 1];
+                    sp[1][i].counter = (uint64_t)(hl[1][i] - plen[i]);
+                }
+                runner_spec_batch b = {.n = 3, .k = SPK, .slots = twin, .tokens = tok, .sp = sp[1],
+                                       .out_tokens = out[0], .out_n = cnt[0]};
+                if (r->ops->spec_step(r, &b)) fail_msg("spec_step: %s", cuda_runner_error(r));
+                for (int i = 0; i < 3; i++)
+                    for (int j = 0; j < cnt[0][i]; j++) hist[1][i][hl[1][i]++] = out[0][i * (SPK + 1) + j];
+                steps[1]++;
+            }
+            /* chained on the live slots: the first step from the host, each next one queued
+             * behind it and fed on the device, the one before waited for after */
+            const int prev[3] = {0, 1, 2};
+            for (int i = 0; i < 3; i++) {
+                tok[2 * i] = hist[0][i][hl[0][i] - 2];
+                tok[2 * i + 1] = hist[0][i][hl[0][i] - 1];
+            }
+            int q = 0, pending = 0;
+            for (;;) {
+                runner_spec_batch b = {.n = 3, .k = SPK, .slots = live, .tokens = tok, .sp = sp[0],
+                                       .out_tokens = out[q], .out_n = cnt[q], .async = 1,
+                                       .prev_row = pending ? prev : NULL};
+                if (r->ops->spec_step(r, &b)) fail_msg("spec_step (queued): %s", cuda_runner_error(r));
+                if (pending) {   /* the step before: its outputs now */
+                    if (r->ops->wait_queued(r)) fail_msg("wait_queued: %s", cuda_runner_error(r));
+                    for (int i = 0; i < 3; i++)
+                        for (int j = 0; j < cnt[q ^ 1][i]; j++) hist[0][i][hl[0][i]++] = out[q ^ 1][i * (SPK + 1) + j];
+                    steps[0]++;
+                }
+                pending = 1;
+                q ^= 1;
+                if (steps[0] == steps[1]) break;
+            }
+            if (r->ops->wait_queued(r)) fail_msg("wait_queued: %s", cuda_runner_error(r));   /* (one more, unused) */
+            for (int i = 0; i < 3; i++) {
+                for (int j = 0; j < SPN; j++)
+                    if (hist[0][i][plen[i] + j] != hist[1][i][plen[i] + j])
+                        fail_msg("draft %s, %s, row %d token %d: chained %d, one at a time %d", drafts[di],
+                                 pass ? "seeded" : "greedy", i, j, hist[0][i][plen[i] + j], hist[1][i][plen[i] + j]);
+                assert_int_equal(r->ops->slot_get_len(r, live[i], RUNNER_TARGET), dev_len(r, live[i], RUNNER_TARGET));
+                assert_int_equal(r->ops->slot_get_len(r, live[i], RUNNER_DRAFT), dev_len(r, live[i], RUNNER_DRAFT));
+            }
+            assert_int_equal(dev_len(r, MAXB, RUNNER_TARGET), 0);
+            printf("    draft %s, %s: %d steps chained = one at a time, %d tokens a row compared\n", drafts[di],
+                   pass ? "seeded (T 0.8, top_p 0.95)" : "greedy", steps[0], SPN);
+            spec_close(&f);
+        }
+    unsetenv("SPECD_CUDA_SPEC_ASYNC");
+}
+
 /* ---- verify of outside drafts (cuda_spec.c's verify graphs) ------------------------------ */
 
 static runner *verify_open(const char *name, model **t, golden *g) {
@@ -2103,6 +2191,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_forward_sampling_of_the_draft_matches_its_logits),
         cmocka_unit_test(test_spec_graph_greedy_equals_decode_and_dummy_reset),
         cmocka_unit_test(test_spec_graph_self_draft_accepts_nearly_all),
+        cmocka_unit_test(test_spec_graph_chained_equals_one_at_a_time),
         cmocka_unit_test(test_verify_graph_greedy_equals_decode),
         cmocka_unit_test(test_verify_logits_equal_decode_bits),
         cmocka_unit_test(test_verify_graph_sampled_matches_host_acceptance),

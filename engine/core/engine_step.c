@@ -722,7 +722,7 @@ void engine_step_drain(engine *e) {
     for (int q = 0; q < 2; q++)
         if (e->pend[q].n) {
             e->run->ops->wait_queued(e->run);   /* a failed runner answers at once */
-            e->pend[q].n = 0;
+            e->pend[q].n = e->pend[q].spec = 0;
         }
 }
 
@@ -1174,6 +1174,7 @@ static int launch_async(engine *e, int n, pend_step *q) {
     count_op(e, sb.op, 1);
     if (sb.op == RUNNER_OP_FORWARD) e->st.steps_async_composed++;
     q->n = n;
+    q->spec = 0;
     return 0;
 }
 

@@ -661,16 +661,25 @@ static int runner_spec_ok(const engine *e, int n) {
     return 1;
 }
 
-static int runner_spec(engine *e, int n) {
-    int k = e->k;
+/* The speculative step op's inputs for the plan's n rows: slots, each row's last two
+ * tokens, or where it continues a row of the op in flight that row (e->dec_prev: the op
+ * feeds them, and advances the sampling counter, one step behind here, by that row's
+ * tokens), and its sampling. */
+static void spec_inputs(engine *e, int n) {
     for (int i = 0; i < n; i++) {
         const req *r = e->plan[i].r;
         const sched_seq *s = &r->seq;
         e->dec_slots[i] = s->slot;
-        e->tokens[2 * i] = s->tokens[s->n_tokens - 2];
-        e->tokens[2 * i + 1] = s->tokens[s->n_tokens - 1];
+        e->dec_prev[i] = r->pend_tok ? r->pend_row : -1;
+        e->tokens[2 * i] = r->pend_tok ? 0 : s->tokens[s->n_tokens - 2];
+        e->tokens[2 * i + 1] = r->pend_tok ? 0 : s->tokens[s->n_tokens - 1];
         e->dec_sp[i] = device_sampling(e, r, 0);
     }
+}
+
+static int runner_spec(engine *e, int n) {
+    int k = e->k;
+    spec_inputs(e, n);   /* (nothing in flight: every row's tokens are known) */
     runner_spec_batch sb = {.n = n, .k = k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
                             .out_tokens = e->spec_out, .out_n = e->spec_n};
     int rc = e->run->ops->spec_step(e->run, &sb);
@@ -1207,20 +1216,10 @@ static int spec_chain_ok(engine *e, int n) {
 }
 
 /* Queue the planned step (slots synced; every row speculates k: runner_spec_ok or
- * spec_chain_ok) as one speculative step op in flight into q. A row that continues a row
- * of the op in flight is fed its last two tokens on the device (prev_row), and its
- * sampling counter, one step behind here, is advanced there by that row's tokens. */
+ * spec_chain_ok) as one speculative step op in flight into q (spec_inputs). */
 static int launch_spec(engine *e, int n, pend_step *q) {
-    for (int i = 0; i < n; i++) {
-        const req *r = e->plan[i].r;
-        const sched_seq *s = &r->seq;
-        e->dec_slots[i] = s->slot;
-        e->dec_prev[i] = r->pend_tok ? r->pend_row : -1;
-        e->tokens[2 * i] = r->pend_tok ? 0 : s->tokens[s->n_tokens - 2];
-        e->tokens[2 * i + 1] = r->pend_tok ? 0 : s->tokens[s->n_tokens - 1];
-        e->dec_sp[i] = device_sampling(e, r, 0);
-        q->plan[i] = e->plan[i];
-    }
+    spec_inputs(e, n);
+    memcpy(q->plan, e->plan, (size_t)n * sizeof *q->plan);
     runner_spec_batch sb = {.n = n, .k = e->k, .slots = e->dec_slots, .tokens = e->tokens, .sp = e->dec_sp,
                             .out_tokens = q->spec_out, .out_n = q->spec_n, .async = 1, .prev_row = e->dec_prev};
     const double t = step_now();

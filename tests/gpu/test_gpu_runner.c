@@ -1561,6 +1561,9 @@ static void test_spec_graph_chained_equals_one_at_a_time(void **s) {
             }
             int q = 0, pending = 0;
             for (;;) {
+                /* the counter as the host knows it, through the steps waited for; the
+                 * runner adds the pending step's m (as the engine passes n_out) */
+                for (int i = 0; i < 3; i++) sp[0][i].counter = (uint64_t)(hl[0][i] - plen[i]);
                 runner_spec_batch b = {.n = 3, .k = SPK, .slots = live, .tokens = tok, .sp = sp[0],
                                        .out_tokens = out[q], .out_n = cnt[q], .async = 1,
                                        .prev_row = pending ? prev : NULL};

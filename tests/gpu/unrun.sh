@@ -19,18 +19,20 @@ run() {   # name, command...
 run spec_chain "$G/test_gpu_runner" "*spec*"
 run attn_dec_tc "$G/test_gpu_kernels" "*decode*"
 run attn_dec_tc_fp8 "$G/test_gpu_kernels" "*kv_fp8*"
-# decode attention: 0 (the default), 4 (tensor cores where they measured faster), 3 (tensor
-# cores wherever they apply), 5 / 6 (3 as O^T = V^T P^T, 3 / 4 blocks per SM)
-for d in 0 4 3 5 6; do
+# decode attention: 0 (the default) against 6 (the O^T tensor-core form, 4 blocks per SM),
+# at small batches and at long contexts (64 / 256 rows: tests/gpu/BENCH.md, twenty-eighth session)
+for d in 0 6; do
     for s in "llama-3.1-8b" "llama-3.2-1b" "llama-3.1-8b --kv-cache-dtype fp8"; do
-        echo "SPECD_ATTN_DEC=$d $s: $(SPECD_ATTN_DEC=$d "$B/specd" bench --device cuda --shape $s --batch 64,256 \
-            --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"
+        echo "SPECD_ATTN_DEC=$d $s: $(SPECD_ATTN_DEC=$d "$B/specd" bench --device cuda --shape $s --batch 1,8,16 \
+            --prompt-len 128 --gen 64 --max-batch 16 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"
+        echo "SPECD_ATTN_DEC=$d $s, 4096-token prompts: $(SPECD_ATTN_DEC=$d "$B/specd" bench --device cuda --shape $s \
+            --batch 1,16 --prompt-len 4096 --gen 64 --max-batch 16 --max-seq-len 8192 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"
     done
 done
 # speculative steps in flight (SPECD_CUDA_SPEC_ASYNC): a draft of the target's first 4 layers
-# (rarely right) and of all 16 (always right), every step speculating
+# (rarely right) and of 15 of its 16, every step speculating
 for a in 0 1; do
-    for dl in 4 16; do
+    for dl in 4 15; do
         echo "SPECD_CUDA_SPEC_ASYNC=$a --draft-layers $dl: $(SPECD_CUDA_SPEC_ASYNC=$a "$B/specd" bench --device cuda \
             --shape llama-3.2-1b --draft-layers $dl --spec-always --batch 1,8,32 --prompt-len 128 --gen 128 \
             --max-batch 32 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"

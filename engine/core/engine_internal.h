@@ -114,8 +114,9 @@ typedef struct {
                                   * n_computed as if the step emitted one each) */
 } row_result;
 
-/* A decode step queued without waiting for it (async scheduling): its rows (r NULL once
- * the request is dropped) and where the runner leaves its outputs. */
+/* A step queued without waiting for it (async scheduling: a decode op, a forward that
+ * samples, or a draft model's speculative step op): its rows (r NULL once the request is
+ * dropped) and where the runner leaves its outputs. */
 typedef struct {
     int n;                       /* 0: none in flight */
     int spec;                    /* k of a draft model's speculative step op; 0: a decode

@@ -784,6 +784,13 @@ static int alloc_decode_bufs(cpu_runner *r) {
     return ok ? 0 : SPECD_ENOMEM;
 }
 
+/* A decode or sampling forward drew these n tokens (by output row): what a next op's
+ * prev_row / prev_tok reads; a speculative step after it has no rows to continue. */
+static void set_last_sampled(cpu_runner *r, const int32_t *tok, int n) {
+    memcpy(r->dec_last, tok, (size_t)n * sizeof(int32_t));
+    r->sp_last_rows = 0;
+}
+
 /* Hand the oldest pending op's outputs to its batch's arrays. */
 static int cpu_wait_queued(runner *base) {
     cpu_runner *r = (cpu_runner *)base;
@@ -839,8 +846,7 @@ static int cpu_decode(runner *base, const runner_decode_batch *db) {
                       .prepare_sp = db->prepare_sp, .prepare_ctx = db->prepare_ctx};
     int rc = cpu_forward(base, &b);
     if (rc) return rc;
-    memcpy(r->dec_last, b.out_tokens, (size_t)db->n * sizeof(int32_t));
-    r->sp_last_rows = 0;
+    set_last_sampled(r, b.out_tokens, db->n);
     if (p) {
         p->b = *db;
         r->n_pend++;
@@ -864,8 +870,7 @@ static int cpu_forward_op(runner *base, const runner_batch *b) {
         int rc = cpu_forward(base, b);
         if (rc == 0 && b->sp && b->out_tokens) {   /* what a next op's prev_tok / prev_row reads */
             if (!r->dec_rows && alloc_decode_bufs(r)) return SPECD_ENOMEM;
-            memcpy(r->dec_last, b->out_tokens, (size_t)(n_out < MB ? n_out : MB) * sizeof(int32_t));
-            r->sp_last_rows = 0;
+            set_last_sampled(r, b->out_tokens, n_out < MB ? n_out : MB);
         }
         return rc;
     }
@@ -894,8 +899,7 @@ static int cpu_forward_op(runner *base, const runner_batch *b) {
     }
     int rc = cpu_forward(base, &fb);
     if (rc) return rc;
-    memcpy(r->dec_last, fb.out_tokens, (size_t)n_out * sizeof(int32_t));
-    r->sp_last_rows = 0;
+    set_last_sampled(r, fb.out_tokens, n_out);
     if (p) {
         p->b = (runner_decode_batch){.n = n_out, .out_tokens = b->out_tokens, .out_logprobs = b->out_logprobs,
                                      .out_top_ids = b->out_top_ids, .out_top_logprobs = b->out_top_logprobs};

@@ -338,7 +338,7 @@ typedef struct {
 
     /* speculative step (engine/cuda/cuda_spec.c), allocated when a draft and k > 0 are given */
     int sp_k;                      /* k the spec graphs were captured for (0: none) */
-    void *d_sp_in, *h_sp_in;       /* tokens[2MB] | slots[MB] | params[MB] */
+    void *d_sp_in, *h_sp_in;       /* tokens[2MB] | slots[MB] | prev[MB] | params[MB] */
     void *d_sp_out, *h_sp_out;     /* tok[MB(k+1)] | n[MB] (host: one per dec_half) */
     int *sp_pslots;                /* [2][MB] the slots of the step in each half */
     int sp_last_rows;              /* rows of the latest speculative step, whose outputs stay

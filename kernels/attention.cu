@@ -22,8 +22,9 @@
  *
  * k_attention picks the kernel: one query token per item with G <= 8 and D = 64 or 128
  * (decode) goes to attention_decode_kernel below, built for latency rather than tiles, or
- * with SPECD_ATTN_DEC=3|4 over many (item, KV head) pairs to the tensor-core decode form
- * (attention_tc.cu; launch_attention_decode_kv says where; SPECD_ATTN_TILED=1 keeps decode
+ * over as many (item, KV head) pairs as SMs to the tensor-core decode form (attention_tc.cu;
+ * launch_attention_decode_kv says where; SPECD_ATTN_DEC=0 keeps those on the SIMT kernel
+ * too, SPECD_ATTN_TILED=1 keeps decode
  * on the tiled kernel); at least 16 rows per block (qt * G >= 16, prefill and verify) with
  * D = 64 or 128 to the tensor-core kernel (attention_tc.cu; SPECD_ATTN_SIMT=1 keeps them
  * here); the rest to attention_kernel. Only the decode kernels are programmatic-dependent
@@ -588,28 +589,22 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
     const int pdl = k_tuning_get()->attn_pdl;
     dim3 grid(w->n_splits, KVH, w->n_items);
     int rc;
-    /* Many pairs: a lane-quarter per key as at batch 1 (4 lanes, 8 keys per warp), 4 warps,
-     * registers capped for 4 blocks per SM (k_tuning.attn_dec 0), so more warps hide the
-     * dependent loads. H200, `specd bench --batch 64,256`, decode tok/s: 8B 10,600 / 21,431
-     * and 1B at 256 81,676, against 9,800 / 19,156 and 77,211 for a lane per key, 4 warps,
-     * no cap (attn_dec 1, the earlier form); 2 (a lane-quarter, 2 warps, 8 blocks) gave
-     * 9,558 / 21,807 and 82,689. Forms with 2 or 8 lanes per key or 8 warps measured
-     * between these.
-     * The tensor-core form (attention_tc.cu): attn_dec 3 wherever it applies; 4 where it
-     * measured faster than form 0, head dim 64 at any count of pairs and head dim 128 from
-     * 12 pairs per SM (4 waves of its 3 blocks per SM). H100, `specd bench --batch 64,256
-     * --prompt-len 128 | 512`, decode tok/s with attn_dec 3 against 0 (tests/gpu/BENCH.md,
-     * twenty-fifth session): 1B at 64 / 256 rows +5% / +13% (FP8 cache +8% / +16%), 8B at
-     * 256 rows +4-6% (FP8 cache +6-12%), but 8B at 64 rows -1% to -5% (512 pairs: 1.3 waves
-     * of 168-register blocks). Form 4 has not run as such (tests/gpu/UNRUN.md), so the
-     * default stays 0. Forms 5 and 6: the tensor-core form's O^T = V^T P^T variant
-     * (attention_tc.cu) wherever it applies, for A/B; not yet run either. */
+    /* Many pairs: the tensor-core form (attention_tc.cu; k_tuning.attn_dec 6, 7 and the
+     * default 8), which measured 1.04-1.20x of the SIMT forms wherever it applies (its
+     * header). The SIMT forms stay for other head dims and groups, and for A/B: a
+     * lane-quarter per key as at batch 1 (4 lanes, 8 keys per warp), 4 warps, registers
+     * capped for 4 blocks per SM (attn_dec 0), so more warps hide the dependent loads.
+     * H200, `specd bench --batch 64,256`, decode tok/s: 8B 10,600 / 21,431 and 1B at 256
+     * 81,676, against 9,800 / 19,156 and 77,211 for a lane per key, 4 warps, no cap
+     * (attn_dec 1, the earlier form); 2 (a lane-quarter, 2 warps, 8 blocks) gave 9,558 /
+     * 21,807 and 82,689. Forms with 2 or 8 lanes per key or 8 warps measured between
+     * these. */
 #define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
     k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8>, grid, dim3(WARPS * 32), 0, s, q, out, \
                  H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2)
     const long pairs = (long)w->n_items * KVH;
     const int form = k_tuning_get()->attn_dec;
-    const bool tc = form == 3 || form >= 5 || (form == 4 && (D == 64 || pairs >= 12L * sms));
+    const bool tc = form >= 6;
     if (pairs < sms) rc = DEC_LAUNCH(4, 8, 1);
     else if (tc && (rc = attention_dec_tc_launch(q, out, H, KVH, D, scale, g, w, pdl, s)) != -1)
         return rc;   /* splits merged by the combine kernel */

@@ -347,7 +347,7 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
  * w + DTC_WARPS, ... with its own online softmax, and the warps merge through shared
  * memory at the end. Nothing is staged in shared memory: each lane loads the K and V bytes
  * its mma fragments need straight into registers, 16 bytes at a time, the loads of one
- * instruction covering whole 32-byte sectors.
+ * instruction covering whole 32-byte sectors. Registers are capped for 4 blocks per SM.
  *
  * Per chunk (keys c .. c + 15), with m16n8k16 (lane = 4 gid + tig):
  *   S = Q K^T, two n-tiles of 8 keys. A = Q: row gid is query head gid (rows >= G and
@@ -355,27 +355,27 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
  *   agree: B of n-tile t is key c + 8 t + gid, and lane tig loads the 16-byte pieces tig,
  *   tig + 4, ... of that key's row; k-step kc takes 4 consecutive dims of them
  *   (dtc_kdim), and Q's A registers hold the same dims.
- *   P = softmax(S) straight from S's C fragments (row gid, keys c + 2 tig, + 1 and
- *   c + 8 + 2 tig, + 1) into the A fragment of O += P V.
- *   V: B of n-tile nt takes column n from dim (8 (nt / VU) + n) VU + nt % VU (VU dims
- *   per piece), so lane gid loads the pieces gid, gid + 8, ... of the four keys c + 2
- *   tig, + 1, + 8, + 9 (its k-slots); a byte_perm pairs two keys' values per register.
- *   The C fragment holds that dim for columns 2 tig and 2 tig + 1 of head gid.
+ *   P = softmax(S) straight from S's C fragments: lane (gid, tig) holds head gid's keys
+ *   c + 2 tig, + 1 and c + 8 + 2 tig, + 1.
+ *   O^T += V^T P^T (rather than O += P V, whose A operand P would pad the G <= 8 heads to
+ *   16 rows and leave half of O's D / 8 accumulator tiles empty): P^T is the B operand,
+ *   8 columns, and the lane's share of it is exactly what S's C fragment holds. A = V^T:
+ *   lane gid loads the 16-byte pieces gid, gid + 8, ... (VU dims each) of the four keys
+ *   c + 2 tig, + 1, + 8, + 9 (its k-slots), and m-tile mt's rows gid and gid + 8 are
+ *   elements mt and mt + D / 16 of that share (dtc_vdim); a byte_perm pairs two keys'
+ *   values per register. D / 16 accumulator tiles, whose columns 2 tig and 2 tig + 1
+ *   are heads, so their rescaling comes from those heads' lanes.
  * bf16 cache: bf16 mma, q rounded to bf16 (as the prefill kernel does). FP8 cache: fp16
  * mma; codes become fp16 pairs with one cvt each (exact), q is scaled by a power of two
  * so that the warp's largest |q| is about 2^12 (fp16 keeps its full precision; the scores
  * take the power back), K's scale is in `scale` and V's multiplies the output. Splits
  * write partials in the combine kernel's format (the launcher runs it).
- * TP (k_tuning.attn_dec 5, and 6 with registers capped for 4 blocks per SM; not yet run on
- * a GPU, tests/gpu/UNRUN.md): O^T += V^T P^T instead. P = O's A operand pads the G <= 8
- * heads to 16 rows, so half of O's D / 8 n-tiles of accumulators hold nothing; as the
- * product's B operand P^T needs only 8 columns, and the same C fragment of S gives it
- * (lane (gid, tig): head gid, keys 2 tig, + 1 and + 8, + 9). A = V^T: m-tile mt's rows gid
- * and gid + 8 are elements mt and mt + D / 16 of the lane's V share (dtc_vdim), its k-slots
- * the same four keys as before. D / 16 tiles of accumulators: 134 registers instead of 162
- * at head dim 128 on an FP8 cache, 156 instead of 168 (and a 16-byte spill) on bf16. A
- * lane's columns are heads 2 tig and 2 tig + 1, so their rescaling comes from those heads'
- * lanes, and so holds the dims in order. */
+ *
+ * H100, decode tok/s against the SIMT form (tests/gpu/BENCH.md, twenty-eighth and
+ * twenty-ninth sessions): 8B shape 1.04x / 1.07x at 32 / 256 rows, 1.10x at 32 rows of
+ * 4096-token contexts (1.20x on an FP8 cache), 1B shape 1.05x / 1.13x-1.19x at 32-64 /
+ * 256. Its earlier form, O += P V with 3 blocks per SM (k_tuning.attn_dec 3 to 5, retired),
+ * lost 1-5% to the SIMT form at 64 rows of the 8B shape. */
 #define DTC_WARPS 4
 
 /* The first of the 4 dims k-step kc of lane tig covers in S = Q K^T. */
@@ -414,16 +414,36 @@ __device__ __forceinline__ uint32_t dtc_f8x2(uint32_t x) {
     return (uint32_t)h.x | (uint32_t)h.y << 16;
 }
 
-template <int D, bool F8, bool TP, int MINB>
-__global__ void __launch_bounds__(DTC_WARPS * 32, MINB)
+/* PF (k_tuning.attn_dec 7; by default where it keeps its registers: an FP8 cache or head
+ * dim 64): each warp's loop waits on its K and V loads once per chunk, and a block of a
+ * short context (192 keys: three chunks a warp) is mostly that chain of waits plus q's
+ * load before it. With PF the block first asks L2 for the rows of its first DTC_PF keys,
+ * one key a thread, and each chunk asks for the chunk DTC_PF keys ahead, so a load finds
+ * its row in L2 (prefetch.global.L2: no registers, no wait). DTC_PF is two rounds of the
+ * block's warps; 128 keys a block are 64 KB of a bf16 cache at head dim 128, 34 MB over
+ * 528 resident blocks, within an H100's 50 MB of L2. H100 (BENCH.md, twenty-ninth
+ * session), against the form without it: FP8 cache 1.03x at 256 rows (8B shape, FP8
+ * weights) and at 32 rows of 4096 keys, 1B shape 1.05x at 256 rows; but a bf16 cache at
+ * head dim 128, where the cap already spills 40 bytes and PF makes it 76, 0.97x at 256
+ * rows and 0.94x at 4096 keys. */
+#define DTC_PF 128
+
+/* Ask L2 for the BYTES of a row at p (whole 128-byte lines; a row is 64-256 bytes). */
+template <int BYTES> __device__ __forceinline__ void dtc_prefetch(const void *p) {
+#pragma unroll
+    for (int i = 0; i < (BYTES + 127) / 128; i++)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + 128 * i));
+}
+
+template <int D, bool F8, bool PF>
+__global__ void __launch_bounds__(DTC_WARPS * 32, 4)
 attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
                         k_kv_geom g, k_attn_work w, int trigger_early) {
-    constexpr int KC = D / 16, NT = D / 8, ES = F8 ? 1 : 2;
+    constexpr int KC = D / 16, NO = D / 16, ES = F8 ? 1 : 2;   /* k-steps of S, accumulator tiles of O^T */
     constexpr int KB = D / 4 * ES, VB = D / 8 * ES;   /* a lane's bytes of one K / V row */
     constexpr int VU = (VB < 16 ? VB : 16) / ES;      /* dims per piece of its V share */
     typedef typename std::conditional<F8, uint8_t, uint16_t>::type kv_t;
-    /* a warp's output per head, column n of n-tile nt at nt * 8 + n: a lane's two columns
-     * are one 8-byte store, and the padded rows keep a half-warp's stores on distinct banks */
+    /* a warp's output, head by head, dims in order (rows padded against bank conflicts) */
     __shared__ __align__(16) float so[DTC_WARPS][8][D + 8];
     __shared__ float sm[DTC_WARPS][8], sl[DTC_WARPS][8];
 
@@ -452,6 +472,12 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         }
         return pool + (size_t)bt[b] * g.block_elems + (size_t)o * D;
     };
+    /* PF: the K (part 0) or V (part 1) row of key k into L2, nothing past ke */
+    auto prefetch_key = [&](int k, int part) {
+        if (k >= ke) return;
+        const kv_t *r = pool + (size_t)bt[k / bs] * g.block_elems + (size_t)(k % bs) * D;
+        dtc_prefetch<D * (int)sizeof(kv_t)>(part ? r + v_off : r);
+    };
 
     /* Q: head gid, k-step kc's dims as this lane's K pieces hold them */
     uint32_t qa[KC][2];
@@ -463,6 +489,10 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         for (int kc = 0; kc < KC; kc++) {
             const float4 v = gid < G ? *(const float4 *)(qp + dtc_kdim<F8>(kc, tig)) : make_float4(0.f, 0.f, 0.f, 0.f);
             qv[4 * kc] = v.x, qv[4 * kc + 1] = v.y, qv[4 * kc + 2] = v.z, qv[4 * kc + 3] = v.w;
+        }
+        if constexpr (PF) {   /* while q's loads are in flight */
+            static_assert(DTC_PF <= DTC_WARPS * 32 && DTC_PF % (16 * DTC_WARPS) == 0, "a key a thread, whole rounds");
+            if (tid < DTC_PF) prefetch_key(ks0 + tid, 0), prefetch_key(ks0 + tid, 1);
         }
         if constexpr (F8) {
             float mx = 0.f;
@@ -484,7 +514,6 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     }
     const float sl2 = scale * qsh * 1.4426950408889634f;   /* scores in log2 units */
 
-    constexpr int NO = TP ? D / 16 : NT;   /* accumulator tiles */
     float o[NO][4];
 #pragma unroll
     for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -500,6 +529,8 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
             const kv_t *r = key_row(c, cb, co, 2 * tig + (j & 1) + 8 * (j >> 1));
             dtc_load<VB>(r ? r + v_off : NULL, gid, 8, vw[j]);
         }
+        /* after the loads, so the wait on the block table's entry overlaps them */
+        if constexpr (PF) prefetch_key(c + DTC_PF + (lane & 15), lane >> 4);   /* this warp's chunk two rounds on */
         float s[2][4];
 #pragma unroll
         for (int t = 0; t < 2; t++) {
@@ -537,56 +568,35 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         l = l * corr + ps;
         const uint32_t pa[4] = {F8 ? tc_pack_f16(p[0], p[1]) : tc_pack(p[0], p[1]), 0u,
                                 F8 ? tc_pack_f16(p[2], p[3]) : tc_pack(p[2], p[3]), 0u};
-        if constexpr (TP) {
-            /* O^T += V^T P^T: m-tile mt's rows gid / gid + 8 are elements mt / mt + D/16 of
-             * this lane's V share (dtc_vdim), its columns 2 tig, + 1 heads, whose
-             * corrections come from the lanes of those heads */
-            const float c0 = __shfl_sync(0xffffffffu, corr, 8 * tig), c1 = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
+        /* O^T += V^T P^T: m-tile mt's rows gid / gid + 8 are elements mt / mt + D/16 of
+         * this lane's V share (dtc_vdim), its columns 2 tig, + 1 heads, whose
+         * corrections come from the lanes of those heads */
+        const float c0 = __shfl_sync(0xffffffffu, corr, 8 * tig), c1 = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
 #pragma unroll
-            for (int mt = 0; mt < NO; mt++) o[mt][0] *= c0, o[mt][1] *= c1, o[mt][2] *= c0, o[mt][3] *= c1;
+        for (int mt = 0; mt < NO; mt++) o[mt][0] *= c0, o[mt][1] *= c1, o[mt][2] *= c0, o[mt][3] *= c1;
 #pragma unroll
-            for (int mt = 0; mt < NO; mt += F8 ? 2 : 1) {
-                uint32_t a[2][4];   /* (F8: m-tiles mt and mt + 1) */
+        for (int mt = 0; mt < NO; mt += F8 ? 2 : 1) {
+            uint32_t a[2][4];   /* (F8: m-tiles mt and mt + 1) */
 #pragma unroll
-                for (int h = 0; h < 2; h++) {   /* keys (c + 2 tig, + 1), then (+ 8, + 9) */
-                    const uint32_t *va = vw[2 * h], *vb = vw[2 * h + 1];
+            for (int h = 0; h < 2; h++) {   /* keys (c + 2 tig, + 1), then (+ 8, + 9) */
+                const uint32_t *va = vw[2 * h], *vb = vw[2 * h + 1];
 #pragma unroll
-                    for (int hi = 0; hi < 2; hi++) {   /* row gid, then gid + 8 */
-                        const int e = mt + hi * (D / 16);
-                        if constexpr (F8) {
-                            const uint32_t x = __byte_perm(va[e >> 2], vb[e >> 2], (e & 2) ? 0x7362u : 0x5140u);
-                            a[0][2 * h + hi] = dtc_f8x2(x);
-                            a[1][2 * h + hi] = dtc_f8x2(x >> 16);
-                        } else {
-                            a[0][2 * h + hi] = __byte_perm(va[e >> 1], vb[e >> 1], (e & 1) ? 0x7632u : 0x5410u);
-                        }
+                for (int hi = 0; hi < 2; hi++) {   /* row gid, then gid + 8 */
+                    const int e = mt + hi * (D / 16);
+                    if constexpr (F8) {
+                        const uint32_t x = __byte_perm(va[e >> 2], vb[e >> 2], (e & 2) ? 0x7362u : 0x5140u);
+                        a[0][2 * h + hi] = dtc_f8x2(x);
+                        a[1][2 * h + hi] = dtc_f8x2(x >> 16);
+                    } else {
+                        a[0][2 * h + hi] = __byte_perm(va[e >> 1], vb[e >> 1], (e & 1) ? 0x7632u : 0x5410u);
                     }
-                }
-                if constexpr (F8) {
-                    tc_mma_f16(o[mt], a[0], pa[0], pa[2]);
-                    tc_mma_f16(o[mt + 1], a[1], pa[0], pa[2]);
-                } else {
-                    tc_mma(o[mt], a[0], pa[0], pa[2]);
                 }
             }
-        } else {
-#pragma unroll
-            for (int n = 0; n < NT; n++) o[n][0] *= corr, o[n][1] *= corr;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {   /* keys (c + 2 tig, + 1), then (+ 8, + 9) */
-                    const uint32_t *va = vw[2 * h], *vb = vw[2 * h + 1];
-                    if constexpr (F8) {
-                        const uint32_t x = __byte_perm(va[nt >> 2], vb[nt >> 2], (nt & 2) ? 0x7362u : 0x5140u);
-                        b[h] = dtc_f8x2((nt & 1) ? x >> 16 : x);
-                    } else {
-                        b[h] = __byte_perm(va[nt >> 1], vb[nt >> 1], (nt & 1) ? 0x7632u : 0x5410u);
-                    }
-                }
-                if constexpr (F8) tc_mma_f16(o[nt], pa, b[0], b[1]);
-                else tc_mma(o[nt], pa, b[0], b[1]);
+            if constexpr (F8) {
+                tc_mma_f16(o[mt], a[0], pa[0], pa[2]);
+                tc_mma_f16(o[mt + 1], a[1], pa[0], pa[2]);
+            } else {
+                tc_mma(o[mt], a[0], pa[0], pa[2]);
             }
         }
     }
@@ -596,23 +606,14 @@ attention_dec_tc_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (tig == 0) sm[warp][gid] = m, sl[warp][gid] = l;
-    if constexpr (TP) {   /* so holds dims in order */
 #pragma unroll
-        for (int mt = 0; mt < NO; mt++) {
-            const int d0 = dtc_vdim<VU>(mt, gid), d1 = dtc_vdim<VU>(mt + D / 16, gid);
-            so[warp][2 * tig][d0] = o[mt][0], so[warp][2 * tig + 1][d0] = o[mt][1];
-            so[warp][2 * tig][d1] = o[mt][2], so[warp][2 * tig + 1][d1] = o[mt][3];
-        }
-    } else {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) *(float2 *)&so[warp][gid][nt * 8 + 2 * tig] = make_float2(o[nt][0], o[nt][1]);
+    for (int mt = 0; mt < NO; mt++) {
+        const int d0 = dtc_vdim<VU>(mt, gid), d1 = dtc_vdim<VU>(mt + D / 16, gid);
+        so[warp][2 * tig][d0] = o[mt][0], so[warp][2 * tig + 1][d0] = o[mt][1];
+        so[warp][2 * tig][d1] = o[mt][2], so[warp][2 * tig + 1][d1] = o[mt][3];
     }
     __syncthreads();
-    /* d's place in so: in order (TP), else its n-tile and column */
-    const auto col = [](int d) {
-        const int u = d / VU;
-        return TP ? d : ((u / 8) * VU + d % VU) * 8 + u % 8;
-    };
+    const auto col = [](int d) { return d; };   /* so holds the dims in order */
     att_merge_warps<true, DTC_WARPS * 32>(sm, sl, so, col, F8 ? g.v_scale : 1.f, w.n_splits == 1, out, w, H, D,
                                           sp.tok0, kvh, G, split, rows, tid);
 }
@@ -621,10 +622,9 @@ template <int D, bool F8>
 static int launch_attention_dec_tc(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
                                    const k_attn_work *w, int pdl, cudaStream_t s) {
     dim3 grid(w->n_splits, KVH, w->n_items);
-    const int v = k_tuning_get()->attn_dec;
-    int rc = k_launch_pdl(pdl > 0, v == 5 ? attention_dec_tc_kernel<D, F8, true, 3>
-                                   : v == 6 ? attention_dec_tc_kernel<D, F8, true, 4>
-                                            : attention_dec_tc_kernel<D, F8, false, 3>,
+    const int v = k_tuning_get()->attn_dec;   /* 7 always, 8 where it keeps its registers */
+    const bool pf = v == 7 || (v == 8 && (F8 || D == 64));
+    int rc = k_launch_pdl(pdl > 0, pf ? attention_dec_tc_kernel<D, F8, true> : attention_dec_tc_kernel<D, F8, false>,
                           grid, dim3(DTC_WARPS * 32), 0, s, q, out, H, KVH,
                           F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2);
     if (rc || w->n_splits == 1) return rc;

@@ -35,11 +35,12 @@ typedef struct {
                        * GEMV in after the key loop (default 2) */
     int attn_simt;    /* 1: prefill/verify attention on the SIMT kernel, not tensor cores */
     int attn_tiled;   /* 1: decode rows on the tiled kernel, not the decode kernel */
-    int attn_dec;     /* SPECD_ATTN_DEC: decode attention over many (row, KV head) pairs, which form
-                       * (attention.cu; 0 the default, 1 and 2 SIMT forms for A/B; 3 the
-                       * tensor-core form wherever it applies, 4 where it measured faster;
-                       * 5 and 6 the tensor-core form as O^T = V^T P^T with 3 / 4 blocks
-                       * per SM, wherever it applies: not yet run, tests/gpu/UNRUN.md) */
+    int attn_dec;     /* SPECD_ATTN_DEC: decode attention over at least as many (row, KV head)
+                       * pairs as SMs, which form: 8 (default) the tensor-core form
+                       * (attention_tc.cu) with keys asked of L2 ahead where that keeps its
+                       * registers (an FP8 cache or head dim 64), 7 with it everywhere, 6
+                       * without it; 0 the SIMT form (attention.cu), 1 and 2 its earlier
+                       * forms, for A/B (3-5: the retired O = P V tensor-core forms) */
     int gemvq_rows;   /* k_gemv_q's rows per warp: 4, or 2 for anything else (gemv_q.cu) */
     int gemvq_split;  /* k_gemv_q splits K over warps until about this many warps per SM are
                        * busy (default 32; test_gpu_gemv "*split_report*" sweeps 8..128) */

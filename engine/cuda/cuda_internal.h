@@ -168,7 +168,7 @@ typedef struct {
      * cudaProfilerStop, so `ncu --profile-from-start off` lists that one step's kernels */
     int profile_step;
     k_tuning k;              /* SPECD_CUDA_PDL=0, SPECD_ATTN_PDL=0|1|2, SPECD_ATTN_SIMT=1, SPECD_ATTN_TILED=1,
-                              * SPECD_ATTN_DEC=0..4, SPECD_CUDA_GEMVQ_ROWS=2|4, SPECD_SAMPLE_HIST=0 */
+                              * SPECD_ATTN_DEC=0|1|2|6|7|8, SPECD_CUDA_GEMVQ_ROWS=2|4, SPECD_SAMPLE_HIST=0 */
     /* debug build only (zero otherwise): results are WRONG, for timing and negative tests */
     int dbg_skip;            /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down,moe: those stages left out */
     int tp_skip_allreduce;   /* SPECD_DEBUG_TP_SKIP_ALLREDUCE=1: no all-reduces */

@@ -770,7 +770,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->k.gemv_tc_min = env_flag("SPECD_CUDA_GEMV_TC_MIN", t->k.gemv_tc_min);
     if (t->k.gemv_tc_min < 1) t->k.gemv_tc_min = 1;
     t->profile_step = env_flag("SPECD_CUDA_PROFILE_STEP", 0);
-    if (t->k.attn_dec < 0 || t->k.attn_dec > 6) t->k.attn_dec = k_tuning_default.attn_dec;
+    if (t->k.attn_dec < 0 || (t->k.attn_dec > 2 && t->k.attn_dec < 6) || t->k.attn_dec > 8)
+        t->k.attn_dec = k_tuning_default.attn_dec;   /* 3-5: retired forms */
     if (t->k.attn_pdl < 0 || t->k.attn_pdl > 2) t->k.attn_pdl = k_tuning_default.attn_pdl;
 #ifdef SPECD_DEBUG
     /* SPECD_DEBUG_SKIP=norm,qkv,attn,o,gu,down,moe leaves those stages of every layer out:

@@ -844,9 +844,10 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
     run_attention_counters_case(4, 2, 32, a, 4, 3, 0);     /* the tiny fixtures' shape */
     /* enough (row, KV head) pairs to fill an H200 (>= 132): the decode kernel's many-pairs
      * forms instead of its 4-lanes-per-key one, every one k_tuning.attn_dec can pick */
-    for (int v = 0; v <= 6; v++) {
+    const int forms[] = {0, 1, 2, 6, 7, 8};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         k_tuning t = k_tuning_default;
-        t.attn_dec = v;
+        t.attn_dec = forms[i];
         k_set_tuning(&t);
         run_attention_counters_case(160, 40, 64, a, 4, 4, 0);
         run_attention_counters_case(128, 64, 128, b, 4, 2, 0);
@@ -855,17 +856,17 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
     k_set_tuning(&k_tuning_default);
 }
 
-/* The tensor-core decode form (k_tuning.attn_dec 3, attention_tc.cu; and 5, 6: as O^T =
- * V^T P^T, its two register caps) over many (row, KV head) pairs: one split written
- * directly (with and without the int8 rounding for an O GEMV), splits merged by the combine kernel (sized on the device and by the host), head
- * dims 64 and 128, 2 / 4 / 8 query heads per KV head, sliding windows. Its lanes load K
+/* The tensor-core decode form (attention_tc.cu: k_tuning.attn_dec 6, and 7 with keys
+ * asked of L2 ahead) over many (row, KV head) pairs: one split written directly (with and
+ * without the int8 rounding for an O GEMV), splits merged by the combine kernel (sized on
+ * the device and by the host), head dims 64 and 128, 2 / 4 / 8 query heads per KV head, sliding windows. Its lanes load K
  * and V in a permuted order that Q and the output must undo: a wrong pairing of dims or
  * keys is an O(1) error against the double reference. */
 static void test_attention_decode_tc_matches_reference(void **state) {
     (void)state;
     const int a[4] = {0, 700, 3, -1}, b[4] = {700, 1, -1, 0}, c[3] = {650, -1, 2};
     int dec[4] = {1, 1, 1, 1};
-    for (int v = 3; v <= 6; v += v == 3 ? 2 : 1) {   /* 3, then 5 and 6 */
+    for (int v = 6; v <= 7; v++) {
         k_tuning t = k_tuning_default;
         t.attn_dec = v;
         k_set_tuning(&t);

@@ -305,9 +305,15 @@ int engine_spec_skip(engine *e, int n);
 int engine_spec_ngram_idle(engine *e, int n, int verify);
 /* A step of `rows` rows ended that spent `host` seconds in the engine's own work (not in
  * the runner). Where a queued op runs on a device while the host goes on, plain steps
- * hide that work under the step in flight and a speculating step, synchronous, exposes
- * it: the cost model learns it per batch size (spec_cost.host). */
+ * hide that work under the step in flight and a synchronous speculating step exposes it:
+ * the cost model learns it per batch size (spec_cost.host). Not where a draft model's
+ * speculating steps go in flight too (engine_spec_async_ok): they hide it as plain steps
+ * do, and spec_cost.host stays 0. */
 void engine_spec_host(engine *e, int rows, double host);
+/* Whether a draft model's speculative step ops may go in flight: async scheduling, a
+ * runner whose op can be queued (runner.spec_async), and room in one event for the tokens
+ * of the op in flight and of a synchronous speculative step after it. */
+int engine_spec_async_ok(const engine *e);
 /* Prompt lookup on a runner with a verify op whose steps the op does not take can draft
  * through the composed path (a forward pass sampling every position on the device), its
  * cost measured (cost_fwd) unless the cost model is off. */

@@ -354,7 +354,8 @@ void engine_spec_observe_step(engine *e, double seconds) {
 }
 
 void engine_spec_host(engine *e, int rows, double host) {
-    if (e->cost.n_b == 0 || e->k == 0 || !e->run->async_device || e->cfg.sync_scheduling) return;
+    if (e->cost.n_b == 0 || e->k == 0 || !e->run->async_device || e->cfg.sync_scheduling || engine_spec_async_ok(e))
+        return;
     e->st.spec_host_seconds = spec_cost_observe_host(&e->cost, rows, host);
     if (e->cost_fwd.n_b) spec_cost_observe_host(&e->cost_fwd, rows, host);
 }

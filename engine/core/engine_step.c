@@ -1048,10 +1048,10 @@ static double step_now(void) {
  * request is dropped) and its KV goes back to the pool when it is dropped; the runner's
  * stream runs the queued step before any later op that could reuse its slot or blocks.
  * A draft model's speculative step op (runner.spec_step, one graph on CUDA) goes in flight
- * the same way where the runner queues it (runner.spec_async; spec_async_ok): it emits 1..k+1
- * tokens per row, so pre_commit counts the most (k + 1 placeholders, positions to match),
- * which can only over-reserve KV, and a row whose most could end it (max_tokens, context)
- * takes no placeholders and sits the next step out. The next step is queued behind it only
+ * the same way where the runner queues it (runner.spec_async; engine_spec_async_ok): it
+ * emits 1..k+1 tokens per row, so pre_commit counts the most (k + 1 placeholders,
+ * positions to match), which can only over-reserve KV, and a row whose most could end it
+ * (max_tokens, context) takes no placeholders and sits the next step out. The next step is queued behind it only
  * as another such op over rows that all continue its rows and would speculate whatever it
  * emits (spec_chain_ok): the runner feeds them their last two tokens and advances their
  * lengths and sampling counters on the device (runner_spec_batch.prev_row), and the commit
@@ -1187,10 +1187,7 @@ static int launch_async(engine *e, int n, pend_step *q) {
     return 0;
 }
 
-/* Whether a draft model's speculative step ops may go in flight: async scheduling, a
- * runner whose op can be queued (runner.spec_async), and room in one event for the tokens
- * of the op in flight and of a synchronous speculative step after it. */
-static int spec_async_ok(const engine *e) {
+int engine_spec_async_ok(const engine *e) {
     return !e->cfg.sync_scheduling && e->run->spec_async && e->run->ops->wait_queued &&
            e->drafter == ENGINE_DRAFTER_MODEL && 2 * (e->k + 1) <= ENGINE_MAX_STEP_TOKENS;
 }
@@ -1203,7 +1200,7 @@ static int spec_async_ok(const engine *e) {
  * every row speculate now (engine_spec_chain). So the step is the one the engine would
  * run after the commit. */
 static int spec_chain_ok(engine *e, int n) {
-    if (!spec_async_ok(e) || n == 0) return 0;
+    if (!engine_spec_async_ok(e) || n == 0) return 0;
     for (int i = 0; i < n; i++) {
         const row_plan *p = &e->plan[i];
         const req *r = p->r;
@@ -1327,11 +1324,11 @@ static int run_step(engine *e, int n, engine_output *out) {
 }
 
 /* Phases 3-4 of a planned step: one speculative step op where a draft model's rows all
- * fit it (queued in flight where spec_async_ok: the next step may follow it there), else
- * one runner_step; then the commit. */
+ * fit it (queued in flight where engine_spec_async_ok: the next step may follow it
+ * there), else one runner_step; then the commit. */
 static int run_planned(engine *e, int n, engine_output *out) {
     int rc;
-    if (spec_async_ok(e) && runner_spec_ok(e, n)) return launch_spec(e, n, &e->pend[e->pend_cur]);
+    if (engine_spec_async_ok(e) && runner_spec_ok(e, n)) return launch_spec(e, n, &e->pend[e->pend_cur]);
     for (int i = 0; i < n; i++)
         e->res[i] = (row_result){.dev = -1, .kv_cap = INT_MAX, .forced = ENGINE_RUNNING};
     /* Run the step -- one speculative step op where a draft model's rows all fit it, else

@@ -30,10 +30,11 @@ typedef struct {
     double scale[SPEC_COST_MAX_B];
     /* Seconds of the engine's own host work per step (schedule, commit, emit, launch) per
      * measured batch size, learned from every step (spec_cost_observe_host) where plain
-     * steps run in flight and hide it; 0 where nothing is hidden. A speculating step runs
-     * synchronously (its drafts follow from the token before), so such work is exposed:
-     * SPEC_COST_HOST_STEPS times it is added to every speculating step's time, never to a
-     * plain one's. */
+     * steps run in flight and hide it; 0 where nothing is hidden, and where speculating
+     * steps go in flight too (a draft model's, chained: engine_spec_host). Otherwise a
+     * speculating step runs synchronously (prompt lookup's drafts follow from the token
+     * before), so such work is exposed: SPEC_COST_HOST_STEPS times it is added to every
+     * speculating step's time, never to a plain one's. */
     double host[SPEC_COST_MAX_B];
 } spec_cost;
 

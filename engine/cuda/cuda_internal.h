@@ -115,9 +115,8 @@ typedef struct {
                               * projections at load, 0 keep an FP8 checkpoint's, -1 bf16 */
     int gemv_rows;           /* SPECD_CUDA_GEMV_ROWS=N (1..CUDA_GEMV_MAX_ROWS): passes of up to N token
                               * rows on kernels/gemv.cu, fused (decode batches, verify steps) */
-    int spec_async;          /* SPECD_CUDA_SPEC_ASYNC=1: runner.spec_async, the speculative
-                              * step queued in flight (off until it has run on a GPU:
-                              * tests/gpu/UNRUN.md) */
+    int spec_async;          /* SPECD_CUDA_SPEC_ASYNC=0: runner.spec_async off, each speculative
+                              * step op synchronous (default 1: queued in flight, chained) */
     int verify_gemv;         /* SPECD_CUDA_VERIFY_GEMV: a verify pass of B rows whose decode step
                               * runs on the GEMV (B <= gemv_rows), all its tokens fitting it (at
                               * most CUDA_GEMV_MAX_ROWS), may run as that decode step would, token

@@ -749,7 +749,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->gemm_band = env_flag("SPECD_CUDA_GEMM_BAND", 0);   /* (off: tests/gpu/BENCH.md, twenty-fourth session) */
     t->verify_item_splits = env_flag("SPECD_CUDA_VERIFY_ITEM_SPLITS", 0);
     t->verify_gemv = env_flag("SPECD_CUDA_VERIFY_GEMV", 1);
-    t->spec_async = env_flag("SPECD_CUDA_SPEC_ASYNC", 0);
+    t->spec_async = env_flag("SPECD_CUDA_SPEC_ASYNC", 1);
     t->no_forward_sampling = env_flag("SPECD_CUDA_NO_FORWARD_SAMPLING", 0);
     t->tp_vocab_split = env_flag("SPECD_TP_VOCAB_SPLIT", 1);
     t->tp_shard_draft = env_flag("SPECD_TP_SHARD_DRAFT", 0);

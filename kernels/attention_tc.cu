@@ -373,9 +373,11 @@ extern "C" int k_attention_tc(const float *q, uint16_t *out, int H, int KVH, int
  *
  * H100, decode tok/s against the SIMT form (tests/gpu/BENCH.md, twenty-eighth and
  * twenty-ninth sessions): 8B shape 1.04x / 1.07x at 32 / 256 rows, 1.10x at 32 rows of
- * 4096-token contexts (1.20x on an FP8 cache), 1B shape 1.05x / 1.13x-1.19x at 32-64 /
- * 256. Its earlier form, O += P V with 3 blocks per SM (k_tuning.attn_dec 3 to 5, retired),
- * lost 1-5% to the SIMT form at 64 rows of the 8B shape. */
+ * 4096-token contexts (1.20x on an FP8 cache), 1B shape 1.05x at 32 and 64 rows, 1.13x
+ * at 256 (another 1.05x with the prefetch below). Its retired forms: O += P V with 3
+ * blocks per SM (k_tuning.attn_dec 3, and 4 where it measured faster), which lost 1-5% to
+ * the SIMT form at 64 rows of the 8B shape, and O^T with 3 blocks per SM (5), within 1% of
+ * 3: the gain is the fourth block. */
 #define DTC_WARPS 4
 
 /* The first of the 4 dims k-step kc of lane tig covers in S = Q K^T. */

@@ -40,7 +40,7 @@ typedef struct {
                        * (attention_tc.cu) with keys asked of L2 ahead where that keeps its
                        * registers (an FP8 cache or head dim 64), 7 with it everywhere, 6
                        * without it; 0 the SIMT form (attention.cu), 1 and 2 its earlier
-                       * forms, for A/B (3-5: the retired O = P V tensor-core forms) */
+                       * forms, for A/B (3-5: retired tensor-core forms) */
     int gemvq_rows;   /* k_gemv_q's rows per warp: 4, or 2 for anything else (gemv_q.cu) */
     int gemvq_split;  /* k_gemv_q splits K over warps until about this many warps per SM are
                        * busy (default 32; test_gpu_gemv "*split_report*" sweeps 8..128) */

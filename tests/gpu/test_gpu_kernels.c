@@ -859,9 +859,9 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
 /* The tensor-core decode form (attention_tc.cu: k_tuning.attn_dec 6, and 7 with keys
  * asked of L2 ahead) over many (row, KV head) pairs: one split written directly (with and
  * without the int8 rounding for an O GEMV), splits merged by the combine kernel (sized on
- * the device and by the host), head dims 64 and 128, 2 / 4 / 8 query heads per KV head, sliding windows. Its lanes load K
- * and V in a permuted order that Q and the output must undo: a wrong pairing of dims or
- * keys is an O(1) error against the double reference. */
+ * the device and by the host), head dims 64 and 128, 2 / 4 / 8 query heads per KV head,
+ * sliding windows. Its lanes load K and V in a permuted order that Q and the output must
+ * undo: a wrong pairing of dims or keys is an O(1) error against the double reference. */
 static void test_attention_decode_tc_matches_reference(void **state) {
     (void)state;
     const int a[4] = {0, 700, 3, -1}, b[4] = {700, 1, -1, 0}, c[3] = {650, -1, 2};

@@ -21,16 +21,17 @@
  * softmax scale by the launchers and V's multiplies the output (or the partials).
  *
  * k_attention picks the kernel: one query token per item with G <= 8 and D = 64 or 128
- * (decode) goes to attention_decode_kernel below, built for latency rather than tiles, or
- * over as many (item, KV head) pairs as SMs to the tensor-core decode form (attention_tc.cu;
- * launch_attention_decode_kv says where; SPECD_ATTN_DEC=0 keeps those on the SIMT kernel
- * too, SPECD_ATTN_TILED=1 keeps decode on the tiled kernel); at least 16 rows per block
- * (qt * G >= 16, prefill and verify) with D = 64 or 128 to the tensor-core kernel
- * (attention_tc.cu; SPECD_ATTN_SIMT=1 keeps them here); the rest to attention_kernel. Only the decode kernels are programmatic-dependent
- * launches: the SIMT one computes its geometry and requests its first K/V chunk while the
- * QKV GEMV before it still runs, and both let the O GEMV launch once their key loop is
- * done (SPECD_ATTN_PDL=0/1 to compare). Letting the O GEMV in at the start of attention
- * made the 8B batch-1 step slower on an H200 (4.77 vs 4.64 ms): its weight prefetch
+ * (decode) goes to attention_decode_kernel below, built for latency rather than tiles,
+ * or over as many (item, KV head) pairs as SMs to the tensor-core decode form
+ * (attention_tc.cu; launch_attention_decode_kv says where; SPECD_ATTN_DEC=0 keeps those
+ * on the SIMT kernel too, SPECD_ATTN_TILED=1 keeps decode on the tiled kernel); at
+ * least 16 rows per block (qt * G >= 16, prefill and verify) with D = 64 or 128 to the
+ * tensor-core kernel (attention_tc.cu; SPECD_ATTN_SIMT=1 keeps them here); the rest to
+ * attention_kernel. Only the decode kernels are programmatic-dependent launches: the
+ * SIMT one computes its geometry and requests its first K/V chunk while the QKV GEMV
+ * before it still runs, and both let the O GEMV launch once their key loop is done
+ * (SPECD_ATTN_PDL=0/1 to compare). Letting the O GEMV in at the start of attention made
+ * the 8B batch-1 step slower on an H200 (4.77 vs 4.64 ms): its weight prefetch
  * competes with attention's dependent loads. */
 #include <limits.h>
 #include <math.h>

@@ -1051,17 +1051,18 @@ static double step_now(void) {
  * the same way where the runner queues it (runner.spec_async; engine_spec_async_ok): it
  * emits 1..k+1 tokens per row, so pre_commit counts the most (k + 1 placeholders,
  * positions to match), which can only over-reserve KV, and a row whose most could end it
- * (max_tokens, context) takes no placeholders and sits the next step out. The next step
- * is queued behind it only as another such op over rows that all continue its rows and
- * would speculate whatever it emits (spec_chain_ok): the runner feeds them their last two tokens and advances their
- * lengths and sampling counters on the device (runner_spec_batch.prev_row), and the commit
- * (finish_spec) puts the tokens in the placeholders' place and corrects the positions.
- * Otherwise the op is committed first. Prompt lookup stays synchronous when it speculates:
- * its drafts are looked up on the tokens the step before emitted. A step a drafter would
- * not speculate in is queued like any other (engine_spec_skip, engine_spec_ngram_idle);
- * prompt lookup, with a step in flight, looks up on the tokens before its placeholder and
- * prices what it finds lower (the match must also predict the token in flight), so a copy
- * in progress stays synchronous and chat, which rarely matches, goes in flight. */
+ * (max_tokens, context) takes no placeholders and sits the next step out. The next step is
+ * queued behind it only as another such op over rows that all continue its rows and would
+ * speculate whatever it emits (spec_chain_ok): the runner feeds them their last two tokens
+ * and advances their lengths and sampling counters on the device
+ * (runner_spec_batch.prev_row), and the commit (finish_spec) puts the tokens in the
+ * placeholders' place and corrects the positions. Otherwise the op is committed first.
+ * Prompt lookup stays synchronous when it speculates: its drafts are looked up on the
+ * tokens the step before emitted. A step a drafter would not speculate in is queued like
+ * any other (engine_spec_skip, engine_spec_ngram_idle); prompt lookup, with a step in
+ * flight, looks up on the tokens before its placeholder and prices what it finds lower
+ * (the match must also predict the token in flight), so a copy in progress stays
+ * synchronous and chat, which rarely matches, goes in flight. */
 
 #define TOKEN_PENDING (-1)
 

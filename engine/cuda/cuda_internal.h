@@ -144,6 +144,8 @@ typedef struct {
     int gemvq_i8_k; /* the same for Q4_K / Q5_K / Q6_K */
     int gemm_qi8_rows; /* Q8_0 passes of 9 .. this many tokens on k_gemm_qi8 (0: none) */
     int fp8_chain;  /* FP8 GEMM passes of at least this many tokens chained (cuda_step.c fp8_chain; 0: none) */
+    int fp8_fast_accum;   /* SPECD_CUDA_FP8_FAST_ACCUM=1: cuBLASLt's FP8 fast accumulation (cuda_fp8.c) */
+    int fp8_tune;   /* SPECD_CUDA_FP8_TUNE: FP8 GEMM candidates timed per decode size (cuda_fp8.c) */
     int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
     int gemm_band;           /* SPECD_CUDA_GEMM_BAND=B (1..64; 0 off, the default: first
                               * requests of new lengths faster, some warm ones slower):
@@ -281,6 +283,14 @@ typedef struct {
     cublasLtMatmulDesc_t lt_desc;
     int lt_outer;
     struct cuda_fp8_plan *fp8_plans;
+    /* plans made while fp8_tune_now is set (the eager run of a decode size before its graph
+     * is captured) time the heuristic's first candidates and keep the fastest; d_fp8_tune
+     * is their scratch output, freed when the graphs are captured */
+    int fp8_tune_now;
+    float *d_fp8_tune;
+    size_t fp8_tune_bytes;
+    int fp8_tuned, fp8_tune_changed;
+    double fp8_tune_us[2];   /* the changed plans: their heuristic picks' us, the chosen ones' */
     /* bf16 GEMMs by bands of token counts (engine/cuda/cuda_gemm.c; tune.gemm_band) */
     cublasLtHandle_t gemm_lt;
     cublasLtMatmulDesc_t gemm_desc;
@@ -448,6 +458,7 @@ int cuda_fp8_gemm_unscaled(cuda_runner *r, const uint8_t *W, int out, int in, co
  * first) and W, CUDA_FP8_CHUNK tokens a call where chunked (as cuda_fp8_gemm splits them,
  * so the products are the same bits as its own before its rescale). */
 int cuda_fp8_chain_ok(const cuda_runner *r, int n, int out, int in);
+void cuda_fp8_tune_done(cuda_runner *r);
 int cuda_fp8_gemm_raw(cuda_runner *r, const uint8_t *W, int out, int in, const uint16_t *X, int n, float *Y,
                       int chunked);
 

@@ -745,6 +745,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * same bits). H100, 8B shape, specd bench, 2026-12-06: decode at 256 rows +5.0%, at 64
      * +0.2%, at 16 -1% (its per-row kernels are 16 blocks); prefill +9-10% */
     t->fp8_chain = env_flag("SPECD_CUDA_FP8_CHAIN", 64);
+    t->fp8_fast_accum = env_flag("SPECD_CUDA_FP8_FAST_ACCUM", 0);
+    t->fp8_tune = env_flag("SPECD_CUDA_FP8_TUNE", 1);
     t->fixed_splits = env_flag("SPECD_CUDA_FIXED_SPLITS", 0);
     t->gemm_band = env_flag("SPECD_CUDA_GEMM_BAND", 0);   /* (off: tests/gpu/BENCH.md, twenty-fourth session) */
     t->verify_item_splits = env_flag("SPECD_CUDA_VERIFY_ITEM_SPLITS", 0);

@@ -264,16 +264,19 @@ static_assert(MOE_GEMV_MAX_CAP <= MOE_GEMV_ROWS && K_MOE_DEC_MAX_N <= MOE_GEMV_R
 #define MOE_GEMV_COLS (MOE_NT / 32)
 #define MOE_GEMV_U 8   /* 16-byte loads per lane in flight per matrix: a 4 KB row at once */
 
-template <bool GATED>
-__global__ void __launch_bounds__(MOE_NT)
+/* R: rows of x held (up to R tokens an expert), U: 16-byte loads per lane in flight per
+ * matrix, MINB: blocks an SM asked of the register allocator (0: none asked) */
+
+template <bool GATED, int R, int U, int MINB>
+__global__ void __launch_bounds__(MOE_NT, MINB)
 moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, int x_div,
                 const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, const int32_t *active, int cap,
                 int N, int Kd, int gelu, const unsigned long long *ss_in, float eps, float *__restrict__ Yf,
                 uint16_t *__restrict__ Yb) {
     constexpr int NW = GATED ? 2 : 1;
-    extern __shared__ __align__(16) uint16_t xsm[];   /* [MOE_GEMV_ROWS][Kd] */
-    __shared__ int prow[MOE_GEMV_ROWS];
-    __shared__ float rsm[MOE_GEMV_ROWS];
+    extern __shared__ __align__(16) uint16_t xsm[];   /* [R][Kd] */
+    __shared__ int prow[R];
+    __shared__ float rsm[R];
     /* the launch after this one may start only once the routing before it has finished:
      * k_moe_down_combine reads the routing's expert ids before its own wait */
     k_pdl_wait();
@@ -284,23 +287,23 @@ moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
         e = active[1 + blockIdx.y];
     }
     const int c0 = blockIdx.x * MOE_GEMV_COLS;
-    const int cnt = min(counts[e], MOE_GEMV_ROWS);
+    const int cnt = min(counts[e], R);
     if (cnt == 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + warp;
     const uint16_t *We = W + (size_t)e * NW * N * Kd;
     /* the row's first chunks (both matrices when gated) go out before the x rows are
      * gathered: every load of a chunk is requested before any math (clamped addresses,
      * unconditional loads) */
-    uint4 wv[NW][MOE_GEMV_U];
+    uint4 wv[NW][U];
     auto load = [&](int k0) {
 #pragma unroll
         for (int m = 0; m < NW; m++)
 #pragma unroll
-            for (int u = 0; u < MOE_GEMV_U; u++)
+            for (int u = 0; u < U; u++)
                 wv[m][u] = __ldg((const uint4 *)(We + ((size_t)m * N + min(col, N - 1)) * Kd + min(k0 + u * 256, Kd - 8)));
     };
     load(lane * 8);
-    if (tid < MOE_GEMV_ROWS) {
+    if (tid < R) {
         prow[tid] = tid < cnt ? rows[(size_t)e * cap + tid] : -1;
         rsm[tid] = tid < cnt && ss_in ? rsqrtf(k_ss_value(ss_in[prow[tid] / x_div]) * (1.f / Kd) + eps) : 1.f;
     }
@@ -311,19 +314,19 @@ moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
     }
     __syncthreads();
     if (col >= N) return;
-    float acc[NW][MOE_GEMV_ROWS];
+    float acc[NW][R];
 #pragma unroll
     for (int m = 0; m < NW; m++)
 #pragma unroll
-        for (int r = 0; r < MOE_GEMV_ROWS; r++) acc[m][r] = 0.f;
-    for (int k0 = lane * 8; k0 < Kd; k0 += 32 * 8 * MOE_GEMV_U) {
+        for (int r = 0; r < R; r++) acc[m][r] = 0.f;
+    for (int k0 = lane * 8; k0 < Kd; k0 += 32 * 8 * U) {
         if (k0 != lane * 8) load(k0);
 #pragma unroll
-        for (int u = 0; u < MOE_GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
             const int k = k0 + u * 256;
             if (k >= Kd) break;
 #pragma unroll
-            for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 if (r >= cnt) break;
                 const uint4 xv = *(const uint4 *)(xsm + (size_t)r * Kd + k);
 #pragma unroll
@@ -332,7 +335,7 @@ moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
         }
     }
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         if (r >= cnt) break;
         float g = k_warp_sum(acc[0][r]) * rsm[r], u = k_warp_sum(acc[NW - 1][r]) * rsm[r];
         if (lane == 0) {
@@ -347,16 +350,35 @@ moe_gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
     }
 }
 
+template <bool GATED, int R, int U, int MINB>
+static int moe_gemv_launch_r(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows,
+                             const int32_t *counts, const int32_t *active, int cap, int grid_y, int N, int Kd, int gelu,
+                             const unsigned long long *ss_in, float eps, float *Yf, uint16_t *Yb, cudaStream_t s) {
+    const size_t smem = (size_t)R * Kd * 2;
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute(moe_gemv_kernel<GATED, R, U, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem))
+        return -1;
+    return k_launch(moe_gemv_kernel<GATED, R, U, MINB>, dim3((N + MOE_GEMV_COLS - 1) / MOE_GEMV_COLS, grid_y),
+                    dim3(MOE_NT), smem, s, W, X, x_div, rows, counts, active, cap, N, Kd, gelu, ss_in, eps, Yf, Yb);
+}
+
+/* One row per expert at most (cap 1: a single token) takes a form with room for one x row
+ * and half a weight row in flight per matrix: 63 registers and 4 KB of shared memory
+ * against 123 and 32 KB, so 4 blocks share an SM instead of 2 (k_tuning.moe_r1; 0: the
+ * form for up to 8 rows). H100, Qwen3-30B-A3B widths, bench_moe: routing + gate|up at one
+ * token 25.96 against 28.46 us a layer; `specd bench --shape qwen3-30b-a3b --batch 1`
+ * 255.7-258.6 against 243.7 tok/s. 3 blocks an SM (69 registers) and 8 loads at 2 blocks
+ * (99) measured between the two. */
 template <bool GATED>
 static int moe_gemv_launch(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows,
                            const int32_t *counts, const int32_t *active, int cap, int grid_y, int N, int Kd, int gelu,
                            const unsigned long long *ss_in, float eps, float *Yf, uint16_t *Yb, cudaStream_t s) {
-    const size_t smem = (size_t)MOE_GEMV_ROWS * Kd * 2;
-    if (smem > 48 * 1024 &&
-        cudaFuncSetAttribute(moe_gemv_kernel<GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
-        return -1;
-    return k_launch(moe_gemv_kernel<GATED>, dim3((N + MOE_GEMV_COLS - 1) / MOE_GEMV_COLS, grid_y), dim3(MOE_NT),
-                    smem, s, W, X, x_div, rows, counts, active, cap, N, Kd, gelu, ss_in, eps, Yf, Yb);
+    if (cap == 1 && k_tuning_get()->moe_r1)
+        return moe_gemv_launch_r<GATED, 1, 4, 4>(W, X, x_div, rows, counts, active, cap, grid_y, N, Kd, gelu, ss_in,
+                                                 eps, Yf, Yb, s);
+    return moe_gemv_launch_r<GATED, MOE_GEMV_ROWS, MOE_GEMV_U, 0>(W, X, x_div, rows, counts, active, cap, grid_y, N,
+                                                                 Kd, gelu, ss_in, eps, Yf, Yb, s);
 }
 
 extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows,

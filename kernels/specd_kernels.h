@@ -67,6 +67,9 @@ typedef struct {
                          * decoded 13-33% slower). Each form sums a token's dot in an order
                          * that does not depend on the pass's other tokens; above 8 the FMA
                          * form everywhere (a verify pass that must equal decode steps) */
+    int moe_r1;         /* 1 (default): the MoE gate|up GEMV of single-token passes in its
+                         * one-row form, 4 blocks an SM (moe.cu moe_gemv_launch); 0: the form
+                         * for up to 8 rows an expert */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

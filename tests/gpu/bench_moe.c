@@ -60,6 +60,9 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (getenv("BENCH_MOE_STAGES")) g_stages = atoi(getenv("BENCH_MOE_STAGES"));
+    k_tuning tune = k_tuning_default;   /* SPECD_MOE_R1 picks the single-token form, as for specd */
+    if (getenv("SPECD_MOE_R1")) tune.moe_r1 = atoi(getenv("SPECD_MOE_R1"));
+    k_set_tuning(&tune);
     if (argc == 5) {
         g_E = atoi(argv[1]);
         g_K = atoi(argv[2]);

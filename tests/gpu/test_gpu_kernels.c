@@ -1384,16 +1384,33 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
     free(ids); free(cnt); free(act); free(lref); free(aref); free(rref); free(actf);
 }
 
+/* both forms of the single-token gate|up GEMV (k_tuning.moe_r1) */
 static void test_moe_decode_launches_match_reference(void **state) {
     (void)state;
-    run_moe_case(1, 16, 4, 256, 96, 1, 1, 0);
-    run_moe_case(3, 16, 4, 256, 96, 0, 1, 1);
-    run_moe_case(8, 64, 8, 2048, 768, 1, 1, 1);   /* Qwen3-30B-A3B's widths */
-    run_moe_case(2, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8; rows longer than one pass */
+    for (int form = 0; form <= 1; form++) {
+        k_tuning t = k_tuning_default;
+        t.moe_r1 = form;
+        k_set_tuning(&t);
+        printf("    moe single-token form %d\n", form);
+        run_moe_case(1, 16, 4, 256, 96, 1, 1, 0);
+        run_moe_case(1, 128, 8, 2048, 768, 1, 1, 1);  /* Qwen3-30B-A3B's widths, one token */
+        run_moe_case(1, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8, one token */
+        run_moe_case(3, 16, 4, 256, 96, 0, 1, 1);
+        run_moe_case(8, 64, 8, 2048, 768, 1, 1, 1);   /* Qwen3-30B-A3B's widths */
+        run_moe_case(2, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8; rows longer than one pass */
+    }
+    k_set_tuning(&k_tuning_default);
 }
 
 static void test_moe_general_path_matches_reference(void **state) {
     (void)state;
+    for (int form = 0; form <= 1; form++) {   /* (moe_r1: the GEMV of a single token) */
+        k_tuning t = k_tuning_default;
+        t.moe_r1 = form;
+        k_set_tuning(&t);
+        run_moe_case(1, 16, 4, 256, 96, 1, 0, 0);
+    }
+    k_set_tuning(&k_tuning_default);
     run_moe_case(3, 16, 4, 256, 96, 1, 0, 0);     /* per-expert GEMV */
     run_moe_case(40, 16, 4, 256, 96, 0, 0, 0);    /* grouped GEMM on tensor cores */
     run_moe_case(72, 64, 8, 2048, 768, 1, 0, 0);

@@ -16,15 +16,6 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
-# decode attention's default (8: the tensor-core form, keys asked of L2 ahead on an FP8
-# cache or at head dim 64) in the tests' loops over forms; its two kernels passed as forms
-# 6 and 7 on an H100 (2026-12-07), and the launcher now only chooses between them
-run attn_dec "$G/test_gpu_kernels" "*decode*"
-run attn_dec_fp8 "$G/test_gpu_kernels" "*kv_fp8*"
-for d in 0 8; do
-    echo "SPECD_ATTN_DEC=$d: $(SPECD_ATTN_DEC=$d "$B/specd" bench --device cuda --shape llama-3.2-1b --batch 32,256 \
-        --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"
-done
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

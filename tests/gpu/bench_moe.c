@@ -6,7 +6,8 @@
  *
  *   bench_moe [E K hidden moe_ffn]
  *
- * BENCH_MOE_STAGES=1 or 2 times only the routing, or the routing and gate|up (both forms).
+ * BENCH_MOE_STAGES=1 or 2 times only the routing, or the routing and gate|up (both forms);
+ * BENCH_MOE_N=n only n tokens.
  *
  * Forms: "dec" is the decode path (k_moe_route_gemv, k_moe_gated_dec, k_moe_down_combine:
  * what the runner launches up to K_MOE_DEC_MAX_N tokens), "gen" the general one (router
@@ -60,6 +61,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (getenv("BENCH_MOE_STAGES")) g_stages = atoi(getenv("BENCH_MOE_STAGES"));
+    const int only_n = getenv("BENCH_MOE_N") ? atoi(getenv("BENCH_MOE_N")) : 0;   /* one token count only */
     k_tuning tune = k_tuning_default;   /* SPECD_MOE_R1 picks the single-token form, as for specd */
     if (getenv("SPECD_MOE_R1")) tune.moe_r1 = atoi(getenv("SPECD_MOE_R1"));
     k_set_tuning(&tune);
@@ -108,6 +110,7 @@ int main(int argc, char **argv) {
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             const int n = ns[ni];
             if (dec && n > K_MOE_DEC_MAX_N) continue;
+            if (only_n && n != only_n) continue;
             /* distinct experts per layer, from one eager pass (counts of each layer) */
             double touched = 0;
             int32_t *hc = malloc((size_t)g_E * 4);

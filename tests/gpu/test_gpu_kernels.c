@@ -1395,6 +1395,8 @@ static void test_moe_decode_launches_match_reference(void **state) {
         run_moe_case(1, 16, 4, 256, 96, 1, 1, 0);
         run_moe_case(1, 128, 8, 2048, 768, 1, 1, 1);  /* Qwen3-30B-A3B's widths, one token */
         run_moe_case(1, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8, one token */
+        run_moe_case(1, 8, 2, 1000, 1400, 1, 1, 1);   /* widths that end inside a pass */
+        run_moe_case(1, 4, 4, 1024, 200, 1, 1, 0);    /* every expert picked; no norm fold */
     }
     k_set_tuning(&k_tuning_default);
     /* several tokens: the 8-row form whatever moe_r1 says */

@@ -148,7 +148,7 @@ extern "C" int k_moe_route(const float *logits, int n, int E, int K, int norm, i
 
 /* One tile: rows r0.. of expert e's list (pairs), columns c0.. of its output. GATED: the
  * weight is [2N][Kd] (gate rows, then up rows) and the output act(g) * u, bf16 [pairs][N];
- * else [N][Kd] and fp32 [pairs][N]. x row of pair p: p / x_div. MOE_STAGES smem stages
+ * else [N][Kd] and fp32 [pairs][N]. x row of pair p: p / x_div. STAGES smem stages
  * filled by cp.async. */
 template <bool GATED, int TM, int STAGES, int MINB>
 __global__ void __launch_bounds__(MOE_TC_NT, MINB)
@@ -174,7 +174,7 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
         for (int i = 0; i < 2; i++) {
             const int idx = tid + i * MOE_TC_NT, r = idx / 4, c = (idx % 4) * 8;
             const bool kok = k0 + c < Kd;
-            if (r < TM) {
+            if (TM >= MOE_TN || r < TM) {   /* (folds away for full tiles) */
                 const int p = prow[r];
                 tc_cp16(tc_smem_addr(&as[st][r][c]), p >= 0 && kok ? X + (size_t)(p / x_div) * Kd + k0 + c : X,
                         p >= 0 && kok);

@@ -148,37 +148,35 @@ extern "C" int k_moe_route(const float *logits, int n, int E, int K, int norm, i
 
 /* One tile: rows r0.. of expert e's list (pairs), columns c0.. of its output. GATED: the
  * weight is [2N][Kd] (gate rows, then up rows) and the output act(g) * u, bf16 [pairs][N];
- * else [N][Kd] and fp32 [pairs][N]. x row of pair p: p / x_div. STAGES smem stages
+ * else [N][Kd] and fp32 [pairs][N]. x row of pair p: p / x_div. MOE_STAGES smem stages
  * filled by cp.async. */
-template <bool GATED, int TM, int STAGES, int MINB>
-__global__ void __launch_bounds__(MOE_TC_NT, MINB)
+template <bool GATED>
+__global__ void __launch_bounds__(MOE_TC_NT, MOE_TC_MINB)
 moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, int x_div,
                 const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, int cap, int N, int Kd,
                 int gelu, float *__restrict__ Yf, uint16_t *__restrict__ Yb) {
     constexpr int NW = GATED ? 2 : 1;
-    __shared__ __align__(16) uint16_t as[STAGES][TM][MOE_LD];
-    __shared__ __align__(16) uint16_t bs[STAGES][NW][MOE_TN][MOE_LD];
-    __shared__ int prow[TM];
+    __shared__ __align__(16) uint16_t as[MOE_STAGES][MOE_TM][MOE_LD];
+    __shared__ __align__(16) uint16_t bs[MOE_STAGES][NW][MOE_TN][MOE_LD];
+    __shared__ int prow[MOE_TM];
     k_pdl_trigger();
     k_pdl_wait();
-    const int e = blockIdx.y, c0 = blockIdx.x * MOE_TN, r0 = blockIdx.z * TM;
+    const int e = blockIdx.y, c0 = blockIdx.x * MOE_TN, r0 = blockIdx.z * MOE_TM;
     const int cnt = counts[e];
     if (r0 >= cnt) return;
-    const int nr = min(TM, cnt - r0), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid < TM) prow[tid] = tid < nr ? rows[(size_t)e * cap + r0 + tid] : -1;
+    const int nr = min(MOE_TM, cnt - r0), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid < MOE_TM) prow[tid] = tid < nr ? rows[(size_t)e * cap + r0 + tid] : -1;
     __syncthreads();
     const uint16_t *We = W + (size_t)e * NW * N * Kd;
-    /* loaders: 64 columns (and TM rows) x 4 chunks of 8 per matrix, 2 per thread */
+    /* loaders: 64 rows x 4 chunks of 8 per matrix = 256 chunks, 2 per thread */
     auto load = [&](int st, int k0) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int idx = tid + i * MOE_TC_NT, r = idx / 4, c = (idx % 4) * 8;
             const bool kok = k0 + c < Kd;
-            if (TM >= MOE_TN || r < TM) {   /* (folds away for full tiles) */
-                const int p = prow[r];
-                tc_cp16(tc_smem_addr(&as[st][r][c]), p >= 0 && kok ? X + (size_t)(p / x_div) * Kd + k0 + c : X,
-                        p >= 0 && kok);
-            }
+            const int p = prow[r];
+            tc_cp16(tc_smem_addr(&as[st][r][c]), p >= 0 && kok ? X + (size_t)(p / x_div) * Kd + k0 + c : X,
+                     p >= 0 && kok);
 #pragma unroll
             for (int m = 0; m < NW; m++) {
                 const int col = c0 + r;
@@ -201,16 +199,16 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
     const int rg = warp / wpr, nj = 8 / wpr, j0 = (warp % wpr) * nj;
     const bool active = rg * 16 < nr;
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
+    for (int i = 0; i < MOE_STAGES - 1; i++) {
         if (i < nk) load(i, i * MOE_TK);
         else tc_commit();
     }
     for (int it = 0; it < nk; it++) {
-        const int st = it % STAGES;
-        tc_wait<STAGES - 2>();   /* chunk it has landed */
+        const int st = it % MOE_STAGES;
+        tc_wait<MOE_STAGES - 2>();   /* chunk it has landed */
         __syncthreads();             /* ... for every thread, and chunk it - 1 is done with */
-        const int nx = it + STAGES - 1;
-        if (nx < nk) load(nx % STAGES, nx * MOE_TK);
+        const int nx = it + MOE_STAGES - 1;
+        if (nx < nk) load(nx % MOE_STAGES, nx * MOE_TK);
         else tc_commit();
         if (active) {
             uint32_t a[2][4];
@@ -414,22 +412,12 @@ extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const
         return moe_gemv_launch<false>(W, X, x_div, rows, counts, NULL, NULL, cap, E, N, Kd, gelu, NULL, 0.f, Yf, Yb,
                                       s);
     }
-    /* Up to k_tuning.moe_few_cap tokens (decode batches: a few rows an expert) tiles of 16
-     * rows with four stages, whose smaller x tiles leave room for one more weight stage in
-     * flight; an expert of more than 16 rows takes several such blocks (its weights read
-     * again, mostly from L2). Built, not yet run on a GPU: off (tests/gpu/UNRUN.md). */
-    const int few = cap <= k_tuning_get()->moe_few_cap;
-    dim3 grid((N + MOE_TN - 1) / MOE_TN, E, (cap + (few ? 16 : MOE_TM) - 1) / (few ? 16 : MOE_TM));
-    if (few)
-        return gated ? k_launch(moe_gemm_kernel<true, 16, 4, 4>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts,
-                                cap, N, Kd, gelu, Yf, Yb)
-                     : k_launch(moe_gemm_kernel<false, 16, 4, 4>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows,
-                                counts, cap, N, Kd, gelu, Yf, Yb);
+    dim3 grid((N + MOE_TN - 1) / MOE_TN, E, (cap + MOE_TM - 1) / MOE_TM);
     if (gated)
-        return k_launch(moe_gemm_kernel<true, MOE_TM, MOE_STAGES, MOE_TC_MINB>, grid, dim3(MOE_TC_NT), 0, s, W, X,
-                        x_div, rows, counts, cap, N, Kd, gelu, Yf, Yb);
-    return k_launch(moe_gemm_kernel<false, MOE_TM, MOE_STAGES, MOE_TC_MINB>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div,
-                    rows, counts, cap, N, Kd, gelu, Yf, Yb);
+        return k_launch(moe_gemm_kernel<true>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts, cap, N, Kd,
+                        gelu, Yf, Yb);
+    return k_launch(moe_gemm_kernel<false>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts, cap, N, Kd,
+                    gelu, Yf, Yb);
 }
 
 __global__ void moe_combine_kernel(const float *out, const float *w, int K, int hidden, float *resid) {

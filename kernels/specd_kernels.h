@@ -70,9 +70,6 @@ typedef struct {
     int moe_r1;         /* 1 (default): the MoE gate|up GEMV of single-token passes in its
                          * one-row form, 4 blocks an SM (moe.cu moe_gemv_launch); 0: the form
                          * for up to 8 rows an expert */
-    int moe_few_cap;    /* k_moe_gemm over at most this many tokens (9 up) in tiles of 16 rows
-                         * with four stages instead of 64 with three (moe.cu); default 0: none
-                         * (not yet run on a GPU: tests/gpu/UNRUN.md) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

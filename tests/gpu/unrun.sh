@@ -16,14 +16,6 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
-# the MoE grouped GEMM in 16-row tiles for decode batches (k_tuning.moe_few_cap): the
-# general-path cases loop over both tilings; then both at 64 tokens
-run moe_few "$G/test_gpu_kernels" "*moe*"
-for f in 0 64; do
-    echo "SPECD_MOE_FEW_CAP=$f bench_moe: $(SPECD_MOE_FEW_CAP=$f BENCH_MOE_N=64 "$G/bench_moe" 2>&1 | grep -E '^gen')"
-    echo "SPECD_MOE_FEW_CAP=$f: $(SPECD_MOE_FEW_CAP=$f "$B/specd" bench --device cuda --shape qwen3-30b-a3b --batch 8,64,256 \
-        --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' ';')"
-done
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

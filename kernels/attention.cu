@@ -420,6 +420,15 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         load_range(c0, 0, len);
     }
     k_pdl_wait();
+    /* this block's q rows (written by the kernel before): every load of the thread issued
+     * at once, with the length's reload, and stored to shared memory further down */
+    constexpr int QN = (GM * D + DEC_WARPS * 32 - 1) / (DEC_WARPS * 32);
+    float qv[QN];
+#pragma unroll
+    for (int j = 0; j < QN; j++) {
+        const int i = tid + j * DEC_WARPS * 32, r = i / D;
+        qv[j] = i < GM * D && r < rows ? q[((size_t)tok0 * H + kvh * G + r) * D + i % D] : 0.f;
+    }
     const int len_now = g.lens[slot * 2 + g.which];
     if (has_chunk && c0 + DEC_KPW > len) load_range(c0, len, INT_MAX);   /* keys of this pass */
     if (len_now != len) {   /* not in a pass as built: start over */
@@ -445,9 +454,10 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         return;
     }
 
-    for (int i = tid; i < GM * D; i += blockDim.x) {
-        const int r = i / D, d = i % D;
-        qs[r][d / DS][d % DS] = r < rows ? q[((size_t)tok0 * H + kvh * G + r) * D + d] : 0.f;
+#pragma unroll
+    for (int j = 0; j < QN; j++) {
+        const int i = tid + j * DEC_WARPS * 32, r = i / D, d = i % D;
+        if (i < GM * D) qs[r][d / DS][d % DS] = qv[j];
     }
     __syncthreads();
 

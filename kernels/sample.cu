@@ -121,11 +121,12 @@ static __device__ __forceinline__ bool has_adjust(const k_sample_params &p) {
     return p.adj && p.n_bias + p.n_suppress + p.n_stats > 0;
 }
 
-/* Block-wide max of x (every thread gets it); red: 32 floats of shared memory. */
+/* Block-wide max of x (every thread gets it); red: 32 floats of shared memory; vec:
+ * sample_row_visit's. */
 template <int NT>
-__device__ __forceinline__ float block_max(const float *x, int vocab, float *red) {
+__device__ __forceinline__ float block_max(const float *x, int vocab, float *red, bool vec) {
     float m = -INFINITY;
-    for (int i = threadIdx.x; i < vocab; i += NT) m = fmaxf(m, x[i]);
+    sample_row_visit<NT>(x, vocab, vec, [&](float v, int) { m = fmaxf(m, v); });
     m = k_warp_max(m);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
@@ -136,9 +137,9 @@ __device__ __forceinline__ float block_max(const float *x, int vocab, float *red
 
 /* log sum_i exp(x_i - xmax) over the row (every thread gets it); red as block_max's. */
 template <int NT>
-__device__ __forceinline__ float row_log_se(const float *x, int vocab, float xmax, float *red) {
+__device__ __forceinline__ float row_log_se(const float *x, int vocab, float xmax, float *red, bool vec) {
     float se = 0.f;
-    for (int i = threadIdx.x; i < vocab; i += NT) se += __expf(x[i] - xmax);
+    sample_row_visit<NT>(x, vocab, vec, [&](float v, int) { se += __expf(v - xmax); });
     return logf(k_block_sum(se, red));
 }
 
@@ -148,20 +149,22 @@ __device__ __forceinline__ float row_log_se(const float *x, int vocab, float xma
  * above that key and the first (n - those) equal to it. hist: 256 floats of shared memory. */
 template <int NT>
 __device__ void top_n(const float *x, int vocab, int n, float xmax, float log_se, float *hist,
-                      int32_t *out_ids, float *out_lps, bool agg) {
+                      int32_t *out_ids, float *out_lps, bool agg, bool vec) {
     typedef cub::BlockScan<int, NT> Scan;
     __shared__ typename Scan::TempStorage scan_tmp;
     __shared__ int32_t ids_s[K_MAX_TOP];
     __shared__ float val_s[K_MAX_TOP];
     const uint32_t thr = radix_select(x, vocab, 0, (float)n, 0, 0.f, 0.f, hist, agg);
-    const int chunk = (vocab + NT - 1) / NT;
+    /* (with vec the chunks are whole 16-byte words: sample_chunk_visit's loads) */
+    const bool v4 = vec && (uintptr_t)x % 16 == 0;
+    const int chunk = v4 ? ((vocab + NT - 1) / NT + 3) / 4 * 4 : (vocab + NT - 1) / NT;
     const int i0 = min(vocab, (int)threadIdx.x * chunk), i1 = min(vocab, i0 + chunk);
     int gt = 0, eq = 0;
-    for (int i = i0; i < i1; i++) {
-        const uint32_t k = f2key(x[i]);
+    sample_chunk_visit(x, i0, i1, v4, [&](float v, int) {
+        const uint32_t k = f2key(v);
         gt += k > thr;
         eq += k == thr;
-    }
+    });
     int gt_ex, gt_tot, eq_ex, eq_tot;
     Scan(scan_tmp).ExclusiveSum(gt, gt_ex, gt_tot);
     __syncthreads();
@@ -169,16 +172,16 @@ __device__ void top_n(const float *x, int vocab, int n, float xmax, float log_se
     const int need = n - gt_tot;   /* >= 1: fewer than n values lie above the n-th's key */
     if (gt > 0 || (eq > 0 && eq_ex < need)) {
         int g = gt_ex, q = eq_ex;
-        for (int i = i0; i < i1; i++) {
-            const uint32_t k = f2key(x[i]);
+        sample_chunk_visit(x, i0, i1, v4, [&](float v, int i) {
+            const uint32_t k = f2key(v);
             if (k > thr) {
                 ids_s[g] = i;
-                val_s[g++] = x[i];
+                val_s[g++] = v;
             } else if (k == thr && q < need) {
                 ids_s[gt_tot + q] = i;
-                val_s[gt_tot + q++] = x[i];
+                val_s[gt_tot + q++] = v;
             }
-        }
+        });
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -204,7 +207,7 @@ __device__ void top_n(const float *x, int vocab, int n, float xmax, float log_se
 __global__ void __launch_bounds__(SAMPLE_NT)
 sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *out_tok, float *out_logprob,
               int32_t *out_top_ids, float *out_top_lps, int32_t *out_rank, const uint32_t *mask, const int32_t *has,
-              int agg) {
+              int agg, int vec) {
     __shared__ float hist[256];
     __shared__ float red[32];
     __shared__ float wv[32];
@@ -221,11 +224,11 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     const bool masked = mask && has[row];
     float raw_max = 0.f, raw_lse = 0.f;
     if (masked) {
-        raw_max = block_max<SAMPLE_NT>(x, vocab, red);
-        raw_lse = row_log_se<SAMPLE_NT>(x, vocab, raw_max, red);
+        raw_max = block_max<SAMPLE_NT>(x, vocab, red, vec);
+        raw_lse = row_log_se<SAMPLE_NT>(x, vocab, raw_max, red, vec);
         if (n_top > 0)
             top_n<SAMPLE_NT>(x, vocab, n_top, raw_max, raw_lse, hist, out_top_ids + (size_t)row * K_MAX_TOP,
-                             out_top_lps + (size_t)row * K_MAX_TOP, agg);
+                             out_top_lps + (size_t)row * K_MAX_TOP, agg, vec);
         const uint32_t *mr = mask + (size_t)row * (((size_t)vocab + 31) / 32);
         for (int i = tid; i < vocab; i += SAMPLE_NT)
             if (!((mr[i >> 5] >> (i & 31)) & 1u)) x[i] = -INFINITY;
@@ -237,7 +240,7 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
 
     /* 1. max + argmax (lowest index on ties), then the draw. */
     float xmax;
-    const int argmax = sample_block_argmax<SAMPLE_NT>(x, vocab, wv, wi, &xmax);
+    const int argmax = sample_block_argmax<SAMPLE_NT>(x, vocab, wv, wi, &xmax, vec);
 
     int tok = p.force ? p.force_tok : argmax;
     const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
@@ -250,16 +253,16 @@ sample_kernel(float *logits, int vocab, const k_sample_params *params, int32_t *
     /* 2. the row as it came: the logprob and the top logprobs are of it */
     if (adjusted) {
         restore_row<SAMPLE_NT>(x, vocab, p);
-        xmax = block_max<SAMPLE_NT>(x, vocab, red);
+        xmax = block_max<SAMPLE_NT>(x, vocab, red, vec);
     }
     if (masked) {   /* the chosen token is one the mask keeps: its logit is as it came */
         if (out_logprob && tid == 0) out_logprob[row] = x[tok] - raw_max - raw_lse;
     } else if (out_logprob || n_top > 0) {
-        const float log_se = row_log_se<SAMPLE_NT>(x, vocab, xmax, red);
+        const float log_se = row_log_se<SAMPLE_NT>(x, vocab, xmax, red, vec);
         if (out_logprob && tid == 0) out_logprob[row] = x[tok] - xmax - log_se;
         if (n_top > 0)
             top_n<SAMPLE_NT>(x, vocab, n_top, xmax, log_se, hist, out_top_ids + (size_t)row * K_MAX_TOP,
-                             out_top_lps + (size_t)row * K_MAX_TOP, agg);
+                             out_top_lps + (size_t)row * K_MAX_TOP, agg, vec);
     }
     if (p.force && out_rank) {   /* (a count below 2^24: exact in a float sum) */
         const float xt = x[tok];
@@ -277,7 +280,8 @@ extern "C" int k_sample_masked(float *logits, int n, int vocab, const k_sample_p
     if (n < 0 || vocab <= 0 || (mask && !has)) return -1;
     if (n == 0) return 0;
     sample_kernel<<<n, SAMPLE_NT, 0, s>>>(logits, vocab, p, out_tok, out_logprob, out_top_ids, out_top_lps, out_rank,
-                                          mask, has, k_tuning_get()->sample_hist);
+                                          mask, has, k_tuning_get()->sample_hist,
+                                          k_tuning_get()->sample_vec);
     return K_LAUNCH_RESULT();
 }
 

@@ -158,19 +158,81 @@ static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floo
     return prefix;
 }
 
+/* f(x[i], i) for the thread's share of a row, in increasing i. With vec (k_tuning.sample_vec)
+ * and a 16-byte aligned row: 16-byte loads, four of them in flight before the first use
+ * (a row is read by one block, so its passes are bound by load latency, not bandwidth:
+ * an H100 profile timed the greedy sample of a 152k row with its logprob, two passes of
+ * the scalar loop below, at ~28 us), then the last vocab % 4 entries; else one entry at
+ * a time, the loop the kernels had before. */
+template <int NT, class F>
+__device__ __forceinline__ void sample_row_visit(const float *x, int vocab, bool vec, F f) {
+    if (!vec || (uintptr_t)x % 16) {
+        for (int i = threadIdx.x; i < vocab; i += NT) f(x[i], i);
+        return;
+    }
+    const float4 *x4 = (const float4 *)x;
+    const int v4 = vocab / 4;
+    int j = threadIdx.x;
+    for (; j + 3 * NT < v4; j += 4 * NT) {
+        float4 a[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) a[u] = x4[j + u * NT];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = (j + u * NT) * 4;
+            f(a[u].x, i);
+            f(a[u].y, i + 1);
+            f(a[u].z, i + 2);
+            f(a[u].w, i + 3);
+        }
+    }
+    for (; j < v4; j += NT) {
+        const float4 a = x4[j];
+        f(a.x, 4 * j);
+        f(a.y, 4 * j + 1);
+        f(a.z, 4 * j + 2);
+        f(a.w, 4 * j + 3);
+    }
+    for (int i = 4 * v4 + threadIdx.x; i < vocab; i += NT) f(x[i], i);
+}
+
+/* f(x[i], i) for i in [i0, i1) in order, one thread's contiguous chunk (top_n's): with v4
+ * (x 16-byte aligned, i0 a multiple of 4) 16-byte loads, four in flight, then the
+ * remaining entries one at a time; else one at a time throughout. */
+template <class F>
+__device__ __forceinline__ void sample_chunk_visit(const float *x, int i0, int i1, bool v4, F f) {
+    int i = i0;
+    if (v4) {
+        for (; i + 16 <= i1; i += 16) {
+            float4 a[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) a[u] = ((const float4 *)(x + i))[u];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                f(a[u].x, i + 4 * u);
+                f(a[u].y, i + 4 * u + 1);
+                f(a[u].z, i + 4 * u + 2);
+                f(a[u].w, i + 4 * u + 3);
+            }
+        }
+    }
+    for (; i < i1; i++) f(x[i], i);
+}
+
 /* Block-wide argmax of x (lowest index on ties, as engine/core/sample.c's sample_argmax),
  * and the max through *xmax unless it is NULL. wv and wi hold >= 32 entries of shared
  * memory; the leading barrier lets a caller reuse them in a loop. An all-NaN row returns
  * 0x7fffffff. */
 template <int NT>
-__device__ __forceinline__ int sample_block_argmax(const float *x, int vocab, float *wv, int *wi, float *xmax) {
+__device__ __forceinline__ int sample_block_argmax(const float *x, int vocab, float *wv, int *wi, float *xmax,
+                                                   bool vec) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = tid; i < vocab; i += NT) {
-        float v = x[i];
+    /* a thread sees its entries in increasing index, so > keeps the first of equal ones */
+    sample_row_visit<NT>(x, vocab, vec, [&](float v, int i) {
         if (v > best) { best = v; bi = i; }
-    }
+    });
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);

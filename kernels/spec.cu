@@ -81,9 +81,9 @@ extern "C" int k_spec_verify_tokens(const int32_t *in_tokens, const int32_t *dra
 }
 
 /* Block-wide argmax (lowest index on ties, as k_sample and sample_argmax); an all-NaN
- * row gives token 0. */
-__device__ int block_argmax(const float *x, int vocab, float *wv, int *wi) {
-    int r = sample_block_argmax<SPEC_NT>(x, vocab, wv, wi, NULL);
+ * row gives token 0. vec: k_tuning.sample_vec (sample.cuh sample_row_visit). */
+__device__ int block_argmax(const float *x, int vocab, float *wv, int *wi, bool vec) {
+    int r = sample_block_argmax<SPEC_NT>(x, vocab, wv, wi, NULL, vec);
     return r < vocab ? r : 0;
 }
 
@@ -115,14 +115,14 @@ __device__ int block_draw(const float *p, const float *q, int vocab, int mode, f
 
 __global__ void __launch_bounds__(SPEC_NT)
 spec_draft_pick_kernel(const float *logits, const float *q, int vocab,
-                       const k_sample_params *params, int j, uint64_t salt_draft, int32_t *out) {
+                       const k_sample_params *params, int j, uint64_t salt_draft, int32_t *out, int vec) {
     __shared__ float wv[32];
     __shared__ int wi[32];
     const int row = blockIdx.x;
     const k_sample_params p = params[row];
     int tok;
     if (spec_greedy(p)) {
-        tok = block_argmax(logits + (size_t)row * vocab, vocab, wv, wi);
+        tok = block_argmax(logits + (size_t)row * vocab, vocab, wv, wi, vec);
     } else {
         float tot;
         float u = k_philox_u01(p.seed ^ salt_draft, p.counter + (uint64_t)j);
@@ -135,7 +135,8 @@ extern "C" int k_spec_draft_pick(const float *logits, const float *q, int B, int
                                  const k_sample_params *params, int j, uint64_t salt_draft,
                                  int32_t *out, cudaStream_t s) {
     if (B <= 0 || vocab <= 0 || j < 0) return -1;
-    spec_draft_pick_kernel<<<B, SPEC_NT, 0, s>>>(logits, q, vocab, params, j, salt_draft, out);
+    spec_draft_pick_kernel<<<B, SPEC_NT, 0, s>>>(logits, q, vocab, params, j, salt_draft, out,
+                                                 k_tuning_get()->sample_vec);
     return K_LAUNCH_RESULT();
 }
 
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(SPEC_NT)
 spec_accept_kernel(const float *tl, const float *q, int vocab, int k, int ldq,
                    const int32_t *drafts, int ldd, const k_sample_params *params,
                    const int32_t *slots, int dummy, uint64_t salt_accept, int32_t *lens,
-                   int32_t *out_tok, int32_t *out_n) {
+                   int32_t *out_tok, int32_t *out_n, int vec) {
     __shared__ float wv[32];
     __shared__ int wi[32];
     const int row = blockIdx.x;
@@ -154,7 +155,7 @@ spec_accept_kernel(const float *tl, const float *q, int vocab, int k, int ldq,
     if (spec_greedy(p)) {
         /* Longest prefix where the target's argmax equals the draft, then its token. */
         for (int j = 0; j <= k; j++) {
-            int t = block_argmax(t0 + (size_t)j * vocab, vocab, wv, wi);
+            int t = block_argmax(t0 + (size_t)j * vocab, vocab, wv, wi, vec);
             if (threadIdx.x == 0) o[j] = t;
             if (j == k || t != drafts[(size_t)j * ldd + row]) { m = j + 1; break; }
         }
@@ -204,7 +205,7 @@ extern "C" int k_spec_accept(const float *tl, const float *q, int B, int vocab, 
                              int32_t *out_tok, int32_t *out_n, cudaStream_t s) {
     if (B <= 0 || vocab <= 0 || k < 1 || ldq < B || ldd < B) return -1;
     spec_accept_kernel<<<B, SPEC_NT, 0, s>>>(tl, q, vocab, k, ldq, drafts, ldd, params, slots, dummy,
-                                             salt_accept, lens, out_tok, out_n);
+                                             salt_accept, lens, out_tok, out_n, k_tuning_get()->sample_vec);
     return K_LAUNCH_RESULT();
 }
 
@@ -229,7 +230,7 @@ extern "C" int k_verify_prep(const int32_t *slots, int B, int K1, int32_t *tok_s
 __global__ void __launch_bounds__(SPEC_NT)
 verify_accept_kernel(const float *tl, int vocab, int K1, const int32_t *tokens, const int32_t *n_drafts,
                      const k_sample_params *params, const int32_t *slots, int dummy, int32_t *lens,
-                     int32_t *out_tok, int32_t *out_n) {
+                     int32_t *out_tok, int32_t *out_n, int vec) {
     __shared__ float wv[32];
     __shared__ int wi[32];
     const int row = blockIdx.x;
@@ -243,7 +244,7 @@ verify_accept_kernel(const float *tl, int vocab, int K1, const int32_t *tokens, 
         /* sampled rows: tl holds probabilities (k_probs ran in place) */
         const float *pj = t0 + (size_t)j * vocab;
         float tot;
-        const int t = greedy ? block_argmax(pj, vocab, wv, wi)
+        const int t = greedy ? block_argmax(pj, vocab, wv, wi, vec)
                              : block_draw(pj, NULL, vocab, 0, k_philox_u01(p.seed, p.counter + (uint64_t)j), &tot);
         if (threadIdx.x == 0) o[j] = t;
         if (j == nd || t != d[j]) break;
@@ -262,6 +263,6 @@ extern "C" int k_verify_accept(const float *tl, int B, int vocab, int K1, const 
                                int32_t *out_n, cudaStream_t s) {
     if (B <= 0 || vocab <= 0 || K1 < 2) return -1;
     verify_accept_kernel<<<B, SPEC_NT, 0, s>>>(tl, vocab, K1, tokens, n_drafts, params, slots, dummy, lens,
-                                               out_tok, out_n);
+                                               out_tok, out_n, k_tuning_get()->sample_vec);
     return K_LAUNCH_RESULT();
 }

@@ -70,6 +70,11 @@ typedef struct {
     int moe_r1;         /* 1 (default): the MoE gate|up GEMV of single-token passes in its
                          * one-row form, 4 blocks an SM (moe.cu moe_gemv_launch); 0: the form
                          * for up to 8 rows an expert */
+    int sample_vec;     /* 1: the row passes of k_sample (max, argmax, log-sum-exp, the top
+                         * logprobs' chunks) and of the speculative argmaxes with four 16-byte
+                         * loads in flight per thread (sample.cuh sample_row_visit,
+                         * sample_chunk_visit); 0 (default until it has run on a GPU:
+                         * tests/gpu/UNRUN.md): one 4-byte load at a time */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

@@ -1542,6 +1542,29 @@ static void test_sample_matches_reference_draws(void **state) {
     free(x);
 }
 
+/* Device buffers of a k_sample comparison: n rows of V logits (x, copied into w before each
+ * run, as k_sample adjusts rows in place), their parameters, and the outputs. */
+typedef struct {
+    float *x, *w, *lp, *tlp;
+    int32_t *tok, *ids;
+    const k_sample_params *sp;
+    int n, V;
+} sample_dev;
+
+/* k_sample over a fresh copy of the rows under tuning t; tokens, logprobs, top ids (unset
+ * entries -1) and top logprobs downloaded. */
+static void sample_dev_run(const sample_dev *d, const k_tuning *t, int32_t *tok, float *lp, int32_t *ids,
+                           float *tlp) {
+    k_set_tuning(t);
+    cudaMemset(d->ids, 0xff, (size_t)d->n * K_MAX_TOP * 4);
+    cudaMemcpy(d->w, d->x, (size_t)d->n * d->V * 4, cudaMemcpyDeviceToDevice);
+    assert_int_equal(k_sample(d->w, d->n, d->V, d->sp, d->tok, d->lp, d->ids, d->tlp, NULL, 0), 0);
+    gu_download(tok, d->tok, (size_t)d->n * 4);
+    gu_download(lp, d->lp, (size_t)d->n * 4);
+    gu_download(ids, d->ids, (size_t)d->n * K_MAX_TOP * 4);
+    gu_download(tlp, d->tlp, (size_t)d->n * K_MAX_TOP * 4);
+}
+
 /* k_tuning.sample_hist: the radix selects of top-k, top-p and top logprobs add into one
  * histogram per warp (a warp's equal buckets with one atomic in count mode). Counts are
  * integers, so every token, logprob and top logprob of the greedy, top-k and top-logprob
@@ -1581,17 +1604,11 @@ static void test_sample_hist_aggregated_same_results(void **state) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
+    const sample_dev dev = {d_x, d_w, d_lp, d_tlp, d_tok, d_ids, d_sp, n, V};
     for (int agg = 0; agg < 2; agg++) {
         k_tuning t = k_tuning_default;
         t.sample_hist = agg;
-        k_set_tuning(&t);
-        cudaMemset(d_ids, 0xff, n * K_MAX_TOP * 4);
-        cudaMemcpy(d_w, d_x, (size_t)n * V * 4, cudaMemcpyDeviceToDevice);
-        assert_int_equal(k_sample(d_w, n, V, d_sp, d_tok, d_lp, d_ids, d_tlp, NULL, 0), 0);
-        gu_download(tok[agg], d_tok, sizeof tok[agg]);
-        gu_download(lp[agg], d_lp, sizeof lp[agg]);
-        gu_download(ids[agg], d_ids, sizeof ids[agg]);
-        gu_download(tlp[agg], d_tlp, sizeof tlp[agg]);
+        sample_dev_run(&dev, &t, tok[agg], lp[agg], ids[agg], tlp[agg]);
         for (int j = 0; j < 3; j++) {   /* timing: row 1 alone (top-k), row 3 alone (top-p), all 64 */
             const int r0 = j == 0 ? 1 : j == 1 ? 3 : 0, rows = j == 2 ? n : 1;
             for (int w = 0; w < 3; w++)
@@ -1628,6 +1645,94 @@ static void test_sample_hist_aggregated_same_results(void **state) {
     cudaEventDestroy(e1);
     cudaFree(d_x); cudaFree(d_w); cudaFree(d_sp); cudaFree(d_tok); cudaFree(d_ids); cudaFree(d_lp); cudaFree(d_tlp);
     free(x);
+}
+
+/* k_tuning.sample_vec: the row passes of k_sample and of the speculative argmax with four
+ * 16-byte loads in flight per thread. Both forms must pick the same tokens (the argmax is
+ * the lowest id of the largest value whatever order the threads visit the row in; top-k
+ * and min-p keep the same set), the same top logprob ids, and logprobs within 1e-5 (the
+ * log-sum-exp adds in another order); greedy rows must equal the host's argmax, in
+ * k_sample and in k_spec_draft_pick. Rows of 151936 ids (16-byte aligned: the vector loop)
+ * and of 5003 (rows 1-3 of every 4 misaligned: the scalar loop; row 0 the vector loop and
+ * a 3-entry tail); every 4th row in steps of 0.25, so values tie. A greedy row with its
+ * logprob, and one with 5 top logprobs, are timed in both forms. */
+static void test_sample_vec_same_results(void **state) {
+    (void)state;
+    const int Vs[2] = {151936, 5003}, n = 16;
+    for (int vi = 0; vi < 2; vi++) {
+        const int V = Vs[vi];
+        float *x = malloc((size_t)n * V * 4);
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < V; i++) {
+                const float u = gu_uniform(&g_rng, -3, 9);
+                x[(size_t)r * V + i] = r % 4 == 0 ? roundf(u * 4.f) / 4.f : u;
+            }
+        k_sample_params sp[16], greedy[16];
+        for (int r = 0; r < n; r++) {
+            k_sample_params q = {0};
+            if (r % 4 == 1) q.n_top = 5;
+            if (r % 4 == 2) { q.temperature = 0.8f; q.top_k = 40; q.n_top = 3; }
+            if (r % 4 == 3) { q.temperature = 1.f; q.min_p = 0.1f; }
+            q.seed = 991 + (uint64_t)r;
+            q.counter = (uint64_t)r;
+            sp[r] = q;
+            greedy[r] = (k_sample_params){0};
+        }
+        float *d_x = gu_upload(x, (size_t)n * V * 4), *d_w = gu_dev((size_t)n * V * 4);
+        k_sample_params *d_sp = gu_upload(sp, sizeof sp), *d_gp = gu_upload(greedy, sizeof greedy);
+        int32_t *d_tok = gu_dev(n * 4), *d_ids = gu_dev(n * K_MAX_TOP * 4), *d_pick = gu_dev(n * 4);
+        float *d_lp = gu_dev(n * 4), *d_tlp = gu_dev(n * K_MAX_TOP * 4);
+        int32_t tok[2][16], ids[2][16 * K_MAX_TOP], pick[2][16];
+        float lp[2][16], tlp[2][16 * K_MAX_TOP], ms[2], ms_top[2];
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        const sample_dev dev = {d_x, d_w, d_lp, d_tlp, d_tok, d_ids, d_sp, n, V};
+        for (int vec = 0; vec < 2; vec++) {
+            k_tuning t = k_tuning_default;
+            t.sample_vec = vec;
+            sample_dev_run(&dev, &t, tok[vec], lp[vec], ids[vec], tlp[vec]);
+            assert_int_equal(k_spec_draft_pick(d_x, d_x, n, V, d_gp, 0, 5, d_pick, 0), 0);
+            gu_download(pick[vec], d_pick, sizeof pick[vec]);
+            for (int w = 0; w < 3; w++) k_sample(d_w, 1, V, d_sp, d_tok, d_lp, NULL, NULL, NULL, 0);
+            cudaEventRecord(e0, 0);
+            for (int it = 0; it < 20; it++) k_sample(d_w, 1, V, d_sp, d_tok, d_lp, NULL, NULL, NULL, 0);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms[vec], e0, e1);
+            cudaEventRecord(e0, 0);   /* row 1: greedy with 5 top logprobs */
+            for (int it = 0; it < 20; it++)
+                k_sample(d_w + V, 1, V, d_sp + 1, d_tok, d_lp, d_ids, d_tlp, NULL, 0);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms_top[vec], e0, e1);
+        }
+        k_set_tuning(&k_tuning_default);
+        double lp_d = 0, tlp_d = 0;
+        for (int r = 0; r < n; r++) {
+            const float *xr = x + (size_t)r * V;
+            int am = 0;
+            for (int i = 1; i < V; i++) if (xr[i] > xr[am]) am = i;
+            assert_int_equal(tok[0][r], tok[1][r]);
+            assert_int_equal(pick[0][r], am);
+            assert_int_equal(pick[1][r], am);
+            if (r % 4 < 2) assert_int_equal(tok[1][r], am);
+            lp_d = fmax(lp_d, fabs(lp[0][r] - lp[1][r]));
+            assert_memory_equal(ids[0] + r * K_MAX_TOP, ids[1] + r * K_MAX_TOP, (size_t)sp[r].n_top * 4);
+            for (int k = 0; k < sp[r].n_top; k++)
+                tlp_d = fmax(tlp_d, fabs(tlp[0][r * K_MAX_TOP + k] - tlp[1][r * K_MAX_TOP + k]));
+        }
+        printf("    k_sample over %d logits, scalar / vector row passes: greedy row with its logprob %.1f / %.1f us, "
+               "with 5 top logprobs %.1f / %.1f us; logprobs differ by %.1e, top logprobs by %.1e\n", V,
+               1e3 * ms[0] / 20, 1e3 * ms[1] / 20, 1e3 * ms_top[0] / 20, 1e3 * ms_top[1] / 20, lp_d, tlp_d);
+        assert_true(lp_d < 1e-5);
+        assert_true(tlp_d < 1e-5);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        cudaFree(d_x); cudaFree(d_w); cudaFree(d_sp); cudaFree(d_gp); cudaFree(d_tok); cudaFree(d_ids);
+        cudaFree(d_pick); cudaFree(d_lp); cudaFree(d_tlp);
+        free(x);
+    }
 }
 
 static void test_sample_same_seed_same_token_other_counter_varies(void **state) {
@@ -2179,6 +2284,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),
         cmocka_unit_test(test_sample_hist_aggregated_same_results),
+        cmocka_unit_test(test_sample_vec_same_results),
         cmocka_unit_test(test_sample_same_seed_same_token_other_counter_varies),
         cmocka_unit_test(test_logit_adjust_equals_host_penalties),
         cmocka_unit_test(test_sample_adjusted_matches_host_and_reports_raw_logprobs),

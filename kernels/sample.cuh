@@ -158,6 +158,15 @@ static __device__ uint32_t radix_select(const float *x, int vocab, uint32_t floo
     return prefix;
 }
 
+/* f over the four values of a 16-byte word whose first is x[i]. */
+template <class F>
+__device__ __forceinline__ void sample_visit4(const float4 &a, int i, F &f) {
+    f(a.x, i);
+    f(a.y, i + 1);
+    f(a.z, i + 2);
+    f(a.w, i + 3);
+}
+
 /* f(x[i], i) for the thread's share of a row, in increasing i. With vec (k_tuning.sample_vec)
  * and a 16-byte aligned row: 16-byte loads, four of them in flight before the first use
  * (a row is read by one block, so its passes are bound by load latency, not bandwidth:
@@ -178,21 +187,9 @@ __device__ __forceinline__ void sample_row_visit(const float *x, int vocab, bool
 #pragma unroll
         for (int u = 0; u < 4; u++) a[u] = x4[j + u * NT];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int i = (j + u * NT) * 4;
-            f(a[u].x, i);
-            f(a[u].y, i + 1);
-            f(a[u].z, i + 2);
-            f(a[u].w, i + 3);
-        }
+        for (int u = 0; u < 4; u++) sample_visit4(a[u], (j + u * NT) * 4, f);
     }
-    for (; j < v4; j += NT) {
-        const float4 a = x4[j];
-        f(a.x, 4 * j);
-        f(a.y, 4 * j + 1);
-        f(a.z, 4 * j + 2);
-        f(a.w, 4 * j + 3);
-    }
+    for (; j < v4; j += NT) sample_visit4(x4[j], 4 * j, f);
     for (int i = 4 * v4 + threadIdx.x; i < vocab; i += NT) f(x[i], i);
 }
 
@@ -208,12 +205,7 @@ __device__ __forceinline__ void sample_chunk_visit(const float *x, int i0, int i
 #pragma unroll
             for (int u = 0; u < 4; u++) a[u] = ((const float4 *)(x + i))[u];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                f(a[u].x, i + 4 * u);
-                f(a[u].y, i + 4 * u + 1);
-                f(a[u].z, i + 4 * u + 2);
-                f(a[u].w, i + 4 * u + 3);
-            }
+            for (int u = 0; u < 4; u++) sample_visit4(a[u], i + 4 * u, f);
         }
     }
     for (; i < i1; i++) f(x[i], i);

@@ -32,7 +32,15 @@
  * before it still runs, and both let the O GEMV launch once their key loop is done
  * (SPECD_ATTN_PDL=0/1 to compare). Letting the O GEMV in at the start of attention made
  * the 8B batch-1 step slower on an H200 (4.77 vs 4.64 ms): its weight prefetch
- * competes with attention's dependent loads. */
+ * competes with attention's dependent loads.
+ *
+ * k_rope_attention takes passes of single-token rows straight from the QKV projection:
+ * where the batch-1 form of the decode kernel serves them, that kernel (RP) norms and
+ * rotates its block's q heads itself (a warp a head, rope.cuh rope_head, as the rotary
+ * kernel does) and the split block holding the new key computes that key's K and V,
+ * stores them in the pool and reads them from shared memory, so no rotary launch runs
+ * between the QKV GEMV and the attention (H100, Qwen3-30B-A3B shape at batch 1: 3.79
+ * against 3.84 ms a token; the kernel test times 14.2 against 15.7 us). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -42,6 +50,7 @@
 #include "kernels/specd_kernels.h"
 #include "kernels/kutil.h"
 #include "kernels/attention.cuh"
+#include "kernels/rope.cuh"
 
 #define ATT_NT 128
 #define ATT_TILE 64
@@ -336,10 +345,10 @@ int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, 
  * shuffle, an online softmax per head runs over the warp, P.V from registers, then the
  * block's warps merge through shared memory. A context that fits one split is written
  * out directly; longer ones merge their splits as attention_kernel does. */
-template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB, bool F8>
+template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB, bool F8, bool RP>
 __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
-                        k_kv_geom g, k_attn_work w, int trigger_early) {
+                        k_kv_geom g, k_attn_work w, k_rope_in rp, int trigger_early) {
     constexpr int DEC_KPW = 32 / DEC_LPK;   /* keys per warp and chunk */
     constexpr int DL = D / 32;             /* P.V dims per lane */
     constexpr int DS = D / DEC_LPK;        /* q.k dims per lane */
@@ -353,6 +362,8 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     __shared__ __align__(16) float qs[GM][DEC_LPK][QP];
     __shared__ __align__(16) float wacc[DEC_WARPS][GM][D];
     __shared__ float wm[DEC_WARPS][GM], wl[DEC_WARPS][GM];
+    /* RP: the new key's K and V as the pool stores them (written by this block) */
+    __shared__ __align__(16) kv_t knew[RP ? D : 1], vnew[RP ? D : 1];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kl = lane / DEC_LPK, sub = lane % DEC_LPK;
     const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
     const int G = H / KVH;
@@ -424,13 +435,34 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
      * at once, with the length's reload, and stored to shared memory further down */
     constexpr int QN = (GM * D + DEC_WARPS * 32 - 1) / (DEC_WARPS * 32);
     float qv[QN];
+    /* RP: the projection's values of this warp's tasks instead (task t < G: q head
+     * kvh * G + t; G: this KV head's K; G + 1: its V), lane holding pairs (i, i + D/2) */
+    constexpr int RPP = RP ? D / 64 : 1, RPT = RP ? 2 : 1;
+    static_assert(!RP || (GM + 2 <= 2 * DEC_WARPS && (D == 64 || D == 128)), "two tasks a warp at most");
+    float ra[RPT][RPP], rc[RPT][RPP];
+    auto task_head = [&](int t) { return t < G ? kvh * G + t : t == G ? H + kvh : H + KVH + kvh; };
+    if constexpr (RP) {
+        const float *x = rp.qkv + (size_t)tok0 * (H + 2 * KVH) * D;
 #pragma unroll
-    for (int j = 0; j < QN; j++) {
-        const int i = tid + j * DEC_WARPS * 32, r = i / D;
-        qv[j] = i < GM * D && r < rows ? q[((size_t)tok0 * H + kvh * G + r) * D + i % D] : 0.f;
+        for (int k = 0; k < RPT; k++) {
+            const int t = warp + k * DEC_WARPS;
+#pragma unroll
+            for (int p = 0; p < RPP; p++) {
+                const int i = lane + 32 * p;
+                ra[k][p] = rows > 0 && t < G + 2 ? x[(size_t)task_head(t) * D + i] : 0.f;
+                rc[k][p] = rows > 0 && t < G + 2 ? x[(size_t)task_head(t) * D + i + D / 2] : 0.f;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < QN; j++) {
+            const int i = tid + j * DEC_WARPS * 32, r = i / D;
+            qv[j] = i < GM * D && r < rows ? q[((size_t)tok0 * H + kvh * G + r) * D + i % D] : 0.f;
+        }
     }
     const int len_now = g.lens[slot * 2 + g.which];
-    if (has_chunk && c0 + DEC_KPW > len) load_range(c0, len, INT_MAX);   /* keys of this pass */
+    /* keys of this pass (RP: only the new one, which this kernel makes: below) */
+    if (!RP && has_chunk && c0 + DEC_KPW > len) load_range(c0, len, INT_MAX);
     if (len_now != len) {   /* not in a pass as built: start over */
         len = len_now;
         geometry();
@@ -454,10 +486,48 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         return;
     }
 
+    /* RP: the new token's position, and whether this split holds it (then this block
+     * writes its K and V to the pool; no other block reads them in this launch) */
+    const int pos = len + q0;
+    const bool own = RP && ks0 <= pos && pos < ke;
+    if constexpr (RP) {
 #pragma unroll
-    for (int j = 0; j < QN; j++) {
-        const int i = tid + j * DEC_WARPS * 32, r = i / D, d = i % D;
-        if (i < GM * D) qs[r][d / DS][d % DS] = qv[j];
+        for (int k = 0; k < RPT; k++) {
+            const int t = warp + k * DEC_WARPS;
+            if (t >= G + 2 || (t >= G && !own)) continue;
+            const int hh = task_head(t);
+            rope_head<RPP>(ra[k], rc[k], rp.bias ? rp.bias + (size_t)hh * D : NULL,
+                           t < G ? rp.q_norm : rp.k_norm, rp.inv_freq, rp.eps, D, pos, lane, t <= G);
+#pragma unroll
+            for (int p = 0; p < RPP; p++) {
+                const int i = lane + 32 * p, i2 = i + D / 2;
+                if (t < G) {
+                    qs[t][i / DS][i % DS] = ra[k][p];
+                    qs[t][i2 / DS][i2 % DS] = rc[k][p];
+                    continue;
+                }
+                kv_t *kvn = t == G ? knew : vnew;
+                if constexpr (F8) {
+                    const float inv = 1.f / (t == G ? g.k_scale : g.v_scale);
+                    kvn[i] = kv_code_fp8(ra[k][p], inv);
+                    kvn[i2] = kv_code_fp8(rc[k][p], inv);
+                } else {
+                    kvn[i] = kv_code_bf16(ra[k][p]);
+                    kvn[i2] = kv_code_bf16(rc[k][p]);
+                }
+                kv_t *dst = (kv_t *)*g.pool_pp + (size_t)bt[pos / g.block_size] * g.block_elems + g.layer_off +
+                            ((size_t)kvh * g.block_size + pos % g.block_size) * D + (t == G ? 0 : v_off);
+                dst[i] = kvn[i];
+                dst[i2] = kvn[i2];
+            }
+        }
+        for (int i = tid; i < (GM - G) * D; i += blockDim.x) qs[G + i / D][i % D / DS][i % DS] = 0.f;
+    } else {
+#pragma unroll
+        for (int j = 0; j < QN; j++) {
+            const int i = tid + j * DEC_WARPS * 32, r = i / D, d = i % D;
+            if (i < GM * D) qs[r][d / DS][d % DS] = qv[j];
+        }
     }
     __syncthreads();
 
@@ -473,6 +543,15 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         if (c != c0) {
             chunk_addr(c);
             load_range(c, 0, INT_MAX);
+        }
+        if (own && c <= pos && pos < c + DEC_KPW) {   /* RP: the new key from shared memory */
+            if (c + kl == pos) {
+#pragma unroll
+                for (int j = 0; j < KS8; j++) kr[j] = ((const uint4 *)(knew + sub * DS))[j];
+            }
+#pragma unroll
+            for (int j = 0; j < DEC_KPW; j++)
+                if (c + j == pos) vr[j] = *(const vraw_t *)(vnew + lane * DL);
         }
         float sc[GM];
 #pragma unroll
@@ -610,8 +689,8 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
      * 21,807 and 82,689. Forms with 2 or 8 lanes per key or 8 warps measured between
      * these. */
 #define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
-    k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8>, grid, dim3(WARPS * 32), 0, s, q, out, \
-                 H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, pdl == 2)
+    k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8, false>, grid, dim3(WARPS * 32), 0, s, \
+                 q, out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, k_rope_in{}, pdl == 2)
     const long pairs = (long)w->n_items * KVH;
     const int form = k_tuning_get()->attn_dec;
     const bool tc = form >= 6;
@@ -622,6 +701,18 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
     else if (form == 2) rc = DEC_LAUNCH(4, 2, 8);
     else rc = DEC_LAUNCH(4, 4, 4);
 #undef DEC_LAUNCH
+    if (rc || w->n_splits == 1 || w->counters) return rc;
+    return attention_combine_launch(out, H, D, w, s);
+}
+
+/* The batch-1 form (4 lanes a key, 8 warps) with the rotary step inside (k_rope_attention). */
+template <int D, int GM, bool F8>
+static int launch_attention_decode_rope(const k_rope_in *rp, uint16_t *out, int H, int KVH, float scale,
+                                        const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
+    const int pdl = k_tuning_get()->attn_pdl;
+    const int rc = k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, 4, 8, 1, F8, true>,
+                                dim3(w->n_splits, KVH, w->n_items), dim3(8 * 32), 0, s, (const float *)NULL, out, H, KVH,
+                                F8 ? scale * g->k_scale : scale, *g, *w, *rp, pdl == 2);
     if (rc || w->n_splits == 1 || w->counters) return rc;
     return attention_combine_launch(out, H, D, w, s);
 }
@@ -692,16 +783,20 @@ static int attention_general(const float *q, uint16_t *out, int H, int KVH, int 
     return -1;
 }
 
+/* What k_attention and k_rope_attention refuse (-1). */
+static bool attention_args_ok(int H, int KVH, int D, const k_attn_work *w) {
+    if (H <= 0 || KVH <= 0 || H % KVH || w->qt <= 0 || w->n_splits <= 0 || w->split_len < 0) return false;
+    if (w->qt * (H / KVH) > 64) return false;
+    if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return false;
+    if (w->split_len % ATT_TILE) return false;
+    return !(w->x8 && ((uintptr_t)w->x8 % 16 || (H * D) % 32));
+}
+
 extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
                            float scale, const k_kv_geom *g, const k_attn_work *w,
                            cudaStream_t s) {
-    if (H <= 0 || KVH <= 0 || H % KVH || w->qt <= 0 || w->n_splits <= 0 || w->split_len < 0)
-        return -1;
-    int rows = w->qt * (H / KVH);
-    if (rows > 64) return -1;
-    if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return -1;
-    if (w->split_len % ATT_TILE) return -1;
-    if (w->x8 && ((uintptr_t)w->x8 % 16 || (H * D) % 32)) return -1;
+    if (!attention_args_ok(H, KVH, D, w)) return -1;
+    const int rows = w->qt * (H / KVH);
     if (w->n_items == 0) return 0;
     /* one query token per item and at most 8 query heads per KV head (and too few rows for
      * the tensor cores): the decode kernel, which rounds for w.x8 itself */
@@ -717,4 +812,32 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
     plain.x8 = NULL;
     const int rc = attention_general(q, out, H, KVH, D, scale, g, &plain, rows, tc, s);
     return rc ? rc : k_quant_x8(out, w->n_tok, H * D, w->x8, s);
+}
+
+extern "C" int k_rope_attention(const k_rope_in *rp, uint16_t *out, int H, int KVH, int D, float scale,
+                                const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
+    if (!rp || !rp->qkv || !rp->inv_freq || !attention_args_ok(H, KVH, D, w) || w->qt != 1 ||
+        w->n_items != w->n_tok)
+        return -1;
+    const int G = H / KVH;
+    /* where k_attention would take the batch-1 form of the decode kernel */
+    const bool fuse = k_tuning_get()->attn_rope && G <= 8 && (D == 64 || D == 128) && !attention_force_tiled() &&
+                      (long)w->n_items * KVH < k_sm_count();
+    if (!fuse) {
+        if (!rp->q_out) return -1;
+        const int rc = k_qkv_rope_kv(rp->qkv, rp->bias, rp->q_norm, rp->k_norm, rp->inv_freq, rp->eps, rp->q_out,
+                                     w->n_tok, H, KVH, D, g, s);
+        return rc ? rc : k_attention(rp->q_out, out, H, KVH, D, scale, g, w, s);
+    }
+    if (w->n_items == 0) return 0;
+    if (g->kv_fp8) {
+        if (D == 128) return G <= 4 ? launch_attention_decode_rope<128, 4, true>(rp, out, H, KVH, scale, g, w, s)
+                                    : launch_attention_decode_rope<128, 8, true>(rp, out, H, KVH, scale, g, w, s);
+        return G <= 4 ? launch_attention_decode_rope<64, 4, true>(rp, out, H, KVH, scale, g, w, s)
+                      : launch_attention_decode_rope<64, 8, true>(rp, out, H, KVH, scale, g, w, s);
+    }
+    if (D == 128) return G <= 4 ? launch_attention_decode_rope<128, 4, false>(rp, out, H, KVH, scale, g, w, s)
+                                : launch_attention_decode_rope<128, 8, false>(rp, out, H, KVH, scale, g, w, s);
+    return G <= 4 ? launch_attention_decode_rope<64, 4, false>(rp, out, H, KVH, scale, g, w, s)
+                  : launch_attention_decode_rope<64, 8, false>(rp, out, H, KVH, scale, g, w, s);
 }

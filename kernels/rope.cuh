@@ -35,9 +35,14 @@ __device__ __forceinline__ kv_dst kv_dst_at(const k_kv_geom &g, long long e, boo
 }
 
 /* Element i of the row. */
+/* A K or V value as the pool stores it: bf16, or the E4M3 code of x * inv (inv: 1 / the
+ * layer's scale). */
+__device__ __forceinline__ uint16_t kv_code_bf16(float x) { return k_f2bf(x); }
+__device__ __forceinline__ uint8_t kv_code_fp8(float x, float inv) { return k_f2fp8(x * inv); }
+
 __device__ __forceinline__ void kv_put(const kv_dst &d, int i, float x) {
-    if (d.f8) ((uint8_t *)d.p)[i] = k_f2fp8(x * d.inv);
-    else ((uint16_t *)d.p)[i] = k_f2bf(x);
+    if (d.f8) ((uint8_t *)d.p)[i] = kv_code_fp8(x, d.inv);
+    else ((uint16_t *)d.p)[i] = kv_code_bf16(x);
 }
 
 /* Element offset of head kvh's row at pos inside a layer's block: K heads, then V heads. */
@@ -52,6 +57,42 @@ __device__ __forceinline__ void rope_rotate(float a, float c, int pos, float f, 
     sincosf((float)pos * f, &sn, &cs);
     o1 = a * cs - c * sn;
     o2 = c * cs + a * sn;
+}
+
+/* One warp's head of a QKV row, lane holding the pairs (i, i + D/2) for i = lane + 32p
+ * (x1, x2: the projection's values there, pairs past D/2 ignored): the bias added; for q
+ * and k (rot) the per-head RMSNorm with weight nw (NULL: none, Qwen3 / Gemma 3 have it)
+ * and HF rotate_half at position pos. The separate rotary kernel (rope_kv.cu) and the
+ * decode attention that does this itself (attention.cu, k_rope_attention) both call
+ * it, so the two give the same bits. Every lane of the warp calls it together. */
+template <int P>
+__device__ __forceinline__ void rope_head(float (&x1)[P], float (&x2)[P], const float *bb, const float *nw,
+                                          const float *inv_freq, float eps, int D, int pos, int lane, bool rot) {
+    const int half = D / 2;
+    float ss = 0.f;
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int i = lane + 32 * p;
+        if (i < half) {
+            x1[p] = x1[p] + (bb ? bb[i] : 0.f);
+            x2[p] = x2[p] + (bb ? bb[i + half] : 0.f);
+            ss += x1[p] * x1[p] + x2[p] * x2[p];
+        }
+    }
+    if (!rot) return;
+    float inv = 1.f;
+    if (nw) inv = rsqrtf(k_warp_sum(ss) / (float)D + eps);
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int i = lane + 32 * p;
+        if (i >= half) continue;
+        float a = x1[p], c = x2[p];
+        if (nw) {
+            a = a * inv * nw[i];
+            c = c * inv * nw[i + half];
+        }
+        rope_rotate(a, c, pos, inv_freq[i], x1[p], x2[p]);
+    }
 }
 
 /* What the epilogue for pair (i, i + D/2) of head hh (q heads, then k, then v) of token

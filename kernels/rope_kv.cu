@@ -31,7 +31,6 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *sw, const floa
         const float *bb = bias ? bias + (size_t)hh * D : NULL;
         int is_q = hh < H, is_k = !is_q && hh < H + KVH;
         float x1[ROPE_MAX_PAIRS_PER_LANE], x2[ROPE_MAX_PAIRS_PER_LANE];
-        float ss = 0.f;
 #pragma unroll
         for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
             int i = lane + 32 * p;
@@ -42,24 +41,11 @@ __global__ void qkv_rope_kv_kernel(const float *qkv, const float *sw, const floa
                     a = __fmul_rn(a, sw[(size_t)hh * D + i] * st);
                     c = __fmul_rn(c, sw[(size_t)hh * D + i + half] * st);
                 }
-                x1[p] = a + (bb ? bb[i] : 0.f);
-                x2[p] = c + (bb ? bb[i + half] : 0.f);
-                ss += x1[p] * x1[p] + x2[p] * x2[p];
+                x1[p] = a;
+                x2[p] = c;
             }
         }
-        if (is_q || is_k) {
-            const float *nw = is_q ? q_norm : k_norm;
-            float inv = 1.f;
-            if (nw) inv = rsqrtf(k_warp_sum(ss) / (float)D + eps);
-#pragma unroll
-            for (int p = 0; p < ROPE_MAX_PAIRS_PER_LANE; p++) {
-                int i = lane + 32 * p;
-                if (i >= half) continue;
-                float a = x1[p], c = x2[p];
-                if (nw) { a = a * inv * nw[i]; c = c * inv * nw[i + half]; }
-                rope_rotate(a, c, pos, inv_freq[i], x1[p], x2[p]);
-            }
-        }
+        rope_head(x1, x2, bb, is_q ? q_norm : k_norm, inv_freq, eps, D, pos, lane, is_q || is_k);
         if (is_q) {
             float *qd = q_out + ((size_t)t * H + hh) * D;
 #pragma unroll

@@ -70,11 +70,15 @@ typedef struct {
     int moe_r1;         /* 1 (default): the MoE gate|up GEMV of single-token passes in its
                          * one-row form, 4 blocks an SM (moe.cu moe_gemv_launch); 0: the form
                          * for up to 8 rows an expert */
-    int sample_vec;     /* 1: the row passes of k_sample (max, argmax, log-sum-exp, the top
-                         * logprobs' chunks) and of the speculative argmaxes with four 16-byte
-                         * loads in flight per thread (sample.cuh sample_row_visit,
-                         * sample_chunk_visit); 0 (default until it has run on a GPU:
-                         * tests/gpu/UNRUN.md): one 4-byte load at a time */
+    int sample_vec;     /* 1 (default): the row passes of k_sample (max, argmax, log-sum-exp,
+                         * the top logprobs' chunks) and of the speculative argmaxes with four
+                         * 16-byte loads in flight per thread (sample.cuh sample_row_visit,
+                         * sample_chunk_visit; H100, a greedy row of 151,936 logits with its
+                         * logprob: 15.5 us against 17.4); 0: one 4-byte load at a time */
+    int attn_rope;      /* 1 (default): k_rope_attention's single-token rows get their q/k
+                         * norm, rotary and KV write inside the decode attention kernel (one
+                         * launch a layer fewer; H100, Qwen3-30B-A3B shape at batch 1: 3.79
+                         * against 3.84 ms a token); 0: k_qkv_rope_kv then k_attention */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);
@@ -203,6 +207,23 @@ typedef struct {
 } k_attn_work;
 int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
                 const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
+/* What the rotary step needs besides the geometry: the QKV projection's fp32 output
+ * [n, (H + 2*KVH) * D] and k_qkv_rope_kv's other inputs (q_out: where q goes when the
+ * separate kernels run). */
+typedef struct {
+    const float *qkv, *bias, *q_norm, *k_norm, *inv_freq;
+    float eps;
+    float *q_out;
+} k_rope_in;
+/* k_qkv_rope_kv then k_attention, for passes whose every row holds exactly one new token
+ * (w->qt == 1, n_items == n_tok, one item a row: decode; the caller vouches for the rows).
+ * Where the batch-1-sized decode kernel takes the pass (fewer (row, KV head) pairs than
+ * SMs, H / KVH <= 8, D 64 or 128) and k_tuning.attn_rope is on, one launch does both:
+ * each block norms and rotates its own q heads from qkv, and the split block that holds
+ * the new key computes its K and V, stores them in the pool and uses them from shared
+ * memory. The result and the pool are the same bits as the two launches'. */
+int k_rope_attention(const k_rope_in *rp, uint16_t *out, int H, int KVH, int D, float scale, const k_kv_geom *g,
+                     const k_attn_work *w, cudaStream_t s);
 /* The same attention on tensor cores (bf16 mma, fp32 softmax and accumulators; q is
  * rounded to bf16). k_attention calls it itself when D is 64 or 128 and qt * G >= 16
  * (unless SPECD_ATTN_SIMT=1); exposed for tests. D must be 64 or 128 (else -1). */

@@ -278,7 +278,9 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
      * cuda_pass.gemv_rows) on our GEMV: SiLU-and-mul folds into the gate|up GEMV and, for models
      * without q/k norm, rotary + KV write into the QKV GEMV (kernels/gemv.cu). Decode
      * attention merges its splits itself (no combine kernel). SPECD_CUDA_NO_FUSE=1 runs
-     * the separate kernels. */
+     * the separate kernels. At any batch, passes of single-token rows (decode) hand the
+     * rotary step with q/k norm to the attention (k_rope_attention: inside the decode
+     * kernel where that kernel takes the pass; SPECD_ATTN_ROPE=0 keeps it apart). */
     r->gemv_rows_now = p->gemv_rows > 0 ? p->gemv_rows : r->tune.gemv_rows;
     const int fused = !cm->plain && n <= K_GEMV_FUSED_MAX_N && n <= r->gemv_rows_now && !r->tune.no_gemv && !r->tune.no_fuse &&
                       hidden % 8 == 0 && F % 8 == 0;
@@ -333,6 +335,11 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             K_CHECK(r, k_rmsnorm_q8(r->d_resid, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, r->d_qscratch, s));
         else if (!(r->tune.dbg_skip & 1) && !qkv_nin)
             K_CHECK(r, k_rmsnorm(r->d_resid, NULL, L->attn_norm, r->d_xb, n, hidden, c->rms_eps, s));
+        /* every row one new token (decode): rotary, q/k norm and the KV write go with the
+         * attention (k_rope_attention: one kernel where the decode kernel takes the pass) */
+        const int rope_late = !fuse_rope && !r->tune.no_fuse && p->n_rows == n && p->qt == 1 && p->n_items == n && !(r->tune.dbg_skip & 6);
+        const k_rope_in rope = {.qkv = r->d_f32, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm,
+                                .inv_freq = L->inv_freq, .eps = c->rms_eps, .q_out = r->d_q};
         if (r->tune.dbg_skip & 2) {
             /* SPECD_DEBUG_SKIP: stage left out (timing only) */
         } else if (fuse_rope) {
@@ -340,19 +347,18 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                                          D, hidden, &g, qkv_nin, s));
         } else if (qkv_nin) {
             K_CHECK(r, k_gemv_w((k_wmat){L->wqkv, L->sqkv}, qkv_x, r->d_f32, qkvd, hidden, n, 0, qkv_nin, NULL, s));
-            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
-                                     c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
-        } else {
-            if ((rc = gemm_qx(r, L->wqkv, &L->qqkv, L->sqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f, qkv_x8)))
-                return rc;
-            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq,
-                                     c->rms_eps, r->d_q, n, H, KVH, D, &g, s));
+        } else if ((rc = gemm_qx(r, L->wqkv, &L->qqkv, L->sqkv, qkvd, hidden, r->d_xb, n, r->d_f32, 0.f, qkv_x8))) {
+            return rc;
         }
+        if (!(r->tune.dbg_skip & 2) && !fuse_rope && !rope_late)
+            K_CHECK(r, k_qkv_rope_kv(r->d_f32, L->bqkv, L->q_norm, L->k_norm, L->inv_freq, c->rms_eps, r->d_q, n, H,
+                                     KVH, D, &g, s));
         /* where O runs on the int8 GEMV, attention rounds its output for it (w.x8) */
         const int o_x8 = r->tune.attn_x8 && !(r->tune.dbg_skip & 12) && !fuse_norm &&
                          q_takes_x8(r, &L->qo, L->so, hidden, qd, n);
         w.x8 = o_x8 ? r->d_qscratch : NULL;
-        if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
+        if (rope_late) K_CHECK(r, k_rope_attention(&rope, r->d_xb, H, KVH, D, scale, &g, &w, s));
+        else if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if (L->post_attn_norm) {   /* Gemma 3: the output (all-reduced first) normed, then added */
             if ((rc = gemm_qx(r, L->wo, &L->qo, L->so, hidden, qd, r->d_xb, n, r->d_f32, 0.f, o_x8)) ||
                 (partial && (rc = cuda_tp_allreduce(r, p->which, r->d_f32, (size_t)n * hidden))))

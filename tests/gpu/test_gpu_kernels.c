@@ -856,6 +856,118 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
     k_set_tuning(&k_tuning_default);
 }
 
+/* k_rope_attention with k_tuning.attn_rope on (the decode kernel norms and rotates q and
+ * makes the new key itself) against k_qkv_rope_kv then k_attention (the two launches it
+ * replaces, each checked against a double reference above): the same output and pool
+ * bits, and q_out left as it was (poisoned), which shows the one-launch path ran. Rows of
+ * one token at random lengths, the last one at the pool's last position (lens[r] < 0:
+ * random); splits merged in-kernel (counters) or by the combine kernel. Also times the
+ * two at this shape (launch to launch, warm). */
+static void run_rope_attention_case(int H, int KVH, int D, const int *lens, int nrow, int n_splits, int use_cnt,
+                                    int with_bias, int with_norm, int window) {
+    kvfix f;
+    kv_setup(&f, H, KVH, D, 16, 24);
+    const int cap = f.max_blocks * f.bs, n = nrow, W = (H + 2 * KVH) * D;
+    int slots[MAXB] = {3, 1, 0, 2};
+    int32_t row_slot[MAXB], row_off[MAXB], row_n[MAXB], item_q0[MAXB], tok_slot[MAXB];
+    for (int r = 0; r < nrow; r++) {
+        row_slot[r] = tok_slot[r] = slots[r];
+        row_off[r] = r;
+        row_n[r] = 1;
+        item_q0[r] = 0;
+        f.lens[slots[r] * 2] = lens[r] >= 0 ? lens[r] : (int)(gu_next(&g_rng) % (uint64_t)cap);
+        assert_true(f.lens[slots[r] * 2] < cap);
+    }
+    kv_upload(&f);
+    const size_t pool_bytes = (size_t)f.nblocks * f.block_elems * (f.fp8 ? 1 : 2), nel = (size_t)n * H * D;
+    float *qkv = malloc((size_t)n * W * 4), *bias = malloc((size_t)W * 4), qn[128], kn[128], inv[64];
+    for (size_t i = 0; i < (size_t)n * W; i++) qkv[i] = gu_uniform(&g_rng, -2, 2);
+    for (int i = 0; i < W; i++) bias[i] = gu_uniform(&g_rng, -0.5f, 0.5f);
+    for (int i = 0; i < D; i++) { qn[i] = gu_uniform(&g_rng, 0.5f, 1.5f); kn[i] = gu_uniform(&g_rng, 0.5f, 1.5f); }
+    for (int i = 0; i < D / 2; i++) inv[i] = powf(1000000.f, -2.f * i / D);
+    float *d_qkv = gu_upload(qkv, (size_t)n * W * 4), *d_bias = gu_upload(bias, (size_t)W * 4);
+    float *d_qn = gu_upload(qn, sizeof qn), *d_kn = gu_upload(kn, sizeof kn), *d_inv = gu_upload(inv, sizeof inv);
+    int32_t *d_ts = gu_upload(tok_slot, sizeof tok_slot), *d_tj = gu_upload(item_q0, sizeof item_q0);
+    int32_t *d_rs = gu_upload(row_slot, sizeof row_slot), *d_ro = gu_upload(row_off, sizeof row_off);
+    int32_t *d_rn = gu_upload(row_n, sizeof row_n), *d_iq = gu_upload(item_q0, sizeof item_q0);
+    float *d_q = gu_dev(nel * 4), *d_wo = gu_dev((size_t)n_splits * nel * 4);
+    float *d_wml = gu_dev((size_t)n_splits * n * H * 2 * 4);
+    uint16_t *d_out = gu_dev(nel * 2);
+    unsigned *d_cnt = gu_dev((size_t)n * KVH * sizeof(unsigned));
+    GPU_CHECK(cudaMemset(d_cnt, 0, (size_t)n * KVH * sizeof(unsigned)));
+    k_kv_geom g = kv_geom_of(&f, d_ts, d_tj);
+    k_attn_work w = {.row_slot = d_rs, .row_tok_off = d_ro, .row_n_new = d_rn, .item_row = d_ro,
+                     .item_q0 = d_iq, .n_items = n, .qt = 1, .n_tok = n, .n_splits = n_splits, .split_len = 0,
+                     .ws_o = d_wo, .ws_ml = d_wml, .window = window, .counters = use_cnt ? d_cnt : NULL};
+    const k_rope_in rp = {.qkv = d_qkv, .bias = with_bias ? d_bias : NULL, .q_norm = with_norm ? d_qn : NULL,
+                          .k_norm = with_norm ? d_kn : NULL, .inv_freq = d_inv, .eps = 1e-6f, .q_out = d_q};
+    const float scale = 1.f / sqrtf((float)D);
+    uint16_t *o[2] = {malloc(nel * 2), malloc(nel * 2)};
+    uint8_t *pool[2] = {malloc(pool_bytes), malloc(pool_bytes)};
+    float *q_after = malloc(nel * 4);
+    float ms[2] = {0, 0};
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int fused = 0; fused < 2; fused++) {
+        k_tuning t = k_tuning_default;
+        t.attn_rope = fused;
+        k_set_tuning(&t);
+        GPU_CHECK(cudaMemcpy(f.d_pool, f.fp8 ? (void *)f.pool8 : (void *)f.pool, pool_bytes, cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemset(d_q, 0xff, nel * 4));
+        GPU_CHECK(cudaMemset(d_out, 0xff, nel * 2));
+        assert_int_equal(k_rope_attention(&rp, d_out, H, KVH, D, scale, &g, &w, 0), 0);
+        GPU_CHECK(cudaDeviceSynchronize());
+        gu_download(o[fused], d_out, nel * 2);
+        gu_download(pool[fused], f.d_pool, pool_bytes);
+        gu_download(q_after, d_q, nel * 4);
+        size_t q_written = 0;
+        for (size_t i = 0; i < nel; i++) q_written += !isnan(q_after[i]);
+        assert_int_equal(q_written, fused ? 0 : nel);   /* fused: the separate rotary did not run */
+        /* timing: the same launch again (it rewrites the same K/V) */
+        for (int it = 0; it < 3; it++) k_rope_attention(&rp, d_out, H, KVH, D, scale, &g, &w, 0);
+        cudaEventRecord(e0, 0);
+        for (int it = 0; it < 50; it++) k_rope_attention(&rp, d_out, H, KVH, D, scale, &g, &w, 0);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms[fused], e0, e1);
+    }
+    k_set_tuning(&k_tuning_default);
+    size_t od = 0, pd = 0, finite = 0;
+    for (size_t i = 0; i < nel; i++) od += o[0][i] != o[1][i], finite += !isnan(gu_bf2f(o[1][i]));
+    for (size_t i = 0; i < pool_bytes; i++) pd += pool[0][i] != pool[1][i];
+    printf("    rope+attention H%d KVH%d D%d rows%d splits%d cnt%d bias%d norm%d window%d%s: %zu of %zu outputs and "
+           "%zu pool bytes differ from the two launches; %.2f us a call fused, %.2f as two launches\n",
+           H, KVH, D, nrow, n_splits, use_cnt, with_bias, with_norm, window, f.fp8 ? " kv fp8" : "", od, nel, pd,
+           1000.0 * ms[1] / 50, 1000.0 * ms[0] / 50);
+    assert_int_equal(finite, nel);
+    assert_int_equal(od, 0);
+    assert_int_equal(pd, 0);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(d_qkv); cudaFree(d_bias); cudaFree(d_qn); cudaFree(d_kn); cudaFree(d_inv); cudaFree(d_ts);
+    cudaFree(d_tj); cudaFree(d_rs); cudaFree(d_ro); cudaFree(d_rn); cudaFree(d_iq); cudaFree(d_q);
+    cudaFree(d_wo); cudaFree(d_wml); cudaFree(d_out); cudaFree(d_cnt);
+    free(qkv); free(bias); free(o[0]); free(o[1]); free(pool[0]); free(pool[1]); free(q_after);
+    kv_free(&f);
+}
+
+static void test_rope_attention_equals_two_launches(void **state) {
+    (void)state;
+    const int cap = 24 * 16;
+    const int a[1] = {190}, b[4] = {-1, cap - 1, 63, 0}, c[3] = {127, -1, 64}, d[2] = {17, cap - 1};
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        g_kv_fp8 = fp8;
+        run_rope_attention_case(32, 4, 128, a, 1, 8, 1, 0, 1, 0);   /* Qwen3-30B-A3B, batch 1 */
+        run_rope_attention_case(32, 4, 128, b, 4, 8, 1, 0, 1, 0);
+        run_rope_attention_case(32, 8, 128, b, 4, 4, 0, 0, 0, 0);   /* Llama-3.1-8B, the combine kernel */
+        run_rope_attention_case(12, 2, 64, c, 3, 5, 1, 1, 0, 0);    /* G = 6, D = 64, Qwen2 bias */
+        run_rope_attention_case(16, 8, 128, c, 3, 1, 0, 1, 1, 0);   /* one split, written directly */
+        run_rope_attention_case(8, 2, 128, d, 2, 3, 1, 0, 1, 48);   /* a sliding window */
+    }
+    g_kv_fp8 = 0;
+}
+
 /* The tensor-core decode form (attention_tc.cu: k_tuning.attn_dec 6, and 7 with keys
  * asked of L2 ahead) over many (row, KV head) pairs: one split written directly (with and
  * without the int8 rounding for an O GEMV), splits merged by the combine kernel (sized on
@@ -2262,6 +2374,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_qkv_rope_fp8_equals_rescale_then_rope),
         cmocka_unit_test(test_silu_mul_matches_reference),
         cmocka_unit_test(test_qkv_rope_writes_q_and_paged_kv),
+        cmocka_unit_test(test_rope_attention_equals_two_launches),
         cmocka_unit_test(test_attention_decode_rows_match_reference),
         cmocka_unit_test(test_attention_verify_rows_are_causal_among_new_tokens),
         cmocka_unit_test(test_attention_prefill_chunks_match_reference),

@@ -16,16 +16,6 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
-# the sampler's row passes with 16-byte loads (k_tuning.sample_vec): both forms compared
-# and timed, the runner's tests with it on, then both at batch 1
-run sample_vec "$G/test_gpu_kernels" "*sample*"
-run sample_vec_runner env SPECD_SAMPLE_VEC=1 "$G/test_gpu_runner"
-for shape in qwen3-30b-a3b llama-3.2-1b; do
-    for v in 0 1; do
-        echo "SPECD_SAMPLE_VEC=$v $shape: $(SPECD_SAMPLE_VEC=$v "$B/specd" bench --device cuda --shape $shape --batch 1 \
-            --prompt-len 128 --gen 128 --max-batch 8 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ')"
-    done
-done
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

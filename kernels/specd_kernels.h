@@ -79,6 +79,11 @@ typedef struct {
                          * norm, rotary and KV write inside the decode attention kernel (one
                          * launch a layer fewer; H100, Qwen3-30B-A3B shape at batch 1: 3.79
                          * against 3.84 ms a token); 0: k_qkv_rope_kv then k_attention */
+    int moe_tcv;        /* k_moe_gemm: passes of 9 up to this many tokens on the tensor-core
+                         * GEMV (moe.cu moe_tcv_kernel: weights straight into mma fragments,
+                         * 16 rows an expert a pass) instead of the tiles (default 256; H100,
+                         * Qwen3-30B-A3B widths, bench_moe at 64 tokens: 429.7 against 612.6
+                         * us a layer; 0: the tiles from 9 tokens) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

@@ -64,6 +64,7 @@ int main(int argc, char **argv) {
     const int only_n = getenv("BENCH_MOE_N") ? atoi(getenv("BENCH_MOE_N")) : 0;   /* one token count only */
     k_tuning tune = k_tuning_default;   /* SPECD_MOE_R1 picks the single-token form, as for specd */
     if (getenv("SPECD_MOE_R1")) tune.moe_r1 = atoi(getenv("SPECD_MOE_R1"));
+    if (getenv("SPECD_MOE_TCV")) tune.moe_tcv = atoi(getenv("SPECD_MOE_TCV"));   /* and the few-row GEMV */
     k_set_tuning(&tune);
     if (argc == 5) {
         g_E = atoi(argv[1]);

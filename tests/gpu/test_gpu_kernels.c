@@ -1527,9 +1527,19 @@ static void test_moe_general_path_matches_reference(void **state) {
     }
     k_set_tuning(&k_tuning_default);
     run_moe_case(3, 16, 4, 256, 96, 1, 0, 0);     /* per-expert GEMV */
-    run_moe_case(40, 16, 4, 256, 96, 0, 0, 0);    /* grouped GEMM on tensor cores */
-    run_moe_case(64, 8, 2, 512, 256, 1, 0, 0);    /* experts of 16 rows and more */
-    run_moe_case(72, 64, 8, 2048, 768, 1, 0, 0);
+    /* above 8 tokens: the tiles, then the tensor-core GEMV (k_tuning.moe_tcv) */
+    for (int tcv = 0; tcv <= 1; tcv++) {
+        k_tuning t = k_tuning_default;
+        t.moe_tcv = tcv ? 256 : 0;
+        k_set_tuning(&t);
+        printf("    moe above 8 tokens on the %s\n", tcv ? "tensor-core GEMV" : "tiles");
+        run_moe_case(40, 16, 4, 256, 96, 0, 0, 0);
+        run_moe_case(64, 8, 2, 512, 256, 1, 0, 0);    /* experts of 16 rows and more */
+        run_moe_case(72, 64, 8, 2048, 768, 1, 0, 0);  /* Qwen3-30B-A3B's widths */
+        run_moe_case(24, 8, 2, 1000, 1400, 1, 0, 0);  /* widths that end inside a chunk, outputs not of 16 */
+        run_moe_case(100, 4, 4, 1024, 200, 0, 0, 0);  /* every expert picked by all 100 tokens: 7 passes */
+    }
+    k_set_tuning(&k_tuning_default);
 }
 
 /* ---- sampling ---------------------------------------------------------------------- */

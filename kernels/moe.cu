@@ -146,15 +146,16 @@ extern "C" int k_moe_route(const float *logits, int n, int E, int K, int norm, i
 #define MOE_TC_MINB 4 /* blocks per SM the registers must allow: 8 chunks in flight */
 #endif
 
-/* One tile: rows r0.. of expert e's list (pairs), columns c0.. of its output. GATED: the
+/* One tile: rows r0.. of expert e's list (pairs), columns c0.. of its output (experts with
+ * fewer than min_cnt rows are left to moe_tcv_kernel). GATED: the
  * weight is [2N][Kd] (gate rows, then up rows) and the output act(g) * u, bf16 [pairs][N];
  * else [N][Kd] and fp32 [pairs][N]. x row of pair p: p / x_div. MOE_STAGES smem stages
  * filled by cp.async. */
 template <bool GATED>
 __global__ void __launch_bounds__(MOE_TC_NT, MOE_TC_MINB)
 moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, int x_div,
-                const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, int cap, int N, int Kd,
-                int gelu, float *__restrict__ Yf, uint16_t *__restrict__ Yb) {
+                const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, int cap, int min_cnt, int N,
+                int Kd, int gelu, float *__restrict__ Yf, uint16_t *__restrict__ Yb) {
     constexpr int NW = GATED ? 2 : 1;
     __shared__ __align__(16) uint16_t as[MOE_STAGES][MOE_TM][MOE_LD];
     __shared__ __align__(16) uint16_t bs[MOE_STAGES][NW][MOE_TN][MOE_LD];
@@ -163,7 +164,7 @@ moe_gemm_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, 
     k_pdl_wait();
     const int e = blockIdx.y, c0 = blockIdx.x * MOE_TN, r0 = blockIdx.z * MOE_TM;
     const int cnt = counts[e];
-    if (r0 >= cnt) return;
+    if (r0 >= cnt || cnt < min_cnt) return;   /* fewer rows: moe_tcv_kernel's */
     const int nr = min(MOE_TM, cnt - r0), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid < MOE_TM) prow[tid] = tid < nr ? rows[(size_t)e * cap + r0 + tid] : -1;
     __syncthreads();
@@ -405,19 +406,20 @@ static int moe_gemv_launch(const uint16_t *W, const uint16_t *X, int x_div, cons
  * k = k0 + 8 * V * t .., the same words of its x row, and those words ARE its fragments
  * (the mma's k order is a permutation of memory order, the same one on both sides, so the
  * sum is the same dot). A row is read V * 64 contiguous bytes a chunk, every chunk's loads
- * in flight before its math. */
+ * in flight before its math. Only experts with at most max_cnt rows: an expert with many
+ * rows (a prompt's tokens can crowd into a few) would take many passes here. */
 template <bool GATED, int NT, int V, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 moe_tcv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, int x_div,
-               const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, int cap, int N, int Kd, int gelu,
-               float *__restrict__ Yf, uint16_t *__restrict__ Yb) {
+               const int32_t *__restrict__ rows, const int32_t *__restrict__ counts, int cap, int max_cnt, int N,
+               int Kd, int gelu, float *__restrict__ Yf, uint16_t *__restrict__ Yb) {
     constexpr int NW = GATED ? 2 : 1, KC = 32 * V;   /* reduction elements a chunk */
     k_pdl_trigger();
     k_pdl_wait();
     const int e = blockIdx.y, cnt = counts[e];
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const int f0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * 16;
-    if (cnt == 0 || f0 >= N) return;
+    if (cnt == 0 || cnt > max_cnt || f0 >= N) return;   /* more rows: the tiles' */
     const uint16_t *We = W + (size_t)e * NW * N * Kd;
     const size_t rl = (size_t)min(f0 + gid, N - 1) * Kd, rh = (size_t)min(f0 + gid + 8, N - 1) * Kd;
     const int32_t *er = rows + (size_t)e * cap;
@@ -494,8 +496,8 @@ moe_tcv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ X, i
 }
 
 extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows,
-                          const int32_t *counts, int cap, int E, int N, int Kd, int gated, int gelu, float *Yf,
-                          uint16_t *Yb, cudaStream_t s) {
+                          const int32_t *counts, int cap, int E, int N, int Kd, int gated, int gelu, int tcv_rows,
+                          float *Yf, uint16_t *Yb, cudaStream_t s) {
     if (E <= 0 || N <= 0 || Kd <= 0 || Kd % 8 || cap < 0 || x_div <= 0) return -1;
     if (cap == 0) return 0;
     /* Up to MOE_GEMV_MAX_CAP tokens the GEMV. Above, the tensor-core tiles: the GEMV's fp32
@@ -509,26 +511,30 @@ extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const
         return moe_gemv_launch<false>(W, X, x_div, rows, counts, NULL, NULL, cap, E, N, Kd, gelu, NULL, 0.f, Yf, Yb,
                                       s);
     }
-    /* Up to k_tuning.moe_tcv tokens (default 256) the tensor-core GEMV: H100, Qwen3-30B-A3B
-     * widths, bench_moe us a layer at 16 / 64 / 256 tokens 298.1 / 429.7 / 656.2 against the
-     * tiles' 409.2 / 612.6 / 653.8 (2.77 against 1.94 TB/s at 64); `specd bench --shape
-     * qwen3-30b-a3b` decode at 16 / 64 / 256 rows 924 / 2,712 / 6,717 tok/s against 705 /
-     * 1,949 / 6,303. The tiles keep the larger passes (prefill), where an expert's rows
-     * would take several passes over its weights here. */
-    if (cap <= k_tuning_get()->moe_tcv) {   /* 16 output rows a warp, 8 warps a block */
-        const dim3 g((N + 127) / 128, E);
-        if (gated)
-            return k_launch(moe_tcv_kernel<true, 2, 2, 3>, g, dim3(256), 0, s, W, X, x_div, rows, counts, cap, N, Kd,
-                            gelu, Yf, Yb);
-        return k_launch(moe_tcv_kernel<false, 2, 4, 2>, g, dim3(256), 0, s, W, X, x_div, rows, counts, cap, N, Kd,
-                        gelu, Yf, Yb);
+    /* Experts with up to tcv_rows rows on the tensor-core GEMV, the rest on the tiles (each
+     * launch skips the other's experts; the runner's choice: k_tuning.moe_tcv). H100, Qwen3-30B-A3B widths,
+     * bench_moe us a layer at 16 / 64 / 256 tokens with every expert on the GEMV: 298.1 /
+     * 429.7 / 656.2 against the tiles' 409.2 / 612.6 / 653.8 (2.77 against 1.94 TB/s at
+     * 64); `specd bench --shape qwen3-30b-a3b` decode at 16 / 64 / 256 rows 924 / 2,712 /
+     * 6,717 tok/s against 705 / 1,949 / 6,303. But a 128-token prompt, whose tokens crowd
+     * into a few experts, prefilled at 4.7k tok/s against 9.8k on the tiles: hence the
+     * row limit. */
+    const int tcv = tcv_rows;
+    if (tcv > 0) {
+        const dim3 g((N + 127) / 128, E);   /* 16 output rows a warp, 8 warps a block */
+        const int rc = gated ? k_launch(moe_tcv_kernel<true, 2, 2, 3>, g, dim3(256), 0, s, W, X, x_div, rows, counts,
+                                        cap, tcv, N, Kd, gelu, Yf, Yb)
+                             : k_launch(moe_tcv_kernel<false, 2, 4, 2>, g, dim3(256), 0, s, W, X, x_div, rows, counts,
+                                        cap, tcv, N, Kd, gelu, Yf, Yb);
+        if (rc || cap <= tcv) return rc;   /* no expert holds more rows than the pass has tokens */
     }
+    const int min_cnt = tcv > 0 ? tcv + 1 : 0;
     dim3 grid((N + MOE_TN - 1) / MOE_TN, E, (cap + MOE_TM - 1) / MOE_TM);
     if (gated)
-        return k_launch(moe_gemm_kernel<true>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts, cap, N, Kd,
-                        gelu, Yf, Yb);
-    return k_launch(moe_gemm_kernel<false>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts, cap, N, Kd,
-                    gelu, Yf, Yb);
+        return k_launch(moe_gemm_kernel<true>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts, cap, min_cnt, N,
+                        Kd, gelu, Yf, Yb);
+    return k_launch(moe_gemm_kernel<false>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts, cap, min_cnt, N,
+                    Kd, gelu, Yf, Yb);
 }
 
 __global__ void moe_combine_kernel(const float *out, const float *w, int K, int hidden, float *resid) {

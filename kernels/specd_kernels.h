@@ -79,11 +79,14 @@ typedef struct {
                          * norm, rotary and KV write inside the decode attention kernel (one
                          * launch a layer fewer; H100, Qwen3-30B-A3B shape at batch 1: 3.79
                          * against 3.84 ms a token); 0: k_qkv_rope_kv then k_attention */
-    int moe_tcv;        /* k_moe_gemm: passes of 9 up to this many tokens on the tensor-core
-                         * GEMV (moe.cu moe_tcv_kernel: weights straight into mma fragments,
-                         * 16 rows an expert a pass) instead of the tiles (default 256; H100,
-                         * Qwen3-30B-A3B widths, bench_moe at 64 tokens: 429.7 against 612.6
-                         * us a layer; 0: the tiles from 9 tokens) */
+    int moe_tcv;        /* the runner's tcv_rows for k_moe_gemm (passes of 9+ tokens): -1
+                         * (default) every expert on the tensor-core GEMV in decode passes of
+                         * up to 256 rows (H100, Qwen3-30B-A3B widths, bench_moe at 64 tokens:
+                         * 429.7 against 612.6 us a layer) and the tiles in the others (a
+                         * prompt's tokens crowd into a few experts: 128-token prefill 4.7k
+                         * against 9.8k tok/s on the GEMV); 0: the tiles only; N > 0: in every
+                         * pass experts of up to N rows on the GEMV, the rest on the tiles
+                         * (not yet run on a GPU: tests/gpu/UNRUN.md) */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);
@@ -134,9 +137,12 @@ int k_moe_route(const float *logits, int n, int E, int K, int norm, int32_t *ids
 /* Grouped GEMM over experts: for each expert e and each pair p in rows[e][0..counts[e]),
  * out[p] = W_e . X[p / x_div]. gated: W [E][2N][Kd] (gate; up), Yb[p][N] = bf16(act(g) * u)
  * with act GELU-tanh when gelu, else SiLU; plain: W [E][N][Kd], Yf[p][N] fp32. cap = n
- * (the row lists' stride); Kd % 8 == 0. Blocks of experts without rows return at once. */
+ * (the row lists' stride); Kd % 8 == 0. Blocks of experts without rows return at once.
+ * Above 8 tokens, experts with up to tcv_rows rows run on the tensor-core GEMV (moe.cu
+ * moe_tcv_kernel) and the rest on the tiles (0: the tiles only; >= cap: the GEMV only). */
 int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const int32_t *rows, const int32_t *counts,
-               int cap, int E, int N, int Kd, int gated, int gelu, float *Yf, uint16_t *Yb, cudaStream_t s);
+               int cap, int E, int N, int Kd, int gated, int gelu, int tcv_rows, float *Yf, uint16_t *Yb,
+               cudaStream_t s);
 /* resid[t] += sum_k w[t, k] * out[t*K + k] (k in order), out [n*K, hidden] fp32. */
 int k_moe_combine(const float *out, const float *w, int n, int K, int hidden, float *resid, cudaStream_t s);
 /* logits [n, vocab]: for rows with has[r] != 0, ids whose bit in mask [n, ceil(vocab/32)]

@@ -26,6 +26,10 @@
 #include "engine/tp/runner_tp.h"
 #include "kernels/quant_blocks.h"
 
+/* Decode passes up to this many rows put every expert on the MoE tensor-core GEMV (measured
+ * at 16 / 64 / 256 rows on an H100: tests/gpu/BENCH.md, thirty-third session). */
+#define MOE_TCV_DECODE_MAX 256
+
 static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n,
                 float *Y, float beta) {
     /* Batch 1-2 decode streams the weights through our GEMV (8B shape, batch 1: 7.13 ->
@@ -400,10 +404,14 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                 if ((rc = gemm(r, L->router, E, hidden, r->d_xb, n, r->d_moe_lg, 0.f))) return rc;
                 CU_CHECK(r, cudaMemsetAsync(mb.counts, 0, (size_t)E * sizeof(int32_t), s));
                 K_CHECK(r, k_moe_route(r->d_moe_lg, n, E, K, c->moe_norm_topk, mb.ids, mb.w, mb.counts, mb.rows, s));
-                K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, mb.rows, mb.counts, n, E, MF, hidden, 1, gelu, NULL,
-                                      r->d_moe_act, s));
+                /* experts on the tensor-core GEMV (k_tuning.moe_tcv): by default every one in
+                 * decode passes up to MOE_TCV_DECODE_MAX rows, none in the others */
+                const int tv = r->tune.k.moe_tcv;
+                const int tcv_rows = tv >= 0 ? tv : p->n_rows == n && n <= MOE_TCV_DECODE_MAX ? n : 0;
+                K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, mb.rows, mb.counts, n, E, MF, hidden, 1, gelu, tcv_rows,
+                                      NULL, r->d_moe_act, s));
                 K_CHECK(r, k_moe_gemm(L->exp_down, r->d_moe_act, 1, mb.rows, mb.counts, n, E, hidden, MF, 0, 0,
-                                      r->d_moe_out, NULL, s));
+                                      tcv_rows, r->d_moe_out, NULL, s));
                 K_CHECK(r, k_moe_combine(r->d_moe_out, r->d_moe_w, n, K, hidden, r->d_resid, s));
             }
             if ((rc = cuda_tp_allreduce(r, p->which, r->d_resid, (size_t)n * hidden))) return rc;

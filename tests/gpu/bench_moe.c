@@ -28,6 +28,12 @@ typedef struct {
 
 static int g_E = 128, g_K = 8, g_H = 2048, g_MF = 768, g_stages = 3;
 
+/* k_moe_gemm's tcv_rows as the runner picks it for a decode pass of n rows (the tokens
+ * here are independent rows): SPECD_MOE_TCV < 0 (default) every expert on the tensor-core
+ * GEMV up to 256 rows, else that many rows an expert. */
+static int g_tcv = -1;
+static int tcv_rows(int n) { return g_tcv >= 0 ? g_tcv : n <= 256 ? n : 0; }
+
 static void layer(const weights *w, int l, int n, int dec, cublasHandle_t blas, uint16_t *x, float *resid,
                   uint16_t *act, float *out, const k_moe_route_buf *b, cudaStream_t s) {
     if (dec) {   /* g_stages < 3: only the first stages (their differences time each) */
@@ -48,8 +54,10 @@ static void layer(const weights *w, int l, int n, int dec, cublasHandle_t blas, 
     }
     GPU_CHECK(cudaMemsetAsync(b->counts, 0, (size_t)g_E * 4, s));
     if (k_moe_route(b->logits, n, g_E, g_K, 1, b->ids, b->w, b->counts, b->rows, s) ||
-        (g_stages > 1 && k_moe_gemm(w->wgu[l], x, g_K, b->rows, b->counts, n, g_E, g_MF, g_H, 1, 0, NULL, act, s)) ||
-        (g_stages > 2 && k_moe_gemm(w->wdn[l], act, 1, b->rows, b->counts, n, g_E, g_H, g_MF, 0, 0, out, NULL, s)) ||
+        (g_stages > 1 && k_moe_gemm(w->wgu[l], x, g_K, b->rows, b->counts, n, g_E, g_MF, g_H, 1, 0, tcv_rows(n), NULL,
+                                    act, s)) ||
+        (g_stages > 2 &&
+         k_moe_gemm(w->wdn[l], act, 1, b->rows, b->counts, n, g_E, g_H, g_MF, 0, 0, tcv_rows(n), out, NULL, s)) ||
         (g_stages > 2 && k_moe_combine(out, b->w, n, g_K, g_H, resid, s)))
         abort();
 }
@@ -64,7 +72,7 @@ int main(int argc, char **argv) {
     const int only_n = getenv("BENCH_MOE_N") ? atoi(getenv("BENCH_MOE_N")) : 0;   /* one token count only */
     k_tuning tune = k_tuning_default;   /* SPECD_MOE_R1 picks the single-token form, as for specd */
     if (getenv("SPECD_MOE_R1")) tune.moe_r1 = atoi(getenv("SPECD_MOE_R1"));
-    if (getenv("SPECD_MOE_TCV")) tune.moe_tcv = atoi(getenv("SPECD_MOE_TCV"));   /* and the few-row GEMV */
+    if (getenv("SPECD_MOE_TCV")) g_tcv = atoi(getenv("SPECD_MOE_TCV"));   /* tcv_rows below */
     k_set_tuning(&tune);
     if (argc == 5) {
         g_E = atoi(argv[1]);

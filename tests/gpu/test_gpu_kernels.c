@@ -1295,6 +1295,10 @@ static void test_gemv_matches_reference(void **state) {
  * fold on both sides (x = bf16(h * g) scaled by rsqrt(ss / hidden + eps), and the next
  * norm's xg / ss written by the down kernel). dec: the three decode launches, else the
  * general path (route, grouped GEMM or per-expert GEMV, combine). */
+/* k_moe_gemm's tcv_rows for the general-path cases (experts of up to that many rows on the
+ * tensor-core GEMV, the rest on the tiles) */
+static int g_moe_tcv;
+
 static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk, int dec, int fold) {
     const size_t gu_n = (size_t)E * 2 * MF * hidden, dn_n = (size_t)E * hidden * MF;
     uint16_t *wr = malloc((size_t)E * hidden * 2), *wgu = malloc(gu_n * 2), *wdn = malloc(dn_n * 2);
@@ -1361,8 +1365,9 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
         }
         GPU_CHECK(cudaMemset(b.counts, 0, (size_t)E * 4));
         assert_int_equal(k_moe_route(d_lg, n, E, K, norm_topk, d_ids, d_w, b.counts, d_rows, 0), 0);
-        assert_int_equal(k_moe_gemm(d_wgu, d_x, K, d_rows, b.counts, n, E, MF, hidden, 1, 0, NULL, d_act, 0), 0);
-        assert_int_equal(k_moe_gemm(d_wdn, d_act, 1, d_rows, b.counts, n, E, hidden, MF, 0, 0, d_out, NULL, 0), 0);
+        assert_int_equal(k_moe_gemm(d_wgu, d_x, K, d_rows, b.counts, n, E, MF, hidden, 1, 0, g_moe_tcv, NULL, d_act, 0), 0);
+        assert_int_equal(k_moe_gemm(d_wdn, d_act, 1, d_rows, b.counts, n, E, hidden, MF, 0, 0, g_moe_tcv, d_out, NULL, 0),
+                         0);
         assert_int_equal(k_moe_combine(d_out, d_w, n, K, hidden, d_resid, 0), 0);
     }
     float *lg = malloc((size_t)n * E * 4), *wk = malloc((size_t)n * K * 4), *resid = malloc((size_t)n * hidden * 4);
@@ -1527,19 +1532,20 @@ static void test_moe_general_path_matches_reference(void **state) {
     }
     k_set_tuning(&k_tuning_default);
     run_moe_case(3, 16, 4, 256, 96, 1, 0, 0);     /* per-expert GEMV */
-    /* above 8 tokens: the tiles, then the tensor-core GEMV (k_tuning.moe_tcv) */
-    for (int tcv = 0; tcv <= 1; tcv++) {
-        k_tuning t = k_tuning_default;
-        t.moe_tcv = tcv ? 256 : 0;
-        k_set_tuning(&t);
-        printf("    moe above 8 tokens on the %s\n", tcv ? "tensor-core GEMV" : "tiles");
+    /* above 8 tokens: the tiles, experts of up to 16 rows on the tensor-core GEMV and the
+     * rest on the tiles, every expert on the GEMV (k_moe_gemm's tcv_rows) */
+    const int tcvs[3] = {0, 16, 1000};
+    for (int f = 0; f < 3; f++) {
+        g_moe_tcv = tcvs[f];
+        printf("    moe above 8 tokens, experts of up to %d rows on the tensor-core GEMV, the rest on the tiles\n",
+               tcvs[f]);
         run_moe_case(40, 16, 4, 256, 96, 0, 0, 0);
         run_moe_case(64, 8, 2, 512, 256, 1, 0, 0);    /* experts of 16 rows and more */
         run_moe_case(72, 64, 8, 2048, 768, 1, 0, 0);  /* Qwen3-30B-A3B's widths */
         run_moe_case(24, 8, 2, 1000, 1400, 1, 0, 0);  /* widths that end inside a chunk, outputs not of 16 */
         run_moe_case(100, 4, 4, 1024, 200, 0, 0, 0);  /* every expert picked by all 100 tokens: 7 passes */
     }
-    k_set_tuning(&k_tuning_default);
+    g_moe_tcv = 0;
 }
 
 /* ---- sampling ---------------------------------------------------------------------- */

@@ -16,6 +16,12 @@ run() {   # name, command...
     if "$@" >"$LOG/unrun_$name.log" 2>&1; then echo "ok   $name"
     else echo "FAIL $name (rc $?): $LOG/unrun_$name.log"; tail -15 "$LOG/unrun_$name.log"; fail=1; fi
 }
+# MoE passes split by rows an expert (SPECD_MOE_TCV=N): the kernel test, then prefill and decode
+run moe_tcv_split "$G/test_gpu_kernels" "*moe_general*"
+for v in -1 16 32; do
+    echo "SPECD_MOE_TCV=$v: $(SPECD_MOE_TCV=$v "$B/specd" bench --device cuda --shape qwen3-30b-a3b --batch 1,16,64,256 \
+        --prompt-len 128 --gen 32 --max-batch 256 --max-seq-len 256 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' '|')"
+done
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

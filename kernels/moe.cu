@@ -516,9 +516,9 @@ extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const
      * bench_moe us a layer at 16 / 64 / 256 tokens with every expert on the GEMV: 298.1 /
      * 429.7 / 656.2 against the tiles' 409.2 / 612.6 / 653.8 (2.77 against 1.94 TB/s at
      * 64); `specd bench --shape qwen3-30b-a3b` decode at 16 / 64 / 256 rows 924 / 2,712 /
-     * 6,717 tok/s against 705 / 1,949 / 6,303. But a 128-token prompt, whose tokens crowd
-     * into a few experts, prefilled at 4.7k tok/s against 9.8k on the tiles: hence the
-     * row limit. */
+     * 6,717 tok/s against 705 / 1,949 / 6,303. But a 128-token prompt prefilled at 4.7k
+     * tok/s on the GEMV against 9.8k on the tiles (likely: its tokens crowd into a few
+     * experts, each a pass per 16 rows here): hence the row limit. */
     const int tcv = tcv_rows;
     if (tcv > 0) {
         const dim3 g((N + 127) / 128, E);   /* 16 output rows a warp, 8 warps a block */

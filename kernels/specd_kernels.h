@@ -83,8 +83,8 @@ typedef struct {
                          * (default) every expert on the tensor-core GEMV in decode passes of
                          * up to 256 rows (H100, Qwen3-30B-A3B widths, bench_moe at 64 tokens:
                          * 429.7 against 612.6 us a layer) and the tiles in the others (a
-                         * prompt's tokens crowd into a few experts: 128-token prefill 4.7k
-                         * against 9.8k tok/s on the GEMV); 0: the tiles only; N > 0: in every
+                         * 128-token prefill ran at 4.7k tok/s on the GEMV against 9.8k on
+                         * the tiles); 0: the tiles only; N > 0: in every
                          * pass experts of up to N rows on the GEMV, the rest on the tiles
                          * (not yet run on a GPU: tests/gpu/UNRUN.md) */
 } k_tuning;

@@ -81,7 +81,8 @@ typedef struct {
                          * against 3.84 ms a token); 0: k_qkv_rope_kv then k_attention */
     int moe_tcv;        /* the runner's tcv_rows for k_moe_gemm (passes of 9+ tokens): -1
                          * (default) every expert on the tensor-core GEMV in decode passes of
-                         * up to 256 rows (H100, Qwen3-30B-A3B widths, bench_moe at 64 tokens:
+                         * up to 16 rows an expert on average (Qwen3-30B-A3B: 256 rows; H100,
+                         * Qwen3-30B-A3B widths, bench_moe at 64 tokens:
                          * 429.7 against 612.6 us a layer) and the tiles in the others (a
                          * 128-token prefill ran at 4.7k tok/s on the GEMV against 9.8k on
                          * the tiles); 0: the tiles only; N > 0: in every

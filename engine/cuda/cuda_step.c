@@ -26,9 +26,12 @@
 #include "engine/tp/runner_tp.h"
 #include "kernels/quant_blocks.h"
 
-/* Decode passes up to this many rows put every expert on the MoE tensor-core GEMV (measured
- * at 16 / 64 / 256 rows on an H100: tests/gpu/BENCH.md, thirty-third session). */
-#define MOE_TCV_DECODE_MAX 256
+/* Decode passes whose experts average up to this many rows (n * K / E) put every expert
+ * on the MoE tensor-core GEMV, one pass over its weights per 16 rows (measured on the
+ * Qwen3-30B-A3B shape at 16 / 64 / 256 rows, 1 / 4 / 16 on average, on an H100:
+ * tests/gpu/BENCH.md, thirty-third session; a model of few experts, e.g. Mixtral's 8, keeps
+ * the tiles from 64 rows). */
+#define MOE_TCV_DECODE_ROWS 16
 
 static int gemm(cuda_runner *r, const uint16_t *W, int out, int in, const uint16_t *X, int n,
                 float *Y, float beta) {
@@ -405,9 +408,10 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                 CU_CHECK(r, cudaMemsetAsync(mb.counts, 0, (size_t)E * sizeof(int32_t), s));
                 K_CHECK(r, k_moe_route(r->d_moe_lg, n, E, K, c->moe_norm_topk, mb.ids, mb.w, mb.counts, mb.rows, s));
                 /* experts on the tensor-core GEMV (k_tuning.moe_tcv): by default every one in
-                 * decode passes up to MOE_TCV_DECODE_MAX rows, none in the others */
+                 * decode passes of up to MOE_TCV_DECODE_ROWS rows an expert on average, none
+                 * in the others */
                 const int tv = r->tune.k.moe_tcv;
-                const int tcv_rows = tv >= 0 ? tv : p->n_rows == n && n <= MOE_TCV_DECODE_MAX ? n : 0;
+                const int tcv_rows = tv >= 0 ? tv : p->n_rows == n && (long)n * K <= (long)MOE_TCV_DECODE_ROWS * E ? n : 0;
                 K_CHECK(r, k_moe_gemm(L->exp_gu, r->d_xb, K, mb.rows, mb.counts, n, E, MF, hidden, 1, gelu, tcv_rows,
                                       NULL, r->d_moe_act, s));
                 K_CHECK(r, k_moe_gemm(L->exp_down, r->d_moe_act, 1, mb.rows, mb.counts, n, E, hidden, MF, 0, 0,

@@ -30,9 +30,10 @@ static int g_E = 128, g_K = 8, g_H = 2048, g_MF = 768, g_stages = 3;
 
 /* k_moe_gemm's tcv_rows as the runner picks it for a decode pass of n rows (the tokens
  * here are independent rows): SPECD_MOE_TCV < 0 (default) every expert on the tensor-core
- * GEMV up to 256 rows, else that many rows an expert. */
+ * GEMV up to 16 rows an expert on average (cuda_step.c MOE_TCV_DECODE_ROWS), else that
+ * many rows an expert. */
 static int g_tcv = -1;
-static int tcv_rows(int n) { return g_tcv >= 0 ? g_tcv : n <= 256 ? n : 0; }
+static int tcv_rows(int n) { return g_tcv >= 0 ? g_tcv : (long)n * g_K <= 16L * g_E ? n : 0; }
 
 static void layer(const weights *w, int l, int n, int dec, cublasHandle_t blas, uint16_t *x, float *resid,
                   uint16_t *act, float *out, const k_moe_route_buf *b, cudaStream_t s) {

@@ -334,6 +334,13 @@ int attention_combine_launch(uint16_t *out, int H, int D, const k_attn_work *w, 
     return K_LAUNCH_RESULT();
 }
 
+/* After a SIMT launch (rc its result): the combine kernel, where the launch left partials
+ * of several splits (no counters: it did not merge them itself). */
+static int attention_merge_after(int rc, uint16_t *out, int H, int D, const k_attn_work *w, cudaStream_t s) {
+    if (rc || w->n_splits == 1 || w->counters) return rc;
+    return attention_combine_launch(out, H, D, w, s);
+}
+
 /* Decode (one query token per row, G = H / KVH <= 8 query heads per KV head). At batch 1
  * a split is a handful of memory round trips and a short dependent chain of arithmetic,
  * so the kernel spreads keys thin: a warp takes 8 keys at a time, 4 lanes per key, each
@@ -667,12 +674,15 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 int attention_dec_tc_launch(const float *q, uint16_t *out, int H, int KVH, int D, float scale, const k_kv_geom *g,
                             const k_attn_work *w, int pdl, cudaStream_t s);
 
+/* Fewer (item, KV head) pairs than SMs (batch 1-2): the batch-1 form of the decode kernel,
+ * with or without the rotary step (k_attention, k_rope_attention). */
+static bool decode_few_pairs(const k_attn_work *w, int KVH) { return (long)w->n_items * KVH < k_sm_count(); }
+
 /* Few (row, KV head) pairs (batch 1-2): 4 lanes per key, 8 keys per warp, so a short
  * context still spreads over many warps. Enough pairs to fill the GPU: see below. */
 template <int D, int GM, bool F8>
 static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
                                       const k_attn_work *w, cudaStream_t s) {
-    const int sms = k_sm_count();
     /* k_tuning.attn_pdl: 0 an ordinary launch, 1 a programmatic-dependent one, 2 that and
      * the O GEMV let in after the key loop */
     const int pdl = k_tuning_get()->attn_pdl;
@@ -691,18 +701,16 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
 #define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
     k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8, false>, grid, dim3(WARPS * 32), 0, s, \
                  q, out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, k_rope_in{}, pdl == 2)
-    const long pairs = (long)w->n_items * KVH;
     const int form = k_tuning_get()->attn_dec;
     const bool tc = form >= 6;
-    if (pairs < sms) rc = DEC_LAUNCH(4, 8, 1);
+    if (decode_few_pairs(w, KVH)) rc = DEC_LAUNCH(4, 8, 1);
     else if (tc && (rc = attention_dec_tc_launch(q, out, H, KVH, D, scale, g, w, pdl, s)) != -1)
         return rc;   /* splits merged by the combine kernel */
     else if (form == 1) rc = DEC_LAUNCH(1, 4, 1);
     else if (form == 2) rc = DEC_LAUNCH(4, 2, 8);
     else rc = DEC_LAUNCH(4, 4, 4);
 #undef DEC_LAUNCH
-    if (rc || w->n_splits == 1 || w->counters) return rc;
-    return attention_combine_launch(out, H, D, w, s);
+    return attention_merge_after(rc, out, H, D, w, s);
 }
 
 /* The batch-1 form (4 lanes a key, 8 warps) with the rotary step inside (k_rope_attention). */
@@ -713,8 +721,7 @@ static int launch_attention_decode_rope(const k_rope_in *rp, uint16_t *out, int 
     const int rc = k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, 4, 8, 1, F8, true>,
                                 dim3(w->n_splits, KVH, w->n_items), dim3(8 * 32), 0, s, (const float *)NULL, out, H, KVH,
                                 F8 ? scale * g->k_scale : scale, *g, *w, *rp, pdl == 2);
-    if (rc || w->n_splits == 1 || w->counters) return rc;
-    return attention_combine_launch(out, H, D, w, s);
+    return attention_merge_after(rc, out, H, D, w, s);
 }
 
 template <int D, int GM>
@@ -737,8 +744,7 @@ static int launch_attention_kv(const float *q, uint16_t *out, int H, int KVH, fl
     dim3 grid(w->n_splits, KVH, w->n_items);
     attention_kernel<D, R, F8><<<grid, ATT_NT, smem, s>>>(q, out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w);
     int rc = K_LAUNCH_RESULT();
-    if (rc || w->n_splits == 1 || w->counters) return rc;
-    return attention_combine_launch(out, H, D, w, s);
+    return attention_merge_after(rc, out, H, D, w, s);
 }
 
 template <int D, int R>
@@ -822,7 +828,7 @@ extern "C" int k_rope_attention(const k_rope_in *rp, uint16_t *out, int H, int K
     const int G = H / KVH;
     /* where k_attention would take the batch-1 form of the decode kernel */
     const bool fuse = k_tuning_get()->attn_rope && G <= 8 && (D == 64 || D == 128) && !attention_force_tiled() &&
-                      (long)w->n_items * KVH < k_sm_count();
+                      decode_few_pairs(w, KVH);
     if (!fuse) {
         if (!rp->q_out) return -1;
         const int rc = k_qkv_rope_kv(rp->qkv, rp->bias, rp->q_norm, rp->k_norm, rp->inv_freq, rp->eps, rp->q_out,

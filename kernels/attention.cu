@@ -438,6 +438,10 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
         load_range(c0, 0, len);
     }
     k_pdl_wait();
+    /* the next launch's weights into L2 while this kernel's loads leave DRAM idle */
+    if (w.l2_next)
+        k_l2_prefetch_part(w.l2_next, w.l2_next_bytes, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
+                           gridDim.x * gridDim.y * gridDim.z);
     /* this block's q rows (written by the kernel before): every load of the thread issued
      * at once, with the length's reload, and stored to shared memory further down */
     constexpr int QN = (GM * D + DEC_WARPS * 32 - 1) / (DEC_WARPS * 32);
@@ -795,6 +799,7 @@ static bool attention_args_ok(int H, int KVH, int D, const k_attn_work *w) {
     if (w->qt * (H / KVH) > 64) return false;
     if (w->n_splits > 1 && (!w->ws_o || !w->ws_ml)) return false;
     if (w->split_len % ATT_TILE) return false;
+    if (w->l2_next && ((uintptr_t)w->l2_next % 16 || w->l2_next_bytes % 16)) return false;
     return !(w->x8 && ((uintptr_t)w->x8 % 16 || (H * D) % 32));
 }
 

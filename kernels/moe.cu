@@ -625,6 +625,7 @@ moe_route_gemv_kernel(const uint16_t *__restrict__ Wr, const uint16_t *__restric
      * bench_moe at one token: the router launch 7.09 -> 6.23 us, the layer 38.07 -> 37.30;
      * `specd bench --shape qwen3-30b-a3b --batch 1`: 253.6-253.8 -> 256.4-256.5 tok/s. */
     if (n == 1) {
+        __shared__ int pick[16];
         if (warp == 0) {
             int e;
             float w;
@@ -635,7 +636,20 @@ moe_route_gemv_kernel(const uint16_t *__restrict__ Wr, const uint16_t *__restric
                 b.counts[e] = 1;
                 b.rows[e] = lane;
                 b.active[1 + lane] = e;
+                pick[lane] = e;
             }
+        }
+        if (!b.l2_gu) return;
+        /* the picks' first gate and up rows into L2, pick 0 first (the gated launch's
+         * blocks start with it) */
+        __syncthreads();
+        const size_t half = (size_t)b.l2_F * hidden * 2, pb = min(b.l2_bytes, half);
+        const size_t nch = (pb + K_L2PF_CHUNK - 1) / K_L2PF_CHUNK;
+        for (size_t i = tid; i < (size_t)K * 2 * nch; i += blockDim.x) {
+            const size_t c = i % nch, off = c * K_L2PF_CHUNK;
+            const int k = (int)(i / (2 * nch)), h = (int)(i / nch % 2);
+            const char *base = (const char *)(b.l2_gu + (size_t)pick[k] * 2 * b.l2_F * hidden) + h * half;
+            k_l2_prefetch(base + off, (unsigned)min((size_t)K_L2PF_CHUNK, pb - off));
         }
         return;
     }
@@ -647,6 +661,7 @@ extern "C" int k_moe_route_gemv(const uint16_t *Wr, const uint16_t *X, const k_n
                                 int E, int K, int norm, const k_moe_route_buf *b, cudaStream_t s) {
     if (n < 1 || n > K_MOE_DEC_MAX_N || hidden <= 0 || hidden % 8 || E <= 0 || E > 512 || K <= 0 || K > 16 ||
         K > E || !b || !b->logits || !b->ids || !b->w || !b->counts || !b->rows || !b->active || !b->done ||
+        (b->l2_gu && (b->l2_F <= 0 || b->l2_bytes % 16 || (uintptr_t)b->l2_gu % 16 || hidden % 8)) ||
         (nin && !nin->ss) || ((uintptr_t)Wr | (uintptr_t)X) % 16)
         return -1;
     const size_t smem = (size_t)n * hidden * 2;

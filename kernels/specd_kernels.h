@@ -216,6 +216,14 @@ typedef struct {
      * decode kernel and both of its merges round as they write; other kernels are followed
      * by a k_quant_x8 launch. Bit-equal to k_quant_x8 of out either way. */
     void *x8;
+    /* Optional (may be NULL): bytes [l2_next, l2_next + l2_next_bytes) that the SIMT
+     * decode kernel (the batch-1 form, and SPECD_ATTN_DEC 0-2; the other kernels ignore
+     * it) asks L2 to fetch once its wait is over: the next launch's weights (the runner
+     * gives the O projection's at batch 1-2), fetched while DRAM would idle under the
+     * attention's chain of dependent loads. A hint: results do not change. Address and
+     * length 16-byte multiples (else -1). */
+    const void *l2_next;
+    size_t l2_next_bytes;
 } k_attn_work;
 int k_attention(const float *q, uint16_t *out, int H, int KVH, int D, float scale,
                 const k_kv_geom *g, const k_attn_work *w, cudaStream_t s);
@@ -297,6 +305,13 @@ typedef struct {
     int32_t *rows;       /* [E][n] */
     int32_t *active;     /* [1 + E] */
     unsigned int *done;  /* [1] */
+    /* Optional (may be NULL): with one token, k_moe_route_gemv's routing block asks L2 for
+     * the first l2_bytes (16-byte multiple) of each picked expert's gate rows and of its
+     * up rows in l2_gu (the gate|up weights, [E][2 * l2_F][hidden] bf16) before it ends, so
+     * k_moe_gated_dec's first loads find them on the way. A hint: results do not change. */
+    const uint16_t *l2_gu;
+    int l2_F;
+    size_t l2_bytes;
 } k_moe_route_buf;
 int k_moe_route_gemv(const uint16_t *Wr, const uint16_t *X, const k_norm_in *nin, int n, int hidden, int E, int K,
                      int norm, const k_moe_route_buf *b, cudaStream_t s);

@@ -147,6 +147,10 @@ typedef struct {
     int fp8_fast_accum;   /* SPECD_CUDA_FP8_FAST_ACCUM=1: cuBLASLt's FP8 fast accumulation (cuda_fp8.c) */
     int fp8_tune;   /* SPECD_CUDA_FP8_TUNE: FP8 GEMM candidates timed per decode size (cuda_fp8.c) */
     int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
+    int attn_l2pf;  /* SPECD_CUDA_ATTN_L2PF=P: at batch 1-2 the decode attention asks L2 for the O
+                     * projection's weights, up to P% of the L2 (k_attn_work.l2_next; 0: off) */
+    int moe_l2pf;   /* SPECD_CUDA_MOE_L2PF=KB: a one-token MoE routing asks L2 for the first KB
+                     * of each picked expert's gate and up rows (k_moe_route_buf.l2_gu; 0: off) */
     int gemm_band;           /* SPECD_CUDA_GEMM_BAND=B (1..64; 0 off, the default: first
                               * requests of new lengths faster, some warm ones slower):
                               * bf16 GEMMs of more than B tokens on cuBLASLt with one
@@ -204,6 +208,7 @@ typedef struct {
     float *d_lpart, *d_lgather;   /* vocabulary-split lm_head: [LR, V/world], [world, LR, V/world] */
     cuda_model m[2];
     int device, n_sm;
+    size_t l2_bytes;   /* the device's L2 (cudaDeviceProp.l2CacheSize) */
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;
@@ -418,6 +423,7 @@ void cuda_fail(cuda_runner *r, const char *file, int line, const char *what, con
 int cuda_model_load(cuda_runner *r, cuda_model *cm, const model *m, int rank, int world,
                     char *err, size_t errlen);
 void cuda_model_free(cuda_model *cm);
+size_t cuda_qmat_bytes(const cuda_qmat *q);   /* device bytes of a quantized matrix (0: type 0) */
 
 /* One cuBLASLt plan: the layouts of D = A^T B (A [in, out]: the weights as stored, of type
  * ab; B [in, n]: the activations, of type ab; C = D [out, n] fp32, column stride ldc) and

@@ -740,6 +740,14 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     /* attention writes its output's int8 rounding where the O projection runs on k_gemv_qi8
      * (k_attn_work.x8: no k_quant_x8 launch between them); 0: the separate launch */
     t->attn_x8 = env_flag("SPECD_CUDA_ATTN_X8", 1);
+    /* the O projection's weights asked of L2 by a batch-1-2 decode attention, up to this
+     * percentage of the L2 (cuda_step.c o_l2_prefetch; 0: none; not yet run on a GPU) */
+    t->attn_l2pf = env_flag("SPECD_CUDA_ATTN_L2PF", 0);
+    if (t->attn_l2pf < 0 || t->attn_l2pf > 100) t->attn_l2pf = 0;
+    /* a one-token MoE routing asks L2 for its picks' first gate and up rows, this many KB
+     * of each (0: none; not yet run on a GPU) */
+    t->moe_l2pf = env_flag("SPECD_CUDA_MOE_L2PF", 0);
+    if (t->moe_l2pf < 0 || t->moe_l2pf > (1 << 20)) t->moe_l2pf = 0;
     /* FP8 GEMM passes of at least N tokens (SPECD_CUDA_FP8_CHAIN=N, default 64; 0: none)
      * chained without quantize / rescale launches between them (cuda_step.c fp8_chain; the
      * same bits). H100, 8B shape, specd bench, 2026-12-06: decode at 256 rows +5.0%, at 64
@@ -914,6 +922,7 @@ runner *runner_cuda_create_ex(const model *target, const model *draft, const run
     struct cudaDeviceProp prop;
     CU_CHECK(r, cudaGetDeviceProperties(&prop, c->device));
     r->n_sm = prop.multiProcessorCount;
+    r->l2_bytes = prop.l2CacheSize > 0 ? (size_t)prop.l2CacheSize : 0;
     if (r->opts.world <= 1 && c->weights_gguf != 0) {   /* --dtype: see runner_config.weights_gguf */
         size_t free_b = 0, total_b = 0;
         const model_config *mc = &target->cfg;

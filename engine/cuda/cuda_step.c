@@ -270,6 +270,19 @@ fail:
     return SPECD_ECUDA;
 }
 
+/* Batch 1-2 (the GEMV path): the decode attention asks L2 for the O projection's weights,
+ * up to tune.attn_l2pf percent of the L2, so the O GEMV after it reads them from L2; the
+ * attention's dependent loads leave DRAM idle meanwhile (k_attn_work.l2_next). */
+static void o_l2_prefetch(const cuda_runner *r, const cuda_layer *L, int hidden, int qd, k_attn_work *w) {
+    const void *p = L->qo.type ? (const void *)L->qo.w : (const void *)L->wo;
+    size_t bytes = L->qo.type ? cuda_qmat_bytes(&L->qo) : (size_t)hidden * qd * (L->so ? 1 : 2);
+    const size_t cap = r->l2_bytes / 100 * (size_t)r->tune.attn_l2pf;
+    if (!p || !r->tune.attn_l2pf || (uintptr_t)p % 16) return;
+    if (bytes > cap) bytes = cap;
+    w->l2_next = p;
+    w->l2_next_bytes = bytes / 16 * 16;
+}
+
 int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
     cuda_model *cm = &r->m[p->which];
     const model_config *c = &cm->c;
@@ -364,6 +377,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         const int o_x8 = r->tune.attn_x8 && !(r->tune.dbg_skip & 12) && !fuse_norm &&
                          q_takes_x8(r, &L->qo, L->so, hidden, qd, n);
         w.x8 = o_x8 ? r->d_qscratch : NULL;
+        if (fused) o_l2_prefetch(r, L, hidden, qd, &w);
         if (rope_late) K_CHECK(r, k_rope_attention(&rope, r->d_xb, H, KVH, D, scale, &g, &w, s));
         else if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if (L->post_attn_norm) {   /* Gemma 3: the output (all-reduced first) normed, then added */
@@ -393,6 +407,8 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
             const k_moe_route_buf mb = {
                 .logits = r->d_moe_lg, .ids = r->d_moe_ids, .w = r->d_moe_w, .counts = r->d_moe_cnt + 1,
                 .rows = r->d_moe_rows, .active = r->d_moe_cnt + 1 + E, .done = (unsigned *)r->d_moe_cnt,
+                .l2_gu = r->tune.moe_l2pf > 0 && n == 1 ? L->exp_gu : NULL, .l2_F = MF,
+                .l2_bytes = (size_t)r->tune.moe_l2pf * 1024,
             };
             if (n <= K_MOE_DEC_MAX_N && !r->tune.no_fuse) {
                 /* decode: three launches, reading only the chosen experts; with the norm

@@ -185,6 +185,12 @@ static int quant_type(const cuda_runner *r, const tensor_view *const *v, int n) 
 
 static size_t qrow_bytes(int t, int64_t cols) { return (size_t)(cols / qb_elems(t)) * (size_t)qb_bytes(t); }
 
+size_t cuda_qmat_bytes(const cuda_qmat *q) {
+    if (!q->type) return 0;
+    if (!q->type2) return (size_t)q->rows * qrow_bytes(q->type, q->cols);
+    return q->off2 + (size_t)(q->rows - q->rows1) * qrow_bytes(q->type2, q->cols);
+}
+
 /* Device storage for the concatenated rows of v[0..n) (their logical rows, one after
  * another, as the bf16 form fuses Q|K|V and gate|up): v[0..n1) in type t, v[n1..n) in t2
  * (0: n1 == n, one type) from a 16-byte boundary on. */
@@ -201,8 +207,7 @@ static int quant_alloc2(cuda_runner *r, cuda_model *cm, cuda_qmat *q, const tens
     q->rows1 = t2 ? (int)rows1 : (int)rows;
     q->type2 = t2;
     q->off2 = t2 ? ((size_t)rows1 * qrow_bytes(t, cols) + 15) & ~(size_t)15 : 0;
-    const size_t bytes = t2 ? q->off2 + (size_t)(rows - rows1) * qrow_bytes(t2, cols) : (size_t)rows * qrow_bytes(t, cols);
-    if (!(q->w = dalloc(r, cm, bytes))) return SPECD_ENOMEM;
+    if (!(q->w = dalloc(r, cm, cuda_qmat_bytes(q)))) return SPECD_ENOMEM;
     if ((size_t)rows * (size_t)cols > cm->q_scratch) cm->q_scratch = (size_t)rows * (size_t)cols;
     return 0;
 }

@@ -861,8 +861,10 @@ static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
  * replaces, each checked against a double reference above): the same output and pool
  * bits, and q_out left as it was (poisoned), which shows the one-launch path ran. Rows of
  * one token at random lengths, the last one at the pool's last position (lens[r] < 0:
- * random); splits merged in-kernel (counters) or by the combine kernel. Also times the
- * two at this shape (launch to launch, warm). */
+ * random); splits merged in-kernel (counters) or by the combine kernel. The one launch
+ * again while asking L2 for an unrelated 16.8 MB range (k_attn_work.l2_next) must give
+ * the same bits, and a misaligned range is refused. Also times the forms at this shape
+ * (launch to launch, warm). */
 static void run_rope_attention_case(int H, int KVH, int D, const int *lens, int nrow, int n_splits, int use_cnt,
                                     int with_bias, int with_norm, int window) {
     kvfix f;
@@ -902,14 +904,21 @@ static void run_rope_attention_case(int H, int KVH, int D, const int *lens, int 
     const k_rope_in rp = {.qkv = d_qkv, .bias = with_bias ? d_bias : NULL, .q_norm = with_norm ? d_qn : NULL,
                           .k_norm = with_norm ? d_kn : NULL, .inv_freq = d_inv, .eps = 1e-6f, .q_out = d_q};
     const float scale = 1.f / sqrtf((float)D);
-    uint16_t *o[2] = {malloc(nel * 2), malloc(nel * 2)};
-    uint8_t *pool[2] = {malloc(pool_bytes), malloc(pool_bytes)};
+    uint16_t *o[3] = {malloc(nel * 2), malloc(nel * 2), malloc(nel * 2)};
+    uint8_t *pool[3] = {malloc(pool_bytes), malloc(pool_bytes), malloc(pool_bytes)};
     float *q_after = malloc(nel * 4);
-    float ms[2] = {0, 0};
+    float ms[3] = {0, 0, 0};
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    for (int fused = 0; fused < 2; fused++) {
+    /* v 2: fused, and asking L2 for a 16.8 MB range meanwhile (the O projection of
+     * Qwen3-30B-A3B's size: k_attn_work.l2_next, a hint that must change nothing) */
+    const size_t pf_bytes = (size_t)2048 * 4096 * 2;
+    void *d_pf = gu_dev(pf_bytes);
+    for (int v = 0; v < 3; v++) {
+        const int fused = v > 0;
+        w.l2_next = v == 2 ? d_pf : NULL;
+        w.l2_next_bytes = v == 2 ? pf_bytes : 0;
         k_tuning t = k_tuning_default;
         t.attn_rope = fused;
         k_set_tuning(&t);
@@ -918,8 +927,8 @@ static void run_rope_attention_case(int H, int KVH, int D, const int *lens, int 
         GPU_CHECK(cudaMemset(d_out, 0xff, nel * 2));
         assert_int_equal(k_rope_attention(&rp, d_out, H, KVH, D, scale, &g, &w, 0), 0);
         GPU_CHECK(cudaDeviceSynchronize());
-        gu_download(o[fused], d_out, nel * 2);
-        gu_download(pool[fused], f.d_pool, pool_bytes);
+        gu_download(o[v], d_out, nel * 2);
+        gu_download(pool[v], f.d_pool, pool_bytes);
         gu_download(q_after, d_q, nel * 4);
         size_t q_written = 0;
         for (size_t i = 0; i < nel; i++) q_written += !isnan(q_after[i]);
@@ -930,16 +939,21 @@ static void run_rope_attention_case(int H, int KVH, int D, const int *lens, int 
         for (int it = 0; it < 50; it++) k_rope_attention(&rp, d_out, H, KVH, D, scale, &g, &w, 0);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms[fused], e0, e1);
+        cudaEventElapsedTime(&ms[v], e0, e1);
     }
+    w.l2_next = (const char *)d_pf + 8;   /* not 16-byte aligned: refused */
+    assert_int_equal(k_rope_attention(&rp, d_out, H, KVH, D, scale, &g, &w, 0), -1);
+    assert_int_equal(k_attention(d_q, d_out, H, KVH, D, scale, &g, &w, 0), -1);
     k_set_tuning(&k_tuning_default);
     size_t od = 0, pd = 0, finite = 0;
-    for (size_t i = 0; i < nel; i++) od += o[0][i] != o[1][i], finite += !isnan(gu_bf2f(o[1][i]));
-    for (size_t i = 0; i < pool_bytes; i++) pd += pool[0][i] != pool[1][i];
+    for (size_t i = 0; i < nel; i++)
+        od += (o[0][i] != o[1][i]) + (o[0][i] != o[2][i]), finite += !isnan(gu_bf2f(o[1][i]));
+    for (size_t i = 0; i < pool_bytes; i++) pd += (pool[0][i] != pool[1][i]) + (pool[0][i] != pool[2][i]);
     printf("    rope+attention H%d KVH%d D%d rows%d splits%d cnt%d bias%d norm%d window%d%s: %zu of %zu outputs and "
-           "%zu pool bytes differ from the two launches; %.2f us a call fused, %.2f as two launches\n",
+           "%zu pool bytes differ from the two launches (fused, and fused asking L2 for 16.8 MB); %.2f us a call "
+           "fused, %.2f with the L2 request, %.2f as two launches\n",
            H, KVH, D, nrow, n_splits, use_cnt, with_bias, with_norm, window, f.fp8 ? " kv fp8" : "", od, nel, pd,
-           1000.0 * ms[1] / 50, 1000.0 * ms[0] / 50);
+           1000.0 * ms[1] / 50, 1000.0 * ms[2] / 50, 1000.0 * ms[0] / 50);
     assert_int_equal(finite, nel);
     assert_int_equal(od, 0);
     assert_int_equal(pd, 0);
@@ -947,8 +961,9 @@ static void run_rope_attention_case(int H, int KVH, int D, const int *lens, int 
     cudaEventDestroy(e1);
     cudaFree(d_qkv); cudaFree(d_bias); cudaFree(d_qn); cudaFree(d_kn); cudaFree(d_inv); cudaFree(d_ts);
     cudaFree(d_tj); cudaFree(d_rs); cudaFree(d_ro); cudaFree(d_rn); cudaFree(d_iq); cudaFree(d_q);
-    cudaFree(d_wo); cudaFree(d_wml); cudaFree(d_out); cudaFree(d_cnt);
-    free(qkv); free(bias); free(o[0]); free(o[1]); free(pool[0]); free(pool[1]); free(q_after);
+    cudaFree(d_wo); cudaFree(d_wml); cudaFree(d_out); cudaFree(d_cnt); cudaFree(d_pf);
+    for (int v = 0; v < 3; v++) free(o[v]), free(pool[v]);
+    free(q_after);
     kv_free(&f);
 }
 
@@ -1298,6 +1313,7 @@ static void test_gemv_matches_reference(void **state) {
 /* k_moe_gemm's tcv_rows for the general-path cases (experts of up to that many rows on the
  * tensor-core GEMV, the rest on the tiles) */
 static int g_moe_tcv;
+static size_t g_moe_l2pf;   /* k_moe_route_buf.l2_bytes of the decode launches (0: no L2 request) */
 
 static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk, int dec, int fold) {
     const size_t gu_n = (size_t)E * 2 * MF * hidden, dn_n = (size_t)E * hidden * MF;
@@ -1344,6 +1360,13 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
     GPU_CHECK(cudaMemset(d_ss_next, 0, sizeof ss_h));
     GPU_CHECK(cudaMemset(d_cnt, 0, 4));   /* the done counter; the rest stays NaN-poisoned */
     k_moe_route_buf b = {d_lg, d_ids, d_w, d_cnt + 1, d_rows, d_cnt + 1 + E, (unsigned *)d_cnt};
+    if (dec && g_moe_l2pf) {   /* the routing asks L2 for the picks' gate and up rows: a hint */
+        b.l2_gu = d_wgu;
+        b.l2_F = MF;
+        b.l2_bytes = 8;   /* not a 16-byte multiple: refused */
+        assert_int_equal(k_moe_route_gemv(d_wr, d_x, NULL, n, hidden, E, K, norm_topk, &b, 0), -1);
+        b.l2_bytes = g_moe_l2pf;
+    }
     const k_norm_in nin = {d_ss, eps};
     const k_norm_out nout = {d_gnext, d_xg, d_ss_next};
     if (dec) {
@@ -1508,12 +1531,18 @@ static void test_moe_decode_launches_match_reference(void **state) {
         k_tuning t = k_tuning_default;
         t.moe_r1 = form;
         k_set_tuning(&t);
-        printf("    moe single-token form %d\n", form);
-        run_moe_case(1, 16, 4, 256, 96, 1, 1, 0);
-        run_moe_case(1, 128, 8, 2048, 768, 1, 1, 1);  /* Qwen3-30B-A3B's widths, one token */
-        run_moe_case(1, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8, one token */
-        run_moe_case(1, 8, 2, 1000, 1400, 1, 1, 1);   /* widths that end inside a pass */
-        run_moe_case(1, 4, 4, 1024, 200, 1, 1, 0);    /* every expert picked; no norm fold */
+        /* with the routing asking L2 for 16 KB, then 1 MB (more than the small cases'
+         * whole rows) of each pick's gate and up rows: the same results */
+        for (int pf = 0; pf < (form ? 3 : 1); pf++) {
+            g_moe_l2pf = pf == 0 ? 0 : pf == 1 ? 16384 : 1 << 20;
+            printf("    moe single-token form %d, L2 request %zu bytes\n", form, g_moe_l2pf);
+            run_moe_case(1, 16, 4, 256, 96, 1, 1, 0);
+            run_moe_case(1, 128, 8, 2048, 768, 1, 1, 1);  /* Qwen3-30B-A3B's widths, one token */
+            run_moe_case(1, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8, one token */
+            run_moe_case(1, 8, 2, 1000, 1400, 1, 1, 1);   /* widths that end inside a pass */
+            run_moe_case(1, 4, 4, 1024, 200, 1, 1, 0);    /* every expert picked; no norm fold */
+        }
+        g_moe_l2pf = 0;
     }
     k_set_tuning(&k_tuning_default);
     /* several tokens: the 8-row form whatever moe_r1 says */

@@ -84,7 +84,7 @@ int cli_tp_enter(engine_config *c, char **main_argv, int *exit_code);
     "  --keep-window-kv        keep KV blocks a sliding window has left behind (by default\n" \
     "                          released: every layer's when every layer slides, as in Mistral;\n" \
     "                          the window layers' own pool when full layers are mixed in, as in\n" \
-    "                          Gemma 3, on the CPU runner for now)\n" \
+    "                          Gemma 3, except under CUDA tensor parallelism)\n" \
     "  --rope-bf16-freqs       round rotary frequencies to bf16 (reproduces references whose\n" \
     "                          rotary buffer was cast to bf16; off by default, as HF computes them)\n" \
     "  --tensor-parallel-size N  split the model over N processes, one per GPU with --device\n" \

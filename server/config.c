@@ -54,7 +54,7 @@ static const cfg_key keys[] = {
     {"max_batch", K_INT, OFF(max_batch), 0, 1, 4096, "running sequences at most"},
     {"max_num_batched_tokens", K_INT, OFF(max_num_batched_tokens), 0, 0, 1 << 20, "tokens one step feeds at most, decode rows and prompt chunks together (0 = 2048; at least max_batch): lower keeps decode steps short while prompts arrive (inter-token latency), higher fills prompts faster (time to first token)"},
     {"max_prefill_decoding", K_INT, OFF(max_prefill_decoding), 0, -1, 1 << 20, "prompt tokens a step feeds at most while sequences are decoding (0 = 512; -1 = only max_num_batched_tokens): bounds how much a burst of prompts lengthens decode steps (inter-token latency); the prompts are then admitted over more steps"},
-    {"keep_window_kv", K_BOOL, OFF(keep_window_kv), 0, 0, 1, "keep KV blocks a sliding window has left behind (by default they go back to the pool: every layer's when every layer slides, as in Mistral; the window layers' own pool when full layers are mixed in, as in Gemma 3, on the CPU runner for now)"},
+    {"keep_window_kv", K_BOOL, OFF(keep_window_kv), 0, 0, 1, "keep KV blocks a sliding window has left behind (by default they go back to the pool: every layer's when every layer slides, as in Mistral; the window layers' own pool when full layers are mixed in, as in Gemma 3, except under CUDA tensor parallelism)"},
     {"mem_fraction", K_DBL, OFF(mem_fraction), 0, 0.01, 1.0, "share of free memory for the KV cache"},
     {"kv_cache_bytes", K_I64, OFF(kv_cache_bytes), 0, 0, 9.0e18, "explicit KV cache size in bytes (0 = from mem_fraction)"},
     {"device", STR(device), 0, 0, "cpu or cuda"},

@@ -728,11 +728,39 @@ static int launch_attention_decode_rope(const k_rope_in *rp, uint16_t *out, int 
     return attention_merge_after(rc, out, H, D, w, s);
 }
 
-template <int D, int GM>
-static int launch_attention_decode(const float *q, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
-                                   const k_attn_work *w, cudaStream_t s) {
-    return g->kv_fp8 ? launch_attention_decode_kv<D, GM, true>(q, out, H, KVH, scale, g, w, s)
-                     : launch_attention_decode_kv<D, GM, false>(q, out, H, KVH, scale, g, w, s);
+/* The decode kernel's instances (head dim 64 or 128, up to 4 or 8 query heads per KV
+ * head, bf16 or FP8 cache) for k_attention (L = dec_plain) and k_rope_attention
+ * (dec_rope): L::run<D, GM, F8> of the one that fits. */
+struct dec_plain {
+    template <int D, int GM, bool F8>
+    static int run(const float *q, const k_rope_in *, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
+                   const k_attn_work *w, cudaStream_t s) {
+        return launch_attention_decode_kv<D, GM, F8>(q, out, H, KVH, scale, g, w, s);
+    }
+};
+struct dec_rope {
+    template <int D, int GM, bool F8>
+    static int run(const float *, const k_rope_in *rp, uint16_t *out, int H, int KVH, float scale, const k_kv_geom *g,
+                   const k_attn_work *w, cudaStream_t s) {
+        return launch_attention_decode_rope<D, GM, F8>(rp, out, H, KVH, scale, g, w, s);
+    }
+};
+template <class L, int D, int GM>
+static int decode_instance(const float *q, const k_rope_in *rp, uint16_t *out, int H, int KVH, float scale,
+                           const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
+    return g->kv_fp8 ? L::template run<D, GM, true>(q, rp, out, H, KVH, scale, g, w, s)
+                     : L::template run<D, GM, false>(q, rp, out, H, KVH, scale, g, w, s);
+}
+/* D is 64 or 128 and G <= 8 (the callers check) */
+template <class L>
+static int decode_dispatch(const float *q, const k_rope_in *rp, uint16_t *out, int H, int KVH, int D, float scale,
+                           const k_kv_geom *g, const k_attn_work *w, cudaStream_t s) {
+    const bool g4 = H / KVH <= 4;
+    if (D == 128)
+        return g4 ? decode_instance<L, 128, 4>(q, rp, out, H, KVH, scale, g, w, s)
+                  : decode_instance<L, 128, 8>(q, rp, out, H, KVH, scale, g, w, s);
+    return g4 ? decode_instance<L, 64, 4>(q, rp, out, H, KVH, scale, g, w, s)
+              : decode_instance<L, 64, 8>(q, rp, out, H, KVH, scale, g, w, s);
 }
 
 template <int D, int R, bool F8>
@@ -812,12 +840,8 @@ extern "C" int k_attention(const float *q, uint16_t *out, int H, int KVH, int D,
     /* one query token per item and at most 8 query heads per KV head (and too few rows for
      * the tensor cores): the decode kernel, which rounds for w.x8 itself */
     const bool tc = attention_tc_takes(D, rows);
-    if (!tc && w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && !attention_force_tiled()) {
-        if (D == 128) return rows <= 4 ? launch_attention_decode<128, 4>(q, out, H, KVH, scale, g, w, s)
-                                       : launch_attention_decode<128, 8>(q, out, H, KVH, scale, g, w, s);
-        return rows <= 4 ? launch_attention_decode<64, 4>(q, out, H, KVH, scale, g, w, s)
-                         : launch_attention_decode<64, 8>(q, out, H, KVH, scale, g, w, s);
-    }
+    if (!tc && w->qt == 1 && rows <= 8 && (D == 64 || D == 128) && !attention_force_tiled())
+        return decode_dispatch<dec_plain>(q, NULL, out, H, KVH, D, scale, g, w, s);
     if (!w->x8) return attention_general(q, out, H, KVH, D, scale, g, w, rows, tc, s);
     k_attn_work plain = *w;
     plain.x8 = NULL;
@@ -841,14 +865,5 @@ extern "C" int k_rope_attention(const k_rope_in *rp, uint16_t *out, int H, int K
         return rc ? rc : k_attention(rp->q_out, out, H, KVH, D, scale, g, w, s);
     }
     if (w->n_items == 0) return 0;
-    if (g->kv_fp8) {
-        if (D == 128) return G <= 4 ? launch_attention_decode_rope<128, 4, true>(rp, out, H, KVH, scale, g, w, s)
-                                    : launch_attention_decode_rope<128, 8, true>(rp, out, H, KVH, scale, g, w, s);
-        return G <= 4 ? launch_attention_decode_rope<64, 4, true>(rp, out, H, KVH, scale, g, w, s)
-                      : launch_attention_decode_rope<64, 8, true>(rp, out, H, KVH, scale, g, w, s);
-    }
-    if (D == 128) return G <= 4 ? launch_attention_decode_rope<128, 4, false>(rp, out, H, KVH, scale, g, w, s)
-                                : launch_attention_decode_rope<128, 8, false>(rp, out, H, KVH, scale, g, w, s);
-    return G <= 4 ? launch_attention_decode_rope<64, 4, false>(rp, out, H, KVH, scale, g, w, s)
-                  : launch_attention_decode_rope<64, 8, false>(rp, out, H, KVH, scale, g, w, s);
+    return decode_dispatch<dec_rope>(NULL, rp, out, H, KVH, D, scale, g, w, s);
 }

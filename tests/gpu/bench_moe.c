@@ -101,8 +101,9 @@ int main(int argc, char **argv) {
     uint16_t *act = gu_dev((size_t)NMAX * g_K * g_MF * 2);
     int32_t *cnt = gu_dev((size_t)(2 * g_E + 2) * 4);
     GPU_CHECK(cudaMemset(cnt, 0, (size_t)(2 * g_E + 2) * 4));
-    k_moe_route_buf b = {gu_dev((size_t)NMAX * g_E * 4), gu_dev((size_t)NMAX * g_K * 4), gu_dev((size_t)NMAX * g_K * 4),
-                         cnt + 1, gu_dev((size_t)g_E * NMAX * 4), cnt + 1 + g_E, (unsigned *)cnt};
+    k_moe_route_buf b = {.logits = gu_dev((size_t)NMAX * g_E * 4), .ids = gu_dev((size_t)NMAX * g_K * 4),
+                         .w = gu_dev((size_t)NMAX * g_K * 4), .counts = cnt + 1, .rows = gu_dev((size_t)g_E * NMAX * 4),
+                         .active = cnt + 1 + g_E, .done = (unsigned *)cnt};
     cublasHandle_t blas;
     cudaStream_t s;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) abort();

@@ -1359,7 +1359,8 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
     unsigned long long *d_ss = gu_upload(ss_h, sizeof ss_h), *d_ss_next = gu_dev(sizeof ss_h);
     GPU_CHECK(cudaMemset(d_ss_next, 0, sizeof ss_h));
     GPU_CHECK(cudaMemset(d_cnt, 0, 4));   /* the done counter; the rest stays NaN-poisoned */
-    k_moe_route_buf b = {d_lg, d_ids, d_w, d_cnt + 1, d_rows, d_cnt + 1 + E, (unsigned *)d_cnt};
+    k_moe_route_buf b = {.logits = d_lg, .ids = d_ids, .w = d_w, .counts = d_cnt + 1, .rows = d_rows,
+                         .active = d_cnt + 1 + E, .done = (unsigned *)d_cnt};
     if (dec && g_moe_l2pf) {   /* the routing asks L2 for the picks' gate and up rows: a hint */
         b.l2_gu = d_wgu;
         b.l2_F = MF;

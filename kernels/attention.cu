@@ -355,7 +355,7 @@ static int attention_merge_after(int rc, uint16_t *out, int H, int D, const k_at
 template <int D, int GM, int DEC_LPK, int DEC_WARPS, int MINB, bool F8, bool RP>
 __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, int H, int KVH, float scale,
-                        k_kv_geom g, k_attn_work w, k_rope_in rp, int trigger_early) {
+                        k_kv_geom g, k_attn_work w, k_rope_in rp, int trigger_early, int pipe) {
     constexpr int DEC_KPW = 32 / DEC_LPK;   /* keys per warp and chunk */
     constexpr int DL = D / 32;             /* P.V dims per lane */
     constexpr int DS = D / DEC_LPK;        /* q.k dims per lane */
@@ -408,29 +408,35 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
     /* Keys c .. c + DEC_KPW - 1 of the chunk: the lane's key row (kp, NULL past ke), then
      * the K quarters and V values of the keys in [lo, hi) (the rest zero when lo == 0,
      * else left as they are). */
-    auto chunk_addr = [&](int c) {
+    auto bt_at = [&](int c) {   /* the block table entry of the lane's key (0 past ke) */
         const int key = c + kl;
-        kp = key < ke ? pool + (size_t)bt[key / g.block_size] * g.block_elems + g.layer_off +
-                            ((size_t)kvh * g.block_size + key % g.block_size) * D
-                      : NULL;
+        return key < ke ? bt[key / g.block_size] : 0;
     };
-    auto load_range = [&](int c, int lo, int hi) {
+    auto key_row = [&](int c, int b) -> const kv_t * {   /* ... and its row, given that entry */
         const int key = c + kl;
-        if (kp && key >= lo && key < hi) {
+        return key < ke ? pool + (size_t)b * g.block_elems + g.layer_off +
+                              ((size_t)kvh * g.block_size + key % g.block_size) * D
+                        : NULL;
+    };
+    auto chunk_addr = [&](int c) { kp = key_row(c, bt_at(c)); };
+    auto load_into = [&](int c, int lo, int hi, const kv_t *p, auto &k, auto &v) {
+        const int key = c + kl;
+        if (p && key >= lo && key < hi) {
 #pragma unroll
-            for (int j = 0; j < KS8; j++) kr[j] = ((const uint4 *)(kp + sub * DS))[j];
+            for (int j = 0; j < KS8; j++) k[j] = ((const uint4 *)(p + sub * DS))[j];
         } else if (lo == 0) {
 #pragma unroll
-            for (int j = 0; j < KS8; j++) kr[j] = make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < KS8; j++) k[j] = make_uint4(0, 0, 0, 0);
         }
-        const unsigned long long vaddr = kp ? (unsigned long long)(kp + v_off) : 0ull;
+        const unsigned long long vaddr = p ? (unsigned long long)(p + v_off) : 0ull;
 #pragma unroll
         for (int j = 0; j < DEC_KPW; j++) {
             const unsigned long long va = __shfl_sync(0xffffffffu, vaddr, j * DEC_LPK);
-            if (va && c + j >= lo && c + j < hi) vr[j] = *(const vraw_t *)((const kv_t *)va + lane * DL);
-            else if (lo == 0) vr[j] = vraw_t{};
+            if (va && c + j >= lo && c + j < hi) v[j] = *(const vraw_t *)((const kv_t *)va + lane * DL);
+            else if (lo == 0) v[j] = vraw_t{};
         }
     };
+    auto load_range = [&](int c, int lo, int hi) { load_into(c, lo, hi, kp, kr, vr); };
     int c0 = ks0 + warp * DEC_KPW;
     const bool has_chunk = rows > 0 && c0 < ke;
     if (has_chunk) {
@@ -550,10 +556,39 @@ attention_decode_kernel(const float *__restrict__ q, uint16_t *__restrict__ out,
 #pragma unroll
         for (int e = 0; e < DL; e++) acc[r][e] = 0.f;
     }
-    for (int c = c0; c < ke; c += DEC_WARPS * DEC_KPW) {
+    /* PIPE (the batch-1 form, with `pipe`: k_tuning.attn_dec_pipe): a warp with several
+     * chunks (a long context) requests the next chunk's K and V before this chunk's math,
+     * and that chunk's block table entries one chunk earlier still, so it waits on memory
+     * about once a chunk instead of twice. The same loads and math: the same bits. */
+    constexpr bool PIPE = MINB == 1 && DEC_WARPS == 8;
+    constexpr int STEP = DEC_WARPS * DEC_KPW;
+    const kv_t *kpn = NULL;
+    uint4 krn[PIPE ? KS8 : 1];
+    vraw_t vrn[PIPE ? DEC_KPW : 1];
+    int btn = 0;
+    if constexpr (PIPE) {
+        if (pipe && c0 + STEP < ke) btn = bt_at(c0 + STEP);
+    }
+    for (int c = c0; c < ke; c += STEP) {
         if (c != c0) {
-            chunk_addr(c);
-            load_range(c, 0, INT_MAX);
+            if (PIPE && pipe) {
+                kp = kpn;
+#pragma unroll
+                for (int j = 0; j < KS8 && PIPE; j++) kr[j] = krn[j];
+#pragma unroll
+                for (int j = 0; j < DEC_KPW && PIPE; j++) vr[j] = vrn[j];
+            } else {
+                chunk_addr(c);
+                load_range(c, 0, INT_MAX);
+            }
+        }
+        if constexpr (PIPE) {
+            if (pipe && c + STEP < ke) {
+                const int btnn = c + 2 * STEP < ke ? bt_at(c + 2 * STEP) : 0;
+                kpn = key_row(c + STEP, btn);
+                load_into(c + STEP, 0, INT_MAX, kpn, krn, vrn);
+                btn = btnn;
+            }
         }
         if (own && c <= pos && pos < c + DEC_KPW) {   /* RP: the new key from shared memory */
             if (c + kl == pos) {
@@ -704,7 +739,8 @@ static int launch_attention_decode_kv(const float *q, uint16_t *out, int H, int 
      * these. */
 #define DEC_LAUNCH(LPK, WARPS, MINB)                                                                                  \
     k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, LPK, WARPS, MINB, F8, false>, grid, dim3(WARPS * 32), 0, s, \
-                 q, out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, k_rope_in{}, pdl == 2)
+                 q, out, H, KVH, F8 ? scale * g->k_scale : scale, *g, *w, k_rope_in{}, pdl == 2,                \
+                 k_tuning_get()->attn_dec_pipe)
     const int form = k_tuning_get()->attn_dec;
     const bool tc = form >= 6;
     if (decode_few_pairs(w, KVH)) rc = DEC_LAUNCH(4, 8, 1);
@@ -724,7 +760,7 @@ static int launch_attention_decode_rope(const k_rope_in *rp, uint16_t *out, int 
     const int pdl = k_tuning_get()->attn_pdl;
     const int rc = k_launch_pdl(pdl > 0, attention_decode_kernel<D, GM, 4, 8, 1, F8, true>,
                                 dim3(w->n_splits, KVH, w->n_items), dim3(8 * 32), 0, s, (const float *)NULL, out, H, KVH,
-                                F8 ? scale * g->k_scale : scale, *g, *w, *rp, pdl == 2);
+                                F8 ? scale * g->k_scale : scale, *g, *w, *rp, pdl == 2, k_tuning_get()->attn_dec_pipe);
     return attention_merge_after(rc, out, H, D, w, s);
 }
 

@@ -8,8 +8,9 @@
 #include "kernels/kutil.h"
 
 /* pdl, attn_pdl, attn_simt, attn_tiled, attn_dec, gemvq_rows, gemvq_split, gemvq_rows_q6k, gemvq_stream,
- * gemvq_tc_split, gemm_qi8_bps, sample_hist, gemv_tc_min, moe_r1, sample_vec, attn_rope, moe_tcv */
-extern "C" const k_tuning k_tuning_default = {1, 2, 0, 0, 8, 4, 32, 2, 1, 32, 8, 1, 3, 1, 1, 1, -1};
+ * gemvq_tc_split, gemm_qi8_bps, sample_hist, gemv_tc_min, moe_r1, sample_vec, attn_rope, moe_tcv,
+ * attn_dec_pipe */
+extern "C" const k_tuning k_tuning_default = {1, 2, 0, 0, 8, 4, 32, 2, 1, 32, 8, 1, 3, 1, 1, 1, -1, 0};
 static k_tuning tuning = k_tuning_default;
 
 extern "C" void k_set_tuning(const k_tuning *t) { tuning = *t; }

@@ -580,6 +580,10 @@ moe_route_gemv_kernel(const uint16_t *__restrict__ Wr, const uint16_t *__restric
         wv[u] = e < E && k < hidden ? __ldg((const uint4 *)(Wr + (size_t)e * hidden + k)) : make_uint4(0, 0, 0, 0);
     }
     k_pdl_wait();
+    /* the norm fold's sums of squares requested with x (not after the barrier and the dots) */
+    unsigned long long ssr[K_MOE_DEC_MAX_N];
+#pragma unroll
+    for (int t = 0; t < K_MOE_DEC_MAX_N; t++) ssr[t] = ss_in && t < n ? ss_in[t] : 0ull;
     for (int i = tid; i < n * (hidden / 8); i += blockDim.x) ((uint4 *)xsm)[i] = ((const uint4 *)X)[i];
     __syncthreads();
     if (e < E) {
@@ -603,7 +607,7 @@ moe_route_gemv_kernel(const uint16_t *__restrict__ Wr, const uint16_t *__restric
         for (int t = 0; t < K_MOE_DEC_MAX_N; t++) {
             if (t >= n) break;
             const float v = k_warp_sum(acc[t]);
-            const float rs = ss_in ? rsqrtf(k_ss_value(ss_in[t]) * (1.f / hidden) + eps) : 1.f;
+            const float rs = ss_in ? rsqrtf(k_ss_value(ssr[t]) * (1.f / hidden) + eps) : 1.f;
             if (lane == 0) b.logits[(size_t)t * E + e] = v * rs;
         }
     }

@@ -88,6 +88,11 @@ typedef struct {
                          * the tiles); 0: the tiles only; N > 0: in every
                          * pass experts of up to N rows on the GEMV, the rest on the tiles
                          * (not yet run on a GPU: tests/gpu/UNRUN.md) */
+    int attn_dec_pipe;  /* 1: the batch-1 form of the decode kernel requests a warp's next
+                         * chunk of keys before the current one's math (long contexts: one
+                         * wait on memory a chunk instead of two; the same bits); 0 (default
+                         * until run on a GPU: tests/gpu/UNRUN.md): each chunk loaded when
+                         * its turn comes */
 } k_tuning;
 extern const k_tuning k_tuning_default;
 void k_set_tuning(const k_tuning *t);

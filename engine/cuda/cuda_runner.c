@@ -782,6 +782,7 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     t->k.sample_vec = env_flag("SPECD_SAMPLE_VEC", t->k.sample_vec);
     t->k.attn_rope = env_flag("SPECD_ATTN_ROPE", t->k.attn_rope);
     t->k.moe_tcv = env_flag("SPECD_MOE_TCV", t->k.moe_tcv);
+    t->k.attn_dec_pipe = env_flag("SPECD_ATTN_DEC_PIPE", t->k.attn_dec_pipe);
     if (t->k.gemv_tc_min < 1) t->k.gemv_tc_min = 1;
     t->profile_step = env_flag("SPECD_CUDA_PROFILE_STEP", 0);
     if (t->k.attn_dec < 0 || (t->k.attn_dec > 2 && t->k.attn_dec < 6) || t->k.attn_dec > 8)

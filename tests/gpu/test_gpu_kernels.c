@@ -725,6 +725,11 @@ static void test_attention_sliding_window_matches_reference(void **state) {
  * must agree with each other, out's guard zone must stay poisoned, and the counters must
  * be back at 0 after each run (their own guard words untouched). lens[r] < 0: random. */
 #define ATTN_GUARD 1024
+/* nonzero: the tuning in force is k_tuning_default with attn_dec_pipe = g_attn_pipe_cmp - 1,
+ * and run_attention_counters_case adds a run with it flipped, which must give the bits of
+ * its first run */
+static int g_attn_pipe_cmp;
+
 static void run_attention_counters_case(int H, int KVH, int D, const int *lens, int nrow, int n_splits,
                                         int split_len) {
     kvfix f;
@@ -787,8 +792,13 @@ static void run_attention_counters_case(int H, int KVH, int D, const int *lens, 
     uint16_t *o = malloc((nel + ATTN_GUARD) * 2), *o0 = malloc(nel * 2);
     float *got = malloc(nel * 4);
     unsigned *cnt = malloc((ncnt + 8) * sizeof(unsigned));
-    for (int run = 0; run < 4; run++) {
-        w.counters = run ? d_cnt : NULL;
+    k_tuning t_pipe = k_tuning_default;
+    for (int run = 0; run < (g_attn_pipe_cmp ? 5 : 4); run++) {
+        w.counters = run > 0 && run < 4 ? d_cnt : NULL;
+        if (run == 4) {   /* the other way of loading the chunks: the same bits as run 0 */
+            t_pipe.attn_dec_pipe = g_attn_pipe_cmp == 1;
+            k_set_tuning(&t_pipe);
+        }
         GPU_CHECK(cudaMemset(d_out, 0xff, (nel + ATTN_GUARD) * 2));   /* re-poison */
         w.x8 = g_attn_x8 ? x8_poisoned(n, H * D) : NULL;
         assert_int_equal(k_attention(d_q, d_out, H, KVH, D, scale, &g, &w, 0), 0);
@@ -822,6 +832,13 @@ static void run_attention_counters_case(int H, int KVH, int D, const int *lens, 
         double e = gu_rel_err(got, ref, nel);
         report(name, e);
         if (run) printf("      vs no counters: %zu differ (%zu by > 1 ulp); counters left nonzero %zu\n", diff, far, cnt_bad);
+        if (run == 4) {
+            printf("      attn_dec_pipe %d against %d: %zu of %zu outputs differ\n", g_attn_pipe_cmp == 1,
+                   g_attn_pipe_cmp - 1, diff, nel);
+            t_pipe.attn_dec_pipe = g_attn_pipe_cmp - 1;
+            k_set_tuning(&t_pipe);
+            assert_int_equal(diff, 0);
+        }
         assert_true(e < 1e-2);
         assert_int_equal(guard_hit, 0);
         assert_int_equal(far, 0);
@@ -833,6 +850,31 @@ static void run_attention_counters_case(int H, int KVH, int D, const int *lens, 
     cudaFree(d_ir); cudaFree(d_iq); cudaFree(d_wo); cudaFree(d_wml); cudaFree(d_cnt);
     free(q); free(ref); free(p); free(o); free(o0); free(got); free(cnt);
     kv_free(&f);
+}
+
+/* k_tuning.attn_dec_pipe: the batch-1 form of the decode kernel requesting a warp's next
+ * chunk of keys before the current chunk's math gives the bits of loading each chunk in its
+ * turn (each case's extra run) and matches the reference; long contexts, up to 12 chunks a
+ * warp (one split of up to 768 keys), the split merged in-kernel or by the combine kernel,
+ * head dims 64 and 128, bf16 and FP8 caches. */
+static void test_attention_decode_pipe_same_bits(void **state) {
+    (void)state;
+    const int a[4] = {700, 0, 767, -1}, b[2] = {500, 767}, c[3] = {767, 130, 64};
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        g_kv_fp8 = fp8;
+        for (int pipe = 0; pipe <= 1; pipe++) {
+            k_tuning t = k_tuning_default;
+            t.attn_dec_pipe = pipe;
+            k_set_tuning(&t);
+            g_attn_pipe_cmp = pipe + 1;
+            run_attention_counters_case(32, 8, 128, a, 4, 1, 0);    /* Llama-3.1-8B, one split */
+            run_attention_counters_case(32, 4, 128, b, 2, 3, 0);    /* Qwen3-30B-A3B, 3 splits */
+            run_attention_counters_case(32, 8, 64, c, 3, 2, 128);   /* Llama-3.2-1B, fixed split length */
+        }
+    }
+    g_attn_pipe_cmp = 0;
+    g_kv_fp8 = 0;
+    k_set_tuning(&k_tuning_default);
 }
 
 static void test_attention_decode_split_counters_merge_in_kernel(void **state) {
@@ -2427,6 +2469,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_attention_sliding_window_matches_reference),
         cmocka_unit_test(test_mask_logits_keeps_exactly_the_masked_ids),
         cmocka_unit_test(test_attention_decode_split_counters_merge_in_kernel),
+        cmocka_unit_test(test_attention_decode_pipe_same_bits),
         cmocka_unit_test(test_attention_decode_tc_matches_reference),
         cmocka_unit_test(test_attention_x8_equals_attention_then_quant_x8),
         cmocka_unit_test(test_attention_tc_prefill_from_empty_context_matches_reference),

@@ -22,6 +22,18 @@ for v in -1 16 32; do
     echo "SPECD_MOE_TCV=$v: $(SPECD_MOE_TCV=$v "$B/specd" bench --device cuda --shape qwen3-30b-a3b --batch 1,16,64,256 \
         --prompt-len 128 --gen 32 --max-batch 256 --max-seq-len 256 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' '|')"
 done
+# the L2 requests at batch 1 (SPECD_CUDA_ATTN_L2PF, SPECD_CUDA_MOE_L2PF) and the pipelined key
+# loop (SPECD_ATTN_DEC_PIPE): the kernel tests (same bits with and without), then the A/B
+run l2_requests "$G/test_gpu_kernels" "*rope_attention*" "*moe_decode*"
+run dec_pipe "$G/test_gpu_kernels" "*decode_pipe*"
+B1() { "$B/specd" bench --device cuda --batch 1 --gen 128 --max-batch 8 "$@" 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' '|'; }
+for v in 0:0 50:0 50:1024 0:0 50:0 50:1024; do
+    echo "L2PF attn:moe=$v: $(SPECD_CUDA_ATTN_L2PF=${v%:*} SPECD_CUDA_MOE_L2PF=${v#*:} B1 --shape qwen3-30b-a3b --prompt-len 128 --max-seq-len 512)"
+done
+for v in 0 50 0 50; do echo "8B L2PF=$v: $(SPECD_CUDA_ATTN_L2PF=$v B1 --shape llama-3.1-8b --prompt-len 128 --max-seq-len 512)"; done
+for v in 0 1 0 1; do
+    echo "8B 8k context pipe=$v: $(SPECD_ATTN_DEC_PIPE=$v B1 --shape llama-3.1-8b --prompt-len 8000 --max-seq-len 8192)"
+done
 grep -h '^    ' "$LOG"/unrun_*.log 2>/dev/null
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${n_gpu:-0}" -ge 2 ]; then run tp_test tests/gpu/tp_test.sh "$B"

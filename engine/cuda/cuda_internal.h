@@ -73,8 +73,8 @@ typedef struct {
     float *out_norm;     /* hidden */
     float *inv_freq;     /* D/2 */
     float *inv_freq_local; /* D/2, sliding layers' frequencies (Gemma 3), or NULL */
-    int plain;           /* 1: Gemma-style layers (sandwich norms, GELU, scales) or experts:
-                          * the unfused kernels only */
+    int plain;           /* 1: Gemma-style layers (sandwich norms, GELU, scales) or projections
+                          * kept in GGUF blocks: the unfused kernels only */
     cuda_layer *layers;  /* n_layers (host array of device pointers) */
     size_t q_scratch;    /* elements of the largest quantized projection (its bf16 copy) */
     int fp8;             /* the dense projections are FP8 (cuda_layer.s*) */

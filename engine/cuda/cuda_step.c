@@ -270,9 +270,10 @@ fail:
     return SPECD_ECUDA;
 }
 
-/* Batch 1-2 (the GEMV path): the decode attention asks L2 for the O projection's weights,
- * up to tune.attn_l2pf percent of the L2, so the O GEMV after it reads them from L2; the
- * attention's dependent loads leave DRAM idle meanwhile (k_attn_work.l2_next). */
+/* Passes on the GEMVs (batch 1-2; bf16, FP8 or GGUF blocks): the decode attention asks L2
+ * for the O projection's weights, up to tune.attn_l2pf percent of the L2, so the O GEMV
+ * after it reads them from L2; the attention's dependent loads leave DRAM idle meanwhile
+ * (k_attn_work.l2_next). */
 static void o_l2_prefetch(const cuda_runner *r, const cuda_layer *L, int hidden, int qd, k_attn_work *w) {
     const void *p = L->qo.type ? (const void *)L->qo.w : (const void *)L->wo;
     size_t bytes = L->qo.type ? cuda_qmat_bytes(&L->qo) : (size_t)hidden * qd * (L->so ? 1 : 2);
@@ -377,7 +378,7 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
         const int o_x8 = r->tune.attn_x8 && !(r->tune.dbg_skip & 12) && !fuse_norm &&
                          q_takes_x8(r, &L->qo, L->so, hidden, qd, n);
         w.x8 = o_x8 ? r->d_qscratch : NULL;
-        if (fused) o_l2_prefetch(r, L, hidden, qd, &w);
+        if (n <= r->gemv_rows_now && !r->tune.no_gemv) o_l2_prefetch(r, L, hidden, qd, &w);
         if (rope_late) K_CHECK(r, k_rope_attention(&rope, r->d_xb, H, KVH, D, scale, &g, &w, s));
         else if (!(r->tune.dbg_skip & 4)) K_CHECK(r, k_attention(r->d_q, r->d_xb, H, KVH, D, scale, &g, &w, s));
         if (L->post_attn_norm) {   /* Gemma 3: the output (all-reduced first) normed, then added */

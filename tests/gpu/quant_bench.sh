@@ -28,7 +28,9 @@ P="--prompt-ids 2,651,6037,576,9407,603,573,1546,576,10021,2351,578"
 # int8 activations and Q8_0 passes of 9 .. GEMM_QI8_ROWS (default 64) tokens on the int8
 # tensor-core GEMM (SPECD_CUDA_GEMVQ_I8, SPECD_CUDA_GEMM_QI8_ROWS); gguf_i8k with the
 # K-quants' GEMV passes of GEMVQ_I8_K (default 1) or more tokens on int8 activations too
-# (SPECD_CUDA_GEMVQ_I8_K; all three are the defaults since 2026-12-05).
+# (SPECD_CUDA_GEMVQ_I8_K; all three are the defaults since 2026-12-05); gguf_l2pf with the
+# decode attention asking L2 for the O projection's blocks at batch 1-2
+# (SPECD_CUDA_ATTN_L2PF=ATTN_L2PF, default 50% of the L2; not yet run, tests/gpu/UNRUN.md).
 VARIANTS=${VARIANTS:-bf16 gguf gguf_gemv}
 for v in $VARIANTS; do
     d=${v%%_*}
@@ -41,6 +43,7 @@ for v in $VARIANTS; do
         gguf_noi8) env=(SPECD_CUDA_GEMVQ_I8=0 SPECD_CUDA_GEMM_QI8_ROWS=0 SPECD_CUDA_GEMVQ_I8_K=0) ;;
         gguf_i8k) env=(SPECD_CUDA_GEMVQ_I8_K=${GEMVQ_I8_K:-1}) ;;
         gguf_tc) env=(SPECD_CUDA_GEMM_Q_MIN=${GEMM_Q_MIN:-9} SPECD_CUDA_GEMM_Q_ROWS=${GEMM_Q_ROWS:-256}) ;;
+        gguf_l2pf) env=(SPECD_CUDA_ATTN_L2PF=${ATTN_L2PF:-50}) ;;
     esac
     env "${env[@]}" timeout 200 "$S" bench --model "$M" --device cuda --dtype $d --batch 1,8,64,256 \
         --prompt-len 128 --gen 128 --max-batch 256 --max-seq-len 512 -v > "$R/bench_$v.log" 2>&1

@@ -733,7 +733,16 @@ moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restri
     int p = t * K + min(warp, K - 1);   /* warps past K load a real pair and drop it */
     const uint16_t *We = W + ((size_t)b.ids[p] * N + c0) * Kd;
     load_w(We, lane * 8);
+    /* what warp 0's epilogue reads, requested early so the tail does not wait on it: the
+     * next norm's weight (before the wait), the residual of its columns and the routing
+     * weights (after) */
+    const float g_own = nout.xg && warp == 0 && lane < MOE_DC_COLS ? nout.g[c0 + lane] : 0.f;
     k_pdl_wait();
+    float h_own = 0.f, w_own = 0.f;   /* lane k < K: pick k's weight */
+    if (warp == 0) {
+        if (lane < MOE_DC_COLS) h_own = resid[(size_t)t * N + c0 + lane];
+        if (lane < K) w_own = b.w[t * K + lane];
+    }
     for (int k = warp; k < (K + MOE_NT / 32 - 1) / (MOE_NT / 32) * (MOE_NT / 32); k += MOE_NT / 32) {
         if (k != warp) {
             p = t * K + min(k, K - 1);
@@ -772,13 +781,13 @@ moe_down_combine_kernel(const uint16_t *__restrict__ W, const uint16_t *__restri
     /* warp 0: lane c < MOE_DC_COLS finishes column c0 + c */
     const int c = lane % MOE_DC_COLS, col = c0 + c;
     float hh = 0.f;
+    float s = 0.f;
+    for (int k = 0; k < K; k++) s = fmaf(__shfl_sync(0xffffffffu, w_own, k), part[k][c], s);
     if (lane < MOE_DC_COLS) {
-        float s = 0.f;
-        for (int k = 0; k < K; k++) s = fmaf(b.w[t * K + k], part[k][c], s);
-        const float h = resid[(size_t)t * N + col] + s;
+        const float h = h_own + s;
         resid[(size_t)t * N + col] = h;
         if (nout.xg) {
-            nout.xg[(size_t)t * N + col] = k_f2bf(h * nout.g[col]);
+            nout.xg[(size_t)t * N + col] = k_f2bf(h * g_own);
             hh = h * h;
         }
     }

@@ -25,17 +25,17 @@
 __device__ __forceinline__ void k_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void k_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
-/* Part `part` of `nparts` of an L2 prefetch of [p, p + bytes) (16-byte multiples): 16 KB
- * bulk prefetches (cp.async.bulk.prefetch.L2, sm_90: no registers, no completion to
- * wait for), chunk i issued by thread i / nparts of block part i % nparts, so a grid
- * spreads a range over its blocks. A hint only. */
-#define K_L2PF_CHUNK 16384
-/* One bulk L2 prefetch of [p, p + len) (16-byte multiples; a hint, nothing to wait for). */
+/* One bulk L2 prefetch of [p, p + len) (cp.async.bulk.prefetch.L2, sm_90; 16-byte
+ * multiples; a hint: no registers, nothing to wait for). */
 __device__ __forceinline__ void k_l2_prefetch(const void *p, unsigned len) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(len) : "memory");
 #endif
 }
+/* Part `part` of `nparts` of an L2 prefetch of [p, p + bytes) (16-byte multiples) in
+ * K_L2PF_CHUNK requests, chunk i issued by thread i / nparts of block part i % nparts, so a
+ * grid spreads a range over its blocks. */
+#define K_L2PF_CHUNK 16384
 __device__ __forceinline__ void k_l2_prefetch_part(const void *p, size_t bytes, int part, int nparts) {
     const size_t n_ch = (bytes + K_L2PF_CHUNK - 1) / K_L2PF_CHUNK;
     for (size_t i = (size_t)threadIdx.x * nparts + part; i < n_ch; i += (size_t)blockDim.x * nparts) {

@@ -519,16 +519,15 @@ extern "C" int k_moe_gemm(const uint16_t *W, const uint16_t *X, int x_div, const
      * 6,717 tok/s against 705 / 1,949 / 6,303. But a 128-token prompt prefilled at 4.7k
      * tok/s on the GEMV against 9.8k on the tiles (likely: its tokens crowd into a few
      * experts, each a pass per 16 rows here): hence the row limit. */
-    const int tcv = tcv_rows;
-    if (tcv > 0) {
+    if (tcv_rows > 0) {
         const dim3 g((N + 127) / 128, E);   /* 16 output rows a warp, 8 warps a block */
         const int rc = gated ? k_launch(moe_tcv_kernel<true, 2, 2, 3>, g, dim3(256), 0, s, W, X, x_div, rows, counts,
-                                        cap, tcv, N, Kd, gelu, Yf, Yb)
+                                        cap, tcv_rows, N, Kd, gelu, Yf, Yb)
                              : k_launch(moe_tcv_kernel<false, 2, 4, 2>, g, dim3(256), 0, s, W, X, x_div, rows, counts,
-                                        cap, tcv, N, Kd, gelu, Yf, Yb);
-        if (rc || cap <= tcv) return rc;   /* no expert holds more rows than the pass has tokens */
+                                        cap, tcv_rows, N, Kd, gelu, Yf, Yb);
+        if (rc || cap <= tcv_rows) return rc;   /* no expert holds more rows than the pass has tokens */
     }
-    const int min_cnt = tcv > 0 ? tcv + 1 : 0;
+    const int min_cnt = tcv_rows > 0 ? tcv_rows + 1 : 0;
     dim3 grid((N + MOE_TN - 1) / MOE_TN, E, (cap + MOE_TM - 1) / MOE_TM);
     if (gated)
         return k_launch(moe_gemm_kernel<true>, grid, dim3(MOE_TC_NT), 0, s, W, X, x_div, rows, counts, cap, min_cnt, N,
@@ -665,7 +664,7 @@ extern "C" int k_moe_route_gemv(const uint16_t *Wr, const uint16_t *X, const k_n
                                 int E, int K, int norm, const k_moe_route_buf *b, cudaStream_t s) {
     if (n < 1 || n > K_MOE_DEC_MAX_N || hidden <= 0 || hidden % 8 || E <= 0 || E > 512 || K <= 0 || K > 16 ||
         K > E || !b || !b->logits || !b->ids || !b->w || !b->counts || !b->rows || !b->active || !b->done ||
-        (b->l2_gu && (b->l2_F <= 0 || b->l2_bytes % 16 || (uintptr_t)b->l2_gu % 16 || hidden % 8)) ||
+        (b->l2_gu && (b->l2_F <= 0 || b->l2_bytes % 16 || (uintptr_t)b->l2_gu % 16)) ||
         (nin && !nin->ss) || ((uintptr_t)Wr | (uintptr_t)X) % 16)
         return -1;
     const size_t smem = (size_t)n * hidden * 2;

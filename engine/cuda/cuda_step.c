@@ -275,10 +275,11 @@ fail:
  * after it reads them from L2; the attention's dependent loads leave DRAM idle meanwhile
  * (k_attn_work.l2_next). */
 static void o_l2_prefetch(const cuda_runner *r, const cuda_layer *L, int hidden, int qd, k_attn_work *w) {
+    if (!r->tune.attn_l2pf) return;
     const void *p = L->qo.type ? (const void *)L->qo.w : (const void *)L->wo;
     size_t bytes = L->qo.type ? cuda_qmat_bytes(&L->qo) : (size_t)hidden * qd * (L->so ? 1 : 2);
     const size_t cap = r->l2_bytes / 100 * (size_t)r->tune.attn_l2pf;
-    if (!p || !r->tune.attn_l2pf || (uintptr_t)p % 16) return;
+    if (!p || (uintptr_t)p % 16) return;
     if (bytes > cap) bytes = cap;
     w->l2_next = p;
     w->l2_next_bytes = bytes / 16 * 16;

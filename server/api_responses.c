@@ -336,7 +336,9 @@ static json_t *text_part(int kind, const char *text, size_t n) {
     return p;
 }
 
-static void close_text(api_rstream *s, json_t *ev) {
+/* Close the open text item; status "incomplete" for the item that max_output_tokens cut
+ * (as OpenAI marks it), else "completed". */
+static void close_text(api_rstream *s, json_t *ev, const char *status) {
     if (s->text_at < 0) return;
     json_t *item = json_array_get(s->output, (size_t)s->text_at);
     const char *iid = json_string_value(json_object_get(item, "id"));
@@ -348,20 +350,20 @@ static void close_text(api_rstream *s, json_t *ev) {
     push_ev(s, ev, json_pack("{s:s, s:s, s:i, s:i, s:o}", "type", "response.content_part.done", "item_id", iid,
                              "output_index", s->text_at, "content_index", 0, "part", text_part(kind, s->text, s->tlen)));
     json_object_set_new(item, "content", json_pack("[o]", text_part(kind, s->text, s->tlen)));
-    json_object_set_new(item, "status", json_string("completed"));
+    json_object_set_new(item, "status", json_string(status));
     push_ev(s, ev, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", s->text_at,
                              "item", item));
     s->text_at = -1;
     s->tlen = 0;
 }
 
-static void close_call(api_rstream *s, json_t *ev) {
+static void close_call(api_rstream *s, json_t *ev, const char *status) {
     if (s->call_at < 0) return;
     json_t *item = json_array_get(s->output, (size_t)s->call_at);
     push_ev(s, ev, json_pack("{s:s, s:O, s:i, s:O, s:O}", "type", "response.function_call_arguments.done", "item_id",
                              json_object_get(item, "id"), "output_index", s->call_at, "arguments",
                              json_object_get(item, "arguments"), "name", json_object_get(item, "name")));
-    json_object_set_new(item, "status", json_string("completed"));
+    json_object_set_new(item, "status", json_string(status));
     push_ev(s, ev, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", s->call_at,
                              "item", item));
     s->call_at = -1;
@@ -369,8 +371,8 @@ static void close_call(api_rstream *s, json_t *ev) {
 
 static void add_text(api_rstream *s, int kind, const char *t, size_t n, json_t *ev) {
     if (!n) return;
-    if (s->text_at >= 0 && s->text_kind != kind) close_text(s, ev);
-    close_call(s, ev);
+    if (s->text_at >= 0 && s->text_kind != kind) close_text(s, ev, "completed");
+    close_call(s, ev, "completed");
     if (s->text_at < 0) {
         char iid[64];
         make_id(iid, sizeof iid, kind == ITEM_MESSAGE ? "msg_" : "rs_");
@@ -405,8 +407,8 @@ static void add_call(api_rstream *s, json_t *tc, json_t *ev) {
     if (idx < 0 || idx >= (int)(sizeof s->call_of / sizeof s->call_of[0])) return;
     int *at = whole ? NULL : &s->call_of[idx];
     if (whole || *at < 0) {
-        close_text(s, ev);
-        close_call(s, ev);
+        close_text(s, ev, "completed");
+        close_call(s, ev, "completed");
         char iid[64], cid[64];
         make_id(iid, sizeof iid, "fc_");
         const char *id = json_string_value(json_object_get(tc, "id"));
@@ -459,9 +461,10 @@ json_t *api_rstream_close(api_rstream *s, const char *finish, int input_tokens, 
         push_ev(s, ev, json_pack("{s:s, s:s, s:i, s:i, s:o}", "type", "response.content_part.added", "item_id", iid,
                                  "output_index", 0, "content_index", 0, "part", text_part(ITEM_MESSAGE, "", 0)));
     }
-    close_text(s, ev);
-    close_call(s, ev);
     int incomplete = finish && !strcmp(finish, "length");
+    const char *last = incomplete ? "incomplete" : "completed";   /* only an open item was cut */
+    close_text(s, ev, last);
+    close_call(s, ev, last);
     json_t *o = response_obj(s, incomplete ? "incomplete" : "completed");
     if (incomplete)
         json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));

@@ -807,3 +807,273 @@ extern "C" int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const 
     return k_launch(moe_down_combine_kernel, dim3(N / MOE_DC_COLS, n), dim3(MOE_NT), 0, s, W, act, *b, K, N, Kd,
                     resid, no);
 }
+
+/* ---- one token in one launch (k_moe_decode1) ------------------------------------------
+ * The router, the routing, gate|up, down and the combine of a single token in one grid of
+ * G blocks (at most one an SM, all resident together: they meet at two grid barriers).
+ *   1. Each warp computes router logits (expert blockIdx.x + G * warp, ...) in
+ *      k_moe_route_gemv's order of sums (the same bits); grid barrier; every block then
+ *      takes the top K itself (moe_topk: the same picks and weights everywhere).
+ *   2. The picks' intermediate rows are cut into units of `slice` rows (K * S units, S a
+ *      pick): a block takes units blockIdx.x, + G, ... and for each computes its rows'
+ *      act(gate) * up (moe_gemv_kernel's order of sums: the same bf16 values) and then that
+ *      slice's share of down, W_down[:, slice] . act[slice], for every output column into
+ *      its partial sum (scaled by the pick's weight). The down columns of the slice go
+ *      global -> shared by cp.async in a ring of D1_NS chunks, the first ones requested when
+ *      the unit starts, so they stream in while gate|up runs.
+ *   3. Grid barrier; block b sums every block's partial for its share of the columns in
+ *      block order, adds the residual and writes the norm fold's xg / ss.
+ * Why: at batch 1 the three decode launches spent ~51 us a layer at Qwen3-30B-A3B's widths
+ * on an H100 against ~25 us for their bytes at the copy roofline; this form has no launch
+ * boundary between the router, gate|up and down, and no second wave of down blocks. */
+#define D1_NT 512
+#define D1_W (D1_NT / 32)
+#define D1_NS 8          /* down chunks in flight (ring stages) */
+#define D1_MAX_SLICE 64
+#define D1_U 8           /* 16-byte loads per lane and matrix in flight: 2048 elements a pass */
+
+/* All G blocks of the grid (every one resident) wait here for each other. Each barrier adds
+ * 0x80000000 to the counter in all (block 0 adds that less G - 1, the rest 1 each), so its
+ * top bit flips when the last block arrives and the counter needs no reset. */
+__device__ __forceinline__ void d1_grid_sync(unsigned *bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+        __threadfence();
+        const unsigned old = atomicAdd(bar, add);
+        unsigned cur;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+        } while (((old ^ cur) & 0x80000000u) == 0);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(D1_NT, 1)
+moe_decode1_kernel(const uint16_t *__restrict__ Wr, const uint16_t *__restrict__ Wgu, const uint16_t *__restrict__ Wd,
+                   const uint16_t *__restrict__ X, const unsigned long long *ss_in, float eps, int hidden, int E, int K,
+                   int F, int norm, int gelu, int slice, int S, int CR, k_moe_route_buf b, float *part, unsigned *bar,
+                   float *resid, k_norm_out nout, uint16_t *act) {
+    extern __shared__ __align__(16) unsigned char d1_smem[];
+    uint16_t *xs = (uint16_t *)d1_smem;                          /* [hidden] x */
+    float *ys = (float *)(d1_smem + (size_t)hidden * 2);         /* [hidden] this block's partial */
+    uint16_t *ring = (uint16_t *)(d1_smem + (size_t)hidden * 6); /* [D1_NS][CR][slice] down columns */
+    __shared__ float hs[D1_MAX_SLICE];
+    __shared__ int pe[16];
+    __shared__ float pw[16], red[D1_W];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x;
+    /* before the wait: this warp's first router row (a weight) and the partial zeroed */
+    const int e_first = blockIdx.x + G * warp;
+    uint4 wr[D1_U];
+#pragma unroll
+    for (int u = 0; u < D1_U; u++) {
+        const int k = lane * 8 + u * 256;
+        wr[u] = e_first < E && k < hidden ? __ldg((const uint4 *)(Wr + (size_t)e_first * hidden + k))
+                                          : make_uint4(0, 0, 0, 0);
+    }
+    for (int i = tid; i < hidden; i += D1_NT) ys[i] = 0.f;
+    k_pdl_wait();
+    const float rs = ss_in ? rsqrtf(k_ss_value(*ss_in) * (1.f / hidden) + eps) : 1.f;
+    for (int i = tid; i < hidden / 8; i += D1_NT) ((uint4 *)xs)[i] = ((const uint4 *)X)[i];
+    __syncthreads();
+    /* 1. router logits, one warp an expert (k_moe_route_gemv's lanes and order) */
+    for (int e = e_first; e < E; e += G * D1_W) {
+        float acc = 0.f;
+        for (int k0 = lane * 8; k0 < hidden; k0 += 256 * D1_U) {
+#pragma unroll
+            for (int u = 0; u < D1_U; u++) {
+                const int k = k0 + u * 256;
+                if (k >= hidden) break;
+                if (e != e_first || k0 > lane * 8) wr[u] = __ldg((const uint4 *)(Wr + (size_t)e * hidden + k));
+                acc = moe_dot8(wr[u], *(const uint4 *)(xs + k), acc);
+            }
+        }
+        const float v = k_warp_sum(acc);
+        if (lane == 0) b.logits[e] = v * rs;
+    }
+    d1_grid_sync(bar);
+    /* every block is resident now: the next launch may start (it waits for this one) */
+    k_pdl_trigger();
+    if (warp == 0) {
+        int e;
+        float w;
+        moe_topk(b.logits, E, K, norm, e, w);
+        if (lane < K) {
+            pe[lane] = e;
+            pw[lane] = w;
+            if (blockIdx.x == 0) {
+                b.ids[lane] = e;
+                b.w[lane] = w;
+            }
+        }
+    }
+    __syncthreads();
+    /* 2. units: gate|up of `slice` intermediate rows, then their share of down */
+    const int lpr = slice / 8, rpw = 32 / lpr, ci = lane % lpr, rl = lane / lpr;
+    for (int unit = blockIdx.x; unit < K * S; unit += G) {
+        const int k = unit / S, j0 = (unit % S) * slice, nj = min(F - j0, slice), e = pe[k];
+        const float wk = pw[k];
+        const uint16_t *dn = Wd + (size_t)e * hidden * F + j0;   /* row n of the slice at n * F */
+        const int nch = (hidden + CR - 1) / CR, words = nj / 8;
+        /* chunk c (rows c * CR ..) into stage c % D1_NS; one commit a chunk, empty past the end */
+        auto issue = [&](int c) {
+            if (c < nch) {
+                const int r0 = c * CR, nr = min(CR, hidden - r0);
+                uint16_t *st = ring + (size_t)(c % D1_NS) * CR * slice;
+                for (int i = tid; i < nr * words; i += D1_NT) {
+                    const int r = i / words, wd = i % words;
+                    tc_cp16(tc_smem_addr(st + (size_t)r * slice + wd * 8), dn + (size_t)(r0 + r) * F + wd * 8, true);
+                }
+            }
+            tc_commit();
+        };
+        for (int c = 0; c < D1_NS; c++) issue(c);
+        /* gate|up: warp w takes rows j0 + w, + D1_W, ... (moe_gemv_kernel's lanes and order) */
+        const uint16_t *gu = Wgu + (size_t)e * 2 * F * hidden;
+        for (int jj = warp; jj < nj; jj += D1_W) {
+            const uint16_t *gr = gu + (size_t)(j0 + jj) * hidden, *ur = gr + (size_t)F * hidden;
+            float ag = 0.f, au = 0.f;
+            for (int k0 = lane * 8; k0 < hidden; k0 += 256 * D1_U) {
+                uint4 wg[D1_U], wu[D1_U];
+#pragma unroll
+                for (int u = 0; u < D1_U; u++) {
+                    const int kk = min(k0 + u * 256, hidden - 8);   /* clamped: unconditional loads */
+                    wg[u] = __ldcs((const uint4 *)(gr + kk));
+                    wu[u] = __ldcs((const uint4 *)(ur + kk));
+                }
+#pragma unroll
+                for (int u = 0; u < D1_U; u++) {
+                    const int kk = k0 + u * 256;
+                    if (kk >= hidden) break;
+                    const uint4 xv = *(const uint4 *)(xs + kk);
+                    ag = moe_dot8(wg[u], xv, ag);
+                    au = moe_dot8(wu[u], xv, au);
+                }
+            }
+            const float g = k_warp_sum(ag) * rs, uu = k_warp_sum(au) * rs;
+            if (lane == 0) {
+                const uint16_t h = k_f2bf((gelu ? k_gelu_tanh(g) : k_silu(g)) * uu);
+                hs[jj] = k_bf2f(h);
+                if (act) act[(size_t)k * F + j0 + jj] = h;
+            }
+        }
+        __syncthreads();
+        /* down: lane (rl, ci) holds act of columns 8 ci .. 8 ci + 7 of the slice; lpr lanes
+         * a row, rpw rows a warp at a time */
+        const bool on = rl < rpw && ci < words;
+        float hv[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) hv[i] = on ? hs[ci * 8 + i] : 0.f;
+        for (int c = 0; c < nch; c++) {
+            tc_wait<D1_NS - 1>();
+            __syncthreads();   /* chunk c landed for every thread */
+            const int r0 = c * CR, nr = min(CR, hidden - r0);
+            const uint16_t *st = ring + (size_t)(c % D1_NS) * CR * slice;
+            for (int r = warp * rpw + rl; r - rl < nr; r += D1_W * rpw) {
+                float p = 0.f;
+                if (on && r < nr) {
+                    const uint4 wv = *(const uint4 *)(st + (size_t)r * slice + ci * 8);
+                    const uint16_t *wh = (const uint16_t *)&wv;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) p = fmaf(hv[i], k_bf2f(wh[i]), p);
+                }
+                float sum = 0.f;   /* the row's lanes in order */
+                for (int i = 0; i < lpr; i++) sum += __shfl_sync(0xffffffffu, p, (rl * lpr + i) & 31);
+                if (ci == 0 && rl < rpw && r < nr) ys[r0 + r] = fmaf(wk, sum, ys[r0 + r]);
+            }
+            __syncthreads();   /* stage free again */
+            issue(c + D1_NS);
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < hidden; i += D1_NT) part[(size_t)blockIdx.x * hidden + i] = ys[i];
+    d1_grid_sync(bar);
+    /* 3. block b's columns: every block's partial in block order, the residual, the fold */
+    const int n0 = (int)((long)hidden * blockIdx.x / G), n1 = (int)((long)hidden * (blockIdx.x + 1) / G);
+    float hh = 0.f;
+    for (int n = n0 + warp; n < n1; n += D1_W) {
+        float y = 0.f;
+        for (int bb = lane; bb < G; bb += 32) y += __ldcg(part + (size_t)bb * hidden + n);
+        y = k_warp_sum(y);
+        if (lane == 0) {
+            const float h = resid[n] + y;
+            resid[n] = h;
+            if (nout.xg) {
+                nout.xg[n] = k_f2bf(h * nout.g[n]);
+                hh += h * h;
+            }
+        }
+    }
+    if (nout.xg) {   /* the block's share of the sum of h^2 (fixed point), warps in order */
+        if (lane == 0) red[warp] = hh;
+        __syncthreads();
+        if (tid == 0) {
+            float s = 0.f;
+            for (int w = 0; w < D1_W; w++) s += red[w];
+            atomicAdd(nout.ss, k_ss_units(s));
+        }
+    }
+}
+
+/* The slice (rows of a pick's intermediate a unit, a multiple of 8 in 32..64) that leaves
+ * the fewest rows on the busiest block of min(K * S, SMs), the larger one on ties. */
+static int d1_slice(int K, int F, int sms, int *S_out) {
+    int best = 0, best_cost = 0;
+    for (int sl = 32; sl <= D1_MAX_SLICE; sl += 8) {
+        const int S = (F + sl - 1) / sl, units = K * S, G = units < sms ? units : sms;
+        const int cost = (units + G - 1) / G * sl;
+        if (!best || cost <= best_cost) best = sl, best_cost = cost, *S_out = S;
+    }
+    return best;
+}
+
+extern "C" size_t k_moe_decode1_part_floats(int hidden) { return (size_t)k_sm_count() * (size_t)hidden; }
+
+/* The launch's shape: slice, S, G, the ring's rows a chunk CR and the dynamic shared
+ * memory; -1 when the form does not apply (then nothing is launched). */
+static int d1_plan(int hidden, int E, int K, int F, int *slice, int *S, int *G, int *CR, size_t *smem) {
+    if (hidden <= 0 || hidden % 8 || F <= 0 || F % 8 || E <= 0 || E > 512 || K <= 0 || K > 16 || K > E) return -1;
+    const int sms = k_sm_count();
+    *slice = d1_slice(K, F, sms, S);
+    *G = K * *S < sms ? K * *S : sms;
+    /* a ring of D1_NS chunks in what shared memory is left after x and the partial */
+    int dev = 0, smem_max = 0;
+    if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+        return -1;
+    const size_t fixed = (size_t)hidden * 6, stat = 1024;
+    if ((size_t)smem_max < fixed + stat + (size_t)D1_NS * 8 * *slice * 2) return -1;
+    *CR = (int)(((size_t)smem_max - fixed - stat) / ((size_t)D1_NS * *slice * 2));
+    const int want = (hidden + D1_NS - 1) / D1_NS;   /* the whole slice staged at once where it fits */
+    if (*CR > want) *CR = want;
+    *smem = fixed + (size_t)D1_NS * *CR * *slice * 2;
+    if (cudaFuncSetAttribute(moe_decode1_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem)) return -1;
+    /* the grid barriers need every block resident at once: one an SM at least */
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_decode1_kernel, D1_NT, *smem) || per_sm < 1)
+        return -1;
+    return 0;
+}
+
+extern "C" int k_moe_decode1_fits(int hidden, int E, int K, int F) {
+    int slice, S, G, CR;
+    size_t smem;
+    return d1_plan(hidden, E, K, F, &slice, &S, &G, &CR, &smem);
+}
+
+extern "C" int k_moe_decode1(const uint16_t *Wr, const uint16_t *Wgu, const uint16_t *Wd, const uint16_t *X,
+                             const k_norm_in *nin, int hidden, int E, int K, int F, int norm, int gelu,
+                             const k_moe_route_buf *b, float *part, unsigned *bar, float *resid,
+                             const k_norm_out *nout, uint16_t *act, cudaStream_t s) {
+    int slice, S, G, CR;
+    size_t smem;
+    if (!b || !b->logits || !b->ids || !b->w || !part || !bar || !resid || (nin && !nin->ss) ||
+        (nout && (!nout->g || !nout->xg || !nout->ss)) ||
+        ((uintptr_t)Wr | (uintptr_t)Wgu | (uintptr_t)Wd | (uintptr_t)X) % 16 ||
+        d1_plan(hidden, E, K, F, &slice, &S, &G, &CR, &smem))
+        return -1;
+    const k_norm_out no = nout ? *nout : k_norm_out{NULL, NULL, NULL};
+    return k_launch(moe_decode1_kernel, dim3(G), dim3(D1_NT), smem, s, Wr, Wgu, Wd, X,
+                    nin ? nin->ss : (const unsigned long long *)NULL, nin ? nin->eps : 0.f, hidden, E, K, F, norm, gelu,
+                    slice, S, CR, *b, part, bar, resid, no, act);
+}

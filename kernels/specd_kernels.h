@@ -324,6 +324,19 @@ int k_moe_gated_dec(const uint16_t *W, const uint16_t *X, const k_norm_in *nin, 
                     int E, int K, int N, int Kd, int gelu, uint16_t *act, cudaStream_t s);
 int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const k_moe_route_buf *b, int n, int K, int N, int Kd,
                        float *resid, const k_norm_out *nout, cudaStream_t s);
+/* One token's MoE layer in one launch (router, routing, gate|up, down, combine; grid
+ * barriers between them, so every block must be resident: at most one an SM): the same
+ * logits, picks and activations as the three launches above (their orders of sums), the
+ * down sums in another order. Wr / Wgu / Wd / X / nin / nout / resid as there; b's logits,
+ * ids and w are written (nothing else of b is used); part: k_moe_decode1_part_floats(hidden)
+ * floats of scratch; bar: one counter, zero before the first launch and left so by each;
+ * act (NULL: not written): the picks' activations [K, F] bf16. -1 where the form does not
+ * apply (shapes, shared memory, residency): use the three launches. */
+size_t k_moe_decode1_part_floats(int hidden);
+int k_moe_decode1_fits(int hidden, int E, int K, int F);   /* 0: k_moe_decode1 applies to these widths */
+int k_moe_decode1(const uint16_t *Wr, const uint16_t *Wgu, const uint16_t *Wd, const uint16_t *X, const k_norm_in *nin,
+                  int hidden, int E, int K, int F, int norm, int gelu, const k_moe_route_buf *b, float *part,
+                  unsigned *bar, float *resid, const k_norm_out *nout, uint16_t *act, cudaStream_t s);
 
 /* k_gemv_bf16 over GGUF-quantized weights read in place (kernels/gemv_q.cu; work in
  * --dtype gguf): type is the ggml type id (2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14

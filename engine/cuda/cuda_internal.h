@@ -78,6 +78,7 @@ typedef struct {
     cuda_layer *layers;  /* n_layers (host array of device pointers) */
     size_t q_scratch;    /* elements of the largest quantized projection (its bf16 copy) */
     int fp8;             /* the dense projections are FP8 (cuda_layer.s*) */
+    int moe_one;         /* experts, tune.moe_one and k_moe_decode1_fits: one-token MoE layers in one launch */
     size_t weight_bytes;
 } cuda_model;
 
@@ -149,6 +150,8 @@ typedef struct {
     int attn_x8;    /* SPECD_CUDA_ATTN_X8=0: a rounding launch before an int8 O GEMV instead of attention rounding its output */
     int attn_l2pf;  /* SPECD_CUDA_ATTN_L2PF=P: at batch 1-2 the decode attention asks L2 for the O
                      * projection's weights, up to P% of the L2 (k_attn_work.l2_next; 0: off) */
+    int moe_one;    /* SPECD_CUDA_MOE_ONE=1: a one-token MoE layer on one GPU in one launch
+                     * (k_moe_decode1) instead of three (off: not yet run on a GPU) */
     int moe_l2pf;   /* SPECD_CUDA_MOE_L2PF=KB: a one-token MoE routing asks L2 for the first KB
                      * of each picked expert's gate and up rows (k_moe_route_buf.l2_gu; 0: off) */
     int gemm_band;           /* SPECD_CUDA_GEMM_BAND=B (1..64; 0 off, the default: first
@@ -272,7 +275,11 @@ typedef struct {
      * bf16, expert outputs [T*K, hidden] fp32 */
     float *d_moe_lg, *d_moe_w, *d_moe_out;
     int32_t *d_moe_ids, *d_moe_rows;
-    int32_t *d_moe_cnt;   /* [2 E + 2]: the fused routing's done counter, counts [E], active [1 + E] */
+    int32_t *d_moe_cnt;   /* [2 E + 3]: the fused routing's done counter, counts [E], active [1 + E],
+                           * k_moe_decode1's barrier counter */
+    float *d_moe_part;    /* k_moe_decode1's partial sums (with tune.moe_one) */
+    unsigned *d_moe_bar;  /* k_moe_decode1's barrier counter: d_moe_cnt[2 E + 2] of the model
+                           * with the most experts (past both models' lists) */
     uint16_t *d_moe_act;
     float *d_logits;     /* LR, vocab */
     uint16_t *d_qscratch;/* bf16 copy of one quantized projection, for passes past the GEMV,

@@ -465,7 +465,7 @@ static void cuda_destroy(runner *base) {
                    r->d_q, r->d_ws_o, r->d_ws_ml, r->d_logits, r->d_lpart, r->d_lgather, r->d_meta, r->d_iota, r->d_zeros,
                    r->d_ones, r->d_dec_in, r->d_dec_out, r->blas_ws, r->d_act, r->d_counts, r->d_xg, r->d_ss,
                    r->d_fs_par, r->d_fs_tok, r->d_fs_lp, r->d_fs_rank, r->d_fs_mask, r->d_fs_has, r->d_qscratch, r->d_moe_lg, r->d_moe_w, r->d_moe_out, r->d_moe_ids,
-                   r->d_moe_cnt, r->d_moe_rows, r->d_moe_act};
+                   r->d_moe_cnt, r->d_moe_rows, r->d_moe_act, r->d_moe_part};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (r->h_meta) cudaFreeHost(r->h_meta);
@@ -560,14 +560,26 @@ static int alloc_work(cuda_runner *r) {
     if (qs && dmalloc(r, &r->d_qscratch, qs * 2)) return SPECD_ECUDA;
     r->qscratch_bytes = qs * 2;
     if ((r->m[0].fp8 || r->m[1].fp8) && cuda_fp8_init(r, xbw, f32w, T)) return SPECD_ECUDA;
+    /* one-token MoE layers in one launch where asked, on one GPU, and the widths fit */
+    int moe_one = 0;
+    for (int i = 0; i < 2; i++) {
+        cuda_model *cm = &r->m[i];
+        const model_config *mc = &cm->c;
+        cm->moe_one = cm->loaded && mc->n_experts && r->tune.moe_one && r->opts.world == 1 &&
+                      k_moe_decode1_fits(mc->hidden, mc->n_experts, mc->n_experts_used, cm->ffn) == 0;
+        moe_one |= cm->moe_one;
+    }
+    if (moe_one && dmalloc(r, &r->d_moe_part, k_moe_decode1_part_floats(hid) * 4)) return SPECD_ECUDA;
     if (ne && (dmalloc(r, &r->d_moe_lg, (size_t)T * ne * 4) || dmalloc(r, &r->d_moe_w, (size_t)T * nk * 4) ||
-               dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, (2 * ne + 2) * 4) ||
+               dmalloc(r, &r->d_moe_ids, (size_t)T * nk * 4) || dmalloc(r, &r->d_moe_cnt, (2 * ne + 3) * 4) ||
                dmalloc(r, &r->d_moe_rows, ne * (size_t)T * 4) || dmalloc(r, &r->d_moe_act, (size_t)T * nk * mf * 2) ||
                dmalloc(r, &r->d_moe_out, (size_t)T * nk * hid * 4)))
         return SPECD_ECUDA;
-    /* the decode routing's done counter (k_moe_route_buf.done, d_moe_cnt[0]) starts at
-     * zero; every launch leaves it so */
-    if (ne) CU_CHECK(r, cudaMemset(r->d_moe_cnt, 0, (2 * ne + 2) * 4));
+    /* the decode routing's done counter (k_moe_route_buf.done, d_moe_cnt[0]) and
+     * k_moe_decode1's barrier counter (d_moe_cnt[2 E + 2]) start at zero; every launch
+     * leaves them so */
+    if (ne) CU_CHECK(r, cudaMemset(r->d_moe_cnt, 0, (2 * ne + 3) * 4));
+    r->d_moe_bar = ne ? (unsigned *)(r->d_moe_cnt + 2 * ne + 2) : NULL;
     size_t slots = (size_t)MB + 1;
     if (dmalloc(r, &r->d_bt, slots * r->max_blocks * 4) || dmalloc(r, &r->d_lens, slots * 2 * 4) ||
         dmalloc(r, &r->d_pool_pp, sizeof(void *)) ||
@@ -748,6 +760,10 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
      * of each (0: none; not yet run on a GPU) */
     t->moe_l2pf = env_flag("SPECD_CUDA_MOE_L2PF", 0);
     if (t->moe_l2pf < 0 || t->moe_l2pf > (1 << 20)) t->moe_l2pf = 0;
+    /* a one-token MoE layer in one launch (kernels/moe.cu k_moe_decode1; one GPU; not yet
+     * run on a GPU, so off). Its grid barriers need every block resident at once: a block
+     * for each SM the device reports, so not under an MPS limit on active threads */
+    t->moe_one = env_flag("SPECD_CUDA_MOE_ONE", 0);
     /* FP8 GEMM passes of at least N tokens (SPECD_CUDA_FP8_CHAIN=N, default 64; 0: none)
      * chained without quantize / rescale launches between them (cuda_step.c fp8_chain; the
      * same bits). H100, 8B shape, specd bench, 2026-12-06: decode at 256 rows +5.0%, at 64

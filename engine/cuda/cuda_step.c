@@ -412,7 +412,13 @@ int cuda_enqueue_pass(cuda_runner *r, const cuda_pass *p) {
                 .l2_gu = r->tune.moe_l2pf > 0 && n == 1 ? L->exp_gu : NULL, .l2_F = MF,
                 .l2_bytes = (size_t)r->tune.moe_l2pf * 1024,
             };
-            if (n <= K_MOE_DEC_MAX_N && !r->tune.no_fuse) {
+            if (n == 1 && cm->moe_one && !r->tune.no_fuse) {
+                /* one token: the whole layer in one launch (k_moe_decode1, tune.moe_one) */
+                K_CHECK(r, k_moe_decode1(L->router, L->exp_gu, L->exp_down, fuse_norm ? r->d_xg : r->d_xb,
+                                         fuse_norm ? &nin_ffn : NULL, hidden, E, K, MF, c->moe_norm_topk, gelu, &mb,
+                                         r->d_moe_part, r->d_moe_bar, r->d_resid,
+                                         fuse_norm && l + 1 < c->n_layers ? &nout_attn : NULL, NULL, s));
+            } else if (n <= K_MOE_DEC_MAX_N && !r->tune.no_fuse) {
                 /* decode: three launches, reading only the chosen experts; with the norm
                  * fold, x is h * g and the down GEMV writes the next layer's */
                 const k_norm_in *min = fuse_norm ? &nin_ffn : NULL;

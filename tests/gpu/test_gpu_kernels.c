@@ -1412,7 +1412,69 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
     }
     const k_norm_in nin = {d_ss, eps};
     const k_norm_out nout = {d_gnext, d_xg, d_ss_next};
-    if (dec) {
+    if (dec == 2) {   /* one launch (k_moe_decode1), twice: the same bits, the barrier counter back at 0 */
+        assert_true(n == 1);
+        float *d_part = gu_dev(k_moe_decode1_part_floats(hidden) * 4);
+        unsigned *d_bar = gu_dev(4);
+        GPU_CHECK(cudaMemset(d_bar, 0, 4));
+        float *first = malloc((size_t)hidden * 4), *again = malloc((size_t)hidden * 4);
+        for (int rep = 0; rep < 2; rep++) {
+            if (rep) GPU_CHECK(cudaMemcpy(d_resid, h0, (size_t)hidden * 4, cudaMemcpyHostToDevice));
+            if (rep) GPU_CHECK(cudaMemset(d_ss_next, 0, sizeof ss_h));
+            assert_int_equal(k_moe_decode1(d_wr, d_wgu, d_wdn, d_x, fold ? &nin : NULL, hidden, E, K, MF, norm_topk, 0,
+                                           &b, d_part, d_bar, d_resid, fold ? &nout : NULL, d_act, 0), 0);
+            gu_download(rep ? again : first, d_resid, (size_t)hidden * 4);
+        }
+        assert_memory_equal(first, again, (size_t)hidden * 4);
+        unsigned bar = 1;
+        gu_download(&bar, d_bar, 4);
+        assert_int_equal(bar, 0);
+        /* the router's logits and the activations: the three launches' bits */
+        float *lg1 = malloc((size_t)E * 4), *lg3 = malloc((size_t)E * 4);
+        uint16_t *a1 = malloc((size_t)K * MF * 2), *a3 = malloc((size_t)K * MF * 2);
+        float *d_r3 = gu_upload(h0, (size_t)hidden * 4);
+        gu_download(lg1, d_lg, (size_t)E * 4);
+        gu_download(a1, d_act, (size_t)K * MF * 2);
+        assert_int_equal(k_moe_route_gemv(d_wr, d_x, fold ? &nin : NULL, n, hidden, E, K, norm_topk, &b, 0), 0);
+        assert_int_equal(k_moe_gated_dec(d_wgu, d_x, fold ? &nin : NULL, &b, n, E, K, MF, hidden, 0, d_act, 0), 0);
+        gu_download(lg3, d_lg, (size_t)E * 4);
+        gu_download(a3, d_act, (size_t)K * MF * 2);
+        assert_memory_equal(lg1, lg3, (size_t)E * 4);
+        assert_memory_equal(a1, a3, (size_t)K * MF * 2);
+        /* timing, us a call (after the warm-up above) */
+        cudaEvent_t t0, t1;
+        GPU_CHECK(cudaEventCreate(&t0));
+        GPU_CHECK(cudaEventCreate(&t1));
+        float ms1 = 0, ms3 = 0;
+        for (int form = 0; form < 2; form++) {
+            GPU_CHECK(cudaEventRecord(t0, 0));
+            for (int i = 0; i < 20; i++) {
+                if (form == 0)
+                    assert_int_equal(k_moe_decode1(d_wr, d_wgu, d_wdn, d_x, fold ? &nin : NULL, hidden, E, K, MF,
+                                                   norm_topk, 0, &b, d_part, d_bar, d_r3, fold ? &nout : NULL, NULL, 0), 0);
+                else {
+                    assert_int_equal(k_moe_route_gemv(d_wr, d_x, fold ? &nin : NULL, n, hidden, E, K, norm_topk, &b, 0), 0);
+                    assert_int_equal(k_moe_gated_dec(d_wgu, d_x, fold ? &nin : NULL, &b, n, E, K, MF, hidden, 0, d_act, 0), 0);
+                    assert_int_equal(k_moe_down_combine(d_wdn, d_act, &b, n, K, hidden, MF, d_r3, fold ? &nout : NULL, 0), 0);
+                }
+            }
+            GPU_CHECK(cudaEventRecord(t1, 0));
+            GPU_CHECK(cudaEventSynchronize(t1));
+            GPU_CHECK(cudaEventElapsedTime(form ? &ms3 : &ms1, t0, t1));
+        }
+        printf("    moe one token E%d K%d %dx%d: one launch %.2f us, three launches %.2f us\n", E, K, hidden, MF,
+               ms1 * 50.f, ms3 * 50.f);
+        /* one clean run for the checks below */
+        GPU_CHECK(cudaMemcpy(d_resid, h0, (size_t)hidden * 4, cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemset(d_ss_next, 0, sizeof ss_h));
+        assert_int_equal(k_moe_decode1(d_wr, d_wgu, d_wdn, d_x, fold ? &nin : NULL, hidden, E, K, MF, norm_topk, 0, &b,
+                                       d_part, d_bar, d_resid, fold ? &nout : NULL, d_act, 0), 0);
+        gu_download(again, d_resid, (size_t)hidden * 4);
+        assert_memory_equal(first, again, (size_t)hidden * 4);
+        cudaEventDestroy(t0); cudaEventDestroy(t1);
+        cudaFree(d_part); cudaFree(d_bar); cudaFree(d_r3);
+        free(first); free(again); free(lg1); free(lg3); free(a1); free(a3);
+    } else if (dec) {
         for (int rep = 0; rep < 2; rep++) {   /* twice: the done counter must come back to 0 */
             if (rep) GPU_CHECK(cudaMemcpy(d_resid, h0, (size_t)n * hidden * 4, cudaMemcpyHostToDevice));
             if (rep) GPU_CHECK(cudaMemset(d_ss_next, 0, sizeof ss_h));
@@ -1455,7 +1517,7 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
             lref[(size_t)t * E + e] = a * rs[t];
         }
     char name[128];
-    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d router", dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
+    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d router", dec == 2 ? "dec1" : dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
              hidden, MF);
     double el = gu_rel_err(lg, lref, (size_t)n * E);
     report(name, el);
@@ -1485,8 +1547,9 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
             assert_true(fabs(wk[t * K + k] - want) <= 1e-4 * want + 1e-7);
         }
     }
-    for (int e = 0; e < E; e++) assert_int_equal(cnt[e], per_e[e]);
-    if (dec) {   /* the active list names each expert with rows exactly once */
+    if (dec != 2)   /* (the one-launch form writes no row lists) */
+        for (int e = 0; e < E; e++) assert_int_equal(cnt[e], per_e[e]);
+    if (dec == 1) {   /* the active list names each expert with rows exactly once */
         int seen[512] = {0}, na = cnt[E], want = 0;
         for (int e = 0; e < E; e++) want += per_e[e] > 0;
         assert_int_equal(na, want);
@@ -1516,7 +1579,7 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
         }
     }
     double ea = gu_rel_err(actf, aref, (size_t)n * K * MF);
-    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d act", dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
+    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d act", dec == 2 ? "dec1" : dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
              hidden, MF);
     report(name, ea);
     assert_true(ea < 8e-3);   /* bf16 output */
@@ -1540,7 +1603,7 @@ static void run_moe_case(int n, int E, int K, int hidden, int MF, int norm_topk,
         den = fmax(den, fabs(rref[i] - h0[i]));
         big = fmax(big, fabs(rref[i]));
     }
-    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d out", dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
+    snprintf(name, sizeof name, "moe %s%s n%d E%d K%d %dx%d out", dec == 2 ? "dec1" : dec ? "dec" : "gen", fold ? " fold" : "", n, E, K,
              hidden, MF);
     report(name, num / den);   /* the error against the size of the MoE's own output */
     assert_true(num <= 1e-5 * den + 2.4e-7 * big);   /* + the residual's fp32 rounding */
@@ -1592,6 +1655,18 @@ static void test_moe_decode_launches_match_reference(void **state) {
     run_moe_case(3, 16, 4, 256, 96, 0, 1, 1);
     run_moe_case(8, 64, 8, 2048, 768, 1, 1, 1);   /* Qwen3-30B-A3B's widths */
     run_moe_case(2, 8, 2, 512, 1408, 0, 1, 1);    /* Mixtral's top-2 of 8; rows longer than one pass */
+}
+
+/* one token's MoE layer in one launch (k_moe_decode1): the reference, the three launches'
+ * logits and activations bit for bit, the same bits run to run */
+static void test_moe_decode_one_launch(void **state) {
+    (void)state;
+    run_moe_case(1, 16, 4, 256, 96, 1, 2, 0);
+    run_moe_case(1, 128, 8, 2048, 768, 1, 2, 1);   /* Qwen3-30B-A3B's widths: slices of 48, 128 blocks */
+    run_moe_case(1, 8, 2, 512, 1408, 0, 2, 1);     /* Mixtral's top-2 of 8 */
+    run_moe_case(1, 8, 2, 1000, 1400, 1, 2, 1);    /* widths that end inside a pass and a slice */
+    run_moe_case(1, 4, 4, 1024, 200, 1, 2, 0);     /* every expert picked; no norm fold */
+    run_moe_case(1, 8, 2, 4096, 1792, 0, 2, 1);    /* down columns in more chunks than the ring holds */
 }
 
 static void test_moe_general_path_matches_reference(void **state) {
@@ -2482,6 +2557,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kv_fp8_writes_and_attention_match_reference),
         cmocka_unit_test(test_gemv_matches_reference),
         cmocka_unit_test(test_moe_decode_launches_match_reference),
+        cmocka_unit_test(test_moe_decode_one_launch),
         cmocka_unit_test(test_moe_general_path_matches_reference),
         cmocka_unit_test(test_philox_matches_known_answer),
         cmocka_unit_test(test_sample_matches_reference_draws),

@@ -22,6 +22,14 @@ for v in -1 16 32; do
     echo "SPECD_MOE_TCV=$v: $(SPECD_MOE_TCV=$v "$B/specd" bench --device cuda --shape qwen3-30b-a3b --batch 1,16,64,256 \
         --prompt-len 128 --gen 32 --max-batch 256 --max-seq-len 256 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' '|')"
 done
+# a one-token MoE layer in one launch (SPECD_CUDA_MOE_ONE): the kernel test, memcheck, the runner, the A/B
+run moe_one "$G/test_gpu_kernels" "*moe_decode_one*"
+run moe_one_memcheck timeout 300 compute-sanitizer --tool memcheck "$G/test_gpu_kernels" "*moe_decode_one*"
+run moe_one_runner env SPECD_CUDA_MOE_ONE=1 "$G/test_gpu_runner"
+for v in 0 1 0 1; do
+    echo "MOE_ONE=$v: $(SPECD_CUDA_MOE_ONE=$v "$B/specd" bench --device cuda --shape qwen3-30b-a3b --batch 1 --prompt-len 128 \
+        --gen 128 --max-batch 8 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' '|')"
+done
 # the L2 requests at batch 1 (SPECD_CUDA_ATTN_L2PF, SPECD_CUDA_MOE_L2PF) and the pipelined key
 # loop (SPECD_ATTN_DEC_PIPE): the kernel tests (same bits with and without), then the A/B
 run l2_requests "$G/test_gpu_kernels" "*rope_attention*" "*moe_decode*"

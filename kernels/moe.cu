@@ -834,16 +834,21 @@ extern "C" int k_moe_down_combine(const uint16_t *W, const uint16_t *act, const 
 
 /* All G blocks of the grid (every one resident) wait here for each other. Each barrier adds
  * 0x80000000 to the counter in all (block 0 adds that less G - 1, the rest 1 each), so its
- * top bit flips when the last block arrives and the counter needs no reset. */
+ * top bit flips when the last block arrives and the counter needs no reset. A wait of 2^32
+ * cycles (seconds; a barrier takes microseconds) means a block could not become resident
+ * (another client holding SMs under MPS, say): the kernel traps, so the step fails with a
+ * CUDA error instead of hanging. */
 __device__ __forceinline__ void d1_grid_sync(unsigned *bar) {
     __syncthreads();
     if (threadIdx.x == 0) {
         const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
         __threadfence();
         const unsigned old = atomicAdd(bar, add);
+        const long long t0 = clock64();
         unsigned cur;
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+            if (clock64() - t0 > (1ll << 32)) __trap();
         } while (((old ^ cur) & 0x80000000u) == 0);
         __threadfence();
     }

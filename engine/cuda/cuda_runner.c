@@ -762,7 +762,8 @@ void cuda_tuning_read(cuda_tuning *t, int world) {
     if (t->moe_l2pf < 0 || t->moe_l2pf > (1 << 20)) t->moe_l2pf = 0;
     /* a one-token MoE layer in one launch (kernels/moe.cu k_moe_decode1; one GPU; not yet
      * run on a GPU, so off). Its grid barriers need every block resident at once: a block
-     * for each SM the device reports, so not under an MPS limit on active threads */
+     * for each SM the device reports (where one cannot be, under an MPS limit on active
+     * threads say, the kernel traps after seconds and the step fails) */
     t->moe_one = env_flag("SPECD_CUDA_MOE_ONE", 0);
     /* FP8 GEMM passes of at least N tokens (SPECD_CUDA_FP8_CHAIN=N, default 64; 0: none)
      * chained without quantize / rescale launches between them (cuda_step.c fp8_chain; the

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PKGS=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev libcmocka-dev
           libpcre2-dev libutf8proc-dev libgnutls28-dev curl python3 python3-pip haproxy)
-PIP_PKGS=(pytest openai requests tokenizers tiktoken jinja2 numpy httpx matplotlib pyyaml kubernetes-validate jsonschema)
+PIP_PKGS=(pytest openai anthropic requests tokenizers tiktoken jinja2 numpy httpx matplotlib pyyaml kubernetes-validate jsonschema)
 
 missing=()
 for p in "${APT_PKGS[@]}"; do

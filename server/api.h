@@ -86,6 +86,7 @@ typedef struct {
     int skip_special;        /* decode: drop special tokens (default 1) */
     json_t *responses;       /* POST /v1/responses (api_responses.h): the fields its response
                               * echoes; NULL for chat and completions */
+    int messages_api;        /* POST /v1/messages (api_messages.h) */
 } api_request;
 
 /* Constrained decoding fields (api_constraint.c): response_format (json_object,

@@ -20,6 +20,7 @@
 
 #include "engine/core/err.h"
 #include "server/api.h"
+#include "server/api_messages.h"
 #include "server/api_responses.h"
 #include "server/cli.h"
 #include "server/guard.h"
@@ -32,7 +33,7 @@
 
 enum route {
     R_NONE = 0, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH, R_READY,
-    R_VERSION, R_METRICS, R_MODEL, R_RESPONSES,
+    R_VERSION, R_METRICS, R_MODEL, R_RESPONSES, R_MESSAGES,
 };
 
 static const struct {
@@ -44,6 +45,7 @@ static const struct {
     {"/v1/completions", R_COMPLETIONS, "POST", 1},
     {"/v1/chat/completions", R_CHAT, "POST", 1},
     {"/v1/responses", R_RESPONSES, "POST", 1},      /* mapped onto chat (api_responses.h) */
+    {"/v1/messages", R_MESSAGES, "POST", 1},        /* Anthropic's, mapped onto chat (api_messages.h) */
     {"/tokenize", R_TOKENIZE, "POST", 1},
     {"/detokenize", R_DETOKENIZE, "POST", 1},
     {"/v1/models", R_MODELS, "GET", 1},
@@ -151,7 +153,7 @@ static enum MHD_Result reply_json(conn_ctx *x, int status, json_t *v) {
 
 static enum MHD_Result reply_error(conn_ctx *x, const api_error *e) {
     if (x->srv->m) metrics_http_error(x->srv->m, e->status);
-    return reply_json(x, e->status, api_error_json(e));
+    return reply_json(x, e->status, x->route == R_MESSAGES ? api_msg_error_json(e) : api_error_json(e));
 }
 
 static enum MHD_Result fail(conn_ctx *x, int status, const char *type, const char *param,
@@ -414,11 +416,13 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     if (st != LOOP_READY) return fail(x, 503, "server_error", NULL, NULL, "the server is shutting down");
     if (loop_engine_failed(s->lp))
         return fail(x, 503, "server_error", NULL, NULL, "the engine has failed; the server needs a restart");
-    api_kind kind = x->route == R_CHAT || x->route == R_RESPONSES ? API_CHAT : API_COMPLETION;
+    api_kind kind = x->route == R_CHAT || x->route == R_RESPONSES || x->route == R_MESSAGES ? API_CHAT : API_COMPLETION;
     api_limits lim = {s->model_name, s->vocab, s->cfg->max_n, s->max_token_bytes};
     api_error e;
-    api_request *r = x->route == R_RESPONSES ? api_resp_parse(x->body ? x->body : "", x->len, &lim, &e)
-                                             : api_parse_request(kind, x->body ? x->body : "", x->len, &lim, &e);
+    const char *body = x->body ? x->body : "";
+    api_request *r = x->route == R_RESPONSES ? api_resp_parse(body, x->len, &lim, &e)
+                     : x->route == R_MESSAGES ? api_msg_parse(body, x->len, &lim, &e)
+                                              : api_parse_request(kind, body, x->len, &lim, &e);
     if (!r) return reply_error(x, &e);
     loop_job *job = calloc(1, sizeof *job);
     if (!job) {
@@ -428,7 +432,8 @@ static enum MHD_Result handle_generate(conn_ctx *x) {
     job->req = r;
     job->t_arrival = loop_now();
     job->created = (long long)time(NULL);
-    api_make_id(job->rid, sizeof job->rid, r->responses ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-");
+    api_make_id(job->rid, sizeof job->rid,
+                r->responses ? "resp_" : r->messages_api ? "msg_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-");
     snprintf(job->path, sizeof job->path, "%s", routes[x->route_idx].path);
     snprintf(job->request_id, sizeof job->request_id, "%s", x->request_id);
     if (prepare_job(s, r, job, &e)) {
@@ -507,7 +512,7 @@ static enum MHD_Result preflight(conn_ctx *x, int idx) {
         const char *want = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
         MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
-                                want && *want ? want : "Authorization, Content-Type, X-Request-Id");
+                                want && *want ? want : "Authorization, Content-Type, X-Request-Id, X-Api-Key, Anthropic-Version");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
     }
     x->replied = 1;
@@ -610,8 +615,14 @@ static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_R
     }
     x->route = r;
     x->route_idx = idx;
+    /* Anthropic's clients send the key as x-api-key */
+    const char *xkey = r == R_MESSAGES ? MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key") : NULL;
+    char bearer[512];
+    if (xkey) snprintf(bearer, sizeof bearer, "Bearer %s", xkey);
     if (routes[idx].auth &&
-        !key_ok(x->srv->cfg, MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization"))) {
+        !key_ok(x->srv->cfg, xkey && strlen(xkey) < sizeof bearer - 8
+                                 ? bearer
+                                 : MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization"))) {
         *ret = fail(x, 401, "authentication_error", NULL, "invalid_api_key", "invalid or missing API key");
         return 1;
     }
@@ -629,7 +640,7 @@ static enum MHD_Result dispatch(conn_ctx *x) {
     if ((x->route == R_TOKENIZE || x->route == R_DETOKENIZE) && !eng_of(x->srv))
         return fail(x, 503, "server_error", NULL, NULL, "the model is still loading");
     switch (x->route) {
-    case R_COMPLETIONS: case R_CHAT: case R_RESPONSES: return handle_generate(x);
+    case R_COMPLETIONS: case R_CHAT: case R_RESPONSES: case R_MESSAGES: return handle_generate(x);
     case R_TOKENIZE: return handle_tokenize(x);
     case R_DETOKENIZE: return handle_detokenize(x);
     case R_MODELS:

@@ -116,6 +116,7 @@ void loop_job_free(loop_job *j) {
         json_decref(c->lp);
         json_decref(c->prompt_lp);
         api_rstream_free(c->rs);
+        api_mstream_free(c->ms);
     }
     free(j->choices);
     grammar_unref(j->tool_grammar);

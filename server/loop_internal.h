@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 
 #include "engine/core/threadpool.h"
+#include "server/api_messages.h"
 #include "server/api_responses.h"
 #include "server/loop.h"
 #include "server/reasoning.h"
@@ -44,6 +45,8 @@ struct loop_choice {
     json_t *lp;                 /* non-streaming logprobs accumulator */
     json_t *prompt_lp;          /* vLLM's prompt_logprobs list, once the prompt is done */
     api_rstream *rs;            /* POST /v1/responses: its output items and events */
+    api_mstream *ms;            /* POST /v1/messages: its content blocks and events */
+    int stop_hit;               /* 1 + the index of the stop string that ended it (0: none) */
     rp_parser *rp;              /* streaming chat: reasoning split (NULL = off) */
     tc_parser *tc;              /* streaming chat: tool calls (NULL = off) */
     int n_out;

@@ -77,20 +77,27 @@ static json_t *parsed_delta(loop_choice *c, const char *s, size_t n, int final) 
     return d;
 }
 
-/* Responses events of a chat delta (stolen), pushed as SSE; a step that produced none
- * still writes a comment line (the liveness write, see emit). */
-static void push_resp_events(loop_choice *c, json_t *delta, int keepalive) {
-    json_t *ev = json_array(), *e;
+/* Events (an array, stolen) as SSE on the job's stream. */
+static void push_events(loop_job *job, json_t *ev) {
+    json_t *e;
     size_t i, len;
-    api_rstream_feed(c->rs, delta, ev);
-    json_decref(delta);
     json_array_foreach(ev, i, e) {
         char *sse = api_rstream_sse(e, &len);
-        if (sse) sse_chan_push(c->job->chan, sse, len);
+        if (sse) sse_chan_push(job->chan, sse, len);
         free(sse);
     }
-    if (!json_array_size(ev) && keepalive) sse_chan_push(c->job->chan, ":\n\n", 3);
     json_decref(ev);
+}
+
+/* Responses / Messages events of a chat delta (stolen), pushed as SSE; a step that
+ * produced none still writes a comment line (the liveness write, see emit). */
+static void push_resp_events(loop_choice *c, json_t *delta, int keepalive) {
+    json_t *ev = json_array();
+    if (c->ms) api_mstream_feed(c->ms, delta, ev);
+    else api_rstream_feed(c->rs, delta, ev);
+    json_decref(delta);
+    if (!json_array_size(ev) && keepalive) sse_chan_push(c->job->chan, ":\n\n", 3);
+    push_events(c->job, ev);
 }
 
 /* A chat delta of plain text (no parsers). */
@@ -103,7 +110,7 @@ static json_t *text_delta(const char *s, size_t n) {
 static void emit(loop *l, loop_choice *c, const char *s, size_t n, json_t *lp, int had_tokens) {
     loop_job *job = c->job;
     api_request *r = job->req;
-    if (c->rs && r->stream) {
+    if ((c->rs || c->ms) && r->stream) {
         json_decref(lp);
         push_resp_events(c, c->rp || c->tc ? parsed_delta(c, s, n, 0) : text_delta(s, n), had_tokens);
         return;
@@ -148,7 +155,16 @@ static api_usage job_usage(loop *l, loop_job *job) {
 static void send_error_body(loop_job *job) {
     api_error e;
     api_fail(&e, job->error_status, job->error_type, NULL, NULL, "%s", job->error_msg);
-    json_t *v = api_error_json(&e);
+    json_t *v = job->req->messages_api ? api_msg_error_json(&e) : api_error_json(&e);
+    if (job->req->stream && job->req->messages_api) {   /* an error event ends the stream */
+        size_t len;
+        char *sse = api_rstream_sse(v, &len);
+        json_decref(v);
+        if (sse) sse_chan_push(job->chan, sse, len);
+        free(sse);
+        sse_chan_close(job->chan, 200);
+        return;
+    }
     if (job->req->stream) {
         push_json(job, v);
         sse_chan_push(job->chan, API_SSE_DONE, strlen(API_SSE_DONE));
@@ -194,41 +210,44 @@ static json_t *parsed_message(loop_choice *c, const char **finish) {
     return m;
 }
 
-/* POST /v1/responses: the response object (non-streamed) or the closing events. */
-static void send_responses(loop *l, loop_job *job, const api_usage *u) {
+/* POST /v1/responses and /v1/messages: the response object or message (non-streamed), or
+ * the closing events; the stop string that matched goes to the Messages API. */
+static void send_translated(loop_job *job, const api_usage *u) {
     loop_choice *c = &job->choices[0];
     const char *finish = c->finish;
     if (!job->req->stream) {
         json_t *m = c->rp || c->tc ? parsed_message(c, &finish) : text_delta(c->text, c->tlen);
-        api_rstream_feed(c->rs, m, NULL);
+        if (c->ms) api_mstream_feed(c->ms, m, NULL);
+        else api_rstream_feed(c->rs, m, NULL);
         json_decref(m);
+    } else {
+        finish = shown_finish(c, finish);
     }
-    json_t *ev = job->req->stream ? json_array() : NULL, *e;
-    json_t *resp = api_rstream_close(c->rs, finish, u->prompt_tokens, u->completion_tokens, ev);
-    size_t i, len;
-    json_array_foreach(ev, i, e) {
-        char *sse = api_rstream_sse(e, &len);
-        if (sse) sse_chan_push(job->chan, sse, len);
-        free(sse);
+    json_t *ev = job->req->stream ? json_array() : NULL, *out;
+    if (c->ms) {
+        const int k = c->stop_hit;
+        out = api_mstream_close(c->ms, finish, k > 0 && k <= job->req->n_stop ? job->req->stop[k - 1] : NULL,
+                                u->prompt_tokens, u->completion_tokens, ev);
+    } else {
+        out = api_rstream_close(c->rs, finish, u->prompt_tokens, u->completion_tokens, ev);
     }
-    json_decref(ev);
     if (job->req->stream) {
-        json_decref(resp);
+        push_events(job, ev);
+        json_decref(out);
         sse_chan_close(job->chan, 200);
         return;
     }
-    char *s = json_dumps(resp, JSON_COMPACT);
-    json_decref(resp);
+    char *s = json_dumps(out, JSON_COMPACT);
+    json_decref(out);
     sse_chan_push_close(job->chan, s ? s : "", s ? strlen(s) : 0, s ? 200 : 500);
     free(s);
-    (void)l;
 }
 
 static void send_success(loop *l, loop_job *job) {
     api_request *r = job->req;
     api_usage u = job_usage(l, job);
-    if (job->n_choices && job->choices[0].rs) {
-        send_responses(l, job, &u);
+    if (job->n_choices && (job->choices[0].rs || job->choices[0].ms)) {
+        send_translated(job, &u);
         return;
     }
     if (r->stream) {
@@ -295,7 +314,7 @@ static void finish_choice(loop *l, loop_choice *c, const char *reason) {
     c->finish = reason;
     loop_job *job = c->job;
     const char *shown = reason;
-    if (c->rs && job->req->stream && !job->error_status) {
+    if ((c->rs || c->ms) && job->req->stream && !job->error_status) {
         /* what the parsers still held; the closing events come with the usage */
         if (c->rp || c->tc) push_resp_events(c, parsed_delta(c, "", 0, 1), 0);
     } else if (job->req->stream && !job->error_status) {
@@ -354,20 +373,18 @@ void loop_output_start(loop *l, loop_job *job) {
     for (int i = 0; i < job->n_choices; i++)
         if (make_parsers(job, &job->choices[i]) ||
             (r->responses && !(job->choices[i].rs = api_rstream_new(job->rid, job->created, l->cfg.model_name,
-                                                                    r->responses)))) {
+                                                                    r->responses))) ||
+            (r->messages_api && !(job->choices[i].ms = api_mstream_new(job->rid, l->cfg.model_name)))) {
             loop_fail_job(l, job, 500, "server_error", "out of memory");
             return;
         }
-    if (r->responses && r->stream) {
-        json_t *ev = json_array(), *e;
-        size_t i, len;
-        api_rstream_open(job->choices[0].rs, ev);
-        json_array_foreach(ev, i, e) {
-            char *sse = api_rstream_sse(e, &len);
-            if (sse) sse_chan_push(job->chan, sse, len);
-            free(sse);
-        }
-        json_decref(ev);
+    if ((r->messages_api || r->responses) && r->stream) {   /* the opening events */
+        json_t *ev = json_array();
+        int in = 0;
+        for (int p = 0; p < job->n_prompts; p++) in += job->n_prompt_ids[p];
+        if (r->messages_api) api_mstream_open(job->choices[0].ms, in, ev);
+        else api_rstream_open(job->choices[0].rs, ev);
+        push_events(job, ev);
         return;
     }
     for (int i = 0; i < job->n_choices; i++) {
@@ -479,6 +496,9 @@ static int drain_pending(loop *l, loop_choice *c, json_t *lp, int final, int had
     api_request *r = c->job->req;
     size_t n = 0;
     int hit = api_stop_scan(c->pending, c->plen, r->stop, r->n_stop, &n);
+    for (int i = 0; hit && !c->stop_hit && i < r->n_stop; i++)   /* the string that matched at n */
+        if (c->plen - n >= strlen(r->stop[i]) && !memcmp(c->pending + n, r->stop[i], strlen(r->stop[i])))
+            c->stop_hit = 1 + i;
     if (final && !hit) n = c->plen;
     if (n || lp || had_tokens) emit(l, c, c->pending, n, lp, had_tokens);
     c->offset += (long long)n;

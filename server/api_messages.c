@@ -182,7 +182,18 @@ static int map_tools(json_t *o, json_t *cb, api_error *e) {
     return 0;
 }
 
+static api_request *parse_body(const char *body, size_t len, const api_limits *lim, int count, api_error *e);
+
 api_request *api_msg_parse(const char *body, size_t len, const api_limits *lim, api_error *e) {
+    return parse_body(body, len, lim, 0, e);
+}
+
+api_request *api_msg_parse_count(const char *body, size_t len, const api_limits *lim, api_error *e) {
+    return parse_body(body, len, lim, 1, e);
+}
+
+/* count: /v1/messages/count_tokens's body (no max_tokens: the prompt is all it counts). */
+static api_request *parse_body(const char *body, size_t len, const api_limits *lim, int count, api_error *e) {
     json_error_t je;
     json_t *o = json_loadb(body, len, 0, &je);
     if (!o || !json_is_object(o)) {
@@ -199,7 +210,8 @@ api_request *api_msg_parse(const char *body, size_t len, const api_limits *lim, 
             api_fail(e, 400, NULL, refused[i], NULL, "'%s' is not supported", refused[i]);
             goto done;
         }
-    json_t *mt = given(o, "max_tokens");
+    json_t *mt = count ? json_integer(1) : json_incref(given(o, "max_tokens"));
+    json_object_set_new(cb, "max_tokens", mt);
     if (!json_is_integer(mt) || json_integer_value(mt) < 1) {
         api_fail(e, 400, NULL, "max_tokens", NULL, "'max_tokens' is required: an integer >= 1");
         goto done;
@@ -222,7 +234,6 @@ api_request *api_msg_parse(const char *body, size_t len, const api_limits *lim, 
         json_object_set_new(cb, "response_format", json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema",
                                                              "name", "output", "schema", json_object_get(fmt, "schema")));
     }
-    json_object_set(cb, "max_tokens", mt);
     json_t *ss = given(o, "stop_sequences");
     if (ss && !json_is_array(ss)) {
         api_fail(e, 400, NULL, "stop_sequences", NULL, "'stop_sequences' must be an array of strings");

@@ -17,6 +17,8 @@
  * by their chat template; earlier thinking blocks are dropped; prefix caching is
  * automatic).
  *
+ * count_tokens: api_msg_parse_count reads the same body without max_tokens.
+ *
  * Response: an api_mstream turns the chat output (the chat parsers' deltas, or one whole
  * message) into content blocks (thinking, text, tool_use with its input parsed) and,
  * streamed, the Messages events (message_start, content_block_start / _delta / _stop,
@@ -30,6 +32,8 @@
 
 /* Parse and validate; a chat request with `messages_api` set. NULL with *e filled on error. */
 api_request *api_msg_parse(const char *body, size_t len, const api_limits *lim, api_error *e);
+/* The same for POST /v1/messages/count_tokens (its body has no max_tokens). */
+api_request *api_msg_parse_count(const char *body, size_t len, const api_limits *lim, api_error *e);
 
 /* An error as the Messages API writes it (its type from the status). New reference. */
 json_t *api_msg_error_json(const api_error *e);

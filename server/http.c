@@ -33,7 +33,7 @@
 
 enum route {
     R_NONE = 0, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH, R_READY,
-    R_VERSION, R_METRICS, R_MODEL, R_RESPONSES, R_MESSAGES,
+    R_VERSION, R_METRICS, R_MODEL, R_RESPONSES, R_MESSAGES, R_MSG_COUNT,
 };
 
 static const struct {
@@ -46,6 +46,7 @@ static const struct {
     {"/v1/chat/completions", R_CHAT, "POST", 1},
     {"/v1/responses", R_RESPONSES, "POST", 1},      /* mapped onto chat (api_responses.h) */
     {"/v1/messages", R_MESSAGES, "POST", 1},        /* Anthropic's, mapped onto chat (api_messages.h) */
+    {"/v1/messages/count_tokens", R_MSG_COUNT, "POST", 1},
     {"/tokenize", R_TOKENIZE, "POST", 1},
     {"/detokenize", R_DETOKENIZE, "POST", 1},
     {"/v1/models", R_MODELS, "GET", 1},
@@ -153,7 +154,8 @@ static enum MHD_Result reply_json(conn_ctx *x, int status, json_t *v) {
 
 static enum MHD_Result reply_error(conn_ctx *x, const api_error *e) {
     if (x->srv->m) metrics_http_error(x->srv->m, e->status);
-    return reply_json(x, e->status, x->route == R_MESSAGES ? api_msg_error_json(e) : api_error_json(e));
+    const int anthropic = x->route == R_MESSAGES || x->route == R_MSG_COUNT;
+    return reply_json(x, e->status, anthropic ? api_msg_error_json(e) : api_error_json(e));
 }
 
 static enum MHD_Result fail(conn_ctx *x, int status, const char *type, const char *param,
@@ -268,6 +270,28 @@ static enum MHD_Result handle_tokenize(conn_ctx *x) {
     free(ids);
     return reply_json(x, 200, json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len",
                                         s->cfg->max_seq_len));
+}
+
+/* POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would render it. */
+static enum MHD_Result handle_count_tokens(conn_ctx *x) {
+    http_server *s = x->srv;
+    api_limits lim = {s->model_name, s->vocab, s->cfg->max_n, s->max_token_bytes};
+    api_error e;
+    api_request *r = api_msg_parse_count(x->body ? x->body : "", x->len, &lim, &e);
+    if (!r) return reply_error(x, &e);
+    char *text = NULL;
+    size_t len = 0;
+    int32_t *ids = NULL;
+    const int tools_on = r->tools && r->tool_choice != API_TOOL_NONE;   /* as prepare_job renders it */
+    int n = render_chat(s, r->messages, tools_on ? r->tools : NULL, r->chat_template_kwargs, r->add_generation_prompt,
+                        &text, &len, &e)
+                ? -1
+                : encode(s, text, len, 0, 1, &ids, "messages", &e);
+    free(text);
+    free(ids);
+    api_request_free(r);
+    if (n < 0) return reply_error(x, &e);
+    return reply_json(x, 200, json_pack("{s:i}", "input_tokens", n));
 }
 
 static enum MHD_Result handle_detokenize(conn_ctx *x) {
@@ -616,7 +640,7 @@ static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_R
     x->route = r;
     x->route_idx = idx;
     /* Anthropic's clients send the key as x-api-key */
-    const char *xkey = r == R_MESSAGES ? MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key") : NULL;
+    const char *xkey = r == R_MESSAGES || r == R_MSG_COUNT ? MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key") : NULL;
     char bearer[512];
     if (xkey) snprintf(bearer, sizeof bearer, "Bearer %s", xkey);
     if (routes[idx].auth &&
@@ -641,6 +665,7 @@ static enum MHD_Result dispatch(conn_ctx *x) {
         return fail(x, 503, "server_error", NULL, NULL, "the model is still loading");
     switch (x->route) {
     case R_COMPLETIONS: case R_CHAT: case R_RESPONSES: case R_MESSAGES: return handle_generate(x);
+    case R_MSG_COUNT: return handle_count_tokens(x);
     case R_TOKENIZE: return handle_tokenize(x);
     case R_DETOKENIZE: return handle_detokenize(x);
     case R_MODELS:

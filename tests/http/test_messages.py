@@ -174,3 +174,14 @@ def test_key_as_x_api_key(server_factory):
     bearer = requests.post(srv.url + "/v1/messages", json=body, headers={"Authorization": "Bearer k1"}, timeout=30)
     assert ok.status_code == bearer.status_code != 401
     assert ok.json()["type"] in ("message", "error") and ok.json().keys() == bearer.json().keys()
+
+
+def test_count_tokens_equals_usage(smol):
+    c, m = client(smol), model_id(smol)
+    for extra in ({}, {"tools": TOOLS}, {"system": "Be brief."}):
+        msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+        n = c.messages.count_tokens(model=m, messages=msgs, **extra)
+        r = c.messages.create(model=m, max_tokens=1, extra_body=T0, messages=msgs, **extra)
+        assert n.input_tokens == r.usage.input_tokens > 5
+    bad = requests.post(smol.url + "/v1/messages/count_tokens", json={"model": m, "messages": []}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"

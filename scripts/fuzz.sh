@@ -28,11 +28,17 @@ LIBS="-ljansson -lpcre2-8 -lutf8proc -lm -ldl -pthread"
 # engine object is linked with the sanitizers only.
 instrumented() {  # target
     case $1 in
-        api|sse) echo server/api.c server/api_constraint.c server/api_responses.c server/sbuf.c server/sse.c ;;
+        api|sse) echo server/api.c server/api_constraint.c server/api_messages.c server/api_responses.c server/sbuf.c server/sse.c ;;
         gguf) echo engine/model/gguf.c engine/model/model.c engine/text/tok_gguf.c ;;
         tmpl) echo engine/text/tmpl*.c ;;
         tokenizer) echo engine/text/tokenizer.c engine/text/tok_*.c ;;
     esac
+}
+
+# An object to rebuild: missing, older than its source, or older than any header (a struct
+# that grew would otherwise be read past its end by objects built before).
+stale() {  # source object
+    [[ ! -f $2 || $1 -nt $2 || -n $(find server engine kernels -name '*.h' -newer "$2" -print -quit) ]]
 }
 
 build_one() {  # target
@@ -43,7 +49,7 @@ build_one() {  # target
     for src in "${inst[@]}"; do
         local o="$OUT/obj/$t/${src%.c}.fuzz.o"
         mkdir -p "$(dirname "$o")"
-        if [[ ! -f $o || $src -nt $o ]]; then
+        if stale "$src" "$o"; then
             $CC $CFLAGS -fsanitize=fuzzer-no-link $SAN -c "$src" -o "$o"
         fi
         objs+=("$o")
@@ -52,7 +58,7 @@ build_one() {  # target
         [[ $src == engine/cuda/* || " ${inst[*]} " == *" $src "* ]] && continue
         local o="$OUT/obj/${src%.c}.o"
         mkdir -p "$(dirname "$o")"
-        if [[ ! -f $o || $src -nt $o ]]; then
+        if stale "$src" "$o"; then
             $CC $CFLAGS $SAN -c "$src" -o "$o" &
         fi
         objs+=("$o")

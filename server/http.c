@@ -173,6 +173,23 @@ static int key_ok(const srv_config *cfg, const char *header) {
     return api_auth_ok(header, keys, cfg->n_api_keys);
 }
 
+/* The request's key: Authorization: Bearer, or on Anthropic's routes x-api-key too (what
+ * its clients send). */
+static int authorized(conn_ctx *x, int route) {
+    const srv_config *cfg = x->srv->cfg;
+    if (key_ok(cfg, MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization"))) return 1;
+    const char *xkey = route == R_MESSAGES || route == R_MSG_COUNT
+                           ? MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key")
+                           : NULL;
+    if (!xkey) return 0;
+    char *b = malloc(strlen(xkey) + 8);
+    if (!b) return 0;
+    sprintf(b, "Bearer %s", xkey);
+    const int ok = key_ok(cfg, b);
+    free(b);
+    return ok;
+}
+
 /* ---- endpoint handlers ---------------------------------------------------------------------- */
 
 static const engine *eng_of(http_server *s) { return atomic_load_explicit(&s->eng, memory_order_acquire); }
@@ -639,14 +656,7 @@ static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_R
     }
     x->route = r;
     x->route_idx = idx;
-    /* Anthropic's clients send the key as x-api-key */
-    const char *xkey = r == R_MESSAGES || r == R_MSG_COUNT ? MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key") : NULL;
-    char bearer[512];
-    if (xkey) snprintf(bearer, sizeof bearer, "Bearer %s", xkey);
-    if (routes[idx].auth &&
-        !key_ok(x->srv->cfg, xkey && strlen(xkey) < sizeof bearer - 8
-                                 ? bearer
-                                 : MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization"))) {
+    if (routes[idx].auth && !authorized(x, r)) {
         *ret = fail(x, 401, "authentication_error", NULL, "invalid_api_key", "invalid or missing API key");
         return 1;
     }
@@ -661,7 +671,7 @@ static int precheck(conn_ctx *x, const char *url, const char *method, enum MHD_R
 }
 
 static enum MHD_Result dispatch(conn_ctx *x) {
-    if ((x->route == R_TOKENIZE || x->route == R_DETOKENIZE) && !eng_of(x->srv))
+    if ((x->route == R_TOKENIZE || x->route == R_DETOKENIZE || x->route == R_MSG_COUNT) && !eng_of(x->srv))
         return fail(x, 503, "server_error", NULL, NULL, "the model is still loading");
     switch (x->route) {
     case R_COMPLETIONS: case R_CHAT: case R_RESPONSES: case R_MESSAGES: return handle_generate(x);

@@ -2,7 +2,11 @@
  *
  * Every input is fed, unchanged, to each public parse entry point:
  *   api_parse_request(API_COMPLETION), api_parse_request(API_CHAT), api_parse_tokenize,
- *   api_parse_detokenize (and api_normalize_messages through chat / tokenize).
+ *   api_parse_detokenize (and api_normalize_messages through chat / tokenize), and the
+ *   Responses and Messages mappings onto chat (api_resp_parse, api_msg_parse,
+ *   api_msg_parse_count: a success is a chat request under the same checks, an error
+ *   also serialises in the Messages shape); an input that is a JSON object is also fed
+ *   as a chat delta to a Messages stream, whose events and message must serialise.
  * Invariants checked (abort() on violation, so libFuzzer records a crash):
  *   - a failure fills an api_error with a 4xx/5xx status and a NUL-terminated message, and
  *     api_error_json serialises to JSON that parses back with the same status fields;
@@ -25,6 +29,8 @@
 #include <string.h>
 
 #include "server/api.h"
+#include "server/api_messages.h"
+#include "server/api_responses.h"
 
 #define VOCAB 1000
 #define MAX_N 8
@@ -281,6 +287,51 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         check_error(&e);
     }
+
+    /* the Responses and Messages mappings: chat requests, or errors (also in the Messages shape) */
+    for (int k = 0; k < 3; k++) {
+        memset(&e, 0xAA, sizeof e);
+        api_request *r = k == 0 ? api_resp_parse(body, size, &LIM, &e)
+                         : k == 1 ? api_msg_parse(body, size, &LIM, &e)
+                                  : api_msg_parse_count(body, size, &LIM, &e);
+        if (r) {
+            CHECK(r->kind == API_CHAT && (k == 0 ? r->responses != NULL : r->messages_api == 1));
+            check_request(r, API_CHAT, h);
+            api_request_free(r);
+        } else {
+            check_error(&e);
+            json_t *j = api_msg_error_json(&e);
+            char *js = json_dumps(j, JSON_COMPACT);
+            CHECK(js && json_is_string(json_object_get(json_object_get(j, "error"), "message")));
+            free(js);
+            json_decref(j);
+        }
+    }
+    /* a JSON object as a chat delta into a Messages stream: every event and the message serialise */
+    json_t *d = json_loadb(body, size, 0, NULL);
+    if (json_is_object(d)) {
+        api_mstream *ms = api_mstream_new("msg_f", "m");
+        json_t *ev = json_array();
+        api_mstream_open(ms, 1, ev);
+        api_mstream_feed(ms, d, ev);
+        api_mstream_feed(ms, d, ev);
+        json_t *msg = api_mstream_close(ms, h & 1 ? "stop" : "length", h & 2 ? "s" : NULL, 1, 2, ev);
+        CHECK(json_is_array(json_object_get(msg, "content")));
+        char *ms_s = json_dumps(msg, JSON_COMPACT);
+        CHECK(ms_s);
+        free(ms_s);
+        size_t i, len;
+        json_t *x;
+        json_array_foreach(ev, i, x) {
+            char *sse = api_rstream_sse(x, &len);
+            CHECK(sse && len > 14 && !memcmp(sse, "event: ", 7));
+            free(sse);
+        }
+        json_decref(msg);
+        json_decref(ev);
+        api_mstream_free(ms);
+    }
+    json_decref(d);
 
     memset(&e, 0xAA, sizeof e);
     t = api_parse_detokenize(body, size, VOCAB, &e);

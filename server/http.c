@@ -192,6 +192,26 @@ static int authorized(conn_ctx *x, int route) {
 
 /* ---- endpoint handlers ---------------------------------------------------------------------- */
 
+/* GET /v1/models: OpenAI's list; for Anthropic's clients (an anthropic-version header) each
+ * entry also has its type, display_name and created_at, and the list its page fields. */
+static json_t *models_json(conn_ctx *x) {
+    http_server *s = x->srv;
+    json_t *list = api_models_json(s->model_name, s->started, s->cfg->max_seq_len);
+    if (!MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "anthropic-version")) return list;
+    char when[32];
+    const time_t t = (time_t)s->started;
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    json_t *m = json_array_get(json_object_get(list, "data"), 0);
+    json_object_set_new(m, "type", json_string("model"));
+    json_object_set_new(m, "display_name", json_string(s->model_name));
+    json_object_set_new(m, "created_at", json_string(when));
+    json_object_set_new(list, "has_more", json_false());
+    json_object_set_new(list, "first_id", json_string(s->model_name));
+    json_object_set_new(list, "last_id", json_string(s->model_name));
+    return list;
+}
+
 static const engine *eng_of(http_server *s) { return atomic_load_explicit(&s->eng, memory_order_acquire); }
 
 static enum MHD_Result handle_health(conn_ctx *x) {
@@ -678,8 +698,7 @@ static enum MHD_Result dispatch(conn_ctx *x) {
     case R_MSG_COUNT: return handle_count_tokens(x);
     case R_TOKENIZE: return handle_tokenize(x);
     case R_DETOKENIZE: return handle_detokenize(x);
-    case R_MODELS:
-        return reply_json(x, 200, api_models_json(x->srv->model_name, x->srv->started, x->srv->cfg->max_seq_len));
+    case R_MODELS: return reply_json(x, 200, models_json(x));
     case R_MODEL: {
         const char *id = x->url + strlen("/v1/models/");
         if (strcmp(id, x->srv->model_name)) {
@@ -688,7 +707,7 @@ static enum MHD_Result dispatch(conn_ctx *x) {
                      x->srv->model_name);
             return fail(x, 404, "invalid_request_error", "model", "model_not_found", msg);
         }
-        json_t *list = api_models_json(x->srv->model_name, x->srv->started, x->srv->cfg->max_seq_len);
+        json_t *list = models_json(x);
         json_t *one = json_incref(json_array_get(json_object_get(list, "data"), 0));
         json_decref(list);
         return reply_json(x, 200, one);

@@ -185,3 +185,13 @@ def test_count_tokens_equals_usage(smol):
         assert n.input_tokens == r.usage.input_tokens > 5
     bad = requests.post(smol.url + "/v1/messages/count_tokens", json={"model": m, "messages": []}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_models_for_anthropic_clients(smol):
+    m = model_id(smol)
+    ms = list(client(smol).models.list())
+    assert [x.id for x in ms] == [m] and ms[0].type == "model" and ms[0].display_name == m
+    assert ms[0].created_at.year >= 2026
+    assert client(smol).models.retrieve(m).id == m
+    plain = requests.get(smol.url + "/v1/models", timeout=30).json()   # OpenAI's shape without the header
+    assert plain["object"] == "list" and "type" not in plain["data"][0] and "has_more" not in plain

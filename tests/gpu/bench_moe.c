@@ -9,7 +9,8 @@
  * BENCH_MOE_STAGES=1 or 2 times only the routing, or the routing and gate|up (both forms);
  * BENCH_MOE_N=n only n tokens.
  *
- * Forms: "dec" is the decode path (k_moe_route_gemv, k_moe_gated_dec, k_moe_down_combine:
+ * Forms: "one" is one token's layer in one launch (k_moe_decode1, SPECD_CUDA_MOE_ONE), "dec"
+ * the decode path (k_moe_route_gemv, k_moe_gated_dec, k_moe_down_combine:
  * what the runner launches up to K_MOE_DEC_MAX_N tokens), "gen" the general one (router
  * GEMM on cuBLAS as the runner runs it above 2 rows, k_moe_route, k_moe_gemm twice,
  * k_moe_combine). Expert weights are a constant (timing only); router weights and inputs
@@ -35,8 +36,17 @@ static int g_E = 128, g_K = 8, g_H = 2048, g_MF = 768, g_stages = 3;
 static int g_tcv = -1;
 static int tcv_rows(int n) { return g_tcv >= 0 ? g_tcv : (long)n * g_K <= 16L * g_E ? n : 0; }
 
+static float *g_part;   /* k_moe_decode1's scratch and barrier counter */
+static unsigned *g_bar;
+
 static void layer(const weights *w, int l, int n, int dec, cublasHandle_t blas, uint16_t *x, float *resid,
                   uint16_t *act, float *out, const k_moe_route_buf *b, cudaStream_t s) {
+    if (dec == 2) {
+        if (k_moe_decode1(w->wr[l], w->wgu[l], w->wdn[l], x, NULL, g_H, g_E, g_K, g_MF, 1, 0, b, g_part, g_bar, resid,
+                          NULL, NULL, s))
+            abort();
+        return;
+    }
     if (dec) {   /* g_stages < 3: only the first stages (their differences time each) */
         if (k_moe_route_gemv(w->wr[l], x, NULL, n, g_H, g_E, g_K, 1, b, s) ||
             (g_stages > 1 && k_moe_gated_dec(w->wgu[l], x, NULL, b, n, g_E, g_K, g_MF, g_H, 0, act, s)) ||
@@ -104,6 +114,9 @@ int main(int argc, char **argv) {
     k_moe_route_buf b = {.logits = gu_dev((size_t)NMAX * g_E * 4), .ids = gu_dev((size_t)NMAX * g_K * 4),
                          .w = gu_dev((size_t)NMAX * g_K * 4), .counts = cnt + 1, .rows = gu_dev((size_t)g_E * NMAX * 4),
                          .active = cnt + 1 + g_E, .done = (unsigned *)cnt};
+    g_part = gu_dev(k_moe_decode1_part_floats(g_H) * 4);
+    g_bar = gu_dev(4);
+    GPU_CHECK(cudaMemset(g_bar, 0, 4));
     cublasHandle_t blas;
     cudaStream_t s;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) abort();
@@ -117,10 +130,11 @@ int main(int argc, char **argv) {
            g_MF, LAYERS, REPS);
     printf("%-4s %5s %10s %12s %10s %8s\n", "form", "n", "us/layer", "experts/lyr", "MB/layer", "GB/s");
     const int ns[] = {1, 2, 4, 8, 16, 64, 256};
-    for (int dec = 1; dec >= 0; dec--)
+    for (int dec = 2; dec >= 0; dec--)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             const int n = ns[ni];
             if (dec && n > K_MOE_DEC_MAX_N) continue;
+            if (dec == 2 && (n != 1 || k_moe_decode1_fits(g_H, g_E, g_K, g_MF))) continue;
             if (only_n && n != only_n) continue;
             /* distinct experts per layer, from one eager pass (counts of each layer) */
             double touched = 0;
@@ -129,7 +143,9 @@ int main(int argc, char **argv) {
                 layer(&w, l, n, dec, blas, x, resid, act, out, &b, s);
                 GPU_CHECK(cudaStreamSynchronize(s));
                 GPU_CHECK(cudaMemcpy(hc, b.counts, (size_t)g_E * 4, cudaMemcpyDeviceToHost));
-                for (int e = 0; e < g_E; e++) touched += hc[e] > 0;
+                if (dec == 2) touched += g_K;   /* (no row lists: one token, K distinct experts) */
+                else
+                    for (int e = 0; e < g_E; e++) touched += hc[e] > 0;
             }
             free(hc);
             touched /= LAYERS;
@@ -148,7 +164,8 @@ int main(int argc, char **argv) {
             GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
             const double us = ms * 1e3 / (REPS * LAYERS);
             const double mb = (touched * ebytes + (double)nr * 2) / 1e6;
-            printf("%-4s %5d %10.2f %12.1f %10.1f %8.0f\n", dec ? "dec" : "gen", n, us, touched, mb, mb / us * 1e3);
+            printf("%-4s %5d %10.2f %12.1f %10.1f %8.0f\n", dec == 2 ? "one" : dec ? "dec" : "gen", n, us, touched, mb,
+                   mb / us * 1e3);
             GPU_CHECK(cudaGraphExecDestroy(ge));
             GPU_CHECK(cudaGraphDestroy(g));
         }

@@ -26,6 +26,7 @@ done
 run moe_one "$G/test_gpu_kernels" "*moe_decode_one*"
 run moe_one_memcheck timeout 300 compute-sanitizer --tool memcheck "$G/test_gpu_kernels" "*moe_decode_one*"
 run moe_one_runner env SPECD_CUDA_MOE_ONE=1 "$G/test_gpu_runner"
+BENCH_MOE_N=1 "$G/bench_moe"   # us a layer, forms one / dec at one token
 for v in 0 1 0 1; do
     echo "MOE_ONE=$v: $(SPECD_CUDA_MOE_ONE=$v "$B/specd" bench --device cuda --shape qwen3-30b-a3b --batch 1 --prompt-len 128 \
         --gen 128 --max-batch 8 --max-seq-len 512 2>&1 | grep -E '^ +[0-9]' | tr -s ' ' | tr '\n' '|')"

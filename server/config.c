@@ -460,8 +460,9 @@ void srv_config_usage(FILE *f) {
     srv_config d;
     srv_config_defaults(&d);
     fprintf(f, "usage: specd serve --model PATH [options]\n\n"
-               "Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) plus\n"
-               "/tokenize /detokenize /health /ready /metrics /version.\n\n"
+               "Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses,\n"
+               "/v1/models), Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens)\n"
+               "plus /tokenize /detokenize /health /ready /metrics /version.\n\n"
                "Every option can also be set by an environment variable (shown) or a key of a\n"
                "JSON file given with --config FILE (or SPECD_CONFIG); precedence is command\n"
                "line > environment > file > default.\n\noptions:\n");

@@ -1036,8 +1036,22 @@ static int d1_slice(int K, int F, int sms, int *S_out) {
 extern "C" size_t k_moe_decode1_part_floats(int hidden) { return (size_t)k_sm_count() * (size_t)hidden; }
 
 /* The launch's shape: slice, S, G, the ring's rows a chunk CR and the dynamic shared
- * memory; -1 when the form does not apply (then nothing is launched). */
+ * memory; -1 when the form does not apply (then nothing is launched). The last widths'
+ * plan is kept: an eager step asks once a layer, and the attribute and occupancy queries
+ * are host calls of microseconds (one engine thread and one device a process). */
+static int d1_plan_new(int hidden, int E, int K, int F, int *slice, int *S, int *G, int *CR, size_t *smem);
 static int d1_plan(int hidden, int E, int K, int F, int *slice, int *S, int *G, int *CR, size_t *smem) {
+    static int key[4] = {-1, -1, -1, -1}, rc, c_slice, c_S, c_G, c_CR;
+    static size_t c_smem;
+    if (key[0] != hidden || key[1] != E || key[2] != K || key[3] != F) {
+        rc = d1_plan_new(hidden, E, K, F, &c_slice, &c_S, &c_G, &c_CR, &c_smem);
+        key[0] = hidden, key[1] = E, key[2] = K, key[3] = F;
+    }
+    *slice = c_slice, *S = c_S, *G = c_G, *CR = c_CR, *smem = c_smem;
+    return rc;
+}
+
+static int d1_plan_new(int hidden, int E, int K, int F, int *slice, int *S, int *G, int *CR, size_t *smem) {
     if (hidden <= 0 || hidden % 8 || F <= 0 || F % 8 || E <= 0 || E > 512 || K <= 0 || K > 16 || K > E) return -1;
     const int sms = k_sm_count();
     *slice = d1_slice(K, F, sms, S);

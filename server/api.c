@@ -53,8 +53,7 @@ json_t *api_error_json(const api_error *e) {
 
 /* ---- field readers -------------------------------------------------------------------- */
 
-/* The value of a field, or NULL when absent or null. */
-static json_t *field(json_t *o, const char *name) {
+json_t *api_field(json_t *o, const char *name) {
     json_t *v = json_object_get(o, name);
     return v && !json_is_null(v) ? v : NULL;
 }
@@ -70,7 +69,7 @@ static int as_integer(json_t *v, long long *out) {
 
 static int get_int(json_t *o, const char *name, long long lo, long long hi, long long *out,
                    api_error *e) {
-    json_t *v = field(o, name);
+    json_t *v = api_field(o, name);
     if (!v) return 0;
     long long x;
     if (!as_integer(v, &x)) return api_fail(e, 400, NULL, name, NULL, "'%s' must be an integer", name);
@@ -84,7 +83,7 @@ static int get_int(json_t *o, const char *name, long long lo, long long hi, long
 /* lo_open: the lower bound is exclusive. */
 static int get_num(json_t *o, const char *name, double lo, int lo_open, double hi, double *out,
                    api_error *e) {
-    json_t *v = field(o, name);
+    json_t *v = api_field(o, name);
     if (!v) return 0;
     if (!json_is_number(v)) return api_fail(e, 400, NULL, name, NULL, "'%s' must be a number", name);
     double x = json_number_value(v);
@@ -96,14 +95,14 @@ static int get_num(json_t *o, const char *name, double lo, int lo_open, double h
 }
 
 static int get_bool(json_t *o, const char *name, int *out, api_error *e) {
-    json_t *v = field(o, name);
+    json_t *v = api_field(o, name);
     if (!v) return 0;
     if (!json_is_boolean(v)) return api_fail(e, 400, NULL, name, NULL, "'%s' must be a boolean", name);
     *out = json_is_true(v);
     return 1;
 }
 
-static json_t *parse_body(const char *body, size_t len, api_error *e) {
+json_t *api_parse_body(const char *body, size_t len, api_error *e) {
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
     if (!root) {
@@ -318,7 +317,7 @@ fail:
 /* ---- the common sampling fields ----------------------------------------------------------- */
 
 static int parse_stop(json_t *o, api_request *r, api_error *e) {
-    json_t *v = field(o, "stop");
+    json_t *v = api_field(o, "stop");
     if (!v) return 0;
     json_t *one[1] = {v};
     json_t **items = one;
@@ -347,7 +346,7 @@ static int parse_stop(json_t *o, api_request *r, api_error *e) {
 }
 
 static int parse_logit_bias(json_t *o, const api_limits *lim, api_request *r, api_error *e) {
-    json_t *v = field(o, "logit_bias");
+    json_t *v = api_field(o, "logit_bias");
     if (!v) return 0;
     if (!json_is_object(v))
         return api_fail(e, 400, NULL, "logit_bias", NULL, "'logit_bias' must be an object of token id -> bias");
@@ -375,7 +374,7 @@ static int parse_logit_bias(json_t *o, const api_limits *lim, api_request *r, ap
 
 /* Fields we know but do not implement: refuse rather than silently ignore. */
 static int parse_unsupported(json_t *o, const api_request *r, api_error *e) {
-    json_t *v = field(o, "suffix");
+    json_t *v = api_field(o, "suffix");
     if (v && (!json_is_string(v) || json_string_length(v)))
         return api_fail(e, 400, NULL, "suffix", NULL, "'suffix' is not supported");
     long long best_of = 0;
@@ -431,7 +430,7 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
     if ((rc = get_bool(o, "skip_special_tokens", &b, e)) < 0) return -1;
     if (rc) r->skip_special = b;
     if (get_bool(o, "stream", &r->stream, e) < 0) return -1;
-    json_t *so = field(o, "stream_options");
+    json_t *so = api_field(o, "stream_options");
     if (so) {
         if (!json_is_object(so))
             return api_fail(e, 400, NULL, "stream_options", NULL, "'stream_options' must be an object");
@@ -442,7 +441,7 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
             return -1;
         }
     }
-    json_t *u = field(o, "user");
+    json_t *u = api_field(o, "user");
     if (u && !json_is_string(u)) return api_fail(e, 400, NULL, "user", NULL, "'user' must be a string");
     if ((rc = get_int(o, "prompt_logprobs", 0, API_MAX_TOP_LOGPROBS, &x, e)) < 0) return -1;
     if (rc) r->prompt_logprobs = (int)x;
@@ -461,7 +460,7 @@ static int parse_common(json_t *o, const api_limits *lim, api_request *r, api_er
  * tools; "required" and a named function need tools. */
 static int parse_tool_choice(json_t *o, api_request *r, api_error *e) {
     if (get_bool(o, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
-    json_t *tc = field(o, "tool_choice");
+    json_t *tc = api_field(o, "tool_choice");
     if (!tc) return 0;
     const char *v = json_string_value(tc);
     if (v) {
@@ -499,7 +498,7 @@ static int parse_tool_choice(json_t *o, api_request *r, api_error *e) {
 
 static int parse_chat(json_t *o, api_request *r, api_error *e) {
     if (!(r->messages = api_normalize_messages(json_object_get(o, "messages"), e))) return -1;
-    json_t *t = field(o, "tools");
+    json_t *t = api_field(o, "tools");
     if (t) {
         if (!json_is_array(t)) return api_fail(e, 400, NULL, "tools", NULL, "'tools' must be an array");
         size_t i;
@@ -510,7 +509,7 @@ static int parse_chat(json_t *o, api_request *r, api_error *e) {
         if (json_array_size(t)) r->tools = json_incref(t);
     }
     if (parse_tool_choice(o, r, e) < 0) return -1;
-    json_t *k = field(o, "chat_template_kwargs");
+    json_t *k = api_field(o, "chat_template_kwargs");
     if (k) {
         if (!json_is_object(k))
             return api_fail(e, 400, NULL, "chat_template_kwargs", NULL, "'chat_template_kwargs' must be an object");
@@ -539,7 +538,7 @@ static int parse_completion(json_t *o, const api_limits *lim, api_request *r, ap
 
 api_request *api_parse_request(api_kind kind, const char *body, size_t len,
                                const api_limits *lim, api_error *e) {
-    json_t *o = parse_body(body, len, e);
+    json_t *o = api_parse_body(body, len, e);
     if (!o) return NULL;
     api_request *r = calloc(1, sizeof *r);
     if (!r) {
@@ -608,9 +607,9 @@ int api_default_max_tokens(api_kind kind, int n_prompt, int max_seq_len) {
 }
 
 json_t *api_parse_tokenize(const char *body, size_t len, api_error *e) {
-    json_t *o = parse_body(body, len, e);
+    json_t *o = api_parse_body(body, len, e);
     if (!o) return NULL;
-    json_t *p = field(o, "prompt"), *m = field(o, "messages");
+    json_t *p = api_field(o, "prompt"), *m = api_field(o, "messages");
     int b;
     if ((!p) == (!m)) {
         api_fail(e, 400, NULL, "prompt", NULL, "give exactly one of 'prompt' (string) or 'messages'");
@@ -634,7 +633,7 @@ fail:
 }
 
 json_t *api_parse_detokenize(const char *body, size_t len, int vocab, api_error *e) {
-    json_t *o = parse_body(body, len, e);
+    json_t *o = api_parse_body(body, len, e);
     if (!o) return NULL;
     json_t *t = json_object_get(o, "tokens");
     api_prompt p = {0};

@@ -38,6 +38,12 @@ typedef struct {
 /* Fill e and return -1 (so validators can `return api_fail(...)`). */
 int api_fail(api_error *e, int status, const char *type, const char *param, const char *code,
              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* A request body as a JSON object (NULL + a 400 naming what is wrong), and the value of one
+ * of its fields (NULL when absent or null): the readers the request mappings share. */
+json_t *api_parse_body(const char *body, size_t len, api_error *e);
+json_t *api_field(json_t *o, const char *name);
+
 /* The error object as a JSON value ({"error": {...}}), new reference. */
 json_t *api_error_json(const api_error *e);
 

@@ -10,9 +10,12 @@
 
 /* ---- request ---------------------------------------------------------------------------- */
 
-static json_t *given(json_t *o, const char *name) {
-    json_t *v = json_object_get(o, name);
-    return v && !json_is_null(v) ? v : NULL;
+/* A text block {type: text, text} as a chat text part (new reference), else NULL. */
+static json_t *text_part(json_t *b) {
+    const char *type = json_string_value(json_object_get(b, "type"));
+    json_t *text = json_object_get(b, "text");
+    return type && !strcmp(type, "text") && json_is_string(text) ? json_pack("{s:s, s:O}", "type", "text", "text", text)
+                                                                  : NULL;
 }
 
 /* The text blocks of a content array as chat text parts (other block types: a 400 naming
@@ -26,21 +29,21 @@ static json_t *text_parts(json_t *c, const char *where, size_t i, api_error *e) 
     json_t *parts = json_array(), *b;
     size_t j;
     json_array_foreach(c, j, b) {
-        const char *type = json_string_value(json_object_get(b, "type"));
-        json_t *text = json_object_get(b, "text");
-        if (!type || strcmp(type, "text") || !json_is_string(text)) {
+        json_t *p = text_part(b);
+        if (!p) {
+            const char *type = json_string_value(json_object_get(b, "type"));
             api_fail(e, 400, NULL, where, NULL, "%s[%zu].content[%zu]: only text blocks with a 'text' string are "
                      "supported here (got '%s')", where, i, j, type ? type : "no type");
             json_decref(parts);
             return NULL;
         }
-        json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text));
+        json_array_append_new(parts, p);
     }
     return parts;
 }
 
 static int map_system(json_t *o, json_t *msgs, api_error *e) {
-    json_t *sys = given(o, "system");
+    json_t *sys = api_field(o, "system");
     if (!sys) return 0;
     if (!json_is_string(sys) && !json_is_array(sys))
         return api_fail(e, 400, NULL, "system", NULL, "'system' must be a string or an array of text blocks");
@@ -56,8 +59,9 @@ static int map_assistant(json_t *blocks, size_t i, json_t *msgs, api_error *e) {
     size_t j;
     json_array_foreach(blocks, j, b) {
         const char *type = json_string_value(json_object_get(b, "type"));
-        if (type && !strcmp(type, "text") && json_is_string(json_object_get(b, "text"))) {
-            json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", json_object_get(b, "text")));
+        json_t *p = text_part(b);
+        if (p) {
+            json_array_append_new(parts, p);
         } else if (type && !strcmp(type, "tool_use")) {
             json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"), *input = json_object_get(b, "input");
             if (!json_is_string(id) || !json_is_string(name) || !json_is_object(input)) {
@@ -92,8 +96,9 @@ static int map_user(json_t *blocks, size_t i, json_t *msgs, api_error *e) {
     size_t j;
     json_array_foreach(blocks, j, b) {
         const char *type = json_string_value(json_object_get(b, "type"));
-        if (type && !strcmp(type, "text") && json_is_string(json_object_get(b, "text"))) {
-            json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", json_object_get(b, "text")));
+        json_t *p = text_part(b);
+        if (p) {
+            json_array_append_new(parts, p);
             continue;
         }
         if (!type || strcmp(type, "tool_result")) {
@@ -101,7 +106,7 @@ static int map_user(json_t *blocks, size_t i, json_t *msgs, api_error *e) {
             return api_fail(e, 400, NULL, "messages", NULL, "messages[%zu].content[%zu]: block type '%s' is not "
                             "supported (text and tool_result only)", i, j, type ? type : "no type");
         }
-        json_t *id = json_object_get(b, "tool_use_id"), *c = given(b, "content");
+        json_t *id = json_object_get(b, "tool_use_id"), *c = api_field(b, "content");
         if (!json_is_string(id)) {
             json_decref(parts);
             return api_fail(e, 400, NULL, "messages", NULL, "messages[%zu].content[%zu]: a tool_result block needs "
@@ -120,7 +125,7 @@ static int map_user(json_t *blocks, size_t i, json_t *msgs, api_error *e) {
 }
 
 static int map_messages(json_t *o, json_t *msgs, api_error *e) {
-    json_t *ms = given(o, "messages"), *m;
+    json_t *ms = api_field(o, "messages"), *m;
     if (!json_is_array(ms) || !json_array_size(ms))
         return api_fail(e, 400, NULL, "messages", NULL, "'messages' must be a non-empty array");
     size_t i;
@@ -143,7 +148,7 @@ static int map_messages(json_t *o, json_t *msgs, api_error *e) {
 
 /* Client tools {name, description, input_schema} as chat function tools; tool_choice. */
 static int map_tools(json_t *o, json_t *cb, api_error *e) {
-    json_t *tools = given(o, "tools"), *t;
+    json_t *tools = api_field(o, "tools"), *t;
     if (tools) {
         if (!json_is_array(tools)) return api_fail(e, 400, NULL, "tools", NULL, "'tools' must be an array");
         json_t *out = json_array();
@@ -159,11 +164,11 @@ static int map_tools(json_t *o, json_t *cb, api_error *e) {
                                 "object", i);
             json_t *fn = json_pack("{s:O, s:O}", "name", json_object_get(t, "name"), "parameters",
                                    json_object_get(t, "input_schema"));
-            if (given(t, "description")) json_object_set(fn, "description", json_object_get(t, "description"));
+            if (api_field(t, "description")) json_object_set(fn, "description", json_object_get(t, "description"));
             json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
         }
     }
-    json_t *tc = given(o, "tool_choice");
+    json_t *tc = api_field(o, "tool_choice");
     if (!tc) return 0;
     const char *type = json_string_value(json_object_get(tc, "type"));
     json_t *name = json_object_get(tc, "name");
@@ -194,23 +199,18 @@ api_request *api_msg_parse_count(const char *body, size_t len, const api_limits 
 
 /* count: /v1/messages/count_tokens's body (no max_tokens: the prompt is all it counts). */
 static api_request *parse_body(const char *body, size_t len, const api_limits *lim, int count, api_error *e) {
-    json_error_t je;
-    json_t *o = json_loadb(body, len, 0, &je);
-    if (!o || !json_is_object(o)) {
-        api_fail(e, 400, NULL, NULL, NULL, "request body is not a JSON object%s%s", o ? "" : ": ", o ? "" : je.text);
-        json_decref(o);
-        return NULL;
-    }
+    json_t *o = api_parse_body(body, len, e);
+    if (!o) return NULL;
     json_t *cb = json_object(), *msgs = json_array();
     json_object_set_new(cb, "messages", msgs);
     api_request *r = NULL;
     static const char *const refused[] = {"mcp_servers", "container"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
-        if (given(o, refused[i])) {
+        if (api_field(o, refused[i])) {
             api_fail(e, 400, NULL, refused[i], NULL, "'%s' is not supported", refused[i]);
             goto done;
         }
-    json_t *mt = count ? json_integer(1) : json_incref(given(o, "max_tokens"));
+    json_t *mt = count ? json_integer(1) : json_incref(api_field(o, "max_tokens"));
     json_object_set_new(cb, "max_tokens", mt);
     if (!json_is_integer(mt) || json_integer_value(mt) < 1) {
         api_fail(e, 400, NULL, "max_tokens", NULL, "'max_tokens' is required: an integer >= 1");
@@ -219,7 +219,7 @@ static api_request *parse_body(const char *body, size_t len, const api_limits *l
     if (map_system(o, msgs, e) || map_messages(o, msgs, e) || map_tools(o, cb, e)) goto done;
     /* output_config.format {type: json_schema, schema}: constrained decoding (chat's
      * response_format); its effort changes nothing here */
-    json_t *oc = given(o, "output_config"), *fmt = oc ? given(oc, "format") : NULL;
+    json_t *oc = api_field(o, "output_config"), *fmt = oc ? api_field(oc, "format") : NULL;
     if (oc && !json_is_object(oc)) {
         api_fail(e, 400, NULL, "output_config", NULL, "'output_config' must be an object");
         goto done;
@@ -234,7 +234,7 @@ static api_request *parse_body(const char *body, size_t len, const api_limits *l
         json_object_set_new(cb, "response_format", json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema",
                                                              "name", "output", "schema", json_object_get(fmt, "schema")));
     }
-    json_t *ss = given(o, "stop_sequences");
+    json_t *ss = api_field(o, "stop_sequences");
     if (ss && !json_is_array(ss)) {
         api_fail(e, 400, NULL, "stop_sequences", NULL, "'stop_sequences' must be an array of strings");
         goto done;

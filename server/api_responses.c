@@ -12,11 +12,6 @@
 
 /* ---- request ---------------------------------------------------------------------------- */
 
-static json_t *given(json_t *o, const char *name) {
-    json_t *v = json_object_get(o, name);
-    return v && !json_is_null(v) ? v : NULL;
-}
-
 /* Content of a message item as chat content: a string, or text parts (input_text,
  * output_text, text) as chat's {"type": "text"} parts. */
 static json_t *content_of(json_t *c, size_t i, api_error *e) {
@@ -99,13 +94,13 @@ static int add_item(json_t *msgs, json_t *item, size_t i, int *calls_open, api_e
 static int map_input(json_t *o, json_t *cb, api_error *e) {
     json_t *msgs = json_array();
     json_object_set_new(cb, "messages", msgs);
-    json_t *ins = given(o, "instructions");
+    json_t *ins = api_field(o, "instructions");
     if (ins) {
         if (!json_is_string(ins))
             return api_fail(e, 400, NULL, "instructions", NULL, "'instructions' must be a string");
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", ins));
     }
-    json_t *in = given(o, "input");
+    json_t *in = api_field(o, "input");
     if (!in) return api_fail(e, 400, NULL, "input", NULL, "'input' is required");
     if (json_is_string(in)) {
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", in));
@@ -122,7 +117,7 @@ static int map_input(json_t *o, json_t *cb, api_error *e) {
 
 /* Function tools {type, name, description, parameters} as chat tools. */
 static int map_tools(json_t *o, json_t *cb, api_error *e) {
-    json_t *tools = given(o, "tools");
+    json_t *tools = api_field(o, "tools");
     if (tools) {
         if (!json_is_array(tools)) return api_fail(e, 400, NULL, "tools", NULL, "'tools' must be an array");
         json_t *out = json_array(), *t;
@@ -136,12 +131,12 @@ static int map_tools(json_t *o, json_t *cb, api_error *e) {
             if (!json_is_string(json_object_get(t, "name")))
                 return api_fail(e, 400, NULL, "tools", NULL, "tools[%zu].name must be a string", i);
             json_t *fn = json_pack("{s:O}", "name", json_object_get(t, "name"));
-            if (given(t, "description")) json_object_set(fn, "description", json_object_get(t, "description"));
-            if (given(t, "parameters")) json_object_set(fn, "parameters", json_object_get(t, "parameters"));
+            if (api_field(t, "description")) json_object_set(fn, "description", json_object_get(t, "description"));
+            if (api_field(t, "parameters")) json_object_set(fn, "parameters", json_object_get(t, "parameters"));
             json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
         }
     }
-    json_t *tc = given(o, "tool_choice");
+    json_t *tc = api_field(o, "tool_choice");
     if (tc && json_is_string(tc)) {
         json_object_set(cb, "tool_choice", tc);
     } else if (tc) {
@@ -157,9 +152,9 @@ static int map_tools(json_t *o, json_t *cb, api_error *e) {
 
 /* text.format: json_object / json_schema become chat's response_format. */
 static int map_text_format(json_t *o, json_t *cb, api_error *e) {
-    json_t *text = given(o, "text");
+    json_t *text = api_field(o, "text");
     if (!text) return 0;
-    json_t *f = given(text, "format");
+    json_t *f = api_field(text, "format");
     if (!json_is_object(text) || (f && !json_is_object(f)))
         return api_fail(e, 400, NULL, "text", NULL, "'text' must be an object with an object 'format'");
     const char *type = f ? json_string_value(json_object_get(f, "type")) : NULL;
@@ -170,7 +165,7 @@ static int map_text_format(json_t *o, json_t *cb, api_error *e) {
         json_t *js = json_object();
         const char *keys[] = {"name", "schema", "strict"};
         for (int k = 0; k < 3; k++)
-            if (given(f, keys[k])) json_object_set(js, keys[k], json_object_get(f, keys[k]));
+            if (api_field(f, keys[k])) json_object_set(js, keys[k], json_object_get(f, keys[k]));
         json_object_set_new(cb, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
     } else {
         return api_fail(e, 400, NULL, "text", NULL, "text.format.type must be 'text', 'json_object' or 'json_schema'");
@@ -182,7 +177,7 @@ static int map_text_format(json_t *o, json_t *cb, api_error *e) {
 static int refuse_fields(json_t *o, api_error *e) {
     static const char *const stateful[] = {"previous_response_id", "conversation", "prompt", "reasoning"};
     for (size_t i = 0; i < sizeof stateful / sizeof stateful[0]; i++)
-        if (given(o, stateful[i]))
+        if (api_field(o, stateful[i]))
             return api_fail(e, 400, NULL, stateful[i], NULL,
                             "'%s' is not supported: specd keeps no responses, conversations or prompts, and "
                             "has no reasoning controls; send the whole input each time", stateful[i]);
@@ -191,10 +186,10 @@ static int refuse_fields(json_t *o, api_error *e) {
                         "send 'store': false");
     if (json_is_true(json_object_get(o, "background")))
         return api_fail(e, 400, NULL, "background", NULL, "'background': true is not supported");
-    json_t *tr = given(o, "truncation");
+    json_t *tr = api_field(o, "truncation");
     if (tr && (!json_is_string(tr) || strcmp(json_string_value(tr), "disabled")))
         return api_fail(e, 400, NULL, "truncation", NULL, "only 'truncation': 'disabled' is supported");
-    if (given(o, "top_logprobs"))
+    if (api_field(o, "top_logprobs"))
         return api_fail(e, 400, NULL, "top_logprobs", NULL, "'top_logprobs' is not supported on /v1/responses");
     return 0;
 }
@@ -208,17 +203,12 @@ static void rename_param(api_error *e) {
 }
 
 api_request *api_resp_parse(const char *body, size_t len, const api_limits *lim, api_error *e) {
-    json_error_t je;
-    json_t *o = json_loadb(body, len, 0, &je);
-    if (!o || !json_is_object(o)) {
-        api_fail(e, 400, NULL, NULL, NULL, "request body is not a JSON object%s%s", o ? "" : ": ", o ? "" : je.text);
-        json_decref(o);
-        return NULL;
-    }
+    json_t *o = api_parse_body(body, len, e);
+    if (!o) return NULL;
     json_t *cb = json_object();
     api_request *r = NULL;
     if (refuse_fields(o, e) || map_input(o, cb, e) || map_tools(o, cb, e) || map_text_format(o, cb, e)) goto done;
-    json_t *mo = given(o, "max_output_tokens");
+    json_t *mo = api_field(o, "max_output_tokens");
     if (mo && (!json_is_integer(mo) || json_integer_value(mo) < 1)) {
         api_fail(e, 400, NULL, "max_output_tokens", NULL, "'max_output_tokens' must be an integer >= 1");
         goto done;
@@ -240,13 +230,13 @@ api_request *api_resp_parse(const char *body, size_t len, const api_limits *lim,
                                          "tool_choice", "parallel_tool_calls", "metadata", "text", "user"};
     for (size_t i = 0; i < sizeof echoed / sizeof echoed[0]; i++)
         json_object_set(echo, echoed[i], json_object_get(o, echoed[i]) ? json_object_get(o, echoed[i]) : json_null());
-    if (!given(o, "tools")) json_object_set_new(echo, "tools", json_array());
-    if (!given(o, "tool_choice")) json_object_set_new(echo, "tool_choice", json_string("auto"));
-    if (!given(o, "parallel_tool_calls")) json_object_set_new(echo, "parallel_tool_calls", json_true());
-    if (!given(o, "temperature")) json_object_set_new(echo, "temperature", json_real(1.0));
-    if (!given(o, "top_p")) json_object_set_new(echo, "top_p", json_real(1.0));
-    if (!given(o, "metadata")) json_object_set_new(echo, "metadata", json_object());
-    if (!given(o, "text")) json_object_set_new(echo, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
+    if (!api_field(o, "tools")) json_object_set_new(echo, "tools", json_array());
+    if (!api_field(o, "tool_choice")) json_object_set_new(echo, "tool_choice", json_string("auto"));
+    if (!api_field(o, "parallel_tool_calls")) json_object_set_new(echo, "parallel_tool_calls", json_true());
+    if (!api_field(o, "temperature")) json_object_set_new(echo, "temperature", json_real(1.0));
+    if (!api_field(o, "top_p")) json_object_set_new(echo, "top_p", json_real(1.0));
+    if (!api_field(o, "metadata")) json_object_set_new(echo, "metadata", json_object());
+    if (!api_field(o, "text")) json_object_set_new(echo, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
     r->responses = echo;
 done:
     json_decref(cb);
